@@ -118,7 +118,7 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
     from rlctl.launch.jobdir import JobDir
     from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
     from rlctl.ops.counts import plan_counts, resolve_job
-    from rlctl.ops.run import prepare
+    from rlctl.ops.jobprep import prepare
 
     job = load_job(job_file)
     spec = resolve_job(job)
@@ -139,7 +139,7 @@ def _start_agents(
     from rlctl.launch.agentenv import ENV_LISTEN_HOST
     from rlctl.launch.backends import read_sites
     from rlctl.launch.spawn import agent_spec
-    from rlctl.ops.run import planned_agents
+    from rlctl.ops.agentplan import planned_agents
 
     sites = read_sites(jd.path)
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -26,7 +26,8 @@ from rlctl.config.job import sft_steps
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import plan_counts, resolve_job
 from rlctl.ops.evaluation import add_heldout
-from rlctl.ops.run import JobRun, prepare
+from rlctl.ops.jobprep import prepare
+from rlctl.ops.run import JobRun
 from rlctl.rl.sft import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ from typing import Any
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job
-from rlctl.ops.run import JobRun, prepare
+from rlctl.ops.jobprep import prepare
+from rlctl.ops.run import JobRun
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "demo.yaml"
 MODES = ("sync", "stream", "async")

@@ -1256,7 +1256,7 @@ class ControllerAgent:
                 self._message(peer, msg, heard)
         if graceful and self.writing:
             self._checkpoint_given_up()
-        # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
+        # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.runstate.run_summary`)
         end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])

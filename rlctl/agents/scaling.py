@@ -757,7 +757,7 @@ class Scaler:
 
 
 def _sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:
-    """Agent name → site, in the order the launcher starts them (see rlctl.ops.run.JobRun.start)."""
+    """Agent name → site, in the order the launcher starts them (see rlctl.ops.runstart.RunStart.start)."""
     out: dict[str, str] = {}
     trainer = plan.get("trainer", {})
     for rank in range(int(trainer.get("ranks", 1))):

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         (`checkpoint.auto_resume`), as its launcher would have."""
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.jobref import require_job_dir, resolve
-        from rlctl.ops.run import refuse_if_unprepared
+        from rlctl.ops.refusals import refuse_if_unprepared
 
         db = JobDB()
         try:

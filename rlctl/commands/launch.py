@@ -253,7 +253,7 @@ def dry_table(
 ) -> str:
     """What `rlctl check` refuses (if anything), where each agent runs and what it gets (one table), the
     staging plan, then every exact sbatch script / SSH command."""
-    from rlctl.ops.run import DRY_RUN_CONTROLLER
+    from rlctl.ops.runstart import DRY_RUN_CONTROLLER
 
     table = [
         [
@@ -342,18 +342,10 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.counts import plan_counts, resolve_job
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
+            from rlctl.ops.jobprep import prepare
+            from rlctl.ops.launchdir import entries, fresh_dir, index_left, launch_dir, reserved, unmade_left, unmake
             from rlctl.ops.preflight import preflight, problems, refuse
-            from rlctl.ops.run import (
-                JobRun,
-                entries,
-                fresh_dir,
-                index_left,
-                launch_dir,
-                prepare,
-                reserved,
-                unmade_left,
-                unmake,
-            )
+            from rlctl.ops.run import JobRun
             from rlctl.rl.dataset import keeping_rows
 
             if resume is not None:
@@ -606,7 +598,7 @@ def interrupted_line(
     it was prepared (no job.json: `launch --resume` refuses it), how to launch it again from `source`. `stopped`
     False: the stop failed (its warning line said why): not said to have stopped every agent."""
     from rlctl.launch.jobdir import resume_command
-    from rlctl.ops.run import launch_again
+    from rlctl.ops.jobprep import launch_again
 
     if run is None and not jd.job_json.exists():
         return (
@@ -742,7 +734,7 @@ def _go_on(ref: JobRef) -> str:
     continued; nothing for one still live (its launcher not waited for, still stopping: `status` says when)."""
     from rlctl.launch.jobdir import resume_command
     from rlctl.ops.jobdb import LIVE
-    from rlctl.ops.run import launch_again
+    from rlctl.ops.jobprep import launch_again
 
     if ref.row is not None and ref.row.state in LIVE:
         return ""
@@ -771,7 +763,7 @@ def _resume(
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
-    from rlctl.ops.run import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
+    from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
     ref_ = resolve(ref, db=db)

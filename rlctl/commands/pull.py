@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.pull import Pulled
         from rlctl.ops.pull import pull as pull_checkpoint
-        from rlctl.ops.run import refuse_if_unprepared
+        from rlctl.ops.refusals import refuse_if_unprepared
 
         ref = resolve(job)
         require_job_dir(ref)

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.operate import fetch_job_record, job_end
-        from rlctl.ops.run import refuse_if_unprepared
+        from rlctl.ops.refusals import refuse_if_unprepared
         from rlctl.report import build_report
 
         ref = resolve(job)

@@ -52,7 +52,7 @@ def _ended_as(ref: JobRef) -> str | None:
     """How the job ended, where its record says (`job_end`), or the summary its controller wrote as it ended (its
     launcher, still at work, has not recorded the end yet); None when neither does."""
     from rlctl.ops.operate import job_end
-    from rlctl.ops.run import current_run, run_summary
+    from rlctl.ops.runstate import current_run, run_summary
 
     try:
         summary = run_summary(ref.jobdir, current_run(ref.jobdir))

@@ -407,7 +407,7 @@ def register(app: typer.Typer) -> None:
             require_job_dir(ref)
             if not ref.jobdir.job_json.exists():  # still prepared by its launcher, or never: said so (exit 2), versus
                 # 'cannot read the resolved job' (exit 1) of the job.json the table reads
-                from rlctl.ops.run import refuse_if_unprepared
+                from rlctl.ops.refusals import refuse_if_unprepared
 
                 source = ref.row.info.get("source") if ref.row is not None else None
                 refuse_if_unprepared(ref.jobdir, source=source, nothing="no checkpoints to list")

@@ -41,7 +41,9 @@ from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
 from rlctl.ops.jobdb import LIVE, JobDB
-from rlctl.ops.run import UNSTARTED, JobRun, StopCheck, resumes, stop_requested
+from rlctl.ops.jobprep import StopCheck
+from rlctl.ops.run import JobRun
+from rlctl.ops.runstate import UNSTARTED, resumes, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 

@@ -2,7 +2,7 @@
 tp × pp × dp (FSDP2 or not), rollout units per site and their tp. Shared by `rlctl launch` (`ops.run`) and
 `rlctl check` (`ops.preflight`), which stays free of the runtime's modules (torch among them) this way.
 
-    resolve_job (command-line overrides) ─▶ plan_counts ─▶ plan.json's counts (`ops.run.prepare`)
+    resolve_job (command-line overrides) ─▶ plan_counts ─▶ plan.json's counts (`ops.jobprep.prepare`)
 """
 
 from __future__ import annotations

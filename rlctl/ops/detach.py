@@ -374,7 +374,7 @@ def launcher_state(
     if job_dir is not None and dir_gone(Path(job_dir)):  # its row outlived it: not a job never prepared
         return f"{where}, gone; so is its job directory (removed, or not mounted on this machine)"
     if job_dir is not None and not (Path(job_dir) / "job.json").exists():
-        from rlctl.ops.run import launch_again
+        from rlctl.ops.jobprep import launch_again
 
         return f"{where}, gone before it prepared the job: nothing runs (launch it anew: `{launch_again(source)}`)"
     return f"{where}, gone: nothing watches the job (`rlctl attach` watches it again; `rlctl status` reads its end)"

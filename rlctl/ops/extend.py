@@ -23,7 +23,7 @@ decay at the new N, so its rate at the resumed step changes: said in the line th
 `--checkpoint V`: the resume continues from checkpoint V instead of the latest (a run whose reward collapsed after
 V, taken back there, perhaps with a lower rate hand-set in its job.json). V must be one the job completed and no
 resume set aside since (its events say which: `completed_checkpoints`); the launcher then verifies its parts on
-their sites as for any resume (`rlctl.ops.run.pick_checkpoint(only=V)`), and the run's agents set every newer
+their sites as for any resume (`rlctl.ops.resumepoint.pick_checkpoint(only=V)`), and the run's agents set every newer
 checkpoint aside (`checkpoints/abandoned/`, where `rlctl pull` still finds them) and cut the metrics and sample log
 back to V, as a resume past a damaged checkpoint does. With both, N counts from V.
 """

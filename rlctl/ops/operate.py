@@ -41,11 +41,13 @@ from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, resume_command, row_count
 from rlctl.launch.record import event_to_record, fetch_record, record_is_here, record_view
+from rlctl.ops.client import connect_client
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints, last_row
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
+from rlctl.ops.jobprep import launch_again
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.run import STOP_REQUESTED, UNSTARTED, connect_client, current_run, launch_again, resumes, run_summary
+from rlctl.ops.runstate import STOP_REQUESTED, UNSTARTED, current_run, resumes, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 

@@ -32,7 +32,7 @@ import pytest
 
 from rlctl.agents.appliedlog import unit_rows
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.run import connect_client
+from rlctl.ops.client import connect_client
 from rlctl.transport import Connection, Message, auth, framing
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,9 +14,11 @@ import pytest
 from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import run as run_mod
+from rlctl.ops import runstart, runwait
 from rlctl.ops.counts import plan_counts, resolve_job
-from rlctl.ops.run import JobRun, launch_dir, prepare
+from rlctl.ops.jobprep import prepare
+from rlctl.ops.launchdir import launch_dir
+from rlctl.ops.run import JobRun
 
 from .conftest import alive_agent_pids
 
@@ -77,11 +79,11 @@ def test_a_trainer_that_ends_before_joining_ends_the_wait_naming_it(tiny_job, tm
     """The trainer group's port is taken by the time rank 0 binds it (as an outgoing connection took it in CI):
     the rank exits at start, and `wait` says so in one line with the rank's error instead of waiting on a
     controller that waits for a trainer."""
-    monkeypatch.setattr(run_mod, "TRAINER_POLL_S", 0.5)
+    monkeypatch.setattr(runwait, "TRAINER_POLL_S", 0.5)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        monkeypatch.setattr(run_mod, "_free_port", lambda: taken.getsockname()[1])
+        monkeypatch.setattr(runstart, "_free_port", lambda: taken.getsockname()[1])
         run = _run(tiny_job("stream", iterations=2), tmp_path / "run")
         try:
             run.start()

@@ -30,10 +30,10 @@ GATED_LAUNCHER = """
 import sys, time
 from pathlib import Path
 
-import rlctl.ops.run as run
+import rlctl.ops.runstart as runstart
 
 gate, staging = Path(sys.argv[1]), Path(sys.argv[2])
-stage_all, calls = run.stage_all, []
+stage_all, calls = runstart.stage_all, []
 
 
 def gated(*args, **kwargs):
@@ -45,7 +45,7 @@ def gated(*args, **kwargs):
     return stage_all(*args, **kwargs)
 
 
-run.stage_all = gated
+runstart.stage_all = gated
 from rlctl.cli import main
 
 sys.argv = ["rlctl", *sys.argv[3:]]

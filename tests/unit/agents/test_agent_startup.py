@@ -126,7 +126,7 @@ sys.exit(main(["controller", "--job-dir", str(jd.path), "--listen", "tcp://127.0
 def test_a_controller_whose_metrics_port_is_taken_ends_in_one_line_naming_it_that_launch_quotes(tmp_path: Path) -> None:
     # it ended on a 15-line traceback ending "OSError: [Errno 98] Address already in use", naming neither the
     # setting nor the address; launch's error quoted nothing of it
-    from rlctl.ops.run import last_error
+    from rlctl.ops.runbase import last_error
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

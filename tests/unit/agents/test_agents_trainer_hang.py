@@ -23,7 +23,7 @@ from rlctl.agents import trainer
 from rlctl.agents.trainer import TrainerAgent, culprits, hung_ranks, init_group, say_hung
 from rlctl.agents.watchdog import HUNG, Watchdog
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.ops import run
+from rlctl.ops import runstart
 from tests.unit.agents.test_agents_learner_kl import SMALL, on_policy, rank_learner
 
 
@@ -142,7 +142,7 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
 def test_the_rank_that_hung_is_named_not_the_ones_waiting_for_it(who: int) -> None:
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in TinyGPT(SMALL).state_dict().items()}
-    port = run._free_port()  # below the ephemeral range, as a launch picks it (one inside it was taken in CI)
+    port = runstart._free_port()  # below the ephemeral range, as a launch picks it (one inside it was taken in CI)
     ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     # daemons: a rank left running when the test fails ends with pytest (a join at exit would hang it)

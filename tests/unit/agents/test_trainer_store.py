@@ -16,7 +16,7 @@ RANK = textwrap.dedent(
     import datetime, json, sys
     import torch.distributed as dist
     from rlctl.agents.trainer import init_group, store_prefix
-    from rlctl.ops.run import _free_port
+    from rlctl.ops.runstart import _free_port
 
     # below the ephemeral range, as a launch picks it: a port bound at 0, closed, then bound again by the store
     # could be taken meanwhile by another process's outgoing connection ("Address already in use")

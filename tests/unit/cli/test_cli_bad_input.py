@@ -660,7 +660,7 @@ def test_a_launch_into_the_directory_of_a_finished_job_names_a_resume_that_works
     assert f"continue that job with `rlctl launch --resume {jd.path} --iterations {2 * planned}`" in line, line
     from rlctl.errors import UsageError
     from rlctl.ops.extend import with_iterations
-    from rlctl.ops.run import refuse_if_finished
+    from rlctl.ops.refusals import refuse_if_finished
 
     with pytest.raises(UsageError, match="nothing to resume"):  # the plain resume it named before
         refuse_if_finished(jd, state=None)

@@ -19,7 +19,7 @@ import typer
 from rlctl.commands import launch
 from rlctl.commands.launch import be_launcher, partials_line, summary_table
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import autoresume, detach, jobref, preflight, run
+from rlctl.ops import autoresume, detach, jobprep, jobref, launchdir, preflight
 from rlctl.ops.jobdb import JobDB
 from tests.conftest import ROOT, run_cli
 
@@ -134,7 +134,7 @@ def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, mon
         raise Built  # past the check: nothing more is needed here
 
     monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: checked.append(str(job.path)))
-    monkeypatch.setattr(run, "launch_dir", launch_dir)
+    monkeypatch.setattr(launchdir, "launch_dir", launch_dir)
     stamp = launch._checked(job)
     for env, expect in ((None, 1), (stamp, 1), ("elsewhere:1:2", 2)):
         if env is not None:
@@ -164,7 +164,7 @@ def test_a_launch_records_its_job_file_by_its_absolute_path(tmp_path, monkeypatc
         raise Built  # the row is in the index by now: nothing more is needed here
 
     monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: None)
-    monkeypatch.setattr(run, "prepare", prepare)
+    monkeypatch.setattr(jobprep, "prepare", prepare)
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Built):

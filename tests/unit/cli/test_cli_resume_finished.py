@@ -22,7 +22,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops.extend import earlier_iterations, with_iterations, write_iterations
 from rlctl.ops.jobchanges import launch_changes
 from rlctl.ops.jobdb import JobDB, default_home
-from rlctl.ops.run import refuse_if_finished
+from rlctl.ops.refusals import refuse_if_finished
 from tests.conftest import ROOT, run_cli
 
 DEMO = ROOT / "jobs" / "demo.yaml"
@@ -433,7 +433,7 @@ def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hi
 ) -> None:
     # resumed by its directory (a moved job dir), its controller answering: the hint said `rlctl attach run` and
     # `rlctl stop run`, an id that names no job in the index
-    from rlctl.ops import run as run_module
+    from rlctl.ops import refusals
 
     jd = ended(tmp_path / "my run", "failed", iterations=5, indexed=None)
     launched_by(jd, monkeypatch)
@@ -442,7 +442,7 @@ def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hi
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(run_module, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
+    monkeypatch.setattr(refusals, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
     named = f"'{jd.path}'"

@@ -14,7 +14,7 @@ from rlctl.launch import eventtail, record
 from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.launch.record import fetch_record
 from rlctl.launch.sitefs import site_root
-from rlctl.ops.run import current_run
+from rlctl.ops.runstate import current_run
 
 
 def _site(tmp_path: Path) -> tuple[Path, Site, Path]:

@@ -25,9 +25,10 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.launch.spawn import Spawner, agent_spec
+from rlctl.ops.agentplan import planned_agents
+from rlctl.ops.client import client_hello
 from rlctl.ops.counts import plan_counts, resolve_job
 from rlctl.ops.preflight import backends as preflight_backends
-from rlctl.ops.run import client_hello, planned_agents
 from tests.conftest import ROOT, run_cli
 
 GOLDEN = ROOT / "tests" / "golden" / "launch"

@@ -21,7 +21,7 @@ from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.autoresume import Runs
 from rlctl.ops.jobdb import JobDB
-from rlctl.ops.run import STOP_REQUESTED
+from rlctl.ops.runstate import STOP_REQUESTED
 from tests.conftest import ROOT
 
 

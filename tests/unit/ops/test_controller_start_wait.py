@@ -14,7 +14,7 @@ import pytest
 from rlctl.config.job import DatasetTask
 from rlctl.errors import LaunchError, Stopped
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import run
+from rlctl.ops import run, runbase, runstart, runstate
 from rlctl.rl.reward_pool import load_deadline_s
 
 
@@ -32,8 +32,8 @@ def test_the_launcher_waits_for_the_controller_as_long_as_its_reward_may_take_to
         seen.append((timeout_s, load_timeout_s))
         return 0.6
 
-    monkeypatch.setattr(run, "CONTROLLER_START_S", 0.2)
-    monkeypatch.setattr(run, "load_deadline_s", deadline)
+    monkeypatch.setattr(runstart, "CONTROLLER_START_S", 0.2)
+    monkeypatch.setattr(runstart, "load_deadline_s", deadline)
     r = object.__new__(run.JobRun)  # only what the wait reads: a controller that runs and never listens
     r.jobdir = JobDir.create("j", explicit=tmp_path / "j")
     task = DatasetTask(kind="dataset", path="rows.jsonl", reward="r.py:f", reward_timeout_s=30, reward_load_timeout_s=9)
@@ -72,8 +72,8 @@ def test_a_controller_that_exits_before_listening_is_one_line_quoting_its_error(
         "import: RuntimeError: gone"
     )
     assert e.value.hint == "fix what its log says, then launch the job again"
-    assert run.last_error("INFO only\nno error here") == ""
-    assert run.last_error("t ERROR a b: " + "x" * 500) == ": " + "x" * 399 + "…"
+    assert runbase.last_error("INFO only\nno error here") == ""
+    assert runbase.last_error("t ERROR a b: " + "x" * 500) == ": " + "x" * 399 + "…"
 
 
 def test_a_controller_that_exits_before_listening_on_rlctl_stop_ends_the_start_stopped(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_a_controller_that_exits_before_listening_on_rlctl_stop_ends_the_start_s
     r._stopped_while_starting = stopped_while_starting  # type: ignore[method-assign]
     with pytest.raises(LaunchError, match=r"exited with 143 \(SIGTERM\) before listening"):
         r._controller_address(remote=False)  # no stop asked: a failure as before
-    r.jobdir.event(run.STOP_REQUESTED)
+    r.jobdir.event(runstate.STOP_REQUESTED)
     with pytest.raises(Stopped):
         r._controller_address(remote=False)
     assert stopped == [True]

@@ -13,7 +13,8 @@ import pytest
 from rlctl.agents.controller import ControllerAgent
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import autoresume
-from rlctl.ops.run import UNSTARTED, JobRun
+from rlctl.ops.run import JobRun
+from rlctl.ops.runstate import UNSTARTED
 
 APPLIED = "".join(json.dumps({"t": 2.0, "event": "weights_applied", "version": v}) + "\n" for v in range(300))
 

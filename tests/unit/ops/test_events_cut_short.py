@@ -18,7 +18,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.autoresume import newest_checkpoint
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import STOP_REQUESTED, current_run, stop_requested
+from rlctl.ops.runstate import STOP_REQUESTED, current_run, stop_requested
 from rlctl.report import build_report
 from tests.unit.job_rows import indexed_row
 from tests.unit.report.fake_jobdir import make_job_dir

@@ -18,7 +18,7 @@ from rlctl.ops.counts import resolve_job
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import resolve
-from rlctl.ops.run import launch_dir
+from rlctl.ops.launchdir import launch_dir
 
 DEMO = Path(__file__).resolve().parents[3] / "jobs" / "demo.yaml"
 

@@ -26,11 +26,12 @@ from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
-from rlctl.ops import operate
-from rlctl.ops import run as run_module
+from rlctl.ops import operate, refusals, runstate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import STOP_REQUESTED, JobRun, refuse_if_running, stop_requested
+from rlctl.ops.refusals import refuse_if_running
+from rlctl.ops.run import JobRun
+from rlctl.ops.runstate import STOP_REQUESTED, stop_requested
 from tests.conftest import ROOT
 
 
@@ -663,7 +664,7 @@ def test_a_resume_of_a_job_that_runs_without_its_launcher_names_attach(
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(run_module, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
+    monkeypatch.setattr(refusals, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
     with pytest.raises(UsageError) as e:
         refuse_if_running(jd)
     assert str(e.value) == "job orphaned-1 is running (its controller answers; no launcher watches it)"
@@ -748,10 +749,10 @@ def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Pat
     jd.event("resumed", version=10, pointer="", skipped=[])
     jd.event("controller_listening", address="tcp://h1:1")
     jd.event("resumed", version=5, pointer="", skipped=[])  # the refused roll-back's
-    jd.event(run_module.UNSTARTED, version=5)
+    jd.event(runstate.UNSTARTED, version=5)
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
-    assert [e["version"] for e in run_module.resumes(jd.read_events())] == [10]
+    assert [e["version"] for e in runstate.resumes(jd.read_events())] == [10]
 
 
 def test_a_second_stop_waits_for_the_first_ones_controller_to_end_rather_than_forcing_it(

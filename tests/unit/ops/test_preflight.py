@@ -20,7 +20,7 @@ from rlctl.config import load_job
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.ops import counts, run
+from rlctl.ops import counts, launchdir
 from rlctl.ops.preflight import problems
 from rlctl.ops.preflight.base import Problem
 from rlctl.planner.inputs import PlanOptions
@@ -264,7 +264,7 @@ def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
     def past_preflight(*_: Any) -> None:
         raise AssertionError("launch went past preflight")
 
-    monkeypatch.setattr(run, "launch_dir", past_preflight)  # so that a failing test starts nothing either
+    monkeypatch.setattr(launchdir, "launch_dir", past_preflight)  # so that a failing test starts nothing either
     launch = only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
     assert launch == check and not (tmp_path / "run").exists()
     monkeypatch.setattr(counts, "plan_counts", real)
@@ -314,7 +314,7 @@ def test_launch_refuses_a_job_field_the_planner_refuses_in_check_s_one_line(
     def past_preflight(*_: Any) -> None:
         raise AssertionError("launch went past preflight")
 
-    monkeypatch.setattr(run, "launch_dir", past_preflight)
+    monkeypatch.setattr(launchdir, "launch_dir", past_preflight)
     check = only_line(run_cli("check", str(job.path)))
     launch = only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
     assert launch == check and not (tmp_path / "run").exists()
@@ -375,7 +375,7 @@ def test_launch_detach_says_the_planner_s_note_once(
     def launch_dir(*_: object) -> None:
         raise Built  # the launcher past its plan and check: nothing more is needed here
 
-    monkeypatch.setattr(run, "launch_dir", launch_dir)
+    monkeypatch.setattr(launchdir, "launch_dir", launch_dir)
     with caplog.at_level(logging.WARNING):
         assert run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path / "run")).exit_code == 0
         ((args, env),) = started

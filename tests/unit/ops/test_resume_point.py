@@ -33,7 +33,8 @@ from rlctl.launch.layout import PlannedAgent
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.autoresume import Runs
 from rlctl.ops.jobdb import JobDB
-from rlctl.ops.run import JobRun, pick_checkpoint
+from rlctl.ops.resumepoint import pick_checkpoint
+from rlctl.ops.run import JobRun
 
 
 def spec(iterations: int = 9, every: int = 3) -> JobFile:
@@ -241,7 +242,7 @@ def test_job_run_resume_point_logs_what_it_used_and_says_what_it_skipped_once(
         sites.checkpoint(v)
     (sites.t.checkpoint(6) / "trainer" / "state.json").unlink()
     trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
-    with caplog.at_level(logging.INFO, logger="rlctl.ops.run"):
+    with caplog.at_level(logging.INFO, logger="rlctl.ops.runstart"):
         point = run.resume_point(trainer=trainer)
     assert point.version == 3
     said = [r.getMessage() for r in caplog.records]
@@ -352,7 +353,7 @@ def test_checkpoint_writers_or_resumed_ranks_over_ssh_hosts_without_a_shared_wor
     of an SSH site they must share the work root. A torch trainer's rank 0 writes alone, so its ranks may run
     apart; but a resumed rank reads the checkpoint from its own host's copy, so resuming them apart is refused."""
     from rlctl.launch.base import GpuSlice
-    from rlctl.ops.run import refuse_unshared_trainer
+    from rlctl.ops.agentplan import refuse_unshared_trainer
 
     def site(**sched: object) -> Site:
         return Site.model_validate({"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 1}],
@@ -463,7 +464,7 @@ def test_a_resume_whose_staging_fails_leaves_the_job_as_it_was(
     # a plain resume (or one with --iterations) whose site could not be reached: its summary stayed set aside as
     # summary.1.json, its index row said `stopped` where it said `failed`, and the count --iterations wrote stayed
     from rlctl.errors import LaunchError
-    from rlctl.ops import run
+    from rlctl.ops import runstart
     from rlctl.ops.jobdb import JobDB
     from tests.conftest import run_cli
 
@@ -482,7 +483,7 @@ def test_a_resume_whose_staging_fails_leaves_the_job_as_it_was(
     def unreachable(*_: object, **__: object) -> None:
         raise LaunchError("site t: cannot reach host h: connection refused")
 
-    monkeypatch.setattr(run, "stage_all", unreachable)
+    monkeypatch.setattr(runstart, "stage_all", unreachable)
     r = run_cli("launch", "--resume", jd.id, *(["--iterations", "30"] if more else []))
     assert r.exit_code == 1 and "cannot reach host h" in r.stderr, r.stderr
     assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
@@ -549,7 +550,7 @@ def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_
     from rlctl.checkpoint.choose import ResumePoint
     from rlctl.errors import Stopped
     from rlctl.ops.jobdb import LIVE
-    from rlctl.ops.run import STOP_REQUESTED, resumes
+    from rlctl.ops.runstate import STOP_REQUESTED, resumes
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     db = JobDB()
@@ -586,7 +587,7 @@ def test_a_resume_stopped_while_it_staged_says_the_job_is_as_it_was(tmp_path: Pa
     refused as finished, and which continues a roll-back from the latest checkpoint instead of the one named."""
     from rlctl.checkpoint.choose import ResumePoint
     from rlctl.errors import Stopped
-    from rlctl.ops.run import STOP_REQUESTED
+    from rlctl.ops.runstate import STOP_REQUESTED
 
     run, sites = job_run(tmp_path)
     write_sites(sites.c.path, run.sites)

@@ -14,7 +14,7 @@ from rlctl.config import load_job
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
-from rlctl.ops.run import refuse_if_unprepared
+from rlctl.ops.refusals import refuse_if_unprepared
 from tests.conftest import ROOT, run_cli
 from tests.unit.job_rows import indexed_row
 

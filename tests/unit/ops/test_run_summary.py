@@ -18,7 +18,8 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops import operate
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import JobRun, aside_name, current_run, run_summary
+from rlctl.ops.run import JobRun
+from rlctl.ops.runstate import aside_name, current_run, run_summary
 from tests.conftest import ROOT
 
 
@@ -256,11 +257,11 @@ def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
     """`make demo`: the controller told its agents to stop and exited, and the launcher's stop sent them TERM while
     they were leaving (0.3 s after the job's end): status of the done job said `exited -15 (SIGTERM)`. They get
     AGENTS_SETTLE_S to leave by themselves."""
-    from rlctl.ops import run as run_mod
+    from rlctl.ops import runbase
 
     # a bound no start of a Python process reaches, loaded or not: the trainer's 0.5 s must not race the 3 s (the
     # stop returns as soon as it has left, so the test takes no longer)
-    monkeypatch.setattr(run_mod, "AGENTS_SETTLE_S", 60.0)
+    monkeypatch.setattr(runbase, "AGENTS_SETTLE_S", 60.0)
     jd, run, _, _ = _controller_gone_trainer_left(tmp_path, "import time; time.sleep(0.5)")
     run.stop(grace_s=5)
     assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [

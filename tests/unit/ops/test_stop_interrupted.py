@@ -67,7 +67,7 @@ def test_an_event_without_a_number_for_its_time_is_read_as_before_the_stop(
 ) -> None:
     """An event whose `t` is null or text (edited by hand) is older than the stop, as one without a `t` was: `float`
     of it was a TypeError/ValueError traceback in the Ctrl-C line of stop, and in the launcher's stop check."""
-    from rlctl.ops.run import stop_requested
+    from rlctl.ops.runstate import stop_requested
 
     jd = _running(tmp_path, monkeypatch)
     with jd.events.open("a") as f:

@@ -3,7 +3,7 @@ the rank that said it when the trainer has several (their lines share one log, t
 
 from __future__ import annotations
 
-from rlctl.ops.run import first_error
+from rlctl.ops.runbase import first_error
 
 LOG = """\
 2026-12-04 16:37:05,456 INFO trainer-1 rlctl.agents: starting on vm

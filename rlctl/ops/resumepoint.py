@@ -1,0 +1,85 @@
+"""The checkpoint a resume continues from (`pick_checkpoint`): the newest whose controller part (on the
+controller's site) and trainer part (on the trainer's) both verify and belong together, or the one
+`--checkpoint V` names; the versions stored on the controller's site (`stored_checkpoints`)."""
+
+from __future__ import annotations
+
+import logging
+
+from rlctl.checkpoint.choose import (
+    LATEST_POINTER,
+    ResumePoint,
+    choose_resume,
+    manifest_name,
+    split_problem,
+    verified_manifest,
+)
+from rlctl.checkpoint.files import PREFIX
+from rlctl.errors import UsageError
+from rlctl.launch.agentenv import ParallelConfig
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.sitefs import HostFiles
+
+log = logging.getLogger(__name__)
+
+
+def pick_checkpoint(
+    controller: tuple[HostFiles, JobDir],
+    trainer: tuple[HostFiles, JobDir],
+    *,
+    split: ParallelConfig | None = None,
+    only: int | None = None,
+) -> ResumePoint:
+    """The checkpoint a resume continues from (choose_resume), each part read through its own site's
+    view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
+    trainer's part on the trainer's; the trainer part must be the one the controller part names (its
+    manifest's SHA-256). The checkpoints whose controller manifest is there (the controller writes its part
+    last) are tried, newest first: those on disk, not those the job's `checkpoint.every_iterations` makes now (a
+    count edited in job.json since left the ones written before out). `split`: the trainer's tp × pp × dp, which
+    must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
+    else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named)."""
+    c_fs, c_dir = controller
+    t_fs, t_dir = trainer
+    on_disk = stored_checkpoints(c_fs, c_dir)
+
+    def problem(version: int) -> str | None:
+        try:
+            c = verified_manifest(c_fs, str(c_dir.checkpoint(version)), "controller")
+        except ValueError as e:
+            return f"controller part: {e}"
+        try:
+            t = verified_manifest(t_fs, str(t_dir.checkpoint(version)), "trainer")
+        except ValueError as e:
+            return f"trainer part: {e}"
+        if c.get("trainer_digest") != t["digest"]:
+            return "its trainer part is not the one its controller part was written with"
+        why = split_problem(t, split) if split is not None else None
+        if why is not None:  # not a damaged checkpoint: an older one would not fit either
+            old = "no split" in why  # written before the trainer's ranks kept their shards: nothing can load it
+            raise UsageError(
+                f"{t_dir.checkpoint(version)}: {why}",
+                hint="start the job anew with `rlctl launch JOB.yaml`"
+                if old
+                else "resume the job with the plan it was trained with (its plan.json), or start it anew",
+            )
+        return None
+
+    if only is not None:
+        why = problem(only) if only in on_disk else f"not on the controller's site ({c_dir.checkpoint(only)})"
+        if why is not None:
+            raise UsageError(f"--checkpoint v{only}: {why}", hint="name another with --checkpoint, or leave it out")
+        return ResumePoint(only, f"--checkpoint v{only}")
+    pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
+    return choose_resume(pointer, on_disk, problem)
+
+
+def stored_checkpoints(fs: HostFiles, jobdir: JobDir) -> list[int]:
+    """The versions whose controller part's manifest is in `jobdir`'s checkpoints/iter-N (as `fs` sees it), newest
+    first (a resume's set aside in abandoned/ are not)."""
+    name = manifest_name("controller")
+    found = set()
+    for rel in fs.list_files(str(jobdir.checkpoints)):
+        top, _, rest = rel.partition("/")
+        if rest == name and top.startswith(PREFIX) and top[len(PREFIX) :].isdigit():
+            found.add(int(top[len(PREFIX) :]))
+    return sorted(found, reverse=True)
