@@ -1,9 +1,11 @@
-"""Small text helpers: closest-name suggestions and lists of valid names (error messages), durations."""
+"""Small text helpers: closest-name suggestions and lists of valid names (error messages), durations, how a job
+file's path is read."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import PurePath
 
 
 def did_you_mean(word: str, valid: Iterable[str]) -> str:
@@ -30,3 +32,10 @@ def duration(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600} h {s % 3600 // 60:02d} min"
     return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def job_relative(path: str | PurePath) -> str:
+    """What a missing file's line adds of where it was looked for: a path the job file wrote relative is read
+    relative to the job file (said), an absolute one as written (nothing to add). One rule for `rlctl check` and the
+    launch, which say the same missing file."""
+    return "" if PurePath(path).is_absolute() else " (relative to the job file)"

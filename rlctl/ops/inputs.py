@@ -24,6 +24,7 @@ from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
+from rlctl.textutil import job_relative
 
 
 def _go_on() -> None:
@@ -72,7 +73,7 @@ def _refuse_missing_data(job: Job) -> None:
     for field, path in named.items():
         if not (job.path.parent / path).is_file():
             where = str(job.path.parent / path)
-            raise ConfigError(str(job.path), field, f"no such file {where!r}{_relative(path)}")
+            raise ConfigError(str(job.path), field, f"no such file {where!r}{job_relative(path)}")
 
 
 def _reward_file(job: Job) -> Path | None:
@@ -86,14 +87,8 @@ def _reward_file(job: Job) -> Path | None:
         return None
     named = job.path.parent / target
     if not named.resolve().is_file():
-        raise ConfigError(str(job.path), "task.reward", f"no such file {str(named.resolve())!r}{_relative(target)}")
+        raise ConfigError(str(job.path), "task.reward", f"no such file {str(named.resolve())!r}{job_relative(target)}")
     return named
-
-
-def _relative(path: str | Path) -> str:
-    """What a missing file's line adds of where it was looked for: a path the job file wrote relative is read
-    relative to the job file (said), an absolute one as written (nothing to add)."""
-    return "" if Path(path).is_absolute() else " (relative to the job file)"
 
 
 def refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:

@@ -39,7 +39,7 @@ from rlctl.rl.reward import RewardResult
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
-from rlctl.textutil import one_of
+from rlctl.textutil import job_relative, one_of
 
 log = logging.getLogger(__name__)
 
@@ -678,9 +678,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
     base = job_file.parent
     data = base / cfg.path
     if not data.is_file():
-        raise ConfigError(
-            str(job_file), "task.path", f"no such file {str(data)!r} (paths are relative to the job file)"
-        )
+        raise ConfigError(str(job_file), "task.path", f"no such file {str(data)!r}{job_relative(cfg.path)}")
     try:  # in a reward worker, within its deadline: never the user's module's import in this process
         _check_reward_loads(cfg, base)
     except ValueError as e:

@@ -1858,6 +1858,27 @@ def test_a_missing_file_named_by_an_absolute_path_is_said_as_written(tmp_path: P
         assert str(e.value) == f"{job.path}: {field}: no such file {str(gone)!r}"
 
 
+def test_check_says_a_missing_file_named_by_an_absolute_path_as_written_as_launch_does(tmp_path: Path) -> None:
+    """abb7dca left '(relative to the job file)' out of the launch's line for an absolute path; `rlctl check`, which
+    says the same missing file first, still added it (evaluation.path: `evaluation_problems`; task.path:
+    `check_task`)."""
+    base = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = base.spec
+    held = tmp_path / "gone-held.jsonl"
+    update = spec.evaluation.model_copy(update={"heldout_prompts": 1, "path": str(held)})
+    job = Job(spec.model_copy(update={"evaluation": update}), base.inventory, base.path)
+    (p,) = refused(job, "evaluation.path")
+    assert p.message == f"no such file {str(held)!r}"
+    data = tmp_path / "gone.jsonl"
+    task = spec.task.model_copy(update={"path": str(data)})
+    job = Job(spec.model_copy(update={"task": task}), base.inventory, base.path)
+    (p,) = refused(job, "task.path")
+    assert p.message == f"no such file {str(data)!r}"
+    relative = spec.task.model_copy(update={"path": "gone.jsonl"})  # a relative one still says how it is read
+    (p,) = refused(Job(spec.model_copy(update={"task": relative}), base.inventory, base.path), "task.path")
+    assert p.message == f"no such file {str(data)!r} (relative to the job file)"
+
+
 @pytest.mark.parametrize("theirs", ["data", "reward", "model"])
 @pytest.mark.parametrize("link", [False, True])
 def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_refused_in_one_line(
