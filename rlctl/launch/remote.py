@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -191,26 +192,53 @@ class LocalRunner:
         self.setup = list(setup or [])
 
     def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        """Run `command` in bash, in a process group of its own: past `timeout_s` the whole group is ended
+        (`_end_group`), not bash alone — what it started (a probe's `srun` after setup lines, a pipeline's commands)
+        outlived it, a SLURM step left queued."""
+        proc = subprocess.Popen(
+            ["bash", "-c", setup_first(self.setup, command)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                ["bash", "-c", setup_first(self.setup, command)],
-                input=stdin if stdin is not None else "",
-                capture_output=True,
-                text=True,
-                env=self.env,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as e:
+            out, err = proc.communicate(stdin if stdin is not None else "", timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            out, err = _end_group(proc)
             raise CommandTimeout(
-                f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s",
-                stdout=_text(e.stdout),
-                stderr=_text(e.stderr),
-            ) from e
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+                f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s", stdout=out, stderr=err
+            ) from None
+        return CommandResult(proc.returncode, out, err)
 
     def close(self) -> None:
         pass
+
+
+END_GRACE_S = 3.0  # after SIGTERM, how long a timed-out command's group has to end (srun cancels its step)
+
+
+def _end_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """End the process group `proc` leads: SIGTERM (srun then cancels its step: a SIGKILLed srun leaves it queued),
+    SIGKILL after `END_GRACE_S`. What it printed, before its deadline and as it ended. A process that left the
+    group (its own session) and holds its output open is not waited for past a second grace."""
+    out, err = "", ""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):  # every member gone already
+            os.killpg(proc.pid, sig)
+        try:
+            more_out, more_err = proc.communicate(timeout=END_GRACE_S)
+        except subprocess.TimeoutExpired as e:  # (`communicate` keeps what it read: the next call returns it too)
+            out, err = _text(e.stdout), _text(e.stderr)
+            continue
+        return more_out or "", more_err or ""
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    proc.wait()
+    return out, err
 
 
 def _text(out: bytes | str | None) -> str:

@@ -1,0 +1,60 @@
+"""LocalRunner's deadline ends what the command started, not bash alone (a probe's srun, a pipeline's commands)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import CommandTimeout
+from rlctl.launch import remote
+from rlctl.launch.remote import LocalRunner
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie no reaper has collected yet is not running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 5.0  # a killed process leaves /proc once its reaper runs: not at once
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sleep 60 & echo $!; wait",  # a child bash waits on (srun after a site's setup lines)
+        "{ echo $BASHPID; exec sleep 60; } | { read -r p; echo $p $BASHPID; exec cat; }",  # a pipeline
+        "(trap '' TERM; exec sleep 60) & echo $!; wait",  # one that ignores SIGTERM: SIGKILL after the grace
+    ],
+)
+def test_a_timeout_ends_what_the_command_started(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "END_GRACE_S", 0.3, raising=False)  # (raising: the old code had none)
+    with pytest.raises(CommandTimeout) as got:
+        LocalRunner(setup=["true"]).run(command, timeout_s=1.0)
+    pids = [int(p) for p in got.value.stdout.split()]  # what it printed before its deadline is kept
+    assert pids
+    survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
+    for p in survivors:  # (the old code's survivors, not left running past the test)
+        remote.os.kill(p, 9)
+    assert survivors == []
+
+
+def test_a_timeout_keeps_the_partial_output_of_both_streams() -> None:
+    with pytest.raises(CommandTimeout) as got:
+        LocalRunner().run("echo queued >&2; echo first; sleep 60", timeout_s=1.0)
+    assert (got.value.stdout, got.value.stderr) == ("first\n", "queued\n")
+    assert "did not finish within 1 s" in str(got.value)
+
+
+def test_a_command_within_its_deadline_is_its_result() -> None:
+    res = LocalRunner().run("cat; echo err >&2; exit 3", timeout_s=10.0, stdin="in\n")
+    assert (res.exit_code, res.stdout, res.stderr) == (3, "in\n", "err\n")
