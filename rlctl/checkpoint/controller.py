@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
-from rlctl.checkpoint.files import fsync_dir, fsync_tree, read_manifest, set_latest, write_part
+from rlctl.checkpoint.files import (
+    PRUNED,
+    fsync_dir,
+    fsync_tree,
+    prunable,
+    read_manifest,
+    remove_parts,
+    set_latest,
+    write_part,
+)
 from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.rl.reward_pool import RewardStats
 
@@ -82,6 +91,19 @@ def save_controller(
 
     write_part(ckpt, PART, {PART: fill}, meta={"version": version, "trainer_digest": trainer_digest})
     set_latest(ckpt.parent, version)
+
+
+def prune_controller(jobdir: JobDir, *, complete: Iterable[int], keep: int) -> list[int]:
+    """Remove our part of the checkpoints `checkpoint.keep` lets go (`prunable`), once the job's record says which
+    (the `PRUNED` event: what a resume may no longer take): a controller killed in between leaves parts on disk the
+    record no longer offers (the next prune removes them), never a version `completed_checkpoints` offers (`status
+    --checkpoints`, `launch --resume --checkpoint V`) whose part is gone ('not on the controller's site'). The
+    versions pruned, oldest first."""
+    going = prunable(jobdir.checkpoints, complete=complete, keep=keep)
+    if going:
+        jobdir.event(PRUNED, versions=going, keep=keep)
+    remove_parts(jobdir.checkpoints, PART, going, keep=keep)
+    return going
 
 
 def sync_logs(jobdir: JobDir) -> None:

@@ -172,21 +172,31 @@ PART_ENTRIES = {"trainer": ("model", "ranks"), "controller": ("controller",)}  #
 
 
 def prune(root: Path, part: str, *, complete: Iterable[int], keep: int) -> list[int]:
-    """Remove `part` of every checkpoint under `root` older than the `keep` newest of `complete` (the versions
-    whose every part is known written: a checkpoint `latest` moved to); 0 keeps everything, and nothing goes
-    before `keep` are complete, so the newest complete one is never removed. The versions pruned, oldest first."""
+    """Remove `part` of every checkpoint under `root` older than the `keep` newest of `complete` (`prunable`). The
+    versions pruned, oldest first."""
+    pruned = prunable(root, complete=complete, keep=keep)
+    remove_parts(root, part, pruned, keep=keep)
+    return pruned
+
+
+def prunable(root: Path, *, complete: Iterable[int], keep: int) -> list[int]:
+    """The versions of the checkpoints under `root` older than the `keep` newest of `complete` (the versions whose
+    every part is known written: a checkpoint `latest` moved to), oldest first; none when `keep` is 0 (everything
+    kept) or fewer than `keep` are complete, so the newest complete one is never among them."""
     done = sorted(set(complete))
     if keep <= 0 or len(done) < keep:
         return []
     floor = done[-keep]
-    pruned = []
-    for version, ckpt in sorted(checkpoint_dirs(root)):
-        if version < floor:
+    return [version for version, _ in sorted(checkpoint_dirs(root)) if version < floor]
+
+
+def remove_parts(root: Path, part: str, versions: list[int], *, keep: int) -> None:
+    """Remove `part` of checkpoints `versions` under `root` (`prunable`'s, for `keep`: logged)."""
+    for version, ckpt in sorted(checkpoint_dirs(root)):  # (its directory as named: `iter-007` is v7 too)
+        if version in versions:
             remove_part(ckpt, part)
-            pruned.append(version)
-    if pruned:
-        log.info("checkpoints %s: removed the %s part of v%s (keep %d)", root, part, pruned, keep)
-    return pruned
+    if versions:
+        log.info("checkpoints %s: removed the %s part of v%s (keep %d)", root, part, versions, keep)
 
 
 def _part_paths(ckpt: Path, part: str) -> list[Path]:
