@@ -27,7 +27,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.samplelog import SampleLog
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, UNITS = 64, 8, 128, 4

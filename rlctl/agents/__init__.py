@@ -1,6 +1,7 @@
 """The agents of a running job: controller, rollout and trainer processes, and their wire messages.
 
-`core.py` is the controller's logic without I/O, `ledger.py` the sample ledger, `staleness.py` the
+`core.py` is the controller's logic without I/O (its parts: `corestate.py`, `admission.py`, `delivery.py`,
+`unitloss.py`, `migrating.py`; its types `coretypes.py`), `ledger.py` the sample ledger, `staleness.py` the
 staleness rule; `controller.py`, `rollout.py` and `trainer.py` are the processes; `__main__.py`
 their entry point (`python -m rlctl.agents ROLE --job-dir DIR`).
 """

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from rlctl.agents.core import Out
+from rlctl.agents.coretypes import Out
 from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
 from rlctl.checkpoint.controller import cut_rows
 from rlctl.launch.jobdir import JobDir, row_count

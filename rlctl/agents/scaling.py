@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.agents import migration
-from rlctl.agents.core import ControllerCore, Out
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import Out
 from rlctl.agents.rebalance import Reading, RebalanceRule
 from rlctl.config.inventory import Site
 from rlctl.config.job import Rebalance

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from rlctl.agents.core import ControllerCore, IterationStats
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import IterationStats
 from rlctl.agents.gonebook import GoneBook
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained

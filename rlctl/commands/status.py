@@ -116,7 +116,7 @@ def metrics_line(m: dict[str, Any] | None) -> str:
 
 
 def suspects_line(suspects: dict[str, int]) -> str:
-    """Prompts running alone on a unit after unit losses (rlctl.agents.core `_blame`)."""
+    """Prompts running alone on a unit after unit losses (rlctl.agents.unitloss `_blame`)."""
     return ", ".join(f"{g} ({n} unit losses)" for g, n in suspects.items()) + ": each runs alone on a unit"
 
 

@@ -138,7 +138,7 @@ def unread_field_problems(job: Job) -> list[Problem]:
     refused_above = rollout.engine == "embedded" and rollout.on_new_weights == "recompute"
     cases.append(("rollout", rollout, "on_new_weights", serial and not evaluating and not refused_above, on_new))
     # the controller's store of partial generations is filled by a unit's reports and by the work it gives back to
-    # migrate (rlctl.agents.core: `partial`, `withdrawn`); nothing else
+    # migrate (rlctl.agents.unitloss `partial`, rlctl.agents.core `withdrawn`); nothing else
     fills = rollout.partial_report_s or rollout.partial_report_steps or rollout.migrate
     store = (
         "read when units report their running generations (rollout.partial_report_s or partial_report_steps > 0) or "
@@ -185,7 +185,7 @@ def _yaml(value: Any) -> str:
 
 def planning_only_problems(job: Job) -> list[Problem]:
     """Fields only the planner reads: they shape `rlctl plan`'s simulated dispatch (its predicted times), not
-    the allocation launch runs, and the controller's dispatch (rlctl.agents.core: every queued sample to a
+    the allocation launch runs, and the controller's dispatch (rlctl.agents.admission: every queued sample to a
     live unit, balanced by predicted tokens) reads neither; a value other than the default would be ignored."""
     out = []
     for section, name, what, why in PLANNING_ONLY:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Mode, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Mode, Out, PromptSpec
 from rlctl.agents.ledger import Ledger, State
 from rlctl.agents.messages import Delivered, Regroup
 from rlctl.agents.trainer import _regroup

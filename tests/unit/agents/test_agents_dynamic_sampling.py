@@ -4,7 +4,8 @@ groups dropped and the groups drawn in their place to be generated again."""
 
 from __future__ import annotations
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import Ledger, State
 
 

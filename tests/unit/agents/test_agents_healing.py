@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from rlctl.agents import scaling
-from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, PromptSpec
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.checkpoint.controller import load_controller, save_controller
 from rlctl.config.inventory import Site

@@ -11,8 +11,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl.agents import core as core_module
-from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import MIGRATE_COST_SHARE, CoreConfig, PromptSpec
 from rlctl.agents.ledger import Ledger, State
 
 AGENTS = ("rollout-0", "rollout-1", "rollout-2")
@@ -85,7 +85,7 @@ def test_a_costly_migration_look_is_taken_less_often(monkeypatch) -> None:
         core.migrate()
     assert looks[0] == 0.0
     gaps = [b - a for a, b in itertools.pairwise(looks)]
-    floor = 0.05 / core_module.MIGRATE_COST_SHARE  # ≥ 1 s: at most 5 % of the controller's CPU
+    floor = 0.05 / MIGRATE_COST_SHARE  # ≥ 1 s: at most 5 % of the controller's CPU
     assert gaps and all(g >= floor - 1e-9 for g in gaps), looks
     core.migrate(now=True)  # a unit joined: looked at once all the same
     assert len(looks) == len(gaps) + 2

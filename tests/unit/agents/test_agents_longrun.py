@@ -8,7 +8,8 @@ from collections import deque
 
 import pytest
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import Ledger
 from rlctl.agents.migration import Cost
 

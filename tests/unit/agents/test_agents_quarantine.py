@@ -8,7 +8,8 @@ import itertools
 from collections import Counter
 from typing import Any
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import Ledger, State
 
 

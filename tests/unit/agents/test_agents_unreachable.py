@@ -17,7 +17,8 @@ import torch
 from rlctl.agents import controller as controller_mod
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.controller import ControllerAgent
-from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, PromptSpec
 from rlctl.agents.flight import FlightRecord
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Hello, SampleDone, make

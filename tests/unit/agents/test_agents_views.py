@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, IterationStats, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
