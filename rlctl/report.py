@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, abandoned, event_time, resume_points
+from rlctl.launch.jobdir import JobDir, abandoned, event_time, record_text, resume_points
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _checkpoints(job_dir: Path) -> list[dict[str, Any]]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(record_text(path))
     except OSError as e:
         raise RlctlError(f"{path}: cannot read: {e}") from e
     except ValueError as e:
@@ -204,7 +204,7 @@ def _read_lines(
     if not path.exists():
         return []
     try:
-        text = path.read_text()
+        text = record_text(path)
     except OSError as e:
         raise RlctlError(f"{path}: cannot read: {e}") from e
     lines = text.split("\n")

@@ -13,7 +13,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines
 from rlctl.launch.base import AgentHandle
-from rlctl.launch.jobdir import say_once
+from rlctl.launch.jobdir import record_text, say_once
 from rlctl.launch.record import record_is_here, record_view
 from rlctl.launch.sitefs import host_files
 
@@ -36,7 +36,7 @@ def _recorded_text(job_dir: Path, problems: list[str] | None) -> str:
     a controller site that does not answer, or a record here that does not say where it is, leaves only the first,
     with a warning (a line in `problems` instead, when given)."""
     local = job_dir / AGENTS_FILE
-    text = local.read_text() if local.exists() else ""
+    text = record_text(local) if local.exists() else ""
     try:
         view = record_view(job_dir)
         if view is not None:

@@ -22,7 +22,7 @@ from rlctl.config.base import first_error
 from rlctl.config.inventory import RECORDED, Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
-from rlctl.launch.jobdir import append_row, json_file, json_lines
+from rlctl.launch.jobdir import append_row, json_file, json_lines, record_text
 from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
@@ -147,7 +147,7 @@ def record_agent(job_dir: Path, handle: AgentHandle) -> None:
 def recorded_agents(job_dir: Path) -> list[AgentHandle]:
     """Every agent ever started for the job (the last record wins for a name started twice)."""
     p = job_dir / AGENTS_FILE
-    return agents_from_lines(p.read_text(), source=p) if p.exists() else []
+    return agents_from_lines(record_text(p), source=p) if p.exists() else []
 
 
 def agents_from_lines(

@@ -356,7 +356,7 @@ class JobDir:
             return not names or any(n in line for n in names) or not _whole_object(line)
 
         skipped: list[str] = []
-        with self.events.open() as f:  # read a line at a time, versus the whole file (and its lines) held at once
+        with open_record(self.events) as f:  # a line at a time, versus the whole file (and its lines) held at once
             lines = (part for physical in f for part in physical.splitlines() or [""])  # (as str.splitlines numbers)
             rows = _json_rows(self.events, lines, skipped=skipped, parsed=parsed)
             out = [r for r in rows if not kinds or r.get("event") in kinds]
@@ -374,7 +374,7 @@ class JobDir:
         may be in the middle of it); any other: LaunchError naming the file and the line."""
         if not path.exists():
             return []
-        return json_lines(path, path.read_text())
+        return json_lines(path, record_text(path))
 
 
 @contextlib.contextmanager
@@ -485,11 +485,32 @@ def replace_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def json_file(path: Path) -> Any:
-    """A JSON file of the job's record; LaunchError naming the file when it is not JSON (OSError passes)."""
+def open_record(path: Path) -> TextIO:
+    """`path`, a file of the job's record (events.jsonl, metrics.jsonl, agents.jsonl, a JSON file), open to read as
+    text. Bytes that are no UTF-8 (a disk's damage, another tool's write) read as U+FFFD: their line is one that does
+    not parse, which each reader refuses or leaves out, naming the file and line, as it does any damaged line (a
+    UnicodeDecodeError's traceback, before). A directory in the file's place is a LaunchError naming it (an
+    IsADirectoryError's traceback, before); any other OSError passes (a missing file is each caller's own case)."""
     try:
-        return json.loads(path.read_text())
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        return path.open(encoding="utf-8", errors="replace")
+    except IsADirectoryError as e:
+        raise LaunchError(
+            f"{path}: a directory, where the job's record has a file", hint="move it aside, or put the file back"
+        ) from e
+
+
+def record_text(path: Path) -> str:
+    """The whole text of `path`, a file of the job's record, read as `open_record` says."""
+    with open_record(path) as f:
+        return f.read()
+
+
+def json_file(path: Path) -> Any:
+    """A JSON file of the job's record; LaunchError naming the file when it is not JSON or is a directory (any other
+    OSError passes)."""
+    try:
+        return json.loads(record_text(path))
+    except ValueError as e:  # JSONDecodeError
         raise LaunchError(f"{path}: not valid JSON ({e})", hint="was it edited or cut short?") from e
 
 

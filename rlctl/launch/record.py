@@ -17,7 +17,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import appending, event_time, replace_text
+from rlctl.launch.jobdir import appending, event_time, record_text, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.stage import Roots, plan_site, read_plan, read_staged
 
@@ -209,9 +209,9 @@ def _merge_lines(local: Path, remote: Path) -> str:
     naming the file and line, and kept in `<events>.damaged` (once: a later merge reads the site's again): the
     merged log reads again (`rlctl status`). An object without a usable time (null, text: an older version's row or
     an edited one) is an event all the same, at time 0 (`event_time`: before anything), as every reader takes it."""
-    mine = local.read_text().splitlines() if local.exists() else []
+    mine = record_text(local).splitlines() if local.exists() else []
     seen = set(mine)
-    theirs = [(remote, n, line) for n, line in enumerate(remote.read_text().splitlines(), 1) if line not in seen]
+    theirs = [(remote, n, line) for n, line in enumerate(record_text(remote).splitlines(), 1) if line not in seen]
     rows, bad = [], []
     for i, (path, n, line) in enumerate([(local, n, line) for n, line in enumerate(mine, 1)] + theirs):
         if not line.strip():
@@ -249,7 +249,7 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     local = job_dir / AGENTS_FILE
     # only the controller's host is wanted here: a damaged line of the record is its readers' to say (the stop's,
     # which stops every agent it can read, those recorded on the controller's site among them)
-    rows = agents_from_lines(local.read_text(), skipped=[]) if local.exists() else []
+    rows = agents_from_lines(record_text(local), skipped=[]) if local.exists() else []
     host = next((h.ident.get("host") for h in rows if h.spec.role == "controller"), None)
     site, view, root = controller_view(staged, sites, cs, host)
     return site, view, here_root(site, root, job_dir)

@@ -50,7 +50,7 @@ from rlctl.launch.backends import (
 )
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, record_text
 from rlctl.launch.layout import PlannedAgent, layout, order_tp, rollout_agent, rollout_tp
 from rlctl.launch.stage import ensure_staged, root_for
 from rlctl.transport.ucx import ENV_RDMA
@@ -214,7 +214,7 @@ class Spawner:
     def _this_run(self) -> list[AgentHandle]:
         """The agents recorded by this run (see `exited`)."""
         p = self.jobdir.path / AGENTS_FILE
-        text = p.read_text() if p.exists() else ""
+        text = record_text(p) if p.exists() else ""
         run = run_names(text)
         recorded = agents_from_lines(text, source=p, skipped=[])
         return [h for h in recorded if run is None or h.spec.name in run]

@@ -37,7 +37,7 @@ from typing import Any
 
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, event_time, row_count
+from rlctl.launch.jobdir import JobDir, event_time, open_record, row_count
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
 from rlctl.ops.jobdb import LIVE, JobDB
@@ -257,7 +257,7 @@ def first_event_time(jobdir: JobDir) -> float:
     weeks holds hundreds of thousands of events after it."""
     if not jobdir.events.exists():
         return 0.0
-    with jobdir.events.open() as f:
+    with open_record(jobdir.events) as f:
         for line in f:
             try:
                 row = json.loads(line) if line.strip() else None

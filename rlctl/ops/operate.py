@@ -39,7 +39,7 @@ from rlctl.launch.agentrecords import (
 )
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import JobDir, event_time, resume_command, row_count
+from rlctl.launch.jobdir import JobDir, event_time, record_text, resume_command, row_count
 from rlctl.launch.record import event_to_record, fetch_record, record_is_here, record_view
 from rlctl.ops.client import connect_client
 from rlctl.ops.detach import launcher_running, launcher_state
@@ -291,7 +291,7 @@ def _never_started(jd: JobDir) -> bool:
 def _no_agent(jd: JobDir) -> bool:
     """No agent recorded (no agents.jsonl, or an empty one), no controller.json, and no launcher holds the job."""
     try:
-        recorded = (jd.path / AGENTS_FILE).read_text().strip()
+        recorded = record_text(jd.path / AGENTS_FILE).strip()
     except FileNotFoundError:
         recorded = ""
     return not recorded and not jd.controller_json.exists() and jd.launcher_holder() is None

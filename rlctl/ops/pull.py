@@ -29,7 +29,7 @@ from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifes
 from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
-from rlctl.launch.jobdir import JobDir, say_once
+from rlctl.launch.jobdir import JobDir, record_text, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
 from rlctl.launch.stage import plan_site, read_plan, read_staged, root_for
@@ -69,7 +69,7 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
         raise UsageError(f"{job_dir}: the job was never staged to its trainer site {site_name!r}: nothing to pull")
     agents = job_dir / AGENTS_FILE
     skipped: list[str] = []  # a line cut short by a full disk stays in the file for good: read past it, said once
-    rows = agents_from_lines(agents.read_text(), source=agents, skipped=skipped) if agents.exists() else []
+    rows = agents_from_lines(record_text(agents), source=agents, skipped=skipped) if agents.exists() else []
     say_once(skipped)
     host = next((h.ident.get("host") for h in rows if h.spec.name == "trainer-0"), None)
     view = agent_view(site, host)
