@@ -147,10 +147,8 @@ def load(job_dir: Path) -> JobRecord:
     if not job_json.is_file():
         raise UsageError(f"{job_dir}: not a job directory (no job.json)")
     record = _read_json(job_json)
-    try:  # read as written (a job of an older rlctl too): only these two fields
-        name, mode = str(record["job"]["name"]), str(record["job"]["pipeline"]["mode"])
-    except (KeyError, TypeError) as e:
-        raise RlctlError(f"{job_json}: no job.name and job.pipeline.mode in it (was it edited?): {e}") from e
+    # read as written (a job of an older rlctl too): only these two fields
+    name, mode = str(_field(job_json, record, "job.name")), str(_field(job_json, record, "job.pipeline.mode"))
     summary_json = job_dir / "summary.json"
     summary = _read_json(summary_json) if summary_json.is_file() else None
     if summary is not None and (problem := _summary_lacks(summary)) is not None:
@@ -167,6 +165,27 @@ def load(job_dir: Path) -> JobRecord:
         ),
         checkpoints=_checkpoints(job_dir),
     )
+
+
+_JSON_KINDS: dict[type, str] = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a bool"}
+
+
+def _field(path: Path, record: Any, dotted: str) -> Any:
+    """The field `dotted` (job.pipeline.mode) of the JSON file `path` read as `record`; RlctlError naming the file and
+    the first part of it that is not there or is not a JSON object (before: the message ended in Python's own words,
+    'list indices must be integers or slices, not str', or just 'job')."""
+    at: list[str] = []
+    for key in dotted.split("."):
+        if not isinstance(record, dict):
+            where = ".".join(at) or "its top level"
+            kind = "null" if record is None else _JSON_KINDS.get(type(record), type(record).__name__)
+            raise RlctlError(f"{path}: {where} is {kind}, not a JSON object with {dotted}", hint="was it edited?")
+        at.append(key)
+        if key not in record:
+            missing = "" if at == dotted.split(".") else f" (no {'.'.join(at)})"
+            raise RlctlError(f"{path}: no {dotted} in it{missing}", hint="was it edited?")
+        record = record[key]
+    return record
 
 
 def _checkpoints(job_dir: Path) -> list[dict[str, Any]]:
