@@ -218,7 +218,14 @@ class JobDir:
     def refuse_lost_job_json(self, *, nothing: str | None = None) -> None:
         """UsageError, one line, for a job that was prepared (`prepare` writes plan.json before job.json) whose
         job.json is gone (removed by hand): it names the file and how to put it back (`nothing`: what the command
-        then has nothing to do). Nothing for a job.json that is there, or a directory with neither."""
+        then has nothing to do). A directory where job.json goes is said so (before: 'missing'). Nothing for a job.json
+        that is there, or a directory with neither."""
+        if self.job_json.is_dir():
+            raise UsageError(
+                f"{self.job_json}: a directory, where the job's resolved job (a file, written with its plan.json) goes"
+                + (f"; {nothing}" if nothing else ""),
+                hint="move it aside and put the job dir's job.json back from a copy",
+            )
         if self.job_json.is_file() or not self.plan_json.is_file():
             return
         raise UsageError(

@@ -73,6 +73,8 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
     by_id = {r.name: r for r in rows}
     named = [r for r in rows if r.spec.get("name") == ref]
     indexed = by_id[ref] if ref in by_id else max(named, key=lambda r: r.launched_s) if named else None
+    if path.is_dir() and (path / "job.json").is_dir():
+        JobDir(path).refuse_lost_job_json()  # says so (before: taken as the job dir, its job prepared)
     if path.is_dir() and (path / "job.json").exists():
         here = path.resolve()
         same = indexed is not None and Path(indexed.job_dir).resolve() == here
