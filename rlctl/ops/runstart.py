@@ -22,7 +22,7 @@ from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE
 from rlctl.launch.agentrecords import latest_run_names, readable_agents
 from rlctl.launch.backends import AGENTS_FILE, record_agent
 from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
-from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.jobdir import JobDir, event_time, record_text
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, trainer_parallel
 from rlctl.launch.record import controller_view, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote, site_root
@@ -165,7 +165,7 @@ class RunStart(RunBase):
 
     def _mirror_record(self, h: AgentHandle) -> None:
         """Append the agent's record to the controller site's agents.jsonl (its Spawner claims slices from it)."""
-        line = (self.jobdir.path / AGENTS_FILE).read_text().splitlines()[-1] + "\n"
+        line = record_text(self.jobdir.path / AGENTS_FILE).splitlines()[-1] + "\n"
         fs, root = self._files()
         try:
             fs.append(f"{root}/{AGENTS_FILE}", line)

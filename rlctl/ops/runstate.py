@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import LaunchError
-from rlctl.launch.jobdir import JobDir, event_time, json_lines, say_once
+from rlctl.launch.jobdir import JobDir, event_time
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,6 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
 def stop_requested(jobdir: JobDir, *, since: float) -> bool:
     """Whether `rlctl stop` was asked for the job at or after `since` (time.time()): its `stop_requested` event.
     Only the lines that name it are parsed (the others blank, for the line numbers): a launcher asks before each
-    agent it starts. A damaged one is left out and said once (`JobDir.read_events`)."""
-    if not jobdir.events.exists():
-        return False
-    lines = [line if STOP_REQUESTED in line else "" for line in jobdir.events.read_text().splitlines()]
-    skipped: list[str] = []
-    rows = json_lines(jobdir.events, "\n".join(lines), skipped=skipped)
-    say_once(skipped)
-    return any(e.get("event") == STOP_REQUESTED and event_time(e) >= since for e in rows)
+    agent it starts. A damaged one is left out and said once, bytes that are no UTF-8 too (`JobDir.read_events`,
+    a line at a time, versus the whole file read as text: a UnicodeDecodeError traceback from the launcher)."""
+    return any(event_time(e) >= since for e in jobdir.read_events(STOP_REQUESTED))

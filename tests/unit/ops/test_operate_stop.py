@@ -334,7 +334,9 @@ def test_the_launcher_of_a_job_a_forced_stop_ended_says_it_was_stopped(
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("j", explicit=tmp_path / "j1")
     jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="demo.yaml")
-    jd.write_json(jd.plan_json, {"controller_site": "local"})
+    # (a plan as a launch writes it: attach refuses one out of shape, b44da7d)
+    plan = {"controller_site": "local", "trainer": {"site": "local", "ranks": 1}, "rollout": []}
+    jd.write_json(jd.plan_json, plan)
     local = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
     write_sites(jd.path, {"local": Site.model_validate(local)})
     ready = tmp_path / "ready"

@@ -17,7 +17,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.autoresume import first_event_time
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import current_run, run_summary
+from rlctl.ops.runstate import current_run, run_summary, stop_requested
 from rlctl.report import build_report
 from tests.unit.job_rows import indexed_row
 from tests.unit.report.fake_jobdir import make_job_dir
@@ -42,6 +42,7 @@ def test_an_event_line_of_bytes_that_are_no_text_is_left_out_said_once(
     jd = _job(tmp_path)
     with caplog.at_level(logging.WARNING):
         assert current_run(jd) == "r1"
+        assert stop_requested(jd, since=0.0)
         assert [e["event"] for e in jd.read_events()] == ["agent_started", "stop_requested"]
         ref = JobRef("bytes1", jd, indexed_row("bytes1", jd.path, job="bytes", state="running"))
         s, _complete = operate.job_status(ref, timeout_s=2.0)
