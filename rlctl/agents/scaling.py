@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rlctl.agents import migration
 from rlctl.agents.core import ControllerCore
@@ -51,6 +51,7 @@ from rlctl.textutil import did_you_mean
 
 log = logging.getLogger(__name__)
 
+V = TypeVar("V")
 Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
 
 
@@ -74,6 +75,10 @@ JOIN_BOUND_FACTOR = 4.0
 # started, so that its join bound runs (a unit that hung loading is not kept for good); as long as the shortest bound
 SILENT_QUEUE_S = JOIN_BOUND_MIN_S
 UNJOINED_STOP_GRACE_S = 10.0
+# the latest units asked for whose first sample or failed start is kept (`first_sample_s`, `failed_starts`): what
+# `rlctl scale --wait` reads of the units it added, every 0.5 s, from the status reply, long before this many more
+# units asked for sampled or failed; a run whose units come and go for weeks keeps these, not one per unit it had
+STARTS_KEPT = 1024
 
 
 @dataclass
@@ -172,8 +177,11 @@ class Scaler:
         self.rule = RebalanceRule(cfg)
         self.reading: Reading | None = None
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
-        self.first_sample_s: dict[str, float] = {}  # unit asked for → seconds from the request to its first sample
-        self.failed_starts: dict[str, str] = {}  # unit asked for whose start failed → the error (`scale --wait`)
+        # unit asked for → seconds from the request to its first sample; one whose start failed → the error (`scale
+        # --wait`): the latest `starts_kept` of each (`_keep`)
+        self.first_sample_s: dict[str, float] = {}
+        self.failed_starts: dict[str, str] = {}
+        self.starts_kept = STARTS_KEPT
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
@@ -454,7 +462,8 @@ class Scaler:
         if self.abandoned.pop(lost, None) is not None:  # stopped for not joining in time (it joined as it was
             return  # stopped): counted already
         if self._unrequest(lost) is not None:  # asked for (a scale, the rule): `scale --wait` is told
-            self.failed_starts[lost] = "lost before its first sample (its log says why); a replacement is started"
+            why = "lost before its first sample (its log says why); a replacement is started"
+            _keep(self.failed_starts, lost, why, kept=self.starts_kept)
         chain = self.unproven.pop(lost, None)
         if chain is not None:
             self.replaced -= 1  # it did not stand
@@ -570,7 +579,7 @@ class Scaler:
         """`name`, a unit asked for, did not start (`scale --wait` is told `why`); a given-up unit's place it was to
         take is open again (`unit_counts`)."""
         self._unrequest(name)
-        self.failed_starts[name] = why
+        _keep(self.failed_starts, name, why, kept=self.starts_kept)
         site = self._filling.pop(name, None)
         if site is not None:
             self._unfilled[site] += 1
@@ -731,7 +740,7 @@ class Scaler:
             return
         self.unproven.pop(name, None)  # a replacement that stands
         seconds = round(time.monotonic() - t0, 3)
-        self.first_sample_s[name] = seconds
+        _keep(self.first_sample_s, name, seconds, kept=self.starts_kept)
         self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)
         self.rule.changed()  # from now on δ reflects the new unit count
         log.info("controller: %s produced its first sample %.1f s after it was asked for", name, seconds)
@@ -755,6 +764,14 @@ class Scaler:
     def close(self) -> None:
         if self.spawner is not None:
             self.spawner.close()
+
+
+def _keep(latest: dict[str, V], name: str, value: V, *, kept: int) -> None:
+    """`latest[name] = value`, the newest, and the oldest entries dropped beyond `kept`."""
+    latest.pop(name, None)
+    latest[name] = value
+    while len(latest) > kept:
+        del latest[next(iter(latest))]
 
 
 def _sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:
