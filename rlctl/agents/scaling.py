@@ -79,6 +79,10 @@ UNJOINED_STOP_GRACE_S = 10.0
 # `rlctl scale --wait` reads of the units it added, every 0.5 s, from the status reply, long before this many more
 # units asked for sampled or failed; a run whose units come and go for weeks keeps these, not one per unit it had
 STARTS_KEPT = 1024
+# the latest lost units given up on kept by name, with why (status `resilience`: every one counted, the note names the
+# latest GAVE_UP_NAMED)
+GAVE_UP_KEPT = 16
+GAVE_UP_NAMED = 3
 
 
 @dataclass
@@ -188,7 +192,11 @@ class Scaler:
         # replacements that joined, over every run of the job (restore()), less those lost before their first sample
         self.replaced = 0
         self.unproven: dict[str, Replacement] = {}  # a replacement that joined → its chain, until its first sample
-        self.gave_up: list[str] = []  # lost units not replaced after every attempt
+        # lost units not replaced after every attempt: counted, the latest `gave_up_kept` kept by name (and why their
+        # last attempt failed, `gave_up_why`)
+        self.gave_up: list[str] = []
+        self.gave_up_total = 0
+        self.gave_up_kept = GAVE_UP_KEPT
         # site → units given up on there whose place no unit asked for since took (`unit_counts`), and the unit asked
         # for → the site whose given-up place it takes (given back if its start fails)
         self._unfilled: dict[str, int] = {}
@@ -196,7 +204,7 @@ class Scaler:
         # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
         self.restoring: dict[str, int] | None = None
         self.restored_at = 0.0
-        self.gave_up_why: dict[str, str] = {}  # lost unit given up on → why its last attempt failed
+        self.gave_up_why: dict[str, str] = {}
         self.t0 = time.monotonic()  # the plan's units are expected from here
         # units that exited before they joined: they hold no slot. A unit asked for leaves it with its request
         # (`_unrequest`), so that a run whose units come and go for weeks holds the plan's and those asked for now
@@ -589,9 +597,10 @@ class Scaler:
         r.why, r.stopping = why, False
         if r.attempts >= REPLACE_ATTEMPTS:
             del self.replacing[r.lost]
-            self.gave_up.append(r.lost)
+            self.gave_up_total += 1
+            self.gave_up = [*self.gave_up, r.lost][-self.gave_up_kept :]
             self._unfilled[r.site] = self._unfilled.get(r.site, 0) + 1
-            self.gave_up_why[r.lost] = why
+            _keep(self.gave_up_why, r.lost, why, kept=self.gave_up_kept)
             self.jobdir.event("replace_gave_up", lost=r.lost, site=r.site, attempts=r.attempts, error=why)
             log.warning("controller: gave up replacing %s on %s after %d attempts: %s", r.lost, r.site, r.attempts, why)
             return
@@ -678,16 +687,27 @@ class Scaler:
         return [n for n in self._planned_unjoined() if self.placement.sites.get(n) == site]
 
     def resilience(self) -> dict[str, Any]:
-        """For status: replacements done, under way, given up, and what that means for the job."""
+        """For status: replacements done, under way, given up (the latest by name, and counted), and what that means
+        for the job: a note of one line, however many units the job gave up on (it named every one, with why)."""
         note = None
         if self.gave_up:
-            lost = ", ".join(f"{n} ({self.gave_up_why[n]})" if n in self.gave_up_why else n for n in self.gave_up)
-            note = f"running with fewer rollout units: could not replace {lost}"
+            n, latest = self.gave_up_total, self.gave_up[-GAVE_UP_NAMED:]
+            last = latest[-1]
+            note = (
+                f"running with fewer rollout units: {n} unit{'s' if n != 1 else ''} given up on (latest: "
+                f"{', '.join(latest)}); {last}'s last attempt: {self.gave_up_why[last]}"
+            )
         elif self.replacing:
             note = "replacing " + ", ".join(
                 f"{n} (last attempt: {r.why})" if r.why else n for n, r in self.replacing.items()
             )
-        return {"replaced": self.replaced, "replacing": sorted(self.replacing), "gave_up": self.gave_up, "note": note}
+        return {
+            "replaced": self.replaced,
+            "replacing": sorted(self.replacing),
+            "gave_up": self.gave_up,
+            "gave_up_total": self.gave_up_total,
+            "note": note,
+        }
 
     # -- units starting -----------------------------------------------------------------------------
     def _spawn(self, site: str, reason: str) -> str:

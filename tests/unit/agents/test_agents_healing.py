@@ -115,7 +115,7 @@ def test_a_lost_unit_is_replaced_on_its_site(tmp_path) -> None:
     assert spawner.calls == [("a", 2)]
     core.join("rollout-2", role="rollout", version=0)  # the replacement said hello
     scaler.tick(101.0)
-    assert scaler.resilience() == {"replaced": 1, "replacing": [], "gave_up": [], "note": None}
+    assert scaler.resilience() == {"replaced": 1, "replacing": [], "gave_up": [], "gave_up_total": 0, "note": None}
     ev = [e for e in jd.read_lines(jd.events) if e["event"] == "unit_replaced"]
     assert [(e["lost"], e["by"], e["attempts"]) for e in ev] == [("rollout-1", "rollout-2", 1)]
 
@@ -157,7 +157,7 @@ def test_the_count_of_replaced_units_continues_across_a_resume(tmp_path) -> None
     deliver(resumed, posted)
     resumed.core.join("rollout-2", role="rollout", version=0)
     resumed.tick(1.0)
-    assert resumed.resilience() == {"replaced": 2, "replacing": [], "gave_up": [], "note": None}
+    assert resumed.resilience() == {"replaced": 2, "replacing": [], "gave_up": [], "gave_up_total": 0, "note": None}
 
 
 def test_the_unit_cap_is_named_where_it_stops_a_unit_from_being_added(tmp_path) -> None:
@@ -290,9 +290,9 @@ def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_c
     assert len(spawner.calls) == scaling.REPLACE_ATTEMPTS
     res = scaler.resilience()
     assert res["replaced"] == 0 and res["replacing"] == [] and res["gave_up"] == ["rollout-1"]
-    assert (
-        res["note"]
-        == "running with fewer rollout units: could not replace rollout-1 (rollout-4 was lost before its first sample)"
+    assert res["note"] == (
+        "running with fewer rollout units: 1 unit given up on (latest: rollout-1); rollout-1's last attempt: rollout-4 "
+        "was lost before its first sample"
     )
     evs = [
         e for e in jd.read_lines(jd.events) if e["event"] in ("unit_replaced", "replacement_lost", "replace_gave_up")

@@ -36,3 +36,42 @@ def test_the_first_samples_and_failed_starts_kept_are_the_latest(tmp_path: Any) 
         core.lost(drained)
     assert list(scaler.failed_starts) == failed[-4:] and list(scaler.first_sample_s) == sampled[-4:]
     assert scaler.failed_starts[failed[-1]] == f"sbatch refused {failed[-1]}"
+
+
+def _given_up(scaler: Scaler, posted: list[Any], spawner: FakeSpawner, lost: str, now: float) -> float:
+    """`lost` is lost and every attempt to replace it fails to start: given up on; the loop's clock after."""
+    spawner.fail = 10**9
+    scaler.core.lost(lost)
+    scaler.replace(lost, now=now)
+    while lost in scaler.replacing:
+        scaler.tick(now)
+        r = scaler.replacing.get(lost)
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its start fails
+            deliver(scaler, posted)
+        now += 1.0
+    return now
+
+
+def test_the_units_given_up_on_are_counted_and_the_latest_named_in_one_line(tmp_path: Any) -> None:
+    """A unit lost whose every replacement failed to start, then one asked for in its place, over and over: status
+    names the latest `gave_up_kept` (with why) and counts every one, and its note is one line naming the latest three,
+    versus every unit given up on, with why, in one note."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    scaler.gave_up_kept = 4
+    now, lost = 0.0, []
+    victim = "rollout-1"
+    for _ in range(UNITS):
+        now = _given_up(scaler, posted, spawner, victim, now)
+        lost.append(victim)
+        victim = _asked(scaler, posted, spawner, starts=True)  # in its place
+        core.join(victim, role="rollout", version=0)
+        scaler.sampled(victim)
+    res = scaler.resilience()
+    assert res["gave_up"] == lost[-4:] and res["gave_up_total"] == UNITS
+    assert list(scaler.gave_up_why) == lost[-4:]
+    a, b, c = lost[-3:]
+    (_, failed), _ = spawner.calls[-2:]  # the last attempt to replace c, then the unit asked for in its place
+    assert res["note"] == (
+        f"running with fewer rollout units: {UNITS} units given up on (latest: {a}, {b}, {c}); {c}'s last attempt: "
+        f"sbatch refused rollout-{failed}"
+    )
