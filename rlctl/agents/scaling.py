@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from rlctl.agents import migration
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import Out
 from rlctl.agents.rebalance import Reading, RebalanceRule
+from rlctl.agents.scalelog import ScaleLog
 from rlctl.config.inventory import Site
 from rlctl.config.job import Rebalance
 from rlctl.errors import RlctlError
@@ -186,7 +187,7 @@ class Scaler:
         self.first_sample_s: dict[str, float] = {}
         self.failed_starts: dict[str, str] = {}
         self.starts_kept = STARTS_KEPT
-        self.scale_log: list[dict[str, Any]] = []
+        self._scale_log = ScaleLog()  # the latest listed, every one counted
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
         # replacements that joined, over every run of the job (restore()), less those lost before their first sample
@@ -226,6 +227,17 @@ class Scaler:
         # a unit asked for (a replacement's too) → since when its join bound counts: its start returned (`spawned`),
         # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
+
+    @property
+    def scale_log(self) -> ScaleLog:
+        """The scale events of this run, and of the job's history a resumed run continues."""
+        return self._scale_log
+
+    @scale_log.setter
+    def scale_log(self, events: Iterable[dict[str, Any]]) -> None:
+        """A resumed run's: the scale events of the job's history it continues (`ControllerAgent`), the latest listed
+        and every one counted, versus all of them kept."""
+        self._scale_log = ScaleLog(events)
 
     def _unrequest(self, name: str) -> float | None:
         """`name` is no unit asked for any more (it sampled, or its start failed): when it was asked for, and its join
@@ -776,7 +788,7 @@ class Scaler:
             "delta_s": None if r is None else round(r.delta_s, 4),
             "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
         }
-        self.scale_log.append(ev)
+        self._scale_log.append(ev)
         self.jobdir.event("scale", **ev)
         self.metrics.scale_events.labels(direction, reason).inc()
         self.rule.changed()

@@ -25,6 +25,7 @@ from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.rowbook import RowBook
+from rlctl.agents.scalelog import ScaleLog
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics
@@ -61,7 +62,7 @@ class Snapshot:
     t_first: float | None  # … when it first dispatched a sample
     violations: int  # staleness violations the trainer reported
     reading: Reading | None  # the rebalance rule's last reading
-    scale_log: list[dict[str, Any]]
+    scale_log: ScaleLog  # the latest scale events, every one counted
     free_slots: dict[str, int]
     stop_requested: bool
     metrics_port: int
@@ -213,7 +214,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "rebalance": {"auto": s.job.rebalance.auto, "why": None if r is None else r.why},
         "rollout_units": len(core.live_units),
         "free_slots": s.free_slots,
-        "scale_events": s.scale_log[-10:],
+        "scale_events": s.scale_log.latest(10),
         # what `rlctl scale --wait` waits for: the controller's job dir (its events) may be on another site
         "first_sample_s": dict(s.first_samples),
         "failed_starts": dict(s.failed_starts),
@@ -365,7 +366,10 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "mode": s.job.pipeline.mode,
         "eta": s.job.pipeline.eta,
         "state": "done" if core.done else f"failed: {core.failed}" if core.failed else "stopped",
-        "scale_events": s.scale_log,
+        # the latest SCALE_EVENTS_KEPT (those before: counted only), and every one counted per direction
+        "scale_events": s.scale_log.latest(),
+        **({"scale_events_unlisted": s.scale_log.unlisted()} if s.scale_log.unlisted() else {}),
+        "scale_totals": {d: s.scale_log.totals[d] for d in ("out", "in")},
         "weights": weights_view(s),
         "reward_failures": _failures(rows.last, s.reward_stats.failures),
         "rewards": {**reward_view(core), **asdict(s.reward_stats)},

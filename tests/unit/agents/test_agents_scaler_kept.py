@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.agents.scaling import Scaler
+from rlctl.agents.views import status, summary
 from tests.unit.agents.test_agents_healing import FakeSpawner, deliver, setup
+from tests.unit.agents.test_agents_views import _snapshot
 
 UNITS = 30
 
@@ -75,3 +77,31 @@ def test_the_units_given_up_on_are_counted_and_the_latest_named_in_one_line(tmp_
         f"running with fewer rollout units: {UNITS} units given up on (latest: {a}, {b}, {c}); {c}'s last attempt: "
         f"sbatch refused rollout-{failed}"
     )
+
+
+def test_the_scale_events_listed_are_the_latest_and_every_one_is_counted(tmp_path: Any) -> None:
+    """`rlctl scale +1` then `-1`, over and over, and a resumed run that continues a history of as many: status lists
+    the last 10, summary.json the latest SCALE_EVENTS_KEPT, says how many it left out and counts every one per
+    direction, versus every scale event the job had, held and written into each summary."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    made = []
+    for _ in range(150):
+        name = _asked(scaler, posted, spawner, starts=True)
+        core.join(name, role="rollout", version=0)
+        (drained,) = scaler.scale(-1, None, reason="operator")[0]["removing"]
+        core.lost(drained)
+        made += [("out", name), ("in", drained)]
+    for log in (scaler.scale_log, _resumed(scaler, made)):
+        s = summary(_snapshot(core, [], scale_log=log))
+        listed = [(e["direction"], e["agent"]) for e in s["scale_events"]]
+        assert 0 < len(listed) < len(made) and listed == made[-len(listed) :]
+        assert s["scale_events_unlisted"] == len(made) - len(listed)
+        assert s["scale_totals"] == {"out": 150, "in": 150}
+        st = status(_snapshot(core, [], scale_log=log), now=0.0)
+        assert [(e["direction"], e["agent"]) for e in st["scale_events"]] == made[-10:]
+
+
+def _resumed(scaler: Scaler, made: list[tuple[str, str]]) -> Any:
+    """A resumed run's scaler, given the scale events of the job's history it continues (`ControllerAgent`)."""
+    scaler.scale_log = [{"direction": d, "agent": a, "site": "a", "reason": "operator"} for d, a in made]
+    return scaler.scale_log

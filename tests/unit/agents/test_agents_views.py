@@ -15,6 +15,7 @@ from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.rowbook import PACE_ROWS, RowBook, job_start_offset
+from rlctl.agents.scalelog import ScaleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
@@ -122,7 +123,7 @@ def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], *, rows_kept: in
         t_first=101.0,
         violations=0,
         reading=None,
-        scale_log=[],
+        scale_log=ScaleLog(),
         free_slots={"b": 1},
         stop_requested=False,
         metrics_port=9999,
@@ -190,7 +191,8 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
     row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
     events = [{"direction": "out", "agent": f"rollout-{i}"} for i in range(12)]
     reading = Reading(0, delta_s=1.23456, delta_prime_s=0.5, units=1, add=False, why="δ ≥ δ' but no free GPU slot")
-    st = status(_snapshot(core, [row, row], reading=reading, scale_log=events, stop_requested=True), now=110.0)
+    snap = _snapshot(core, [row, row], reading=reading, scale_log=ScaleLog(events), stop_requested=True)
+    st = status(snap, now=110.0)
     assert st["state"] == "stopping" and st["iteration"] == st["weight_version"] == 1
     assert (st["t_gen_s"], st["reward"], st["figures_age_s"], st["elapsed_s"]) == (3.0, 0.5, 4.0, 10.0)
     assert (st["delta_window_s"], st["delta_prime_s"]) == (1.2346, 0.5)
