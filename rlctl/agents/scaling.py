@@ -83,6 +83,10 @@ STARTS_KEPT = 1024
 # the latest lost units given up on kept by name, with why (status `resilience`: every one counted, the note names the
 # latest GAVE_UP_NAMED)
 GAVE_UP_KEPT = 16
+# the units gone for good (lost, drained, failed to start) whose site `placement.sites` still holds, the latest started:
+# the controller lists a gone unit (status, its metrics row, its gauges removed by their site label) until the metrics
+# row after it went (`ControllerAgent._prune`), long before this many more units started
+GONE_SITES_KEPT = 1024
 GAVE_UP_NAMED = 3
 
 
@@ -101,8 +105,8 @@ class Replacement:
 
 @dataclass
 class Placement:
-    """Where the job's agents run: the launch plan, the sites' specs and agent name → site (grows as
-    units are added)."""
+    """Where the job's agents run: the launch plan, the sites' specs and agent name → site (the plan's, and the units
+    the Scaler starts: those gone for good leave it, beyond the latest GONE_SITES_KEPT: `Scaler._forget_sites`)."""
 
     plan: dict[str, Any]
     site_specs: dict[str, Site]
@@ -187,6 +191,7 @@ class Scaler:
         self.first_sample_s: dict[str, float] = {}
         self.failed_starts: dict[str, str] = {}
         self.starts_kept = STARTS_KEPT
+        self.gone_sites_kept = GONE_SITES_KEPT
         self._scale_log = ScaleLog()  # the latest listed, every one counted
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
@@ -732,6 +737,7 @@ class Scaler:
         name = f"rollout-{replica}"
         self.placement.sites[name] = site
         self.spawn_requested[name] = time.monotonic()
+        self._forget_sites()  # (this unit's kept: asked for)
         # it takes a given-up unit's place; not a replacement, nor a resume's (`_restore_units` counted the place in
         # what the site has: taking it too counted it out twice, and a second resume came back a unit short)
         if reason not in ("replace", "resume") and self._unfilled.get(site, 0) > 0:
@@ -747,6 +753,17 @@ class Scaler:
 
         threading.Thread(target=run, name=f"spawn-{name}", daemon=True).start()
         return name
+
+    def _forget_sites(self) -> None:
+        """The units started that are gone for good leave `placement.sites`, the oldest started first, beyond the
+        latest `gone_sites_kept` (a run whose units come and go for weeks held the site of every unit it started): not
+        one that runs or drains, is asked for, being stopped (it may join still) or a replacement not proven yet."""
+        sites, planned = self.placement.sites, _sites_by_agent(self.placement.plan)
+        chains = {r.unit for r in self.replacing.values()} | set(self.unproven)
+        needed = set(self.core.units) | set(self.spawn_requested) | set(self.abandoned) | chains
+        gone = [n for n in sites if n not in planned and n not in needed]
+        for name in gone[: max(0, len(gone) - self.gone_sites_kept)]:
+            del sites[name]
 
     def spawned(self, name: str, info: tuple[str, str, str | None]) -> None:
         """The spawn thread of `name` finished: (site, reason, error or None)."""

@@ -455,7 +455,7 @@ def agent_gauges(
     # every site that ever had a unit: one whose last unit was lost or scaled in reads 0, not its last count
     units = {sites.get(p.name, ""): 0 for p in peers.values() if p.role == "rollout"}
     units |= {sites.get(u.name, ""): 0 for u in core.units.values()}
-    units |= {sites.get(name, ""): 0 for name in core.left}
+    units |= {sites[name]: 0 for name in core.left if name in sites}  # (one gone long ago: its site's gauge read 0)
     for u in core.units.values():
         if u.alive:
             site = sites.get(u.name, "")

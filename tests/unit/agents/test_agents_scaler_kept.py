@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.agents.scaling import Scaler
-from rlctl.agents.views import status, summary
+from rlctl.agents.views import agent_gauges, status, summary
+from rlctl.metrics import JobMetrics
 from tests.unit.agents.test_agents_healing import FakeSpawner, deliver, setup
 from tests.unit.agents.test_agents_views import _snapshot
 
@@ -105,3 +106,43 @@ def _resumed(scaler: Scaler, made: list[tuple[str, str]]) -> Any:
     """A resumed run's scaler, given the scale events of the job's history it continues (`ControllerAgent`)."""
     scaler.scale_log = [{"direction": d, "agent": a, "site": "a", "reason": "operator"} for d, a in made]
     return scaler.scale_log
+
+
+def test_the_sites_of_units_gone_for_good_leave_the_placement_beyond_the_latest(tmp_path: Any) -> None:
+    """Units asked for that failed to start, or joined and were drained, or lost and replaced, over and over: the
+    placement holds the plan's agents, the units the job runs or waits for and the latest `gone_sites_kept` gone, versus
+    the site of every unit the job ever started; the live units' gauges per site read as before, no unit without one."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    scaler.gone_sites_kept = 4
+    started = []
+    for k in range(UNITS):
+        started.append(_asked(scaler, posted, spawner, starts=k % 3 != 0))
+        if k % 3 == 0:
+            continue  # its start failed
+        core.join(started[-1], role="rollout", version=0)
+        scaler.sampled(started[-1])
+        if k % 3 == 1:  # drained
+            (drained,) = scaler.scale(-1, None, reason="operator")[0]["removing"]
+            core.lost(drained)
+        else:  # lost: its replacement starts, joins and samples
+            core.lost(started[-1])
+            scaler.replace(started[-1], now=float(k))
+            scaler.tick(float(k))
+            deliver(scaler, posted)
+            (new,) = scaler.pending_units()
+            core.join(new, role="rollout", version=0)
+            scaler.tick(float(k) + 1.0)
+            scaler.sampled(new)
+            started.append(new)
+            (drained,) = scaler.scale(-1, None, reason="operator")[0]["removing"]  # the site's slot free again
+            core.lost(drained)
+    pending = _asked(scaler, posted, spawner, starts=True)  # asked for, not joined yet
+    live = [u.name for u in core.live_units]
+    gone = [n for n in started if n not in live]
+    assert len(gone) > 4 and scaler.pending_units() == [pending] and scaler.replacing == {}
+    plan = {"rollout-0": "a", "rollout-1": "a"}  # (the placement `setup` gives)
+    assert scaler.placement.sites == plan | {n: "a" for n in [*live, *gone[-4:], pending]}
+    metrics = JobMetrics()
+    agent_gauges(metrics, core, {}, scaler.placement.sites, now=0.0)
+    units = {s.labels["site"]: s.value for m in metrics.rollout_units.collect() for s in m.samples}
+    assert units == {"a": len(live)}
