@@ -204,7 +204,7 @@ class Scaler:
         self.gave_up_total = 0
         self.gave_up_kept = GAVE_UP_KEPT
         # site → units given up on there whose place no unit asked for since took (`unit_counts`), and the unit asked
-        # for → the site whose given-up place it takes (given back if its start fails)
+        # for → the site whose given-up place it takes (given back if its start fails; kept until it stands or is lost)
         self._unfilled: dict[str, int] = {}
         self._filling: dict[str, str] = {}
         # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
@@ -486,6 +486,7 @@ class Scaler:
         after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
         if self.abandoned.pop(lost, None) is not None:  # stopped for not joining in time (it joined as it was
             return  # stopped): counted already
+        self._filling.pop(lost, None)  # the place is its replacement's now (`unit_counts`), or given back if that fails
         if self._unrequest(lost) is not None:  # asked for (a scale, the rule): `scale --wait` is told
             why = "lost before its first sample (its log says why); a replacement is started"
             _keep(self.failed_starts, lost, why, kept=self.starts_kept)
@@ -788,6 +789,8 @@ class Scaler:
         if t0 is None:
             return
         self.unproven.pop(name, None)  # a replacement that stands
+        if name not in self.abandoned:  # (one being stopped as it sampled is a failed start still: `unjoined_stopped`)
+            self._filling.pop(name, None)  # it took the given-up place for good
         seconds = round(time.monotonic() - t0, 3)
         _keep(self.first_sample_s, name, seconds, kept=self.starts_kept)
         self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)

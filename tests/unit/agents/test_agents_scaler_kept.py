@@ -146,3 +146,27 @@ def test_the_sites_of_units_gone_for_good_leave_the_placement_beyond_the_latest(
     agent_gauges(metrics, core, {}, scaler.placement.sites, now=0.0)
     units = {s.labels["site"]: s.value for m in metrics.rollout_units.collect() for s in m.samples}
     assert units == {"a": len(live)}
+
+
+def test_a_unit_that_took_a_given_up_place_and_stands_leaves_nothing_behind(tmp_path: Any) -> None:
+    """Units asked for, each taking the place of a unit given up on, that sampled (or were lost and replaced): the
+    scaler kept each one's given-up place for the rest of the run (`_filling`, consulted only if its start fails);
+    the places counted for a resume are as before."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    now, victim = 0.0, "rollout-1"
+    for k in range(UNITS):
+        now = _given_up(scaler, posted, spawner, victim, now)
+        victim = _asked(scaler, posted, spawner, starts=True)  # in its place
+        core.join(victim, role="rollout", version=0)
+        if k % 2:  # lost before its first sample: its replacement takes the place
+            core.lost(victim)
+            scaler.replace(victim, now=now)
+            spawner.fail = len(spawner.calls)
+            scaler.tick(now)
+            deliver(scaler, posted)
+            (victim,) = scaler.pending_units()
+            core.join(victim, role="rollout", version=0)
+            scaler.tick(now + 1.0)
+        scaler.sampled(victim)
+        assert scaler.unit_counts() == {"a": 2}
+    assert scaler._filling == {} and scaler._unfilled == {"a": 0}
