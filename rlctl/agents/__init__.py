@@ -2,6 +2,6 @@
 
 `core.py` is the controller's logic without I/O (its parts: `corestate.py`, `admission.py`, `delivery.py`,
 `unitloss.py`, `migrating.py`; its types `coretypes.py`), `ledger.py` the sample ledger, `staleness.py` the
-staleness rule; `controller.py`, `rollout.py` and `trainer.py` are the processes; `__main__.py`
-their entry point (`python -m rlctl.agents ROLE --job-dir DIR`).
+staleness rule; `controller.py` (its parts in `controller_*.py`), `rollout.py` and `trainer.py` are the processes;
+`__main__.py` their entry point (`python -m rlctl.agents ROLE --job-dir DIR`).
 """

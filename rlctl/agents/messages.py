@@ -268,7 +268,7 @@ class Scale(msgspec.Struct):
 
 
 # `rlctl stop` that sets no --grace: how long it gives the controller to end (its answer may ask for more, while the
-# trainer may complete a checkpoint: `rlctl.agents.controller.STOP_CHECKPOINT_WAIT_S`)
+# trainer may complete a checkpoint: `rlctl.agents.controller_stop.STOP_CHECKPOINT_WAIT_S`)
 STOP_GRACE_S = 15.0
 # why a controller that got SIGTERM with no stop asked for (a scheduler's time limit, a pre-emption, `kill`) ends the
 # run as failed (`ControllerAgent.run`): `checkpoint.auto_resume` resumes it; the launcher's own stop and `rlctl stop`

@@ -34,7 +34,7 @@ from rlctl.rl.source import heldout_view
 
 
 class AgentRecord(Protocol):
-    """What the views read of the controller's record of one connected agent (`controller.Peer`)."""
+    """What the views read of the controller's record of one connected agent (`controller_base.Peer`)."""
 
     @property
     def name(self) -> str: ...

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from rlctl.agents import controller, messages, samplelog
+from rlctl.agents import controller, controller_base, controller_stop, messages, samplelog
 from rlctl.agents.appliedlog import unit_rows
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
@@ -335,7 +335,7 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
     assert trainer and trainer[0].version == 4  # told to stop at once, it trained no further iteration
     # no --grace: the controller gives its end the default grace and the checkpoint wait, and names the checkpoint
     assert answers == [
-        {"ok": True, "grace_s": messages.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S, "checkpoint": 4}
+        {"ok": True, "grace_s": messages.STOP_GRACE_S + controller_stop.STOP_CHECKPOINT_WAIT_S, "checkpoint": 4}
     ]
     assert latest_complete(jd.checkpoints) == 4 and jd.read_json(jd.checkpoints / "latest.json")["version"] == 4
     assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2, 3]  # the rows a resume from v4 keeps
@@ -361,7 +361,7 @@ class _PoolFailed(DigitsSource):
 def test_a_reward_pool_that_failed_ends_the_job_naming_why(tmp_path, monkeypatch):
     """No reward can be scored any more (no worker loads the function): the job fails in one line that says so,
     through the lost reward of the first sample that waits for one (not a controller error, not `on_error`s)."""
-    monkeypatch.setattr(controller, "task_source", lambda job, *_, **__: _PoolFailed(job.task))
+    monkeypatch.setattr(controller_base, "task_source", lambda job, *_, **__: _PoolFailed(job.task))
     jd, ctl = run_inproc(_job("sync"), tmp_path, "pool-failed", code=1)
     assert ctl.core.failed is not None and ctl.core.failed.startswith("the reward call of sample ")
     assert ctl.core.failed.endswith(f"(the reward pool stopped: {POOL_FAILED})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from rlctl.agents import controller
+from rlctl.agents import controller, controller_stop, messages
 from rlctl.agents.messages import Hello, make
 from rlctl.transport import Message
 from tests.unit.controller_harness import HandledController, small_job
@@ -22,7 +22,7 @@ def test_a_second_stop_while_the_first_waits_for_a_checkpoint_joins_that_wait(tm
         first = h.ends["client-0"].recv(timeout_s=5).header
         assert (first["checkpoint"], first["grace_s"]) == (
             2,
-            controller.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S,
+            messages.STOP_GRACE_S + controller_stop.STOP_CHECKPOINT_WAIT_S,
         )
         h.drain()
         ending = threading.Thread(target=h.ctl._shutdown, daemon=True)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlctl.agents import controller as controller_mod
+from rlctl.agents import controller_members
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.core import ControllerCore
@@ -23,6 +24,7 @@ from rlctl.agents.flight import FlightRecord
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Hello, SampleDone, make
 from rlctl.config.job import JobFile
+from rlctl.errors import TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.transport import Connection, InprocTransport, Message
 
@@ -239,7 +241,7 @@ def wait_event(jd: JobDir, kind: str, timeout_s: float = 10) -> dict[str, Any]:
 def running(tmp_path, monkeypatch):
     """A real controller (inproc) with a fake trainer and a fake rollout unit on site `far`."""
     # the fakes beat every 0.1 s: 1.5 s of silence is a unit that stopped, not a thread a loaded machine delayed
-    monkeypatch.setattr(controller_mod, "HEARTBEAT_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(controller_members, "HEARTBEAT_TIMEOUT_S", 1.5)
     monkeypatch.setattr(controller_mod, "BYE_WAIT_S", 0.2)  # the fakes say no bye
     made: list[tuple[ControllerAgent, threading.Thread, Connection]] = []
 
@@ -416,15 +418,15 @@ def test_a_unit_a_send_failed_on_whose_reader_says_nothing_is_lost_for_the_send(
     peer = ctl.peers["rollout-0"]
 
     def stalled(msg: Message) -> None:
-        raise controller_mod.TransportError("tcp://x: message stalled for 30s")
+        raise TransportError("tcp://x: message stalled for 30s")
 
     monkeypatch.setattr(peer.conn, "send", stalled)
     ctl._pinged = float("-inf")
     now = time.monotonic()
     ctl._watch(now)
-    ctl._watch(now + controller_mod.BROKEN_GRACE_S / 2)  # its reader may still say how the stream ended
+    ctl._watch(now + controller_members.BROKEN_GRACE_S / 2)  # its reader may still say how the stream ended
     assert peer.state == "running"
-    ctl._watch(now + controller_mod.BROKEN_GRACE_S + 1)
+    ctl._watch(now + controller_members.BROKEN_GRACE_S + 1)
     lost = wait_event(jd, "agent_lost")
     assert lost["in_order"] is False and lost["reason"] == "ping failed: tcp://x: message stalled for 30s", lost
     assert lost["unsent_tokens"] is None  # not in order: what its record says may still have arrived
@@ -435,7 +437,7 @@ def test_a_broken_unit_is_lost_for_the_send_though_it_also_went_silent(tmp_path,
     ctl, jd, _unit = controller_with_a_unit(tmp_path, "broken-and-silent")
     peer = ctl.peers["rollout-0"]
     ctl._broken(peer, "send failed: tcp://x: message stalled for 30s", since=time.monotonic())
-    ctl._watch(time.monotonic() + controller_mod.HEARTBEAT_TIMEOUT_S + 1)
+    ctl._watch(time.monotonic() + controller_members.HEARTBEAT_TIMEOUT_S + 1)
     assert wait_event(jd, "agent_lost")["reason"] == "send failed: tcp://x: message stalled for 30s"
     assert not [e for e in jd.read_lines(jd.events) if e["event"] == "agent_unreachable"]
     ctl._shutdown()

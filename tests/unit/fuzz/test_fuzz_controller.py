@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.agents import controller, messages
+from rlctl.agents import controller, controller_stop, messages
 from rlctl.agents.appliedlog import unit_rows
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, check, make
@@ -174,7 +174,7 @@ def test_a_message_not_the_senders_is_dropped_naming_it(
         ("rollout-1", make("weights_skipped", {"version": 9})),  # nor fetched
         ("trainer-0", make("scale", {"delta": 1})),  # a client's request
     ]
-    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents"):
         for who, msg in wrong:
             r.feed(who, msg)
     lines = [rec.getMessage() for rec in caplog.records if "dropped" in rec.getMessage()]
@@ -235,7 +235,7 @@ def test_a_stop_without_grace_gets_the_default_one_and_the_checkpoint_wait_while
         r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
     t0 = time.monotonic()
     r.feed("client-0", make("shutdown", {}))
-    wait = messages.STOP_GRACE_S + (controller.STOP_CHECKPOINT_WAIT_S if writing else 0.0)
+    wait = messages.STOP_GRACE_S + (controller_stop.STOP_CHECKPOINT_WAIT_S if writing else 0.0)
     assert r.ctl.stop_requested and t0 + wait <= r.ctl.stop_by <= time.monotonic() + wait
     asked = [e for e in r.jd.read_events() if e["event"] == "stop_requested"]
     assert [(e["grace_s"], e["checkpoint"]) for e in asked] == [(wait, 1 if writing else None)]
@@ -253,7 +253,7 @@ def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller
         make("checkpoint_written", {"version": 1, "checkpoint": "ab" * 32}),
         make("bye", {"name": "trainer-0", "state": "stopped"}),
     ]
-    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents"):
         _stop_with(r, written)
     assert any("dropped checkpoint_written from trainer-0" in rec.getMessage() for rec in caplog.records)
     assert r.ctl.writing == {}
@@ -265,11 +265,11 @@ def test_a_stop_gives_up_on_a_checkpoint_not_written_by_its_deadline_and_says_wh
     running: Callable[[], Running], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(controller, "BYE_WAIT_S", 0.2)
-    monkeypatch.setattr(controller, "STOP_CHECKPOINT_WAIT_S", 0.5)
+    monkeypatch.setattr(controller_stop, "STOP_CHECKPOINT_WAIT_S", 0.5)
     r = running()
     ids = _finish_all(r)
     r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
-    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents"):
         _stop_with(r, [])  # the trainer's write never ends
     assert "checkpoint iter-1 not complete when the stop ended; a resume takes none" in caplog.text
     (e,) = [e for e in r.jd.read_lines(r.jd.events) if e["event"] == "checkpoint_abandoned"]
@@ -297,7 +297,7 @@ def test_a_bye_no_stop_asked_for_is_dropped_and_the_unit_is_still_watched(
     r = running()
     held = [e.sample_id for e in r.ctl.core.ledger.in_state(State.DISPATCHED) if e.agent == "rollout-0"]
     assert held
-    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents"):
         r.feed("rollout-0", make("bye", {"name": "rollout-0", "state": "stopped"}))
     assert "dropped bye from rollout-0: it was not told to stop" in caplog.text
     peer = r.ctl.peers["rollout-0"]

@@ -1,0 +1,151 @@
+"""The controller's part of checkpoints (`Checkpoints`): a resume from one (the rows, samples and state it
+continues from), its state kept when a checkpoint is due and written when the trainer's part is on disk, and
+whether the trainer may still complete one (what a stop waits for)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import time
+from dataclasses import asdict
+
+from rlctl.agents.controller_base import ControllerBase
+from rlctl.agents.core import Out
+from rlctl.agents.ledger import Entry, State
+from rlctl.agents.messages import CheckpointWritten
+from rlctl.agents.rowbook import RowBook, job_start_offset
+from rlctl.checkpoint.choose import checkpoints_at
+from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
+from rlctl.checkpoint.files import PRUNED, prune, set_aside_newer
+from rlctl.launch.jobdir import abandoned, resume_points
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints(ControllerBase):
+    """The controller's part of the job's checkpoints, and a resume from one."""
+
+    def _resume(self, version: int) -> None:
+        """`launch --resume`: the controller's part of checkpoint `version` (0: none, start over); the metrics
+        rows and the sample log's lines the failed run wrote past it move aside, so that the curves and the log
+        continue from the checkpoint."""
+        # the checkpoints newer than this one belong to a run this one abandons: out of iter-*, so that a resume
+        # that finds no latest.json never takes one of them, nor pairs its part with one this run writes
+        set_aside = set_aside_newer(self.jobdir.checkpoints, PART, resumed=version, keep=self.job.checkpoint.keep)
+        st = load_controller(self.jobdir, version) if version > 0 else None
+        requeued = 0
+        retired: list[Entry] = []
+        if st is not None:
+            # the rounds the checkpoint's ledger holds trained, which `restore` retires, follow the log's cut: the
+            # log of an earlier resume from this checkpoint holds them there already (not set aside, not written twice)
+            self.core.on_retire = retired.extend
+            try:
+                self.core.restore(version=version, ledger=st.ledger)
+            finally:
+                self.core.on_retire = self.samples.write
+            # (after `restore`: the rounds past a count lowered since are not generated)
+            requeued = sum(1 for e in self.core.ledger.entries.values() if e.state is State.QUEUED)
+            if st.ranker_tokens:
+                self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
+            self.scaler.rule.window = list(st.rebalance_window)
+            # `status` counts replaced units across resumes; the units `scale` / the rebalance rule added start again
+            self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
+            self.core.skipped_in_a_row = list(st.skipped_in_a_row)
+            self.violations = st.violations
+            self.rewards_before = st.reward_stats
+            self.expect_checkpoint = st.trainer_digest
+            self.complete.append(version)
+            self.checkpointed = (version, None)  # complete before this run: its age is not known here
+        # the scale events of the job's history this run continues (summary, status), as `rlctl report` draws them
+        before = self.jobdir.read_events("scale", "resumed_from")
+        resumes = [*resume_points(before), (math.inf, version)]
+        self.scaler.scale_log = [
+            {k: v for k, v in e.items() if k not in ("t", "event")}
+            for e in before
+            if e.get("event") == "scale" and not abandoned(e, resumes)
+        ]
+        # from no checkpoint, nothing is kept
+        discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
+        kept = cut_metrics(self.jobdir, version)
+        self.rows = RowBook(kept, kept=len(kept))
+        self.wall_offset_s = job_start_offset(
+            kept, self.jobdir.read_events("controller_listening"), now=self.t_start_wall
+        )
+        self.resumes += 1
+        self.jobdir.event(
+            "resumed_from",
+            version=version,
+            regenerate=requeued,
+            rows_kept=len(kept),
+            samples_discarded=discarded,
+            set_aside=set_aside,
+        )
+        log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
+
+    def _checkpoint_due(self, version: int) -> None:
+        """The trainer is writing its part of checkpoint `version`: keep the controller's state as it is now (the
+        state that checkpoint resumes), to write once the trainer's part is on disk."""
+        tokens, lengths = self.ranker.history()
+        state = {
+            "iteration": self.core.trainer_version,
+            "ranker": {"tokens": list(tokens), "lengths": list(lengths)},
+            "rebalance_window": list(self.scaler.rule.window),
+            "samples_log_bytes": self.samples.size(),  # the rounds retired so far: this ledger holds the rest
+            "rollout_units": self.scaler.unit_counts(),  # a resume starts again those `scale` added
+            # skip_nonfinite bounds the steps skipped in a row across a resume (else each resume took as many more)
+            "skipped_in_a_row": list(self.core.skipped_in_a_row),
+            "violations": self.violations,  # the job's, across resumes: a stale sample trained is never undone
+            "reward_stats": asdict(self.rewards_before.plus(self.task.reward_stats())),  # the job's, as iterations
+        }
+        self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
+
+    def _checkpoint(self, w: CheckpointWritten) -> list[Out]:
+        """The trainer wrote its part of checkpoint `w.version`: write ours (as it was at its `trained`), then move
+        `latest` to it; remove our part of the checkpoints `checkpoint.keep` lets go. The message that tells the
+        trainer to remove its own. A part the trainer could not write ends the job (one line naming why)."""
+        state, ledger, replaced = self.writing.pop(w.version)
+        if w.error:
+            self.core.failed = f"the trainer could not write its part of checkpoint iter-{w.version}: {w.error}"
+            if w.full_dir:  # a resume writes its next checkpoint there too
+                self.core.failed += (
+                    f"; free space in {w.full_dir} first; continue the job with "
+                    f"`rlctl launch --resume {shlex.quote(self.jobdir.id)}`"
+                )
+            return []
+        save_controller(
+            self.jobdir, w.version, state=state, ledger=ledger, trainer_digest=w.checkpoint, replaced=replaced
+        )
+        keep = self.job.checkpoint.keep
+        self.jobdir.event("checkpoint", version=w.version, keep=keep)  # (keep: this rlctl says what it prunes)
+        self.complete.append(w.version)
+        self.checkpointed = (w.version, time.monotonic())
+        if pruned := prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=keep):
+            self.jobdir.event(PRUNED, versions=pruned, keep=keep)  # what a resume may no longer take
+        return [Out("trainer", "checkpointed", {"version": w.version})]
+
+    def _checkpoint_coming(self) -> bool:
+        """Whether the trainer may still complete a checkpoint: its part of one is being written (its `trained`
+        came), or it holds every group of the iteration it trains now and that iteration's version checkpoints (it
+        may be in that step, which it finishes before it reads the stop; told to stop before, it trains nothing
+        more and says bye at once)."""
+        version = self.core.trainer_version
+        return bool(self.writing) or (self.core.buffers.ready(version) and checkpoints_at(self.job, version + 1))
+
+    def _checkpoint_version(self) -> int:
+        """The checkpoint a stop waits for (`_checkpoint_coming`): the one being written, else the one the trainer's
+        current step makes."""
+        return max(self.writing) if self.writing else self.core.trainer_version + 1
+
+    def _checkpoint_given_up(self) -> None:
+        """The stop's deadline passed with a checkpoint still being written (or the trainer gone): said, with the
+        checkpoint a resume takes instead."""
+        versions = sorted(self.writing)
+        latest = self.checkpointed[0] if self.checkpointed is not None else None
+        self.jobdir.event("checkpoint_abandoned", versions=versions, latest=latest)
+        log.warning(
+            "controller: checkpoint iter-%s not complete when the stop ended; a resume takes %s",
+            ", iter-".join(map(str, versions)),
+            f"iter-{latest}" if latest is not None else "none (the job starts over)",
+        )
