@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 
 from rlctl.agents.appliedlog import AppliedLog
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import Evaluator
 from rlctl.agents.gonebook import GoneBook
 from rlctl.agents.listen import listen_field

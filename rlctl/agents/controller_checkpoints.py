@@ -12,13 +12,13 @@ import time
 from dataclasses import asdict
 
 from rlctl.agents.controller_base import ControllerBase
-from rlctl.agents.core import Out
+from rlctl.agents.coretypes import Out
 from rlctl.agents.ledger import Entry, State
 from rlctl.agents.messages import CheckpointWritten
 from rlctl.agents.rowbook import RowBook, job_start_offset
 from rlctl.checkpoint.choose import checkpoints_at
-from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
-from rlctl.checkpoint.files import PRUNED, prune, set_aside_newer
+from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, prune_controller, save_controller
+from rlctl.checkpoint.files import set_aside_newer
 from rlctl.launch.jobdir import abandoned, resume_points
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ class Checkpoints(ControllerBase):
         self.jobdir.event("checkpoint", version=w.version, keep=keep)  # (keep: this rlctl says what it prunes)
         self.complete.append(w.version)
         self.checkpointed = (w.version, time.monotonic())
-        if pruned := prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=keep):
-            self.jobdir.event(PRUNED, versions=pruned, keep=keep)  # what a resume may no longer take
+        prune_controller(self.jobdir, complete=self.complete, keep=keep)  # (its event, then the removal)
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _checkpoint_coming(self) -> bool:

@@ -26,14 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlctl.agents.coretypes import MIN_GROUP, CoreConfig, IterationStats, Out, PromptSpec, Unit
+from rlctl.agents.coretypes import MIN_GROUP, IterationStats, Out, Unit
 from rlctl.agents.ledger import Entry, Ledger, State
 from rlctl.agents.migrating import Migrating
 from rlctl.errors import RlctlError
-
-# the core, the config and prompts it is made with and the messages its events return (controller.py and the
-# staleness property tests import them from here; the rest of the core's types are in coretypes)
-__all__ = ["ControllerCore", "CoreConfig", "Out", "PromptSpec"]
 
 
 class ControllerCore(Migrating):

@@ -20,7 +20,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import Entry, State
 from rlctl.agents.staleness import StalenessBound
 

@@ -13,7 +13,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, Out
 from rlctl.agents.ledger import Ledger
 from rlctl.agents.staleness import StalenessBound
 from tests.unit.agents.test_agents_staleness_property import FakeTrainer, FakeUnit, prompts_for, whole

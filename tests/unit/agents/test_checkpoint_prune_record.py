@@ -15,7 +15,7 @@ from rlctl.checkpoint.controller import prune_controller, save_controller
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.extend import completed_checkpoints
-from rlctl.ops.run import stored_checkpoints
+from rlctl.ops.resumepoint import stored_checkpoints
 
 STATE = {"iteration": 0, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
 
