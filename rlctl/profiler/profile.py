@@ -30,6 +30,7 @@ Documented field by field in docs/profile-format.md.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -205,22 +206,51 @@ def refuse_empty_training(profile: ProfileFile, site: str, *, path: str) -> None
         )
 
 
+_HEAD_BYTES = 64 * 1024  # a profile's `kind` is among its first keys; a file up to this size is parsed whole
+_PROFILE_MAX_BYTES = 64 * 1024 * 1024  # far past any profile (sites × a few hundred entries of a few lines each)
+_KIND_LINE = re.compile(  # YAML's top-level `kind: X`, or JSON's `"kind": "X"` leading a line
+    r"""^(?:kind:[ \t]*['"]?([^'"\s#]*)|[ \t]*\{?[ \t]*"kind"[ \t]*:[ \t]*"([^"]*)")""", re.MULTILINE
+)
+
+
+def _kind_of_head(path: Path) -> tuple[bool, str | None]:
+    """(whether the file holds nothing but blanks, its top-level `kind`), read from at most its first `_HEAD_BYTES`:
+    `-o` naming a dataset of gigabytes read and parsed it whole to find it no profile. A file up to that size is
+    parsed as YAML (JSON too); past it, its head's top-level `kind:` line (YAML) or `"kind": "…"` key (JSON) says."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(_HEAD_BYTES + 1)
+        whole = len(head) <= _HEAD_BYTES
+        text = head.decode("utf-8") if whole else head[:_HEAD_BYTES].decode("utf-8", errors="ignore")
+        if whole:
+            data = yaml.safe_load(text) if text.strip() else None
+            kind = data.get("kind") if isinstance(data, dict) else None
+            return not text.strip(), kind if isinstance(kind, str) else None
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable, no UTF-8, no YAML: no profile rlctl wrote either
+        return False, None
+    found = _KIND_LINE.search(text)
+    return False, (found.group(1) or found.group(2)) if found else None
+
+
 def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
     """UsageError, one line, when `path` is a file that holds something other than a profile (a job file, an
     inventory, a dataset): the profile written there replaced it, and the user's file was lost (`rlctl profile ...
     -o jobs/demo.yaml` wrote over the job). An empty file, or an earlier profile (`kind: Profile`), is written over;
-    a directory or a path not there is `save_profile`'s to say or make."""
+    a directory or a path not there is `save_profile`'s to say or make. Only the file's head is read (`_kind_of_head`),
+    and a file larger than any profile is refused unread."""
     if not path.is_file():
         return
     try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text) if text.strip() else None
-    except (OSError, ValueError, yaml.YAMLError):  # unreadable, no UTF-8, no YAML: no profile rlctl wrote either
-        text, data = "?", None
-    if not text.strip() or (isinstance(data, dict) and data.get("kind") == "Profile"):
-        return
-    kind = data.get("kind") if isinstance(data, dict) else None
-    what = f"a file of kind {kind!r}" if isinstance(kind, str) and kind else "a file that is no profile"
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if size > _PROFILE_MAX_BYTES:
+        what = f"a file of {size} bytes, larger than any profile"
+    else:
+        blank, kind = _kind_of_head(path)
+        if blank or kind == "Profile":
+            return
+        what = f"a file of kind {kind!r}" if kind else "a file that is no profile"
     raise UsageError(
         f"{named_by} {path}: holds {what}; the profile written there would replace it",
         hint="name another file: a profile is written only over an earlier profile or an empty file",
