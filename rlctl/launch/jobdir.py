@@ -252,7 +252,8 @@ class JobDir:
         `parallel` split's tp, pp, dp ≥ 1 where given), `rollout` (each group's `site`, `units` ≥ 0, `tp` ≥ 1) and
         `controller_site`;
         LaunchError naming the file and the field (a resume or attach of a job whose plan.json was edited into
-        another shape stopped on a KeyError, TypeError or ValueError traceback)."""
+        another shape stopped on a KeyError, TypeError or ValueError traceback). For a plan that may not be written
+        yet, and of which a command reads a field or two, see `stage.read_plan_or_none`."""
         plan = json_file(self.plan_json)
 
         def refuse(field: str, what: str) -> LaunchError:

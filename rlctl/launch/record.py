@@ -19,7 +19,7 @@ from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
 from rlctl.launch.jobdir import appending, event_time, record_text, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
-from rlctl.launch.stage import Roots, plan_site, read_plan, read_staged
+from rlctl.launch.stage import Roots, plan_site, read_plan_or_none, read_staged
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def _merge_lines(local: Path, remote: Path) -> str:
 def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     """Where the controller of the job in `job_dir` (the operator's) keeps the record; None before staging."""
     staged = read_staged(job_dir)
-    plan = read_plan(job_dir)
+    plan = read_plan_or_none(job_dir)
     if not staged or plan is None:
         return None
     cs = plan_site(job_dir, plan, "controller_site")

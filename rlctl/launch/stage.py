@@ -285,8 +285,11 @@ def read_staged(job_dir: Path) -> dict[str, Any]:
     return data
 
 
-def read_plan(job_dir: Path) -> dict[str, Any] | None:
-    """The job's plan.json (None before `prepare` wrote it); LaunchError naming the file when it is not an object."""
+def read_plan_or_none(job_dir: Path) -> dict[str, Any] | None:
+    """The job's plan.json for the operator's commands (pull, the record's fetch, stop), None before `prepare` wrote
+    it; LaunchError naming the file when it is not an object. Only that is checked here: each caller reads its few
+    fields through `plan_site`, so a plan edited elsewhere still lets a stop or pull go on. What places the agents (a
+    launch --resume, attach) reads it with `JobDir.read_plan`, which requires it and checks its whole shape."""
     p = job_dir / "plan.json"
     if not p.is_file():
         return None
