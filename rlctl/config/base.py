@@ -312,7 +312,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:  # (an editor's Latin-1 or UTF-16: the byte's offset alone was said)
         line = raw.count(b"\n", 0, e.start) + 1
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        # in characters, as an editor counts them: the line's bytes before the bad one decode (é is 2 bytes, 1 column)
+        column = len(raw[raw.rfind(b"\n", 0, e.start) + 1 : e.start].decode("utf-8")) + 1
         where = f"byte 0x{raw[e.start]:02x} at line {line}, column {column}"
         raise ConfigError(name, None, f"cannot read: not UTF-8 text ({where}); save it as UTF-8") from e
     try:

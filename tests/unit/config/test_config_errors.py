@@ -64,6 +64,11 @@ CASES = [
         HEAD.encode() + "# r\u00e9sum\u00e9\n".encode("latin-1") + SITE.encode(),
         "cannot read: not UTF-8 text (byte 0xe9 at line 3, column 4); save it as UTF-8",
     ),
+    Case(  # its column counted bytes: 'ü' and '→' (2 and 3 bytes) before the bad byte made column 10 of column 7
+        "not UTF-8 after characters that are",
+        HEAD.encode() + "# \u00fc\u2192 ".encode() + b"r\xe9sum\n" + SITE.encode(),
+        "cannot read: not UTF-8 text (byte 0xe9 at line 3, column 7); save it as UTF-8",
+    ),
     Case("only a comment", "# nothing\n", "file is empty"),
     Case("yaml syntax error", HEAD + "sites:\n  h20: {datacenter: x\n", "line "),
     Case("top level is a list", "- a\n- b\n", "top level must be a mapping"),
