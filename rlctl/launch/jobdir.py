@@ -450,11 +450,17 @@ def resume_points(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
 
 
 def abandoned(event: dict[str, Any], resumes: list[tuple[float, int]]) -> bool:
-    """Whether `event` (a row of events.jsonl that names its iteration: a scale) belongs to a run a later resume of
-    `resumes` (`resume_points`) abandoned: written before it, at or past the checkpoint it went back to (that
-    checkpoint's iteration and those after it were trained again). An iteration that is no number (null, text: an
-    edited row) is read as 0, as `row_count` reads one (text was a TypeError that killed a resumed controller as it
-    started)."""
+    """Whether `event` (a row of events.jsonl that names its iteration: a scale) is no part of the job's history of
+    scales (a resumed controller's summary and status, `rlctl report`'s): it belongs to a run a later resume of
+    `resumes` (`resume_points`) abandoned, written before it, at or past the checkpoint it went back to (that
+    checkpoint's iteration and those after it were trained again); or it is an edited row that says no time, or an
+    iteration that is not a number (text, a bool; a null one is a scale at no iteration), which `rlctl report` leaves
+    out, naming it (`report._event_lacks`), and the resumed controller kept ('two': text was a TypeError that killed
+    it as it started, then kept in its summary.json)."""
+    if row_count(event.get("t")) is None or (
+        event.get("iteration") is not None and row_count(event.get("iteration")) is None
+    ):
+        return True
     iteration = row_count(event.get("iteration")) or 0
     return any(event_time(event) < t and iteration >= v for t, v in resumes)
 

@@ -908,13 +908,14 @@ def test_the_summary_of_a_resumed_run_lists_the_scale_events_of_the_jobs_history
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
 
 
-def test_a_resume_reads_a_scale_event_whose_iteration_is_text_as_one_without_a_number(
+def test_a_resume_leaves_out_a_scale_event_whose_iteration_is_text_as_the_report_does(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """A scale event edited by hand ('iteration': 'two') beside rollout-3's at 4, then a resume from v4: the resumed
-    controller's look for the scale events of the job's history compared 'two' >= 4, a TypeError that killed it as
-    it started (`rlctl report` leaves such an event out, naming it). An iteration that is no number is read as a
-    null one (iteration 0), as the other readers of an edited row read it (`row_count`)."""
+    """A scale event edited by hand ('iteration': 'two') beside rollout-3's at 4 and rollout-2's at 2, then a resume
+    from v4: the resumed controller's look for the scale events of the job's history compared 'two' >= 4, a TypeError
+    that killed it as it started; then it kept the event in summary.json's scale_events, while `rlctl report` leaves
+    it out, naming it. Both now keep what the other keeps (rollout-2's)."""
+    from rlctl import report
     from rlctl.agents import views
     from rlctl.agents.controller import ControllerAgent
     from rlctl.agents.ledger import Ledger
@@ -927,14 +928,17 @@ def test_a_resume_reads_a_scale_event_whose_iteration_is_text_as_one_without_a_n
     h = HandledController(tmp_path, job, listen="inproc://edited-a")
     h.close()
     scale = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
-    h.jd.event("scale", agent="rollout-2", iteration="two", **scale)
+    h.jd.event("scale", agent="rollout-1", iteration="two", **scale)
+    h.jd.event("scale", agent="rollout-2", iteration=2, **scale)
     h.jd.event("scale", agent="rollout-3", iteration=4, **scale)
     state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
     save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
     monkeypatch.setenv(ENV_RESUME, "4")
     ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://edited-b")
     try:
-        assert [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]] == ["rollout-2"]
+        kept = [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]]
+        assert kept == ["rollout-2"]
+        assert [e["agent"] for e in report.load(h.jd.path).scales] == kept
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
