@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlctl.commands.launch import be_launcher, run_detached
+from rlctl.commands.launching.detached import run_detached
+from rlctl.commands.launching.launcher import be_launcher
 from rlctl.commands.status import JobArg
 from rlctl.errors import UsageError
 from rlctl.ops import detach

@@ -19,7 +19,7 @@ from rlctl.agents.scalelog import ScaleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
-from rlctl.commands.launch import progress_line, summary_table
+from rlctl.commands.launching.views import progress_line, summary_table
 from rlctl.commands.status import checkpoint_line, metrics_line, suspects_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile

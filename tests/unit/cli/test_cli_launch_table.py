@@ -17,10 +17,15 @@ import pytest
 import typer
 
 from rlctl.commands import launch
-from rlctl.commands.launch import be_launcher, partials_line, summary_table
+from rlctl.commands.launching import detached, interrupts
+from rlctl.commands.launching import launcher as launcher_cmd
+from rlctl.commands.launching.launcher import be_launcher
+from rlctl.commands.launching.views import partials_line, summary_table
+from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import autoresume, detach, jobprep, jobref, launchdir, preflight
 from rlctl.ops.jobdb import JobDB
+from rlctl.render import OutputFormat
 from tests.conftest import ROOT, run_cli
 
 
@@ -296,7 +301,7 @@ def test_a_launch_detach_ctrl_c_before_its_launcher_took_the_job_on_leaves_it_in
     ) -> None:
         detach.log_header(detach.log_path(path), pid=2**22 + 1, args=args, detached=True)  # as `spawn` writes it
         cancelled()  # (`run_detached` cancelled the launcher before it indexed, and said its line)
-        raise launch.InterruptSaid
+        raise interrupts.InterruptSaid
 
     monkeypatch.setattr(launch, "run_detached", cancelled)
     assert run_cli("launch", str(job), "--detach").exit_code == 130
@@ -319,7 +324,7 @@ def test_a_launch_ctrl_c_once_its_job_dir_is_made_stops_the_job_and_says_so_once
     def progress() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launch, "Progress", progress)
+    monkeypatch.setattr(launcher_cmd, "Progress", progress)
     r = run_cli("launch", str(job), "--job-dir", str(tmp_path / "run"))
     assert (r.exit_code, r.stderr) == (
         130,
@@ -395,7 +400,7 @@ class _UnreachableRuns(_InterruptedRuns):
 
     def stop(self) -> None:
         super().stop()
-        raise launch.LaunchError("cannot fetch the job's record from site c: ssh c-1: connection refused")
+        raise LaunchError("cannot fetch the job's record from site c: ssh c-1: connection refused")
 
 
 @pytest.mark.parametrize("ended_by", ["start", "ctrl-c"])
@@ -416,10 +421,10 @@ def test_a_stop_that_fails_after_an_error_leaves_that_error_said(
     def begin(runs: Any, say: object) -> Any:
         if ended_by == "start":
             runs.start()
-            raise launch.LaunchError("site c: the controller did not start: exited 1")
+            raise LaunchError("site c: the controller did not start: exited 1")
         return runs.start()
 
-    with pytest.raises(KeyboardInterrupt if ended_by == "ctrl-c" else launch.LaunchError) as e:
+    with pytest.raises(KeyboardInterrupt if ended_by == "ctrl-c" else LaunchError) as e:
         _be_launcher(jd, begin=begin)
     assert _UnreachableRuns.last.events == ["stop"]
     if ended_by == "start":
@@ -439,7 +444,7 @@ def test_a_stop_that_fails_after_an_error_leaves_that_error_said(
 def test_a_launch_ctrl_c_during_its_prepare_says_to_launch_it_again(tmp_path: Path) -> None:
     # Ctrl-C in the SFT warm-up (no run yet, no job.json): it said `continue it with rlctl launch --resume DIR`,
     # which then refused the job as never prepared
-    from rlctl.commands.launch import interrupted_line
+    from rlctl.commands.launching.interrupts import interrupted_line
 
     jd = JobDir.create("demo", explicit=tmp_path / "demo-2")
     assert interrupted_line(jd, None, source="jobs/my job.yaml") == (
@@ -467,11 +472,11 @@ def test_a_failed_launch_names_the_resume_command_once(
     monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", lambda jd, spec, summary, say: summary)
-    monkeypatch.setattr(launch, "emit", lambda *_: None)
+    monkeypatch.setattr(launcher_cmd, "emit", lambda *_: None)
     if not names_it:  # a state without it (a stop): the hint names it
         monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "stopped"})
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
-    with pytest.raises(launch.RlctlError) as e:
+    with pytest.raises(RlctlError) as e:
         _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     text = f"{e.value} (hint: {e.value.hint})"
     assert text.count("rlctl launch --resume demo-1") == 1, text
@@ -496,7 +501,7 @@ def test_a_finished_launch_stays_the_jobs_launcher_while_it_evaluates_the_final_
     monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "done"})
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", evaluate)
-    monkeypatch.setattr(launch, "emit", lambda *_: None)
+    monkeypatch.setattr(launcher_cmd, "emit", lambda *_: None)
     _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     assert holders == [f"pid {os.getpid()} on {socket.gethostname()}"]
     assert jd.launcher_holder() is None
@@ -538,7 +543,7 @@ def test_a_finished_launch_says_what_to_do_next_by_the_jobs_id(tmp_path: Path, m
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", lambda jd, spec, summary, say: summary)
     shown: list[dict[str, object]] = []
-    monkeypatch.setattr(launch, "emit", lambda s, *_: shown.append(s))
+    monkeypatch.setattr(launcher_cmd, "emit", lambda s, *_: shown.append(s))
     jd = JobDir.create("demo", explicit=tmp_path / "demo 1")
     _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     assert shown[0]["next"] == {
@@ -584,7 +589,7 @@ def test_the_table_says_what_each_time_covers_and_that_the_job_resumed() -> None
 def test_a_resume_ctrl_c_before_any_agent_started_says_the_job_is_as_it_was(tmp_path: Path) -> None:
     # Ctrl-C while a `--resume --iterations 200` of a finished job staged: its start put the job back as it was
     # (finished), and the line said it `stopped (every agent)`, to be continued with a plain resume, which refuses it
-    from rlctl.commands.launch import interrupted_line
+    from rlctl.commands.launching.interrupts import interrupted_line
 
     jd = JobDir.create("demo", explicit=tmp_path / "demo-3")
     run = SimpleNamespace(unstarted=True, resume_command=lambda: "rlctl launch --resume demo-3")
@@ -681,8 +686,8 @@ def test_a_ctrl_c_of_a_launch_in_the_background_says_in_one_line_what_is_left(
         ),
         (tmp_path / "none", "nothing is left (no job dir)"),
     ]:
-        with pytest.raises(launch.InterruptSaid):
-            launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table)
+        with pytest.raises(interrupts.InterruptSaid):
+            detached.run_detached(["attach", str(path)], path, OutputFormat.table)
         assert capsys.readouterr().err == (
             f"rlctl: interrupted: stopping the launch in the background... it stopped; {said}\n"
         )
@@ -708,8 +713,8 @@ def test_a_ctrl_c_of_a_launch_in_the_background_says_how_the_job_left_goes_on(
         if prepared:
             jd.job_json.write_text("{}")
         indexed_row(name, jd.path, job=name, state=state, info={"source": f"/jobs/{name.split('-')[0]}.yaml"})
-        with pytest.raises(launch.InterruptSaid):
-            launch.run_detached(["launch", "--resume", str(jd.path)], jd.path, launch.OutputFormat.table)
+        with pytest.raises(interrupts.InterruptSaid):
+            detached.run_detached(["launch", "--resume", str(jd.path)], jd.path, OutputFormat.table)
         err = capsys.readouterr().err
         assert err.startswith(f"rlctl: interrupted: stopping the launch in the background... it stopped; job {name} ")
         assert err.endswith(f"launcher's lines: `rlctl logs {name} launcher`){said}\n"), err
@@ -731,9 +736,9 @@ def test_a_second_ctrl_c_as_a_launch_in_the_background_stops_still_says_what_is_
     monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCTwiceChild())
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
     put: list[Path] = []
-    with pytest.raises(launch.InterruptSaid):
-        launch.run_detached(
-            ["attach", str(jd.path)], jd.path, launch.OutputFormat.table, cancelled=lambda: put.append(jd.path)
+    with pytest.raises(interrupts.InterruptSaid):
+        detached.run_detached(
+            ["attach", str(jd.path)], jd.path, OutputFormat.table, cancelled=lambda: put.append(jd.path)
         )
     assert put == [jd.path]
     assert capsys.readouterr().err.startswith(
@@ -755,8 +760,8 @@ def test_a_third_ctrl_c_as_a_launch_in_the_background_stops_still_ends_with_the_
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
-        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table, cancelled=interrupted)
-    assert isinstance(e.value, launch.InterruptSaid)
+        detached.run_detached(["attach", str(path)], path, OutputFormat.table, cancelled=interrupted)
+    assert isinstance(e.value, interrupts.InterruptSaid)
     assert capsys.readouterr().err == (
         "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
         f"stopping); what it left not looked at (interrupted again): `rlctl status '{path}'`\n"
@@ -785,13 +790,13 @@ def test_a_ctrl_c_as_an_ended_background_launchers_leftovers_are_removed_ends_wi
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
-        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table, unstarted=interrupted)
-    assert isinstance(e.value, launch.InterruptSaid)
+        detached.run_detached(["attach", str(path)], path, OutputFormat.table, unstarted=interrupted)
+    assert isinstance(e.value, interrupts.InterruptSaid)
     assert capsys.readouterr().err == (
         "rlctl: error: task.path: no such file\n"
         "rlctl: interrupted: the launch in the background ended before the job ran (its lines above say why); what "
         f"it made in '{path}' may be left (interrupted as it was removed)\n"
     )
     with pytest.raises(typer.Exit) as ended:  # not interrupted: the launcher's exit status
-        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table)
+        detached.run_detached(["attach", str(path)], path, OutputFormat.table)
     assert ended.value.exit_code == 2

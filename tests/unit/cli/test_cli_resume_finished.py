@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rlctl.checkpoint.choose import checkpoint_versions
-from rlctl.commands import launch as launch_cli
+from rlctl.commands.launching import resume as resume_cmd
 from rlctl.config import load_job
 from rlctl.config.job import Pipeline
 from rlctl.errors import UsageError
@@ -98,7 +98,7 @@ def launched_by(jd: JobDir, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, 
         assert begin(Runs(), said.append) == "run"  # type: ignore[operator]
         db.close()
 
-    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    monkeypatch.setattr(resume_cmd, "be_launcher", be_launcher)
     return launched, said
 
 
@@ -267,7 +267,7 @@ def test_a_roll_back_refused_at_its_start_leaves_job_json_as_it_was(
         finally:
             db.close()
 
-    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    monkeypatch.setattr(resume_cmd, "be_launcher", be_launcher)
     r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "5", "--iterations", "12")
     assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: --checkpoint v5: trainer part:"), r.stderr
     assert written == [12]  # (its agents would have read it)

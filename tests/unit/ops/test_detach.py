@@ -319,7 +319,7 @@ def test_attach_hints_name_a_job_id_as_a_shell_reads_it() -> None:
 def test_a_detached_launchs_follow_and_stop_commands_name_the_job_as_a_shell_reads_it() -> None:
     """`launch --detach` of a job dir `my run (2)` printed `rlctl status -w my run (2)` and `rlctl stop my run (2)`,
     which a shell splits and refuses: each command is now one a shell runs as written."""
-    from rlctl.commands.launch import _started_table
+    from rlctl.commands.launching.detached import _started_table
 
     table = _started_table(
         {"id": "my run (2)", "job_dir": "/r/my run (2)", "launcher_pid": 7, "launcher_log": "/r/l.log"}

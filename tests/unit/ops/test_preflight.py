@@ -2038,7 +2038,7 @@ def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leave
     launcher's row `failed`, a job that never was one. Its refusal is said (its lines) and nothing is left."""
     from types import SimpleNamespace
 
-    from rlctl.commands import launch
+    from rlctl.ops import detach
     from rlctl.ops.jobdb import JobDB
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
@@ -2062,7 +2062,7 @@ def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leave
             self.proc.returncode = r.exit_code
 
     said: list[str] = []
-    monkeypatch.setattr(launch.detach, "spawn", lambda args, log, env: Child(args, log, env))
+    monkeypatch.setattr(detach, "spawn", lambda args, log, env: Child(args, log, env))
     into = tmp_path / "run"
     if named:  # a directory of the user's, with a file in it
         into.mkdir()

@@ -1,0 +1,95 @@
+"""`rlctl launch --resume JOB`: the same job directory and plan, continued from its latest complete checkpoint (or
+one chosen: a roll-back), with --iterations its new total."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from rlctl.commands.launching.detached import run_detached
+from rlctl.commands.launching.launcher import be_launcher
+from rlctl.errors import RlctlError, UsageError
+from rlctl.render import OutputFormat
+
+if TYPE_CHECKING:
+    from rlctl.ops.autoresume import Runs
+    from rlctl.ops.run import JobRun
+
+
+def resume_job(
+    ref: str,
+    output: OutputFormat,
+    *,
+    detached: bool = False,
+    iterations: int | None = None,
+    checkpoint: str | None = None,
+) -> None:
+    """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
+    complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
+    another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
+    `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
+    one it continues from instead of the latest (a roll-back)."""
+    from rlctl.ops.extend import replace_job_json, rollback_to, with_iterations, write_iterations
+    from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
+    from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobref import require_job_dir, resolve
+    from rlctl.ops.operate import fetch_job_record
+    from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
+
+    db = JobDB()
+    ref_ = resolve(ref, db=db)
+    jd = ref_.jobdir
+    counted, back = None, None
+    try:
+        require_job_dir(ref_)  # its index row outlived it: not "never prepared"
+        refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
+        refuse_fixed_edits(jd)  # (a hand edit its checkpoints cannot run on; the others are said as the run starts)
+        plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
+        if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
+            # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
+            fetch_job_record(ref_)
+        if checkpoint is not None:
+            back = rollback_to(jd, checkpoint)
+        if iterations is not None:  # a finished job given more to train is not one with nothing to resume
+            named = jd.id if ref_.row is not None else str(jd.path)  # (an id the index lacks names no job)
+            spec, counted = with_iterations(jd, iterations, since=back, ref=named)
+        if counted is None and back is None:  # (rolled back, a finished job has its iterations after it to train)
+            refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
+        if back is not None and back >= (planned := (spec if counted is not None else jd.read_job()).iterations):
+            raise UsageError(
+                f"--checkpoint v{back}: the job's last ({planned} iterations); nothing after it to train",
+                hint=f"train on past it with `--iterations {2 * planned}`",
+            )
+        if ref_.row is None:  # not in the index (copied here, an index lost): its row is put under its id
+            refuse_if_id_live(jd, db)
+    except RlctlError:
+        db.close()
+        raise
+    if detached:
+        db.close()
+        again = ["--iterations", str(iterations)] if iterations is not None else []
+        again += ["--checkpoint", str(back)] if back is not None else []
+        run_detached(["launch", "--resume", str(jd.path), *again], jd.path, output)
+        return
+    if iterations is None:
+        spec = jd.read_job()
+
+    def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
+        refuse_if_running(jd, arg=ref_.arg)
+        # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
+        changes = launch_changes(jd, count_given=counted is not None)
+        # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
+        # written as one given with --iterations, the count it replaced kept among the earlier ones
+        was = write_iterations(jd, spec.iterations)
+        if counted is not None:
+            say(f"job {spec.name}: {counted}")
+        for line in changes:  # the job file edited since, or job.json: said, the job as launched runs
+            say(f"job {spec.name}: {line}")
+        try:
+            return runs.start(resume=True, checkpoint=back)
+        except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
+            if was is not None and runs.run is not None and runs.run.unstarted:  # as it was, as the run put back
+                replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
+            raise
+
+    be_launcher(jd, spec, plan, db, begin, output)
