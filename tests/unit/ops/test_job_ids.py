@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from contextlib import closing
@@ -153,8 +154,10 @@ def test_a_resume_of_a_job_the_index_lacks_whose_id_a_live_job_has_is_refused(
         db.put("run", job_dir=str(live.path), spec={"name": "j"})
         db.update("run", state="running")
     copied = JobDir.create("j", explicit=tmp_path / "c" / "run")
-    for name in ("job.json", "plan.json"):
-        (copied.path / name).write_text("{}")
+    (copied.path / "job.json").write_text("{}")
+    # (a plan of the shape a launch writes: a resume refuses one out of shape first, b44da7d)
+    plan = {"controller_site": "local", "trainer": {"site": "local", "ranks": 1}, "rollout": []}
+    (copied.path / "plan.json").write_text(json.dumps(plan))
     r = run_cli("launch", "--resume", str(copied.path))
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(
