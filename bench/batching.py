@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rlctl.config.job import GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import GROUP_BARRIERS, EmbeddedEngine, GroupBarrier
 from rlctl.models.tinygpt import TinyGPT

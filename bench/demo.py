@@ -197,7 +197,7 @@ def _run_row(r: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    from rlctl.config.job import DigitsTask
+    from rlctl.config.task import DigitsTask
     from rlctl.models.hf import TinyGPTConfig
     from rlctl.rl.sft import SftConfig
 

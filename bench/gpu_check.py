@@ -249,7 +249,8 @@ def _samples(n_prompts: int, vocab: int) -> list[Any]:
 
 
 def _learner(model_dir: Path, device: str, *, micro: int = 16) -> tuple[Any, Any]:
-    from rlctl.config.job import Batch, GrpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.pipeline import Batch
     from rlctl.devices import compute_for
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
@@ -586,7 +587,7 @@ def _publisher_host_bytes(model_dir: Path, device: str) -> dict[str, float]:
     host memory at once over 2–4 (buffer, payloads, the deltas kept; a transient copy included), and at version 1,
     ÷ the model's bytes in its dtype (what the planner prices); and the device memory of the encoder's part."""
     from rlctl.agents.weights import WeightPublisher
-    from rlctl.config.job import WeightSync
+    from rlctl.config.runtime import WeightSync
     from rlctl.devices import compute_for
     from rlctl.trainers.base import load_backend
     from rlctl.transport import InprocTransport

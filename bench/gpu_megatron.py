@@ -27,7 +27,8 @@ from rlctl.models.tinygpt import TinyGPT
 
 
 def compare(model_dir: Path, device: str, *, prompts: int = 4, micro: int = 16) -> dict[str, Any]:
-    from rlctl.config.job import Batch, GrpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.pipeline import Batch
     from rlctl.devices import compute_for
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend

@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 
 
 @dataclass(frozen=True)

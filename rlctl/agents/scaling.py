@@ -41,7 +41,7 @@ from rlctl.agents.coretypes import Out
 from rlctl.agents.rebalance import Reading, RebalanceRule
 from rlctl.agents.scalelog import ScaleLog
 from rlctl.config.inventory import Site
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 from rlctl.errors import RlctlError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir

@@ -65,7 +65,7 @@ import torch.distributed as dist
 
 from rlctl.agents.messages import make
 from rlctl.checkpoint.trainer import HostPolicy
-from rlctl.config.job import WeightSync
+from rlctl.config.runtime import WeightSync
 from rlctl.devices import as_dtensor
 from rlctl.errors import PlanError, TransportError
 from rlctl.models.hf import TinyGPTConfig

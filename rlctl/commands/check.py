@@ -107,7 +107,7 @@ def staged_model_bytes(spec: JobFile) -> float:
     """The disk the job's staged model takes: an HF directory's weight files as they are (an rlctl checkpoint
     declares the job's dtype and may hold fp32 tensors, `HfModelInfo.weight_file_bytes`), else the declared dtype's
     bytes (a builtin model is written in it)."""
-    from rlctl.config.job import HfModel
+    from rlctl.config.model import HfModel
     from rlctl.models.hf import check_hf_dir
 
     if isinstance(spec.model, HfModel):

@@ -108,7 +108,8 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         with said_if_interrupted(job_file, resume) as made:  # (`made`: the job dir, once made)
             from rlctl.config import load_job
-            from rlctl.config.job import HfModel, Job, sft_steps
+            from rlctl.config.job import Job, sft_steps
+            from rlctl.config.model import HfModel
             from rlctl.launch.jobdir import JobDir
             from rlctl.ops.counts import plan_counts, resolve_job
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs

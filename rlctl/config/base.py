@@ -85,6 +85,7 @@ ListenHost = Annotated[str, AfterValidator(_listen_host)]
 # faulthandler, which overflow near 2^63 ns (≈ 292 years) and fail only once the job runs; no wait, watch or
 # report period of a real job is longer than a week (a hang watch that should never fire is `never`).
 MAX_WAIT_S = 7 * 24 * 3600
+MAX_THREADS = 4096  # CPU threads of one agent (torch.set_num_threads takes an int; no node has more cores)
 
 
 def _at_most_a_week(v: float) -> float:

@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.config.job import Job, JobFile, Pipeline
+from rlctl.config.job import Job, JobFile
+from rlctl.config.pipeline import Pipeline
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner.split import shard_trainer
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, JobFile
+from rlctl.config.job import JobFile
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir, row_count

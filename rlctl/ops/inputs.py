@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
+from rlctl.config.job import Job, JobFile, sft_steps
+from rlctl.config.model import HfModel
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
 from rlctl.rl.reward_files import copy_reward

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.checkpoint.choose import ResumePoint
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.errors import LaunchError, RlctlError, Stopped
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE
 from rlctl.launch.agentrecords import latest_run_names, readable_agents

@@ -9,7 +9,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlctl.config.job import DatasetTask, Job, LengthsTask
+from rlctl.config.job import Job
+from rlctl.config.task import DatasetTask, LengthsTask
 from rlctl.errors import ConfigError
 from rlctl.planner.split import split_refusal
 from rlctl.planner.workload import LengthModel

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlctl.config.job import LengthsTask
+from rlctl.config.task import LengthsTask
 
 PROMPT_SHARE = 0.6  # share of Var(ln L) explained by the prompt
 

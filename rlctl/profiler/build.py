@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlctl.config import Site
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import check_header, read_yaml, validate
 from rlctl.config.inventory import InventoryFile, given_once
-from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
+from rlctl.config.job import Job
+from rlctl.config.model import BuiltinModel, HfModel
+from rlctl.config.pipeline import Batch
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.backends import kind_of

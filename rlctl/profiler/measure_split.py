@@ -42,8 +42,9 @@ import time
 from pathlib import Path
 
 import rlctl
+from rlctl.config.algorithm import Algorithm, GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import Strict
-from rlctl.config.job import Algorithm, Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import BASE_ENV
 from rlctl.profiler.measure_train import TrainMeasurement

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.devices import Compute
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT

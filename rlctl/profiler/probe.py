@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
 from rlctl.errors import RlctlError, UsageError
 from rlctl.models.catalog import BUILTIN_MODELS

@@ -28,8 +28,8 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import Strict
-from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 
 AlgorithmKind = Literal["grpo", "ppo"]
 TRAINED_MODELS: dict[str, int] = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state

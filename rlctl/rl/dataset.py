@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from rlctl.config.job import BUILTIN_REWARD_NAMES, DatasetTask
+from rlctl.config.task import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import refuse_theirs
 from rlctl.rl.reward import RewardResult

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.models.tinygpt import TinyGPT

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import GrpoAlgorithm, OffPolicy
+from rlctl.config.algorithm import GrpoAlgorithm, OffPolicy
 from rlctl.devices import sync
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.gradsum import sum_gradients

@@ -43,7 +43,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.devices import sync
 from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.gradsum import sum_gradients

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlctl.config.job import PpoAlgorithm
+from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.devices import sync
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import policy_loss

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlctl.config.job import LrDecay, PolicyUpdate
+from rlctl.config.algorithm import LrDecay, PolicyUpdate
 
 log = logging.getLogger(__name__)
 

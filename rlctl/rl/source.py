@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, JobFile
+from rlctl.config.job import JobFile
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError
 from rlctl.rl.reward import RewardResult
 from rlctl.rl.reward_pool import RewardPool, RewardStats

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlctl.config.job import DigitsTask as DigitsTaskConfig
+from rlctl.config.task import DigitsTask as DigitsTaskConfig
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_DIGITS = len(LETTERS)  # one letter per digit position

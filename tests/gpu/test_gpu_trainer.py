@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import Batch, GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.devices import compute_for
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import make_learner

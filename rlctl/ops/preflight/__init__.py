@@ -25,7 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.job import DatasetTask, HfModel, Job
+from rlctl.config.job import Job
+from rlctl.config.model import HfModel
+from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError, JobProblems
 from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made

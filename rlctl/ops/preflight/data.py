@@ -9,7 +9,9 @@ import logging
 import math
 from pathlib import Path
 
-from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
+from rlctl.config.job import Job, refills
+from rlctl.config.model import HfModel
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config

@@ -8,7 +8,8 @@ import json
 import logging
 from typing import Any
 
-from rlctl.config.job import DatasetTask, Job
+from rlctl.config.job import Job
+from rlctl.config.task import DatasetTask
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.sites import job_sites
 from rlctl.planner.plan import searches_shared_site

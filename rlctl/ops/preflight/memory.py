@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, Job
+from rlctl.config.job import Job
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.devices import kind_for
 from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from rlctl.agents.trainer import _first_on_host, _roots
 from rlctl.agents.weights import WeightPublisher
-from rlctl.config.job import WeightSync
+from rlctl.config.runtime import WeightSync
 from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import TcpTransport
 from rlctl.weights.node import WeightNode

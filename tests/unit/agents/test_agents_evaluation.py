@@ -9,7 +9,7 @@ import torch
 
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.messages import Evaluated, make
-from rlctl.config.job import DigitsTask as DigitsConfig
+from rlctl.config.task import DigitsTask as DigitsConfig
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.source import DigitsSource, RlPrompt

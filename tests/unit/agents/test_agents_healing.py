@@ -16,7 +16,7 @@ from rlctl.agents.coretypes import CoreConfig, PromptSpec
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.checkpoint.controller import load_controller, save_controller
 from rlctl.config.inventory import Site
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import record_agent
 from rlctl.launch.base import AgentHandle, AgentSpec

@@ -25,7 +25,8 @@ from rlctl.agents.trainer import TrainerAgent
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.checkpoint.trainer import HostPolicy
-from rlctl.config.job import GrpoAlgorithm, JobFile
+from rlctl.config.algorithm import GrpoAlgorithm
+from rlctl.config.job import JobFile
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
@@ -392,7 +393,7 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
     versions must decode apart for that to show a wrong version: an untrained model's digits rewards are nearly
     always all 0, and then PPO's advantages are 0 too (its critic's head starts at 0), so the policy never moved in
     about half the runs. A dense reward (the share of even token ids in the output) moves it in every run."""
-    from rlctl.config.job import Evaluation
+    from rlctl.config.lifecycle import Evaluation
     from rlctl.rl.evaluate import greedy_outputs, score_outputs
     from rlctl.rl.source import DigitsSource
     from rlctl.rl.tasks import DigitsTask

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlctl.config import load_job
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from rlctl.config.job import GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner

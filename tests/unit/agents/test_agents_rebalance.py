@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlctl.agents.rebalance import RebalanceRule, delta_prime
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 
 
 def feed(

@@ -12,7 +12,7 @@ import torch
 
 from rlctl.agents.weightbook import WeightBook
 from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, holders_for, plan_version, weight_node
-from rlctl.config.job import WeightSync
+from rlctl.config.runtime import WeightSync
 from rlctl.errors import PeerClosed
 from rlctl.transport import InprocTransport, Message
 

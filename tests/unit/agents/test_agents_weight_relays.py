@@ -10,7 +10,7 @@ import logging
 import torch
 
 from rlctl.agents.weights import Target, WeightPublisher, natural_key, plan_version, weight_node
-from rlctl.config.job import WeightSync
+from rlctl.config.runtime import WeightSync
 from rlctl.transport import Connection, InprocTransport, Listener, Transport
 from rlctl.weights.plan import BroadcastPlan
 

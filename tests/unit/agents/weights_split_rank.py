@@ -20,7 +20,7 @@ import torch.distributed as dist
 import xxhash
 
 from rlctl.agents.weights import WeightPublisher, weight_node
-from rlctl.config.job import WeightSync
+from rlctl.config.runtime import WeightSync
 from rlctl.transport import InprocTransport
 
 

@@ -15,7 +15,7 @@ import pytest
 from rlctl.checkpoint.choose import checkpoint_versions
 from rlctl.commands.launching import resume as resume_cmd
 from rlctl.config import load_job
-from rlctl.config.job import Pipeline
+from rlctl.config.pipeline import Pipeline
 from rlctl.errors import UsageError
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from rlctl.config.base import MAX_WAIT_S, read_yaml
 from rlctl.config.inventory import Network
-from rlctl.config.job import Rollout, Transport, load_job
+from rlctl.config.job import load_job
+from rlctl.config.runtime import Rollout, Transport
 from tests.conftest import ROOT, run_cli
 
 SITE = """\

@@ -15,7 +15,8 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
-from rlctl.config.job import DatasetTask, Job
+from rlctl.config.job import Job
+from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError, LaunchError
 from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites

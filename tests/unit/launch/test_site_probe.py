@@ -12,7 +12,8 @@ import pytest
 from rlctl import __version__
 from rlctl.checkpoint.choose import checkpoint_bytes
 from rlctl.config.inventory import LocalScheduler, Site
-from rlctl.config.job import Checkpoint, JobFile
+from rlctl.config.job import JobFile
+from rlctl.config.lifecycle import Checkpoint
 from rlctl.launch import siteprobe
 from rlctl.launch.backends import python_for
 from rlctl.launch.base import site_setup
@@ -291,7 +292,8 @@ def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch,
 
     from rlctl.checkpoint.trainer import HostPolicy
     from rlctl.commands import check
-    from rlctl.config.job import HfModel, Job, load_job
+    from rlctl.config.job import Job, load_job
+    from rlctl.config.model import HfModel
     from rlctl.models.hf import check_hf_dir
     from rlctl.models.tinygpt import TinyGPT
 
@@ -491,7 +493,7 @@ def test_a_slurm_controller_asking_more_cores_than_any_node_of_its_partition_is_
     """Without nodes[].cpus nothing capped the controller's --cpus-per-task (1 + task.reward_workers): 16 workers
     on a partition of 8-core nodes passed check, and sbatch refused the controller's job as the launch started
     ('Requested node configuration is not available'). check --reach now compares it with sinfo's CPUs."""
-    from rlctl.config.job import DatasetTask
+    from rlctl.config.task import DatasetTask
     from rlctl.launch.slurm import SlurmBackend
 
     said: list[str] = []
@@ -524,7 +526,8 @@ def test_check_asks_no_sinfo_of_a_slurm_site_the_probe_could_not_reach(monkeypat
     deadline of `check --reach` to find it unreachable again."""
     from rlctl.commands import check
     from rlctl.config.inventory import Inventory
-    from rlctl.config.job import DatasetTask, Job, load_job
+    from rlctl.config.job import Job, load_job
+    from rlctl.config.task import DatasetTask
     from rlctl.errors import LaunchError
     from rlctl.launch.remote import CommandResult
     from rlctl.launch.slurm import SlurmBackend
@@ -568,7 +571,8 @@ def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_
     be asked' as a site down, and its partition never compared. A submit host with no connection still is."""
     from rlctl.commands import check
     from rlctl.config.inventory import Inventory
-    from rlctl.config.job import DatasetTask, Job, load_job
+    from rlctl.config.job import Job, load_job
+    from rlctl.config.task import DatasetTask
     from rlctl.errors import LaunchError
     from rlctl.launch.remote import CommandResult, LocalRunner
     from rlctl.launch.slurm import SlurmBackend

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.errors import LaunchError, Stopped
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import run, runbase, runstart, runstate

@@ -528,7 +528,7 @@ def test_digits_output_longer_than_the_tiny_models_context_is_refused(tmp_path: 
 
 def test_the_digits_prompt_bound_holds_for_the_longest_answers() -> None:
     """The bound preflight adds to the output is the longest prompt the task draws (answers near the cap)."""
-    from rlctl.config.job import DigitsTask as DigitsConfig
+    from rlctl.config.task import DigitsTask as DigitsConfig
 
     cfg = DigitsConfig(kind="digits", median_output_tokens=250, sigma=1.5, max_output_tokens=284)
     task = DigitsTask(cfg)

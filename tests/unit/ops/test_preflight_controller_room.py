@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 
 from rlctl.config import load_job
-from rlctl.config.job import DatasetTask, Job
+from rlctl.config.job import Job
+from rlctl.config.task import DatasetTask
 from rlctl.launch.layout import layout
 from rlctl.ops import counts
 from rlctl.ops.preflight.base import Problem

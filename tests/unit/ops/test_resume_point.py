@@ -22,8 +22,10 @@ from rlctl.checkpoint.choose import (
     parse_latest,
 )
 from rlctl.checkpoint.files import manifest_path, set_aside_newer, set_latest, write_part
+from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.config.inventory import Site
-from rlctl.config.job import Checkpoint, JobFile, PpoAlgorithm
+from rlctl.config.job import JobFile
+from rlctl.config.lifecycle import Checkpoint
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.backends import write_sites

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from rlctl.config import load_job
-from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.engines.factory import vllm_available
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.sitefs import LocalFiles

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rlctl.config import load_job
-from rlctl.config.job import GrpoAlgorithm, Job, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.job import Job
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from rlctl.config.job import Batch, GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.errors import RlctlError
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.profiler import measure_split, measure_train, probe

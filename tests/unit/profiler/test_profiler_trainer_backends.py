@@ -17,7 +17,8 @@ import torch.distributed as dist
 import yaml
 
 from rlctl.config import load_job
-from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.profiler import build, measure_train, probe

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl import dataset, reward, reward_pool
 from rlctl.rl.dataset import check_rows, check_task, keeping_rows, load_dataset, prepare_dataset, submit_reward
@@ -118,7 +118,7 @@ def test_verl_rows_with_chat_messages(tmp_path: Path, tok: HFTokenizer, fmt: str
 def test_a_parquet_file_named_in_upper_case_is_read_as_parquet(tmp_path: Path, tok: HFTokenizer) -> None:
     """`path: train.PARQUET` (as some exports name it) was refused as an unsupported file by the job, and read as
     JSON lines ("cannot read: 'utf-8' codec can't decode") by the dataset reader; the held-out file's path alike."""
-    from rlctl.config.job import Evaluation
+    from rlctl.config.lifecycle import Evaluation
 
     assert Evaluation.model_validate({"path": "held.Parquet"}).path == "held.Parquet"
     path = write_parquet(tmp_path / "train.PARQUET", [verl_row(i) for i in range(2)])
@@ -389,7 +389,7 @@ def test_other_processes_see_identical_ids_and_order(tmp_path: Path, tok: HFToke
     cfg = task(shuffle_seed=3)
     data = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     script = (
-        "import json, sys; from pathlib import Path; from rlctl.config.job import DatasetTask;"
+        "import json, sys; from pathlib import Path; from rlctl.config.task import DatasetTask;"
         "from rlctl.rl.dataset import load_dataset;"
         "d = load_dataset(Path(sys.argv[1]), DatasetTask.model_validate_json(sys.argv[2]));"
         "print(json.dumps([[p.prompt_id, p.tokens, p.ground_truth] for p in d.rl_prompts(3, 7)] + [d.checksum]))"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl import reward_pool
 from rlctl.rl.dataset import prepare_dataset

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.source import DatasetSource
 from rlctl.rl.tokenizer import load_tokenizer

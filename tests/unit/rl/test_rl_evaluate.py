@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rlctl.config.inventory import load_inventory
-from rlctl.config.job import DigitsTask as DigitsTaskConfig
-from rlctl.config.job import Job, LengthsTask, load_job
+from rlctl.config.job import Job, load_job
+from rlctl.config.task import DigitsTask as DigitsTaskConfig
+from rlctl.config.task import LengthsTask
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT

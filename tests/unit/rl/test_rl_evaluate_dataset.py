@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.task import DatasetTask
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.evaluate import compare_dataset
 from rlctl.rl.source import heldout_task

@@ -19,7 +19,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from rlctl.config.job import TIS_CAP, GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import TIS_CAP, GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl import samples as samples_module
 from rlctl.rl.grpo import group_advantages, policy_loss

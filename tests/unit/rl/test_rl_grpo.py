@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import GrpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.engines.base import GenResult
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss

@@ -2,7 +2,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlctl.config.job import PpoAlgorithm
+from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, score

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rlctl.config.job import PpoAlgorithm
+from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel

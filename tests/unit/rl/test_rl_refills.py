@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlctl.config.job import DatasetTask, DigitsTask
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.rl.dataset import ORDERS_KEPT, prepare_dataset
 from rlctl.rl.source import DatasetSource, DigitsSource
 from rlctl.rl.tokenizer import load_tokenizer

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.ppo import PpoLearner

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rlctl.config.job import DatasetTask, DigitsTask
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.source import DatasetSource, DigitsSource
 from rlctl.rl.tasks import EOS, encode

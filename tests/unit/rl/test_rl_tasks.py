@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rlctl.config.job import DigitsTask as DigitsTaskConfig
+from rlctl.config.task import DigitsTask as DigitsTaskConfig
 from rlctl.rl.tasks import BOS, EOS, PAD, VOCAB_SIZE, DigitsTask, answer_for, decode, encode, score
 
 

@@ -30,7 +30,9 @@ import torch.distributed as dist
 def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, samples: Path, job: Path, out: Path) -> None:
     from rlctl.agents.weights import PublishedModel, WeightPublisher
     from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
-    from rlctl.config.job import Batch, GrpoAlgorithm, WeightSync
+    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.pipeline import Batch
+    from rlctl.config.runtime import WeightSync
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend

@@ -32,7 +32,7 @@ def main(
 
 
 def one_step(checkpoint: Path, samples: list[Any], *, rank: int, tp: int, pp: int) -> dict[str, Any]:
-    from rlctl.config.job import GrpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm
     from rlctl.rl.learner import StreamingLearner
     from rlctl.trainers.base import load_backend
 

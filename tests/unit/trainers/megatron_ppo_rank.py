@@ -34,7 +34,8 @@ def main(
 
 
 def train(checkpoint: Path, iterations: list[list[Any]], *, rank: int, tp: int, pp: int) -> dict[str, Any]:
-    from rlctl.config.job import Batch, PpoAlgorithm
+    from rlctl.config.algorithm import PpoAlgorithm
+    from rlctl.config.pipeline import Batch
     from rlctl.rl.learner import PpoBatchLearner, make_learner
     from rlctl.trainers.base import load_backend
 

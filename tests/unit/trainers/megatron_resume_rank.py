@@ -47,7 +47,8 @@ def main(
     model: Path,
 ) -> None:
     from rlctl.checkpoint.trainer import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
-    from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
+    from rlctl.config.pipeline import Batch
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, state_dict_of, weight_node
-from rlctl.config.job import GrpoAlgorithm, WeightSync
+from rlctl.config.algorithm import GrpoAlgorithm
+from rlctl.config.runtime import WeightSync
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT

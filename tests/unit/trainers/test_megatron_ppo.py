@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlctl.config.job import Batch, PpoAlgorithm
+from rlctl.config.algorithm import PpoAlgorithm
+from rlctl.config.pipeline import Batch
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import PpoBatchLearner, make_learner
 from rlctl.rl.samples import Sample

@@ -198,7 +198,7 @@ def test_the_served_log_is_bounded(make):
 def test_anchor_every_validation():
     from pydantic import ValidationError
 
-    from rlctl.config.job import WeightSync
+    from rlctl.config.runtime import WeightSync
 
     with pytest.raises(ValueError, match="anchor_every must be None or ≥ 1"):
         _cfg(anchor_every=0)

@@ -1,0 +1,76 @@
+"""A job file's `model`: the built-in demo model, an architecture for planning, or a Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+
+from rlctl.config.base import Strict, register_tags
+from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
+from rlctl.textutil import did_you_mean, one_of
+
+
+class BuiltinModel(Strict):
+    kind: Literal["builtin"]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in BUILTIN_MODELS:
+            raise ValueError(
+                f"unknown built-in model {v!r}; known: {one_of(BUILTIN_MODELS)}{did_you_mean(v, BUILTIN_MODELS)}"
+            )
+        return v
+
+    @property
+    def arch(self) -> ModelArch:
+        return BUILTIN_MODELS[self.name]
+
+
+class ArchModel(Strict):
+    """A model described by its architecture only: for planning (`rlctl plan`), not for launching."""
+
+    kind: Literal["arch"]
+    name: str
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    vocab: PositiveInt
+    intermediate: PositiveInt
+    params: PositiveFloat
+
+    @property
+    def arch(self) -> ModelArch:
+        return ModelArch(
+            self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab, self.intermediate, self.params
+        )
+
+
+class HfModel(Strict):
+    """A local Hugging Face checkpoint directory (Qwen2 or Llama architecture): config.json, safetensors
+    (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks the
+    directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
+
+    kind: Literal["hf"]
+    path: str
+    name: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _a_path(cls, v: str) -> str:
+        if not v.strip():  # else read as the job file's own directory, and said to lack config.json
+            raise ValueError("the path is empty; give the Hugging Face checkpoint directory (relative to the job file)")
+        return v
+
+    @property
+    def arch(self) -> ModelArch:
+        from rlctl.models.hf import check_hf_dir
+
+        return check_hf_dir(self.path, name=self.name).arch
+
+
+Model = Annotated[BuiltinModel | ArchModel | HfModel, Field(discriminator="kind")]
+register_tags("model", Model)
