@@ -27,7 +27,8 @@ from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot
 from rlctl.agents.weightbook import WeightBook
-from rlctl.config.job import DatasetTask, JobFile, refills
+from rlctl.config.job import JobFile, refills
+from rlctl.config.task import DatasetTask
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
