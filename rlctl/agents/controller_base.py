@@ -22,9 +22,10 @@ from rlctl.agents.evaluation import Evaluator
 from rlctl.agents.gonebook import GoneBook
 from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, make, parse, recv_checked
+from rlctl.agents.placement import Placement
 from rlctl.agents.rowbook import RowBook
 from rlctl.agents.samplelog import SampleLog
-from rlctl.agents.scaling import Placement, Scaler
+from rlctl.agents.scaling import Scaler
 from rlctl.agents.views import Snapshot
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile, refills

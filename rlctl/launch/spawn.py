@@ -194,7 +194,7 @@ class Spawner:
         """Of `names`, whether each agent of this run is still waiting in its site's scheduler's queue (SLURM:
         pending): False once started (and for one this run has not recorded), None where that cannot be learnt (squeue
         timed out, agents.jsonl unreadable). Never raises: the caller bounds how long an unknown counts as queued
-        (`rlctl.agents.scaling`), versus a raise that lost the rest of its caller's answer."""
+        (`rlctl.agents.healing`), versus a raise that lost the rest of its caller's answer."""
         wanted = list(dict.fromkeys(names))
         try:
             handles = {h.spec.name: h for h in self._this_run() if h.spec.name in wanted}

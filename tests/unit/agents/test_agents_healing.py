@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from rlctl.agents import scaling
+from rlctl.agents import healing, scaling, unitstarts
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import CoreConfig, PromptSpec
-from rlctl.agents.scaling import Placement, Scaler
+from rlctl.agents.placement import Placement
+from rlctl.agents.scaling import Scaler
 from rlctl.checkpoint.controller import load_controller, save_controller
 from rlctl.config.inventory import Site
 from rlctl.config.pipeline import Rebalance
@@ -121,7 +122,7 @@ def test_a_lost_unit_is_replaced_on_its_site(tmp_path) -> None:
 
 
 def test_failed_attempts_back_off_then_the_job_goes_on_with_fewer_units(tmp_path) -> None:
-    scaler, core, jd, posted, spawner = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
     core.lost("rollout-1")
     scaler.replace("rollout-1", now=0.0)
     now, starts = 0.0, []
@@ -132,10 +133,10 @@ def test_failed_attempts_back_off_then_the_job_goes_on_with_fewer_units(tmp_path
             starts.append(now)
             deliver(scaler, posted)
         now += 1.0
-    assert len(spawner.calls) == scaling.REPLACE_ATTEMPTS
+    assert len(spawner.calls) == healing.REPLACE_ATTEMPTS
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # the failure is counted on the loop's next turn (1 s here), then 5 s, then 10 s of backoff
-    assert gaps == [1 + scaling.REPLACE_BACKOFF_S * 2**i for i in range(len(gaps))]
+    assert gaps == [1 + healing.REPLACE_BACKOFF_S * 2**i for i in range(len(gaps))]
     r = scaler.resilience()
     assert r["gave_up"] == ["rollout-1"] and r["note"].startswith("running with fewer rollout units")
     assert [e["event"] for e in jd.read_lines(jd.events) if e["event"] == "replace_gave_up"] == ["replace_gave_up"]
@@ -287,7 +288,7 @@ def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_c
             core.lost(unit)
             scaler.replace(unit, now=now)
         now += 1.0
-    assert len(spawner.calls) == scaling.REPLACE_ATTEMPTS
+    assert len(spawner.calls) == healing.REPLACE_ATTEMPTS
     res = scaler.resilience()
     assert res["replaced"] == 0 and res["replacing"] == [] and res["gave_up"] == ["rollout-1"]
     assert res["note"] == (
@@ -496,7 +497,7 @@ def test_a_replacement_that_never_joins_though_it_runs_is_stopped_past_the_bound
         scaler._unjoined_at = t0 + later  # (the sites just asked)
         scaler.tick(t0 + later)
         assert posted == [] and not hasattr(spawner, "stopped")
-    caplog.set_level(logging.WARNING, logger="rlctl.agents.scaling")
+    caplog.set_level(logging.WARNING, logger="rlctl.agents.healing")
     scaler._unjoined_at = t0 + 3001.0
     scaler.tick(t0 + 3001.0)  # past 2400 s since its attempt started
     what, name, why = next_post(posted)
@@ -599,7 +600,7 @@ def test_a_unit_asked_for_that_never_joins_though_it_runs_is_stopped_past_the_bo
     scaler._unjoined_at = t0 + 1799.0  # (the sites just asked: it runs)
     scaler.tick(t0 + 1799.0)
     assert posted == [] and not hasattr(spawner, "stopped")
-    caplog.set_level(logging.WARNING, logger="rlctl.agents.scaling")
+    caplog.set_level(logging.WARNING, logger="rlctl.agents.healing")
     scaler._unjoined_at = t0 + 1801.0
     scaler.tick(t0 + 1801.0)
     what, name, why = _stop_posted(posted)
@@ -899,7 +900,7 @@ def test_a_unit_asked_for_whose_start_has_not_returned_is_not_stopped_for_not_jo
     time.sleep(0.2)  # (a stop runs in a thread)
     assert posted == [] and not hasattr(spawner, "stopped") and scaler.failed_starts == {}
     with monkeypatch.context() as m:  # its start returns 1850 s after the request
-        m.setattr(scaling.time, "monotonic", lambda: t0 + 1850.0)
+        m.setattr(unitstarts.time, "monotonic", lambda: t0 + 1850.0)
         scaler.spawned(name, info)
     scaler._unjoined_at = t0 + 3600.0
     scaler.tick(t0 + 3600.0)  # 29 min after its start returned
@@ -936,7 +937,7 @@ def test_a_replacement_whose_start_has_not_returned_is_not_stopped_for_not_joini
     r = scaler.replacing["rollout-1"]
     assert (r.unit, r.attempts, r.why) == ("rollout-2", 1, None)
     with monkeypatch.context() as m:  # its start returns 1850 s after the request
-        m.setattr(scaling.time, "monotonic", lambda: t0 + 1851.0)
+        m.setattr(unitstarts.time, "monotonic", lambda: t0 + 1851.0)
         scaler.spawned(name, info)
     scaler._unjoined_at = t0 + 3600.0
     scaler.tick(t0 + 3600.0)  # 29 min after its start returned
@@ -952,7 +953,7 @@ def test_a_resume_does_not_scale_in_a_site_for_a_unit_its_run_gave_up_replacing(
     """rollout-1 lost and every attempt to replace it failed (its node down): the checkpoint kept 1 unit for site a,
     as though `scale -1` had removed it, and the resumed run (the node back, the plan's 2 units joined) drained the
     healthy rollout-1 as a scale-in, reason resume. A unit given up on is a loss, not a scale-in: the plan's count."""
-    scaler, core, _, posted, _ = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    scaler, core, _, posted, _ = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
     core.lost("rollout-1")
     scaler.replace("rollout-1", now=0.0)
     now = 0.0
@@ -975,7 +976,7 @@ def test_a_resume_after_a_unit_given_up_on_and_a_scale_out_brings_the_units_the_
     job ran 2 units, but the checkpoint counted 3 (the given-up unit's name counted at every checkpoint), and a resume
     started one more unit than the job had. A unit asked for after a give-up takes the lost unit's place; one whose
     start fails gives it back."""
-    scaler, core, _, posted, spawner = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
     core.lost("rollout-1")
     scaler.replace("rollout-1", now=0.0)
     now = 0.0
@@ -1006,7 +1007,7 @@ def test_a_resume_that_starts_the_units_its_run_had_beside_a_unit_given_up_on_ke
     the given-up place, and the resume started the 1 missing unit. That unit took the given-up place too: the
     checkpoint then counted 2 (the place counted out twice) and a second resume came back with one unit fewer than
     the job had. A unit the resume starts is one its checkpoint counted, beside the place."""
-    scaler, core, _, posted, _ = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    scaler, core, _, posted, _ = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
     scaler.core = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
     scaler.core.join("rollout-0", role="rollout", version=0)
     scaler._unjoined_at = 1e9  # (the sites' answer is given below, not asked in a thread)
