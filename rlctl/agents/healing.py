@@ -29,7 +29,7 @@ from typing import Any
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.placement import Placement, sites_by_agent
 from rlctl.agents.unitstarts import Post, Replacement, UnitStarts, keep
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 

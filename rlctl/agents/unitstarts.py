@@ -25,7 +25,7 @@ from rlctl.agents.core import ControllerCore
 from rlctl.agents.placement import Placement, sites_by_agent
 from rlctl.agents.rebalance import Reading, RebalanceRule
 from rlctl.agents.scalelog import ScaleLog
-from rlctl.config.job import Rebalance
+from rlctl.config.pipeline import Rebalance
 from rlctl.errors import RlctlError
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.spawn import Spawner
