@@ -1,5 +1,6 @@
 """The controller process: the I/O shell around `ControllerCore` — connections, heartbeats, metrics and
-the job directory. Scaling lives in `scaling.py` (`Scaler`), what it shows in `views.py`.
+the job directory. Scaling lives in `scaling.py` (`Scaler`, on its layers `healing.py` and `unitstarts.py`; where
+units run: `placement.py`), what it shows in `views.py`.
 
 This module holds the loop and its end (the summary); the controller's other parts are mixins by concept, each on
 the parts it calls:
