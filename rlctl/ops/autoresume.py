@@ -100,8 +100,8 @@ class Runs:
     def unindex(self) -> None:
         """A fresh launch refused as its launcher prepared the job (its inputs, by `copy_inputs`: a reward file gone
         since the check): its index row (`preparing`'s) out, and `stop` leaves it so; the launch then removes what it
-        made in the job dir (`run.unmake`), as a refusal by the check leaves nothing, versus a row `failed` and the
-        dir's .launcher.lock, secret, logs/, checkpoints/ and model/init/ left, a job that never was one."""
+        made in the job dir (`launchdir.unmake`), as a refusal by the check leaves nothing, versus a row `failed` and
+        the dir's .launcher.lock, secret, logs/, checkpoints/ and model/init/ left, a job that never was one."""
         if self._preparing and self.db is not None:
             self.db.remove(self.jobdir.id, only_from=("launching",))
         self._preparing = False

@@ -1,9 +1,10 @@
 """Running one job from the operator's side: resolve, plan, prepare the job directory, start the
 agents through a launch backend, watch the controller's status, stop everything.
 
-    resolve_job ─▶ plan_counts (counts.py) ─▶ prepare (job.json, plan.json, secret, SFT warm-up → model/init)
+    resolve_job ─▶ plan_counts (counts.py)
+        ─▶ prepare (jobprep.py: job.json, plan.json, secret, SFT warm-up → model/init)
         ─▶ layout (host, GPU slice / SLURM request, threads, tp/pp/dp of every agent; see layout.py)
-        ─▶ JobRun.start: stage the job dir to every site (stage.py: copy, verify size + SHA-256)
+        ─▶ JobRun.start: stage the job dir to every site (stage.py, stagecopy.py: copy, verify size + SHA-256)
            ─▶ controller on its site ─(its site's controller.json, read through the site)─▶
               trainer ranks, rollout units: --job-dir <their site's copy> --controller ADDR
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
