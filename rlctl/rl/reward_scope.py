@@ -1,4 +1,4 @@
-"""Imports of a reward file's own modules (those beside it that it imports: `reward.local_modules`), resolved to
+"""Imports of a reward file's own modules (those beside it that it imports: `reward_files.local_modules`), resolved to
 its directory whenever they run — at its load and inside its functions at call time — in a process that loaded
 other reward files with helpers of the same names (workers=0: tests, a notebook, two jobs' checks), without its
 directory on sys.path after the load.
