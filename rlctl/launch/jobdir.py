@@ -213,7 +213,7 @@ class JobDir:
             else:
                 mapping = json.loads(json.dumps(mapping, default=str))  # (a YAML date: as JSON reads it back)
                 data["source_file"] = {"path": str(path.absolute()), "job": mapping}
-        self.job_json.write_text(json.dumps(data, indent=2) + "\n")
+        replace_text(self.job_json, json.dumps(data, indent=2) + "\n")  # (a reader meanwhile: old or new, whole)
 
     def refuse_lost_job_json(self, *, nothing: str | None = None) -> None:
         """UsageError, one line, for a job that was prepared (`prepare` writes plan.json before job.json) whose
