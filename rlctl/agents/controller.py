@@ -214,6 +214,38 @@ class ControllerAgent(Dispatch):
             self.metrics.ended.set(1)
         self._tell_stop()
         graceful = self.stop_requested and not self.core.failed
+        terminated = False
+        try:
+            self._await_byes(graceful=graceful)
+        except SystemExit:  # a (second) SIGTERM, the agent's handler's, while it waits: the wait is cut short, the end
+            # still written (before, it raised out of here: no summary.json, no job_end); a first one's SystemExit
+            # still ends the process as it would have
+            log.warning("controller: SIGTERM while it waited for the agents' byes: the end is written now")
+            terminated = True
+        if graceful and self.writing:
+            self._checkpoint_given_up()
+        # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.runstate.run_summary`)
+        end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
+        self.jobdir.write_json(self.jobdir.summary_json, end)
+        self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
+        self.tracker.close()
+        self.samples.close()
+        for p in self.peers.values():
+            p.conn.close()
+        self.listener.close()
+        self.scaler.close()
+        self.task.close()
+        linger = self.metrics.linger_s() if on_purpose and not terminated else 0.0  # (told to go: no scrape waited)
+        # within the stop's grace (a second to spare): killed while it waits, it would page as a controller gone
+        linger = min(linger, self.stop_by - time.monotonic() - 1.0)
+        if linger > 0 and not self.metrics.wait_scraped(ending, timeout_s=linger):
+            log.warning(
+                "controller: /metrics was not scraped in %.0f s after the end; RlctlControllerDown may page", linger
+            )
+
+    def _await_byes(self, *, graceful: bool) -> None:
+        """Until every agent told to stop said bye (`_waiting`), still answering clients and booking what the end
+        still books (a graceful stop's checkpoint)."""
         bye_by, checkpoint_by = time.monotonic() + BYE_WAIT_S, self._stop_deadline() if graceful else 0.0
         while self._waiting(bye_by=bye_by, checkpoint_by=checkpoint_by):
             try:
@@ -248,26 +280,6 @@ class ControllerAgent(Dispatch):
                 # finishes both before its bye, `_checkpoint_coming`), so that the checkpoint it reached is
                 # completed and `latest` names it; nothing new is sent (`_send`)
                 self._message(peer, msg, heard)
-        if graceful and self.writing:
-            self._checkpoint_given_up()
-        # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.runstate.run_summary`)
-        end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
-        self.jobdir.write_json(self.jobdir.summary_json, end)
-        self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
-        self.tracker.close()
-        self.samples.close()
-        for p in self.peers.values():
-            p.conn.close()
-        self.listener.close()
-        self.scaler.close()
-        self.task.close()
-        linger = self.metrics.linger_s() if on_purpose else 0.0
-        # within the stop's grace (a second to spare): killed while it waits, it would page as a controller gone
-        linger = min(linger, self.stop_by - time.monotonic() - 1.0)
-        if linger > 0 and not self.metrics.wait_scraped(ending, timeout_s=linger):
-            log.warning(
-                "controller: /metrics was not scraped in %.0f s after the end; RlctlControllerDown may page", linger
-            )
 
     def _waiting(self, *, bye_by: float, checkpoint_by: float) -> bool:
         """Whether `_shutdown` waits on: an agent told to stop has not said bye yet (until `bye_by`), or the trainer

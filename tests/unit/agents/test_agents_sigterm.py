@@ -40,3 +40,26 @@ def test_sigterm_with_no_stop_asked_for_ends_the_run_failed(
         assert [e["state"] for e in h.jd.read_lines(h.jd.events) if e["event"] == "job_end"] == [state]
     finally:
         h.close()
+
+
+def test_a_second_sigterm_while_it_waits_for_the_byes_still_writes_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the first SIGTERM ends the loop; the second comes while `_shutdown` waits for the agents' byes (they are slow
+    # to stop): before, it raised out of the wait, and no summary.json or job_end was written
+    h = HandledController(tmp_path, small_job("term2", iterations=6), listen="inproc://term-twice")
+    try:
+
+        def terminated(*_: object, **__: object) -> None:
+            raise SystemExit(143)  # what `rlctl.agents.__main__._on_sigterm` raises
+
+        monkeypatch.setattr(h.ctl.scaler, "tick", terminated)
+        monkeypatch.setattr(h.ctl.inbox, "get", terminated)  # the wait: no agent has said bye yet
+        with pytest.raises(SystemExit) as e:
+            h.ctl.run()
+        assert e.value.code == 143
+        state = "failed: controller got SIGTERM"
+        assert h.jd.read_json(h.jd.summary_json)["state"] == state
+        assert [e["state"] for e in h.jd.read_lines(h.jd.events) if e["event"] == "job_end"] == [state]
+    finally:
+        h.close()
