@@ -288,15 +288,16 @@ class ControllerCore(Migrating):
             for it in sorted({e.iteration for e in given}):
                 if self.bound.may_dispatch(iteration=it, unit_version=target.version):
                     out += self._give(target, [e for e in given if e.iteration == it], it)
-        self.migrations.append(
-            {
-                "from": name,
-                "to": to,
-                "samples": len(moved),
-                "tokens": tokens_moved,
-                "sent": sum(len(o.header["requests"]) for o in out),
-            }
-        )
+        if moved:  # (a gone donor's late answer moved nothing: no `migrated` event of nothing)
+            self.migrations.append(
+                {
+                    "from": name,
+                    "to": to,
+                    "samples": len(moved),
+                    "tokens": tokens_moved,
+                    "sent": sum(len(o.header["requests"]) for o in out),
+                }
+            )
         return out + self.pump()
 
     def restore(self, *, version: int, ledger: Ledger) -> None:

@@ -695,6 +695,22 @@ def test_an_idle_unit_takes_half_of_a_busy_units_work_and_a_late_answer_is_ignor
     assert _withdraws(core.migrate(now=True)) == {}  # one each: nothing to move
 
 
+def test_a_gone_donor_s_late_withdrawn_answer_records_no_migration():
+    """r0 was asked to give r1 one of its two samples, then lost: its samples went back to the queue. Its answer, come
+    in late, moved nothing: it recorded a migration of 0 samples to "" (a `migrated` event of nothing)."""
+    core = _batch_core(8, group=2, prompts=2, min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    for sid, _ in gen["r1"]:
+        _finish(core, "r1", sid)
+    assert _withdraws(core.migrate(now=True)) == {"r0": 1}
+    core.lost("r0")
+    r0 = [s for s, _ in gen["r0"]]
+    core.withdrawn("r0", [(r0[1], [9] * 3, [-1.0] * 3, [0] * 3)])
+    assert core.migrations == [] and core.ledger.migrated == 0  # was: [{"from": "r0", "to": "", "samples": 0, ...}]
+
+
 def test_the_tail_stays_where_the_planners_cost_model_says_splitting_does_not_pay():
     """As above, with each unit priced by its site's decode cost: a flat PTL (a memory-bound step) keeps r0's two
     running samples where they are; a steep one (each row adds a step's worth) splits them. The steps left come
