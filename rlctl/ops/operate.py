@@ -185,24 +185,24 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     fetch_job_record(ref)
     last = last_row(jd)
     if last is not None:
-        _numbers_or_null(
-            last, ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "t"), where=f"{jd.metrics}: its last row"
-        )
         out["last_iteration"] = {
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }
         if isinstance(last.get("iteration"), int):  # the row's iteration counts from 0; the summary's from 1 (the
             # count, as a live job's `iterations_done`)
             out["iterations_done"] = last["iteration"] + 1
-        # (a null time, as `_numbers_or_null` lets through, is no age: float(None) was a TypeError traceback)
-        out["figures_age_s"] = round(time.time() - float(last["t"]), 1) if last.get("t") is not None else None
+        # a figure that is no number (a row edited by hand) is shown as it is, as the live view shows one (`_f` in
+        # rlctl.commands.status), versus failing the whole status; a time that is none (null, text) is no age
+        t = last.get("t")
+        out["figures_age_s"] = None
+        if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+            out["figures_age_s"] = round(time.time() - t, 1)
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
         evaluations = jd.read_lines(jd.evaluations)
         for n, e in enumerate(evaluations, 1):  # sorted by version, shown
             if not isinstance(e.get("version"), int | float) or not math.isfinite(e["version"]):
                 said = f"{jd.evaluations}: row {n}: 'version' is {e.get('version')!r}, not a number"
                 raise RlctlError(said, hint="was it edited?")
-            _numbers_or_null(e, ("greedy_reward", "greedy_exact"), where=f"{jd.evaluations}: row {n}")
         out["heldout"] = heldout_view(evaluations)
     summary = run_summary(jd, current_run(jd))  # not the run before's, left while this one runs
     if summary is not None:
@@ -265,14 +265,6 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
                 "list": f"rlctl status {shlex.quote(str(name))} --checkpoints",
             }
     return out, ended and not down
-
-
-def _numbers_or_null(row: dict[str, Any], keys: tuple[str, ...], *, where: str) -> None:
-    """RlctlError naming `where` and the first of `keys` in `row` that is neither a number nor null: status counts with
-    them or formats them (a record edited by hand was a ValueError traceback)."""
-    for k in keys:
-        if row.get(k) is not None and (isinstance(row[k], bool) or not isinstance(row[k], int | float)):
-            raise RlctlError(f"{where}: {k!r} is {row[k]!r}, not a number", hint="was it edited?")
 
 
 PREPARING = "not started yet: its launcher prepares the job (SFT warm-up, tokenizing, staging) or starts its agents"
