@@ -45,6 +45,7 @@ import secrets
 import shlex
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
@@ -493,10 +494,16 @@ def say_once(lines: list[str]) -> None:
 
 
 def replace_text(path: Path, text: str) -> None:
-    """Write `path` under a temporary name, then rename it: a reader sees the old file or the new, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write `path` under a temporary name, then rename it: a reader sees the old file or the new, whole. The name is
+    this writer's own (its process and thread), versus one `NAME.tmp` two writers at once would share (one's rename
+    of the other's half-written file; the other's rename failing on a name gone); removed if the write fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def open_record(path: Path) -> TextIO:

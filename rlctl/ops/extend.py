@@ -38,7 +38,7 @@ from rlctl.checkpoint.choose import named_version
 from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
 from rlctl.errors import UsageError
-from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.jobdir import JobDir, job_digests, replace_text
 from rlctl.launch.sitefs import LocalFiles
 
 EARLIER = "iterations_before"  # job.json: the job's iteration counts before each `--iterations` of a resume
@@ -214,9 +214,7 @@ def write_iterations(jobdir: JobDir, iterations: int) -> str | None:
 
 def replace_job_json(jobdir: JobDir, text: str) -> None:
     """job.json as `text` (replaced at once: an agent or a command reading it meanwhile reads one or the other)."""
-    tmp = jobdir.job_json.with_name(jobdir.job_json.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(jobdir.job_json)
+    replace_text(jobdir.job_json, text)
 
 
 def hand_edited_from(jobdir: JobDir, data: dict[str, Any]) -> int | None:

@@ -19,3 +19,28 @@ def test_a_reader_with_job_json_open_reads_it_whole_while_it_is_written_again(tm
         assert json.loads(reader.read())["job"]["iterations"] == 200
     assert json.loads(jd.job_json.read_text())["job"]["iterations"] == 300
     assert [p.name for p in jd.path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_two_writers_of_one_file_at_once_each_write_under_their_own_temporary_name(tmp_path: Path) -> None:
+    """Both wrote NAME.tmp: one's rename took the other's half-written file, the other's then failed on a name gone."""
+    import threading
+
+    from rlctl.launch.jobdir import replace_text
+
+    path = tmp_path / "summary.json"
+    errors: list[BaseException] = []
+
+    def write(text: str) -> None:
+        try:
+            for _ in range(300):
+                replace_text(path, text)
+        except BaseException as e:  # noqa: BLE001 - collected for the assert below
+            errors.append(e)
+
+    writers = [threading.Thread(target=write, args=(c * 20_000,)) for c in "ab"]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    assert errors == [] and path.read_text() in ("a" * 20_000, "b" * 20_000)
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
