@@ -67,6 +67,17 @@ LITTER = re.compile(r"\.DS_Store|\._.+|Thumbs\.db|desktop\.ini|\.nfs[0-9A-Fa-f]+
 NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
 # what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
 JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
+# what a job's run writes (appends to) in its job dir, besides JOB_RECORD: in a directory no launch prepared (no secret,
+# `JobDir.secret`, the first thing `prepare` writes) one by these names is the user's, which the job would append to
+RUN_RECORD = (
+    "controller.json",
+    "events.jsonl",
+    ".site-events.jsonl",
+    ".site-events.merged",
+    "staged.json",
+    "sites.json",
+    *(f"{name}{cut}.jsonl" for name in ("metrics", "evaluations", "samples") for cut in ("", ".discarded")),
+)
 
 
 def default_base() -> Path:
@@ -614,7 +625,8 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None 
     when it cannot be made (`why_not_made`), already holds a job (UsageError, one line: the launch would overwrite
     that job's record, which `resume` continues: `launch --resume`, by default), or a launch still prepares one there
     (its launcher lock held, its record not written yet: the new launch would put its index row over that
-    launch's)."""
+    launch's), or holds files by the names a run writes (`RUN_RECORD`) that no launch did (the user's events.jsonl,
+    metrics.jsonl: the job appended to them)."""
     other = f"another {named_by.rpartition(': ')[2]}"
     if not path.name:  # no name to be the job's id (W/jobs/<id> on its sites)
         raise UsageError(f"{named_by}: {path} is the filesystem's root, not a job directory", hint=f"choose {other}")
@@ -634,6 +646,13 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None 
         raise UsageError(
             f"{named_by}: {path}: a launch is preparing a job there ({holder}); a new launch would take its place",
             hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",
+        )
+    theirs = [] if os.path.lexists(path / "secret") else [n for n in RUN_RECORD if os.path.lexists(path / n)]
+    if theirs:  # (a launch stopped or failed while it prepared left its secret: its events are rlctl's)
+        raise UsageError(
+            f"{named_by}: {path} holds {', '.join(theirs)}, which rlctl did not write (no launch prepared a job "
+            "there); a launch appends its record to files by these names",
+            hint=f"move them aside, or choose {other}",
         )
 
 
