@@ -276,8 +276,12 @@ NEVER_STARTED = "never started: the job is prepared (its job.json and plan.json)
 def _never_started(jd: JobDir) -> bool:
     """A job dir its launch prepared (job.json, plan.json) that records no agent at all (no agents.jsonl, or an
     empty one) and no launcher holds (`_being_prepared` is one a launcher still prepares or starts); the caller
-    checks it has no metrics and no summary either (one that trained and lost its agents.jsonl is no such job)."""
-    return jd.job_json.exists() and jd.plan_json.exists() and _no_agent(jd)
+    checks it has no metrics and no summary either (one that trained and lost its agents.jsonl is no such job).
+    UsageError, one line, where its job.json is a directory (`refuse_lost_job_json`; a job looked up by its name or id
+    was said to be prepared, never started)."""
+    if jd.job_json.is_dir():
+        jd.refuse_lost_job_json()
+    return jd.job_json.is_file() and jd.plan_json.exists() and _no_agent(jd)
 
 
 def _no_agent(jd: JobDir) -> bool:
