@@ -39,3 +39,11 @@ def job_relative(path: str | PurePath) -> str:
     relative to the job file (said), an absolute one as written (nothing to add). One rule for `rlctl check` and the
     launch, which say the same missing file."""
     return "" if PurePath(path).is_absolute() else " (relative to the job file)"
+
+
+def undecodable_at(raw: bytes, start: int) -> str:
+    """Where `raw` stops being UTF-8 (`start`: a UnicodeDecodeError's), as an editor counts it: the byte, its line and
+    column (in characters: the line's bytes before it decode, é is 2 bytes and 1 column)."""
+    line = raw.count(b"\n", 0, start) + 1
+    column = len(raw[raw.rfind(b"\n", 0, start) + 1 : start].decode("utf-8")) + 1
+    return f"byte 0x{raw[start]:02x} at line {line}, column {column}"

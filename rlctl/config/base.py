@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, one_of
+from rlctl.textutil import did_you_mean, one_of, undecodable_at
 
 API_VERSION = "rlctl/v1"
 M = TypeVar("M", bound=BaseModel)
@@ -312,10 +312,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:  # (an editor's Latin-1 or UTF-16: the byte's offset alone was said)
-        line = raw.count(b"\n", 0, e.start) + 1
-        # in characters, as an editor counts them: the line's bytes before the bad one decode (é is 2 bytes, 1 column)
-        column = len(raw[raw.rfind(b"\n", 0, e.start) + 1 : e.start].decode("utf-8")) + 1
-        where = f"byte 0x{raw[e.start]:02x} at line {line}, column {column}"
+        where = undecodable_at(raw, e.start)
         raise ConfigError(name, None, f"cannot read: not UTF-8 text ({where}); save it as UTF-8") from e
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import ModelArch
+from rlctl.textutil import undecodable_at
 
 if TYPE_CHECKING:
     import torch
@@ -212,11 +213,13 @@ def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, wh
 def read_config(directory: str | Path) -> TinyGPTConfig:
     path = Path(directory) / CONFIG_FILE
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(str(path), None, f"not UTF-8 text: {e.reason} at byte {e.start}") from e
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from e
+    try:  # (the byte's offset alone was said: as read_yaml, its line and column)
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), None, f"not UTF-8 text ({undecodable_at(raw, e.start)}); save it as UTF-8") from e
     except json.JSONDecodeError as e:
         raise ConfigError(str(path), None, f"not JSON: {e}") from e
     if not isinstance(d, dict):

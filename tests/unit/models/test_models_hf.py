@@ -243,7 +243,11 @@ def test_a_directory_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypatch
 def test_a_config_json_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
     write_checkpoint("llama-hd64-eos3", tmp_path)
     (tmp_path / "config.json").write_bytes(b'{"architectures": ["\xff\xfe"]}')
-    with pytest.raises(ConfigError, match=r"config.json: not UTF-8 text: invalid start byte at byte 20"):
+    with pytest.raises(ConfigError, match=r"config.json: not UTF-8 text \(byte 0xff at line 1, column 21\); save it"):
+        check_hf_dir(tmp_path)
+    # its line and column, as an editor counts them (before: 'at byte 27' alone)
+    (tmp_path / "config.json").write_bytes(b'{\n  "name": "\xc3\xa9",\n  "\xc3\xa9": "\xff"}')
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0xff at line 3, column 9\)"):
         check_hf_dir(tmp_path)
 
 
