@@ -51,11 +51,19 @@ def node_room(site: Site) -> list[tuple[int, int, int]]:
 
 
 def shares_of(job: int, res: SlurmResources) -> list[Share]:
-    """The node shares of one SLURM job: `tasks_per_node` tasks on each of its nodes, the rest on the last."""
+    """The node shares of one SLURM job: `tasks_per_node` tasks on each of its nodes, the rest on the last. On a
+    `gpu_request: gres` site every node is asked `--gres=gpu:gpus_per_task×tasks_per_node`, the last one too however
+    few tasks it holds (counted by its tasks, a check passed a job SLURM could not place)."""
     per, tasks = max(1, res.tasks_per_node), res.ntasks
     counts = [per] * (tasks // per) + ([tasks % per] if tasks % per else [])
+    gres = res.gpu_request == "gres"
     return [
-        Share(job, n * res.gpus_per_task, n * res.cpus_per_task, n * res.cpus_per_task * (res.mem_per_cpu_mb or 0))
+        Share(
+            job,
+            (per if gres else n) * res.gpus_per_task,
+            n * res.cpus_per_task,
+            n * res.cpus_per_task * (res.mem_per_cpu_mb or 0),
+        )
         for n in counts
     ]
 

@@ -14,6 +14,15 @@ def test_a_jobs_shares_take_distinct_nodes_and_the_rest_goes_on_its_last() -> No
     assert fit(two_nodes[:1], shares_of(3, res)) is False  # one node would hold both of its shares: not SLURM's
 
 
+def test_a_gres_jobs_last_node_is_asked_as_many_gpus_as_every_other() -> None:
+    # `--gres=gpu:gpus_per_task×tasks_per_node` is per node, the partly filled last one too: its 2 tasks were counted
+    # as 2 GPUs, and a node with 2 GPUs free passed the check for a job SLURM could not place
+    res = SlurmResources(nodes=2, tasks_per_node=4, cpus_per_task=2, gpus_per_task=1, tasks=6, gpu_request="gres")
+    assert shares_of(3, res) == [Share(3, 4, 8, 0), Share(3, 4, 4, 0)]
+    assert fit([(8, 16, UNBOUNDED), (2, 16, UNBOUNDED)], shares_of(3, res)) is False
+    assert fit([(8, 16, UNBOUNDED), (4, 16, UNBOUNDED)], shares_of(3, res)) is True
+
+
 def test_a_packing_found_only_off_the_greedy_path_is_found() -> None:
     """Largest first onto the first node with room: 5 + 4 cores on node 1, 4 + 3 + 2 on node 2, and the last 2 has
     no node (1 core left on each); 5 + 3 + 2 and 4 + 4 + 2 fit."""
