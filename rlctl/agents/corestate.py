@@ -70,6 +70,9 @@ class CoreState:
         # the names of those gone for good (lost, or stopped after a drain): their `Unit` goes (`_forget_unit`), and
         # the name tells a late message of a unit that is gone from one the job never had (`known`)
         self.left: set[str] = set()
+        # those of `left` that went since the last gauge update (`views.agent_gauges` zeroes their sites and empties
+        # it): the gauges walk only them, not every unit that left in a job that runs for weeks
+        self.left_ungauged: set[str] = set()
         self.trainer: Unit | None = None
         self.trainer_version = 0  # = iterations committed; the trainer is working on this iteration
         self.prompts: dict[str, PromptSpec] = {}

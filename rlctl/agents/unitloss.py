@@ -68,6 +68,7 @@ class UnitLoss(Delivery):
         (`live_units`, `_members`: each dispatch); its name stays in `left` (`known`)."""
         del self.units[name]
         self.left.add(name)
+        self.left_ungauged.add(name)
         # (a drained unit retired before its answer to a `withdraw` came: the move asked of it held its receiver
         # busy for good, `migration.plan`, which then neither took nor gave work again)
         for per_unit in (self._rates, self._unit_reported_at, self._admit_cap, self.unit_costs, self.withdrawing):

@@ -455,7 +455,10 @@ def agent_gauges(
     # every site that ever had a unit: one whose last unit was lost or scaled in reads 0, not its last count
     units = {sites.get(p.name, ""): 0 for p in peers.values() if p.role == "rollout"}
     units |= {sites.get(u.name, ""): 0 for u in core.units.values()}
-    units |= {sites[name]: 0 for name in core.left if name in sites}  # (one gone long ago: its site's gauge read 0)
+    # a unit gone since the last update (its agent may have left `peers` already): its site's gauge now reads 0 and
+    # keeps reading it, so the units that left before need no walk (`core.left` grows for the whole job)
+    units |= {sites[name]: 0 for name in core.left_ungauged if name in sites}
+    core.left_ungauged.clear()
     for u in core.units.values():
         if u.alive:
             site = sites.get(u.name, "")

@@ -782,3 +782,34 @@ def test_the_summary_of_a_resumed_run_whose_only_rows_are_kept_ones_without_rewa
     edited = {**old, "reward_failures": None}
     assert summary(_snapshot(core, [edited], rows_kept=1, reward_stats=pool))["reward_failures"] == 2
     assert summary(_snapshot(core, [{**old, "reward_failures": 1}], rows_kept=1))["reward_failures"] == 1
+
+
+class _CountedWalks(set[str]):
+    """A set that counts how often it is walked (`core.left`: its walks grow with every unit the job ever lost)."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_the_unit_gauges_zero_a_gone_units_site_once_and_walk_no_unit_that_left_before():
+    # agent_gauges walked `core.left`, every unit that ever left, on every turn of the controller's loop
+    cfg = CoreConfig(iterations=4, prompts_per_iteration=2, samples_per_prompt=4, max_new_tokens=8, mode="async", eta=2)
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1], 4) for j in range(2)], predict=None)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    core.join("r1", role="rollout", version=0)
+    sites = {"trainer-0": "a", "r0": "b", "r1": "c"}
+    m = JobMetrics()
+    value = m.registry.get_sample_value
+    agent_gauges(m, core, {}, sites, now=100.0)
+    assert value("rlctl_rollout_units", {"site": "b"}) == 1.0
+    core.lost("r0")  # its agent already left the peers (pruned): only `core` names it
+    core.left = _CountedWalks(core.left)
+    agent_gauges(m, core, {}, sites, now=101.0)
+    agent_gauges(m, core, {}, sites, now=102.0)
+    assert value("rlctl_rollout_units", {"site": "b"}) == 0.0  # and still 0 a turn later
+    assert value("rlctl_rollout_units", {"site": "c"}) == 1.0
+    assert _CountedWalks.walks == 0
