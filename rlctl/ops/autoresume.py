@@ -198,7 +198,7 @@ class Runs:
         if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
             failure = f"failed: {failure}"
         try:  # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run
-            refuse_fixed_edits(self.jobdir)
+            refuse_fixed_edits(self.jobdir, resumed=newest)
         except UsageError as e:
             ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"
             self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")

@@ -16,8 +16,9 @@ runs the changed job. A hand-edited job.json is used, and said: it is the only w
 that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
 went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word. An edit of
 a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind) is
-refused (`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits
-it.
+refused by a resume that continues from a checkpoint (`refuse_fixed_edits`, one line with the value at the launch and
+now), since no checkpoint of the job fits it; a resume of a job that completed none starts from the beginning, which
+nothing of the launch holds back: it runs the edit, said as any other.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ FIXED_WHY = {
 }
 
 
-def refuse_fixed_edits(jobdir: JobDir) -> None:
+def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
     """UsageError, one line, when job.json was edited since the launch in a field its checkpoints depend on
     (`FIXED_FIELDS`, as its `launched` keeps them): the field, its value at the launch and now, and why a resume
-    cannot take it. Nothing for a job.json without `launched` (an rlctl before it), or one that does not read."""
+    cannot take it. `resumed`: the checkpoint the resume continues from; 0 (none: the job starts from the beginning)
+    refuses nothing (`launch_changes` says the edit). Nothing for a job.json without `launched` (an rlctl before
+    it), or one that does not read."""
+    if resumed <= 0:
+        return
     try:
         data = jobdir.read_json(jobdir.job_json)
     except (OSError, RlctlError):  # gone or not JSON: said by what reads the job next

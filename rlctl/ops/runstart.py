@@ -31,6 +31,7 @@ from rlctl.launch.stage import STAGED_FILE, root_for, stage_all, staging_plan
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
 from rlctl.ops.client import controller_address
 from rlctl.ops.detach import this_launcher
+from rlctl.ops.jobchanges import refuse_fixed_edits
 from rlctl.ops.jobdb import JobRow
 from rlctl.ops.resumepoint import pick_checkpoint
 from rlctl.ops.runbase import RunBase, last_error
@@ -207,6 +208,8 @@ class RunStart(RunBase):
                 fs.close()
         if resume:
             self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
+            # a hand edit of job.json the checkpoint cannot run on (none: the run starts over, and takes it)
+            refuse_fixed_edits(self.jobdir, resumed=self.resumed.version)
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)

@@ -29,7 +29,13 @@ def resume_job(
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
-    from rlctl.ops.extend import replace_job_json, rollback_to, with_iterations, write_iterations
+    from rlctl.ops.extend import (
+        completed_checkpoints,
+        replace_job_json,
+        rollback_to,
+        with_iterations,
+        write_iterations,
+    )
     from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
@@ -43,13 +49,16 @@ def resume_job(
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
-        refuse_fixed_edits(jd)  # (a hand edit its checkpoints cannot run on; the others are said as the run starts)
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
         if checkpoint is not None:
             back = rollback_to(jd, checkpoint)
+        # a hand edit its checkpoint cannot run on, refused before anything starts; a job that completed none (as
+        # its events say) starts over and takes it, said as the run starts (its run refuses it where its sites hold
+        # a checkpoint its events miss: `JobRun._prepare`)
+        refuse_fixed_edits(jd, resumed=back if back is not None else max(completed_checkpoints(jd), default=0))
         if iterations is not None:  # a finished job given more to train is not one with nothing to resume
             named = jd.id if ref_.row is not None else str(jd.path)  # (an id the index lacks names no job)
             spec, counted = with_iterations(jd, iterations, since=back, ref=named)

@@ -468,3 +468,21 @@ def test_a_resume_of_a_job_json_edited_in_its_samples_per_prompt_is_refused_in_o
         f"rlctl: error: {jd.job_json}: job.batch.samples_per_prompt was edited since the launch ({was} → {was * 2})"
     ), r.stderr
     assert launched == {} and files(jd.path) == before
+
+
+def test_a_resume_of_a_job_that_completed_no_checkpoint_takes_a_fixed_field_edit_and_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # refused as for a job with checkpoints ('its checkpoints' groups have the launch's samples each'), though a job
+    # that completed none starts from the beginning, which nothing of the launch holds back
+    jd = ended(tmp_path / "run", "failed: trainer trainer-0 was lost", iterations=3, indexed="failed")
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["batch"]["samples_per_prompt"] *= 2
+    jd.job_json.write_text(json.dumps(data, indent=2))
+    launched, said = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert launched["resume"] is True and launched["checkpoint"] is None
+    assert said == [
+        f"job demo: {jd.job_json} was edited since the launch (batch): the resume runs the job as edited there"
+    ]

@@ -159,11 +159,11 @@ def test_a_job_json_edit_its_checkpoints_cannot_run_on_is_refused_naming_the_fie
     from rlctl.ops.jobchanges import refuse_fixed_edits
 
     jd, _ = _launched(tmp_path)
-    refuse_fixed_edits(jd)  # as launched
+    refuse_fixed_edits(jd, resumed=5)  # as launched
     data = json.loads(jd.job_json.read_text())
     data["job"]["checkpoint"]["keep"] = 1
     jd.job_json.write_text(json.dumps(data))
-    refuse_fixed_edits(jd)
+    refuse_fixed_edits(jd, resumed=5)
     assert launch_changes(jd)[0].startswith(f"{jd.job_json} was edited since the launch (checkpoint)")
     for name, edit, shown in (
         ("batch.samples_per_prompt", lambda j: j["batch"].update(samples_per_prompt=4), "(2 → 4)"),
@@ -175,13 +175,14 @@ def test_a_job_json_edit_its_checkpoints_cannot_run_on_is_refused_naming_the_fie
         edit(edited["job"])
         jd.job_json.write_text(json.dumps(edited))
         with pytest.raises(UsageError) as e:
-            refuse_fixed_edits(jd)
+            refuse_fixed_edits(jd, resumed=5)
         assert str(e.value).startswith(f"{jd.job_json}: job.{name} was edited since the launch "), str(e.value)
         assert shown in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+        refuse_fixed_edits(jd, resumed=0)  # no checkpoint to continue from: the resume starts over, and takes it
     del data["launched"]  # a job.json of an rlctl before it kept the launch's values: said, not refused
     data["job"]["seed"] = 7
     jd.job_json.write_text(json.dumps(data))
-    refuse_fixed_edits(jd)
+    refuse_fixed_edits(jd, resumed=5)
 
 
 def test_a_job_json_edit_of_an_hf_models_path_is_taken_and_said_not_refused(tmp_path: Path) -> None:
@@ -197,5 +198,5 @@ def test_a_job_json_edit_of_an_hf_models_path_is_taken_and_said_not_refused(tmp_
     data = json.loads(jd.job_json.read_text())
     data["job"]["model"]["path"] = "/data/models/qwen-0.5b"
     jd.job_json.write_text(json.dumps(data))
-    refuse_fixed_edits(jd)
+    refuse_fixed_edits(jd, resumed=5)
     assert launch_changes(jd)[0].startswith(f"{jd.job_json} was edited since the launch (model)")
