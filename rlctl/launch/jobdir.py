@@ -681,6 +681,9 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
 # one in job.json is refused by a resume (`rlctl.ops.jobchanges.refuse_fixed_edits`), not run on the checkpoint
 # (a model's path is not: a directory moved since holds the same model, and the checkpoints carry its weights)
 FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind")
+# the model kinds whose `model.name` picks the weights' names and shapes (`BUILTIN_MODELS`, an architecture's
+# figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
+NAME_FIXES_WEIGHTS = ("builtin", "arch")
 LAUNCHED = "launched"
 
 

@@ -15,10 +15,10 @@ its plan), and a change of one of those would fail the resume late or train some
 runs the changed job. A hand-edited job.json is used, and said: it is the only way to change a setting of a job
 that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
 went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word. An edit of
-a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind) is
-refused by a resume that continues from a checkpoint (`refuse_fixed_edits`, one line with the value at the launch and
-now), since no checkpoint of the job fits it; a resume of a job that completed none starts from the beginning, which
-nothing of the launch holds back: it runs the edit, said as any other.
+a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind; not an
+HF model's name, only a label) is refused by a resume that continues from a checkpoint (`refuse_fixed_edits`, one
+line with the value at the launch and now), since no checkpoint of the job fits it; a resume of a job that completed
+none starts from the beginning, which nothing of the launch holds back: it runs the edit, said as any other.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rlctl.config.base import read_yaml
 from rlctl.config.inventory import load_inventory
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
-from rlctl.launch.jobdir import FIXED_FIELDS, LAUNCHED, JobDir, job_digests, job_field
+from rlctl.launch.jobdir import FIXED_FIELDS, LAUNCHED, NAME_FIXES_WEIGHTS, JobDir, job_digests, job_field
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
@@ -66,6 +66,8 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
     for name in FIXED_FIELDS:
         if name not in launched or launched[name] == job_field(job, name):
             continue
+        if name == "model.name" and launched.get("model.kind") not in NAME_FIXES_WEIGHTS:
+            continue  # (an HF model's label: said as any edit; another kind is refused as `model.kind`)
         was, now = launched[name], job_field(job, name)
         raise UsageError(
             f"{jobdir.job_json}: job.{name} was edited since the launch ({_shown(was)} → {_shown(now)}); a resume "

@@ -200,3 +200,28 @@ def test_a_job_json_edit_of_an_hf_models_path_is_taken_and_said_not_refused(tmp_
     jd.job_json.write_text(json.dumps(data))
     refuse_fixed_edits(jd, resumed=5)
     assert launch_changes(jd)[0].startswith(f"{jd.job_json} was edited since the launch (model)")
+
+
+def test_a_job_json_edit_of_an_hf_models_name_is_taken_but_a_builtin_models_is_refused(tmp_path: Path) -> None:
+    # an HF model's name only labels the architecture its directory holds (the checkpoints carry its weights): an
+    # edit of it was refused as 'its checkpoints hold the weights of the model it was launched with'
+    import pytest
+
+    from rlctl.config.job import JobFile
+    from rlctl.errors import UsageError
+    from rlctl.ops.jobchanges import refuse_fixed_edits
+
+    job = small_job("kt", iterations=200).model_dump(mode="json", by_alias=True)
+    builtin = JobDir.create("kt", explicit=tmp_path / "builtin")
+    builtin.write_job(JobFile.model_validate(job), source="test")
+    job["model"] = {"kind": "hf", "path": "/models/qwen-0.5b", "name": "qwen-0.5b"}
+    hf = JobDir.create("kt", explicit=tmp_path / "hf")
+    hf.write_job(JobFile.model_validate(job), source="test")
+    for jd, name in ((hf, "qwen2.5-0.5b-instruct"), (builtin, "qwen2.5-7b")):
+        data = json.loads(jd.job_json.read_text())
+        data["job"]["model"]["name"] = name
+        jd.job_json.write_text(json.dumps(data))
+    refuse_fixed_edits(hf, resumed=5)
+    assert launch_changes(hf)[0].startswith(f"{hf.job_json} was edited since the launch (model)")
+    with pytest.raises(UsageError, match=r"job\.model\.name was edited since the launch"):
+        refuse_fixed_edits(builtin, resumed=5)
