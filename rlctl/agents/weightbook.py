@@ -7,7 +7,8 @@ each inter-datacenter link (for `rlctl status`, metrics and the tests that count
     a unit (re)joining at v        ──▶ reached(…)   a version is delivered when every live unit has it
     a unit lost                    ──▶ settle(…)    (the live units left may all have it)
                                                    └─▶ seconds_to_last_unit(v)
-    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go
+    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go once no open
+                                                   version names it (a unit that pulled from it may report late)
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
 another datacenter than the unit: its bytes and one copy are added to that link `dc-a->dc-b`.
@@ -47,18 +48,28 @@ class WeightBook:
     def __init__(self, *, keep_versions: int = 8) -> None:
         self.keep_versions = keep_versions
         self.nodes: dict[str, tuple[str, str]] = {}  # weight-node address → (agent, datacenter)
+        self._gone: set[str] = set()  # the addresses of agents gone for good, kept while an open version names them
         self.versions: dict[int, VersionRecord] = {}
         self.totals: dict[str, dict[str, int]] = {}  # link → {bytes, copies}, over the whole job
 
     def node(self, address: str, *, agent: str, datacenter: str) -> None:
         if address:
             self.nodes[address] = (agent, datacenter)
+            self._gone.discard(address)  # (a new agent at a gone one's address)
 
     def forget(self, agent: str) -> None:
-        """`agent` is gone for good: its weight nodes' addresses go (a later transfer from one names no holder), so
-        that a run whose units come and go for weeks keeps those of the agents it has."""
-        for address in [a for a, (name, _) in self.nodes.items() if name == agent]:
+        """`agent` is gone for good: its weight nodes' addresses go once no open version (one not every live unit has
+        yet) names it as a unit that had it, so that a run whose units come and go for weeks keeps those of the agents
+        it has. Until then a unit that pulled such a version from it and reports after it went still has its transfer
+        booked on the link it crossed (dropped at once, its bytes were on no link)."""
+        self._gone.update(a for a, (name, _) in self.nodes.items() if name == agent)
+        self._drop_gone()
+
+    def _drop_gone(self) -> None:
+        named = {u for rec in self.versions.values() if rec.last_unit_s is None for u in rec.had_it}
+        for address in [a for a in self._gone if self.nodes[a][0] not in named]:
             del self.nodes[address]
+            self._gone.discard(address)
 
     def _record(self, version: int) -> VersionRecord:
         rec = self.versions.get(version)
@@ -66,6 +77,7 @@ class WeightBook:
             rec = self.versions[version] = VersionRecord(version)
             for v in sorted(self.versions)[: -self.keep_versions]:
                 del self.versions[v]
+            self._drop_gone()  # (a version let go names no holder any more)
         return rec
 
     def published(self, version: int, t: float) -> None:
@@ -115,6 +127,8 @@ class WeightBook:
             if rec.last_unit_s is None and rec.published_at is not None and rec.had_it and live <= rec.had_it:
                 rec.last_unit_s = t - rec.published_at
                 done.append(rec.last_unit_s)
+        if done:
+            self._drop_gone()
         return done
 
     def view(self, last: int = 4) -> list[dict[str, Any]]:

@@ -166,3 +166,17 @@ def test_the_publisher_closes_its_connection_to_a_unit_that_left_its_targets():
     pub.close()
     for lst in listeners.values():
         lst.close()
+
+
+def test_a_gone_relays_address_is_kept_while_a_version_it_had_is_open_so_a_late_transfer_from_it_crosses_its_link():
+    # r1 (dc-a) relayed v1 to r2 (dc-b) and was lost; its address went at the next metrics row, and r2's
+    # weights_applied naming it as holder, come after that, added no bytes to the dc-a->dc-b link
+    book = WeightBook()
+    book.node("w-r1", agent="r1", datacenter="dc-a")
+    book.published(1, 10.0)
+    assert book.reached("r1", 1, {"r1", "r2"}, 11.0) == []  # r2 still pulls it: v1 open
+    book.forget("r1")
+    link = book.applied("r2", datacenter="dc-b", version=1, holder="w-r1", encoding="raw", wire_bytes=100, fetch_s=0.5)
+    assert link == "dc-a->dc-b" and book.totals == {"dc-a->dc-b": {"bytes": 100, "copies": 1}}
+    assert book.reached("r2", 1, {"r2"}, 12.0) == [2.0]  # every live unit has v1: no open version names r1
+    assert "w-r1" not in book.nodes
