@@ -154,8 +154,8 @@ def test_a_resume_of_a_job_the_index_lacks_whose_id_a_live_job_has_is_refused(
         db.put("run", job_dir=str(live.path), spec={"name": "j"})
         db.update("run", state="running")
     copied = JobDir.create("j", explicit=tmp_path / "c" / "run")
-    (copied.path / "job.json").write_text("{}")
-    # (a plan of the shape a launch writes: a resume refuses one out of shape first, b44da7d)
+    # (a job.json and a plan of the shapes a launch writes: a resume refuses either out of shape first, b44da7d)
+    copied.write_job(load_job(DEMO).spec, source=str(DEMO))
     plan = {"controller_site": "local", "trainer": {"site": "local", "ranks": 1}, "rollout": []}
     (copied.path / "plan.json").write_text(json.dumps(plan))
     r = run_cli("launch", "--resume", str(copied.path))
