@@ -26,12 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rlctl.agents.core import ControllerCore
-from rlctl.agents.placement import Placement, sites_by_agent
-from rlctl.agents.unitstarts import Post, Replacement, UnitStarts, keep
-from rlctl.config.pipeline import Rebalance
-from rlctl.launch.jobdir import JobDir
-from rlctl.metrics import JobMetrics
+from rlctl.agents.placement import sites_by_agent
+from rlctl.agents.unitstarts import Replacement, UnitStarts, keep
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +58,8 @@ GAVE_UP_NAMED = 3
 class Healer(UnitStarts):
     """The Scaler's self-healing layer: lost units replaced, units not joined asked after, or stopped past the bound."""
 
-    def __init__(
-        self,
-        jobdir: JobDir,
-        cfg: Rebalance,
-        *,
-        core: ControllerCore,
-        placement: Placement,
-        metrics: JobMetrics,
-        post: Post,
-    ) -> None:
-        super().__init__(jobdir, cfg, core=core, placement=placement, metrics=metrics, post=post)
+    def _init_layer(self) -> None:
+        super()._init_layer()
         # replacements that joined, over every run of the job (restore()), less those lost before their first sample
         self.replaced = 0
         # lost units not replaced after every attempt: counted, the latest `gave_up_kept` kept by name (and why their

@@ -20,14 +20,8 @@ import logging
 import time
 from typing import Any
 
-from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import Out
 from rlctl.agents.healing import Healer
-from rlctl.agents.placement import Placement
-from rlctl.agents.unitstarts import Post
-from rlctl.config.pipeline import Rebalance
-from rlctl.launch.jobdir import JobDir
-from rlctl.metrics import JobMetrics
 from rlctl.textutil import did_you_mean
 
 log = logging.getLogger(__name__)
@@ -41,17 +35,8 @@ RESTORE_WAIT_S = 120.0
 class Scaler(Healer):
     """The controller's scaling state: units asked for, the rebalance rule's last reading, scale events."""
 
-    def __init__(
-        self,
-        jobdir: JobDir,
-        cfg: Rebalance,
-        *,
-        core: ControllerCore,
-        placement: Placement,
-        metrics: JobMetrics,
-        post: Post,
-    ) -> None:
-        super().__init__(jobdir, cfg, core=core, placement=placement, metrics=metrics, post=post)
+    def _init_layer(self) -> None:
+        super()._init_layer()
         # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
         self.restoring: dict[str, int] | None = None
         self.restored_at = 0.0

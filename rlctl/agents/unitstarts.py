@@ -109,6 +109,11 @@ class UnitStarts:
         # a unit asked for (a replacement's too) → since when its join bound counts: its start returned (`spawned`),
         # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
+        self._init_layer()
+
+    def _init_layer(self) -> None:
+        """Each layer above this one (`healing.Healer`, `scaling.Scaler`) sets its own state here, after calling its
+        base's, so that the layers share this constructor (its arguments declared and stored once)."""
 
     @property
     def scale_log(self) -> ScaleLog:
