@@ -197,7 +197,11 @@ class Runs:
         failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
         if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
             failure = f"failed: {failure}"
-        try:  # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run
+        # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run. Here,
+        # not in the run's start alone (`JobRun._prepare` checks the checkpoint its sites hold, after staging): before
+        # the failed run's remains are stopped, an `auto_resume` event written and a resume spent, and as this path's
+        # end, said with an `auto_resume_refused` event and the failure the job's, not an error out of `wait`
+        try:
             refuse_fixed_edits(self.jobdir, resumed=newest)
         except UsageError as e:
             ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"

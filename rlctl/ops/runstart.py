@@ -208,7 +208,10 @@ class RunStart(RunBase):
                 fs.close()
         if resume:
             self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
-            # a hand edit of job.json the checkpoint cannot run on (none: the run starts over, and takes it)
+            # a hand edit of job.json the checkpoint cannot run on (none: the run starts over, and takes it). The
+            # launcher refused it before (`resume_job`, `Runs._resume_after`) for the checkpoint the job's events name;
+            # only here is the one its sites hold known (events not fetched: a job the launcher's events say completed
+            # none). A refusal here comes after the summary is set aside and staging: `start` puts the job back
             refuse_fixed_edits(self.jobdir, resumed=self.resumed.version)
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]

@@ -56,8 +56,12 @@ def resume_job(
         if checkpoint is not None:
             back = rollback_to(jd, checkpoint)
         # a hand edit its checkpoint cannot run on, refused before anything starts; a job that completed none (as
-        # its events say) starts over and takes it, said as the run starts (its run refuses it where its sites hold
-        # a checkpoint its events miss: `JobRun._prepare`)
+        # its events say) starts over and takes it, said as the run starts. One of three calls, each kept: here (the
+        # checkpoint --checkpoint or the events name) it comes before a detach (whose error would go to its log, not
+        # this terminal), before --iterations is written to job.json, and before the run sets the summary aside,
+        # marks the index row `launching` and stages; an automatic resume never comes through here
+        # (`Runs._resume_after` refuses for itself); the run's (`JobRun._prepare`) refuses it where the sites hold a
+        # checkpoint the events miss (a record not fetched), the one place that checkpoint is known, after staging
         refuse_fixed_edits(jd, resumed=back if back is not None else max(completed_checkpoints(jd), default=0))
         if iterations is not None:  # a finished job given more to train is not one with nothing to resume
             named = jd.id if ref_.row is not None else str(jd.path)  # (an id the index lacks names no job)

@@ -601,3 +601,31 @@ def test_a_resume_stopped_while_it_staged_says_the_job_is_as_it_was(tmp_path: Pa
         f"the job is as it was before this resume: continue it with `rlctl launch --resume {sites.c.path}` (and the "
         "resume's --iterations / --checkpoint, where it had them)"
     )
+
+
+def test_a_resume_refuses_a_fixed_field_edit_where_its_sites_hold_a_checkpoint_its_events_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the launcher's events name no checkpoint (its controller's record not fetched), so `launch --resume` lets a seed
+    # edit pass as a job that starts over; its run finds v3 on the sites (`resume_point`) and must refuse it there
+    # (`JobRun._prepare`), the job put back as it was, versus the edited seed run on v3's iterations
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
+    digest = files_part(jd.checkpoint(3), "trainer", "{}", meta=sharded_meta(ONE_RANK))
+    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    set_latest(jd.path / "checkpoints", 3)
+    data = json.loads(jd.job_json.read_text())
+    seed = data["job"]["seed"]
+    data["job"]["seed"] = seed + 1
+    jd.job_json.write_text(json.dumps(data))
+    summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
+    jd.summary_json.write_text(summary)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    refused = r.stderr.splitlines()[-1]  # (after the edit said as the run starts: `launch_changes`)
+    assert refused.startswith(f"rlctl: error: {jd.job_json}: job.seed was edited since the launch ({seed} → "), refused
+    assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
+    assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()  # nothing started
+    assert [e["version"] for e in jd.read_events("resumed")] == []
