@@ -119,6 +119,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
+    from rlctl.errors import ConfigError, PlanError
     from rlctl.launch.siteprobe import (
         controller_cores_problems,
         controller_reach_problems,
@@ -129,9 +130,15 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         probe_site_hosts,
         unreachable,
     )
+    from rlctl.ops import counts
     from rlctl.ops.preflight import problem_lines, problems
+    from rlctl.ops.preflight.placement import partition_cores_problems
 
-    lines = problem_lines(job, problems(job))
+    try:  # the plan launch runs, made once: `problems` says why where it cannot be (and the planner's note once)
+        plan: dict[str, Any] | None = counts.plan_counts(job, job.spec)
+    except (PlanError, ConfigError):
+        plan = None
+    lines = problem_lines(job, problems(job, plan=plan))
     spec = job.spec
     roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
     for r in spec.placement.rollout:
@@ -169,6 +176,8 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                 gone.add(name)
             else:
                 lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
+    reached = [name for name in roles if name not in gone]
+    lines += problem_lines(job, partition_cores_problems(job, plan, reached=reached, timeout_s=timeout_s))
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if controller not in gone:
         lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, timeout_s=timeout_s)

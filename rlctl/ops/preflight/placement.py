@@ -1,14 +1,16 @@
 """Preflight of the plan launch runs, laid out on the sites (`placement_problems`): splits the runtime would ignore,
-SLURM jobs asking more cores than a node has, a SLURM controller that leaves its agents no room, two trainer ranks
-on one GPU, checkpoint writers on hosts that share no work root.
+SLURM jobs asking more cores than a node has (or than its partition's nodes have, sinfo's, for `check --reach`), a
+SLURM controller that leaves its agents no room, two trainer ranks on one GPU, checkpoint writers on hosts that share
+no work root.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.config.job import Job
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, LaunchError, PlanError
@@ -102,21 +104,36 @@ def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
 THREAD_FIELDS = {"trainer": "trainer.threads_per_rank", "rollout": "rollout.threads_per_unit"}
 
 
-def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+def _slurm_cores(
+    job: Job, agents: list[PlannedAgent], *, partition_cpus: Mapping[str, int] | None = None
+) -> list[Problem]:
     """An agent's SLURM job asking more cores of a node (its tasks on the node × its threads, sbatch's
     --cpus-per-task) than any node of its site has (`nodes[].cpus`): sbatch refuses it ('Requested node
     configuration is not available') once the launch has staged and started the others. Only a role's threads
-    set in the job can ask that many: its default is its GPU slots' share of the node's cores."""
+    set in the job can ask that many: its default is its GPU slots' share of the node's cores. `partition_cpus`
+    (`check --reach`'s, `partition_cores_problems`): the most CPUs a node of a site's partition has (sinfo's), compared
+    instead, for the roles whose threads the job sets, on those sites only."""
     out: list[Problem] = []
     for a in agents:
         site = job.inventory.sites[a.site]
         cores = [n.cpus for n in site.nodes]
-        if a.role not in THREAD_FIELDS or kind_of(site).slices_gpus or None in cores:
+        if a.role not in THREAD_FIELDS or kind_of(site).slices_gpus:
             continue
+        if partition_cpus is None:
+            if None in cores:
+                continue
+            most = max(c for c in cores if c is not None)
+            have, unset = f"site {a.site}'s nodes have {most} (nodes[].cpus)", "its GPU slots' share of them"
+        else:
+            if a.site not in partition_cpus or _threads_given(job, a.role) is None:
+                continue
+            assert isinstance(site.scheduler, SlurmScheduler)  # partition_cores_problems asks SLURM sites only
+            most, partition = partition_cpus[a.site], site.scheduler.partition
+            have = f"partition {partition}'s nodes (site {a.site}) have at most {most} (sinfo)"
+            unset = f"1 thread, as sites.{a.site}.nodes give no cpus"
         res = _slurm_request(job, a)
         if res is None:
             continue
-        most = max(c for c in cores if c is not None)
         n, per = res.tasks_per_node, res.cpus_per_task
         if n * per > most:
             who = "the trainer's SLURM job" if a.role == "trainer" else "a rollout unit's SLURM job"
@@ -126,11 +143,50 @@ def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
             out.append(
                 Problem(
                     THREAD_FIELDS[a.role],
-                    f"{per}: {who} {asks} (--cpus-per-task), and site {a.site}'s nodes have {most} (nodes[].cpus): "
-                    f"sbatch refuses it; at most {max(1, most // n)}, or leave it out (its GPU slots' share of them)",
+                    f"{per}: {who} {asks} (--cpus-per-task), and {have}: sbatch refuses it; at most "
+                    f"{max(1, most // n)}, or leave it out ({unset})",
                 )
             )
     return list(dict.fromkeys(out))
+
+
+def partition_cores_problems(
+    job: Job, plan: dict[str, Any] | None, *, reached: Collection[str], timeout_s: float
+) -> list[Problem]:
+    """`check --reach`'s: an agent's SLURM job asking more cores of a node (its tasks on the node × the threads the
+    job sets for its role) than any node of its site's partition has (sinfo's CPUs), on a site whose inventory
+    leaves a node's `cpus` out (`_slurm_cores` compares those; without them nothing did, and sbatch refused the
+    agent's job as the launch started). sinfo is asked only on the sites in `reached`, once each; nothing without a
+    plan or a layout (`placement_problems` says why), or where sinfo cannot be asked or says no plain figure."""
+    from rlctl.launch.slurm import SlurmBackend
+
+    if plan is None:
+        return []
+    try:
+        agents = layout(plan, job.inventory.sites, job.spec)
+    except LaunchError:
+        return []
+    cpus: dict[str, int] = {}
+    for name in sorted({a.site for a in agents if a.role in THREAD_FIELDS and _threads_given(job, a.role)}):
+        site = job.inventory.sites[name]
+        if (
+            name not in reached
+            or not isinstance(site.scheduler, SlurmScheduler)
+            or None not in [n.cpus for n in site.nodes]
+        ):
+            continue
+        try:
+            most = SlurmBackend.node_cpus(site, timeout_s=timeout_s)
+        except LaunchError:
+            continue
+        if most is not None:
+            cpus[name] = most
+    return _slurm_cores(job, agents, partition_cpus=cpus)
+
+
+def _threads_given(job: Job, role: str) -> int | None:
+    """The threads the job sets for `role`'s agents (trainer.threads_per_rank, rollout.threads_per_unit)."""
+    return {"trainer": job.spec.trainer.threads_per_rank, "rollout": job.spec.rollout.threads_per_unit}[role]
 
 
 def _slurm_request(job: Job, a: PlannedAgent) -> SlurmResources | None:

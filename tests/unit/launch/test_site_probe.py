@@ -563,6 +563,61 @@ def test_check_asks_no_sinfo_of_a_slurm_site_the_probe_could_not_reach(monkeypat
     assert asked == ["srun", "sinfo", "sinfo"]  # reached, its python missing: sinfo is asked what it says
 
 
+@pytest.mark.parametrize("down", [False, True])
+def test_check_reach_refuses_an_agent_s_threads_past_its_partition_s_cpus_from_sinfo(
+    monkeypatch: pytest.MonkeyPatch, down: bool
+) -> None:
+    """A SLURM site whose inventory gives its nodes no cpus: the threads the job set for an agent were compared with
+    no figure (placement skips the site), and `check --reach` passed a trainer asking 2 ranks × 32 cores of a node
+    of a 16-CPU partition, which sbatch refused as the launch started. sinfo's CPUs per node (`%c`) now stand in,
+    one line naming the site, partition, figures and field; a site the probe did not reach is not asked."""
+    from rlctl.commands import check
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import Job, load_job
+    from rlctl.errors import LaunchError
+    from rlctl.launch.remote import CommandResult
+    from rlctl.launch.slurm import SlurmBackend
+
+    asked: list[str] = []
+
+    class SubmitHost:  # the probe's python missing there (reached); sinfo says 16- and 8-CPU nodes
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            asked.append(command.split()[0] + (" %c" if "'%c'" in command else ""))
+            if down:
+                raise LaunchError("ssh login: cannot connect: timed out")
+            if command.startswith("srun"):
+                return CommandResult(127, "", "python: not found")
+            return CommandResult(0, "16\n8\n" if "'%c'" in command else "", "")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost()))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    spec = demo.spec.model_copy(
+        update={
+            "trainer": demo.spec.trainer.model_copy(update={"threads_per_rank": 32}),
+            "rollout": demo.spec.rollout.model_copy(update={"threads_per_unit": 16}),
+            "placement": demo.spec.placement.model_copy(
+                update={"trainer": demo.spec.placement.trainer.model_copy(update={"gpus": 2})}
+            ),
+        }
+    )
+    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
+    job = Job(spec, Inventory({"local": slurm}, [], ["x"]), demo.path)
+    lines = check.job_problem_lines(job, timeout_s=1.0)[0]
+    said = [line for line in lines if "threads_per" in line]
+    if down:
+        assert said == [] and " %c" not in " ".join(asked)
+        return
+    assert said == [
+        f"{demo.path}: trainer.threads_per_rank: 32: the trainer's SLURM job puts 2 ranks on a node and asks 32 cores "
+        "for each, 64 in all (--cpus-per-task), and partition p's nodes (site local) have at most 16 (sinfo): sbatch "
+        "refuses it; at most 8, or leave it out (1 thread, as sites.local.nodes give no cpus)"
+    ]
+    assert asked.count("sinfo %c") == 1  # the partition's CPUs asked once for both roles (16 threads a unit fit)
+
+
 def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
