@@ -30,7 +30,6 @@ Documented field by field in docs/profile-format.md.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -206,38 +205,68 @@ def refuse_empty_training(profile: ProfileFile, site: str, *, path: str) -> None
         )
 
 
-_HEAD_BYTES = 64 * 1024  # a profile's `kind` is among its first keys; a file up to this size is parsed whole
+_HEAD_BYTES = 64 * 1024  # a file of only blanks up to this size is an empty one
 _PROFILE_MAX_BYTES = 64 * 1024 * 1024  # far past any profile (sites × a few hundred entries of a few lines each)
-_KIND_LINE = re.compile(  # YAML's top-level `kind: X`, or JSON's `"kind": "X"` leading a line
-    r"""^(?:kind:[ \t]*['"]?([^'"\s#]*)|[ \t]*\{?[ \t]*"kind"[ \t]*:[ \t]*"([^"]*)")""", re.MULTILINE
-)
+_YAML_EVENTS = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where built with it: a profile's MiB quickly
 
 
-def _kind_of_head(path: Path) -> tuple[bool, str | None]:
-    """(whether the file holds nothing but blanks, its top-level `kind`), read from at most its first `_HEAD_BYTES`:
-    `-o` naming a dataset of gigabytes read and parsed it whole to find it no profile. A file up to that size is
-    parsed as YAML (JSON too); past it, its head's top-level `kind:` line (YAML) or `"kind": "…"` key (JSON) says."""
+def _kind_of_file(path: Path) -> tuple[bool, str | None]:
+    """(whether the file holds nothing but blanks, its top-level `kind` where the whole file is one YAML or JSON
+    document whose root is a mapping with one `kind` key, else None). The file is streamed through the YAML
+    parser's events, never held whole (`-o` naming a dataset of gigabytes read and parsed it whole), and the
+    parse stops at what shows it no profile: a dataset's bytes that are no YAML, or its second JSON line. (Past
+    64 KiB its head's first `kind` line said, and a JSON-lines dataset whose first row began `{"kind": "Profile"`
+    was written over.)"""
     try:
         with path.open("rb") as f:
             head = f.read(_HEAD_BYTES + 1)
-        whole = len(head) <= _HEAD_BYTES
-        text = head.decode("utf-8") if whole else head[:_HEAD_BYTES].decode("utf-8", errors="ignore")
-        if whole:
-            data = yaml.safe_load(text) if text.strip() else None
-            kind = data.get("kind") if isinstance(data, dict) else None
-            return not text.strip(), kind if isinstance(kind, str) else None
-    except (OSError, ValueError, yaml.YAMLError):  # unreadable, no UTF-8, no YAML: no profile rlctl wrote either
+        if len(head) <= _HEAD_BYTES and not head.strip():
+            return True, None
+        with path.open(encoding="utf-8") as text:  # strict: a file that is no UTF-8 is no profile rlctl wrote
+            return False, _top_level_kind(yaml.parse(text, Loader=_YAML_EVENTS))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):  # unreadable, no UTF-8, no YAML: no profile
         return False, None
-    found = _KIND_LINE.search(text)
-    return False, (found.group(1) or found.group(2)) if found else None
+
+
+def _top_level_kind(events: Iterable[yaml.Event]) -> str | None:
+    """The string of the root mapping's `kind` key, read from the parser's `events` to the stream's end; None for
+    a stream of other than one document, a root that is no mapping, or a `kind` missing, given twice or no
+    string."""
+    docs, depth, key_turn, key = 0, 0, True, None
+    kinds: list[str | None] = []
+    for ev in events:
+        if isinstance(ev, yaml.DocumentStartEvent):
+            docs += 1
+            if docs > 1:
+                return None
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            if depth == 0 and not isinstance(ev, yaml.MappingStartEvent):
+                return None
+            if depth == 1 and not key_turn and key == "kind":
+                kinds.append(None)  # a collection as its value
+            depth += 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+            if depth == 1:  # a key or value of the root mapping ended
+                key_turn, key = not key_turn, None if key_turn else key
+        elif isinstance(ev, yaml.NodeEvent) and depth == 0:  # a scalar (or alias) root
+            return None
+        elif isinstance(ev, yaml.NodeEvent) and depth == 1:
+            value = ev.value if isinstance(ev, yaml.ScalarEvent) else None
+            if key_turn:
+                key = value
+            elif key == "kind":
+                kinds.append(value)
+            key_turn = not key_turn
+    return kinds[0] if len(kinds) == 1 else None
 
 
 def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
     """UsageError, one line, when `path` is a file that holds something other than a profile (a job file, an
     inventory, a dataset): the profile written there replaced it, and the user's file was lost (`rlctl profile ...
     -o jobs/demo.yaml` wrote over the job). An empty file, or an earlier profile (`kind: Profile`), is written over;
-    a directory or a path not there is `save_profile`'s to say or make. Only the file's head is read (`_kind_of_head`),
-    and a file larger than any profile is refused unread."""
+    a directory or a path not there is `save_profile`'s to say or make. The file is streamed, never held whole
+    (`_kind_of_file`), and a file larger than any profile is refused unread."""
     if not path.is_file():
         return
     try:
@@ -247,7 +276,7 @@ def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
     if size > _PROFILE_MAX_BYTES:
         what = f"a file of {size} bytes, larger than any profile"
     else:
-        blank, kind = _kind_of_head(path)
+        blank, kind = _kind_of_file(path)
         if blank or kind == "Profile":
             return
         what = f"a file of kind {kind!r}" if kind else "a file that is no profile"

@@ -1,4 +1,5 @@
-"""`rlctl profile -o FILE` decides whether FILE is a profile from its head only (refuse_overwriting)."""
+"""`rlctl profile -o FILE` decides whether FILE is a profile by streaming it, never holding it whole
+(refuse_overwriting)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,27 @@ def test_a_profile_past_the_head_s_size_is_written_over_and_another_kind_is_name
                 refuse_overwriting(path)
         else:
             refuse_overwriting(path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".yaml"])
+def test_a_dataset_past_64_kib_whose_first_row_reads_as_a_profile_is_not_written_over(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Past 64 KiB the head's first `kind` line said: a JSON-lines dataset whose first row began
+    `{"kind": "Profile"` (or a YAML stream whose first document was a profile) was taken for a profile and
+    replaced. The whole file must be one document of a profile's shape."""
+    row = {"kind": "Profile", "prompt": "x" * 100, "answer": "7"}
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        text = "".join(json.dumps(row) + "\n" for _ in range(1000))
+    else:
+        rows = [dict(row, answer=str(i)) for i in range(1000)]
+        text = _yaml({"apiVersion": "rlctl/v1", "kind": "Profile", "sites": {"a": {}}}) + "---\n" + _yaml(rows)
+    path.write_text(text)
+    assert path.stat().st_size > 64 * 1024
+    with pytest.raises(UsageError, match="holds a file that is no profile"):
+        refuse_overwriting(path)
+    assert path.read_text() == text
 
 
 def _yaml(data: object) -> str:
