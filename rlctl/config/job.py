@@ -124,6 +124,15 @@ def _home_expanded(spec: JobFile) -> JobFile:
     return spec.model_copy(update={"task": task, "evaluation": evaluation})
 
 
+def _relative(written: str, *, short: bool = False) -> str:
+    """What a line about a path the job file names adds of where it was looked for: the job file's folder for a
+    path written relative (said), nothing for an absolute one or `~/…`, read as written (the note was said of them
+    too)."""
+    if os.path.isabs(os.path.expanduser(written)):
+        return ""
+    return " (relative to the job file)" if short else " (paths are relative to the job file)"
+
+
 def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     """The job file at `path`, validated, with the inventories it names; its paths resolved against it.
     `profile_must_exist=False`: a `planning.profile` not written yet is resolved but not refused (`rlctl profile` is
@@ -136,16 +145,15 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
         try:
             p.stat()
         except (FileNotFoundError, NotADirectoryError) as e:
-            raise ConfigError(
-                str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)"
-            ) from e
+            missing = f"no such file {str(p)!r}{_relative(spec.inventory[i])}"
+            raise ConfigError(str(path), f"inventory[{i}]", missing) from e
         except OSError as e:  # e.g. a directory on the way this user may not enter
             raise ConfigError(str(path), f"inventory[{i}]", f"cannot read {str(p)!r}: {e.strerror or e}") from e
         if p.is_dir():  # read_yaml would name the directory alone ('' is the job file's own: 'jobs: is a directory')
             raise ConfigError(
                 str(path),
                 f"inventory[{i}]",
-                f"{str(p)!r} is a directory; give an inventory file (relative to the job file)",
+                f"{str(p)!r} is a directory; give an inventory file" + _relative(spec.inventory[i], short=True),
             )
         # else each of its sites was said to be defined twice, in that one file (or the file 'given twice', by a link)
         if (same := next((j for j, q in enumerate(inv_paths[:i]) if q.resolve() == p.resolve()), None)) is not None:
@@ -176,7 +184,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             raise ConfigError(
                 str(path),
                 "planning.profile",
-                f"{why} {str(where)!r} (paths are relative to the job file)",
+                f"{why} {str(where)!r}{_relative(profile)}",
                 hint=f"write it with `rlctl profile --job {shlex.quote(str(path))} -o {shlex.quote(str(where))}`",
             )
         spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})

@@ -310,7 +310,8 @@ def prepare_dataset(
 
     if not data_path.is_file():
         field = "evaluation.path" if heldout else "task.path"
-        raise ConfigError(str(data_path), None, f"no such file ({field} is relative to the job file)")
+        read = " is relative to the job file" if not os.path.isabs(cfg.path) else ""  # an absolute one: as written
+        raise ConfigError(str(data_path), None, f"no such file ({field}{read})")
     refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)
     kept = _kept.pop(str(data_path), None)

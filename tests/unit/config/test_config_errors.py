@@ -847,6 +847,37 @@ def test_a_job_s_inventory_entry_linked_to_another_entry_s_file_names_the_job_s_
     )
 
 
+@pytest.mark.parametrize("absolute", [False, True])
+def test_a_missing_path_of_the_job_s_is_said_relative_to_the_job_file_only_where_written_relative(
+    tmp_path: Path, absolute: bool
+) -> None:
+    """'(paths are relative to the job file)' was said of an inventory file, an inventory directory and a
+    planning.profile the job named by an absolute path too, which is read as written."""
+    from rlctl.errors import ConfigError
+
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "d").mkdir()
+    job = tmp_path / "job.yaml"
+
+    def said(written: str, *, field: str = "inventory") -> str:
+        given = str(tmp_path / written) if absolute else written
+        if field == "inventory":
+            job.write_text(JOB.replace("[inv.yaml]", f"[{given}]"))
+        else:
+            job.write_text(JOB + f"planning: {{profile: {given}}}\n")
+        with pytest.raises(ConfigError) as e:
+            load_job(job)
+        return str(e.value)
+
+    note = "" if absolute else " (paths are relative to the job file)"
+    assert said("gone.yaml") == f"{job}: inventory[0]: no such file '{tmp_path / 'gone.yaml'}'{note}"
+    short = "" if absolute else " (relative to the job file)"
+    assert said("d") == f"{job}: inventory[0]: '{tmp_path / 'd'}' is a directory; give an inventory file{short}"
+    assert (
+        said("gone.yaml", field="profile") == f"{job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}'{note}"
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
     files = materialise(case, tmp_path)

@@ -135,6 +135,25 @@ def test_a_missing_file_names_the_field_that_named_it(tmp_path: Path, tok: HFTok
         prepare_dataset(task(), data_path=gone, tokenizer=tok, out_dir=tmp_path / "d")
 
 
+def test_a_missing_file_named_by_an_absolute_path_is_not_said_relative_to_the_job_file(
+    tmp_path: Path, tok: HFTokenizer
+) -> None:
+    """'(task.path is relative to the job file)' was said of a task.path or evaluation.path written absolute too,
+    which is read as written; a relative one still says it."""
+    gone = tmp_path / "held.jsonl"
+    for heldout, field in ((True, "evaluation.path"), (False, "task.path")):
+        with pytest.raises(ConfigError) as e:
+            prepare_dataset(
+                task(path=str(gone)), data_path=gone, tokenizer=tok, out_dir=tmp_path / "h", heldout=heldout
+            )
+        assert str(e.value) == f"{gone}: no such file ({field})"
+        with pytest.raises(ConfigError) as e:
+            prepare_dataset(
+                task(path="held.jsonl"), data_path=gone, tokenizer=tok, out_dir=tmp_path / "h", heldout=heldout
+            )
+        assert str(e.value) == f"{gone}: no such file ({field} is relative to the job file)"
+
+
 def test_string_prompts_as_is_or_through_the_template(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": 3}])
     plain = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "a")
