@@ -16,6 +16,7 @@ import base64
 import contextlib
 import io
 import logging
+import math
 import os
 import shlex
 import signal
@@ -270,6 +271,26 @@ def _rename(sftp: Any, src: str, dst: str) -> None:
         sftp.rename(src, dst)
 
 
+REMOTE_LAG_S = 2.0  # how long after ours the host's own deadline for a command comes
+
+
+def host_deadline(script: str, timeout_s: float) -> str:
+    """`script` (bash) as one command line the host ends by itself `REMOTE_LAG_S` past `timeout_s`: coreutils
+    `timeout` sends SIGTERM to its process group (srun cancels its step), SIGKILL after `END_GRACE_S`. Our
+    deadline only closes the channel, and sshd signals nothing on that (no pty): a hung `sha256sum` or `srun` ran
+    on. The host's comes later, so that ours is the one met (`CommandTimeout`, not an exit 124 result); what the
+    command started in a session of its own (an agent) is not in the group and runs on.
+
+        timeout -k G S bash ─ (trap TERM: outlive G) ─ bash -c SCRIPT ─ its children (one group)
+
+    `timeout` sends its SIGKILL only while its own child lives, so that child (a bash waiting on the script's)
+    traps the SIGTERM and sleeps past the grace: else a member that ignores SIGTERM (`trap '' TERM`) ran on, as
+    `timeout` left once the script's bash died of the SIGTERM."""
+    grace_s, deadline_s = math.ceil(END_GRACE_S), max(1, math.ceil(timeout_s + REMOTE_LAG_S))  # (0: none)
+    waiter = f"trap 'sleep {grace_s + 1}; exit 143' TERM\nbash -c {shlex.quote(script)} <&0 &\nwait $!"
+    return f"timeout -k {grace_s} {deadline_s} {in_bash(waiter)}"
+
+
 class SshRunner:
     """Runs shell commands on one SSH host over one connection, opened on first use (each after `setup` lines)."""
 
@@ -291,7 +312,7 @@ class SshRunner:
     ) -> CommandResult:
         """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin (`stdin`,
         else nothing) stays open until the event is set, or the command ends, then ends (a server told to stop, a
-        fetch killed by its watcher). `timeout_s` None: no deadline."""
+        fetch killed by its watcher). `timeout_s` None: no deadline, here or on the host (`host_deadline`)."""
         from invoke.exceptions import CommandTimedOut, ThreadException
 
         if self._conn is None:
@@ -302,10 +323,15 @@ class SshRunner:
             in_stream = _HeldInput(hold_stdin, stdin or "")
         elif stdin is not None:
             in_stream = _ChunkedInput(stdin)
+        script = prefix + setup_first(self.setup, command)
+        line = command  # (a command of its own reaches the login shell as it is: any shell runs a plain command line)
+        if timeout_s is not None:
+            line = host_deadline(script, timeout_s)
+        elif prefix or self.setup:
+            line = in_bash(script)
         try:
             res = self._conn.run(
-                # (a command of its own reaches the login shell as it is: any shell runs a plain command line)
-                in_bash(prefix + setup_first(self.setup, command)) if prefix or self.setup else command,
+                line,
                 hide=True,
                 warn=True,
                 timeout=timeout_s,

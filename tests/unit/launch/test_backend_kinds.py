@@ -208,7 +208,7 @@ def test_an_ssh_command_after_setup_lines_is_one_bash_c_line_any_login_shell_rea
     runner._conn = said  # type: ignore[assignment]
     runner.run('echo "$X" $Y; cat', timeout_s=5, stdin="in\n")
     (line,) = said.lines
-    quoted = re.fullmatch(r"bash -c '([^'\\\n]*)'", line)
+    quoted = re.fullmatch(r"timeout -k \d+ \d+ bash -c '([^'\\\n]*)'", line)  # (the host's own deadline first)
     assert quoted is not None, line  # one single-quoted word: no newline, quote or backslash a tcsh/fish reads
     # what bash then runs: the setup lines (to stderr), then the command, with its env and stdin
     done = subprocess.run(["sh", "-c", line], input="in\n", capture_output=True, text=True, check=True)

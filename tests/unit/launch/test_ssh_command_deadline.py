@@ -1,0 +1,96 @@
+"""An SSH command's deadline holds on the host too: the line SshRunner hands sshd ends itself there (coreutils
+`timeout`), as closing the channel at our deadline signals nothing to a command run without a pty. The line is run
+here with `sh` in a session of its own, as sshd runs it, and its channel closed as ours is."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlctl.launch import remote
+from rlctl.launch.remote import SshRunner, SshTarget
+
+
+class _Said:
+    """The fabric Connection of an SshRunner: keeps the command line sshd would hand the login shell."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def run(self, line: str, **_: Any) -> Any:
+        self.lines.append(line)
+        return type("Result", (), {"exited": 0, "stdout": "", "stderr": ""})()
+
+    def close(self) -> None:
+        pass
+
+
+def _line(command: str, *, timeout_s: float | None, setup: list[str] | None = None) -> str:
+    """The command line SshRunner hands sshd for `command`."""
+    runner = SshRunner(SshTarget("login1"), setup=setup)
+    said = _Said()
+    runner._conn = said  # type: ignore[assignment]
+    runner.run(command, timeout_s=timeout_s)
+    (line,) = said.lines
+    return line
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie no reaper has collected yet is not running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sleep 60 & echo $!; wait",  # a child the command waits on (srun after a site's setup lines)
+        "(trap '' TERM; exec sleep 60) & echo $!; wait",  # one that ignores SIGTERM: SIGKILL after the grace
+    ],
+)
+def test_a_timed_out_ssh_command_ends_on_the_host_too(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "REMOTE_LAG_S", 0.0, raising=False)  # (raising: the old code had none)
+    monkeypatch.setattr(remote, "END_GRACE_S", 0.3)
+    line = _line(command, timeout_s=0.5)
+    host = subprocess.Popen(
+        ["sh", "-c", line], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert host.stdout is not None
+    pid = int(host.stdout.readline())
+    host.stdout.close()  # our deadline: the channel closed, the command not signalled (sshd, no pty)
+    deadline = time.monotonic() + 8.0  # its own deadline (1 s), then the grace (1 s) before SIGKILL
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survived = _alive(pid)
+    if survived:  # (the old code's survivor, not left running past the test)
+        remote.os.kill(pid, 9)
+    host.wait(10)
+    assert not survived
+
+
+def test_the_hosts_deadline_comes_after_ours() -> None:
+    # the host ending the command first would make it an exit 124 result, not the CommandTimeout a probe reads
+    match = re.match(r"timeout -k (\d+) (\d+) bash -c '", _line("sha256sum big", timeout_s=30))
+    assert match is not None
+    assert int(match[2]) > 30 and int(match[1]) >= remote.END_GRACE_S
+
+
+def test_a_bounded_command_keeps_its_stdin_output_and_exit_code() -> None:
+    line = _line("cat; echo err >&2; exit 3", timeout_s=10)
+    done = subprocess.run(["sh", "-c", line], input="in\n", capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "in\n", "err\n")
+
+
+@pytest.mark.parametrize("setup", [None, ["true"]])
+def test_a_command_with_no_deadline_is_not_bounded(setup: list[str] | None) -> None:
+    # a server or a watcher that lives until told to stop (timeout_s None) has no deadline on the host either
+    line = _line("cat", timeout_s=None, setup=setup)
+    assert line == ("cat" if setup is None else remote.in_bash(remote.setup_first(setup, "cat")))
