@@ -222,13 +222,19 @@ END_GRACE_S = 3.0  # after SIGTERM, how long a timed-out command's group has to 
 
 
 def _end_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """End the process group `proc` leads: SIGTERM (srun then cancels its step: a SIGKILLed srun leaves it queued),
-    SIGKILL after `END_GRACE_S`. What it printed, before its deadline and as it ended. A process that left the
-    group (its own session) and holds its output open is not waited for past a second grace."""
+    """End the process group `proc` leads, and what holds its stdout or stderr open from outside the group (a
+    `setsid` child: its own session): SIGTERM (srun then cancels its step: a SIGKILLed srun leaves it queued),
+    SIGKILL after `END_GRACE_S`. What it printed, before its deadline and as it ended. What left the group and
+    holds neither (an agent started detached, its output to its log) was meant to outlive the command and runs on;
+    one holding it that this user cannot signal is not waited for past a second grace."""
     out, err = "", ""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        holders = _output_holders(proc)
         with contextlib.suppress(ProcessLookupError):  # every member gone already
             os.killpg(proc.pid, sig)
+        for pid in holders:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         try:
             more_out, more_err = proc.communicate(timeout=END_GRACE_S)
         except subprocess.TimeoutExpired as e:  # (`communicate` keeps what it read: the next call returns it too)
@@ -240,6 +246,36 @@ def _end_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
             stream.close()
     proc.wait()
     return out, err
+
+
+def _output_holders(proc: subprocess.Popen[str]) -> list[int]:
+    """The processes holding the write end of `proc`'s stdout or stderr pipe (one `communicate` has not read to
+    its end), found by the pipe in /proc/PID/fd: by what it holds, not by ancestry, which ends where a parent
+    exited (a `setsid cmd &` whose shell was gone). Not this process (the read ends)."""
+    pipes = {f"pipe:[{os.fstat(s.fileno()).st_ino}]" for s in (proc.stdout, proc.stderr) if s and not s.closed}
+    holders = []
+    for pid in os.listdir("/proc") if pipes else []:
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if any(_writes_to(pipes, f"/proc/{pid}", fd) for fd in fds):
+            holders.append(int(pid))
+    return holders
+
+
+def _writes_to(pipes: set[str], proc_dir: str, fd: str) -> bool:
+    """Descriptor `fd` of the process at `proc_dir` is one of `pipes`, open for writing (`flags:` is octal)."""
+    try:
+        if os.readlink(f"{proc_dir}/fd/{fd}") not in pipes:
+            return False
+        with open(f"{proc_dir}/fdinfo/{fd}") as f:
+            flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+    except OSError:  # closed meanwhile
+        return False
+    return flags & os.O_ACCMODE != os.O_RDONLY
 
 
 def _text(out: bytes | str | None) -> str:

@@ -58,3 +58,34 @@ def test_a_timeout_keeps_the_partial_output_of_both_streams() -> None:
 def test_a_command_within_its_deadline_is_its_result() -> None:
     res = LocalRunner().run("cat; echo err >&2; exit 3", timeout_s=10.0, stdin="in\n")
     assert (res.exit_code, res.stdout, res.stderr) == (3, "in\n", "err\n")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "setsid sleep 60 & echo $!; wait",  # a child in a session of its own, holding the command's stdout
+        "setsid sleep 60 & echo $!",  # the same, its parent gone: ancestry in /proc no longer leads to it
+        "setsid bash -c 'trap \"\" TERM; exec sleep 60' >&2 & echo $!; wait",  # stderr, SIGKILL after the grace
+    ],
+)
+def test_a_timeout_ends_what_left_the_group_holding_the_output(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "END_GRACE_S", 0.3)
+    with pytest.raises(CommandTimeout) as got:
+        LocalRunner().run(command, timeout_s=1.0)
+    pids = [int(p) for p in got.value.stdout.split()]
+    assert pids
+    survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
+    for p in survivors:  # (the old code's survivors, not left running past the test)
+        remote.os.kill(p, 9)
+    assert survivors == []
+
+
+def test_a_timeout_leaves_what_was_started_detached_running() -> None:
+    # its own session and its output elsewhere (an agent and its log): meant to outlive the command that started it
+    with pytest.raises(CommandTimeout) as got:
+        LocalRunner().run("setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!; sleep 60", timeout_s=1.0)
+    (pid,) = [int(p) for p in got.value.stdout.split()]
+    try:
+        assert _alive(pid)
+    finally:
+        remote.os.kill(pid, 9)
