@@ -67,8 +67,9 @@ LITTER = re.compile(r"\.DS_Store|\._.+|Thumbs\.db|desktop\.ini|\.nfs[0-9A-Fa-f]+
 NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
 # what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
 JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
-# what a job's run writes (appends to) in its job dir, besides JOB_RECORD: in a directory no launch prepared (no secret,
-# `JobDir.secret`, the first thing `prepare` writes) one by these names is the user's, which the job would append to
+# what a job's run writes (appends to) in its job dir, besides JOB_RECORD: in a directory no launch made (no secret,
+# `JobDir.secret`, the first thing a launch writes there, before its index row: `launchdir.reserved`) one by these
+# names is the user's, which the job would append to
 RUN_RECORD = (
     "controller.json",
     "events.jsonl",
@@ -648,7 +649,7 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None 
             hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",
         )
     theirs = [] if os.path.lexists(path / "secret") else [n for n in RUN_RECORD if os.path.lexists(path / n)]
-    if theirs:  # (a launch stopped or failed while it prepared left its secret: its events are rlctl's)
+    if theirs:  # (a launch stopped or failed before or while it prepared left its secret: its events are rlctl's)
         raise UsageError(
             f"{named_by}: {path} holds {', '.join(theirs)}, which rlctl did not write (no launch prepared a job "
             "there); a launch appends its record to files by these names",

@@ -36,7 +36,11 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
 
 def reserved(jd: JobDir, spec: JobFile, *, source: str | None = None) -> JobDir:
     """`jd`, with its id and its row in the index, `launching`, this process its launcher (`JobDB.reserve`), and the
-    job file `source` where given (what `status` says to launch anew)."""
+    job file `source` where given (what `status` says to launch anew). Its secret is written first, the launch's claim
+    on the directory: from the row on, `rlctl stop` finds the job and writes its request in events.jsonl, and a
+    launch that ended before `prepare` wrote the secret (Ctrl-C, an error) left a directory whose events.jsonl a
+    relaunch refused as the user's (`refuse_taken`)."""
+    jd.secret()
     with contextlib.closing(JobDB()) as db:
         db.reserve(
             jd.path,
