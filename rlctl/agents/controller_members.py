@@ -68,7 +68,8 @@ class Membership(WeightBookkeeping):
         if h.role != "trainer" and (cost := self.placement.decode_cost(name)) is not None:
             self.core.unit_costs[name] = cost  # migration splits a unit's running work only where it pays
         for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
-            self.book.node(address, agent=name if h.role != "trainer" else f"trainer-{i}", datacenter=dc)
+            trainer = h.role == "trainer"
+            self.book.node(address, agent=f"trainer-{i}" if trainer else name, datacenter=dc, root=trainer)
         self.jobdir.event(
             "agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid, datacenter=dc, weights=h.weights
         )

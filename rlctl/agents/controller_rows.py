@@ -47,13 +47,15 @@ class Rows(Checkpoints):
         self._refit_ranker(row, *generated)
         self.rows.add(row)
         self.jobdir.append(self.jobdir.metrics, row)
+        # the version published before the agents gone leave the weight book: a trainer rank's root gone held it, and
+        # a unit that pulled it from that root may report after this row (`WeightBook.forget`)
+        self.book.published(t.version, time.monotonic())
         self._prune()
         self.tracker.log(t.iteration, row_to_metrics(row))
         if t.checkpointing:
             self._checkpoint_due(t.version)
         self._send(outs)
         iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration], self.rows)
-        self.book.published(t.version, time.monotonic())
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 
     def _prune(self) -> None:

@@ -7,8 +7,10 @@ each inter-datacenter link (for `rlctl status`, metrics and the tests that count
     a unit (re)joining at v        ──▶ reached(…)   a version is delivered when every live unit has it
     a unit lost                    ──▶ settle(…)    (the live units left may all have it)
                                                    └─▶ seconds_to_last_unit(v)
-    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go once no open
-                                                   version names it (a unit that pulled from it may report late)
+    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go once the open
+                                                   versions it held then (a unit's: those it had; a trainer
+                                                   rank's root: every one) are delivered or let go (a unit
+                                                   that pulled from it may report late)
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
 another datacenter than the unit: its bytes and one copy are added to that link `dc-a->dc-b`.
@@ -48,28 +50,46 @@ class WeightBook:
     def __init__(self, *, keep_versions: int = 8) -> None:
         self.keep_versions = keep_versions
         self.nodes: dict[str, tuple[str, str]] = {}  # weight-node address → (agent, datacenter)
-        self._gone: set[str] = set()  # the addresses of agents gone for good, kept while an open version names them
+        self._roots: set[str] = set()  # the trainer ranks' roots among `nodes`: each held every version published
+        # the addresses of agents gone for good → the open versions each held as it went: kept while one is open
+        self._gone: dict[str, set[int]] = {}
         self.versions: dict[int, VersionRecord] = {}
         self.totals: dict[str, dict[str, int]] = {}  # link → {bytes, copies}, over the whole job
 
-    def node(self, address: str, *, agent: str, datacenter: str) -> None:
+    def node(self, address: str, *, agent: str, datacenter: str, root: bool = False) -> None:
+        """`agent`'s weight node at `address`: a rollout unit's, or (`root`) a trainer rank's root, which holds every
+        version the trainer published."""
         if address:
             self.nodes[address] = (agent, datacenter)
-            self._gone.discard(address)  # (a new agent at a gone one's address)
+            self._gone.pop(address, None)  # (a new agent at a gone one's address)
+            if root:
+                self._roots.add(address)
+            else:
+                self._roots.discard(address)
 
     def forget(self, agent: str) -> None:
-        """`agent` is gone for good: its weight nodes' addresses go once no open version (one not every live unit has
-        yet) names it as a unit that had it, so that a run whose units come and go for weeks keeps those of the agents
-        it has. Until then a unit that pulled such a version from it and reports after it went still has its transfer
-        booked on the link it crossed (dropped at once, its bytes were on no link)."""
-        self._gone.update(a for a, (name, _) in self.nodes.items() if name == agent)
+        """`agent` is gone for good: its weight nodes' addresses go once every version it held as it went that was
+        open (one not every live unit has yet) is delivered or let go (`keep_versions`), so that a run whose units
+        come and go for weeks keeps those of the agents it has, each gone one for at most `keep_versions` versions.
+        Until then a unit that pulled such a version from it and reports after it went still has its transfer booked
+        on the link it crossed (dropped at once, its bytes were on no link). A unit held the versions it had; a
+        trainer rank's root, every one (its address went at once: no version's `had_it` names a trainer rank)."""
+        open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
+        for address in [a for a, (name, _) in self.nodes.items() if name == agent]:
+            held = (
+                open_versions
+                if address in self._roots
+                else {v for v in open_versions if agent in self.versions[v].had_it}
+            )
+            self._gone[address] = set(held)
         self._drop_gone()
 
     def _drop_gone(self) -> None:
-        named = {u for rec in self.versions.values() if rec.last_unit_s is None for u in rec.had_it}
-        for address in [a for a in self._gone if self.nodes[a][0] not in named]:
+        open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
+        for address in [a for a, held in self._gone.items() if not held & open_versions]:
             del self.nodes[address]
-            self._gone.discard(address)
+            del self._gone[address]
+            self._roots.discard(address)
 
     def _record(self, version: int) -> VersionRecord:
         rec = self.versions.get(version)
@@ -77,7 +97,7 @@ class WeightBook:
             rec = self.versions[version] = VersionRecord(version)
             for v in sorted(self.versions)[: -self.keep_versions]:
                 del self.versions[v]
-            self._drop_gone()  # (a version let go names no holder any more)
+            self._drop_gone()  # (a version let go is no longer open)
         return rec
 
     def published(self, version: int, t: float) -> None:

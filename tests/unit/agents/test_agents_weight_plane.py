@@ -180,3 +180,26 @@ def test_a_gone_relays_address_is_kept_while_a_version_it_had_is_open_so_a_late_
     assert link == "dc-a->dc-b" and book.totals == {"dc-a->dc-b": {"bytes": 100, "copies": 1}}
     assert book.reached("r2", 1, {"r2"}, 12.0) == [2.0]  # every live unit has v1: no open version names r1
     assert "w-r1" not in book.nodes
+
+
+def test_a_gone_trainer_ranks_address_is_kept_while_a_version_it_published_is_open_then_goes():
+    # trainer-0 (dc-a) published v1, r2 (dc-b) pulled it from its root, and trainer-0 went before r2 reported: its
+    # address went at once (no version's had_it names a trainer rank), and r2's weights_applied naming it added no
+    # bytes to the dc-a->dc-b link
+    book = WeightBook(keep_versions=2)
+    book.node("w-t0", agent="trainer-0", datacenter="dc-a", root=True)
+    book.node("w-r2", agent="r2", datacenter="dc-b")
+    book.published(1, 10.0)
+    book.forget("trainer-0")
+    link = book.applied("r2", datacenter="dc-b", version=1, holder="w-t0", encoding="raw", wire_bytes=100, fetch_s=0.5)
+    assert link == "dc-a->dc-b" and book.totals == {"dc-a->dc-b": {"bytes": 100, "copies": 1}}
+    assert book.reached("r2", 1, {"r2"}, 12.0) == [2.0]  # every live unit has v1: the root held no open version
+    assert "w-t0" not in book.nodes and "w-r2" in book.nodes
+    # bounded: one that held a version no unit ever reports goes once the book lets that version go
+    book.node("w-t1", agent="trainer-1", datacenter="dc-a", root=True)
+    book.published(2, 20.0)
+    book.forget("trainer-1")
+    book.published(3, 30.0)  # a new trainer's versions: v2 is open still, and the book keeps it (2 versions)
+    assert "w-t1" in book.nodes
+    book.published(4, 40.0)  # v2 let go
+    assert "w-t1" not in book.nodes and sorted(book.versions) == [3, 4]
