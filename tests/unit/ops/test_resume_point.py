@@ -603,29 +603,39 @@ def test_a_resume_stopped_while_it_staged_says_the_job_is_as_it_was(tmp_path: Pa
     )
 
 
-def test_a_resume_refuses_a_fixed_field_edit_where_its_sites_hold_a_checkpoint_its_events_miss(
+def test_a_resume_refuses_a_fixed_field_edit_where_its_site_holds_a_checkpoint_its_events_miss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the launcher's events name no checkpoint (its controller's record not fetched), so `launch --resume` lets a seed
-    # edit pass as a job that starts over; its run finds v3 on the sites (`resume_point`) and must refuse it there
-    # (`JobRun._prepare`), the job put back as it was, versus the edited seed run on v3's iterations
+    """job.json's seed edited (0 → 7) of a job whose events name no checkpoint (its controller killed before it said
+    v3) while its site holds v3 whole: the resume's first check takes it for a job that starts over, and `_prepare`,
+    which picks v3 from the site, refuses the edit in one line; the job is left as it was (its summary, its index
+    row, no `resumed` event, no agent started), as any resume refused before its first agent."""
+    from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.runstate import resumes
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = prepared(tmp_path)
-    digest = files_part(jd.checkpoint(3), "trainer", "{}", meta=sharded_meta(ONE_RANK))
-    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    digest = files_part(jd.checkpoint(3), "trainer", json.dumps({"weights": 3}), meta=sharded_meta(ONE_RANK))
+    files_part(jd.checkpoint(3), "controller", json.dumps({"iteration": 3}), meta={"trainer_digest": digest})
     set_latest(jd.path / "checkpoints", 3)
-    data = json.loads(jd.job_json.read_text())
-    seed = data["job"]["seed"]
-    data["job"]["seed"] = seed + 1
-    jd.job_json.write_text(json.dumps(data))
     summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
     jd.summary_json.write_text(summary)
-    r = run_cli("launch", "--resume", str(jd.path))
+    db = JobDB()
+    db.put(jd.id, job_dir=str(jd.path), spec={"name": "resume"}, state="failed", info={"source": "jobs/resume.yaml"})
+    before = db.get(jd.id)
+    db.close()
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["seed"] = 7
+    jd.job_json.write_text(json.dumps(data))
+    r = run_cli("launch", "--resume", jd.id)
     assert r.exit_code == 2, r.stderr
-    refused = r.stderr.splitlines()[-1]  # (after the edit said as the run starts: `launch_changes`)
-    assert refused.startswith(f"rlctl: error: {jd.job_json}: job.seed was edited since the launch ({seed} → "), refused
+    error = r.stderr.splitlines()[-1]
+    assert error.startswith(f"rlctl: error: {jd.job_json}: job.seed was edited since the launch (0 → 7); "), error
     assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
-    assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()  # nothing started
-    assert [e["version"] for e in jd.read_events("resumed")] == []
+    db = JobDB()
+    after = db.get(jd.id)
+    db.close()
+    assert (after.state, after.info) == (before.state, before.info)
+    assert resumes(jd.read_events()) == [] and not jd.read_events("resumed", "agent_started")
+    assert json.loads(jd.job_json.read_text())["job"]["seed"] == 7  # the edit kept, for the operator to put back
