@@ -230,7 +230,7 @@ class Runs:
         return True
 
     def _changes(self) -> list[str]:
-        """What `launch --resume` says before it resumes the job (`launch_changes`): job.json edited since the
+        """What `launch --resume` says as it resumes the job (`launch_changes`): job.json edited since the
         launch (a new learning rate: the resumed run takes it up), its job file, inventory or reward changed (it
         does not). Before, an automatic resume said none of them. None for a job.json gone or not JSON (the run's
         start says it)."""

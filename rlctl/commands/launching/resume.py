@@ -96,13 +96,17 @@ def resume_job(
         was = write_iterations(jd, spec.iterations)
         if counted is not None:
             say(f"job {spec.name}: {counted}")
-        for line in changes:  # the job file edited since, or job.json: said, the job as launched runs
-            say(f"job {spec.name}: {line}")
         try:
-            return runs.start(resume=True, checkpoint=back)
+            run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
             if was is not None and runs.run is not None and runs.run.unstarted:  # as it was, as the run put back
                 replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
             raise
+        # the job file edited since, or job.json: said once the run started on it, versus before, where a run that
+        # then refused a job.json edit (`JobRun._prepare`: a checkpoint its events miss) said it "runs the job as
+        # edited" and then that it cannot take it
+        for line in changes:
+            say(f"job {spec.name}: {line}")
+        return run
 
     be_launcher(jd, spec, plan, db, begin, output)

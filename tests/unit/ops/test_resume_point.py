@@ -630,8 +630,8 @@ def test_a_resume_refuses_a_fixed_field_edit_where_its_site_holds_a_checkpoint_i
     jd.job_json.write_text(json.dumps(data))
     r = run_cli("launch", "--resume", jd.id)
     assert r.exit_code == 2, r.stderr
-    error = r.stderr.splitlines()[-1]
-    assert error.startswith(f"rlctl: error: {jd.job_json}: job.seed was edited since the launch (0 → 7); "), error
+    assert r.stderr.count("\n") == 1, r.stderr  # versus "… was edited …: the resume runs the job as edited there" first
+    assert r.stderr.startswith(f"rlctl: error: {jd.job_json}: job.seed was edited since the launch (0 → 7); "), r.stderr
     assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
     db = JobDB()
     after = db.get(jd.id)
