@@ -29,10 +29,11 @@ class BuiltinModel(Strict):
         return BUILTIN_MODELS[self.name]
 
 
-class ArchModel(Strict):
-    """A model described by its architecture only: for planning (`rlctl plan`), not for launching."""
+class ArchFigures(Strict):
+    """A model's architecture as a file writes it, the figures the cost models take (`ModelArch`): the one description
+    a job's `model: {kind: arch, …}` (`ArchModel`) and a profile's `model` (`rlctl.profiler.profile.ModelSpec`, which
+    adds `bytes_per_param`) both are."""
 
-    kind: Literal["arch"]
     name: str
     layers: PositiveInt
     hidden: PositiveInt
@@ -47,6 +48,12 @@ class ArchModel(Strict):
         return ModelArch(
             self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab, self.intermediate, self.params
         )
+
+
+class ArchModel(ArchFigures):
+    """A model described by its architecture only: for planning (`rlctl plan`), not for launching."""
+
+    kind: Literal["arch"]
 
 
 class HfModel(Strict):

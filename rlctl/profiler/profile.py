@@ -29,6 +29,7 @@ Documented field by field in docs/profile-format.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,49 +39,25 @@ import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
+from rlctl.config.model import ArchFigures
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
 from rlctl.profiler.traincost import TrainingPasses
 
 
-class ModelSpec(Strict):
-    name: str
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt
-    vocab: PositiveInt
-    intermediate: PositiveInt
-    params: PositiveFloat
+class ModelSpec(ArchFigures):
+    """The profile's `model`: the architecture profiled (`ArchFigures`, as a job's `kind: arch` model writes it) and
+    the bytes of one of its parameters."""
+
     bytes_per_param: PositiveInt = 2
 
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
-        return cls(
-            name=arch.name,
-            layers=arch.layers,
-            hidden=arch.hidden,
-            heads=arch.heads,
-            kv_heads=arch.kv_heads,
-            vocab=arch.vocab,
-            intermediate=arch.intermediate,
-            params=arch.params,
-            bytes_per_param=arch.bytes_per_param,
-        )
+        return cls.model_validate({name: getattr(arch, name) for name in cls.model_fields})
 
     @property
     def arch(self) -> ModelArch:
-        return ModelArch(
-            self.name,
-            self.layers,
-            self.hidden,
-            self.heads,
-            self.kv_heads,
-            self.vocab,
-            self.intermediate,
-            self.params,
-            self.bytes_per_param,
-        )
+        return dataclasses.replace(super().arch, bytes_per_param=self.bytes_per_param)
 
 
 class GenerationEntry(Strict):

@@ -1,0 +1,121 @@
+"""One description of a model's architecture (`rlctl.config.model.ArchFigures`): a job's `kind: arch` model and a
+profile's `model` take the same figures under the same bounds, and the files written before they were one still load
+as they were and are written back in the same shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlctl.config.job import load_job
+from rlctl.errors import ConfigError
+from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
+from rlctl.planner.inputs import profile_for
+from rlctl.profiler.profile import load_profile, save_profile
+
+# as `rlctl profile` wrote one before (docs/profile-format.md's example, its grid cut to one row)
+OLD_PROFILE = """\
+apiVersion: rlctl/v1
+kind: Profile
+source: analytical
+model: {name: qwen2.5-7b, layers: 28, hidden: 3584, heads: 28, kv_heads: 4, vocab: 152064, intermediate: 18944, \
+params: 7.62e9, bytes_per_param: 2}
+algorithm: grpo
+training_passes: {reference: false, old_logprobs: false, epochs: 1, mini_batches: 1, recompute: false}
+sites:
+  h20:
+    gpu: H20
+    gpus_per_node: 8
+    hbm_bytes: 96000000000.0
+    cost_per_gpu_hour: 1.0
+    generation:
+    - tp: 1
+      contexts: [1024, 2048]
+      batch_sizes: [1, 2]
+      ptl_s: [[0.0076, 0.0077], [0.0080, 0.0081]]
+      prefill_s_per_token: 2.06e-4
+      prefill_fixed_s: 0.0
+      kv_capacity_tokens: 1240931
+    training:
+    - {tp: 1, pp: 1, gpu_s_per_token: 7.72e-4, fixed_bytes_per_gpu: 3.25e10, sharded_bytes_per_gpu: 9.14e10}
+"""
+FIGURES = "name: my-arch, layers: 4, hidden: 256, heads: 4, kv_heads: 2, vocab: 1000, intermediate: 512, params: 3.0e6"
+INV = """\
+apiVersion: rlctl/v1
+kind: Inventory
+sites:
+  h20:
+    datacenter: dc-b
+    scheduler: {kind: ssh, user: rl}
+    gpu: H20
+    nodes: [{host: "h20-[01-04]", gpus: 8}]
+"""
+JOB = f"""\
+apiVersion: rlctl/v1
+kind: Job
+name: j1
+inventory: [inv.yaml]
+model: {{kind: arch, {FIGURES}}}
+task: {{kind: lengths}}
+placement:
+  trainer: {{site: h20, gpus: 8}}
+  rollout: [{{site: h20, gpus: auto}}]
+"""
+
+
+def test_a_profile_written_before_loads_and_is_written_back_with_its_model_as_it_was(tmp_path: Path) -> None:
+    old = tmp_path / "old.yaml"
+    old.write_text(OLD_PROFILE)
+    prof = load_profile(old)
+    assert prof.model.arch == BUILTIN_MODELS["qwen2.5-7b"]
+    save_profile(prof, again := tmp_path / "again.yaml")
+    model = yaml.safe_load(again.read_text())["model"]
+    figures = ["name", "layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "params"]
+    assert list(model) == [*figures, "bytes_per_param"]
+    assert model == {**yaml.safe_load(OLD_PROFILE)["model"], "params": 7.62e9}  # (YAML 1.1 reads 7.62e9 as a string)
+    assert load_profile(again) == prof
+
+
+def test_a_profile_s_model_without_bytes_per_param_is_bf16_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(OLD_PROFILE.replace(", bytes_per_param: 2}", "}"))
+    assert load_profile(path).model.arch.bytes_per_param == 2
+    path.write_text(OLD_PROFILE.replace("bytes_per_param: 2", "bytes_per_param: 4"))
+    assert load_profile(path).model.arch.weight_bytes == 4 * 7.62e9
+
+
+def write_job(tmp_path: Path, figures: str = FIGURES) -> Path:
+    (tmp_path / "inv.yaml").write_text(INV)
+    (tmp_path / "job.yaml").write_text(JOB.replace(FIGURES, figures))
+    return tmp_path / "job.yaml"
+
+
+def test_a_job_s_arch_model_is_planned_with_a_profile_of_the_same_figures(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path))
+    arch = ModelArch("my-arch", 4, 256, 4, 2, 1000, 512, 3.0e6)
+    assert job.spec.model.arch == arch
+    prof = profile_for(job, None)  # the analytical profile of the job's model
+    assert prof.model.arch == arch
+    save_profile(prof, path := tmp_path / "p.yaml")
+    assert profile_for(job, load_profile(path)).model == prof.model
+
+
+def test_a_job_s_arch_model_takes_the_eight_figures_only(tmp_path: Path) -> None:
+    """bytes_per_param is a profile's key, not a job's (the job file's format is as it was)."""
+    with pytest.raises(ConfigError, match=r"model\.bytes_per_param: unknown key"):
+        load_job(write_job(tmp_path, FIGURES + ", bytes_per_param: 4"))
+
+
+@pytest.mark.parametrize(("field", "bad"), [("layers", "0"), ("kv_heads", "-1"), ("params", "0.0")])
+def test_a_figure_out_of_bounds_is_refused_alike_in_a_job_and_a_profile(tmp_path: Path, field: str, bad: str) -> None:
+    good = {"layers": "4", "kv_heads": "2", "params": "3.0e6"}[field]
+    with pytest.raises(ConfigError, match=rf"model\.{field}: .*greater than 0") as in_job:
+        load_job(write_job(tmp_path, FIGURES.replace(f"{field}: {good}", f"{field}: {bad}")))
+    path = tmp_path / "p.yaml"
+    old = {"layers": "28", "kv_heads": "4", "params": "7.62e9"}[field]
+    path.write_text(OLD_PROFILE.replace(f"{field}: {old}", f"{field}: {bad}", 1))
+    with pytest.raises(ConfigError, match=rf"model\.{field}: .*greater than 0") as in_profile:
+        load_profile(path)
+    assert str(in_job.value).split(f"model.{field}: ")[1] == str(in_profile.value).split(f"model.{field}: ")[1]
