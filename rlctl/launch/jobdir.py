@@ -266,38 +266,59 @@ class JobDir:
         `controller_site`;
         LaunchError naming the file and the field (a resume or attach of a job whose plan.json was edited into
         another shape stopped on a KeyError, TypeError or ValueError traceback). For a plan that may not be written
-        yet, and of which a command reads a field or two, see `stage.read_plan_or_none`."""
-        plan = json_file(self.plan_json)
-
-        def refuse(field: str, what: str) -> LaunchError:
-            return LaunchError(f"{self.plan_json}: {field}: {what}", hint="was it edited? put back its launch's")
+        yet, and of which a command reads a field or two, see `read_plan_or_none` and `plan_site`: the same checks,
+        taken per field."""
+        plan = self._plan_object()
 
         def count(value: Any, field: str, least: int) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise refuse(field, f"{value!r} is not a count of {least} or more")
+                raise self._plan_error(field, f"{value!r} is not a count of {least} or more")
 
-        if not isinstance(plan, dict):
-            raise refuse("(top level)", f"a JSON {type(plan).__name__}, where the plan is an object")
-        t = plan.get("trainer")
-        if not isinstance(t, dict) or not isinstance(t.get("site"), str):
-            raise refuse("trainer", "no object with a site name")
+        self.plan_site(plan, "trainer", "site")
+        t = plan["trainer"]
         count(t.get("ranks"), "trainer.ranks", 1)
         if t.get("parallel") is not None:
             if not isinstance(t["parallel"], dict):
-                raise refuse("trainer.parallel", "not an object of tp, pp and dp")
+                raise self._plan_error("trainer.parallel", "not an object of tp, pp and dp")
             for k in ("tp", "pp", "dp"):
                 count(t["parallel"].get(k), f"trainer.parallel.{k}", 1)
         groups = plan.get("rollout")
         if not isinstance(groups, list):
-            raise refuse("rollout", "no list of rollout groups")
+            raise self._plan_error("rollout", "no list of rollout groups")
         for i, g in enumerate(groups):
             if not isinstance(g, dict) or not isinstance(g.get("site"), str):
-                raise refuse(f"rollout[{i}]", "no object with a site name")
+                raise self._plan_error(f"rollout[{i}]", "no object with a site name")
             count(g.get("units"), f"rollout[{i}].units", 0)
             count(g.get("tp", 1), f"rollout[{i}].tp", 1)
-        if not isinstance(plan.get("controller_site"), str):
-            raise refuse("controller_site", f"{plan.get('controller_site')!r} is not a site name")
+        self.plan_site(plan, "controller_site")
         return plan
+
+    def read_plan_or_none(self) -> dict[str, Any] | None:
+        """plan.json for the operator's commands (pull, the record's fetch, stop), None before `prepare` wrote it.
+        Only its top level is checked here (as `read_plan` checks it): each caller reads its few fields through
+        `plan_site`, so a plan edited elsewhere still lets a stop or pull go on."""
+        return self._plan_object() if self.plan_json.is_file() else None
+
+    def plan_site(self, plan: dict[str, Any], *keys: str) -> str:
+        """The site name at `keys` in `plan` (this job's plan.json); LaunchError naming the file and the field when
+        it is not one, the line `read_plan` says of it."""
+        value: Any = plan
+        for i, key in enumerate(keys):
+            if not isinstance(value, dict):
+                raise self._plan_error(".".join(keys[:i]), "no object with a site name")
+            value = value.get(key)
+        if not isinstance(value, str):
+            raise self._plan_error(".".join(keys), f"{value!r} is not a site name")
+        return value
+
+    def _plan_object(self) -> dict[str, Any]:
+        plan = json_file(self.plan_json)
+        if not isinstance(plan, dict):
+            raise self._plan_error("(top level)", f"a JSON {type(plan).__name__}, where the plan is an object")
+        return plan
+
+    def _plan_error(self, field: str, what: str) -> LaunchError:
+        return LaunchError(f"{self.plan_json}: {field}: {what}", hint="was it edited? put back its launch's")
 
     def write_json(self, path: Path, data: Any) -> None:
         replace_text(path, json.dumps(data, indent=2, default=str) + "\n")

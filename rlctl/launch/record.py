@@ -17,9 +17,9 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import appending, event_time, record_text, replace_text
+from rlctl.launch.jobdir import JobDir, appending, event_time, record_text, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
-from rlctl.launch.stage import Roots, plan_site, read_plan_or_none, read_staged
+from rlctl.launch.stage import Roots, read_staged
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +239,11 @@ def _merge_lines(local: Path, remote: Path) -> str:
 def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     """Where the controller of the job in `job_dir` (the operator's) keeps the record; None before staging."""
     staged = read_staged(job_dir)
-    plan = read_plan_or_none(job_dir)
+    jd = JobDir(job_dir)
+    plan = jd.read_plan_or_none()
     if not staged or plan is None:
         return None
-    cs = plan_site(job_dir, plan, "controller_site")
+    cs = jd.plan_site(plan, "controller_site")
     sites = read_sites(job_dir)
     if cs not in staged or cs not in sites:
         return None

@@ -285,30 +285,6 @@ def read_staged(job_dir: Path) -> dict[str, Any]:
     return data
 
 
-def read_plan_or_none(job_dir: Path) -> dict[str, Any] | None:
-    """The job's plan.json for the operator's commands (pull, the record's fetch, stop), None before `prepare` wrote
-    it; LaunchError naming the file when it is not an object. Only that is checked here: each caller reads its few
-    fields through `plan_site`, so a plan edited elsewhere still lets a stop or pull go on. What places the agents (a
-    launch --resume, attach) reads it with `JobDir.read_plan`, which requires it and checks its whole shape."""
-    p = job_dir / "plan.json"
-    if not p.is_file():
-        return None
-    data = json_file(p)
-    if not isinstance(data, dict):
-        raise LaunchError(f"{p}: not a JSON object")
-    return data
-
-
-def plan_site(job_dir: Path, plan: dict[str, Any], *keys: str) -> str:
-    """The site name at `keys` in `plan` (plan.json of `job_dir`); LaunchError naming the field when it is not one."""
-    value: Any = plan
-    for k in keys:
-        value = value.get(k) if isinstance(value, dict) else None
-    if not isinstance(value, str):
-        raise LaunchError(f"{job_dir / 'plan.json'}: {'.'.join(keys)} is not a site name")
-    return value
-
-
 def write_staged(job_dir: Path, staged: dict[str, Any]) -> None:
     tmp = job_dir / (STAGED_FILE + ".tmp")
     tmp.write_text(json.dumps(staged, indent=2) + "\n")

@@ -32,7 +32,7 @@ from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, re
 from rlctl.launch.jobdir import JobDir, record_text, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
-from rlctl.launch.stage import plan_site, read_plan_or_none, read_staged, root_for
+from rlctl.launch.stage import read_staged, root_for
 from rlctl.ops.checkpoints import best_checkpoint
 from rlctl.ops.extend import earlier_iterations
 
@@ -53,10 +53,11 @@ class Pulled:
 
 def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     """(site name, its files on the host of trainer rank 0, the site job dir there)."""
-    plan = read_plan_or_none(job_dir)
+    jd = JobDir(job_dir)
+    plan = jd.read_plan_or_none()
     if plan is None:
         raise UsageError(f"{job_dir}: the job was never launched (no plan.json): nothing to pull")
-    site_name = plan_site(job_dir, plan, "trainer", "site")
+    site_name = jd.plan_site(plan, "trainer", "site")
     site = read_sites(job_dir, required=True).get(site_name)  # gone: not "never staged", its record of the sites
     if site is None:
         raise LaunchError(

@@ -488,8 +488,8 @@ def test_events_are_appended_unlocked_where_the_filesystem_has_no_flock(
     ("name", "text", "says"),
     [
         ("plan.json", '{"trainer": {"si', r"plan.json: not valid JSON"),
-        ("plan.json", "[1, 2]", r"plan.json: not a JSON object"),
-        ("plan.json", '{"controller_site": 3}', r"plan.json: controller_site is not a site name"),
+        ("plan.json", "[1, 2]", r"plan.json: \(top level\): a JSON list, where the plan is an object"),
+        ("plan.json", '{"controller_site": 3}', r"plan.json: controller_site: 3 is not a site name"),
         ("staged.json", '{"local": {"roo', r"staged.json: not valid JSON"),
         ("staged.json", '["local"]', r"staged.json: not an object of staged sites"),
         ("staged.json", '{"local": {"roots": []}}', r"staged.json: 'local': not a \{\"roots\""),

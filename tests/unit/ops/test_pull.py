@@ -255,7 +255,11 @@ def test_pull_to_a_place_it_cannot_write_is_one_line(tmp_path: Path, monkeypatch
     ("name", "text", "says"),
     [
         ("plan.json", '{"trainer": {"si', r"plan.json: not valid JSON"),
-        ("plan.json", '{"trainer": "local", "controller_site": "local"}', r"plan.json: trainer.site is not a site"),
+        (
+            "plan.json",
+            '{"trainer": "local", "controller_site": "local"}',
+            r"plan.json: trainer: no object with a site name",
+        ),
         ("staged.json", '{"local": {"roo', r"staged.json: not valid JSON"),
     ],
 )
