@@ -106,6 +106,24 @@ def replaced_once(scaler: Scaler, core: ControllerCore, posted: list[Any]) -> No
     scaler.tick(1.0)
 
 
+def replace_until_given_up(scaler: Scaler, posted: list[Any], *, now: float, until: float) -> None:
+    """The loop's turns a second apart from `now` until the scaler gives up on rollout-1 or `until`: each attempt to
+    replace it fails (a setup whose spawner fails them all)."""
+    while "rollout-1" not in scaler.gave_up and now < until:
+        scaler.tick(now)
+        r = scaler.replacing.get("rollout-1")
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
+            deliver(scaler, posted)
+        now += 1.0
+
+
+def given_up_on(scaler: Scaler, core: ControllerCore, posted: list[Any]) -> None:
+    """rollout-1 lost at 0 s; every attempt to replace it fails, and the scaler gives up on it."""
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    replace_until_given_up(scaler, posted, now=0.0, until=200.0)
+
+
 def test_a_lost_unit_is_replaced_on_its_site(tmp_path) -> None:
     scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
     core.lost("rollout-1")
@@ -954,15 +972,7 @@ def test_a_resume_does_not_scale_in_a_site_for_a_unit_its_run_gave_up_replacing(
     as though `scale -1` had removed it, and the resumed run (the node back, the plan's 2 units joined) drained the
     healthy rollout-1 as a scale-in, reason resume. A unit given up on is a loss, not a scale-in: the plan's count."""
     scaler, core, _, posted, _ = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
-    core.lost("rollout-1")
-    scaler.replace("rollout-1", now=0.0)
-    now = 0.0
-    while "rollout-1" not in scaler.gave_up and now < 200.0:
-        scaler.tick(now)
-        r = scaler.replacing.get("rollout-1")
-        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
-            deliver(scaler, posted)
-        now += 1.0
+    given_up_on(scaler, core, posted)
     assert scaler.gave_up == ["rollout-1"]
     assert scaler.unit_counts() == {"a": 2}
     resumed, _, _, _, spawner = setup(tmp_path / "resumed", fail=0)
@@ -977,15 +987,7 @@ def test_a_resume_after_a_unit_given_up_on_and_a_scale_out_brings_the_units_the_
     started one more unit than the job had. A unit asked for after a give-up takes the lost unit's place; one whose
     start fails gives it back."""
     scaler, core, _, posted, spawner = setup(tmp_path, fail=healing.REPLACE_ATTEMPTS)
-    core.lost("rollout-1")
-    scaler.replace("rollout-1", now=0.0)
-    now = 0.0
-    while "rollout-1" not in scaler.gave_up and now < 200.0:
-        scaler.tick(now)
-        r = scaler.replacing.get("rollout-1")
-        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
-            deliver(scaler, posted)
-        now += 1.0
+    given_up_on(scaler, core, posted)
     assert scaler.gave_up == ["rollout-1"] and scaler.unit_counts() == {"a": 2}
     spawner.fail = len(spawner.calls) + 1  # the next start fails: the lost unit's place is open again
     assert scaler.scale(1, None, reason="manual")[0]["adding"] == ["rollout-5"]
@@ -1013,13 +1015,7 @@ def test_a_resume_that_starts_the_units_its_run_had_beside_a_unit_given_up_on_ke
     scaler._unjoined_at = 1e9  # (the sites' answer is given below, not asked in a thread)
     scaler.restore(replaced=0, units={"a": 3}, now=0.0)
     scaler.not_joining(["rollout-1"], now=61.0)  # its site said it exited
-    now = 61.0
-    while "rollout-1" not in scaler.gave_up and now < scaling.RESTORE_WAIT_S:
-        scaler.tick(now)
-        r = scaler.replacing.get("rollout-1")
-        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
-            deliver(scaler, posted)
-        now += 1.0
+    replace_until_given_up(scaler, posted, now=61.0, until=scaling.RESTORE_WAIT_S)
     assert scaler.gave_up == ["rollout-1"] and scaler.restoring is not None and scaler.unit_counts() == {"a": 2}
     scaler.tick(scaling.RESTORE_WAIT_S + 1.0)  # rollout-1 never joined: the checkpoint's units start past the wait
     deliver(scaler, posted)
