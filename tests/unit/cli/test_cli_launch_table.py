@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import typer
@@ -747,6 +747,21 @@ def test_a_second_ctrl_c_as_a_launch_in_the_background_stops_still_says_what_is_
     )
 
 
+def _interrupted_in(hook: Literal["cancelled", "unstarted"], path: Path) -> None:
+    """A background launch of `path` Ctrl-C'd as its `hook` (`cancelled` or `unstarted`) puts right what it left: it
+    ends with the one line's InterruptSaid, not a plain KeyboardInterrupt."""
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
+        if hook == "cancelled":
+            detached.run_detached(["attach", str(path)], path, OutputFormat.table, cancelled=interrupted)
+        else:
+            detached.run_detached(["attach", str(path)], path, OutputFormat.table, unstarted=interrupted)
+    assert isinstance(e.value, interrupts.InterruptSaid)
+
+
 def test_a_third_ctrl_c_as_a_launch_in_the_background_stops_still_ends_with_the_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -755,13 +770,7 @@ def test_a_third_ctrl_c_as_a_launch_in_the_background_stops_still_ends_with_the_
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCTwiceChild())
     path = tmp_path / "my run"
-
-    def interrupted() -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
-        detached.run_detached(["attach", str(path)], path, OutputFormat.table, cancelled=interrupted)
-    assert isinstance(e.value, interrupts.InterruptSaid)
+    _interrupted_in("cancelled", path)
     assert capsys.readouterr().err == (
         "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
         f"stopping); what it left not looked at (interrupted again): `rlctl status '{path}'`\n"
@@ -785,13 +794,7 @@ def test_a_ctrl_c_as_an_ended_background_launchers_leftovers_are_removed_ends_wi
     KeyboardInterrupt (`rlctl launch` then said the launch 'stopped before it started anything: nothing to stop')."""
     monkeypatch.setattr(detach, "spawn", lambda *_, **__: _EndedChild())
     path = tmp_path / "my run"
-
-    def interrupted() -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
-        detached.run_detached(["attach", str(path)], path, OutputFormat.table, unstarted=interrupted)
-    assert isinstance(e.value, interrupts.InterruptSaid)
+    _interrupted_in("unstarted", path)
     assert capsys.readouterr().err == (
         "rlctl: error: task.path: no such file\n"
         "rlctl: interrupted: the launch in the background ended before the job ran (its lines above say why); what "
