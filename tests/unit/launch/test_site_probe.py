@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,13 @@ import pytest
 from rlctl import __version__
 from rlctl.checkpoint.choose import checkpoint_bytes
 from rlctl.config.inventory import LocalScheduler, Site
-from rlctl.config.job import JobFile
+from rlctl.config.job import Job, JobFile
 from rlctl.config.lifecycle import Checkpoint
+from rlctl.errors import LaunchError
 from rlctl.launch import siteprobe
 from rlctl.launch.backends import python_for
 from rlctl.launch.base import site_setup
+from rlctl.launch.remote import CommandResult
 from rlctl.launch.siteprobe import HostReport, controller_reach_problems, disk_problem, host_problems, probe_site_hosts
 
 
@@ -520,39 +523,51 @@ def test_a_slurm_controller_asking_more_cores_than_any_node_of_its_partition_is_
     assert siteprobe.controller_cores_problems("h", sized, spec) == [] and said_back == []  # capped: not asked
 
 
+class _SubmitHost:
+    """A SLURM site's submit host as `SlurmBackend.site_runner` gives it, each command's first word put in `asked`:
+    no connection while down, else what `answer` says to the command."""
+
+    def __init__(self, asked: list[str], answer: Callable[[str], CommandResult], *, up: bool) -> None:
+        self.asked, self.answer, self.up = asked, answer, up
+
+    def run(self, command: str, *, timeout_s: float) -> CommandResult:
+        self.asked.append(command.split()[0])
+        if not self.up:
+            raise LaunchError("ssh login: cannot connect: timed out")
+        return self.answer(command)
+
+    def close(self) -> None:
+        pass
+
+
+def _slurm_job(monkeypatch: pytest.MonkeyPatch, submit_host: Callable[[], _SubmitHost]) -> Job:
+    """demo.yaml with 4 reward workers, every agent on the SLURM site `local` (partition p, 2 nodes of 4 GPUs), whose
+    submit host is `submit_host()`, one made each time it is asked for."""
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import load_job
+    from rlctl.config.task import DatasetTask
+    from rlctl.launch.slurm import SlurmBackend
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: submit_host()))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    workers = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
+    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
+    return Job(demo.spec.model_copy(update={"task": workers}), Inventory({"local": slurm}, [], ["x"]), demo.path)
+
+
 def test_check_asks_no_sinfo_of_a_slurm_site_the_probe_could_not_reach(monkeypatch: pytest.MonkeyPatch) -> None:
     """A SLURM site whose probe could not run there (its submit host down, its controller not answering) is one
     line; its partition and the controller's cores were asked of sinfo there too, each waiting out another
     deadline of `check --reach` to find it unreachable again."""
     from rlctl.commands import check
-    from rlctl.config.inventory import Inventory
-    from rlctl.config.job import Job, load_job
-    from rlctl.config.task import DatasetTask
-    from rlctl.errors import LaunchError
-    from rlctl.launch.remote import CommandResult
-    from rlctl.launch.slurm import SlurmBackend
 
     asked: list[str] = []
 
-    class Down:  # the submit host: no connection (down), or one that runs a command and says it has no python
-        def __init__(self, *, up: bool) -> None:
-            self.up = up
-
-        def run(self, command: str, *, timeout_s: float) -> CommandResult:
-            asked.append(command.split()[0])
-            if not self.up:
-                raise LaunchError("ssh login: cannot connect: timed out")
-            return CommandResult(127 if command.startswith("srun") else 0, "", "python: not found")
-
-        def close(self) -> None:
-            pass
+    def no_python(command: str) -> CommandResult:  # the submit host, when up: it runs a command, and has no python
+        return CommandResult(127 if command.startswith("srun") else 0, "", "python: not found")
 
     up = False
-    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: Down(up=up)))
-    demo = load_job(REPO / "jobs" / "demo.yaml")
-    workers = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
-    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
-    job = Job(demo.spec.model_copy(update={"task": workers}), Inventory({"local": slurm}, [], ["x"]), demo.path)
+    job = _slurm_job(monkeypatch, lambda: _SubmitHost(asked, no_python, up=up))
     lines = check.job_problem_lines(job, timeout_s=1.0)[0]
     assert [line for line in lines if line.startswith("site local")] == [
         "site local host a node of partition p: cannot be asked: ssh login: cannot connect: timed out"
@@ -625,36 +640,17 @@ def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_
     (every node taken: the step pending) was reached: said as a busy partition, and sinfo asked there; it was 'cannot
     be asked' as a site down, and its partition never compared. A submit host with no connection still is."""
     from rlctl.commands import check
-    from rlctl.config.inventory import Inventory
-    from rlctl.config.job import Job, load_job
-    from rlctl.config.task import DatasetTask
-    from rlctl.errors import LaunchError
-    from rlctl.launch.remote import CommandResult, LocalRunner
-    from rlctl.launch.slurm import SlurmBackend
+    from rlctl.launch.remote import LocalRunner
 
     asked: list[str] = []
 
-    class SubmitHost:  # up: srun waits for a node past the deadline (the real runner's deadline); sinfo answers
-        def __init__(self, *, up: bool) -> None:
-            self.up = up
-
-        def run(self, command: str, *, timeout_s: float) -> CommandResult:
-            asked.append(command.split()[0])
-            if not self.up:
-                raise LaunchError("ssh login: cannot connect: timed out")
-            if command.startswith("srun"):
-                return LocalRunner().run("sleep 30", timeout_s=0.2)  # the step pending
-            return CommandResult(0, "", "")
-
-        def close(self) -> None:
-            pass
+    def busy(command: str) -> CommandResult:  # srun waits for a node past the deadline (a real runner's); sinfo answers
+        if command.startswith("srun"):
+            return LocalRunner().run("sleep 30", timeout_s=0.2)  # the step pending
+        return CommandResult(0, "", "")
 
     up = True
-    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost(up=up)))
-    demo = load_job(REPO / "jobs" / "demo.yaml")
-    workers = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
-    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
-    job = Job(demo.spec.model_copy(update={"task": workers}), Inventory({"local": slurm}, [], ["x"]), demo.path)
+    job = _slurm_job(monkeypatch, lambda: _SubmitHost(asked, busy, up=up))
     lines, reports = check.job_problem_lines(job, timeout_s=0.2)
     said = [line for line in lines if line.startswith("site local")]
     assert said == [
