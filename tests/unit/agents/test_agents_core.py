@@ -901,10 +901,9 @@ def test_a_filtered_group_with_no_buffer_left_is_generated_again_whole_as_an_abo
     assert c.discarded_tokens == 5 + 3 * 3  # the filtered one's once, the three kept ones'
 
 
-def test_a_migrations_event_counts_only_the_output_it_carried_not_the_output_thrown_away_past_the_bound():
-    """r0 gives back two running samples, 1 and 4 tokens, with room in the store for 2: the first goes to r1 with
-    its token, the second starts over (its 4 in `discarded_tokens`); the `migrated` event says 1 token moved,
-    versus 5 (those thrown away counted as moved too, and twice over with `discarded_tokens`)."""
+def _r1_idle_beside_r0_with_room_for_2_tokens() -> tuple[ControllerCore, list[str]]:
+    """Two prompts of two; r0 runs two samples (their ids returned) and r1 finished its two, with room in the partial
+    store for 2 tokens."""
     from rlctl.agents.trajectories import TOKEN_BYTES
 
     core = _batch_core(8, group=2, prompts=2, min_units=2)
@@ -914,8 +913,15 @@ def test_a_migrations_event_counts_only_the_output_it_carried_not_the_output_thr
     gen = _generate(core.join("r1", role="rollout", version=0))
     for sid, _ in gen["r1"]:
         _finish(core, "r1", sid)
+    return core, [s for s, _ in gen["r0"]]
+
+
+def test_a_migrations_event_counts_only_the_output_it_carried_not_the_output_thrown_away_past_the_bound():
+    """r0 gives back two running samples, 1 and 4 tokens, with room in the store for 2: the first goes to r1 with
+    its token, the second starts over (its 4 in `discarded_tokens`); the `migrated` event says 1 token moved,
+    versus 5 (those thrown away counted as moved too, and twice over with `discarded_tokens`)."""
+    core, r0 = _r1_idle_beside_r0_with_room_for_2_tokens()
     core.migrate(now=True)
-    r0 = [s for s, _ in gen["r0"]]
     reqs = _requests(core.withdrawn("r0", [(r0[0], [8], [-1.0], [0]), (r0[1], [9] * 4, [-1.0] * 4, [0] * 4)]))
     assert reqs[r0[0]]["prefix_tokens"] == [8] and "prefix_tokens" not in reqs[r0[1]]
     assert core.ledger.counts().discarded_tokens == 4
@@ -926,17 +932,8 @@ def test_the_output_a_migration_gives_back_past_the_store_s_bound_counts_as_disc
     """r0 gives back a running sample with 4 tokens, but the partial store has room for 2: the output is not kept
     (the sample starts over on r1, `over_budget`), and its 4 tokens, generated and thrown away, count in the ledger's
     `discarded_tokens`, versus not at all (a migration past the store's bound threw work away unsaid)."""
-    from rlctl.agents.trajectories import TOKEN_BYTES
-
-    core = _batch_core(8, group=2, prompts=2, min_units=2)
-    core.ledger.partials.budget_bytes = 2 * TOKEN_BYTES
-    core.join("trainer-0", role="trainer", version=0)
-    core.join("r0", role="rollout", version=0)
-    gen = _generate(core.join("r1", role="rollout", version=0))
-    for sid, _ in gen["r1"]:
-        _finish(core, "r1", sid)
+    core, r0 = _r1_idle_beside_r0_with_room_for_2_tokens()
     assert _withdraws(core.migrate(now=True)) == {"r0": 1}
-    r0 = [s for s, _ in gen["r0"]]
     reqs = _requests(core.withdrawn("r0", [(r0[1], [9] * 4, [-1.0] * 4, [0] * 4)]))
     assert list(reqs) == [r0[1]] and "prefix_tokens" not in reqs[r0[1]]  # starts over
     assert core.ledger.partials.over_budget == 1
