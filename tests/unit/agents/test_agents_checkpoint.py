@@ -3,11 +3,13 @@ used; the trainer's state (policy, optimizer, RNG, counters) comes back exactly 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlctl.agents.controller import ControllerAgent
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.files import (
     file_digest,
@@ -872,6 +875,37 @@ def test_a_resume_that_lowers_the_iterations_counts_only_the_samples_it_generate
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
 
 
+SCALE_OUT = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
+
+
+@contextlib.contextmanager
+def resumed_from_v4_after_scale_outs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, scaled: list[tuple[str, object]]
+) -> Iterator[ControllerAgent]:
+    """The controller of job `name` resumed from checkpoint v4 (iteration 4), its events holding a scale-out
+    (`SCALE_OUT`) of each (agent, iteration) of `scaled`; closed after."""
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job(name, iterations=8)
+    h = HandledController(tmp_path, job, listen=f"inproc://{name}-a")
+    h.close()
+    for agent, iteration in scaled:
+        h.jd.event("scale", agent=agent, iteration=iteration, **SCALE_OUT)
+    state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
+    monkeypatch.setenv(ENV_RESUME, "4")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen=f"inproc://{name}-b")
+    try:
+        yield ctl
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
 def test_the_summary_of_a_resumed_run_lists_the_scale_events_of_the_jobs_history_it_continues(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -882,30 +916,11 @@ def test_the_summary_of_a_resumed_run_lists_the_scale_events_of_the_jobs_history
     import time
 
     from rlctl.agents import views
-    from rlctl.agents.controller import ControllerAgent
-    from rlctl.agents.ledger import Ledger
-    from rlctl.checkpoint.controller import save_controller
-    from rlctl.launch.agentenv import ENV_RESUME
-    from rlctl.transport import InprocTransport
-    from tests.unit.controller_harness import HandledController, small_job
 
-    job = small_job("scaled", iterations=8)
-    h = HandledController(tmp_path, job, listen="inproc://scaled-a")
-    h.close()
-    scale = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
-    h.jd.event("scale", agent="rollout-2", iteration=2, **scale)
-    h.jd.event("scale", agent="rollout-3", iteration=4, **scale)
-    state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
-    save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
-    monkeypatch.setenv(ENV_RESUME, "4")
-    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://scaled-b")
-    try:
+    with resumed_from_v4_after_scale_outs(tmp_path, monkeypatch, "scaled", [("rollout-2", 2), ("rollout-3", 4)]) as ctl:
         snap = ctl.snapshot()
-        assert views.summary(snap)["scale_events"] == [{"agent": "rollout-2", "iteration": 2, **scale}]
+        assert views.summary(snap)["scale_events"] == [{"agent": "rollout-2", "iteration": 2, **SCALE_OUT}]
         assert [e["agent"] for e in views.status(snap, now=time.monotonic())["scale_events"]] == ["rollout-2"]
-    finally:
-        ctl.listener.close()
-        threading.Thread(target=ctl.metrics.close, daemon=True).start()
 
 
 def test_a_resume_leaves_out_a_scale_event_whose_iteration_is_text_as_the_report_does(
@@ -917,28 +932,9 @@ def test_a_resume_leaves_out_a_scale_event_whose_iteration_is_text_as_the_report
     it out, naming it. Both now keep what the other keeps (rollout-2's)."""
     from rlctl import report
     from rlctl.agents import views
-    from rlctl.agents.controller import ControllerAgent
-    from rlctl.agents.ledger import Ledger
-    from rlctl.checkpoint.controller import save_controller
-    from rlctl.launch.agentenv import ENV_RESUME
-    from rlctl.transport import InprocTransport
-    from tests.unit.controller_harness import HandledController, small_job
 
-    job = small_job("edited", iterations=8)
-    h = HandledController(tmp_path, job, listen="inproc://edited-a")
-    h.close()
-    scale = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
-    h.jd.event("scale", agent="rollout-1", iteration="two", **scale)
-    h.jd.event("scale", agent="rollout-2", iteration=2, **scale)
-    h.jd.event("scale", agent="rollout-3", iteration=4, **scale)
-    state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
-    save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
-    monkeypatch.setenv(ENV_RESUME, "4")
-    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://edited-b")
-    try:
+    scaled: list[tuple[str, object]] = [("rollout-1", "two"), ("rollout-2", 2), ("rollout-3", 4)]
+    with resumed_from_v4_after_scale_outs(tmp_path, monkeypatch, "edited", scaled) as ctl:
         kept = [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]]
         assert kept == ["rollout-2"]
-        assert [e["agent"] for e in report.load(h.jd.path).scales] == kept
-    finally:
-        ctl.listener.close()
-        threading.Thread(target=ctl.metrics.close, daemon=True).start()
+        assert [e["agent"] for e in report.load(ctl.jobdir.path).scales] == kept
