@@ -1995,6 +1995,37 @@ def test_launch_into_a_directory_whose_model_dir_is_the_users_writes_nothing_the
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def reward_file_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Job:
+    """A dataset job whose reward is r.py:f, beside it in tmp_path; RLCTL_HOME is tmp_path/home."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    return hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
+    )
+
+
+def launch_dir(tmp_path: Path, *, named: bool) -> tuple[Path, list[str]]:
+    """tmp_path/run and its flags: if `named`, the user's directory holding notes.txt, as --job-dir; else unnamed."""
+    into = tmp_path / "run"
+    if named:
+        into.mkdir()
+        (into / "notes.txt").write_text("mine")
+    return into, (["--job-dir", str(into)] if named else [])
+
+
+def assert_nothing_left(tmp_path: Path, into: Path, *, named: bool) -> None:
+    """A refused launch left nothing: `into` as `launch_dir` made it, no job dir under RLCTL_HOME, no index row."""
+    from rlctl.ops.jobdb import JobDB
+
+    assert sorted(p.name for p in into.iterdir()) == ["notes.txt"] if named else not into.exists()
+    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    db = JobDB()
+    try:
+        assert db.list() == []
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("named", [True, False])
 def test_a_launch_refused_as_it_copies_the_inputs_leaves_no_job_dir_and_no_index_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
@@ -2005,28 +2036,14 @@ def test_a_launch_refused_as_it_copies_the_inputs_leaves_no_job_dir_and_no_index
     never one: `rlctl status` showed it as the job launched last. It is refused as a check's refusal is: nothing is
     left, the directory as it was (a --job-dir that held files keeps those alone)."""
     from rlctl.commands import launch
-    from rlctl.ops.jobdb import JobDB
 
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
-    job = hf_dataset_job(
-        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
-    )
+    job = reward_file_job(tmp_path, monkeypatch)
     (tmp_path / "r.py").unlink()
     monkeypatch.setenv(launch.PREFLIGHT_PASSED_ENV, launch._checked(job.path))  # checked before r.py went
-    into = tmp_path / "run"
-    if named:  # a directory of the user's, with a file in it
-        into.mkdir()
-        (into / "notes.txt").write_text("mine")
-    r = run_cli("launch", str(job.path), *(["--job-dir", str(into)] if named else []))
+    into, job_dir = launch_dir(tmp_path, named=named)
+    r = run_cli("launch", str(job.path), *job_dir)
     assert r.exit_code == 2 and "task.reward: no such file" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert sorted(p.name for p in into.iterdir()) == ["notes.txt"] if named else not into.exists()
-    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
-    db = JobDB()
-    try:
-        assert db.list() == []
-    finally:
-        db.close()
+    assert_nothing_left(tmp_path, into, named=named)
 
 
 @pytest.mark.parametrize("named", [True, False])
@@ -2039,13 +2056,8 @@ def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leave
     from types import SimpleNamespace
 
     from rlctl.ops import detach
-    from rlctl.ops.jobdb import JobDB
 
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
-    job = hf_dataset_job(
-        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
-    )
+    job = reward_file_job(tmp_path, monkeypatch)
 
     class Child:  # the launcher in the background, run here once the check passed
         def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
@@ -2063,16 +2075,7 @@ def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leave
 
     said: list[str] = []
     monkeypatch.setattr(detach, "spawn", lambda args, log, env: Child(args, log, env))
-    into = tmp_path / "run"
-    if named:  # a directory of the user's, with a file in it
-        into.mkdir()
-        (into / "notes.txt").write_text("mine")
-    r = run_cli("launch", str(job.path), "--detach", *(["--job-dir", str(into)] if named else []))
+    into, job_dir = launch_dir(tmp_path, named=named)
+    r = run_cli("launch", str(job.path), "--detach", *job_dir)
     assert r.exit_code == 2 and "task.reward: no such file" in said[0] and "Traceback" not in said[0], said
-    assert sorted(p.name for p in into.iterdir()) == ["notes.txt"] if named else not into.exists()
-    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
-    db = JobDB()
-    try:
-        assert db.list() == []
-    finally:
-        db.close()
+    assert_nothing_left(tmp_path, into, named=named)
