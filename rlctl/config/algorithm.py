@@ -20,16 +20,25 @@ class OffPolicyCorrection(Strict):
     off_policy: OffPolicy = Field(
         "clip",
         description="clip = PPO-clip of π_θ/μ against the behaviour logprobs μ; decoupled = AReaL's decoupled "
-        "PPO, each token weighted by π_prox/μ; tis = that weight truncated at is_cap",
+        "PPO, each token weighted by π_prox/μ, a token whose weight exceeds is_cap left out (weight 0); tis = that "
+        "weight truncated at is_cap (min(π_prox/μ, is_cap))",
     )
     is_cap: PositiveFloat | None = Field(
-        None, description=f"cap on the behaviour weight π_prox/μ (tis: default {TIS_CAP}; decoupled: none unless set)"
+        None,
+        description=f"cap on the behaviour weight π_prox/μ: tis truncates at it (default {TIS_CAP}); decoupled "
+        "leaves out a token past it (AReaL's behav_imp_weight_cap, > 1; none unless set)",
     )
 
     @model_validator(mode="after")
     def _cap_needs_a_weight(self) -> OffPolicyCorrection:
         if self.is_cap is not None and self.off_policy == "clip":
             raise ValueError("is_cap caps the behaviour weight of off_policy 'decoupled' or 'tis', not 'clip'")
+        if self.is_cap is not None and self.off_policy == "decoupled" and self.is_cap <= 1:
+            # π_prox/μ averages 1 over μ's samples: a cap at or under 1 leaves out every token π_prox favours
+            raise ValueError(
+                f"is_cap {self.is_cap:g}: off_policy 'decoupled' leaves out each token whose π_prox/μ exceeds is_cap, "
+                "so it must be > 1 (AReaL's behav_imp_weight_cap), or unset for no cap"
+            )
         return self
 
     @property

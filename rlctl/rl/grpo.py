@@ -41,8 +41,8 @@ from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 # |log π − log μ| past this is clamped before exp (e^20 ≈ 4.9e8, finite in fp32 and bf16): a token the engine scored
 # far less likely than the trainer does (a numerics mismatch, a stale sample) would otherwise give an infinite ratio,
 # an infinite loss and NaN gradients, and the finite-step guard would drop the whole batch's step for it. Clamped,
-# that token carries no gradient under `clip` (the clamp's), is left out under `decoupled` without a cap (weight 0,
-# not e^20), and is weighted by the cap under a cap; the rest of the batch trains.
+# that token carries no gradient under `clip` (the clamp's), is left out under `decoupled` (weight 0, not e^20; with
+# a cap, as any token past it), and is weighted by the cap under `tis`; the rest of the batch trains.
 MAX_LOG_RATIO = 20.0
 
 
@@ -94,20 +94,23 @@ def policy_loss(
     optimizer step per iteration, so it is the model being trained, detached):
 
         clip       ratio π_θ / μ, clipped to 1 ± clip_eps (PPO with μ as the old policy)
-        decoupled  AReaL's decoupled PPO: (π_prox / μ) · PPO-clip of π_θ / π_prox; the behaviour weight is
-                   capped at `is_cap` when given
-        tis        truncated importance sampling: min(π_prox / μ, is_cap) · the PPO-clip of π_θ / π_prox
+        decoupled  AReaL's decoupled PPO: w · PPO-clip of π_θ / π_prox, w = π_prox / μ; with `is_cap` (> 1,
+                   AReaL's behav_imp_weight_cap) a token whose π_prox / μ exceeds it is left out, w = 0
+        tis        truncated importance sampling: w = min(π_prox / μ, is_cap) · the PPO-clip of π_θ / π_prox
 
-    With one step per iteration π_θ = π_prox in value, so the ratio to π_prox is 1 and its clip never binds:
-    `decoupled` and `tis` weight each token's policy gradient by π_prox / μ, uncapped or truncated.
+    The two part only past the cap: `decoupled` drops such a token, `tis` keeps it weighed by the cap. Either way
+    it stays in the token count the loss divides by (AReaL's normaliser too), and the KL-to-reference term is not
+    weighted. With one step per iteration π_θ = π_prox in value, so the ratio to π_prox is 1 and its clip never
+    binds: `decoupled` and `tis` weight each token's policy gradient by w.
 
     Every log-ratio (to μ, to π_prox, to the reference) is clamped to ±MAX_LOG_RATIO before its exp, so one token
     scored far apart by engine and trainer cannot make the loss infinite; uncapped `decoupled` leaves such a token
     out (weight 0, counted in `is_capped_sum`) rather than weigh it e^MAX_LOG_RATIO.
 
     The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient);
-    `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many the cap truncated; `entropy_sum` the
-    policy's next-token entropy at the sampling temperature (a policy collapsing onto few answers shows it first).
+    `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many tokens the cap truncated (`tis`) or left
+    out (`decoupled`); `entropy_sum` the policy's next-token entropy at the sampling temperature (a policy collapsing
+    onto few answers shows it first).
     """
     batch = batch.to(device_of(model))
     mask = batch.mask.float()
@@ -123,9 +126,12 @@ def policy_loss(
         base = logp.detach()  # π_prox
         log_w = (base - behaviour) * mask
         raw = torch.exp(log_w.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
-        weight = raw if is_cap is None else raw.clamp(max=is_cap)
         if is_cap is None:  # no cap to bound it: a token π_prox and μ score too far apart to weigh is left out
-            weight = weight.masked_fill(log_w.abs() > MAX_LOG_RATIO, 0.0)
+            weight = raw.masked_fill(log_w.abs() > MAX_LOG_RATIO, 0.0)
+        elif off_policy == "tis":  # truncated: a token past the cap is weighed by the cap
+            weight = raw.clamp(max=is_cap)
+        else:  # decoupled, AReaL's behav_imp_weight_cap: a token past the cap is left out, still in the token count
+            weight = raw.masked_fill(raw > is_cap, 0.0)
         capped = ((raw > weight) * mask).sum()
     log_ratio = ((logp - base) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)

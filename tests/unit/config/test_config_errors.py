@@ -434,6 +434,14 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # it was taken, and left out every token π_prox favours over μ (AReaL's behav_imp_weight_cap is > 1)
+        "job: a decoupled cap of 1 or less",
+        JOB + "algorithm: {kind: grpo, off_policy: decoupled, is_cap: 1}\n",
+        "algorithm: is_cap 1: off_policy 'decoupled' leaves out each token whose π_prox/μ exceeds is_cap, so it must "
+        "be > 1",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: dynamic sampling under PPO",
         JOB + "algorithm: {kind: ppo, dynamic_sampling: true}\n",

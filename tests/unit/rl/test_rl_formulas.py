@@ -169,22 +169,35 @@ def test_a_token_the_policy_rules_out_adds_nothing_to_the_entropy() -> None:
 #   decoupled (AReaL), no cap: −(1.5 + 0.5 + 1.1)·2 + (1.5 + 0.5)·1 − 0.95·0.5 = −6.2 + 2.0 − 0.475 = −4.675;
 #     / 6 tokens = −0.7791667 (the clip's −0.6291667 differs: it zeroes the clipped tokens instead)
 #   tis, cap 1.2: w = 1.2, 0.5, 1.1 | 1.2, 0.5 | 0.95: −5.6 + 1.7 − 0.475 = −4.375; / 6 = −0.7291667; 2 capped
+#   decoupled, cap 1.2 (AReaL's behav_imp_weight_cap: a token past it is left out, still counted in the 6):
+#     w = 0, 0.5, 1.1 | 0, 0.5 | 0.95: −3.2 + 0.5 − 0.475 = −3.175; / 6 = −0.5291667; 2 left out
+#   the weights' sum: 6.05 uncapped, 5.45 truncated, 3.05 with the two left out
 #   gradient at an output token y: −(w·A / 6)·(1 − p_y); sample 1's first token (3, p 0.4), decoupled:
-#     −(1.5·2/6)(0.6) = −0.3; tis: −(1.2·2/6)(0.6) = −0.24
+#     −(1.5·2/6)(0.6) = −0.3; tis: −(1.2·2/6)(0.6) = −0.24; capped decoupled: w = 0, none
 
 
 @pytest.mark.parametrize(
-    ("off_policy", "cap", "value", "capped", "first_grad"),
-    [("decoupled", None, -0.7791667, 0, -0.3), ("tis", 1.2, -0.7291667, 2, -0.24)],
+    ("off_policy", "cap", "value", "capped", "weight_sum", "first_grad"),
+    [
+        ("decoupled", None, -0.7791667, 0, 6.05, -0.3),
+        ("tis", 1.2, -0.7291667, 2, 5.45, -0.24),
+        ("decoupled", 1.2, -0.5291667, 2, 3.05, 0.0),
+    ],
 )
 def test_off_policy_corrections_weight_each_token_by_pi_prox_over_mu(
-    off_policy: Literal["decoupled", "tis"], cap: float | None, value: float, capped: int, first_grad: float
+    off_policy: Literal["decoupled", "tis"],
+    cap: float | None,
+    value: float,
+    capped: int,
+    weight_sum: float,
+    first_grad: float,
 ) -> None:
     samples, adv = grpo_batch()
     policy = fixed((3, 4))
     loss, m = policy_loss(policy, make_batch(samples, adv), clip_eps=0.2, off_policy=off_policy, is_cap=cap)
     assert float(loss.detach()) == pytest.approx(value, abs=1e-6)
     assert m["is_capped_sum"] == capped and m["clip_sum"] == 0  # the ratio to π_prox is 1: never clipped
+    assert m["is_weight_sum"] == pytest.approx(weight_sum, abs=1e-6)
     assert m["kl_sum"] == pytest.approx(0.5813473, abs=1e-6)  # still measured against the behaviour policy
     loss.backward()
     grad = cast(FixedPolicy, policy).logits.grad
@@ -195,7 +208,8 @@ def test_off_policy_corrections_weight_each_token_by_pi_prox_over_mu(
     batch = make_batch(samples, adv)
     logp = token_logprobs(ref_policy, batch.tokens, 1.0)
     w = torch.exp(logp.detach() - batch.old_logprobs)
-    w = w if cap is None else w.clamp(max=cap)
+    if cap is not None:  # tis truncates a weight past the cap; decoupled leaves its token out
+        w = w.clamp(max=cap) if off_policy == "tis" else torch.where(w > cap, torch.zeros_like(w), w)
     one = torch.exp(logp - logp.detach())
     ref = (-(w * batch.advantages * one) * batch.mask.float()).sum() / batch.num_tokens
     assert float(ref.detach()) == pytest.approx(value, abs=1e-6)
@@ -221,6 +235,11 @@ def test_the_job_file_chooses_the_correction_and_refuses_a_cap_without_a_weight(
     assert GrpoAlgorithm(kind="grpo", off_policy="decoupled").behaviour_cap is None
     with pytest.raises(ValidationError, match="is_cap caps the behaviour weight"):
         GrpoAlgorithm(kind="grpo", is_cap=2.0)
+    # decoupled leaves out a token past the cap: at a cap ≤ 1 every token π_prox favours over μ (AReaL: > 1)
+    assert GrpoAlgorithm(kind="grpo", off_policy="decoupled", is_cap=1.5).behaviour_cap == 1.5
+    for cap in (1.0, 0.5):
+        with pytest.raises(ValidationError, match="must be > 1"):
+            GrpoAlgorithm(kind="grpo", off_policy="decoupled", is_cap=cap)
 
 
 def test_padding_and_prompt_positions_are_masked_out() -> None:
