@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, field_validator, model_validator
 
 from rlctl.config.base import Strict, register_tags
 
@@ -54,7 +54,9 @@ class PolicyUpdate(OffPolicyCorrection):
     """The optimizer step and the clip every learner shares (rlctl.rl.learner, rlctl.rl.schedule)."""
 
     lr: PositiveFloat = 3e-4
-    clip_eps: PositiveFloat = 0.2
+    clip_eps: PositiveFloat = Field(
+        0.2, description="the ratio is clipped below at 1 − clip_eps (and above at 1 + clip_eps_high): 0 < it < 1"
+    )
     clip_eps_high: PositiveFloat | None = Field(
         None, description="upper clip of the ratio, 1 + clip_eps_high (DAPO's clip-higher); default clip_eps"
     )
@@ -73,6 +75,18 @@ class PolicyUpdate(OffPolicyCorrection):
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="the floor linear or cosine decay goes towards, as a fraction of lr (default 0)"
     )
+
+    @field_validator("clip_eps")
+    @classmethod
+    def _lower_clip_above_zero(cls, v: float) -> float:
+        # at 1 − clip_eps ≤ 0 the lower clip never binds (a ratio is > 0): a token with a negative advantage is
+        # pushed down without bound; the upper clip may be wider (clip_eps_high, DAPO's clip-higher)
+        if v >= 1:
+            raise ValueError(
+                f"{v:g}: the ratio's lower clip 1 − clip_eps would be {1 - v:g}, which no ratio falls below: valid "
+                "0 < clip_eps < 1 (a wider upper clip is clip_eps_high)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _floor_needs_a_decay(self) -> PolicyUpdate:

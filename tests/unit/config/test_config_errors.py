@@ -442,6 +442,14 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # it was taken: the lower clip 1 − clip_eps ≤ 0 never binds
+        "job: a clip of 1 or more",
+        JOB + "algorithm: {kind: ppo, clip_eps: 1.5}\n",
+        "algorithm.clip_eps: 1.5: the ratio's lower clip 1 − clip_eps would be -0.5, which no ratio falls below: valid "
+        "0 < clip_eps < 1 (a wider upper clip is clip_eps_high)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: dynamic sampling under PPO",
         JOB + "algorithm: {kind: ppo, dynamic_sampling: true}\n",

@@ -46,6 +46,20 @@ def test_the_job_file_refuses_a_floor_that_nothing_reads_and_defaults_the_upper_
     assert GrpoAlgorithm(kind="grpo", clip_eps=0.2, clip_eps_high=0.28).clip_high == 0.28
 
 
+def test_the_lower_clip_stays_above_zero_and_the_upper_one_may_be_wider() -> None:
+    # the ratio is clipped to [1 − clip_eps, 1 + clip_eps_high]: at clip_eps ≥ 1 the lower clip is ≤ 0 and never
+    # binds (it was taken); clip_eps_high may exceed clip_eps (DAPO's clip-higher) and 1, but not be 0
+    for eps in (1.0, 1.5):
+        with pytest.raises(ValidationError, match="valid 0 < clip_eps < 1"):
+            GrpoAlgorithm(kind="grpo", clip_eps=eps)
+        with pytest.raises(ValidationError, match="valid 0 < clip_eps < 1"):
+            PpoAlgorithm(kind="ppo", clip_eps=eps)
+    assert GrpoAlgorithm(kind="grpo", clip_eps=0.99, clip_eps_high=2.0).clip_high == 2.0
+    for bad in ({"clip_eps": 0.0}, {"clip_eps_high": 0.0}):
+        with pytest.raises(ValidationError, match="greater than 0"):
+            GrpoAlgorithm(kind="grpo", **bad)
+
+
 def on_policy(model: TinyGPT, *, seed: int, equal_rewards: bool = False) -> list[Sample]:
     samples = sampled(model, prompts=3, group=4, seed=seed)
     for s in samples if equal_rewards else []:
