@@ -217,7 +217,7 @@ class LaunchBackend(ABC):
     @classmethod
     def site_runner(cls, site: Site, host: str | None = None) -> Runner:
         """How a command reaches the site (`host`: one of its SSH hosts; default its entry point)."""
-        from rlctl.launch.remote import LocalRunner
+        from rlctl.launch.localrunner import LocalRunner
 
         return LocalRunner()
 

@@ -41,7 +41,7 @@ from rlctl.transport import Connection, Message, TensorSpec, make_transport
 
 log = logging.getLogger(__name__)
 
-PART_SUFFIX = ".part"  # as rlctl.launch.remote writes it
+PART_SUFFIX = ".part"  # as rlctl.launch.sshrunner writes it
 CHUNK_BYTES = 8 << 20
 STALL_S = 120.0  # a file whose bytes have not grown for this long: the fetch of it fails
 POLL_S = 0.02

@@ -32,7 +32,8 @@ from pathlib import Path
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import kind_of
-from rlctl.launch.remote import SshRunner, SshTarget, sh_path
+from rlctl.launch.remote import SshTarget, sh_path
+from rlctl.launch.sshrunner import SshRunner
 
 COMMAND_TIMEOUT_S = 60.0
 # hashing files on a remote host: one command per batch of about HASH_BATCH_BYTES, each with a deadline that

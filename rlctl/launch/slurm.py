@@ -41,15 +41,9 @@ from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, slurm_layout
 from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
 from rlctl.errors import LaunchError
 from rlctl.launch.base import DEFAULT_WORKDIR, AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
-from rlctl.launch.remote import (
-    CommandResult,
-    LocalRunner,
-    RemoteState,
-    Runner,
-    SshRunner,
-    SshTarget,
-    setup_first,
-)
+from rlctl.launch.localrunner import LocalRunner
+from rlctl.launch.remote import CommandResult, RemoteState, Runner, SshTarget, setup_first
+from rlctl.launch.sshrunner import SshRunner
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, site_setup
-from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, jump_target, sh_path
+from rlctl.launch.remote import RemoteState, SshTarget, jump_target, sh_path
+from rlctl.launch.sshrunner import SshRunner
 
 log = logging.getLogger(__name__)
 

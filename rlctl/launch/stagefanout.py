@@ -16,8 +16,9 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import python_for
 from rlctl.launch.base import site_setup
-from rlctl.launch.remote import CommandResult, SshRunner, sh_path
+from rlctl.launch.remote import CommandResult, sh_path
 from rlctl.launch.sitefs import FileState, StagingStopped, ssh_target
+from rlctl.launch.sshrunner import SshRunner
 from rlctl.launch.stagecopy import StagingProgress, View, copy_files, copy_pool
 
 log = logging.getLogger(__name__)

@@ -302,7 +302,7 @@ def test_a_remote_controller_s_wandb_login_is_asked_where_it_runs(
 
     from rlctl.config import load_job
     from rlctl.config.inventory import Site
-    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.localrunner import LocalRunner
     from rlctl.launch.siteprobe import controller_tracking_problems
     from rlctl.launch.ssh import SshBackend
     from rlctl.ops.preflight import problems
@@ -346,7 +346,7 @@ def test_a_remote_controller_s_tracking_packages_are_asked_where_it_runs(
     from rlctl import tracking
     from rlctl.config import load_job
     from rlctl.config.inventory import Site
-    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.localrunner import LocalRunner
     from rlctl.launch.siteprobe import controller_tracking_problems
     from rlctl.launch.ssh import SshBackend
     from rlctl.ops.preflight import problems

@@ -13,8 +13,8 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.launch.reach import probe_site
-from rlctl.launch.remote import SshRunner
 from rlctl.launch.sitefs import ssh_target
+from rlctl.launch.sshrunner import SshRunner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,8 +12,8 @@ import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.launch import stage
-from rlctl.launch.remote import PART_SUFFIX, SshRunner
 from rlctl.launch.sitefs import file_state, ssh_target
+from rlctl.launch.sshrunner import PART_SUFFIX, SshRunner
 
 pytestmark = pytest.mark.integration
 MODEL_BYTES = 3 << 20

@@ -17,9 +17,11 @@ from rlctl.errors import LaunchError
 from rlctl.launch.backends import kind_of, make_backend, python_for
 from rlctl.launch.base import AgentSpec, GpuSlice, Resources
 from rlctl.launch.local import LocalBackend
-from rlctl.launch.remote import LocalRunner, SshRunner, SshTarget
+from rlctl.launch.localrunner import LocalRunner
+from rlctl.launch.remote import SshTarget
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.launch.ssh import SshBackend
+from rlctl.launch.sshrunner import SshRunner
 from tests.conftest import ROOT
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from rlctl.errors import CommandTimeout
-from rlctl.launch import remote
-from rlctl.launch.remote import LocalRunner
+from rlctl.launch import localrunner
+from rlctl.launch.localrunner import LocalRunner
 
 
 def _alive(pid: int) -> bool:
@@ -37,14 +38,14 @@ def _gone(pids: list[int]) -> bool:
     ],
 )
 def test_a_timeout_ends_what_the_command_started(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "END_GRACE_S", 0.3, raising=False)  # (raising: the old code had none)
+    monkeypatch.setattr(localrunner, "END_GRACE_S", 0.3, raising=False)  # (raising: the old code had none)
     with pytest.raises(CommandTimeout) as got:
         LocalRunner(setup=["true"]).run(command, timeout_s=1.0)
     pids = [int(p) for p in got.value.stdout.split()]  # what it printed before its deadline is kept
     assert pids
     survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
     for p in survivors:  # (the old code's survivors, not left running past the test)
-        remote.os.kill(p, 9)
+        os.kill(p, 9)
     assert survivors == []
 
 
@@ -69,14 +70,14 @@ def test_a_command_within_its_deadline_is_its_result() -> None:
     ],
 )
 def test_a_timeout_ends_what_left_the_group_holding_the_output(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "END_GRACE_S", 0.3)
+    monkeypatch.setattr(localrunner, "END_GRACE_S", 0.3)
     with pytest.raises(CommandTimeout) as got:
         LocalRunner().run(command, timeout_s=1.0)
     pids = [int(p) for p in got.value.stdout.split()]
     assert pids
     survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
     for p in survivors:  # (the old code's survivors, not left running past the test)
-        remote.os.kill(p, 9)
+        os.kill(p, 9)
     assert survivors == []
 
 
@@ -88,4 +89,4 @@ def test_a_timeout_leaves_what_was_started_detached_running() -> None:
     try:
         assert _alive(pid)
     finally:
-        remote.os.kill(pid, 9)
+        os.kill(pid, 9)

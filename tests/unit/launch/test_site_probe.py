@@ -329,7 +329,7 @@ def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch,
 def test_a_setup_line_that_fails_is_a_problem_not_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SSH start script runs the site's setup under `set -e`: an agent does not start after a line that failed
     (`module` missing in a non-login shell). The probe ran them without it and passed, and the launch then failed."""
-    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.localrunner import LocalRunner
     from rlctl.launch.ssh import SshBackend
 
     monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner()))  # bash here
@@ -640,7 +640,7 @@ def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_
     (every node taken: the step pending) was reached: said as a busy partition, and sinfo asked there; it was 'cannot
     be asked' as a site down, and its partition never compared. A submit host with no connection still is."""
     from rlctl.commands import check
-    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.localrunner import LocalRunner
 
     asked: list[str] = []
 
@@ -693,7 +693,7 @@ def test_a_slurm_probe_slow_on_the_node_it_got_is_not_said_as_a_busy_partition(
     """srun that got its node at once (it says nothing) or after a wait ('has been allocated resources'), whose
     probe was slow there (the setup lines, python importing torch from a slow filesystem), was said as a busy
     partition: 'did not start … is the partition busy?'. What the probe printed before its deadline says which."""
-    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.localrunner import LocalRunner
     from rlctl.launch.slurm import SlurmBackend
 
     srun = tmp_path / "bin" / "srun"

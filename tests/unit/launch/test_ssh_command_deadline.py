@@ -4,6 +4,7 @@ here with `sh` in a session of its own, as sshd runs it, and its channel closed 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -12,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from rlctl.launch import remote
-from rlctl.launch.remote import SshRunner, SshTarget
+from rlctl.launch import remote, sshrunner
+from rlctl.launch.remote import SshTarget
+from rlctl.launch.sshrunner import SshRunner
 
 
 class _Said:
@@ -57,8 +59,8 @@ def _alive(pid: int) -> bool:
     ],
 )
 def test_a_timed_out_ssh_command_ends_on_the_host_too(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "REMOTE_LAG_S", 0.0, raising=False)  # (raising: the old code had none)
-    monkeypatch.setattr(remote, "END_GRACE_S", 0.3)
+    monkeypatch.setattr(sshrunner, "REMOTE_LAG_S", 0.0, raising=False)  # (raising: the old code had none)
+    monkeypatch.setattr(sshrunner, "END_GRACE_S", 0.3)
     line = _line(command, timeout_s=0.5)
     host = subprocess.Popen(
         ["sh", "-c", line], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True
@@ -71,7 +73,7 @@ def test_a_timed_out_ssh_command_ends_on_the_host_too(command: str, monkeypatch:
         time.sleep(0.05)
     survived = _alive(pid)
     if survived:  # (the old code's survivor, not left running past the test)
-        remote.os.kill(pid, 9)
+        os.kill(pid, 9)
     host.wait(10)
     assert not survived
 
@@ -80,7 +82,7 @@ def test_the_hosts_deadline_comes_after_ours() -> None:
     # the host ending the command first would make it an exit 124 result, not the CommandTimeout a probe reads
     match = re.match(r"timeout -k (\d+) (\d+) bash -c '", _line("sha256sum big", timeout_s=30))
     assert match is not None
-    assert int(match[2]) > 30 and int(match[1]) >= remote.END_GRACE_S
+    assert int(match[2]) > 30 and int(match[1]) >= sshrunner.END_GRACE_S
 
 
 def test_a_bounded_command_keeps_its_stdin_output_and_exit_code() -> None:
