@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 from rlctl.errors import CommandTimeout
-from rlctl.launch.remote import CommandResult, setup_first, short_line
+from rlctl.launch.remote import CommandResult, deadline_or_none, setup_first, short_line
 
 
 class LocalRunner:
@@ -25,6 +25,7 @@ class LocalRunner:
         """Run `command` in bash, in a process group of its own: past `timeout_s` the whole group is ended
         (`_end_group`), not bash alone — what it started (a probe's `srun` after setup lines, a pipeline's commands)
         outlived it, a SLURM step left queued."""
+        bound_s = deadline_or_none(timeout_s, where=self.where)
         proc = subprocess.Popen(
             ["bash", "-c", setup_first(self.setup, command)],
             stdin=subprocess.PIPE,
@@ -35,7 +36,7 @@ class LocalRunner:
             start_new_session=True,
         )
         try:
-            out, err = proc.communicate(stdin if stdin is not None else "", timeout=timeout_s)
+            out, err = proc.communicate(stdin if stdin is not None else "", timeout=bound_s)
         except subprocess.TimeoutExpired:
             out, err = _end_group(proc)
             raise CommandTimeout(

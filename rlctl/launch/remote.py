@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import shlex
 from dataclasses import dataclass
 from enum import StrEnum
@@ -148,13 +149,24 @@ def connect(target: SshTarget) -> Connection:
 
 
 class Runner(Protocol):
-    """Runs one command where the backend's tools live (login node, SSH host)."""
+    """Runs one command where the backend's tools live (login node, SSH host); `timeout_s` math.inf: no deadline."""
 
     where: str
 
     def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult: ...
 
     def close(self) -> None: ...
+
+
+def deadline_or_none(timeout_s: float | None, *, where: str) -> float | None:
+    """A runner's deadline as its waits take it: None for none (`timeout_s` None or math.inf, a computed deadline's
+    "unbounded"), else `timeout_s`: `subprocess` and the host's `timeout` line round it to a whole count, which
+    inf overflowed (OverflowError). NaN and -inf are refused: no number of seconds."""
+    if timeout_s is None or timeout_s == math.inf:
+        return None
+    if not math.isfinite(timeout_s):
+        raise ValueError(f"{where}: timeout_s {timeout_s} is not a number of seconds; valid: finite, or inf for none")
+    return timeout_s
 
 
 def setup_first(setup: list[str], command: str) -> str:

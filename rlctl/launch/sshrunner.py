@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import CommandTimeout, LaunchError
 from rlctl.launch.localrunner import END_GRACE_S
-from rlctl.launch.remote import CommandResult, SshTarget, connect, in_bash, setup_first, short_line
+from rlctl.launch.remote import CommandResult, SshTarget, connect, deadline_or_none, in_bash, setup_first, short_line
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -85,9 +85,11 @@ class SshRunner:
     ) -> CommandResult:
         """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin (`stdin`,
         else nothing) stays open until the event is set, or the command ends, then ends (a server told to stop, a
-        fetch killed by its watcher). `timeout_s` None: no deadline, here or on the host (`host_deadline`)."""
+        fetch killed by its watcher). `timeout_s` None or math.inf: no deadline, here or on the host
+        (`host_deadline`)."""
         from invoke.exceptions import CommandTimedOut, ThreadException
 
+        timeout_s = deadline_or_none(timeout_s, where=self.where)
         if self._conn is None:
             self._conn = connect(self.target)
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())

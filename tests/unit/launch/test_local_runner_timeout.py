@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -56,9 +57,16 @@ def test_a_timeout_keeps_the_partial_output_of_both_streams() -> None:
     assert "did not finish within 1 s" in str(got.value)
 
 
-def test_a_command_within_its_deadline_is_its_result() -> None:
-    res = LocalRunner().run("cat; echo err >&2; exit 3", timeout_s=10.0, stdin="in\n")
+@pytest.mark.parametrize("timeout_s", [10.0, math.inf])  # inf: no deadline, versus an OverflowError
+def test_a_command_within_its_deadline_is_its_result(timeout_s: float) -> None:
+    res = LocalRunner().run("cat; echo err >&2; exit 3", timeout_s=timeout_s, stdin="in\n")
     assert (res.exit_code, res.stdout, res.stderr) == (3, "in\n", "err\n")
+
+
+@pytest.mark.parametrize("timeout_s", [math.nan, -math.inf])
+def test_a_deadline_that_is_no_number_of_seconds_is_refused(timeout_s: float) -> None:
+    with pytest.raises(ValueError, match=r"localhost: timeout_s (nan|-inf) is not a number of seconds"):
+        LocalRunner().run("true", timeout_s=timeout_s)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ here with `sh` in a session of its own, as sshd runs it, and its channel closed 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -23,9 +24,11 @@ class _Said:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.timeouts: list[float | None] = []  # the deadline invoke was given here
 
-    def run(self, line: str, **_: Any) -> Any:
+    def run(self, line: str, *, timeout: float | None = None, **_: Any) -> Any:
         self.lines.append(line)
+        self.timeouts.append(timeout)
         return type("Result", (), {"exited": 0, "stdout": "", "stderr": ""})()
 
     def close(self) -> None:
@@ -96,3 +99,19 @@ def test_a_command_with_no_deadline_is_not_bounded(setup: list[str] | None) -> N
     # a server or a watcher that lives until told to stop (timeout_s None) has no deadline on the host either
     line = _line("cat", timeout_s=None, setup=setup)
     assert line == ("cat" if setup is None else remote.in_bash(remote.setup_first(setup, "cat")))
+
+
+@pytest.mark.parametrize("setup", [None, ["true"]])
+def test_an_infinite_deadline_is_none(setup: list[str] | None) -> None:
+    # math.inf, as a computed deadline says "unbounded": as None, here and on the host, versus an OverflowError
+    runner = SshRunner(SshTarget("login1"), setup=setup)
+    said = _Said()
+    runner._conn = said  # type: ignore[assignment]
+    runner.run("cat", timeout_s=math.inf)
+    assert said.lines == [_line("cat", timeout_s=None, setup=setup)] and said.timeouts == [None]
+
+
+@pytest.mark.parametrize("timeout_s", [math.nan, -math.inf])
+def test_a_deadline_that_is_no_number_of_seconds_is_refused(timeout_s: float) -> None:
+    with pytest.raises(ValueError, match=r"login1:22: timeout_s (nan|-inf) is not a number of seconds"):
+        _line("cat", timeout_s=timeout_s)
