@@ -51,8 +51,11 @@ def host_deadline(script: str, timeout_s: float) -> str:
     """`script` (bash) as one command line the host ends by itself `REMOTE_LAG_S` past `timeout_s`: coreutils
     `timeout` sends SIGTERM to its process group (srun cancels its step), SIGKILL after `END_GRACE_S`. Our
     deadline only closes the channel, and sshd signals nothing on that (no pty): a hung `sha256sum` or `srun` ran
-    on. The host's comes later, so that ours is the one met (`CommandTimeout`, not an exit 124 result); what the
-    command started in a session of its own (an agent) is not in the group and runs on.
+    on. The host's comes later, so that ours is the one met (`CommandTimeout`, not an exit 124 result). What the
+    command started in a session of its own is not in the group, and `timeout` signals nothing else: it runs on,
+    an agent started detached (as meant) and a `setsid` child that still holds the command's stdout or stderr
+    alike, the latter unlike `LocalRunner`'s, which `_end_group` ends (found by the pipe in /proc). `timeout_s` is
+    finite: `SshRunner.run` runs a command with none (None, math.inf) without this line.
 
         timeout -k G S bash ─ (trap TERM: outlive G) ─ bash -c SCRIPT ─ its children (one group)
 
