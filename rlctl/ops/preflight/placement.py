@@ -169,11 +169,8 @@ def partition_cores_problems(
     cpus: dict[str, int] = {}
     for name in sorted({a.site for a in agents if a.role in THREAD_FIELDS and _threads_given(job, a.role)}):
         site = job.inventory.sites[name]
-        if (
-            name not in reached
-            or not isinstance(site.scheduler, SlurmScheduler)
-            or None not in [n.cpus for n in site.nodes]
-        ):
+        sched = site.scheduler  # (as `siteprobe.controller_cores_problems` asks the controller's site)
+        if name not in reached or not isinstance(sched, SlurmScheduler) or None not in [n.cpus for n in site.nodes]:
             continue
         try:
             most = SlurmBackend.node_cpus(site, timeout_s=timeout_s)
