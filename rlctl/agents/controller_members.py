@@ -46,6 +46,8 @@ class Membership(WeightBookkeeping):
         if old is not None and old.state in ("running", "unreachable"):
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")
+        if old is not None:  # its record is replaced, never pruned: its weight nodes' addresses go as a gone one's
+            self.book.forget(name)
         self.gone.pop(name)  # its name is a new agent's (a stopped unit's, a trainer's): listed as that
         self.peers[name] = Peer(
             name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version), pid=h.pid
@@ -69,7 +71,7 @@ class Membership(WeightBookkeeping):
             self.core.unit_costs[name] = cost  # migration splits a unit's running work only where it pays
         for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
             trainer = h.role == "trainer"
-            self.book.node(address, agent=f"trainer-{i}" if trainer else name, datacenter=dc, root=trainer)
+            self.book.node(address, agent=f"trainer-{i}" if trainer else name, datacenter=dc, root=trainer, owner=name)
         self.jobdir.event(
             "agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid, datacenter=dc, weights=h.weights
         )

@@ -63,12 +63,12 @@ class Rows(Checkpoints):
         those gone since the last row (that row lists them once: `views.metrics_row`), and /metrics, so that a run
         whose units are replaced for weeks holds, shows, watches and exports the agents it has. What summary.json and
         the status reply's counts say of each is kept (`gone`: every one counted, the latest GONE_KEPT by name), and
-        a lost unit that says hello again is still told to stop (`_hello`); its weight node's address leaves the
-        weight book (a transfer from it was reported by now)."""
+        a lost unit that says hello again is still told to stop (`_hello`); its weight nodes' addresses (a trainer's:
+        every rank's) leave the weight book once the open versions they held are delivered (`WeightBook.forget`)."""
         for p in [p for p in self.peers.values() if p.role != "client" and p.state not in LIVE_STATES]:
             del self.peers[p.name]
             self.gone.add(p.name, GoneAgent(p.role, p.state, p.figures.busy_s))
-            self.book.forget(p.name)  # its weight node's address (one a unit, for weeks of units)
+            self.book.forget(p.name)  # its weight nodes' addresses (a unit's, for weeks of units; a trainer's ranks')
             forget_agent_gauges(self.metrics, p, self.sites)
             p.conn.close()  # a lost one's is closed; a stopped one said bye (its reader's end is ignored: `_handle`)
 

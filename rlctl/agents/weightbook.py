@@ -7,10 +7,11 @@ each inter-datacenter link (for `rlctl status`, metrics and the tests that count
     a unit (re)joining at v        ──▶ reached(…)   a version is delivered when every live unit has it
     a unit lost                    ──▶ settle(…)    (the live units left may all have it)
                                                    └─▶ seconds_to_last_unit(v)
-    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go once the open
-                                                   versions it held then (a unit's: those it had; a trainer
-                                                   rank's root: every one) are delivered or let go (a unit
-                                                   that pulled from it may report late)
+    an agent gone (the metrics row after it written,
+    or a new hello replacing its record) ──▶ forget(…): the weight nodes' addresses its hello said (a trainer's: every
+                                                   rank's root) go once the open versions each held then (a
+                                                   unit's: those it had; a root's: every one) are delivered
+                                                   or let go (a unit that pulled from it may report late)
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
 another datacenter than the unit: its bytes and one copy are added to that link `dc-a->dc-b`.
@@ -50,17 +51,21 @@ class WeightBook:
     def __init__(self, *, keep_versions: int = 8) -> None:
         self.keep_versions = keep_versions
         self.nodes: dict[str, tuple[str, str]] = {}  # weight-node address → (agent, datacenter)
+        # weight-node address → the agent whose hello said it (the trainer's, rank 0's name, for every rank's root)
+        self._owners: dict[str, str] = {}
         self._roots: set[str] = set()  # the trainer ranks' roots among `nodes`: each held every version published
         # the addresses of agents gone for good → the open versions each held as it went: kept while one is open
         self._gone: dict[str, set[int]] = {}
         self.versions: dict[int, VersionRecord] = {}
         self.totals: dict[str, dict[str, int]] = {}  # link → {bytes, copies}, over the whole job
 
-    def node(self, address: str, *, agent: str, datacenter: str, root: bool = False) -> None:
+    def node(self, address: str, *, agent: str, datacenter: str, root: bool = False, owner: str = "") -> None:
         """`agent`'s weight node at `address`: a rollout unit's, or (`root`) a trainer rank's root, which holds every
-        version the trainer published."""
+        version the trainer published. `owner` (`agent` where not given) is the agent whose hello said it, the one
+        `forget` names: the trainer's ranks each have a root, and rank 0 says them all."""
         if address:
             self.nodes[address] = (agent, datacenter)
+            self._owners[address] = owner or agent
             self._gone.pop(address, None)  # (a new agent at a gone one's address)
             if root:
                 self._roots.add(address)
@@ -68,18 +73,22 @@ class WeightBook:
                 self._roots.discard(address)
 
     def forget(self, agent: str) -> None:
-        """`agent` is gone for good: its weight nodes' addresses go once every version it held as it went that was
-        open (one not every live unit has yet) is delivered or let go (`keep_versions`), so that a run whose units
-        come and go for weeks keeps those of the agents it has, each gone one for at most `keep_versions` versions.
-        Until then a unit that pulled such a version from it and reports after it went still has its transfer booked
-        on the link it crossed (dropped at once, its bytes were on no link). A unit held the versions it had; a
-        trainer rank's root, every one (its address went at once: no version's `had_it` names a trainer rank)."""
+        """`agent` is gone for good: the weight nodes' addresses its hello said (a trainer's: every rank's root) go
+        once every version each held as it went that was open (one not every live unit has yet) is delivered or let
+        go (`keep_versions`), so that a run whose units come and go for weeks keeps those of the agents it has, each
+        gone one for at most `keep_versions` versions. Until then a unit that pulled such a version from it and
+        reports after it went still has its transfer booked on the link it crossed (dropped at once, its bytes were
+        on no link). A unit held the versions it had; a trainer rank's root, every one (no version's `had_it` names a
+        trainer rank). An address gone already keeps what it held when it went (a new agent of its name is not it)."""
         open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
-        for address in [a for a, (name, _) in self.nodes.items() if name == agent]:
+        for address, owner in self._owners.items():
+            if owner != agent or address in self._gone:
+                continue
+            unit = self.nodes[address][0]
             held = (
                 open_versions
                 if address in self._roots
-                else {v for v in open_versions if agent in self.versions[v].had_it}
+                else {v for v in open_versions if unit in self.versions[v].had_it}
             )
             self._gone[address] = set(held)
         self._drop_gone()
@@ -88,6 +97,7 @@ class WeightBook:
         open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
         for address in [a for a, held in self._gone.items() if not held & open_versions]:
             del self.nodes[address]
+            del self._owners[address]
             del self._gone[address]
             self._roots.discard(address)
 

@@ -52,11 +52,19 @@ class HandledController:
         for name in PEERS:
             self.ends[name] = self.hello(name)
 
-    def hello(self, name: str) -> Connection:
-        """Agent `name` (its role: the name's first word; its weights at `w-NAME`) connects and says hello; the
-        controller handles every event up to and with that hello (the ends of connections it closed before, too)."""
+    def hello(self, name: str, *, version: int = 0, weight_roots: tuple[str, ...] = ()) -> Connection:
+        """Agent `name` (its role: the name's first word; its weights at `w-NAME`, a trainer's ranks' at
+        `weight_roots` where given) connects and says hello at `version`; the controller handles every event up to
+        and with that hello (the ends of connections it closed before, too)."""
         end = self.transport.connect(self.ctl.listener.address, timeout_s=5)
-        hello = Hello(role=name.split("-")[0], name=name, address=f"inproc://{name}", weights=f"w-{name}")
+        hello = Hello(
+            role=name.split("-")[0],
+            name=name,
+            version=version,
+            address=f"inproc://{name}",
+            weights=weight_roots[0] if weight_roots else f"w-{name}",
+            weight_roots=list(weight_roots),
+        )
         end.send(make("hello", hello))
         while True:
             what, who, payload = self.ctl.inbox.get(timeout=10)

@@ -176,3 +176,21 @@ def test_a_lost_unit_is_replaced_and_a_late_report_of_it_is_taken_once_its_unit_
     assert asked == ["rollout-1"] and "rollout-1" not in r.ctl.core.units and r.ctl.core.known("rollout-1")
     assert r.ctl._wrong(r.ctl.peers["rollout-1"], make("weights_applied", {"version": 1})) is None
     r.ctl.core.weights_applied("rollout-1", 1)  # (a no-op, versus a KeyError)
+
+
+def test_every_rank_of_a_gone_trainer_and_a_replaced_trainer_s_old_roots_leave_the_weight_book(
+    running: Running,
+) -> None:
+    """The trainer's hello names each rank's root (`trainer-{i}` in the book): every one goes with the trainer, and
+    those of a trainer record a new hello replaced (never pruned) go then; only `trainer-0`'s went, when pruned."""
+    r = running
+    r.train()  # v1: every live unit has it, no version is open
+    nodes = r.ctl.book.nodes
+    r.ends["trainer-0"] = r.hello("trainer-0", version=1, weight_roots=("w-t0", "w-t1"))  # its record replaced
+    assert sorted(nodes) == ["w-rollout-0", "w-rollout-1", "w-t0", "w-t1"]  # was: w-trainer-0 too
+    assert (nodes["w-t0"], nodes["w-t1"]) == (("trainer-0", ""), ("trainer-1", ""))
+    r.ends["trainer-0"] = r.hello("trainer-0", version=1, weight_roots=("w-t0b", "w-t1b"))
+    assert sorted(nodes) == ["w-rollout-0", "w-rollout-1", "w-t0b", "w-t1b"]  # was: w-t0 and w-t1 too
+    r.lose("trainer-0")
+    r.ctl._prune()  # (what the next metrics row does)
+    assert sorted(nodes) == ["w-rollout-0", "w-rollout-1"]  # was: w-t1b too

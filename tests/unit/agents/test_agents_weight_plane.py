@@ -203,3 +203,36 @@ def test_a_gone_trainer_ranks_address_is_kept_while_a_version_it_published_is_op
     assert "w-t1" in book.nodes
     book.published(4, 40.0)  # v2 let go
     assert "w-t1" not in book.nodes and sorted(book.versions) == [3, 4]
+
+
+def test_every_rank_root_the_trainer_s_hello_said_is_kept_while_a_version_is_open_then_goes_with_it():
+    # the trainer (rank 0's hello) said two ranks' roots; it went while v1 was open, and r2 reported late that it
+    # pulled v1 from rank 1's root: booked on dc-a->dc-b, and both roots go once v1 is delivered
+    book = WeightBook()
+    for rank in (0, 1):
+        book.node(f"w-t{rank}", agent=f"trainer-{rank}", datacenter="dc-a", root=True, owner="trainer-0")
+    book.node("w-r2", agent="r2", datacenter="dc-b")
+    book.published(1, 10.0)
+    book.forget("trainer-0")
+    assert sorted(book.nodes) == ["w-r2", "w-t0", "w-t1"]
+    link = book.applied("r2", datacenter="dc-b", version=1, holder="w-t1", encoding="raw", wire_bytes=100, fetch_s=0.5)
+    assert link == "dc-a->dc-b" and book.totals == {"dc-a->dc-b": {"bytes": 100, "copies": 1}}
+    assert book.reached("r2", 1, {"r2"}, 12.0) == [2.0]
+    assert sorted(book.nodes) == ["w-r2"]
+
+
+def test_a_root_gone_already_keeps_what_it_held_when_a_new_trainer_of_its_name_goes():
+    # trainer-0 went while v1 was open (its root kept for v1); a new trainer-0 at another address published v2 and
+    # went too: the first root still goes once v1 is delivered, not kept for v2 as well
+    book = WeightBook()
+    book.node("w-t0", agent="trainer-0", datacenter="dc-a", root=True)
+    book.published(1, 10.0)
+    book.forget("trainer-0")
+    book.node("w-t0b", agent="trainer-0", datacenter="dc-a", root=True)
+    book.published(2, 20.0)
+    book.forget("trainer-0")
+    assert sorted(book.nodes) == ["w-t0", "w-t0b"]
+    assert book.reached("r2", 1, {"r2"}, 21.0) == [11.0]
+    assert sorted(book.nodes) == ["w-t0b"]  # was: w-t0 too, held v2 (said twice)
+    assert book.reached("r2", 2, {"r2"}, 22.0) == [2.0]
+    assert book.nodes == {}
