@@ -670,10 +670,10 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None 
             hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",
         )
     theirs = [] if os.path.lexists(path / "secret") else [n for n in RUN_RECORD if os.path.lexists(path / n)]
-    if theirs:  # (a launch stopped or failed before or while it prepared left its secret: its events are rlctl's)
+    if theirs:  # (a launch writes the secret as it reserves its index row: one that ended before `prepare` left it)
         raise UsageError(
-            f"{named_by}: {path} holds {', '.join(theirs)}, which rlctl did not write (no launch prepared a job "
-            "there); a launch appends its record to files by these names",
+            f"{named_by}: {path} holds {', '.join(theirs)}, which rlctl did not write (no launch made a job there); "
+            "a launch appends its record to files by these names",
             hint=f"move them aside, or choose {other}",
         )
 

@@ -1,5 +1,5 @@
-"""A fresh launch into a directory holding the user's events.jsonl or metrics.jsonl (no launch prepared a job there)
-is refused: the job appended its record to the user's files."""
+"""A fresh launch into a directory holding the user's events.jsonl or metrics.jsonl (no launch made a job there: it
+writes the secret as it reserves its index row) is refused: the job appended its record to the user's files."""
 
 from __future__ import annotations
 
@@ -27,12 +27,15 @@ def test_a_users_record_file_is_refused(tmp_path: Path, name: str) -> None:
     (tmp_path / "mine" / name).write_text('{"mine": 1}\n')
     with pytest.raises(UsageError) as e:
         refuse_taken(tmp_path / "mine")
-    assert f"--job-dir: {tmp_path / 'mine'} holds {name}, which rlctl did not write" in str(e.value)
+    assert (
+        f"--job-dir: {tmp_path / 'mine'} holds {name}, which rlctl did not write (no launch made a job there)"
+        in str(e.value)
+    )  # was: "(no launch prepared a job there)", as a launch wrote the secret in `prepare` then
     assert "choose another --job-dir" in (e.value.hint or "")
 
 
 def test_a_launch_stopped_while_it_prepared_may_be_launched_again(tmp_path: Path) -> None:
-    jd = JobDir.create("demo", explicit=tmp_path / "run")  # `prepare` wrote its secret, then a stop its event
+    jd = JobDir.create("demo", explicit=tmp_path / "run")  # its reservation wrote its secret, then a stop its event
     jd.secret()
     jd.event("prepare_stopped")
     refuse_taken(jd.path)  # nothing raised
