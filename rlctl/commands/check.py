@@ -121,6 +121,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
     from rlctl.errors import ConfigError, PlanError
     from rlctl.launch.siteprobe import (
+        PartitionCpus,
         controller_cores_problems,
         controller_reach_problems,
         controller_tracking_problems,
@@ -177,10 +178,11 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
             else:
                 lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
     reached = [name for name in roles if name not in gone]
-    lines += problem_lines(job, partition_cores_problems(job, plan, reached=reached, timeout_s=timeout_s))
+    cpus = PartitionCpus(timeout_s=timeout_s)  # sinfo's CPUs, asked once a site for the agents and the controller
+    lines += problem_lines(job, partition_cores_problems(job, plan, reached=reached, cpus=cpus))
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if controller not in gone:
-        lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, timeout_s=timeout_s)
+        lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, cpus=cpus)
     if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}

@@ -323,14 +323,35 @@ def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> lis
     return out
 
 
-def controller_cores_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[str]:
+class PartitionCpus:
+    """The most CPUs a node of a SLURM site's partition has (sinfo's `%c`, `SlurmBackend.node_cpus`), asked once a
+    site for every check that compares a request with it (`check --reach`: the controller's cores, the agents'
+    threads); None where sinfo cannot be asked or says no plain figure (each check then compares nothing)."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._said: dict[str, int | None] = {}
+
+    def __call__(self, name: str, site: Site) -> int | None:
+        if name not in self._said:
+            from rlctl.launch.slurm import SlurmBackend
+
+            try:
+                self._said[name] = SlurmBackend.node_cpus(site, timeout_s=self.timeout_s)
+            except LaunchError:
+                self._said[name] = None
+        return self._said[name]
+
+
+def controller_cores_problems(
+    name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0, cpus: PartitionCpus | None = None
+) -> list[str]:
     """The controller's SLURM job on site `name` asking more cores (`controller_cores`: itself, its reward
-    workers, the held-out evaluations' one) than any node of its partition has (sinfo's CPUs), where no
-    `nodes[].cpus` caps the request: sbatch refuses it ('Requested node configuration is not available') as the
-    launch starts. One line; [] on other sites, with cpus given, or when sinfo cannot be asked or says no plain
-    figure."""
+    workers, the held-out evaluations' one) than any node of its partition has (sinfo's CPUs, from `cpus`: those
+    asked already, or asked now within `timeout_s`), where no `nodes[].cpus` caps the request: sbatch refuses it
+    ('Requested node configuration is not available') as the launch starts. One line; [] on other sites, with cpus
+    given, or when sinfo cannot be asked or says no plain figure."""
     from rlctl.launch.layout import controller_cores
-    from rlctl.launch.slurm import SlurmBackend
 
     sched = site.scheduler
     if not isinstance(sched, SlurmScheduler) or any(n.cpus is not None for n in site.nodes):
@@ -338,10 +359,7 @@ def controller_cores_problems(name: str, site: Site, job: JobFile, *, timeout_s:
     cores = controller_cores(job, site)
     if cores == 1:
         return []
-    try:
-        most = SlurmBackend.node_cpus(site, timeout_s=timeout_s)
-    except LaunchError:
-        return []
+    most = (cpus or PartitionCpus(timeout_s=timeout_s))(name, site)
     if most is None or cores <= most:
         return []
     workers = getattr(job.task, "reward_workers", 0)

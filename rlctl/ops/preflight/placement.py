@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.config.job import Job
@@ -21,6 +21,9 @@ from rlctl.ops.noderoom import UNBOUNDED, fit, node_room, shares_of
 from rlctl.ops.preflight.backends import sharding_problems
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.memory import shared_rollout_memory_problems, trainer_memory_problems
+
+if TYPE_CHECKING:
+    from rlctl.launch.siteprobe import PartitionCpus
 
 
 def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
@@ -151,34 +154,29 @@ def _slurm_cores(
 
 
 def partition_cores_problems(
-    job: Job, plan: dict[str, Any] | None, *, reached: Collection[str], timeout_s: float
+    job: Job, plan: dict[str, Any] | None, *, reached: Collection[str], cpus: PartitionCpus
 ) -> list[Problem]:
     """`check --reach`'s: an agent's SLURM job asking more cores of a node (its tasks on the node × the threads the
     job sets for its role) than any node of its site's partition has (sinfo's CPUs), on a site whose inventory
     leaves a node's `cpus` out (`_slurm_cores` compares those; without them nothing did, and sbatch refused the
-    agent's job as the launch started). sinfo is asked only on the sites in `reached`, once each; nothing without a
-    plan or a layout (`placement_problems` says why), or where sinfo cannot be asked or says no plain figure."""
-    from rlctl.launch.slurm import SlurmBackend
-
+    agent's job as the launch started). sinfo is asked only on the sites in `reached`, once each (`cpus`, shared
+    with the controller's check); nothing without a plan or a layout (`placement_problems` says why), or where
+    sinfo cannot be asked or says no plain figure."""
     if plan is None:
         return []
     try:
         agents = layout(plan, job.inventory.sites, job.spec)
     except LaunchError:
         return []
-    cpus: dict[str, int] = {}
+    said: dict[str, int] = {}
     for name in sorted({a.site for a in agents if a.role in THREAD_FIELDS and _threads_given(job, a.role)}):
         site = job.inventory.sites[name]
         sched = site.scheduler  # (as `siteprobe.controller_cores_problems` asks the controller's site)
         if name not in reached or not isinstance(sched, SlurmScheduler) or None not in [n.cpus for n in site.nodes]:
             continue
-        try:
-            most = SlurmBackend.node_cpus(site, timeout_s=timeout_s)
-        except LaunchError:
-            continue
-        if most is not None:
-            cpus[name] = most
-    return _slurm_cores(job, agents, partition_cpus=cpus)
+        if (most := cpus(name, site)) is not None:
+            said[name] = most
+    return _slurm_cores(job, agents, partition_cpus=said)
 
 
 def _threads_given(job: Job, role: str) -> int | None:

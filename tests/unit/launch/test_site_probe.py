@@ -633,6 +633,49 @@ def test_check_reach_refuses_an_agent_s_threads_past_its_partition_s_cpus_from_s
     assert asked.count("sinfo %c") == 1  # the partition's CPUs asked once for both roles (16 threads a unit fit)
 
 
+def test_check_reach_asks_sinfo_s_cpus_once_for_the_controller_and_the_agents_of_its_site(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller's site holds agents whose threads the job sets, and the controller asks more than one core (its
+    reward workers): `check --reach` asked sinfo '%c' there twice, once for the agents' threads and once for the
+    controller's cores, each waiting on the submit host. One answer now serves both; each is still compared."""
+    from rlctl.commands import check
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import Job, load_job
+    from rlctl.config.task import DatasetTask
+    from rlctl.launch.remote import CommandResult
+    from rlctl.launch.slurm import SlurmBackend
+
+    asked: list[str] = []
+
+    class SubmitHost:  # the probe's python missing there (reached); sinfo says 16- and 8-CPU nodes
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            asked.append(command.split()[0] + (" %c" if "'%c'" in command else ""))
+            if command.startswith("srun"):
+                return CommandResult(127, "", "python: not found")
+            return CommandResult(0, "16\n8\n" if "'%c'" in command else "", "")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost()))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    spec = demo.spec.model_copy(
+        update={
+            "task": DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=20),
+            "trainer": demo.spec.trainer.model_copy(update={"threads_per_rank": 32}),
+        }
+    )
+    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
+    job = Job(spec, Inventory({"local": slurm}, [], ["x"]), demo.path)
+    lines = check.job_problem_lines(job, timeout_s=1.0)[0]
+    assert [line.partition(": ")[2][:40] for line in lines if "(sinfo)" in line] == [
+        "trainer.threads_per_rank: 32: the traine",
+        "the controller's SLURM job asks 21 cores",
+    ]
+    assert asked.count("sinfo %c") == 1  # was 2
+
+
 def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
