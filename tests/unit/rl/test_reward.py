@@ -276,6 +276,18 @@ def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyP
     assert "\n" not in str(e.value)
 
 
+def test_a_missing_reward_file_says_relative_to_the_job_file_only_where_written_relative(rewards_dir: Path) -> None:
+    """A reward path written absolute is read as written: its line said "(relative paths are relative to the job
+    file)" of it too. One rule now, `textutil.job_relative`, as task.path's and evaluation.path's lines say it."""
+    absolute = rewards_dir / "rewards" / "nope.py"
+    with pytest.raises(ValueError) as e:
+        load_reward(f"{absolute}:f", rewards_dir)
+    assert str(e.value) == f"{absolute}: no such file"
+    with pytest.raises(ValueError) as e:
+        load_reward("rewards/nope.py:f", rewards_dir)
+    assert str(e.value) == "rewards/nope.py: no such file (relative to the job file)"
+
+
 def _reward_in_three_files(d: Path) -> Path:
     """uses.py imports a module and a package beside it (one inside a function), the package a third module."""
     d.mkdir(parents=True)
