@@ -173,11 +173,21 @@ class Runs:
         assert self.run is not None
         limit = self.run.time_limit()  # a planned end: it spends no resume
         name = self.spec.name
-        if self.spec.checkpoint.auto_resume <= 0 or (limit is None and self.left <= 0):
+        failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
+        if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
+            failure = f"failed: {failure}"
+        allowed = self.spec.checkpoint.auto_resume
+        if allowed <= 0 or (limit is None and self.left <= 0):
             if limit is not None:
                 self.say(
                     f"job {name}: time limit reached on {limit}; not resumed automatically (checkpoint.auto_resume "
                     f"is 0): continue it with `{self.run.resume_command()}`"
+                )
+            elif allowed > 0:  # said, versus the failure alone, as if the job had no automatic resumes
+                self.say(
+                    f"job {name} {failure}; not resumed automatically: the {allowed} resume(s) of its "
+                    f"checkpoint.auto_resume are spent (why its runs fail: {self.jobdir.path}/logs); "
+                    f"`{self.run.resume_command()}` continues it, with {allowed} more"
                 )
             return False
         newest = newest_checkpoint(self.jobdir, since=self._since)
@@ -194,9 +204,6 @@ class Runs:
                     "not resumed automatically (it would most likely fail the same way)"
                 )
             return False
-        failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
-        if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
-            failure = f"failed: {failure}"
         # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run. Here,
         # not in the run's start alone (`JobRun._prepare` checks the checkpoint its sites hold, after staging): before
         # the failed run's remains are stopped, an `auto_resume` event written and a resume spent, and as this path's

@@ -148,6 +148,17 @@ def test_resumes_stop_when_none_are_left(runs):
     assert ScriptedRun.started == [False, True, True] and r.left == 0
 
 
+def test_a_failure_once_the_resumes_are_spent_says_so(runs):
+    # the third failure ended the launch with the failure alone, as a job without `auto_resume` does: no word of why
+    # this one was not resumed, nor that a `launch --resume` gets its resumes again
+    r, said = runs([(FAILED, [5]), (FAILED, [10]), (FAILED, [15])], auto_resume=2)
+    assert r.wait()["state"] == FAILED
+    assert said[-1] == (
+        f"job demo {FAILED}; not resumed automatically: the 2 resume(s) of its checkpoint.auto_resume are spent (why "
+        f"its runs fail: {r.jobdir.path}/logs); `rlctl launch --resume j` continues it, with 2 more"
+    )
+
+
 @pytest.mark.parametrize("state", ["stopped", "done"])
 def test_a_stopped_or_finished_job_is_not_resumed(runs, state):
     r, said = runs([(state, [10])], auto_resume=3)
