@@ -58,7 +58,9 @@ def require_job_dir(ref: JobRef) -> None:
     said = f"; the job index says {ref.row.state}" if ref.row is not None else ""
     raise RlctlError(
         f"job {ref.id}: its job directory {ref.jobdir.path} is gone (removed, or not mounted on this machine){said}",
-        hint="`rlctl status --all` lists the jobs in the index",
+        # (a moved job dir is its job by its directory: a resume by it puts the index row there)
+        hint=f"moved elsewhere? name the job by its directory where it is now, not {shlex.quote(ref.id)}; "
+        "`rlctl status --all` lists the jobs in the index",
     )
 
 

@@ -635,7 +635,8 @@ def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path
         db.close()
     assert one_error(run_cli(*command.split(), "demo-1"), code=1) == (
         f"rlctl: error: job demo-1: its job directory {gone} is gone (removed, or not mounted on this machine); the "
-        f"job index says {state} (hint: `rlctl status --all` lists the jobs in the index)"
+        f"job index says {state} (hint: moved elsewhere? name the job by its directory where it is now, not demo-1; "
+        "`rlctl status --all` lists the jobs in the index)"
     )
 
 

@@ -486,3 +486,23 @@ def test_a_resume_of_a_job_that_completed_no_checkpoint_takes_a_fixed_field_edit
     assert said == [
         f"job demo: {jd.job_json} was edited since the launch (batch): the resume runs the job as edited there"
     ]
+
+
+def test_a_resume_of_a_moved_job_by_its_id_says_to_name_its_directory_which_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its hint was `rlctl status --all` alone, which lists the row whose directory is gone: nothing said that the job
+    # goes on by its directory where it is now
+    jd = ended(tmp_path / "run", "failed: trainer trainer-0 was lost", iterations=7, indexed="failed")
+    checkpointed(jd, 5)
+    moved = JobDir(jd.path.rename(tmp_path / "elsewhere"))
+    r = run_cli("launch", "--resume", jd.id)
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.rstrip().endswith(
+        f"(hint: moved elsewhere? name the job by its directory where it is now, not {jd.id}; `rlctl status --all` "
+        "lists the jobs in the index)"
+    ), r.stderr
+    launched, _ = launched_by(moved, monkeypatch)
+    r = run_cli("launch", "--resume", str(moved.path))
+    assert r.exit_code == 0, r.stderr
+    assert launched["resume"] is True
