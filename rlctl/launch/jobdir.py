@@ -256,9 +256,14 @@ class JobDir:
             raise LaunchError(f"{self.job_json}: no 'job' mapping in it", hint="was it edited?")
         try:
             return JobFile.model_validate(data["job"], context=RECORDED)  # as its launch accepted it
-        except ValidationError as e:
+        except ValidationError as e:  # a hand edit (the way a resumed job's settings change) a job file would refuse
             field, msg = first_error(e)
-            raise LaunchError(f"{self.job_json}: job.{field}: {msg}", hint="was it edited?") from e
+            raise ConfigError(
+                str(self.job_json),
+                f"job.{field}",
+                msg,
+                hint=f"edit job.{field} in job.json to a valid value (the resume runs the job as edited there)",
+            ) from e
 
     def read_plan(self) -> dict[str, Any]:
         """plan.json, with what a launch places the agents by checked: `trainer` (its `site`, `ranks` ≥ 1, and its

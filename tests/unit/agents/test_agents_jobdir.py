@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from rlctl.config import load_job
 from rlctl.config.task import DatasetTask
-from rlctl.errors import LaunchError, UsageError
+from rlctl.errors import ConfigError, LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job
 
@@ -65,13 +65,19 @@ def test_a_recorded_job_an_older_rlctl_launched_reads_back(tmp_path):
 
 
 def test_an_edited_job_json_is_one_line_naming_the_field(tmp_path):
-    # a pydantic ValidationError (or KeyError) traceback from `pull` / `report` before
+    # a pydantic ValidationError (or KeyError) traceback from `pull` / `report` before; a field edited into a value a
+    # job file would refuse is a bad job file (exit 2, how to fix it), versus a runtime failure (exit 1, "was it
+    # edited?"): job.json is where a resumed job's settings are edited
     jd = JobDir.create("demo", explicit=tmp_path / "j")
-    for text, says in (('{"job": {"name": "x"}}', "job.apiVersion: required field is missing"), ("[]", "no 'job'")):
-        jd.job_json.write_text(text)
-        with pytest.raises(LaunchError, match=re.escape(f"{jd.job_json}: {says}")) as e:
-            jd.read_job()
-        assert e.value.hint == "was it edited?"
+    jd.job_json.write_text('{"job": {"name": "x"}}')
+    with pytest.raises(ConfigError, match=re.escape(f"{jd.job_json}: job.apiVersion: required field is missing")) as e:
+        jd.read_job()
+    assert e.value.exit_code == 2
+    assert e.value.hint == "edit job.apiVersion in job.json to a valid value (the resume runs the job as edited there)"
+    jd.job_json.write_text("[]")
+    with pytest.raises(LaunchError, match=re.escape(f"{jd.job_json}: no 'job'")) as e:
+        jd.read_job()
+    assert e.value.hint == "was it edited?"
 
 
 def test_mode_override_takes_that_modes_bound():

@@ -506,3 +506,23 @@ def test_a_resume_of_a_moved_job_by_its_id_says_to_name_its_directory_which_resu
     r = run_cli("launch", "--resume", str(moved.path))
     assert r.exit_code == 0, r.stderr
     assert launched["resume"] is True
+
+
+def test_a_resume_of_a_job_json_edited_into_an_invalid_value_exits_2_naming_the_field_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    # job.json is where a resumed job's settings are changed by hand; a value a job file would refuse was exit 1 (a
+    # runtime failure), hinting "was it edited?"
+    jd = ended(tmp_path / "run", "failed: trainer trainer-0 was lost", iterations=7, indexed="failed")
+    checkpointed(jd, 5)
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["checkpoint"]["keep"] = -1
+    jd.job_json.write_text(json.dumps(data, indent=2))
+    before = files(jd.path)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"rlctl: error: {jd.job_json}: job.checkpoint.keep: "), r.stderr
+    assert r.stderr.rstrip().endswith(
+        "(hint: edit job.checkpoint.keep in job.json to a valid value (the resume runs the job as edited there))"
+    ), r.stderr
+    assert files(jd.path) == before
