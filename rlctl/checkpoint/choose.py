@@ -163,11 +163,19 @@ class ResumePoint:
     skipped: tuple[tuple[int, str], ...] = ()  # newer checkpoints not used, and why
 
 
-def choose_resume(pointer: str | None, versions: Iterable[int], problem: Callable[[int], str | None]) -> ResumePoint:
+def choose_resume(
+    pointer: str | None,
+    versions: Iterable[int],
+    problem: Callable[[int], str | None],
+    *,
+    where: str = "",
+    start_over: str = "rlctl launch JOB.yaml",
+) -> ResumePoint:
     """The checkpoint a resume continues from: the newest of `versions` (checkpoints on disk) no newer than the
     one `latest.json` names (its text; None: no pointer) for which `problem(v)` finds nothing wrong, trying
     older ones in turn. A damaged pointer bounds nothing: every checkpoint is tried. RlctlError when there are
-    checkpoints, or a pointer, but none verifies: resuming must never silently start the job over."""
+    checkpoints, or a pointer, but none verifies: resuming must never silently start the job over; it names
+    `where` they were looked for (" in DIR") and, in its hint, the command `start_over` that launches the job anew."""
     named: int | None = None
     if pointer is None:
         said = "no latest.json"
@@ -191,8 +199,8 @@ def choose_resume(pointer: str | None, versions: Iterable[int], problem: Callabl
     tried = "; ".join(f"v{v}: {why}" for v, why in skipped[:3]) or "no checkpoint on disk"
     more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
     raise RlctlError(
-        f"no complete checkpoint to resume from ({said}; {tried}{more})",
-        hint="`rlctl launch JOB.yaml` starts the job over in a new directory",
+        f"no complete checkpoint to resume from{where} ({said}; {tried}{more})",
+        hint=f"`{start_over}` starts the job over in a new directory",
     )
 
 

@@ -29,6 +29,7 @@ def pick_checkpoint(
     *,
     split: ParallelConfig | None = None,
     only: int | None = None,
+    start_over: str = "rlctl launch JOB.yaml",
 ) -> ResumePoint:
     """The checkpoint a resume continues from (choose_resume), each part read through its own site's
     view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
@@ -37,7 +38,9 @@ def pick_checkpoint(
     last) are tried, newest first: those on disk, not those the job's `checkpoint.every_iterations` makes now (a
     count edited in job.json since left the ones written before out). `split`: the trainer's tp × pp × dp, which
     must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
-    else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named)."""
+    else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named).
+    RlctlError where none verifies, naming the directories its parts were read in and, in its hint, the command
+    `start_over` that launches the job anew."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     on_disk = stored_checkpoints(c_fs, c_dir)
@@ -70,7 +73,9 @@ def pick_checkpoint(
             raise UsageError(f"--checkpoint v{only}: {why}", hint="name another with --checkpoint, or leave it out")
         return ResumePoint(only, f"--checkpoint v{only}")
     pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
-    return choose_resume(pointer, on_disk, problem)
+    c_at, t_at = str(c_dir.checkpoints), str(t_dir.checkpoints)  # (each its own site's: a path there)
+    where = f" in {c_at}" if c_at == t_at else f" in {c_at} (controller parts) and {t_at} (trainer parts)"
+    return choose_resume(pointer, on_disk, problem, where=where, start_over=start_over)
 
 
 def stored_checkpoints(fs: HostFiles, jobdir: JobDir) -> list[int]:

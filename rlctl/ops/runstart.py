@@ -33,6 +33,7 @@ from rlctl.ops.client import controller_address
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import refuse_fixed_edits
 from rlctl.ops.jobdb import JobRow
+from rlctl.ops.jobprep import launch_again
 from rlctl.ops.resumepoint import pick_checkpoint
 from rlctl.ops.runbase import RunBase, last_error
 from rlctl.ops.runstate import UNSTARTED, aside_name, current_run, stop_requested
@@ -361,6 +362,7 @@ class RunStart(RunBase):
                     (t_fs, self.site_dir(trainer)),
                     split=trainer_parallel(self.plan),
                     only=only,
+                    start_over=launch_again(launched_from(self.jobdir)),
                 )
             finally:
                 c_fs.close()
@@ -377,3 +379,15 @@ class RunStart(RunBase):
             return fs.read_text(f"{root}/{name}")
         finally:
             fs.close()
+
+
+def launched_from(jobdir: JobDir) -> str | None:
+    """The job file the job was launched from (its absolute path, as job.json keeps it), None where job.json names
+    none (a job launched from a mapping, or by an rlctl that kept none) or does not read."""
+    try:
+        data = jobdir.read_json(jobdir.job_json)
+    except (OSError, RlctlError):
+        return None
+    source = data.get("source_file") if isinstance(data, dict) else None
+    path = source.get("path") if isinstance(source, dict) else None
+    return path if isinstance(path, str) else None

@@ -193,9 +193,9 @@ def test_no_complete_checkpoint_is_refused_in_one_line_not_restarted(tmp_path: P
     with pytest.raises(RlctlError) as e:
         sites.pick()
     msg = str(e.value)
-    assert (
-        msg
-        == "no complete checkpoint to resume from (latest.json names v3; v3: trainer part: no MANIFEST.trainer.json)"
+    assert msg == (
+        f"no complete checkpoint to resume from in {sites.c.checkpoints} (controller parts) and {sites.t.checkpoints} "
+        "(trainer parts) (latest.json names v3; v3: trainer part: no MANIFEST.trainer.json)"
     )
     assert e.value.exit_code == 1 and e.value.hint is not None and "\n" not in msg + e.value.hint
 
@@ -639,3 +639,33 @@ def test_a_resume_refuses_a_fixed_field_edit_where_its_site_holds_a_checkpoint_i
     assert (after.state, after.info) == (before.state, before.info)
     assert resumes(jd.read_events()) == [] and not jd.read_events("resumed", "agent_started")
     assert json.loads(jd.job_json.read_text())["job"]["seed"] == 7  # the edit kept, for the operator to put back
+
+
+def test_a_resume_whose_every_checkpoint_is_damaged_names_where_they_are_and_the_job_file_to_launch_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it named MANIFEST.controller.json in no directory (on which site: the controller's or the trainer's?), and
+    # hinted `rlctl launch JOB.yaml`, though job.json names the file the job was launched from
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
+    source = tmp_path / "resume.yaml"
+    source.write_text("name: resume\n")
+    jd.write_job(spec(), source=str(source))
+    digest = files_part(jd.checkpoint(3), "trainer", "{}", meta=sharded_meta(ONE_RANK))
+    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    set_latest(jd.path / "checkpoints", 3)
+    jd.event("checkpoint", version=3)
+    manifest_path(jd.checkpoint(3), "controller").write_text("{not json")
+    summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
+    jd.summary_json.write_text(summary)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 1, r.stderr
+    assert r.stderr == (
+        f"rlctl: error: no complete checkpoint to resume from in {jd.checkpoints} (latest.json names v3; v3: "
+        "controller part: MANIFEST.controller.json does not parse (JSONDecodeError: Expecting property name enclosed "
+        f"in double quotes: line 1 column 2 (char 1))) (hint: `rlctl launch {source}` starts the job over in a new "
+        "directory)\n"
+    ), r.stderr
+    assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
