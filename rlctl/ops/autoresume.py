@@ -9,8 +9,9 @@ iterations since the last checkpoint, not the night:
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
-                     └─ else: say what changed since the launch (`launch_changes`, as `launch --resume` does),
-                        stop what is left of the run, `start(resume=True)` ─▶ wait …
+                     ├─ what is left of the run cannot be stopped (a site that does not answer) ─▶ that failure
+                     └─ else: say the resume and what changed since the launch (`launch_changes`, as `launch
+                        --resume` does), `start(resume=True)` ─▶ wait …
 
 A run that ended at its site's time limit (a SLURM job's `--time`: the site's `scheduler.time_limit_min`; SLURM's
 TERM, then the controller's `failed: controller got SIGTERM` or a trainer lost) is a planned end, not a crash: it is
@@ -208,11 +209,23 @@ class Runs:
         # not in the run's start alone (`JobRun._prepare` checks the checkpoint its sites hold, after staging): before
         # the failed run's remains are stopped, an `auto_resume` event written and a resume spent, and as this path's
         # end, said with an `auto_resume_refused` event and the failure the job's, not an error out of `wait`
+        ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"
         try:
             refuse_fixed_edits(self.jobdir, resumed=newest)
         except UsageError as e:
-            ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"
             self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")
+            self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
+            return False
+        # what is left of the failed run, stopped before its resume is said, spent and recorded: one whose agents may
+        # still run (a site that does not answer) is not resumed over them, versus "resuming it from checkpoint vN"
+        # said and then the stop's error, no resume
+        try:
+            self.run.stop()
+        except LaunchError as e:
+            self.say(
+                f"job {name}{ended}; not resumed automatically: what is left of its run could not be stopped ({e}); "
+                f"once it is, `{self.run.resume_command()}` continues it"
+            )
             self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
             return False
         changes = self._changes()
@@ -231,8 +244,6 @@ class Runs:
         for line in changes:  # as `launch --resume` says them: the edits the resumed run takes up, or does not
             self.say(f"job {name}: {line}")
         self.jobdir.event("auto_resume", after=why, version=newest, left=self.left, time_limit=limit)
-        assert self.run is not None
-        self.run.stop()  # what is left of the failed run (a LaunchError when some of it may still run: no resume)
         self.start(resume=True)
         return True
 

@@ -159,6 +159,26 @@ def test_a_failure_once_the_resumes_are_spent_says_so(runs):
     )
 
 
+def test_a_failed_run_whose_remains_cannot_be_stopped_is_not_said_to_be_resumed(runs, monkeypatch):
+    # it said "resuming it from checkpoint v20 (checkpoint.auto_resume: 1 more left)", wrote an `auto_resume` event
+    # and spent a resume, then the stop's LaunchError ended the launch: no resume
+    r, said = runs([(FAILED, [10, 20]), ("done", [30])], auto_resume=2)
+
+    def stop(self: ScriptedRun) -> None:
+        raise LaunchError("site far: cannot stop rollout-0: ssh: connect to host far: Connection refused")
+
+    monkeypatch.setattr(ScriptedRun, "stop", stop)
+    assert r.wait()["state"] == FAILED
+    assert ScriptedRun.started == [False] and r.left == 2 and r.resumes == 0
+    assert said == [
+        f"job demo {FAILED}; not resumed automatically: what is left of its run could not be stopped (site far: "
+        "cannot stop rollout-0: ssh: connect to host far: Connection refused); once it is, `rlctl launch --resume j` "
+        "continues it"
+    ]
+    events = [e["event"] for e in r.jobdir.read_lines(r.jobdir.events)]
+    assert "auto_resume" not in events and "auto_resume_refused" in events
+
+
 @pytest.mark.parametrize("state", ["stopped", "done"])
 def test_a_stopped_or_finished_job_is_not_resumed(runs, state):
     r, said = runs([(state, [10])], auto_resume=3)
