@@ -215,7 +215,9 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     # a new name): it was listed, 'exited (status unknown)', runs after; one that still runs, or whose site did not
     # say, is listed (an orphan), as `stop` lists it
     agents = [a for a in agents if this_run is None or a["name"] in this_run or not a["state"].startswith("exited")]
-    if not agents and _being_prepared(ref):
+    if _being_prepared(ref) and all(a["state"].startswith("exited") for a in agents):
+        # (a resume's: the run before's agents, all exited, are none of this one's; it said `launching, but no agent
+        # runs and no summary was written: it ended without one`, a controller error and `partial status`, exit 3)
         out["controller"], out["agents"], out["sites_down"] = PREPARING, [], []
         return out, True
     if not agents and last is None and summary is None and _never_started(jd):
@@ -306,9 +308,9 @@ def _never_prepared(jd: JobDir) -> bool:
 
 
 def _being_prepared(ref: JobRef) -> bool:
-    """A fresh launch before its controller started: its index row says launching, no controller.json, and a
-    launcher holds the job dir (a launch that died preparing left its row failed; one whose launcher holds nothing
-    is not being prepared)."""
+    """A fresh launch, or a resume, before its controller started: its index row says launching, no controller.json
+    (a run's start removes the run before's), and a launcher holds the job dir (a launch that died preparing left
+    its row failed; one whose launcher holds nothing is not being prepared)."""
     row = ref.row
     jd = ref.jobdir
     return (

@@ -321,6 +321,29 @@ def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
     assert not complete and s["controller"] != operate.PREPARING
 
 
+def test_status_of_a_job_its_launcher_resumes_is_complete_and_says_it_is_not_started_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a resume staging (minutes, for a large model): the run before's agents all exited, its summary set aside, the
+    # row launching; it said `launching, but no agent runs and no summary was written: it ended without one`, a
+    # controller error (controller.json: not started?) and `partial status`, exit 3
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "res", LOCAL, _killed_agent())
+    jd.metrics.write_text(json.dumps({"iteration": 3, "reward_mean": 0.5, "t": 1.0}) + "\n")
+    (jd.path / "summary.1.json").write_text(json.dumps({"state": "failed: trainer trainer-0 was lost"}))
+    row = indexed_row("res", jd.path, job="res", state="launching")
+    with jd.launcher_lock():
+        s, complete = operate.job_status(JobRef("res", jd, row), timeout_s=BOUND_S)
+        assert complete and s["agents"] == [] and s["controller"] == operate.PREPARING
+        r = run_cli("status", "res")
+        assert r.exit_code == 0 and "ended without" not in r.stdout, (r.stdout, r.stderr)
+        assert f"controller       {operate.PREPARING}" in r.stdout, r.stdout
+    s, complete = operate.job_status(JobRef("res", jd, row), timeout_s=BOUND_S)  # no launcher holds it: not so
+    assert not complete and s["controller"] != operate.PREPARING
+
+
 def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_says_how_to_launch_it_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
