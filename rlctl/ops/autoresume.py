@@ -40,7 +40,7 @@ from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, event_time, open_record, row_count
 from rlctl.ops.detach import this_launcher
-from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
+from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobprep import StopCheck
 from rlctl.ops.run import JobRun
@@ -116,6 +116,8 @@ class Runs:
         run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
         point = run.resumed
         self._from = point.version if point is not None else 0
+        if point is not None and point.version == 0:  # started over: the job as job.json has it now is the launch its
+            take_edits(self.jobdir)  # checkpoints are of, which the resumes after this one hold edits against
         if point is not None:
             skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
             start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"

@@ -18,7 +18,8 @@ went unsaid: a resume after a change of `iterations` in the job file ran the old
 a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind; not an
 HF model's name, only a label) is refused by a resume that continues from a checkpoint (`refuse_fixed_edits`, one
 line with the value at the launch and now), since no checkpoint of the job fits it; a resume of a job that completed
-none starts from the beginning, which nothing of the launch holds back: it runs the edit, said as any other.
+none starts from the beginning, which nothing of the launch holds back: it runs the edit, said as any other, and
+the job as edited is then the one its checkpoints are of (`take_edits`: the resumes after it compare with that).
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ from rlctl.config.base import read_yaml
 from rlctl.config.inventory import load_inventory
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
-from rlctl.launch.jobdir import FIXED_FIELDS, LAUNCHED, NAME_FIXES_WEIGHTS, JobDir, job_digests, job_field
+from rlctl.launch.jobdir import (
+    FIXED_FIELDS,
+    LAUNCHED,
+    NAME_FIXES_WEIGHTS,
+    JobDir,
+    job_digests,
+    job_field,
+    replace_text,
+)
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
@@ -74,6 +83,28 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
             f"cannot take it: {FIXED_WHY[name]}",
             hint=f"put job.{name} back to {_shown(was)} in job.json, or launch the changed job anew",
         )
+
+
+def take_edits(jobdir: JobDir) -> None:
+    """job.json's launch values (`launched`) and field digests made those of the job as it is now, once a resume
+    started it over (no checkpoint to continue from): the checkpoints its run writes are of the job as edited, which
+    the resumes after it compare with. Before, a seed edit taken so was refused by the next resume once the run had
+    checkpointed, hinting to put back the launch's seed, which no checkpoint was written with (and said as edited at
+    every resume). Nothing for a job.json that does not read, or that keeps neither (an rlctl before them)."""
+    try:
+        data = jobdir.read_json(jobdir.job_json)
+    except (OSError, RlctlError):
+        return
+    job = data.get("job") if isinstance(data, dict) else None
+    if not isinstance(job, dict):
+        return
+    taken = dict(data)
+    if isinstance(data.get(LAUNCHED), dict):
+        taken[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}
+    if isinstance(data.get("job_sha256"), dict):
+        taken["job_sha256"] = job_digests(job)
+    if taken != data:
+        replace_text(jobdir.job_json, json.dumps(taken, indent=2) + "\n")
 
 
 def _shown(value: Any) -> str:

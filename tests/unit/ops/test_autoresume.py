@@ -179,6 +179,26 @@ def test_a_failed_run_whose_remains_cannot_be_stopped_is_not_said_to_be_resumed(
     assert "auto_resume" not in events and "auto_resume_refused" in events
 
 
+def test_a_resume_that_starts_over_takes_a_fixed_field_edit_for_the_resumes_after_it(runs):
+    # a seed edited in job.json of a job that completed no checkpoint: its resume started over and ran it, but the
+    # launch's seed stayed the one the resumes after compared with: once that run checkpointed and failed, it was not
+    # resumed ("job.seed was edited since the launch (…); a resume cannot take it", hinting to put back a seed v10 was
+    # not written with), nor would `launch --resume` take it
+    from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
+
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=1)
+    r.jobdir.write_job(r.spec, source="test")  # the launch's values (`launched`)
+    data = r.jobdir.read_json(r.jobdir.job_json)
+    data["job"]["seed"] = data["job"]["seed"] + 1
+    r.jobdir.job_json.write_text(json.dumps(data))
+    r.start(resume=True)  # `launch --resume`: no checkpoint, it starts over with the edited seed
+    assert r.wait()["state"] == "done"
+    assert ScriptedRun.started == [False, True, True] and r.resumes == 1
+    assert not any("edited" in line for line in said), said
+    refuse_fixed_edits(r.jobdir, resumed=10)  # nothing raised
+    assert launch_changes(r.jobdir) == []  # said once, as its run started over: not at every resume after
+
+
 @pytest.mark.parametrize("state", ["stopped", "done"])
 def test_a_stopped_or_finished_job_is_not_resumed(runs, state):
     r, said = runs([(state, [10])], auto_resume=3)
