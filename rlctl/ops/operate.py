@@ -47,7 +47,7 @@ from rlctl.ops.extend import completed_checkpoints, last_row
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobprep import launch_again
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.runstate import STOP_REQUESTED, UNSTARTED, current_run, resumes, run_summary
+from rlctl.ops.runstate import STOP_REQUESTED, UNSTARTED, current_run, ended_run_summary, resumes
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
@@ -204,7 +204,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
                 said = f"{jd.evaluations}: row {n}: 'version' is {e.get('version')!r}, not a number"
                 raise RlctlError(said, hint="was it edited?")
         out["heldout"] = heldout_view(evaluations)
-    summary = run_summary(jd, current_run(jd))  # not the run before's, left while this one runs
+    summary = ended_run_summary(jd, current_run(jd))  # not the run before's, left while this one runs
     if summary is not None:
         out["summary"] = {k: v for k, v in summary.items() if k not in ("reward_curve",)}
         # the same totals as a live status: the ledger, resumes and replaced units
@@ -375,7 +375,7 @@ def job_end(ref: JobRef) -> str | None:
         return None
     if row is not None and launcher_running(row.info.get("launcher")) is not False:
         return None
-    summary = run_summary(ref.jobdir, current_run(ref.jobdir))
+    summary = ended_run_summary(ref.jobdir, current_run(ref.jobdir))
     return None if summary is None else str(summary.get("state", "ended"))
 
 

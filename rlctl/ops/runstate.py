@@ -1,5 +1,6 @@
 """A job's runs as its job dir records them: which run is the latest (`current_run`), that run's summary
-(`run_summary`, versus the run before's, set aside as summary.<n>.json: `aside_name`), a `rlctl stop` asked for
+(`run_summary`, versus the run before's, set aside as summary.<n>.json: `aside_name`; `ended_run_summary`, a
+resume's that died before its run started included), a `rlctl stop` asked for
 (`stop_requested`), and the resumes that count (`resumes`: less those that ended before any agent started)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir, event_time
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,24 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
         log.warning("%s is run %s's, not run %s's: not taken", jobdir.summary_json, summary.get("run"), run)
         return None
     return summary
+
+
+def ended_run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
+    """`run_summary`; else, where no launcher holds the job, run `run`'s own summary that a resume set aside (the
+    latest summary.<n>.json) and could not put back: its launcher gone (a reboot, SIGKILL) before any agent of its
+    own run started, `run` still the latest. `rlctl status` read that job as one whose controller exited without a
+    summary, versus how its run ended. None for a summary that names no run, or does not read."""
+    summary = run_summary(jobdir, run)
+    if summary is not None or run is None or jobdir.launcher_holder() is not None:
+        return summary
+    aside = [int(m.group(1)) for p in jobdir.path.iterdir() if (m := SUMMARY_ASIDE.fullmatch(p.name))]
+    if not aside:
+        return None
+    try:
+        last = jobdir.read_json(jobdir.path / f"summary.{max(aside)}.json")
+    except (OSError, RlctlError):
+        return None
+    return last if isinstance(last, dict) and last.get("run") == run else None
 
 
 def stop_requested(jobdir: JobDir, *, since: float) -> bool:

@@ -344,6 +344,30 @@ def test_status_of_a_job_its_launcher_resumes_is_complete_and_says_it_is_not_sta
     assert not complete and s["controller"] != operate.PREPARING
 
 
+@pytest.mark.parametrize("aside_run", ["r1", "r0"])
+def test_status_of_a_job_whose_resume_died_staging_says_how_its_run_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aside_run: str
+) -> None:
+    # the resume's launcher gone (a reboot) while it staged, no agent of its run started: the latest run's summary is
+    # where the resume set it aside (summary.1.json), and status said `the controller exited without a summary`
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "res", LOCAL, _killed_agent())
+    jd.event("agent_started", agent="controller-0", run="r1")  # the latest run's controller
+    jd.metrics.write_text(json.dumps({"iteration": 3, "reward_mean": 0.5, "t": 1.0}) + "\n")
+    ended = "failed: trainer trainer-0 was lost"
+    (jd.path / "summary.1.json").write_text(json.dumps({"state": ended, "iterations": 4, "run": aside_run}))
+    gone = {"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}}
+    row = indexed_row("res", jd.path, job="res", state="launching", info=gone)
+    s, complete = operate.job_status(JobRef("res", jd, row), timeout_s=BOUND_S)
+    assert complete
+    if aside_run == "r1":  # the latest run's: how it ended
+        assert s["summary"]["state"] == ended and "ended_without_summary" not in s
+        assert s["controller"] == f"exited: the job ended ({ended})"
+        assert operate.job_end(JobRef("res", jd, row)) == ended
+    else:  # an earlier run's (this run's controller ended without one): not taken for this run's
+        assert "summary" not in s and s["ended_without_summary"]["resume"] == "rlctl launch --resume res"
+
+
 def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_says_how_to_launch_it_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
