@@ -268,6 +268,8 @@ class GrpoLearner:
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,
             "entropy": sums["entropy_sum"] / n,
+            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the tokens trained (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / n,
             "grad_norm": grad_norm,
             "lr": lr,
             "reward_mean": sum(rewards) / max(len(rewards), 1),  # none: 0, as the streaming learner's

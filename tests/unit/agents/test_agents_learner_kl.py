@@ -133,3 +133,18 @@ def test_the_reference_kl_and_the_loss_it_adds_are_reported_as_the_whole_batch_l
     assert streamed["kl_ref"] > 1e-3  # two differently initialised models
     assert streamed["kl_ref"] == pytest.approx(whole["kl_ref"], rel=1e-5)
     assert streamed["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_the_batch_learner_reports_the_behaviour_weights_as_the_streaming_learner_does() -> None:
+    # GrpoLearner.step left is_weight_mean and is_capped_frac out: how many tokens the cap truncated went unseen
+    # π / μ = 1.5, 0.5, 1.1 | 3.0, 0.5 | 0.95, truncated at 1.2: 1.2 + 0.5 + 1.1 + 1.2 + 0.5 + 0.95 = 5.45 over 6
+    rows = [([3, 1, 2], [1.5, 0.5, 1.1]), ([3, 1], [3.0, 0.5]), ([2], [0.95])]
+    samples = [Sample("g", [1], out, behaviour(out, r), float(i)) for i, (out, r) in enumerate(rows)]
+    cfg = GrpoAlgorithm(kind="grpo", off_policy="tis", is_cap=1.2)
+    streamed = run_iteration(
+        StreamingLearner(fixed(), cfg, group_size=3, micro_batch_samples=2), copy.deepcopy(samples)
+    )
+    whole = GrpoLearner(fixed(), cfg, micro_batch_samples=2).step(copy.deepcopy(samples))
+    for stats in (streamed, whole):
+        assert stats["is_weight_mean"] == pytest.approx(5.45 / 6, abs=1e-6)
+        assert stats["is_capped_frac"] == pytest.approx(2 / 6, abs=1e-6)
