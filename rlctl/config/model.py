@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from rlctl.config.base import Strict, register_tags
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
@@ -42,11 +49,33 @@ class ArchFigures(Strict):
     vocab: PositiveInt
     intermediate: PositiveInt
     params: PositiveFloat
+    head_dim: PositiveInt | None = Field(
+        None,
+        description="an attention head's width where it is not hidden / heads (Qwen3, Gemma: HF's head_dim); it sizes "
+        "the KV cache and the attention FLOPs. Default hidden // heads",
+    )
+
+    @model_serializer(mode="wrap")
+    def _head_dim_only_if_given(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a file written without head_dim (every profile before it, every hidden / heads model) is written the same
+        out: dict[str, Any] = dump(self)
+        if out.get("head_dim") is None:
+            out.pop("head_dim", None)
+        return out
 
     @property
     def arch(self) -> ModelArch:
+        explicit = self.head_dim if self.head_dim is not None and self.head_dim != self.hidden // self.heads else None
         return ModelArch(
-            self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab, self.intermediate, self.params
+            self.name,
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.vocab,
+            self.intermediate,
+            self.params,
+            explicit_head_dim=explicit,
         )
 
 

@@ -3,7 +3,7 @@
 Decode step of one instance with TP GPUs, batch BS at context C (every GPU reads its weight shard
 and its share of the KV cache; the step is bound by HBM bandwidth or by FLOPs, whichever is slower):
 
-    t = max((W + BS·C·kv) / (TP·η_bw·HBM_bw), (2·P + 4·layers·hidden·C)·BS / (TP·η_f·FLOPS))
+    t = max((W + BS·C·kv) / (TP·η_bw·HBM_bw), (2·P + 4·layers·heads·head_dim·C)·BS / (TP·η_f·FLOPS))
         + TP all-reduces (2 per layer) + t_fixed(layers)
 
 Training: FLOPs per token = 2·P·u, u the forward units of the algorithm's passes (`traincost`: e.g.
@@ -45,7 +45,8 @@ def fixed_step_s(gpu: GpuSpec, model: ModelArch) -> float:
 def decode_step_s(model: ModelArch, gpu: GpuSpec, *, tp: int, batch: int, context: int) -> float:
     mem_bytes = model.weight_bytes + batch * context * model.kv_bytes_per_token
     t_mem = mem_bytes / (tp * ETA_BW * gpu.hbm_bytes_per_s)
-    flops = (2 * model.params + 4 * model.layers * model.hidden * context) * batch
+    # QKᵀ and AV: 2 · head_dim · C each for every query head (heads · head_dim is not hidden where head_dim is explicit)
+    flops = (2 * model.params + 4 * model.layers * model.heads * model.head_dim * context) * batch
     t_flops = flops / (tp * ETA_FLOPS * gpu.flops)
     t_comm = 0.0
     if tp > 1:

@@ -53,7 +53,8 @@ class ModelSpec(ArchFigures):
 
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
-        return cls.model_validate({name: getattr(arch, name) for name in cls.model_fields})
+        figures = {name: getattr(arch, name) for name in cls.model_fields if name != "head_dim"}
+        return cls.model_validate({**figures, "head_dim": arch.explicit_head_dim})
 
     @property
     def arch(self) -> ModelArch:

@@ -4,6 +4,7 @@ as they were and are written back in the same shape."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,12 @@ import yaml
 
 from rlctl.config.job import load_job
 from rlctl.errors import ConfigError
+from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
+from rlctl.models.hf import read_config
 from rlctl.planner.inputs import profile_for
-from rlctl.profiler.profile import load_profile, save_profile
+from rlctl.profiler.analytical import ETA_FLOPS, decode_step_s, fixed_step_s, kv_capacity_tokens
+from rlctl.profiler.profile import ModelSpec, load_profile, save_profile
 
 # as `rlctl profile` wrote one before (docs/profile-format.md's example, its grid cut to one row)
 OLD_PROFILE = """\
@@ -119,3 +123,63 @@ def test_a_figure_out_of_bounds_is_refused_alike_in_a_job_and_a_profile(tmp_path
     with pytest.raises(ConfigError, match=rf"model\.{field}: .*greater than 0") as in_profile:
         load_profile(path)
     assert str(in_job.value).split(f"model.{field}: ")[1] == str(in_profile.value).split(f"model.{field}: ")[1]
+
+
+# Qwen3-0.6B's attention: 16 query heads and 8 KV heads of 128, in a hidden of 1024 (hidden / heads would be 64)
+QWEN3_LIKE = "name: qwen3-like, layers: 28, hidden: 1024, heads: 16, kv_heads: 8, vocab: 151936, intermediate: 3072, \
+params: 6.0e8, head_dim: 128"
+
+
+def test_a_head_wider_than_hidden_over_heads_is_kept_from_the_job_to_the_profile_and_back(tmp_path: Path) -> None:
+    # head_dim was no key of a job's arch model, and a profile's model dropped the HF config's: its KV cache was
+    # sized at hidden / heads = 64 a head, half the bytes a token holds
+    job = load_job(write_job(tmp_path, QWEN3_LIKE))
+    arch = job.spec.model.arch
+    assert arch.head_dim == 128 and arch.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+    prof = profile_for(job, None)
+    assert prof.model.arch == arch
+    save_profile(prof, path := tmp_path / "p.yaml")
+    assert yaml.safe_load(path.read_text())["model"]["head_dim"] == 128
+    assert load_profile(path).model.arch == arch
+    h20 = prof.sites["h20"].generation[0]
+    assert h20.kv_capacity_tokens == kv_capacity_tokens(arch, CATALOG["H20"], tp=h20.tp)
+
+
+def test_an_hf_config_s_explicit_head_dim_reaches_the_profile_s_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": 1000,
+                "hidden_size": 1024,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "max_position_embeddings": 4096,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    arch = read_config(tmp_path).arch("qwen3-like")
+    assert arch.head_dim == 128
+    assert ModelSpec.of(arch).arch == arch
+
+
+def test_a_head_dim_of_hidden_over_heads_is_no_key_of_a_written_profile(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, FIGURES + ", head_dim: 64"))  # 256 / 4: the default, said
+    assert job.spec.model.arch == ModelArch("my-arch", 4, 256, 4, 2, 1000, 512, 3.0e6)
+    save_profile(profile_for(job, None), path := tmp_path / "p.yaml")
+    assert "head_dim" not in yaml.safe_load(path.read_text())["model"]
+
+
+def test_the_roofline_s_attention_flops_are_heads_times_head_dim_wide() -> None:
+    # 4·layers·hidden·C per token: 1024 wide where Qwen3-0.6B's 16 heads of 128 are 2048
+    arch = ModelArch("qwen3-like", 28, 1024, 16, 8, 151936, 3072, 6.0e8, explicit_head_dim=128)
+    slow = GpuSpec("slow", 1e-3, 1000.0, 1000.0, 900.0, 1.0)  # FLOPs-bound by far
+    batch, context = 4, 8192
+    flops = (2 * 6.0e8 + 4 * 28 * 16 * 128 * context) * batch
+    t = decode_step_s(arch, slow, tp=1, batch=batch, context=context) - fixed_step_s(slow, arch)
+    assert t == pytest.approx(flops / (ETA_FLOPS * slow.flops), rel=1e-9)
