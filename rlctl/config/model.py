@@ -55,6 +55,13 @@ class ArchFigures(Strict):
         "the KV cache and the attention FLOPs. Default hidden // heads",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, v: str) -> str:
+        if not v.strip():  # else plans and profiles speak of model '' (a profile's must match the job's by it)
+            raise ValueError("the name is empty; give the model a name (a profile is matched to a job's model by it)")
+        return v
+
     @model_serializer(mode="wrap")
     def _head_dim_only_if_given(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # a file written without head_dim (every profile before it, every hidden / heads model) is written the same

@@ -183,3 +183,16 @@ def test_the_roofline_s_attention_flops_are_heads_times_head_dim_wide() -> None:
     flops = (2 * 6.0e8 + 4 * 28 * 16 * 128 * context) * batch
     t = decode_step_s(arch, slow, tp=1, batch=batch, context=context) - fixed_step_s(slow, arch)
     assert t == pytest.approx(flops / (ETA_FLOPS * slow.flops), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ['""', '"  "'])
+def test_an_empty_model_name_is_refused_alike_in_a_job_and_a_profile(tmp_path: Path, name: str) -> None:
+    # taken: a profile of model '' matched a job of model '', and the plan spoke of "model  does not fit"
+    with pytest.raises(ConfigError, match=r"model\.name: the name is empty") as in_job:
+        load_job(write_job(tmp_path, FIGURES.replace("name: my-arch", f"name: {name}")))
+    path = tmp_path / "p.yaml"
+    path.write_text(OLD_PROFILE.replace("name: qwen2.5-7b", f"name: {name}"))
+    with pytest.raises(ConfigError, match=r"model\.name: the name is empty") as in_profile:
+        load_profile(path)
+    for refused in (in_job, in_profile):
+        assert "\n" not in str(refused.value)
