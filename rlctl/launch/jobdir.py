@@ -274,29 +274,49 @@ class JobDir:
         yet, and of which a command reads a field or two, see `read_plan_or_none` and `plan_site`: the same checks,
         taken per field."""
         plan = self._plan_object()
+        self._check_trainer(plan, ranks_default=None)
+        self._check_rollout(plan)
+        self.plan_site(plan, "controller_site")
+        return plan
 
-        def count(value: Any, field: str, least: int) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise self._plan_error(field, f"{value!r} is not a count of {least} or more")
+    def read_plan_as_placed(self) -> dict[str, Any]:
+        """plan.json as the controller reads it where it runs (`rlctl.agents.placement.Placement` as it starts), {}
+        before `prepare` wrote it: its `rollout` groups, and its `trainer` where it has one (`ranks` 1 where not
+        given, as Placement takes it), checked as `read_plan` checks them. The copy it reads is its site's, which
+        may differ from the one the launch checked: edited there during the run, or staged again by an automatic
+        resume from the operator's copy edited since (a KeyError traceback in the controller's log, versus a line
+        naming the file and the field)."""
+        if not self.plan_json.is_file():
+            return {}
+        plan = self._plan_object()
+        if "trainer" in plan:
+            self._check_trainer(plan, ranks_default=1)
+        self._check_rollout(plan)
+        return plan
 
+    def _check_trainer(self, plan: dict[str, Any], *, ranks_default: int | None) -> None:
         self.plan_site(plan, "trainer", "site")
         t = plan["trainer"]
-        count(t.get("ranks"), "trainer.ranks", 1)
+        self._count(t.get("ranks", ranks_default), "trainer.ranks", 1)
         if t.get("parallel") is not None:
             if not isinstance(t["parallel"], dict):
                 raise self._plan_error("trainer.parallel", "not an object of tp, pp and dp")
             for k in ("tp", "pp", "dp"):
-                count(t["parallel"].get(k), f"trainer.parallel.{k}", 1)
+                self._count(t["parallel"].get(k), f"trainer.parallel.{k}", 1)
+
+    def _check_rollout(self, plan: dict[str, Any]) -> None:
         groups = plan.get("rollout")
         if not isinstance(groups, list):
             raise self._plan_error("rollout", "no list of rollout groups")
         for i, g in enumerate(groups):
             if not isinstance(g, dict) or not isinstance(g.get("site"), str):
                 raise self._plan_error(f"rollout[{i}]", "no object with a site name")
-            count(g.get("units"), f"rollout[{i}].units", 0)
-            count(g.get("tp", 1), f"rollout[{i}].tp", 1)
-        self.plan_site(plan, "controller_site")
-        return plan
+            self._count(g.get("units"), f"rollout[{i}].units", 0)
+            self._count(g.get("tp", 1), f"rollout[{i}].tp", 1)
+
+    def _count(self, value: Any, field: str, least: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise self._plan_error(field, f"{value!r} is not a count of {least} or more")
 
     def read_plan_or_none(self) -> dict[str, Any] | None:
         """plan.json for the operator's commands (pull, the record's fetch, stop), None before `prepare` wrote it.

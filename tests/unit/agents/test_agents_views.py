@@ -24,6 +24,7 @@ from rlctl.commands.launching.views import progress_line, summary_table
 from rlctl.commands.status import checkpoint_line, metrics_line, suspects_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.reward_pool import RewardStats
@@ -385,6 +386,28 @@ def test_free_slots_count_the_trainer_live_and_pending_units_per_tp():
     p.plan["rollout"][1]["tp"] = 2
     assert p.free_slots(["rollout-0", "rollout-1"]) == {"a": 2, "b": 1}
     assert p.planned_units == 2 and p.rollout_sites == ["a", "b"] and p.datacenter("rollout-1") == "d"
+
+
+@pytest.mark.parametrize(
+    ("plan", "said"),
+    [
+        ({"rollout": [{"site": "a", "units": "two"}]}, "rollout[0].units: 'two' is not a count of 0 or more"),
+        ({"rollout": [{"units": 1}]}, "rollout[0]: no object with a site name"),
+        ({"trainer": {"ranks": 1}, "rollout": []}, "trainer.site: None is not a site name"),
+    ],
+)
+def test_a_damaged_plan_the_controller_starts_on_is_one_line_naming_the_file_and_field(
+    tmp_path, plan: dict[str, Any], said: str
+) -> None:
+    # its site's copy (an automatic resume stages the operator's again, edited during the run or not): a KeyError
+    # or ValueError traceback in the controller's log, versus JobDir's line
+    jd = JobDir.create("views", explicit=tmp_path / "job")
+    jd.write_json(jd.plan_json, plan)
+    with pytest.raises(LaunchError) as refused:
+        Placement.read(jd)
+    assert str(refused.value) == f"{jd.plan_json}: {said}"
+    jd.write_json(jd.plan_json, {"trainer": {"site": "a"}, "rollout": [{"site": "a", "units": 2}]})  # ranks: 1
+    assert Placement.read(jd).sites == {"trainer-0": "a", "rollout-0": "a", "rollout-1": "a"}
 
 
 def test_the_inventory_links_reach_the_trainer_as_datacenter_pairs():

@@ -359,6 +359,20 @@ def test_scale_out_reuses_the_slice_of_a_unit_that_exited(tmp_path: Path) -> Non
     assert json.loads(fake.started[1].env[ENV_PARALLEL])["dp"] == 3  # rollout-1, -2 and itself
 
 
+def test_a_unit_started_on_a_plan_edited_since_the_launch_is_refused_naming_the_file_and_field(
+    tmp_path: Path,
+) -> None:
+    # the Spawner reads its site's plan.json at each unit it starts: one edited during the run was a KeyError in the
+    # spawn thread (which the Scaler catches only as RlctlError: the start never reported), versus JobDir's line
+    jd, sp, fake = scale_setup(tmp_path, start=["controller-0", "trainer-0", "rollout-0"])
+    plan = json.loads(jd.plan_json.read_text())
+    jd.write_json(jd.plan_json, {**plan, "trainer": {k: v for k, v in plan["trainer"].items() if k != "site"}})
+    with pytest.raises(LaunchError) as refused:
+        sp.add_rollout("local", 5)
+    assert str(refused.value) == f"{jd.plan_json}: trainer.site: None is not a site name"
+    assert fake.started == []
+
+
 # -- launch --dry-run (golden) ------------------------------------------------------------------------
 def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices; what
