@@ -61,9 +61,11 @@ def host_deadline(script: str, timeout_s: float) -> str:
 
     `timeout` sends its SIGKILL only while its own child lives, so that child (a bash waiting on the script's)
     traps the SIGTERM and sleeps past the grace: else a member that ignores SIGTERM (`trap '' TERM`) ran on, as
-    `timeout` left once the script's bash died of the SIGTERM."""
+    `timeout` left once the script's bash died of the SIGTERM. The script runs in the waiter's foreground (its
+    trap runs once the script's bash is gone): an asynchronous list (`&`) of a bash without job control starts
+    with SIGINT and SIGQUIT ignored, which no later trap undoes and what it starts inherits (an agent)."""
     grace_s, deadline_s = math.ceil(END_GRACE_S), max(1, math.ceil(timeout_s + REMOTE_LAG_S))  # (0: none)
-    waiter = f"trap 'sleep {grace_s + 1}; exit 143' TERM\nbash -c {shlex.quote(script)} <&0 &\nwait $!"
+    waiter = f"trap 'sleep {grace_s + 1}; exit 143' TERM\nbash -c {shlex.quote(script)}"
     return f"timeout -k {grace_s} {deadline_s} {in_bash(waiter)}"
 
 

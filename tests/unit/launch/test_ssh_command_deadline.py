@@ -115,3 +115,14 @@ def test_an_infinite_deadline_is_none(setup: list[str] | None) -> None:
 def test_a_deadline_that_is_no_number_of_seconds_is_refused(timeout_s: float) -> None:
     with pytest.raises(ValueError, match=r"login1:22: timeout_s (nan|-inf) is not a number of seconds"):
         _line("cat", timeout_s=timeout_s)
+
+
+def test_what_a_bounded_command_starts_does_not_ignore_sigint_or_sigquit() -> None:
+    # an agent the ssh backend starts (`bash -s`, its start script, `setsid nohup …`) inherits the dispositions of
+    # the line's processes: one started with SIGINT ignored has no KeyboardInterrupt (Python leaves it ignored)
+    line = _line("bash -s", timeout_s=10)
+    done = subprocess.run(
+        ["sh", "-c", line], input="grep ^SigIgn: /proc/self/status\n", capture_output=True, text=True, timeout=30
+    )
+    ignored = int(done.stdout.split()[1], 16)
+    assert ignored & (1 << (2 - 1) | 1 << (3 - 1)) == 0  # bit SIG-1 of the mask: SIGINT (2), SIGQUIT (3)
