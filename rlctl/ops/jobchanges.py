@@ -112,40 +112,54 @@ def _shown(value: Any) -> str:
 
 
 def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
-    """One line for each of: the job file the job was launched from changed (the fields that differ), job.json
-    edited since the launch (its top-level fields that differ; not `iterations` where the resume's `--iterations`
-    sets another count, `count_given`: its own line says the count it replaces). Nothing for a job launched by an
-    rlctl that kept neither, or from a file that is gone."""
+    """One line for each of: job.json edited since the launch (`job_json_edits`), and the job file the job was
+    launched from, its inventory or its reward changed (`source_changes`). Nothing for a job launched by an rlctl
+    that kept neither, or from a file that is gone."""
+    return job_json_edits(jobdir, count_given=count_given) + source_changes(jobdir)
+
+
+def job_json_edits(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
+    """One line when job.json was edited since the launch: its top-level fields that differ (not `iterations`
+    where the resume's `--iterations` sets another count, `count_given`: its own line says the count it replaces);
+    the resume runs the job as edited there, unless it refuses the edit (`refuse_fixed_edits`)."""
     data = jobdir.read_json(jobdir.job_json)
-    lines = []
     digests, job = data.get("job_sha256"), data.get("job")
-    if isinstance(digests, dict) and isinstance(job, dict):
-        now = job_digests(job)
-        edited = sorted(
-            k
-            for k in digests.keys() | now.keys()
-            if digests.get(k) != now.get(k) and not (count_given and k == "iterations")
-        )
-        if edited:
-            lines.append(
-                f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as "
-                "edited there"
-            )
+    if not isinstance(digests, dict) or not isinstance(job, dict):
+        return []
+    now = job_digests(job)
+    edited = sorted(
+        k
+        for k in digests.keys() | now.keys()
+        if digests.get(k) != now.get(k) and not (count_given and k == "iterations")
+    )
+    if not edited:
+        return []
+    return [
+        f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as edited there"
+    ]
+
+
+def source_changes(jobdir: JobDir) -> list[str]:
+    """One line for each of what the resume does not take up, whether or not its run then starts: the job file the
+    job was launched from changed (the fields that differ), its inventory (`site_changes`), its reward
+    (`reward_changes`). Nothing for a job launched by an rlctl that kept none of it, or from a file that is gone."""
+    data = jobdir.read_json(jobdir.job_json)
     source = data.get("source_file")
-    if isinstance(source, dict) and isinstance(source.get("path"), str):
-        path = Path(source["path"])
-        try:
-            current = json.loads(json.dumps(read_yaml(path), default=str))
-        except ConfigError:  # moved, removed, unreadable: nothing to compare with
-            return lines
-        changed = changed_fields(source.get("job"), current)
-        if changed:
-            lines.append(
-                f"{path} changed since the launch ({', '.join(changed)}); the resume runs the job as launched "
-                f"(its job.json): to run the changed job, launch it anew (`rlctl launch {shlex.quote(str(path))}`)"
-            )
-        lines += site_changes(jobdir, job, path)
-        lines += reward_changes(jobdir, source.get("job"), path)
+    if not isinstance(source, dict) or not isinstance(source.get("path"), str):
+        return []
+    path = Path(source["path"])
+    try:
+        current = json.loads(json.dumps(read_yaml(path), default=str))
+    except ConfigError:  # moved, removed, unreadable: nothing to compare with
+        return []
+    lines = []
+    if changed := changed_fields(source.get("job"), current):
+        lines.append(
+            f"{path} changed since the launch ({', '.join(changed)}); the resume runs the job as launched "
+            f"(its job.json): to run the changed job, launch it anew (`rlctl launch {shlex.quote(str(path))}`)"
+        )
+    lines += site_changes(jobdir, data.get("job"), path)
+    lines += reward_changes(jobdir, source.get("job"), path)
     return lines
 
 

@@ -36,7 +36,7 @@ def resume_job(
         with_iterations,
         write_iterations,
     )
-    from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
+    from rlctl.ops.jobchanges import job_json_edits, refuse_fixed_edits, source_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
@@ -90,22 +90,26 @@ def resume_job(
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd, arg=ref_.arg)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
-        changes = launch_changes(jd, count_given=counted is not None)
+        edits = job_json_edits(jd, count_given=counted is not None)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)
         if counted is not None:
             say(f"job {spec.name}: {counted}")
+        # the job file, inventory or reward changed since the launch, which the resume does not take up: said before
+        # the run starts, so that a resume that then fails (staging on a host the changed inventory dropped) says it
+        for line in source_changes(jd):
+            say(f"job {spec.name}: {line}")
         try:
             run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
             if was is not None and runs.run is not None and runs.run.unstarted:  # as it was, as the run put back
                 replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
             raise
-        # the job file edited since, or job.json: said once the run started on it, versus before, where a run that
-        # then refused a job.json edit (`JobRun._prepare`: a checkpoint its events miss) said it "runs the job as
-        # edited" and then that it cannot take it
-        for line in changes:
+        # job.json edited since: said once the run started on it, versus before, where a run that then refused the
+        # edit (`JobRun._prepare`: a checkpoint its events miss) said it "runs the job as edited" and then that it
+        # cannot take it
+        for line in edits:
             say(f"job {spec.name}: {line}")
         return run
 

@@ -496,6 +496,34 @@ def test_a_resume_whose_staging_fails_leaves_the_job_as_it_was(
     assert jd.job_json.read_text() == job_json
 
 
+def test_a_resume_whose_staging_fails_still_says_the_job_file_changed_since_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the job file's change, which the resume does not take up, was said only once the run had started: a resume
+    # whose staging then failed (a host the user's edit had dropped) ended on the error alone
+    import yaml
+
+    from rlctl.ops import runstart
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
+    source = tmp_path / "resume.yaml"
+    source.write_text(yaml.safe_dump(spec().model_dump(mode="json", by_alias=True, exclude_unset=True)))
+    jd.write_job(spec(), source=str(source))
+    jd.event("checkpoint", version=3)
+    jd.write_json(jd.summary_json, {"state": "failed: trainer trainer-0 was lost", "iterations": 4})
+    source.write_text(source.read_text().replace("iterations: 9", "iterations: 12"))
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise LaunchError("site t: cannot reach host h: connection refused")
+
+    monkeypatch.setattr(runstart, "stage_all", unreachable)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 1 and "cannot reach host h" in r.stderr, r.stderr
+    assert f"{source} changed since the launch (iterations); the resume runs the job as launched" in r.stderr, r.stderr
+
+
 def test_a_refused_roll_back_of_a_job_dir_the_index_lacks_leaves_it_out_of_the_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
