@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, ValidationInfo, field_validator, model_validator
 
 from rlctl.config.base import Strict, register_tags
 
@@ -30,10 +30,13 @@ class OffPolicyCorrection(Strict):
     )
 
     @model_validator(mode="after")
-    def _cap_needs_a_weight(self) -> OffPolicyCorrection:
+    def _cap_needs_a_weight(self, info: ValidationInfo) -> OffPolicyCorrection:
+        """The decoupled cap's bound is not a job's record's (`RECORDED`): one an older rlctl launched so reads as
+        launched, else no command could read it back (status, pull, attach, launch --resume)."""
         if self.is_cap is not None and self.off_policy == "clip":
             raise ValueError("is_cap caps the behaviour weight of off_policy 'decoupled' or 'tis', not 'clip'")
-        if self.is_cap is not None and self.off_policy == "decoupled" and self.is_cap <= 1:
+        recorded = (info.context or {}).get("recorded")
+        if self.is_cap is not None and self.off_policy == "decoupled" and self.is_cap <= 1 and not recorded:
             # π_prox/μ averages 1 over μ's samples: a cap at or under 1 leaves out every token π_prox favours
             raise ValueError(
                 f"is_cap {self.is_cap:g}: off_policy 'decoupled' leaves out each token whose π_prox/μ exceeds is_cap, "
@@ -78,10 +81,11 @@ class PolicyUpdate(OffPolicyCorrection):
 
     @field_validator("clip_eps")
     @classmethod
-    def _lower_clip_above_zero(cls, v: float) -> float:
+    def _lower_clip_above_zero(cls, v: float, info: ValidationInfo) -> float:
         # at 1 − clip_eps ≤ 0 the lower clip never binds (a ratio is > 0): a token with a negative advantage is
-        # pushed down without bound; the upper clip may be wider (clip_eps_high, DAPO's clip-higher)
-        if v >= 1:
+        # pushed down without bound; the upper clip may be wider (clip_eps_high, DAPO's clip-higher). Not in a job's
+        # record (`RECORDED`): one an older rlctl launched so reads as launched (status, pull, launch --resume)
+        if v >= 1 and not (info.context or {}).get("recorded"):
             raise ValueError(
                 f"{v:g}: the ratio's lower clip 1 − clip_eps would be {1 - v:g}, which no ratio falls below: valid "
                 "0 < clip_eps < 1 (a wider upper clip is clip_eps_high)"

@@ -7,6 +7,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -101,3 +102,31 @@ def test_one_launcher_per_job(tmp_path):
         assert e.value.hint is not None and "rlctl stop j" in e.value.hint
     with jd.launcher_lock():  # released with its holder
         pass
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "refused"),
+    [
+        ({"kind": "ppo", "clip_eps": 1.5}, "1.5: the ratio's lower clip 1 − clip_eps"),  # refused since 9feab5b
+        ({"kind": "grpo", "off_policy": "decoupled", "is_cap": 1.0}, "is_cap 1: off_policy 'decoupled'"),  # 8d7ca57
+    ],
+    ids=["clip_eps", "decoupled_is_cap"],
+)
+def test_a_recorded_algorithm_an_older_rlctl_launched_reads_back(
+    tmp_path: Path, algorithm: dict[str, Any], refused: str
+) -> None:
+    """A clip_eps ≥ 1, or a decoupled is_cap ≤ 1, which a new job is refused, launched by an rlctl before that:
+    status, pull, attach and launch --resume read its job.json back (the record's rule, `RECORDED`), versus
+    'job.algorithm: ... (hint: was it edited?)' of a file nobody edited."""
+    from rlctl.config.job import JobFile
+
+    job = load_job(REPO / "jobs" / "demo.yaml")
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    jd.write_job(job.spec, source="jobs/demo.yaml")
+    record = json.loads(jd.job_json.read_text())
+    record["job"]["algorithm"] = algorithm
+    jd.job_json.write_text(json.dumps(record))
+    with pytest.raises(ValidationError, match=re.escape(refused)):  # a new job: refused
+        JobFile.model_validate(record["job"])
+    read = jd.read_job().algorithm
+    assert read.model_dump(include=set(algorithm)) == algorithm
