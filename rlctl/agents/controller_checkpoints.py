@@ -9,7 +9,9 @@ import logging
 import math
 import shlex
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Any
 
 from rlctl.agents.controller_base import ControllerBase
 from rlctl.agents.coretypes import Out
@@ -19,9 +21,22 @@ from rlctl.agents.rowbook import RowBook, job_start_offset
 from rlctl.checkpoint.choose import checkpoints_at
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, prune_controller, save_controller
 from rlctl.checkpoint.files import set_aside_newer
-from rlctl.launch.jobdir import abandoned, resume_points
+from rlctl.launch.jobdir import JobDir, abandoned, resume_points
 
 log = logging.getLogger(__name__)
+
+
+def scale_history(jobdir: JobDir, version: int) -> Iterator[dict[str, Any]]:
+    """The scale events of the job's history a run resumed from checkpoint `version` continues (those of a run a
+    later resume abandoned left out: `abandoned`), one at a time as events.jsonl is read (twice: its resumes first,
+    one a run, then its scales), so that the `ScaleLog` they go to holds its latest only, versus every scale event
+    the job ever wrote held in a list first."""
+    resumes = [*resume_points(jobdir.read_events("resumed_from")), (math.inf, version)]
+    return (
+        {k: v for k, v in e.items() if k not in ("t", "event")}
+        for e in jobdir.iter_events("scale")
+        if not abandoned(e, resumes)
+    )
 
 
 class Checkpoints(ControllerBase):
@@ -59,13 +74,7 @@ class Checkpoints(ControllerBase):
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
         # the scale events of the job's history this run continues (summary, status), as `rlctl report` draws them
-        before = self.jobdir.read_events("scale", "resumed_from")
-        resumes = [*resume_points(before), (math.inf, version)]
-        self.scaler.scale_log = [
-            {k: v for k, v in e.items() if k not in ("t", "event")}
-            for e in before
-            if e.get("event") == "scale" and not abandoned(e, resumes)
-        ]
+        self.scaler.scale_log = scale_history(self.jobdir, version)
         # from no checkpoint, nothing is kept
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
         kept = cut_metrics(self.jobdir, version)

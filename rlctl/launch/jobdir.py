@@ -415,8 +415,14 @@ class JobDir:
         appended to across runs, and a line cut short by a controller killed mid-write stays in it for good; status,
         resume, stop and report act on the events they can read. (A last line that does not parse yet is skipped
         unsaid, as `read_lines` does: its writer may be in the middle.)"""
+        return list(self.iter_events(*kinds))
+
+    def iter_events(self, *kinds: str) -> Iterator[dict[str, Any]]:
+        """`read_events`, one event at a time as the file is read: a reader that keeps a bounded part of them (the
+        latest scale events: `ScaleLog`) holds no more than that, versus every event of these kinds the job ever
+        wrote at once. The lines left out are said once the file is read to its end."""
         if not self.events.exists():
-            return []
+            return
         names = tuple(f'"{k}"' for k in kinds)
 
         def parsed(line: str) -> bool:  # the others passed over; the last line and a line cut short (said once) not
@@ -425,10 +431,10 @@ class JobDir:
         skipped: list[str] = []
         with open_record(self.events) as f:  # a line at a time, versus the whole file (and its lines) held at once
             lines = (part for physical in f for part in physical.splitlines() or [""])  # (as str.splitlines numbers)
-            rows = _json_rows(self.events, lines, skipped=skipped, parsed=parsed)
-            out = [r for r in rows if not kinds or r.get("event") in kinds]
+            for r in _json_rows(self.events, lines, skipped=skipped, parsed=parsed):
+                if not kinds or r.get("event") in kinds:
+                    yield r
         say_once(skipped)
-        return out
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append the event to events.jsonl; the row appended."""
