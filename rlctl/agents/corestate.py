@@ -29,6 +29,7 @@ from rlctl.agents.coretypes import (
     Unit,
 )
 from rlctl.agents.ledger import Entry, Ledger, State
+from rlctl.agents.leftbook import LeftBook
 from rlctl.agents.staleness import StalenessBound
 
 
@@ -68,8 +69,9 @@ class CoreState:
         self._rng = random.Random(cfg.seed)
         self.units: dict[str, Unit] = {}  # the rollout units that joined and are not gone for good (all alive)
         # the names of those gone for good (lost, or stopped after a drain): their `Unit` goes (`_forget_unit`), and
-        # the name tells a late message of a unit that is gone from one the job never had (`known`)
-        self.left: set[str] = set()
+        # the name tells a late message of a unit that is gone from one the job never had (`known`): the plan's (the
+        # controller pins them) and the latest LEFT_KEPT others, versus one name kept per unit the job ever lost
+        self.left = LeftBook()
         # those of `left` that went since the last gauge update (`views.agent_gauges` zeroes their sites and empties
         # it): the gauges walk only them, not every unit that left in a job that runs for weeks
         self.left_ungauged: set[str] = set()
@@ -119,8 +121,9 @@ class CoreState:
 
     @property
     def num_joined(self) -> int:
-        """Rollout units that joined the job, those gone since among them (by name: a name taken again counts once)."""
-        return len(self.units) + len(self.left)
+        """Rollout units that joined the job, those gone since among them (by name: a name taken again counts once,
+        unless it went before the LEFT_KEPT latest that left)."""
+        return len(self.units) + self.left.total
 
     @property
     def done(self) -> bool:

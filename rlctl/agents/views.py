@@ -456,7 +456,7 @@ def agent_gauges(
     units = {sites.get(p.name, ""): 0 for p in peers.values() if p.role == "rollout"}
     units |= {sites.get(u.name, ""): 0 for u in core.units.values()}
     # a unit gone since the last update (its agent may have left `peers` already): its site's gauge now reads 0 and
-    # keeps reading it, so the units that left before need no walk (`core.left` grows for the whole job)
+    # keeps reading it, so the units that left before need no walk (`core.left`: up to LEFT_KEPT and the plan's)
     units |= {sites[name]: 0 for name in core.left_ungauged if name in sites}
     core.left_ungauged.clear()
     for u in core.units.values():

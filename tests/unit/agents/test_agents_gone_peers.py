@@ -14,6 +14,7 @@ import torch
 from prometheus_client import generate_latest
 
 from rlctl.agents.ledger import State
+from rlctl.agents.leftbook import LEFT_KEPT
 from rlctl.agents.messages import make
 from rlctl.agents.views import agent_gauges, status
 from rlctl.commands.status import gone_line
@@ -194,3 +195,21 @@ def test_every_rank_of_a_gone_trainer_and_a_replaced_trainer_s_old_roots_leave_t
     r.lose("trainer-0")
     r.ctl._prune()  # (what the next metrics row does)
     assert sorted(nodes) == ["w-rollout-0", "w-rollout-1"]  # was: w-t1b too
+
+
+def test_the_names_of_units_gone_kept_are_the_plans_and_the_latest(running: Running) -> None:
+    """The plan's rollout-0 is lost, then LEFT_KEPT + 10 units join and are lost: the core keeps rollout-0's name and
+    the latest LEFT_KEPT others' (a late message of one of them is still its unit's: `known`, its bye taken), and
+    counts them all (`num_joined`), versus one name kept for every unit the job ever lost (1,035 here). rollout-0
+    stays no planned unit that has not joined (the scaler would ask its site about it, then replace it)."""
+    r = running
+    core = r.ctl.core
+    core.lost("rollout-0")
+    names = [f"rollout-{100 + i}" for i in range(LEFT_KEPT + 10)]
+    for name in names:
+        core.join(name, role="rollout", version=0)
+        core.lost(name)
+    assert len(core.left) == LEFT_KEPT + 1 and core.num_joined == 2 + len(names)
+    assert core.known("rollout-0") and r.ctl.scaler._planned_unjoined() == []
+    assert all(core.known(n) and r.ctl._told_to_stop(n) for n in names[10:])
+    assert not any(core.known(n) for n in names[:10])  # let go (they went 1,024 units ago)
