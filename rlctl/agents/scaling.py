@@ -47,6 +47,7 @@ class Scaler(Healer):
         not joined within `join_bound_s` (`unjoined_stopped` counts it); in a resumed run, start again the units its
         checkpoint's run had beyond the plan, and drain those beyond the ones it had (`restore`). The drain messages
         to send."""
+        self._unrequest_gone()
         outs = self._restore_units(now) if self.restoring is not None else []
         self.heal(now)
         return outs

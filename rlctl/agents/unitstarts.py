@@ -138,6 +138,17 @@ class UnitStarts:
             self.never_joined.discard(name)  # slot stays free, `_planned_unjoined`)
         return self.spawn_requested.pop(name, None)
 
+    def _unrequest_gone(self) -> None:
+        """Units asked for that are gone for good with their request still open — retired by a drain (a scale-in
+        drains the newest) or lost while draining, before their first sample; a lost one is `replace`d, which ends
+        it — are no units asked for any more: their request, join bound and chain go, versus kept for the rest of the
+        run and, once the core no longer keeps their names (`LeftBook`), asked for again (counted in each
+        checkpoint's units, a slot held, stopped as units that never joined)."""
+        for name in [n for n in self.spawn_requested if n in self.core.left]:
+            self._unrequest(name)
+            self.unproven.pop(name, None)
+            self._filling.pop(name, None)  # drained: the place it took is no loss to count (a scale-in's)
+
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
         return [n for n in self.spawn_requested if not self.core.known(n)]

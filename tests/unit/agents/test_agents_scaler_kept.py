@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlctl.agents.leftbook import LeftBook
 from rlctl.agents.scaling import Scaler
 from rlctl.agents.views import agent_gauges, status, summary
 from rlctl.metrics import JobMetrics
@@ -170,3 +171,24 @@ def test_a_unit_that_took_a_given_up_place_and_stands_leaves_nothing_behind(tmp_
         scaler.sampled(victim)
         assert scaler.unit_counts() == {"a": 2}
     assert scaler._filling == {} and scaler._unfilled == {"a": 0}
+
+
+def test_a_unit_asked_for_and_drained_before_its_first_sample_is_no_longer_asked_for(tmp_path: Any) -> None:
+    """`rlctl scale +1` then `-1` before the new unit sampled (scale -N drains the newest), over and over: each unit
+    retired by its drain is no unit asked for any more once the loop turns (its request, join bound and site go),
+    versus its request kept for the rest of the run (spawn_requested, join_since, its site in the placement: one
+    each per such unit), and asked for again — counted in each checkpoint's units, its slot taken, then stopped as a
+    unit that never joined — once the core no longer kept its name among the units gone (LEFT_KEPT later)."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    core.left = LeftBook(keep=4, pinned=["rollout-0", "rollout-1"])  # (a job's keeps LEFT_KEPT)
+    scaler.gone_sites_kept = 4
+    for k in range(UNITS):
+        name = _asked(scaler, posted, spawner, starts=True)
+        core.join(name, role="rollout", version=0)
+        (drained,) = scaler.scale(-1, None, reason="operator")[0]["removing"]
+        assert drained == name and name in core.left  # retired at once: it held no sample
+        scaler.tick(float(k))
+    assert scaler.spawn_requested == {} and scaler.join_since == {} and scaler.unproven == {}
+    assert scaler.pending_units() == [] and scaler.unit_counts() == {"a": 2}
+    # the plan's, the latest 4 gone and the last (its site goes as the next unit is asked for: `_forget_sites`)
+    assert len(scaler.placement.sites) == 2 + 4 + 1 and len(core.left) == 4
