@@ -191,7 +191,9 @@ class Evaluator:
     ) -> None:
         self.schedule, self.task, self.jobdir, self.tracker, self.metrics = schedule, task, jobdir, tracker, metrics
         self.post, self.step = post, step
-        self.rows = rows  # evaluations.jsonl's rows (a resumed run's kept ones first)
+        # of evaluations.jsonl's rows (a resumed run's kept ones first), those the views read (`heldout_view`): the
+        # first and the last by version, versus every row of the job (one per version evaluated, each status sorted)
+        self.rows = _ends(rows)
         self.scoring: set[int] = set()  # versions whose outputs the reward workers are scoring
         self.decoded_since_row = False  # a unit decoded an evaluation since the last iteration's row (`overlapped`)
         self.shown = -1  # the version the gauges show (evaluations of two units may end out of order)
@@ -276,7 +278,7 @@ class Evaluator:
             return
         scores, unit, versions, at = payload
         r = row(version, scores, unit=unit, versions=versions, seconds=time.monotonic() - at, wall_time=time.time())
-        self.rows.append(r)
+        self.rows = _ends([*self.rows, r])
         self.jobdir.append(self.jobdir.evaluations, r)
         figures = {"eval/greedy_reward": r["greedy_reward"], "eval/version": float(version)}
         if "greedy_exact" in r:
@@ -320,6 +322,16 @@ class Evaluator:
             x = r.get(key)
             if isinstance(x, int | float) and not isinstance(x, bool):
                 gauge.set(x)
+
+
+def _ends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of `rows` (evaluations.jsonl's, in the order written), what `heldout_view` reads: the first written of the
+    lowest version and the last written of the highest (one row when they are the same), the lowest first."""
+    if not rows:
+        return []
+    first = min(rows, key=lambda r: int(r["version"]))  # (the first of those equal)
+    last = max(reversed(rows), key=lambda r: int(r["version"]))  # (the last of those equal)
+    return [first] if first is last else [first, last]
 
 
 def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below: int) -> list[int]:

@@ -70,7 +70,7 @@ class Snapshot:
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
-    evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # its first and last rows (Evaluator.rows)
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
     listen_field: str = "transport.listen_host"  # the setting that host came from (rlctl.agents.listen)

@@ -363,3 +363,32 @@ def test_a_resume_passes_over_a_kept_evaluation_figure_or_an_evaluation_event_wi
     h = Harness(tmp_path, resumed=10)
     assert h.ev.redone == {5}  # asked, neither answered nor failed: due again
     assert h.metrics.eval_version._value.get() == 0 and h.metrics.eval_greedy_reward._value.get() == 0.0
+
+
+def test_the_evaluator_keeps_the_rows_the_views_read_not_one_per_version(tmp_path) -> None:
+    """Every version of 30 evaluated, ending out of order, then a run resumed from them: the evaluator holds the
+    first and the last row by version (what status and summary.json show: `heldout_view`, the same as of every row
+    written), versus every row of the job, one per version evaluated, sorted whole at each status request."""
+    from rlctl.rl.source import heldout_view
+
+    h = Harness(tmp_path)
+    h.ev.schedule = EvalSchedule(1, 30, h.task.heldout(4), h.task.max_new_tokens)
+    for v in range(30):
+        h.ev.unit_at(f"u{v}", v)
+    for v in [*range(1, 30), 0]:  # (v0's unit answers last)
+        h.ev.answered(f"u{v}", h.answer(v))
+        h.score()
+    written = h.jd.read_lines(h.jd.evaluations)
+    assert len(written) == 30 and [r["version"] for r in h.ev.rows] == [0, 29]
+    assert heldout_view(h.ev.rows) == heldout_view(written) is not None
+    again = Evaluator(
+        EvalSchedule(1, 40, h.task.heldout(4), h.task.max_new_tokens, floor=30),
+        task=h.task,
+        jobdir=h.jd,
+        tracker=h.tracker,
+        metrics=h.metrics,
+        post=lambda *m: None,
+        step=lambda: 30,
+        rows=cut_evaluations(h.jd, 30),
+    )
+    assert [r["version"] for r in again.rows] == [0, 29] and heldout_view(again.rows) == heldout_view(written)
