@@ -131,6 +131,8 @@ class Checkpoints(ControllerBase):
         self.complete.append(w.version)
         self.checkpointed = (w.version, time.monotonic())
         prune_controller(self.jobdir, complete=self.complete, keep=keep)  # (its event, then the removal)
+        # a prune reads the newest `keep` (`prunable`; 0 prunes nothing): the older leave, versus one per checkpoint
+        self.complete = sorted(set(self.complete))[-max(keep, 1) :]
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _checkpoint_coming(self) -> bool:

@@ -938,3 +938,25 @@ def test_a_resume_leaves_out_a_scale_event_whose_iteration_is_text_as_the_report
         kept = [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]]
         assert kept == ["rollout-2"]
         assert [e["agent"] for e in report.load(ctl.jobdir.path).scales] == kept
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_the_controller_keeps_the_checkpoints_a_prune_reads_not_one_per_checkpoint(tmp_path: Path, keep: int) -> None:
+    """12 checkpoints completed: the controller holds the newest `checkpoint.keep` complete ones (the newest with keep
+    0: nothing is pruned), what the next prune reads, versus one entry per checkpoint of the run; what is on disk and
+    offered is as before."""
+    from rlctl.agents.messages import CheckpointWritten
+    from rlctl.ops.extend import completed_checkpoints
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("kept", iterations=20)
+    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"keep": keep})})
+    h = HandledController(tmp_path, job, listen=f"inproc://kept-{keep}")
+    try:
+        for v in range(1, 13):
+            h.ctl._checkpoint_due(v)
+            h.ctl._checkpoint(CheckpointWritten(v, "d" * 64))
+        assert h.ctl.complete == ([11, 12] if keep else [12])
+        assert completed_checkpoints(h.jd) == ([11, 12] if keep else list(range(1, 13)))
+    finally:
+        h.close()
