@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import shlex
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -17,9 +18,9 @@ from rlctl.agents.controller_base import ControllerBase
 from rlctl.agents.coretypes import Out
 from rlctl.agents.ledger import Entry, State
 from rlctl.agents.messages import CheckpointWritten
-from rlctl.agents.rowbook import RowBook, job_start_offset
+from rlctl.agents.rowbook import RowBook, job_start_offset, timed
 from rlctl.checkpoint.choose import checkpoints_at
-from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, prune_controller, save_controller
+from rlctl.checkpoint.controller import PART, cut_metrics_into, load_controller, prune_controller, save_controller
 from rlctl.checkpoint.files import set_aside_newer
 from rlctl.launch.jobdir import JobDir, abandoned, resume_points
 
@@ -77,17 +78,27 @@ class Checkpoints(ControllerBase):
         self.scaler.scale_log = scale_history(self.jobdir, version)
         # from no checkpoint, nothing is kept
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
-        kept = cut_metrics(self.jobdir, version)
-        self.rows = RowBook(kept, kept=len(kept))
+        # the rows before the checkpoint, each counted as it is read (`RowBook`'s totals), versus every row of the
+        # job's iterations held at once; the first that says when the job started is kept
+        self.rows = RowBook(kept=sys.maxsize)  # (each a run's before this one: none is this run's pace)
+        first: list[dict[str, Any]] = []
+
+        def take(row: dict[str, Any]) -> None:
+            self.rows.add(row)
+            if not first and timed(row):
+                first.append(row)
+
+        kept = cut_metrics_into(self.jobdir, version, take)
+        self.rows.kept = kept
         self.wall_offset_s = job_start_offset(
-            kept, self.jobdir.read_events("controller_listening"), now=self.t_start_wall
+            first, self.jobdir.read_events("controller_listening"), now=self.t_start_wall
         )
         self.resumes += 1
         self.jobdir.event(
             "resumed_from",
             version=version,
             regenerate=requeued,
-            rows_kept=len(kept),
+            rows_kept=kept,
             samples_discarded=discarded,
             set_aside=set_aside,
         )

@@ -2,7 +2,8 @@
 summary.json read, as running totals — the reward curve, the sums of the means, samples per staleness gap — and the
 last rows, so that a run of a hundred thousand iterations keeps a few MB, not every row it wrote.
 
-    rows a resume kept ─▶ RowBook(rows, kept=…) ─▶ .add(row) per trained iteration ─▶ views.status / views.summary
+    rows a resume kept ─▶ RowBook(rows, kept=…) (or .add each as it is read, `kept` set after) ─▶ .add(row) per
+    trained iteration ─▶ views.status / views.summary
 """
 
 from __future__ import annotations
@@ -93,15 +94,20 @@ def _number(value: Any) -> TypeGuard[int | float]:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
-def job_start_offset(kept: list[dict[str, Any]], events: list[dict[str, Any]], *, now: float) -> float:
+def timed(row: dict[str, Any]) -> bool:
+    """Whether a kept row says when the job's first controller started (`job_start_offset`): a number for its `t`
+    and its `wall_s`."""
+    return _number(row.get("t")) and _number(row.get("wall_s"))
+
+
+def job_start_offset(kept: Iterable[dict[str, Any]], events: list[dict[str, Any]], *, now: float) -> float:
     """Seconds from the job's first controller start to `now` (time.time() when a resumed run's controller started),
     which its rows' wall_s adds: from the rows the resume kept (a row's t − wall_s is when the job's first controller
     started: their wall_s continued from it too, or they are the first run's), else from the job's first
     `controller_listening` event (a moment after that start); 0 when neither says. A row without a number for `t`
     or `wall_s` (null, text: an edited file) is passed over, as `event_time` reads one."""
     for r in kept:
-        t, wall = r.get("t"), r.get("wall_s")
-        if _number(t) and _number(wall):
-            return round(max(0.0, now - (float(t) - float(wall))), 3)
+        if timed(r):
+            return round(max(0.0, now - (float(r["t"]) - float(r["wall_s"]))), 3)
     started = [event_time(e) for e in events if e.get("event") == "controller_listening" and event_time(e) > 0]
     return round(max(0.0, now - min(started)), 3) if started else 0.0

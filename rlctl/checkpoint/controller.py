@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from rlctl.checkpoint.files import (
     set_latest,
     write_part,
 )
-from rlctl.launch.jobdir import JobDir, row_count
+from rlctl.launch.jobdir import JobDir, appending, ends_mid_line, row_count
 from rlctl.rl.reward_pool import RewardStats
 
 PART = "controller"
@@ -155,7 +156,15 @@ def sample_rows(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
 
 def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
     """Keep the metrics rows of iterations before `version` (returned); move the others, which the failed
-    run trained past its last checkpoint, to metrics.discarded.jsonl. A row without a number for its iteration (null,
+    run trained past its last checkpoint, to metrics.discarded.jsonl (`cut_metrics_into`)."""
+    kept: list[dict[str, Any]] = []
+    cut_metrics_into(jobdir, version, kept.append)
+    return kept
+
+
+def cut_metrics_into(jobdir: JobDir, version: int, take: Callable[[dict[str, Any]], None]) -> int:
+    """`cut_metrics`, each row kept handed to `take` as the file is read (a resumed controller's `RowBook`), versus
+    every row of the job's iterations held at once; the rows kept. A row without a number for its iteration (null,
     text: an older version's row, an edited one) is before no checkpoint: it moves aside too (`int(None)` was a
     TypeError that killed the resumed controller as it started)."""
 
@@ -163,27 +172,53 @@ def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
         it = row_count(r.get("iteration"))
         return it is not None and it < version
 
-    return cut_rows(jobdir, jobdir.metrics, before)
+    return cut_rows_into(jobdir, jobdir.metrics, before, take)
 
 
 def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     """Keep the rows of the jsonl file `path` that `keep` accepts (returned); move the others to
-    <name>.discarded.jsonl beside it."""
+    <name>.discarded.jsonl beside it (`cut_rows_into`)."""
+    kept: list[dict[str, Any]] = []
+    cut_rows_into(jobdir, path, keep, kept.append)
+    return kept
+
+
+def cut_rows_into(
+    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool], take: Callable[[dict[str, Any]], None]
+) -> int:
+    """Keep the rows of the jsonl file `path` that `keep` accepts, each handed to `take` as the file is read; move
+    the others to <name>.discarded.jsonl beside it; the rows kept. The file is read a row at a time into temporary
+    files beside it (the rows kept, the rows set aside), so that nothing but one row is held; a line that does not
+    parse (`read_lines`: LaunchError naming it) leaves both files as they were."""
     if not path.exists():
-        return []
-    rows = jobdir.read_lines(path)
-    kept = [r for r in rows if keep(r)]
+        return 0
     aside = path.with_name(f"{path.stem}.discarded.jsonl")
-    for r in rows:
-        if not keep(r):
-            jobdir.append(aside, r)
-    if aside.is_file():
-        fsync_tree(aside)  # the rows set aside are on disk before the file loses them
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in kept))
-        f.flush()
-        os.fsync(f.fileno())  # else a power loss after the rename can leave the file empty: every row before the
-    tmp.replace(path)  # checkpoint, which `sync_logs` made durable, lost for good
+    tmp, away = path.with_name(f".{path.name}.tmp"), path.with_name(f".{aside.name}.tmp")
+    kept = moved = 0
+    try:
+        with tmp.open("w") as out:
+            with away.open("w") as off:
+                for r in jobdir.iter_lines(path):
+                    if keep(r):
+                        out.write(json.dumps(r) + "\n")
+                        take(r)
+                        kept += 1
+                    else:
+                        off.write(json.dumps(r, default=str) + "\n")
+                        moved += 1
+            if moved:
+                with appending(aside) as f, away.open() as rows:
+                    f.write("\n" if ends_mid_line(aside) else "")
+                    shutil.copyfileobj(rows, f)
+                fsync_tree(aside)  # the rows set aside are on disk before the file loses them
+            out.flush()
+            os.fsync(out.fileno())  # else a power loss after the rename can leave the file empty: every row before
+            # the checkpoint, which `sync_logs` made durable, lost for good
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        away.unlink(missing_ok=True)
+    tmp.replace(path)
     fsync_dir(path.parent)
     return kept

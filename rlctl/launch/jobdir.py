@@ -449,6 +449,14 @@ class JobDir:
             return []
         return json_lines(path, record_text(path))
 
+    def iter_lines(self, path: Path) -> Iterator[dict[str, Any]]:
+        """`read_lines`, one row at a time as the file is read (never held whole): a reader that keeps a bounded
+        part of them (a resume's running totals of metrics.jsonl: `RowBook`) holds no more than that."""
+        if not path.exists():
+            return
+        with open_record(path) as f:
+            yield from _json_rows(path, (part for physical in f for part in physical.splitlines() or [""]))
+
 
 @contextlib.contextmanager
 def appending(path: Path) -> Iterator[TextIO]:
