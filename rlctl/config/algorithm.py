@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, ValidationInfo, field_validator, model_validator
 
@@ -29,14 +29,24 @@ class OffPolicyCorrection(Strict):
         "leaves out a token past it (AReaL's behav_imp_weight_cap, > 1; none unless set)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_truncation(cls, data: Any, info: ValidationInfo) -> Any:
+        """A job's record (`RECORDED`) of `decoupled` with `is_cap` ≤ 1, which only an rlctl before 8d7ca57 launched,
+        reads as `tis` at that cap: what that rlctl computed (it truncated the weight at the cap), versus the
+        decoupled cap's leaving out of every token π_prox favours, which a resume would have trained on."""
+        if (info.context or {}).get("recorded") and isinstance(data, dict) and data.get("off_policy") == "decoupled":
+            cap = data.get("is_cap")
+            if isinstance(cap, int | float) and not isinstance(cap, bool) and cap <= 1:
+                return {**data, "off_policy": "tis"}
+        return data
+
     @model_validator(mode="after")
-    def _cap_needs_a_weight(self, info: ValidationInfo) -> OffPolicyCorrection:
-        """The decoupled cap's bound is not a job's record's (`RECORDED`): one an older rlctl launched so reads as
-        launched, else no command could read it back (status, pull, attach, launch --resume)."""
+    def _cap_needs_a_weight(self) -> OffPolicyCorrection:
+        """(A job's record of a decoupled cap ≤ 1 reads as `tis` first: `_recorded_truncation`.)"""
         if self.is_cap is not None and self.off_policy == "clip":
             raise ValueError("is_cap caps the behaviour weight of off_policy 'decoupled' or 'tis', not 'clip'")
-        recorded = (info.context or {}).get("recorded")
-        if self.is_cap is not None and self.off_policy == "decoupled" and self.is_cap <= 1 and not recorded:
+        if self.is_cap is not None and self.off_policy == "decoupled" and self.is_cap <= 1:
             # π_prox/μ averages 1 over μ's samples: a cap at or under 1 leaves out every token π_prox favours
             raise ValueError(
                 f"is_cap {self.is_cap:g}: off_policy 'decoupled' leaves out each token whose π_prox/μ exceeds is_cap, "
