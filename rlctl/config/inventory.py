@@ -277,6 +277,15 @@ Scheduler = Annotated[LocalScheduler | SlurmScheduler | SshScheduler, Field(disc
 register_tags("scheduler", Scheduler)
 
 
+# bounds of a custom GPU's figures, past any GPU (B200: 2250 TFLOPS, 192 GB at 8 TB/s, NVLink 1800 GB/s): past them
+# a figure is a typo, and the planner's arithmetic on it failed (1e300 TFLOPS made a token's GPU time 0.0, 1e15 GB of
+# HBM a KV capacity past 2^63 tokens: `check`, `plan` and `profile` ended in a traceback)
+MAX_GPU_TFLOPS = 100_000.0
+MAX_GPU_HBM_GB = 100_000.0
+MAX_GPU_HBM_TB_PER_S = 10_000.0
+MAX_GPU_NVLINK_GB_PER_S = 100_000.0
+
+
 class CustomGpu(Strict):
     name: str = Field(min_length=1)
 
@@ -289,10 +298,14 @@ class CustomGpu(Strict):
             )
         return v
 
-    bf16_tflops: PositiveFloat
-    hbm_gb: PositiveFloat
-    hbm_tb_per_s: PositiveFloat
-    nvlink_gb_per_s: PositiveFloat = 64.0
+    bf16_tflops: Annotated[float, Field(gt=0, le=MAX_GPU_TFLOPS, description=f"at most {MAX_GPU_TFLOPS:g}")]
+    hbm_gb: Annotated[float, Field(gt=0, le=MAX_GPU_HBM_GB, description=f"at most {MAX_GPU_HBM_GB:g}")]
+    hbm_tb_per_s: Annotated[
+        float, Field(gt=0, le=MAX_GPU_HBM_TB_PER_S, description=f"at most {MAX_GPU_HBM_TB_PER_S:g}")
+    ]
+    nvlink_gb_per_s: Annotated[
+        float, Field(gt=0, le=MAX_GPU_NVLINK_GB_PER_S, description=f"at most {MAX_GPU_NVLINK_GB_PER_S:g}")
+    ] = 64.0
     cost_per_hour: PositiveFloat = 1.0
 
 

@@ -926,6 +926,33 @@ def test_memory_gb_is_taken_where_it_is_read(tmp_path: Path) -> None:
     assert shipped.sites["h20"].memory_per_slot_gb() is None
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "bound"),
+    [
+        ("bf16_tflops", "1e300", "100000"),
+        ("hbm_gb", "1e15", "100000"),
+        ("hbm_tb_per_s", "1e300", "10000"),
+        ("nvlink_gb_per_s", "1e300", "100000"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "plan", "profile"])
+def test_a_custom_gpu_figure_past_any_gpu_is_one_line(
+    key: str, value: str, bound: str, command: str, tmp_path: Path
+) -> None:
+    """gpu_spec's figures had no bound: 1e300 TFLOPS made a token's GPU time 0.0 and 1e15 GB of HBM a KV capacity
+    past 2^63 tokens, and `check JOB`, `plan` and `profile` ended in a traceback (`check INV` passed it)."""
+    spec = {"name": "X1", "bf16_tflops": "100", "hbm_gb": "80", "hbm_tb_per_s": "2", key: value}
+    gpu_spec = "gpu_spec: {" + ", ".join(f"{k}: {v}" for k, v in spec.items()) + "}"
+    (tmp_path / "inv.yaml").write_text(site_with("gpu: H20", gpu_spec))
+    (tmp_path / "job.yaml").write_text(JOB)
+    inv, job = str(tmp_path / "inv.yaml"), str(tmp_path / "job.yaml")
+    args = {"check": [job], "plan": [job], "profile": ["--cluster", inv, "--model", "qwen2.5-7b"]}[command]
+    res = run_cli(command, *args)
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    said = f"rlctl: error: {inv}: sites.h20.gpu_spec.{key}: Input should be less than or equal to {bound} (got "
+    assert res.stderr.startswith(said) and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_a_week_is_the_longest_wait_and_is_accepted() -> None:
     assert MAX_WAIT_S == 7 * 24 * 3600
     transport = Transport(timeout_s=MAX_WAIT_S, unreachable_timeout_s=MAX_WAIT_S)
