@@ -29,13 +29,21 @@ from pydantic import (
     Field,
     NonNegativeInt,
     PositiveFloat,
-    PositiveInt,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
+from rlctl.config.base import (
+    MAX_THREADS,
+    NAME_RE,
+    ListenHost,
+    Strict,
+    check_header,
+    read_yaml,
+    register_tags,
+    validate,
+)
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.textutil import did_you_mean, one_of
@@ -311,6 +319,10 @@ class CustomGpu(Strict):
 
 MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)
 MAX_GPUS_PER_SITE = 2**20  # beyond any cluster; launch keeps a record per slot, so a typo must not reach it
+# a host's cores and memory past any host's: sbatch got them as --cpus-per-task / --mem-per-cpu (1e30 GB: a
+# 31-digit --mem-per-cpu) and refused the job at launch, after staging
+MAX_CPUS_PER_NODE = MAX_THREADS
+MAX_MEMORY_GB_PER_NODE = 100_000.0  # 100 TB
 
 
 class Node(Strict):
@@ -318,14 +330,16 @@ class Node(Strict):
     gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] = Field(
         description=f"GPU slots of each host; at most {MAX_GPUS_PER_NODE}"
     )
-    cpus: PositiveInt | None = Field(
-        None, description="CPU cores per host: divided among its GPU slots (SLURM's --cpus-per-task, agents' threads)"
+    cpus: Annotated[int, Field(gt=0, le=MAX_CPUS_PER_NODE)] | None = Field(
+        None,
+        description="CPU cores per host: divided among its GPU slots (SLURM's --cpus-per-task, agents' threads); at "
+        f"most {MAX_CPUS_PER_NODE}",
     )
-    memory_gb: PositiveFloat | None = Field(
+    memory_gb: Annotated[float, Field(gt=0, le=MAX_MEMORY_GB_PER_NODE)] | None = Field(
         None,
         description="host memory per host (GB): divided among its GPU slots (SLURM's --mem-per-cpu: a slot's memory ÷ "
         "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit); refused on an SSH or "
-        "local GPU site, where nothing reads it",
+        f"local GPU site, where nothing reads it; at most {MAX_MEMORY_GB_PER_NODE:g}",
     )
     devices: list[NonNegativeInt] | None = Field(
         None,

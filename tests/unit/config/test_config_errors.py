@@ -780,6 +780,16 @@ CASES = [
         site_with('host: "h20-[01-04]", gpus: 8', 'host: "h[1-100000]", gpus: 1024'),
         "sites.h20: nodes: 102400000 GPU slots in all (hosts × gpus); at most 1048576 on one site",
     ),
+    Case(  # 2 TB written in MB: sbatch asked 2000 times the node's memory (1e30: a 31-digit --mem-per-cpu)
+        "a host's memory past any host's",
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 2097152}"),
+        "sites.h800.nodes[0].memory_gb: Input should be less than or equal to 100000 (got 2097152)",
+    ),
+    Case(  # sbatch got --cpus-per-task=125000000
+        "a host's cores past any host's",
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, cpus: 1000000000}"),
+        "sites.h800.nodes[0].cpus: Input should be less than or equal to 4096 (got 1000000000)",
+    ),
     # listen addresses
     Case(
         "job: empty listen address",
