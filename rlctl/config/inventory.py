@@ -223,6 +223,23 @@ class SlurmScheduler(_Scheduler):
             raise ValueError(f"{v!r} has whitespace, which no SLURM name has; several partitions are one 'a,b'")
         return v
 
+    @field_validator("slurm_conf")
+    @classmethod
+    def _slurm_conf_as_the_tools_read_it(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """SLURM_CONF reaches the client tools as written (this process's environment, or a quoted `export` on the
+        submit host): a leading `~` is no home there, and sbatch, squeue, sinfo all failed on a file that is there;
+        `''` was no SLURM_CONF at all, the cluster's default silently. Not in a job's record (`RECORDED`)."""
+        if v is None or (info.context or {}).get("recorded"):
+            return v
+        if not v:
+            raise ValueError("empty; give the slurm.conf's path, or leave slurm_conf out (the cluster's default)")
+        if v.startswith("~"):
+            raise ValueError(
+                f"{v!r}: a leading ~ is not expanded (SLURM_CONF reaches sbatch and the other tools as written): give "
+                "an absolute path, e.g. /etc/slurm/slurm.conf"
+            )
+        return v
+
     @field_validator("submit_host")
     @classmethod
     def _submit_host_name(cls, v: str | None) -> str | None:
@@ -240,6 +257,12 @@ class SlurmScheduler(_Scheduler):
             )
         if self.submit_host is None:
             _here_relative(self.workdir, "sbatch runs here", info, named="workdir ")  # a model's check: name the field
+            conf = self.slurm_conf
+            if conf is not None and not conf.startswith("/") and not (info.context or {}).get("recorded"):
+                raise ValueError(
+                    f"slurm_conf {conf!r}: give an absolute path (sbatch runs here, and a relative path was read from "
+                    "the directory rlctl runs in)"
+                )
         return self
 
 

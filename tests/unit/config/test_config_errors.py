@@ -780,6 +780,23 @@ CASES = [
         site_with('host: "h20-[01-04]", gpus: 8', 'host: "h[1-100000]", gpus: 1024'),
         "sites.h20: nodes: 102400000 GPU slots in all (hosts × gpus); at most 1048576 on one site",
     ),
+    Case(  # SLURM_CONF reached sbatch as '~/slurm.conf' (quoted on the submit host): every SLURM command failed
+        "slurm_conf under ~",
+        OTHER_INV.replace("partition: p}", "partition: p, submit_host: login, slurm_conf: ~/slurm.conf}"),
+        "sites.h800.scheduler.slurm_conf: '~/slurm.conf': a leading ~ is not expanded (SLURM_CONF reaches sbatch and "
+        "the other tools as written): give an absolute path, e.g. /etc/slurm/slurm.conf",
+    ),
+    Case(  # it was no SLURM_CONF: the cluster's default, silently
+        "slurm_conf empty",
+        OTHER_INV.replace("partition: p}", 'partition: p, slurm_conf: ""}'),
+        "sites.h800.scheduler.slurm_conf: empty; give the slurm.conf's path, or leave slurm_conf out",
+    ),
+    Case(  # read from the directory rlctl ran in
+        "slurm_conf relative, sbatch here",
+        OTHER_INV.replace("partition: p}", "partition: p, slurm_conf: etc/slurm.conf}"),
+        "sites.h800.scheduler: slurm_conf 'etc/slurm.conf': give an absolute path (sbatch runs here, and a relative "
+        "path was read from the directory rlctl runs in)",
+    ),
     Case(  # 2 TB written in MB: sbatch asked 2000 times the node's memory (1e30: a 31-digit --mem-per-cpu)
         "a host's memory past any host's",
         OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 2097152}"),
