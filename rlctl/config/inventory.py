@@ -64,6 +64,15 @@ def expand_hostlist(pattern: str) -> list[str]:
 _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or IPv6 address (no shell syntax)
 
 
+def same_host(host: str) -> str:
+    """What two spellings of one host share: DNS names ignore case (`H20-01` is `h20-01`), an IPv6 address has one
+    compressed form (`2001:DB8:0::5` is `2001:db8::5`)."""
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.lower()
+
+
 def host_problem(host: str) -> str | None:
     """Why `host` is not a host name or address (it reaches ssh command lines, sbatch and the agents' addresses),
     None when it is. A ':' belongs to an IPv6 address only: `login:2222` is a port, which fabric refused at connect
@@ -488,12 +497,16 @@ class Site(Strict):
         slots = sum(len(n.hosts) * n.gpus for n in self.nodes)
         if slots > MAX_GPUS_PER_SITE:
             raise ValueError(f"nodes: {slots} GPU slots in all (hosts × gpus); at most {MAX_GPUS_PER_SITE} on one site")
-        seen: set[str] = set()
+        seen: dict[str, str] = {}  # same_host key → the host as first written
         for i, n in enumerate(self.nodes):
-            twice = next((h for h in n.hosts if h in seen), None)
-            if twice is not None:  # its slots would be counted, placed and staged twice
-                raise ValueError(f"nodes[{i}]: host {twice} is listed twice; list each host once, with all its GPUs")
-            seen.update(n.hosts)
+            for host in n.hosts:
+                first = seen.get(same_host(host))
+                if first is not None:  # its slots would be counted, placed and staged twice
+                    also = "" if first == host else f" (as {first} too: one host, however it is spelt)"
+                    raise ValueError(
+                        f"nodes[{i}]: host {host} is listed twice{also}; list each host once, with all its GPUs"
+                    )
+                seen[same_host(host)] = host
         if self.scheduler.kind == "slurm" and any(n.devices is not None for n in self.nodes):
             raise ValueError(
                 "nodes[].devices: SLURM binds each task's GPUs itself (CUDA_VISIBLE_DEVICES); devices maps the "
@@ -685,7 +698,9 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 def _machine(host: str) -> str:
     """An SSH site's host as `_no_device_twice` tells machines apart: a loopback name is this machine, as a local
     site's nodes are (no lookup: a name that resolves here is still told apart)."""
-    return "this machine" if host.lower() in LOOPBACK_NAMES or host.lower() == socket.gethostname().lower() else host
+    if host.lower() in LOOPBACK_NAMES or host.lower() == socket.gethostname().lower():
+        return "this machine"
+    return same_host(host)
 
 
 def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:

@@ -638,6 +638,24 @@ CASES = [
         GOOD_INV + SITE.replace("h20:", "h20b:"),
         "sites.h20b.nodes: GPU 0 of h20-01 is listed by site 'h20' too",
     ),
+    Case(  # DNS names ignore case: H20-03 is h20-03, and its 8 GPUs were counted twice (64 on a site of 32)
+        "a host listed twice in another case",
+        site_with(
+            'nodes: [{host: "h20-[01-04]", gpus: 8}]',
+            'nodes: [{host: "h20-[01-04]", gpus: 8}, {host: H20-03, gpus: 8}]',
+        ),
+        "sites.h20: nodes[1]: host H20-03 is listed twice (as h20-03 too: one host, however it is spelt)",
+    ),
+    Case(  # one IPv6 address written two ways
+        "an IPv6 host listed twice, written two ways",
+        site_with('nodes: [{host: "h20-[01-04]", gpus: 8}]', 'nodes: [{host: "2001:db8::5,2001:DB8:0::5", gpus: 8}]'),
+        "sites.h20: nodes[0]: host 2001:DB8:0::5 is listed twice (as 2001:db8::5 too: one host, however it is spelt)",
+    ),
+    Case(  # both sites placed agents on GPU 0 of one host
+        "two sites on one GPU of a host spelt two ways",
+        GOOD_INV + SITE.replace("h20:", "h20b:").replace("h20-[01-04]", "H20-01"),
+        "sites.h20b.nodes: GPU 0 of h20-01 is listed by site 'h20' too",
+    ),
     Case(
         "a host name with shell syntax",
         site_with('host: "h20-[01-04]"', 'host: "h20-01;id"'),
