@@ -324,6 +324,15 @@ def read_yaml(path: Path) -> dict[str, Any]:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(name, None, f"YAML syntax error at {where}{e.problem}") from e
+    except yaml.reader.ReaderError as e:  # (it said '… not allowed\n  in "<unicode string>", position 298')
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise ConfigError(
+            name,
+            None,
+            f"cannot read: character U+{e.character:04X} at line {line}, column {column}, which YAML does not take (a "
+            "control character other than tab and line breaks, or a non-character); remove it",
+        ) from e
     except yaml.YAMLError as e:
         raise ConfigError(name, None, f"YAML error: {e}") from e
     except RecursionError as e:  # the parser recurses once per level of nesting

@@ -70,6 +70,18 @@ CASES = [
         HEAD.encode() + "# \u00fc\u2192 ".encode() + b"r\xe9sum\n" + SITE.encode(),
         "cannot read: not UTF-8 text (byte 0xe9 at line 3, column 7); save it as UTF-8",
     ),
+    Case(  # it said 'YAML error: unacceptable character #x0000: special characters are not allowed\n  in
+        # "<unicode string>", position 55': a character offset, and a line break written out as \n
+        "a NUL byte",
+        HEAD + "sites:\n" + SITE.replace("dc-b", "dc-b\x00"),
+        "inv.yaml: cannot read: character U+0000 at line 5, column 21, which YAML does not take (a control character "
+        "other than tab and line breaks, or a non-character); remove it",
+    ),
+    Case(  # a terminal's colour code pasted into a comment
+        "an escape character",
+        HEAD + "# \x1b[0m\nsites:\n" + SITE,
+        "inv.yaml: cannot read: character U+001B at line 3, column 3, which YAML does not take",
+    ),
     Case("only a comment", "# nothing\n", "file is empty"),
     Case("yaml syntax error", HEAD + "sites:\n  h20: {datacenter: x\n", "line "),
     Case("top level is a list", "- a\n- b\n", "top level must be a mapping"),
