@@ -63,14 +63,15 @@ def load_sites(paths: list[Path]) -> dict[str, Site]:
     """Sites of inventory files, validated, without resolving links: a profile needs no link, so one
     site's file (`clusters/h20-rollout.yaml`, whose link names a site in another file) is enough."""
     sites: dict[str, Site] = {}
+    origin: dict[str, Path] = {}  # the file that declares each site, named where another declares it too
     given_once(paths)
     for path in paths:
         data = read_yaml(path)
         check_header(path, data, "Inventory")
         for name, site in validate(path, data, InventoryFile).sites.items():
             if name in sites:
-                raise ConfigError(str(path), f"sites.{name}", "duplicate site name; already defined in another file")
-            sites[name] = site
+                raise ConfigError(str(path), f"sites.{name}", f"duplicate site name; already defined in {origin[name]}")
+            sites[name], origin[name] = site, path
     if not sites:
         raise ConfigError(", ".join(map(str, paths)), "sites", "no site defined; an inventory needs at least one site")
     return sites

@@ -906,6 +906,21 @@ def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) 
     assert res.stderr == f"rlctl: error: {again}: given twice; name each inventory file once\n"
 
 
+@pytest.mark.parametrize("command", ["check", "profile"])
+def test_a_site_declared_in_two_files_names_the_first(command: str, tmp_path: Path) -> None:
+    """profile said 'already defined in another file', naming neither (check named it): with several --cluster
+    files the operator looked through each."""
+    (tmp_path / "a.yaml").write_text(GOOD_INV)
+    (tmp_path / "b.yaml").write_text(GOOD_INV.replace("dc-b", "dc-c"))
+    first, second = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
+    if command == "check":
+        res = run_cli("check", first, second)
+    else:
+        res = run_cli("profile", "--model", "qwen2.5-7b", "--cluster", first, "--cluster", second)
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == f"rlctl: error: {second}: sites.h20: duplicate site name; already defined in {first}\n"
+
+
 def test_a_job_s_inventory_entry_linked_to_another_entry_s_file_names_the_job_s_field(tmp_path: Path) -> None:
     """`inventory: [inv.yaml, link.yaml]`, link.yaml a symlink to inv.yaml: it said 'link.yaml: given twice; name each
     inventory file once', naming neither the job file nor its field (nothing was given twice on the command line)."""
