@@ -177,9 +177,12 @@ class LocalScheduler(_Scheduler):
 
 
 def _login_name(v: str | None) -> str | None:
-    """The user rlctl logs in as over SSH: a name with no whitespace (as proxy_jump's user is checked)."""
+    """The user rlctl logs in as over SSH: a name with no whitespace (as proxy_jump's user is checked), not starting
+    with '-' (no login name does): `launch --dry-run`'s ssh line read `-oProxyCommand=x@h20-01` as an option."""
     if v is not None and (not v or any(c.isspace() for c in v)):
         raise ValueError(f"user {v!r} is empty or has whitespace; give the login name alone, e.g. rl")
+    if v is not None and v.startswith("-"):
+        raise ValueError(f"user {v!r} starts with '-', as no login name does (ssh reads it as an option); e.g. rl")
     return v
 
 
@@ -304,6 +307,8 @@ class SshScheduler(_Scheduler):
             why = f"{v!r} is a URI"
         if why is None and at and (not user or any(c.isspace() for c in user)):
             why = f"user {user!r} is empty or has a space"
+        if why is None and user.startswith("-"):
+            why = f"user {user!r} starts with '-', as no login name does (ssh reads it as an option)"
         if why is None and host_problem(host) is not None:
             why = f"{host!r} is not a host name or address"
         if why is None and port and not (port.isdigit() and 1 <= int(port) <= 65535):

@@ -187,6 +187,23 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'ssh://rl@bastion:2222'}"),
         "sites.h20.scheduler.proxy_jump: 'ssh://rl@bastion:2222' is a URI; give one jump host as [user@]host[:port]",
     ),
+    Case(  # accepted: launch --dry-run's ssh line read `-oProxyCommand=x@h20-01` as an option, and ran x
+        "an ssh user starting with '-'",
+        site_with("user: rl}", "user: -oProxyCommand=x}"),
+        "sites.h20.scheduler.user: user '-oProxyCommand=x' starts with '-', as no login name does (ssh reads it as an "
+        "option); e.g. rl",
+    ),
+    Case(  # the same on the submit host's ssh line
+        "a submit host user starting with '-'",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_user: -oX=y}"),
+        "sites.h20.scheduler.ssh_user: user '-oX=y' starts with '-'",
+    ),
+    Case(  # accepted: the dry-run's ProxyCommand ssh read `-oProxyCommand=x@bastion` as an option
+        "a proxy_jump whose user starts with '-'",
+        site_with("user: rl}", "user: rl, proxy_jump: '-oProxyCommand=x@bastion'}"),
+        "sites.h20.scheduler.proxy_jump: user '-oProxyCommand=x' starts with '-', as no login name does (ssh reads it "
+        "as an option); give one jump host as [user@]host[:port]",
+    ),
     Case(  # accepted: the ssh command line and fabric logged in as 'rl ' (proxy_jump's user was refused so)
         "an ssh user with a trailing space",
         site_with("user: rl}", "user: 'rl '}"),
