@@ -297,6 +297,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _tilde_left(name: str) -> str | None:
+    """Where a path named on the command line begins with `~`: the shell expands it only at a word's start, so
+    `--cluster=~/h20.yaml` (or a quoted one) reached rlctl as written and was 'no such file' of a file that is there."""
+    if not name.startswith("~"):
+        return None
+    home = Path(name).expanduser()
+    there = f" ({str(home)!r} is there)" if str(home) != name and home.is_file() else ""
+    return (
+        "the shell left this ~ as written (it expands one only at the start of an unquoted word, not after '='): "
+        f"write `--cluster ~/…`, not `--cluster=~/…` or '~/…', or the full path{there}"
+    )
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read one YAML mapping; every failure (no such file, no permission, bad YAML, a key twice) becomes a
     ConfigError naming the file."""
@@ -304,7 +317,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError as e:
-        raise ConfigError(name, None, "no such file") from e
+        raise ConfigError(name, None, "no such file", hint=_tilde_left(name)) from e
     except IsADirectoryError as e:
         raise ConfigError(name, None, "is a directory, expected a YAML file") from e
     except OSError as e:

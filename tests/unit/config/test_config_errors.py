@@ -910,6 +910,24 @@ def materialise(case: Case, tmp: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("command", ["check", "profile"])
+def test_a_path_whose_tilde_the_shell_left_says_so(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--cluster=~/inv.yaml` (bash expands no ~ after '=') reached rlctl as written: 'no such file' of a file that is
+    there, and nothing said why."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    args = ["~/inv.yaml"] if command == "check" else ["--cluster=~/inv.yaml", "--model", "qwen2.5-7b"]
+    res = run_cli(command, *args)
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == (
+        "rlctl: error: ~/inv.yaml: no such file (hint: the shell left this ~ as written (it expands one only at the "
+        "start of an unquoted word, not after '='): write `--cluster ~/…`, not `--cluster=~/…` or '~/…', or the full "
+        f"path ('{tmp_path}/inv.yaml' is there))\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["check", "profile"])
 def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) -> None:
     """`check a.yaml ./a.yaml` said 'sites.h20: duplicate site name; already defined in a.yaml' (profile: 'in another
     file'): the one file, not its sites, is twice."""
