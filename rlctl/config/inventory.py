@@ -419,11 +419,18 @@ class Node(Strict):
         return expand_hostlist(self.host)
 
 
-# bounds of what a link or network can be: past them a figure is a typo (1e300 ms printed 300-digit times)
+# bounds of what a link or network can be: past them a figure is a typo (1e300 ms printed 300-digit times, and so
+# did a bandwidth of 1e-300 Gbit/s: plan's weight sync and iteration times)
+MIN_BANDWIDTH_GBPS = 0.001  # 1 Mbit/s
 MAX_BANDWIDTH_GBPS = 100_000.0  # 100 Tbit/s
 MAX_LATENCY_MS = 60_000.0  # a minute: the transport's own timeouts are shorter
 BandwidthGbps = Annotated[
-    float, Field(gt=0, le=MAX_BANDWIDTH_GBPS, description=f"Gbit/s, at most {MAX_BANDWIDTH_GBPS:g}")
+    float,
+    Field(
+        ge=MIN_BANDWIDTH_GBPS,
+        le=MAX_BANDWIDTH_GBPS,
+        description=f"Gbit/s, at least {MIN_BANDWIDTH_GBPS:g} (1 Mbit/s), at most {MAX_BANDWIDTH_GBPS:g}",
+    ),
 ]
 
 

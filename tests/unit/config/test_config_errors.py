@@ -309,6 +309,17 @@ CASES = [
         GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1e12}]\nsites:"),
         "links[0].bandwidth_gbps: Input should be less than or equal to 100000",
     ),
+    Case(  # plan said a weight sync of a 300-digit number of seconds
+        "link bandwidth below 1 Mbit/s",
+        GOOD_INV + SITE.replace("h20:", "h20b:").replace("h20-", "h20b-") + "links: [{between: [h20, h20b], "
+        "bandwidth_gbps: 1.0e-300}]\n",
+        "links[0].bandwidth_gbps: Input should be greater than or equal to 0.001 (got 1e-300)",
+    ),
+    Case(
+        "site bandwidth below 1 Mbit/s",
+        site_with("    gpu: H20\n", "    gpu: H20\n    network: {bandwidth_gbps: 1.0e-300}\n"),
+        "sites.h20.network.bandwidth_gbps: Input should be greater than or equal to 0.001 (got 1e-300)",
+    ),
     Case(
         "site bandwidth past 100 Tbit/s",
         site_with("    gpu: H20\n", "    gpu: H20\n    network: {bandwidth_gbps: 1e6}\n"),
