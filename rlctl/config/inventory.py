@@ -329,6 +329,10 @@ MAX_GPU_TFLOPS = 100_000.0
 MAX_GPU_HBM_GB = 100_000.0
 MAX_GPU_HBM_TB_PER_S = 10_000.0
 MAX_GPU_NVLINK_GB_PER_S = 100_000.0
+# and below any (the catalog's CPU core-slot: 0.1 TFLOPS, 0.02 TB/s): 1e-300 TFLOPS or TB/s made plan print times
+# of 300 digits
+MIN_GPU_TFLOPS = 0.001
+MIN_GPU_HBM_TB_PER_S = 0.001
 
 
 class CustomGpu(Strict):
@@ -343,10 +347,22 @@ class CustomGpu(Strict):
             )
         return v
 
-    bf16_tflops: Annotated[float, Field(gt=0, le=MAX_GPU_TFLOPS, description=f"at most {MAX_GPU_TFLOPS:g}")]
+    bf16_tflops: Annotated[
+        float,
+        Field(
+            ge=MIN_GPU_TFLOPS,
+            le=MAX_GPU_TFLOPS,
+            description=f"at least {MIN_GPU_TFLOPS:g}, at most {MAX_GPU_TFLOPS:g}",
+        ),
+    ]
     hbm_gb: Annotated[float, Field(gt=0, le=MAX_GPU_HBM_GB, description=f"at most {MAX_GPU_HBM_GB:g}")]
     hbm_tb_per_s: Annotated[
-        float, Field(gt=0, le=MAX_GPU_HBM_TB_PER_S, description=f"at most {MAX_GPU_HBM_TB_PER_S:g}")
+        float,
+        Field(
+            ge=MIN_GPU_HBM_TB_PER_S,
+            le=MAX_GPU_HBM_TB_PER_S,
+            description=f"at least {MIN_GPU_HBM_TB_PER_S:g}, at most {MAX_GPU_HBM_TB_PER_S:g}",
+        ),
     ]
     nvlink_gb_per_s: Annotated[
         float, Field(gt=0, le=MAX_GPU_NVLINK_GB_PER_S, description=f"at most {MAX_GPU_NVLINK_GB_PER_S:g}")

@@ -309,6 +309,16 @@ CASES = [
         GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1e12}]\nsites:"),
         "links[0].bandwidth_gbps: Input should be less than or equal to 100000",
     ),
+    Case(  # plan said a generation time of 300 digits
+        "a custom GPU's TFLOPS below any GPU's",
+        site_with("    gpu: H20\n", "    gpu_spec: {name: X, bf16_tflops: 1.0e-300, hbm_gb: 80, hbm_tb_per_s: 2}\n"),
+        "sites.h20.gpu_spec.bf16_tflops: Input should be greater than or equal to 0.001 (got 1e-300)",
+    ),
+    Case(
+        "a custom GPU's memory bandwidth below any GPU's",
+        site_with("    gpu: H20\n", "    gpu_spec: {name: X, bf16_tflops: 100, hbm_gb: 80, hbm_tb_per_s: 1.0e-300}\n"),
+        "sites.h20.gpu_spec.hbm_tb_per_s: Input should be greater than or equal to 0.001 (got 1e-300)",
+    ),
     Case(  # plan said a weight sync of a 300-digit number of seconds
         "link bandwidth below 1 Mbit/s",
         GOOD_INV + SITE.replace("h20:", "h20b:").replace("h20-", "h20b-") + "links: [{between: [h20, h20b], "
