@@ -24,7 +24,7 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from rlctl.config.algorithm import Algorithm, GrpoAlgorithm
 from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, validate
@@ -43,11 +43,21 @@ from rlctl.textutil import did_you_mean, one_of
 MAX_ITERATIONS = 10**9
 
 
+def _inventory_path(v: str) -> str:
+    """An inventory file's path: `''` was the job file's own directory joined with nothing, said as '<dir> is a
+    directory', and a URL was joined to it as a path ('no such file 'https:/x/h20.yaml'')."""
+    if not v:
+        raise ValueError("the path is empty; give an inventory file (clusters/*.yaml, relative to the job file)")
+    if "://" in v:
+        raise ValueError(f"{v!r} is a URL; rlctl reads inventory files of this machine: give one's path")
+    return v
+
+
 class JobFile(Strict):
     api_version: str = Field(alias="apiVersion")
     kind: Literal["Job"]
     name: Annotated[str, Field(pattern=NAME_RE)]
-    inventory: list[str] = Field(min_length=1)
+    inventory: list[Annotated[str, AfterValidator(_inventory_path)]] = Field(min_length=1)
     model: Model
     task: Task
     placement: Placement

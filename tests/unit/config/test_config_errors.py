@@ -416,7 +416,14 @@ CASES = [
     Case(  # it said "<tmp>: is a directory, expected a YAML file", naming neither the job file nor its field
         "job: inventory entry empty",
         JOB.replace("[inv.yaml]", '[""]'),
-        "job.yaml: inventory[0]: ",
+        "job.yaml: inventory[0]: the path is empty; give an inventory file (clusters/*.yaml, relative to the job file)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(  # it said "no such file 'https:/x/inv.yaml' (paths are relative to the job file)"
+        "job: inventory entry a URL",
+        JOB.replace("[inv.yaml]", "[inv.yaml, 'https://x/inv.yaml']"),
+        "job.yaml: inventory[1]: 'https://x/inv.yaml' is a URL; rlctl reads inventory files of this machine",
         kind="job",
         extra=GOOD_INV,
     ),
