@@ -18,6 +18,7 @@ from rlctl.agents import common
 from rlctl.agents.controller_base import Peer
 from rlctl.agents.controller_weights import WeightBookkeeping
 from rlctl.agents.flight import read_flight
+from rlctl.agents.gonebook import GoneAgent
 from rlctl.agents.messages import Heartbeat, Hello, make
 from rlctl.agents.watchdog import HUNG
 from rlctl.errors import TransportError
@@ -48,7 +49,9 @@ class Membership(WeightBookkeeping):
             self._lose(name, "replaced")
         if old is not None:  # its record is replaced, never pruned: its weight nodes' addresses go as a gone one's
             self.book.forget(name)
-        self.gone.pop(name)  # its name is a new agent's (a stopped unit's, a trainer's): listed as that
+        # its name is a new agent's (a stopped unit's, a trainer's): listed as that; a lost one before it still counts
+        replaced = GoneAgent(old.role, old.state, old.figures.busy_s) if old is not None else None
+        self.gone.taken(name, replaced=replaced)
         self.peers[name] = Peer(
             name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version), pid=h.pid
         )

@@ -4,7 +4,8 @@ in a size that does not grow with the agents a run of weeks ever had.
 
     _prune: an agent gone ──▶ add(name, GoneAgent) ──▶ counted (end state; role's busy seconds) ──▶ kept by name,
                                                        the latest GONE_KEPT (older ones: still counted, no name)
-    _hello of that name ──▶ get(name): a lost unit is told to stop;  a new agent of it ──▶ pop(name): uncounted
+    _hello of that name ──▶ get(name): a lost unit is told to stop;  a new agent of it ──▶ taken(name): unlisted,
+                                                                       a lost one still counted, a stopped one not
 """
 
 from __future__ import annotations
@@ -51,10 +52,21 @@ class GoneBook:
         return self.named.get(name)
 
     def pop(self, name: str) -> None:
-        """`name` is a new agent's: the gone one of that name is no longer listed nor counted (one of the latest)."""
+        """The gone one of `name` is no longer listed nor counted (one of the latest)."""
         agent = self.named.pop(name, None)
         if agent is not None:
             self._count(agent, -1)
+
+    def taken(self, name: str, *, replaced: GoneAgent | None = None) -> None:
+        """A new agent's hello took `name`: the gone one of that name is no longer listed by it. A lost one still
+        counts (an agent the run lost, no longer named), a stopped one no longer does (its name joins again: the unit
+        scaled in, scaled out). `replaced`: the record of that name in the controller's peers that the hello replaced
+        (never pruned), counted here as gone the same way."""
+        agent = self.named.pop(name, None)
+        if agent is not None and agent.state != "lost":
+            self._count(agent, -1)
+        if replaced is not None and replaced.state == "lost":
+            self._count(replaced, 1)
 
     def unlisted(self) -> int:
         """The agents counted that are no longer kept by name."""

@@ -213,3 +213,29 @@ def test_the_names_of_units_gone_kept_are_the_plans_and_the_latest(running: Runn
     assert core.known("rollout-0") and r.ctl.scaler._planned_unjoined() == []
     assert all(core.known(n) and r.ctl._told_to_stop(n) for n in names[10:])
     assert not any(core.known(n) for n in names[:10])  # let go (they went 1,024 units ago)
+
+
+def test_a_lost_trainer_whose_name_a_new_hello_takes_is_still_counted_gone_once(running: Running) -> None:
+    """A trainer record lost (or lost as "replaced": it joined twice) that a new hello of its name replaces, before or
+    after the metrics row that would prune it, counts as a lost agent (the status reply's agents_gone, summary.json's
+    agents_unlisted), once; versus overwritten in `peers` (or uncounted from `gone`) and never counted."""
+    r = running
+    r.lose("trainer-0")  # lost, still in `peers` (no row since)
+    r.ends["trainer-0"] = r.hello("trainer-0")  # a new trainer-0 replaces its record
+    r.ends["trainer-0"] = r.hello("trainer-0")  # and joins twice: the one before is lost as "replaced"
+    assert [e["reason"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "agent_lost"][-1] == "replaced"
+
+    def gone() -> dict[str, int]:
+        return status(r.ctl.snapshot(), now=time.monotonic())["agents_gone"]
+
+    assert gone() == {"lost": 2, "stopped": 0}  # was: 0 (both records overwritten)
+    r.lose("trainer-0")
+    r.ctl._prune()  # (what the next metrics row does): the third is gone by name
+    assert gone() == {"lost": 3, "stopped": 0}
+    r.ends["trainer-0"] = r.hello("trainer-0")  # a fourth takes its name
+    assert gone() == {"lost": 3, "stopped": 0}  # was: 0 (the named one uncounted too)
+    r.ctl._prune()
+    r.ctl._shutdown()
+    s = r.jd.read_json(r.jd.summary_json)
+    assert sorted(s["agents"]) == ["rollout-0", "rollout-1", "trainer-0"]  # by name: the one that runs
+    assert s["agents_unlisted"] == 3  # was: absent
