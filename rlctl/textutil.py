@@ -4,6 +4,7 @@ file's path is read."""
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from pathlib import PurePath
 
@@ -34,11 +35,17 @@ def duration(seconds: float) -> str:
     return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
 
 
+def is_job_relative(path: str | PurePath) -> bool:
+    """Whether a path the job file wrote is read relative to the job file: not an absolute one, nor `~/…` (read from
+    the home directory: `load_job` expands it). The one rule of every line that says so."""
+    return not PurePath(os.path.expanduser(path)).is_absolute()
+
+
 def job_relative(path: str | PurePath) -> str:
     """What a missing file's line adds of where it was looked for: a path the job file wrote relative is read
-    relative to the job file (said), an absolute one as written (nothing to add). One rule for `rlctl check` and the
-    launch, which say the same missing file."""
-    return "" if PurePath(path).is_absolute() else " (relative to the job file)"
+    relative to the job file (said), an absolute one or `~/…` as written (nothing to add). One rule for `rlctl check`
+    and the launch, which say the same missing file."""
+    return " (relative to the job file)" if is_job_relative(path) else ""
 
 
 def undecodable_at(raw: bytes, start: int) -> str:

@@ -36,7 +36,7 @@ from rlctl.config.runtime import Metrics, Rollout, Trainer, Transport, WeightSyn
 from rlctl.config.task import DatasetTask, DigitsTask, Task
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, one_of
+from rlctl.textutil import did_you_mean, is_job_relative, one_of
 
 # A job's iterations: a billion is decades at one a second. Past 2^64 the controller's first message failed (msgpack
 # takes no larger int: `OverflowError`, the job failed at its start), and iteration × samples must stay in an int64.
@@ -136,9 +136,9 @@ def _home_expanded(spec: JobFile) -> JobFile:
 
 def _relative(written: str, *, short: bool = False) -> str:
     """What a line about a path the job file names adds of where it was looked for: the job file's folder for a
-    path written relative (said), nothing for an absolute one or `~/…`, read as written (the note was said of them
-    too)."""
-    if os.path.isabs(os.path.expanduser(written)):
+    path written relative (said), nothing for an absolute one or `~/…`, read as written (`is_job_relative`: the rule
+    of `job_relative`'s lines too)."""
+    if not is_job_relative(written):
         return ""
     return " (relative to the job file)" if short else " (paths are relative to the job file)"
 

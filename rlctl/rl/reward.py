@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import math
 import numbers
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -134,7 +135,7 @@ def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> Rewa
             )
         return BUILTIN_REWARDS[spec]
     if target.endswith(".py"):
-        file = Path(target) if Path(target).is_absolute() else base_dir / target
+        file = base_dir / os.path.expanduser(target)  # `~/…` as the job file's is read (`load_job`); said so, too
         module, where = _from_file(file, target, name, own_process=own_process), target
     else:
         module, where = _from_module(target, name, base_dir), f"module {target!r}"

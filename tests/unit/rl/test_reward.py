@@ -288,6 +288,31 @@ def test_a_missing_reward_file_says_relative_to_the_job_file_only_where_written_
     assert str(e.value) == "rewards/nope.py: no such file (relative to the job file)"
 
 
+def test_a_missing_file_written_under_home_is_said_as_written_by_every_line(
+    rewards_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~/…` is read from the home directory (load_job expands it), not relative to the job file: config/job.py's
+    own rule said so of the inventory's and planning.profile's lines, `textutil.job_relative` said "(relative to the
+    job file)" of it (the reward file's, task.path's, evaluation.path's lines). One rule now, `is_job_relative`."""
+    from rlctl.config.job import load_job
+    from rlctl.errors import ConfigError
+    from rlctl.textutil import job_relative
+
+    home = rewards_dir / "home"
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(ValueError) as e:
+        load_reward("~/missing.py:f", rewards_dir)
+    assert str(e.value) == "~/missing.py: no such file"  # was: "... (relative to the job file)"
+    assert (job_relative("~/missing"), job_relative("missing")) == ("", " (relative to the job file)")
+    from tests.unit.config.test_config_errors import JOB
+
+    job = rewards_dir / "job.yaml"
+    job.write_text(JOB.replace("[inv.yaml]", "[~/missing.yaml]"))
+    with pytest.raises(ConfigError) as c:
+        load_job(job)
+    assert str(c.value) == f"{job}: inventory[0]: no such file {str(home / 'missing.yaml')!r}"  # the same rule
+
+
 def _reward_in_three_files(d: Path) -> Path:
     """uses.py imports a module and a package beside it (one inside a function), the package a third module."""
     d.mkdir(parents=True)
