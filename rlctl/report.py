@@ -5,8 +5,9 @@ job_dir/metrics.jsonl ────┼─▶ load() ─▶ JobRecord ─┬─▶
 job_dir/events.jsonl ─────┤                        └─▶ _html() ◀── PNG bytes ◀──┴─▶ report.html
 job_dir/summary.json ─────┘   (only job.json is required: a running job may have written nothing yet)
 
-A damaged record file (a line cut short or edited, a summary that is no JSON) is exit 1, as in `rlctl status`:
-it is neither a command line nor a config file the user wrote (exit 2), but the job's state.
+A damaged record file (a line cut short or edited, a summary that is no JSON and whose run's end the events do not
+say) is exit 1, as in `rlctl status`: it is neither a command line nor a config file the user wrote (exit 2), but
+the job's state.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, abandoned, event_time, record_text, resume_points
+from rlctl.ops.runstate import run_summary
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,8 @@ def load(job_dir: Path) -> JobRecord:
     # read as written (a job of an older rlctl too): only these two fields
     name, mode = str(_field(job_json, record, "job.name")), str(_field(job_json, record, "job.pipeline.mode"))
     summary_json = job_dir / "summary.json"
-    summary = _read_json(summary_json) if summary_json.is_file() else None
+    # one that does not read is its run's end as its events say it (`run_summary`), as status and resume read it
+    summary = run_summary(JobDir(job_dir), None)
     if summary is not None and (problem := _summary_lacks(summary)) is not None:
         raise RlctlError(f"{summary_json}: {problem}", hint="was it edited?")
     return JobRecord(

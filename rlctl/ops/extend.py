@@ -37,20 +37,22 @@ from typing import Any
 from rlctl.checkpoint.choose import named_version
 from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
-from rlctl.errors import UsageError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, job_digests, replace_text
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.ops.runstate import run_summary
 
 EARLIER = "iterations_before"  # job.json: the job's iteration counts before each `--iterations` of a resume
 
 
 def last_summary(jobdir: JobDir) -> dict[str, Any]:
-    """The job's latest summary.json, {} where it has none (a running job) or one that does not read as an object."""
+    """The job's latest summary.json, {} where it has none (a running job) or one that does not read as an object and
+    whose run's end its events do not say (`run_summary`: one they say is read from them, as a plain resume reads
+    it)."""
     try:
-        data = json.loads(jobdir.summary_json.read_text())
-    except (OSError, ValueError):
+        return run_summary(jobdir, None) or {}
+    except (OSError, RlctlError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def trained_iterations(jobdir: JobDir) -> int:

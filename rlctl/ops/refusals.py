@@ -34,7 +34,8 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
     # site's record not fetched, nor its summary: the index's `finished` stands)
     if 0 < trained_iterations(jobdir) < planned:
         return
-    counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
+    # (one read from its run's job_end event, its summary.json damaged, has no planned count: job.json's)
+    counts = f" ({done.get('iterations')}/{done.get('iterations_planned', planned)} iterations)" if done else ""
     ref = shlex.quote(jobdir.id if state is not None else str(jobdir.path))  # (an id the index lacks names no job)
     raise UsageError(
         f"job {jobdir.id}: finished{counts}; nothing to resume",

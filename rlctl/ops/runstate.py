@@ -5,13 +5,14 @@ resume's that died before its run started included), a `rlctl stop` asked for
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.jobdir import JobDir, event_time, record_text
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,57 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
     rlctl without run ids), or any when `run` is None, is taken."""
     if not jobdir.summary_json.exists():
         return None
-    summary = jobdir.read_json(jobdir.summary_json)
+    try:
+        summary = json.loads(record_text(jobdir.summary_json))
+    except ValueError as e:  # JSONDecodeError
+        return _summary_from_events(jobdir, run, f"not valid JSON ({e})")
     if not isinstance(summary, dict):
-        raise LaunchError(f"{jobdir.summary_json}: not a JSON object but {type(summary).__name__}")
+        return _summary_from_events(jobdir, run, f"not a JSON object but {type(summary).__name__}")
     if run is not None and summary.get("run") not in (None, run):
         log.warning("%s is run %s's, not run %s's: not taken", jobdir.summary_json, summary.get("run"), run)
         return None
     return summary
+
+
+_SAID_DAMAGED: set[str] = set()  # the damaged summaries this process said it read the end of from the events
+
+
+def _summary_from_events(jobdir: JobDir, run: str | None, problem: str) -> dict[str, Any]:
+    """A summary.json that does not read (`problem`) — edited or damaged since, as rlctl writes it whole (renamed
+    into place): how run `run` ended, from its controller's `job_end` event, written beside it in events.jsonl, the
+    job's record of what happened (state and iterations; `summary_damaged` says why the rest is missing), said once a
+    process. Every command reads the end as that (a plain resume, `status`, `scale`, `stop` and `report` failed on it,
+    exit 1, where `launch --resume --iterations` read it as no summary and went ahead). LaunchError, one line naming
+    the file and what to do, where the events have no end of that run."""
+    said = f"{jobdir.summary_json}: {problem}"
+    end = _run_end_event(jobdir, run)
+    if end is None:
+        raise LaunchError(
+            said,
+            hint="rlctl writes it whole, so it was edited or damaged since, and events.jsonl has no end of its run to "
+            "read instead: put it back from a copy, or move it aside (the run then ended without a summary)",
+        )
+    if said not in _SAID_DAMAGED:
+        _SAID_DAMAGED.add(said)
+        log.warning("%s; how its run ended is read from %s (job_end: %s)", said, jobdir.events, end.get("state"))
+    return {"state": end.get("state"), "iterations": end.get("iterations"), "run": run, "summary_damaged": said}
+
+
+def _run_end_event(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
+    """Run `run`'s `job_end` event (its controller writes it as it writes summary.json): the first after that run's
+    controller started (`run` None: after the latest controller's start); None before its run ended."""
+    events = jobdir.read_events("agent_started", "job_end")
+    starts = [
+        i
+        for i, e in enumerate(events)
+        if e.get("event") == "agent_started"
+        and str(e.get("agent", "")).startswith("controller-")
+        and (run is None or e.get("run") == run)
+    ]
+    after = starts[-1] + 1 if starts else 0
+    if run is not None and not starts:
+        return None
+    return next((e for e in events[after:] if e.get("event") == "job_end"), None)
 
 
 def ended_run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:

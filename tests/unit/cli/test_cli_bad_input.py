@@ -242,6 +242,33 @@ def test_status_on_a_garbled_job_file_is_one_line_naming_it(tmp_path: Path, name
         assert f"{jd.path}/{says}" in one_error(run_cli("stop", str(jd.path)), code=1)
 
 
+@pytest.mark.parametrize("text", ['{"state": "do', "[]"])
+def test_a_damaged_summary_is_its_run_s_end_as_the_events_say_for_every_command(tmp_path: Path, text: str) -> None:
+    """summary.json is written whole (renamed into place), the run's `job_end` event beside it: one that does not
+    read (edited, damaged) is the run's end as its events say, for every command. A plain `launch --resume` of the
+    finished job, `scale` and `report` failed on it (exit 1, `rlctl: error: …summary.json: not valid JSON`) where
+    `launch --resume --iterations` read it as no summary and went ahead; with no `job_end` of the run to read, status
+    and a plain resume say the same one line naming the file (`test_status_on_a_garbled_job_file_is_one_line…`)."""
+    jd = prepared(tmp_path / "run")
+    jd.event("agent_started", agent="controller-0", run="r1")
+    planned = jd.read_job().iterations
+    jd.event("job_end", state="done", iterations=planned)
+    jd.summary_json.write_text(text)
+    r = run_cli("status", str(jd.path))
+    assert r.exit_code == 0 and f"ended       after {planned} iterations: done" in r.stdout, r.stderr  # was: exit 1
+    finished = one_error(run_cli("launch", "--resume", str(jd.path)))  # was: exit 1, summary.json: not valid JSON
+    assert f"finished ({planned}/{planned} iterations); nothing to resume" in finished
+    assert "ended (done): nothing to scale" in one_error(run_cli("scale", str(jd.path), "--rollout", "+1"))
+    r = run_cli("report", str(jd.path))
+    assert r.exit_code == 0 and (jd.path / "report.html").is_file(), r.stderr
+    bare = prepared(tmp_path / "bare")  # its run's end not in its events
+    bare.event("agent_started", agent="controller-0", run="r1")
+    bare.summary_json.write_text(text)
+    said = one_error(run_cli("status", str(bare.path)), code=1)
+    assert one_error(run_cli("launch", "--resume", str(bare.path)), code=1) == said
+    assert f"{bare.summary_json}: " in said and "put it back from a copy, or move it aside" in said
+
+
 def test_status_of_a_summary_without_its_state_or_iterations_says_none(tmp_path: Path) -> None:
     # edited by hand: a KeyError traceback in the table
     jd = prepared(tmp_path / "run")
