@@ -6,10 +6,13 @@ here on it too."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import JobDir, appending, event_time, record_text, replace_text
+from rlctl.launch.jobdir import NO_FLOCK, JobDir, appending, event_time, record_text, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.stage import Roots, read_staged
 
@@ -31,6 +34,7 @@ RECORD_FILES = ("controller.json", "summary.json")
 LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
+FETCH_LOCK = ".record-fetch.lock"  # beside them: one `fetch_record` at a time (`_fetching`)
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 # logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
 APPENDED_LOGS = tuple(
@@ -70,6 +74,27 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     Returns the names fetched."""
     if record_is_here(site, root, job_dir):
         return []
+    with _fetching(job_dir):
+        return _fetch(job_dir, site, host, root)
+
+
+@contextlib.contextmanager
+def _fetching(job_dir: Path) -> Iterator[None]:
+    """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for): `rlctl status` or `stop`
+    while the job's launcher fetches as its run ends, or a `launch --resume` before it takes the launcher lock, each
+    read how much of a log was here and appended what was past it, through the one `.part` file (a row appended
+    twice, or the other's `.part` gone: FileNotFoundError). Where the filesystem has no flock it goes unlocked, as
+    `appending` does."""
+    with (job_dir / FETCH_LOCK).open("a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in NO_FLOCK:
+                raise
+        yield  # (the lock goes with the file's close)
+
+
+def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     fs = host_files(site, host)
     fetched = []
     try:
