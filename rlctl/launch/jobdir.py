@@ -364,12 +364,7 @@ class JobDir:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                holder = f.read().strip() or "another process"
-                arg = shlex.quote(self.id)
-                raise UsageError(
-                    f"job {self.id} has a launcher already ({holder})",
-                    hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
-                ) from None
+                raise self._launched(f.read().strip() or "another process") from None
             f.seek(0)
             f.truncate()
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -377,6 +372,20 @@ class JobDir:
             yield
         finally:
             f.close()
+
+    def refuse_if_launched(self) -> None:
+        """UsageError, as `launcher_lock` says it, where a launcher holds the job now: what a second launcher (a
+        `launch --resume`) does before it takes the lock (its record fetched, which would write into the job dir the
+        launcher works in) is refused first."""
+        if (holder := self.launcher_holder()) is not None:
+            raise self._launched(holder)
+
+    def _launched(self, holder: str) -> UsageError:
+        arg = shlex.quote(self.id)
+        return UsageError(
+            f"job {self.id} has a launcher already ({holder})",
+            hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
+        )
 
     def launcher_holder(self) -> str | None:
         """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does: probed with a shared lock, let go

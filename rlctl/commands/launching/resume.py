@@ -50,6 +50,9 @@ def resume_job(
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
+        # a job its launcher holds is refused here, as its lock would refuse it (`be_launcher`), before anything
+        # below fetches the controller site's record into the job dir that launcher works in, or reads it
+        jd.refuse_if_launched()
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
