@@ -210,7 +210,8 @@ def cut_rows_into(
                 with appending(aside) as f, away.open() as rows:
                     f.write("\n" if ends_mid_line(aside) else "")
                     shutil.copyfileobj(rows, f)
-                fsync_tree(aside)  # the rows set aside are on disk before the file loses them
+                fsync_tree(aside)  # the rows set aside are on disk before the file loses them, and so is their file's
+                fsync_dir(aside.parent)  # name (one this cut made: else a power loss after the rename lost them both)
             out.flush()
             os.fsync(out.fileno())  # else a power loss after the rename can leave the file empty: every row before
             # the checkpoint, which `sync_logs` made durable, lost for good

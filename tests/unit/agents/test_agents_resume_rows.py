@@ -107,3 +107,27 @@ def test_a_damaged_metrics_row_leaves_the_files_as_they_were(tmp_path: Path) -> 
     with pytest.raises(LaunchError, match=r"metrics\.jsonl: line 3 is not valid JSON"):
         cut_metrics(jd, 2)
     assert jd.metrics.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_the_file_of_the_rows_set_aside_is_named_on_disk_before_metrics_jsonl_loses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut makes metrics.discarded.jsonl: its directory is synced (its name durable) while metrics.jsonl still
+    holds the rows it moved, versus only after the rename, where a power loss in between could keep the rename and
+    not the new file's name — the rows past the checkpoint gone from both."""
+    from rlctl.checkpoint import controller
+    from rlctl.checkpoint.controller import cut_metrics
+
+    jd = JobDir(tmp_path)
+    jd.metrics.write_text("".join(json.dumps({"iteration": i}) + "\n" for i in range(4)))
+    aside = tmp_path / "metrics.discarded.jsonl"
+    seen: list[tuple[bool, int]] = []  # at each directory sync: the set-aside file there, metrics.jsonl's rows
+    synced = controller.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        seen.append((aside.is_file(), len(jd.metrics.read_text().splitlines())))
+        synced(path)
+
+    monkeypatch.setattr(controller, "fsync_dir", fsync_dir)
+    assert [r["iteration"] for r in cut_metrics(jd, 2)] == [0, 1]
+    assert seen[0] == (True, 4) and seen[-1] == (True, 2)
