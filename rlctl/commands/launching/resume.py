@@ -94,14 +94,17 @@ def resume_job(
         refuse_if_running(jd, arg=ref_.arg)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
         edits = job_json_edits(jd, count_given=counted is not None)
+        # the job file, inventory or reward changed since the launch, which the resume does not take up: read before
+        # the count is written (an error or Ctrl-C as it reads them leaves job.json as it was: nothing puts it back
+        # before the `try` below), said before the run starts, so that a resume that then fails (staging on a host
+        # the changed inventory dropped) says it
+        sources = source_changes(jd)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)
         if counted is not None:
             say(f"job {spec.name}: {counted}")
-        # the job file, inventory or reward changed since the launch, which the resume does not take up: said before
-        # the run starts, so that a resume that then fails (staging on a host the changed inventory dropped) says it
-        for line in source_changes(jd):
+        for line in sources:
             say(f"job {spec.name}: {line}")
         try:
             run = runs.start(resume=True, checkpoint=back)

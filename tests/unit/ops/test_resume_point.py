@@ -697,3 +697,27 @@ def test_a_resume_whose_every_checkpoint_is_damaged_names_where_they_are_and_the
         "directory)\n"
     ), r.stderr
     assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
+
+
+def test_a_resume_interrupted_as_it_compares_the_job_file_leaves_the_count_iterations_wrote_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C while `launch --resume --iterations 30` compared the job file, inventory and reward with the launch's
+    # (reading them: a slow mount): job.json kept the count --iterations wrote, with no run started on it, versus a
+    # resume that ends before any agent started leaving job.json as it was
+    from rlctl.ops import jobchanges
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
+    jd.event("checkpoint", version=3)
+    jd.summary_json.write_text('{"state": "failed: trainer trainer-0 was lost", "iterations": 4}')
+    job_json = jd.job_json.read_text()
+
+    def interrupted(*_: object, **__: object) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobchanges, "source_changes", interrupted)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "30")
+    assert r.exit_code != 0, r.stderr
+    assert jd.job_json.read_text() == job_json
