@@ -9,6 +9,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
 )
@@ -106,6 +107,16 @@ class HfModel(Strict):
     def _a_path(cls, v: str) -> str:
         if not v.strip():  # else read as the job file's own directory, and said to lack config.json
             raise ValueError("the path is empty; give the Hugging Face checkpoint directory (relative to the job file)")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # the architecture's name, which the profile the planner makes of it refuses empty (`ArchFigures`): a
+        # pydantic traceback from `rlctl plan`, versus this line. Not in a job's record (`RECORDED`): one an older
+        # rlctl launched so reads as launched
+        if v is not None and not v.strip() and not (info.context or {}).get("recorded"):
+            raise ValueError("the name is empty; give the model a name, or leave it out for the directory's name")
         return v
 
     @property

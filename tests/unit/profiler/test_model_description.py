@@ -196,3 +196,23 @@ def test_an_empty_model_name_is_refused_alike_in_a_job_and_a_profile(tmp_path: P
         load_profile(path)
     for refused in (in_job, in_profile):
         assert "\n" not in str(refused.value)
+
+
+def test_a_blank_hf_model_name_is_one_line_from_plan_not_a_traceback(tmp_path: Path) -> None:
+    # an HF model's name is its architecture's, which the profile `plan` makes of it refuses blank: a pydantic
+    # ValidationError traceback ('1 validation error for ModelSpec'), versus the job's field named in one line
+    from rlctl.models.tinygpt import TinyGPT
+    from tests.conftest import run_cli
+    from tests.unit.hf_tokenizer import write_tokenizer
+    from tests.unit.tiny_models import small_config
+
+    TinyGPT(small_config(positions=64)).save_pretrained(tmp_path / "model")
+    write_tokenizer(tmp_path / "model")
+    (tmp_path / "inv.yaml").write_text(INV)
+    (tmp_path / "job.yaml").write_text(JOB.replace(f"{{kind: arch, {FIGURES}}}", '{kind: hf, path: model, name: "  "}'))
+    r = run_cli("plan", str(tmp_path / "job.yaml"))
+    assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: {tmp_path}/job.yaml: model.name: the name is empty")
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    named = JOB.replace(f"{{kind: arch, {FIGURES}}}", "{kind: hf, path: model, name: tiny}")
+    (tmp_path / "job.yaml").write_text(named)  # a name, or none: planned as before
+    assert run_cli("plan", str(tmp_path / "job.yaml")).exit_code == 0
