@@ -63,9 +63,12 @@ def host_deadline(script: str, timeout_s: float) -> str:
     traps the SIGTERM and sleeps past the grace: else a member that ignores SIGTERM (`trap '' TERM`) ran on, as
     `timeout` left once the script's bash died of the SIGTERM. The script runs in the waiter's foreground (its
     trap runs once the script's bash is gone): an asynchronous list (`&`) of a bash without job control starts
-    with SIGINT and SIGQUIT ignored, which no later trap undoes and what it starts inherits (an agent)."""
+    with SIGINT and SIGQUIT ignored, which no later trap undoes and what it starts inherits (an agent). The
+    waiter's own stderr is /dev/null (the script's is the channel's): it says "Terminated" of the script's bash,
+    and on the channel our deadline closed that write killed it (SIGPIPE) before its trap, `timeout` with it."""
     grace_s, deadline_s = math.ceil(END_GRACE_S), max(1, math.ceil(timeout_s + REMOTE_LAG_S))  # (0: none)
-    waiter = f"trap 'sleep {grace_s + 1}; exit 143' TERM\nbash -c {shlex.quote(script)}"
+    quiet = "exec 3>&2 2>/dev/null"  # (the waiter's own stderr)
+    waiter = f"trap 'sleep {grace_s + 1}; exit 143' TERM\n{quiet}\nbash -c {shlex.quote(script)} 2>&3 3>&-"
     return f"timeout -k {grace_s} {deadline_s} {in_bash(waiter)}"
 
 

@@ -66,11 +66,17 @@ def test_a_timed_out_ssh_command_ends_on_the_host_too(command: str, monkeypatch:
     monkeypatch.setattr(sshrunner, "END_GRACE_S", 0.3)
     line = _line(command, timeout_s=0.5)
     host = subprocess.Popen(
-        ["sh", "-c", line], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True
+        ["sh", "-c", line],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    assert host.stdout is not None
+    assert host.stdout is not None and host.stderr is not None
     pid = int(host.stdout.readline())
     host.stdout.close()  # our deadline: the channel closed, the command not signalled (sshd, no pty)
+    host.stderr.close()  # (both streams: a waiter that says "Terminated" on a closed stderr died of SIGPIPE)
     deadline = time.monotonic() + 8.0  # its own deadline (1 s), then the grace (1 s) before SIGKILL
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
