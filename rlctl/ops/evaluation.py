@@ -30,6 +30,7 @@ from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.launch.sitefs import is_remote, site_root
 from rlctl.models.hf import CONFIG_FILE
+from rlctl.ops.runstate import update_summary
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +126,9 @@ def add_heldout(
         # reward file that no longer loads, a checkpoint that does not fit the GPU) is noted, not raised
         log.warning("held-out evaluation failed: %s: %s", type(e).__name__, e)
         figures = {"error": f"{type(e).__name__}: {e}"}
-    record = jobdir.read_json(jobdir.summary_json)
-    record["heldout"] = figures
-    jobdir.write_json(jobdir.summary_json, record)
+    # (its run's summary.json as every command reads it: one that does not read is its run's end from the events)
+    if update_summary(jobdir, summary.get("run"), {"heldout": figures}) is None:
+        log.warning("%s holds no summary of this run: its held-out figures are not recorded there", jobdir.summary_json)
     return {**summary, "heldout": figures}
 
 

@@ -1,12 +1,15 @@
 """A job's runs as its job dir records them: which run is the latest (`current_run`), that run's summary
 (`run_summary`, versus the run before's, set aside as summary.<n>.json: `aside_name`; `ended_run_summary`, a
-resume's that died before its run started included), a `rlctl stop` asked for
-(`stop_requested`), and the resumes that count (`resumes`: less those that ended before any agent started)."""
+resume's that died before its run started included; `update_summary`, the launcher's keys written into it), a
+`rlctl stop` asked for (`stop_requested`), and the resumes that count (`resumes`: less those that ended before any
+agent started)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -53,18 +56,53 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
     """summary.json when the run `run` wrote it; None when there is none, or when it is another run's (the run
     before, fetched back from the controller's site while this one staged). One that names no run (written by an
     rlctl without run ids), or any when `run` is None, is taken."""
+    return _read_summary(jobdir, run)[0]
+
+
+def _read_summary(jobdir: JobDir, run: str | None) -> tuple[dict[str, Any] | None, bool]:
+    """`run_summary`, and whether it is the end read from the events in place of a file that does not read."""
     if not jobdir.summary_json.exists():
-        return None
+        return None, False
     try:
         summary = json.loads(record_text(jobdir.summary_json))
     except ValueError as e:  # JSONDecodeError
-        return _summary_from_events(jobdir, run, f"not valid JSON ({e})")
+        return _summary_from_events(jobdir, run, f"not valid JSON ({e})"), True
     if not isinstance(summary, dict):
-        return _summary_from_events(jobdir, run, f"not a JSON object but {type(summary).__name__}")
+        return _summary_from_events(jobdir, run, f"not a JSON object but {type(summary).__name__}"), True
     if run is not None and summary.get("run") not in (None, run):
         log.warning("%s is run %s's, not run %s's: not taken", jobdir.summary_json, summary.get("run"), run)
+        return None, False
+    return summary, False
+
+
+def update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """Run `run`'s summary.json (`run_summary`) with `changes` (the launcher's keys: held-out figures, its agents'
+    exits, a state) written into it; None, nothing written, where there is no summary of that run. One that does not
+    read is moved aside whole (summary.json.damaged: `damaged_aside`) before the end read from the events, with
+    `changes`, is written in its place, versus that short end (state and iterations) written over it as if it were
+    the summary: what the rest of it held is kept."""
+    summary, damaged = _read_summary(jobdir, run)
+    if summary is None:
         return None
+    if damaged:
+        aside = damaged_aside(jobdir.summary_json)
+        os.replace(jobdir.summary_json, aside)
+        summary["summary_damaged"] = f"{summary['summary_damaged']}; kept as {aside.name}"
+        log.warning(
+            "%s is kept as %s; the summary written in its place is its run's end as read from %s",
+            jobdir.summary_json,
+            aside,
+            jobdir.events,
+        )
+    summary.update(changes)
+    jobdir.write_json(jobdir.summary_json, summary)
     return summary
+
+
+def damaged_aside(path: Path) -> Path:
+    """Where a record file that does not read is kept: `<name>.damaged`, else the first free `<name>.damaged.<n>`."""
+    names = itertools.chain([f"{path.name}.damaged"], (f"{path.name}.damaged.{n}" for n in itertools.count(2)))
+    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 _SAID_DAMAGED: set[str] = set()  # the damaged summaries this process said it read the end of from the events

@@ -150,6 +150,26 @@ def test_an_evaluation_that_fails_after_the_job_is_noted_not_raised(tmp_path: Pa
     )
 
 
+@pytest.mark.parametrize("damaged", ['{"state": "done", "iterat', '["done"]'])
+def test_heldout_figures_go_into_a_damaged_summary_as_every_command_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: str
+) -> None:
+    """summary.json damaged while the job ran (cut short; a JSON list): `add_heldout` read it itself, so a done job's
+    launcher failed (LaunchError 'not valid JSON'; a TypeError traceback of the list) where every other command reads
+    its run's end from its job_end event. Its figures go in beside that end; the damaged file is kept aside whole."""
+    jd, job = _job_dir(tmp_path, iterations=3, final=False)
+    jd.event("agent_started", agent="controller-0", run="r1")
+    jd.event("job_end", state="done", iterations=3)
+    jd.summary_json.write_text(damaged)
+    monkeypatch.setattr("rlctl.ops.evaluation.heldout", lambda *_: {"prompts": 8, "greedy_reward_last": 0.5})
+    out = add_heldout(jd, job.spec, {"state": "done", "run": "r1"}, say=lambda _: None)
+    assert out["heldout"] == {"prompts": 8, "greedy_reward_last": 0.5}
+    record = jd.read_json(jd.summary_json)
+    assert (record["state"], record["iterations"], record["heldout"]) == ("done", 3, out["heldout"])
+    assert record["summary_damaged"].endswith("; kept as summary.json.damaged")
+    assert (jd.path / "summary.json.damaged").read_text() == damaged
+
+
 def test_a_trainer_site_over_ssh_takes_the_runs_own_first_and_last_evaluations(tmp_path: Path) -> None:
     """The final checkpoint is not on this machine: with `every_iterations` the summary's figures are the run's
     first and last rows (the rollout units decoded them); without its last version's row, an error, not a raise."""
