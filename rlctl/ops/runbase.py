@@ -23,7 +23,7 @@ from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.record import event_to_record, fetch_record
 from rlctl.launch.sitefs import access_hosts, host_files, is_remote
 from rlctl.ops.jobdb import LIVE, JobDB
-from rlctl.ops.runstate import run_summary, stop_requested
+from rlctl.ops.runstate import run_summary, stop_requested, update_summary
 from rlctl.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -168,10 +168,7 @@ class RunBase:
         if summary.get("state") != f"failed: {SIGTERM_FAILURE}":
             return
         summary["state"] = "stopped"
-        on_disk = run_summary(self.jobdir, self.run_id)
-        if on_disk is not None:
-            on_disk["state"] = "stopped"
-            self.jobdir.write_json(self.jobdir.summary_json, on_disk)
+        update_summary(self.jobdir, self.run_id, {"state": "stopped"})
 
     def _own_exits(self) -> dict[str, int]:
         """The exit codes of the agents this launcher started as its own processes (a local site's): only their
@@ -190,10 +187,7 @@ class RunBase:
         ended without a summary)."""
         if not exits:
             return
-        summary = run_summary(self.jobdir, self.run_id)
-        if summary is not None:
-            summary["agent_exits"] = exits
-            self.jobdir.write_json(self.jobdir.summary_json, summary)
+        update_summary(self.jobdir, self.run_id, {"agent_exits": exits})
         if self.db is not None:
             self.db.update(self.id, info={"agent_exits": exits})
 

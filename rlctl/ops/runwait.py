@@ -17,7 +17,7 @@ from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.record import fetch_record
 from rlctl.ops.client import connect_client
 from rlctl.ops.runbase import RunBase, first_error
-from rlctl.ops.runstate import run_summary, stop_requested
+from rlctl.ops.runstate import run_summary, stop_requested, update_summary
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
@@ -195,11 +195,9 @@ class RunWait(RunBase):
             first=True,
             ended=summary["trainer_ranks_ended"],
         )
-        on_disk = run_summary(self.jobdir, self.run_id)
-        if on_disk is not None:  # what `rlctl status` and `report` read say so too
-            on_disk["state"] = summary["state"]
-            on_disk["trainer_ranks_ended"] = summary["trainer_ranks_ended"]
-            self.jobdir.write_json(self.jobdir.summary_json, on_disk)
+        # what `rlctl status` and `report` read say so too
+        changes = {"state": summary["state"], "trainer_ranks_ended": summary["trainer_ranks_ended"]}
+        update_summary(self.jobdir, self.run_id, changes)
 
     def _ended_before_joining(self, trainers: list[AgentHandle]) -> None:
         for h in trainers:

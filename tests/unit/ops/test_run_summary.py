@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rlctl.agents.messages import SIGTERM_FAILURE
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.launch.jobdir import JobDir
@@ -288,3 +289,26 @@ def test_a_recorded_agent_on_a_site_the_record_lacks_does_not_keep_the_stop_from
     finally:
         if backend.poll(running) is None:
             backend.stop([running], grace_s=1)
+
+
+def test_the_launcher_writing_into_a_damaged_summary_keeps_the_damaged_file(tmp_path: Path) -> None:
+    """summary.json damaged during the run (cut short): the launcher wrote what `run_summary` read of it, its run's end
+    from the job_end event (state, iterations), back over it as if it were whole, and the rest of it (metrics, bubble,
+    agents) was gone. The damaged file is kept aside whole; the end and the launcher's keys go in its place."""
+    jd = _job(tmp_path)
+    jd.event("agent_started", agent="controller-0", run="r1")
+    jd.event("job_end", state=f"failed: {SIGTERM_FAILURE}", iterations=4)
+    damaged = '{"run": "r1", "state": "failed: controller got SIGTERM", "iterations": 4, "bubble": {"trai'
+    jd.summary_json.write_text(damaged)
+    run = JobRun.__new__(JobRun)
+    run.jobdir, run.run_id, run.db = jd, "r1", None
+    run._record_exits({"trainer-0": 3})
+    run._stopped_by_term({"state": f"failed: {SIGTERM_FAILURE}"})
+    assert (jd.path / "summary.json.damaged").read_text() == damaged
+    record = json.loads(jd.summary_json.read_text())
+    assert (record["state"], record["iterations"], record["agent_exits"]) == ("stopped", 4, {"trainer-0": 3})
+    assert record["summary_damaged"].endswith("; kept as summary.json.damaged")
+    jd.summary_json.write_text("[]")  # damaged again: the first one kept stays as it is
+    run._record_exits({"trainer-0": 1})
+    assert (jd.path / "summary.json.damaged").read_text() == damaged
+    assert (jd.path / "summary.json.damaged.2").read_text() == "[]"
