@@ -34,7 +34,7 @@ RECORD_FILES = ("controller.json", "summary.json")
 LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
-FETCH_LOCK = ".record-fetch.lock"  # beside them: one `fetch_record` at a time (`_fetching`)
+FETCH_LOCK = ".record-fetch.lock"  # beside them: one `fetch_record` or launcher's summary write at a time (`fetching`)
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 # logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
 APPENDED_LOGS = tuple(
@@ -74,17 +74,20 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     Returns the names fetched."""
     if record_is_here(site, root, job_dir):
         return []
-    with _fetching(job_dir):
+    with fetching(job_dir):
         return _fetch(job_dir, site, host, root)
 
 
 @contextlib.contextmanager
-def _fetching(job_dir: Path) -> Iterator[None]:
+def fetching(job_dir: Path) -> Iterator[None]:
     """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for): `rlctl status` or `stop`
     while the job's launcher fetches as its run ends, or a `launch --resume` before it takes the launcher lock, each
     read how much of a log was here and appended what was past it, through the one `.part` file (a row appended
-    twice, or the other's `.part` gone: FileNotFoundError). Where the filesystem has no flock it goes unlocked, as
-    `appending` does."""
+    twice, or the other's `.part` gone: FileNotFoundError). The launcher's own read-change-write of summary.json
+    (`rlctl.ops.runstate.update_summary`) holds it too: a fetch reads that file, adds the launcher's keys to the
+    controller's copy and writes it back (`_with_launchers_keys`), and a key written in between was lost. Not
+    reentrant (a flock per open file): no holder takes it again. Where the filesystem has no flock it goes unlocked,
+    as `appending` does."""
     with (job_dir / FETCH_LOCK).open("a") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir, event_time, record_text
+from rlctl.launch.record import fetching
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,14 @@ def update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> 
     exits, a state) written into it; None, nothing written, where there is no summary of that run. One that does not
     read is moved aside whole (summary.json.damaged: `damaged_aside`) before the end read from the events, with
     `changes`, is written in its place, versus that short end (state and iterations) written over it as if it were
-    the summary: what the rest of it held is kept."""
+    the summary: what the rest of it held is kept. Read, changed and written under the lock a fetch of the job's
+    record takes (`fetching`), which reads this file and writes it back with the controller's copy: a key written
+    between its read and its write was lost (held-out figures, by a `rlctl status` as the launcher evaluated)."""
+    with fetching(jobdir.path):
+        return _update_summary(jobdir, run, changes)
+
+
+def _update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> dict[str, Any] | None:
     summary, damaged = _read_summary(jobdir, run)
     if summary is None:
         return None

@@ -871,6 +871,39 @@ def test_a_fetch_again_keeps_what_the_launcher_wrote_into_the_same_runs_summary(
     assert json.loads((src / "summary.json").read_text()) == {"run": "r2", "state": "stopped", "iterations": 6}
 
 
+def test_the_launchers_summary_write_during_a_fetch_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher wrote its held-out figures into summary.json while a `rlctl status` fetched the controller's copy:
+    the fetch had read the launcher's copy before that write and put the two merged over it after, so the figures
+    were gone. The launcher's read-change-write waits for the fetch's lock (and the fetch for the launcher's)."""
+    import threading
+
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.runstate import update_summary
+
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    (root / "summary.json").write_text('{"run": "r1", "state": "done", "iterations": 4}')
+    fetch_record(src, site, "localhost", str(root))  # the launcher's, once its run ended
+    launcher = threading.Thread(target=update_summary, args=(JobDir(src), "r1", {"heldout": {"prompts": 512}}))
+    replace = record.replace_text
+
+    def between(path: Path, text: str) -> None:  # the fetch read summary.json here and merged: the launcher writes now
+        if path.name == "summary.json" and launcher.ident is None:
+            launcher.start()
+            launcher.join(timeout=2)  # done by now where it does not wait for the fetch's lock
+        replace(path, text)
+
+    monkeypatch.setattr(record, "replace_text", between)
+    fetch_record(src, site, "localhost", str(root))  # `rlctl status`
+    launcher.join()
+    want = {"run": "r1", "state": "done", "iterations": 4, "heldout": {"prompts": 512}}
+    assert json.loads((src / "summary.json").read_text()) == want
+
+
 def test_a_copied_job_dir_of_a_local_site_is_its_own_record(tmp_path: Path) -> None:
     # the copy's staged.json names the dir it was launched in: its status fetched that dir's record over the copy's,
     # and its stop wrote the original's events
