@@ -341,6 +341,12 @@ class CustomGpu(Strict):
     @field_validator("name")
     @classmethod
     def _own_name(cls, v: str) -> str:
+        # a line break or a terminal's ESC ("H20\nX", "\x1b[2J" in a quoted YAML string) broke plan's tables
+        if (c := next((c for c in v if not c.isprintable()), None)) is not None:
+            raise ValueError(
+                f"{v!r} has U+{ord(c):04X} (a line break, tab or other control character): give a name of printable "
+                "characters on one line, e.g. H20-custom"
+            )
         if v in CATALOG:  # 'CPU' made a GPU site's agents compute on the CPU, and asked SLURM for no GPU
             raise ValueError(
                 f"{v!r} is a catalog GPU: write gpu: {v} for the catalog's figures, or give custom ones another name"

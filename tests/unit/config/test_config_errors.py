@@ -276,6 +276,16 @@ CASES = [
         site_with("    gpu: H20\n", "    gpu_spec: {name: CPU, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n"),
         "sites.h20.gpu_spec.name: 'CPU' is a catalog GPU: write gpu: CPU",
     ),
+    Case(  # accepted: plan's tables printed the name's line break (or a terminal's ESC) as it is
+        "custom gpu name with a line break",
+        site_with("    gpu: H20\n", '    gpu_spec: {name: "X\\nY", bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n'),
+        "sites.h20.gpu_spec.name: 'X\\nY' has U+000A (a line break, tab or other control character)",
+    ),
+    Case(
+        "custom gpu name with an escape",
+        site_with("    gpu: H20\n", '    gpu_spec: {name: "X\\e[2J", bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n'),
+        "sites.h20.gpu_spec.name: 'X\\x1b[2J' has U+001B",
+    ),
     Case("bad site name", GOOD_INV.replace("  h20:", "  H20 Site:"), "sites.H20 Site: invalid name"),
     Case(
         "negative bandwidth",
