@@ -27,7 +27,6 @@ import hostlist
 from pydantic import (
     AfterValidator,
     Field,
-    NonNegativeInt,
     PositiveFloat,
     ValidationInfo,
     field_validator,
@@ -400,11 +399,13 @@ class Node(Strict):
         "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit); refused on an SSH or "
         f"local GPU site, where nothing reads it; at most {MAX_MEMORY_GB_PER_NODE:g}",
     )
-    devices: list[NonNegativeInt] | None = Field(
+    # a CUDA device id counts a host's GPUs from 0, so one past MAX_GPUS_PER_NODE (as many as a host's slots may be)
+    # names no device: 10**9 went into the agent's CUDA_VISIBLE_DEVICES, and it found no GPU only as it started
+    devices: list[Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]] | None = Field(
         None,
         description="the CUDA device id behind each of the host's GPU slots (default: slot i is device i); an id "
         "listed more than once is shared by the agents given those slots — rollout units and a trainer rank may "
-        "share a GPU (e.g. a test machine with one), the trainer's NCCL ranks may not",
+        f"share a GPU (e.g. a test machine with one), the trainer's NCCL ranks may not; each below {MAX_GPUS_PER_NODE}",
     )
 
     @field_validator("host")

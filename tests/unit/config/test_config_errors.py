@@ -258,6 +258,11 @@ CASES = [
         site_with("gpus: 8}", "gpus: 8, cpus: 2}"),
         "sites.h20.nodes[0]: cpus: 2 cores for 8 GPU slots",
     ),
+    Case(  # accepted: agents started with CUDA_VISIBLE_DEVICES=1000000000 and found no GPU
+        "device id past any host's GPUs",
+        site_with("gpus: 8}", "gpus: 2, devices: [0, 1000000000]}"),
+        "sites.h20.nodes[0].devices[1]: Input should be less than 1024 (got 1000000000)",
+    ),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
         "host with a port",
@@ -376,10 +381,10 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
-    Case(  # the same in a list of an inventory
+    Case(  # the same in a list of an inventory, said by the field's own bound (`huge_int`'s lists: its test below)
         "a device id past 2^63 - 1",
         site_with("gpus: 8}", "gpus: 2, devices: [0, 100000000000000000000]}"),
-        "sites.h20.nodes[0].devices[1]: 100000000000000000000 is past the largest whole number rlctl takes",
+        "sites.h20.nodes[0].devices[1]: Input should be less than 1024 (got 100000000000000000000)",
     ),
     Case(  # check passed it, and the launched controller started a million reward processes on its host
         "job: reward workers past a node's cores",
@@ -1274,3 +1279,14 @@ def test_an_inventory_path_under_home_is_read_there_as_model_path_is(
         JOB.replace("inventory: [inv.yaml]", "inventory: [~/clusters/inv.yaml]")
     )
     assert list(load_job(tmp_path / "jobs" / "job.yaml").inventory.sites) == ["h20"]
+
+
+def test_a_whole_number_past_2_63_in_a_list_is_found_where_it_lies() -> None:
+    """What a list field without a bound of its own says (nodes[].devices has one now: `CASES`)."""
+    from rlctl.config.base import huge_int
+
+    assert huge_int({"a": [0, 2**63 - 1]}) is None
+    assert huge_int({"a": [0, -(2**64)]}) == (
+        ("a", 1),
+        f"{-(2**64)} is past the largest whole number rlctl takes, 2^63 - 1 (9223372036854775807)",
+    )
