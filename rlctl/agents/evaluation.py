@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,12 +51,44 @@ class Asked:
 
 
 @dataclass
+class DoneVersions:
+    """The versions evaluated (or lost, or refused): every version ≤ `upto`, and those above it in `above`. A job of
+    weeks evaluates 10⁴ versions and more: one number each, held for the whole job, versus those above the lowest
+    that a lost unit can make due again (`EvalSchedule.settle`)."""
+
+    upto: int = -1
+    above: set[int] = field(default_factory=set)
+
+    def __contains__(self, version: object) -> bool:
+        return isinstance(version, int) and (version <= self.upto or version in self.above)
+
+    def add(self, version: int) -> None:
+        if version > self.upto:
+            self.above.add(version)
+
+    def update(self, versions: Iterable[int]) -> None:
+        for v in versions:
+            self.add(v)
+
+    def difference_update(self, versions: Iterable[int]) -> None:
+        for v in versions:
+            assert v > self.upto, f"v{v} is below the versions done for good (≤ {self.upto})"
+            self.above.discard(v)
+
+    def below(self, version: int) -> None:
+        """Every version below `version` is done for good: none is asked again, and none is due again."""
+        if version - 1 > self.upto:
+            self.upto = version - 1
+            self.above = {v for v in self.above if v >= version}
+
+
+@dataclass
 class EvalSchedule:
     every: int  # K
     last: int  # the job's last version (its iteration count)
     prompts: list[RlPrompt]
     max_new_tokens: int
-    done: set[int] = field(default_factory=set)  # versions evaluated (or lost, or refused): never asked again
+    done: DoneVersions = field(default_factory=DoneVersions)  # evaluated (or lost, or refused): never asked again
     asked: dict[int, Asked] = field(default_factory=dict)  # version → the unit decoding it
     floor: int = 0  # due versions below this are not evaluated (a resumed run: evaluated before it failed)
     low: int = -1  # every due version below this is done (or below the floor): where `_due_versions` starts
@@ -81,10 +113,17 @@ class EvalSchedule:
             self.low = min(-(-self.floor // self.every) * self.every, self.last)
         while self.low <= self.last and self.low in self.done:
             self.low = self._next_due(self.low)
+        self.settle()
         out = list(range(self.low, min(upto, self.last) + 1, self.every)) if self.low < self.last else []
         if upto >= self.last >= self.low and self.last not in out:
             out.append(self.last)
         return out
+
+    def settle(self) -> None:
+        """Let `done` hold the versions below both `low` and every version an evaluation in flight answers for as one
+        number: only `lost` makes a version done due again (one of those it covers), and `low` goes no lower then."""
+        if self.low >= 0:
+            self.done.below(min([self.low, *(d for a in self.asked.values() for d in a.covers)]))
 
     def ask(self, unit: str, version: int, *, now: float) -> Evaluate | None:
         """The message that asks `unit`, which holds `version`, to evaluate it; None when no version ≤ it is due.
@@ -109,6 +148,7 @@ class EvalSchedule:
         if not versions:
             return
         first = min(versions)
+        assert first > self.done.upto, "redo comes before the schedule is asked anything"
         self.done.update(d for d in range(first, self.floor, self.every) if d not in versions)
         self.low = first
 

@@ -256,29 +256,91 @@ def test_evaluations_that_end_out_of_order_keep_the_gauges_and_views_on_the_newe
     assert view is not None and (view["first"]["version"], view["last"]["version"]) == (5, 10)
 
 
+class Reference:
+    """The schedule by its definition, without pointers or watermarks: a due version (0, K, 2K, … or the last, ≥ the
+    floor) is asked of the first unit to hold it or a later version, once; an answer or a version another answer
+    covers is done; a lost unit's evaluation makes the versions it covered due again."""
+
+    def __init__(self, every: int, last: int, floor: int) -> None:
+        self.due_versions = [v for v in range(floor, last + 1) if v % every == 0 or v == last]
+        self.done: set[int] = set()
+        self.asked: dict[int, tuple[str, list[int]]] = {}
+
+    def due(self, version: int) -> list[int]:
+        return [d for d in self.due_versions if d <= version and d not in self.done and d not in self.asked]
+
+    def ask(self, unit: str, version: int) -> int | None:
+        covers = self.due(version)
+        if not covers:
+            return None
+        self.done.update(d for d in covers if d != version)
+        if version in self.asked:
+            self.asked[version][1].extend(covers)
+            return None
+        self.asked[version] = (unit, covers)
+        return version
+
+    def answered(self, version: int) -> None:
+        self.asked.pop(version)
+        self.done.add(version)
+
+    def lost(self, unit: str) -> list[int]:
+        gone = [v for v, (u, _) in self.asked.items() if u == unit]
+        for v in gone:
+            self.done.difference_update(self.asked.pop(v)[1])
+        return gone
+
+
 def test_the_schedule_answers_as_its_definition_under_random_asks_losses_and_answers() -> None:
-    """`due` keeps a pointer past the versions done (a long job with a small K must not rescan them all): it says
-    what the definition says — some version 0, K, 2K, … or the last, ≥ the floor and ≤ v, neither done nor asked."""
+    """`due` keeps a pointer past the versions done (a long job with a small K must not rescan them all) and `done`
+    a watermark below them: it says what the definition says (`Reference`), at every step, and asks, covers and
+    loses the same versions."""
     import random
 
     r = random.Random(7)
-    for trial in range(200):
+    for trial in range(300):
         every, last = r.randint(1, 5), r.randint(1, 30)
         s = EvalSchedule(every, last, PROMPTS, 5, floor=r.choice([0, 0, r.randint(0, last)]))
-        due = {v for v in range(s.floor, last + 1) if v % every == 0 or v == last}
+        ref = Reference(every, last, s.floor)
         version = s.floor
-        for _ in range(40):
+        for _ in range(60):
             version = min(last, version + r.randint(0, 3))
-            unit = r.choice(["u0", "u1"])
-            want = any(d <= version and d not in s.done and d not in s.asked for d in due)
-            assert s.due(version) == want, (trial, every, last, s.floor, version)
+            unit = r.choice(["u0", "u1", "u2"])
+            where = (trial, every, last, s.floor, version)
+            assert s.due(version) == bool(ref.due(version)), where
             what = r.random()
             if what < 0.5:
-                s.ask(unit, version, now=0.0)
+                ev = s.ask(unit, version, now=0.0)
+                assert (ev and ev.version) == ref.ask(unit, version), where
             elif what < 0.7 and s.asked:
-                s.answered(r.choice(list(s.asked)))
+                v = r.choice(list(s.asked))
+                assert s.answered(v) is not None
+                ref.answered(v)
             elif what < 0.8:
+                assert s.lost(unit) == ref.lost(unit), where
+            assert {v: (a.unit, sorted(a.covers)) for v, a in s.asked.items()} == {
+                v: (u, sorted(c)) for v, (u, c) in ref.asked.items()
+            }, where
+            assert all((d in s.done) == (d in ref.done) for d in ref.due_versions), where
+
+
+def test_the_schedule_of_a_long_job_holds_no_number_per_version_evaluated() -> None:
+    """10,000 versions, each evaluated by one of two units, one lost now and then: the schedule's size stays that of a
+    short job's, versus one number per version evaluated in `done` for the whole job (10,000: some 500 kB)."""
+    import pickle
+
+    def run(last: int) -> int:
+        s = EvalSchedule(1, last, PROMPTS, 5)
+        for v in range(last + 1):
+            unit = f"u{v % 2}"
+            if s.ask(unit, v, now=0.0) is not None and v % 7:
+                s.answered(v)
+            elif v % 7 == 0:
                 s.lost(unit)
+        assert not s.due(last - 3)
+        return len(pickle.dumps(s))
+
+    assert run(10_000) < run(100) + 100
 
 
 def test_an_evaluation_in_flight_when_the_run_failed_is_done_after_the_resume(tmp_path) -> None:
