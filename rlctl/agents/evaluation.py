@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,21 +227,25 @@ class Evaluator:
         metrics: JobMetrics,
         post: Callable[[str, Any, Any], None],
         step: Callable[[], int],
-        rows: list[dict[str, Any]],
+        rows: Iterable[dict[str, Any]],
     ) -> None:
         self.schedule, self.task, self.jobdir, self.tracker, self.metrics = schedule, task, jobdir, tracker, metrics
         self.post, self.step = post, step
-        # of evaluations.jsonl's rows (a resumed run's kept ones first), those the views read (`heldout_view`): the
-        # first and the last by version, versus every row of the job (one per version evaluated, each status sorted)
-        self.rows = _ends(rows)
+        # of evaluations.jsonl's rows (a resumed run's kept ones, taken one at a time as `cut_evaluations` reads them:
+        # versus all of them held at once), those the views read (`heldout_view`): the first and the last by version,
+        # versus every row of the job (one per version evaluated, each status sorted)
+        self.rows: list[dict[str, Any]] = []
         self.scoring: set[int] = set()  # versions whose outputs the reward workers are scoring
         self.decoded_since_row = False  # a unit decoded an evaluation since the last iteration's row (`overlapped`)
         self.shown = -1  # the version the gauges show (evaluations of two units may end out of order)
+        written: set[int] = set()
         for r in rows:
+            self.rows = _ends([*self.rows, r])
+            written.add(int(r["version"]))
             schedule.done.add(int(r["version"]))
             self._gauges(r)
-        events = jobdir.read_events("evaluation_asked", "evaluation_failed")
-        self.redone = set(unwritten(events, rows, below=schedule.floor))
+        events = jobdir.iter_events("evaluation_asked", "evaluation_failed")
+        self.redone = set(unwritten(events, written, below=schedule.floor))
         schedule.redo(sorted(self.redone))
 
     def unit_at(self, unit: str, version: int) -> list[Out]:
@@ -374,13 +378,14 @@ def _ends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [first] if first is last else [first, last]
 
 
-def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below: int) -> list[int]:
+def unwritten(events: Iterable[dict[str, Any]], written: set[int], *, below: int) -> list[int]:
     """The due versions below `below` (a resumed run's checkpoint) that the runs before asked a unit to evaluate
-    (an `evaluation_asked` event: its version and those it `covers`) and that no kept row and no failed evaluation
-    answers for: the evaluation in flight when a run failed. Before, the resumed run took every due version below its
-    checkpoint for done, and evaluations.jsonl lacked one (0, 4, 12, 16 for a run resumed from v10 while v8 decoded)."""
+    (an `evaluation_asked` event: its version and those it `covers`) and that no kept row (the versions `written`)
+    and no failed evaluation answers for: the evaluation in flight when a run failed. Before, the resumed run took
+    every due version below its checkpoint for done, and evaluations.jsonl lacked one (0, 4, 12, 16 for a run resumed
+    from v10 while v8 decoded)."""
     covers: dict[int, set[int]] = {}
-    answered: set[int] = {int(r["version"]) for r in rows}
+    answered = set(written)
     for e in events:  # (an event without a number for a version, an edited one, says nothing of it: int(None) raised)
         v = row_count(e.get("version"))
         if v is None:
@@ -396,11 +401,12 @@ def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below
     return sorted({d for ds in covers.values() for d in ds if d < below and d not in settled})
 
 
-def cut_evaluations(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
-    """A resumed run's rows: those decoded by versions ≤ `version` only (the checkpoint's: its weights are the same);
-    the others move to evaluations.discarded.jsonl, as does a row without a number for its version (null, text: an
-    edited row; `int(None)` was a TypeError that killed the resumed controller). A `versions` that is no list of
-    numbers says nothing more."""
+def cut_evaluations(jobdir: JobDir, version: int) -> Iterator[dict[str, Any]]:
+    """A resumed run's rows, one at a time as evaluations.jsonl is read (`cut_rows`; the Evaluator takes them so,
+    versus every kept row of the job in a list first): those decoded by versions ≤ `version` only (the checkpoint's:
+    its weights are the same); the others move to evaluations.discarded.jsonl once it is read, as does a row without a
+    number for its version (null, text: an edited row; `int(None)` was a TypeError that killed the resumed
+    controller). A `versions` that is no list of numbers says nothing more."""
 
     def kept(r: dict[str, Any]) -> bool:
         v, more = row_count(r.get("version")), r.get("versions")

@@ -21,10 +21,11 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,34 +176,26 @@ def cut_metrics_into(jobdir: JobDir, version: int, take: Callable[[dict[str, Any
     return cut_rows_into(jobdir, jobdir.metrics, before, take)
 
 
-def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    """Keep the rows of the jsonl file `path` that `keep` accepts (returned); move the others to
-    <name>.discarded.jsonl beside it (`cut_rows_into`)."""
-    kept: list[dict[str, Any]] = []
-    cut_rows_into(jobdir, path, keep, kept.append)
-    return kept
-
-
-def cut_rows_into(
-    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool], take: Callable[[dict[str, Any]], None]
-) -> int:
-    """Keep the rows of the jsonl file `path` that `keep` accepts, each handed to `take` as the file is read; move
-    the others to <name>.discarded.jsonl beside it; the rows kept. The file is read a row at a time into temporary
-    files beside it (the rows kept, the rows set aside), so that nothing but one row is held; a line that does not
-    parse (`read_lines`: LaunchError naming it) leaves both files as they were."""
+def cut_rows(
+    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]
+) -> Generator[dict[str, Any], None, None]:
+    """Keep the rows of the jsonl file `path` that `keep` accepts, each yielded as the file is read; move the others
+    to <name>.discarded.jsonl beside it once the file is read to its end. The file is read a row at a time into
+    temporary files beside it (the rows kept, the rows set aside), so that nothing but one row is held; a line that
+    does not parse (`read_lines`: LaunchError naming it), or a reader that stops before the end (the generator
+    closed), leaves both files as they were."""
     if not path.exists():
-        return 0
+        return
     aside = path.with_name(f"{path.stem}.discarded.jsonl")
     tmp, away = path.with_name(f".{path.name}.tmp"), path.with_name(f".{aside.name}.tmp")
-    kept = moved = 0
+    moved = 0
     try:
         with tmp.open("w") as out:
             with away.open("w") as off:
                 for r in jobdir.iter_lines(path):
                     if keep(r):
                         out.write(json.dumps(r) + "\n")
-                        take(r)
-                        kept += 1
+                        yield r
                     else:
                         off.write(json.dumps(r, default=str) + "\n")
                         moved += 1
@@ -222,4 +215,15 @@ def cut_rows_into(
         away.unlink(missing_ok=True)
     tmp.replace(path)
     fsync_dir(path.parent)
+
+
+def cut_rows_into(
+    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool], take: Callable[[dict[str, Any]], None]
+) -> int:
+    """`cut_rows`, each row kept handed to `take`; the rows kept."""
+    kept = 0
+    with contextlib.closing(cut_rows(jobdir, path, keep)) as rows:
+        for r in rows:
+            take(r)
+            kept += 1
     return kept

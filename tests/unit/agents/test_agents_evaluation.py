@@ -343,6 +343,40 @@ def test_the_schedule_of_a_long_job_holds_no_number_per_version_evaluated() -> N
     assert run(10_000) < run(100) + 100
 
 
+def test_a_resume_takes_the_kept_evaluation_rows_one_at_a_time_as_the_file_is_read(tmp_path) -> None:
+    """The evaluator has taken each kept row (its gauges show it) before the next is read, and the rows past the
+    checkpoint are set aside once the file is read, versus every kept row of the job in a list first (one per version
+    evaluated: 10⁴ and more in a job of weeks)."""
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    for v in range(12):
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": v / 10, "prompts": 4, "versions": [v, v]})
+    metrics = JobMetrics()
+    shown: list[float | None] = []
+    read = jd.iter_lines
+
+    def iter_lines(path):
+        for r in read(path):
+            shown.append(metrics.registry.get_sample_value("rlctl_eval_version"))
+            yield r
+
+    jd.iter_lines = iter_lines  # type: ignore[method-assign]
+    task = DigitsSource(DigitsConfig(kind="digits"))
+    ev = Evaluator(
+        EvalSchedule(1, 20, task.heldout(4), task.max_new_tokens, floor=9),
+        task=task,
+        jobdir=jd,
+        tracker=MemoryTracker(),
+        metrics=metrics,
+        post=lambda *m: None,
+        step=lambda: 9,
+        rows=cut_evaluations(jd, 9),
+    )
+    assert shown == [0.0, *range(9), 9.0, 9.0]  # (v10 and v11 are set aside: the gauges stay at v9)
+    assert [r["version"] for r in ev.rows] == [0, 9]
+    assert [r["version"] for r in jd.read_lines(jd.evaluations)] == list(range(10))
+    assert [r["version"] for r in jd.read_lines(jd.evaluations.with_name("evaluations.discarded.jsonl"))] == [10, 11]
+
+
 def test_an_evaluation_in_flight_when_the_run_failed_is_done_after_the_resume(tmp_path) -> None:
     # every 4 of 16, killed at 10 while v8 decoded, resumed from v10: evaluations.jsonl had 0, 4, 12, 16, without a
     # word of v8 (the resumed run took every due version below its checkpoint for done)
@@ -376,7 +410,7 @@ def test_an_evaluation_in_flight_when_the_run_failed_is_done_after_the_resume(tm
 def test_versions_answered_in_place_or_failed_are_not_redone_at_a_later_resume() -> None:
     from rlctl.agents.evaluation import unwritten
 
-    rows = [{"version": 0}, {"version": 10}]
+    rows = {0, 10}
     events = [
         {"event": "evaluation_asked", "version": 0},  # written before `covers` was
         {"event": "evaluation_asked", "version": 8, "covers": [8]},
@@ -386,7 +420,7 @@ def test_versions_answered_in_place_or_failed_are_not_redone_at_a_later_resume()
         {"event": "evaluation_asked", "version": 16, "covers": [16]},
     ]
     assert unwritten(events, rows, below=17) == [16]
-    assert unwritten(events, rows[:1], below=17) == [8, 16]
+    assert unwritten(events, {0}, below=17) == [8, 16]
     assert unwritten(events, rows, below=0) == []
 
 
@@ -410,7 +444,7 @@ def test_a_resume_sets_aside_an_evaluation_row_without_a_number_for_its_version(
     rows = [{"version": None}, {"version": 1, "versions": None}, {"version": 2, "versions": [1, "x"]}, {"version": 3}]
     for r in rows:
         jd.append(jd.evaluations, r)
-    assert cut_evaluations(jd, 2) == rows[1:3]
+    assert list(cut_evaluations(jd, 2)) == rows[1:3]
     assert jd.read_lines(tmp_path / "evaluations.discarded.jsonl") == [rows[0], rows[3]]
 
 
