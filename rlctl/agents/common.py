@@ -79,6 +79,7 @@ class ControllerLink:
         self._poll_s = min(2 * PING_INTERVAL_S, self.silence_s)  # how often the reader checks the silence
         self._closed = threading.Event()
         self.reconnects = 0
+        self._said_hello = False  # each hello after the first says `again`: the controller may have let it go
         self.conn: Connection = self._connect()
         threading.Thread(target=self._read, name="controller-reader", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
@@ -89,8 +90,9 @@ class ControllerLink:
             # a unit killed mid-generation: its stream still ends in order, so every progress report it wrote
             # arrives and the controller knows it lost at most the steps since (`keeper.py`)
             conn.end_in_order_on_exit()
-        hello = msgspec.structs.replace(self._hello, version=self._figures().version)
+        hello = msgspec.structs.replace(self._hello, version=self._figures().version, again=self._said_hello)
         conn.send(make("hello", hello))
+        self._said_hello = True
         return conn
 
     def send(self, msg: Message) -> bool:

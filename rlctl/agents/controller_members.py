@@ -44,6 +44,11 @@ class Membership(WeightBookkeeping):
         if gone is not None and h.role == "rollout" and gone.role == "rollout" and gone.state == "lost":
             self._refuse(name, conn)  # as `_hello_again` when its record was still in `peers`
             return
+        if h.again and h.role == "rollout" and old is None and gone is None and not self.core.known(name):
+            # it joined, was counted lost, and its name was let go since (GONE_KEPT, LEFT_KEPT: a mass loss while it
+            # kept reconnecting); taken as a new unit it ran beside its replacement and counted twice (`num_joined`)
+            self._refuse(name, conn)
+            return
         if old is not None and old.state in ("running", "unreachable"):
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")

@@ -121,8 +121,9 @@ class CoreState:
 
     @property
     def num_joined(self) -> int:
-        """Rollout units that joined the job, those gone since among them (by name: a name taken again counts once,
-        unless it went before the LEFT_KEPT latest that left)."""
+        """Rollout units that joined the job, those gone since among them (by name: a name taken again counts once).
+        A name `left` let go joins no more: new units take new names, and a unit of it that reconnects is refused
+        (the controller's `_hello`: its hello says `again`), versus taken and counted twice."""
         return len(self.units) + self.left.total
 
     @property

@@ -75,6 +75,7 @@ class Hello(msgspec.Struct):
     weights: str = ""  # the agent's weight node (a rollout unit's; a trainer's rank 0 root)
     weight_roots: list[str] = []  # a trainer: every rank's weight node, rank 0 first
     checkpoint: str = ""  # a resumed trainer: the SHA-256 of the checkpoint manifest it restored
+    again: bool = False  # a rollout unit's hello on a link it re-established (`ControllerLink`): it joined before
 
 
 class Request(msgspec.Struct):

@@ -107,6 +107,31 @@ def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lis
     assert sorted(end_summary["agents"]) == ["rollout-0", "rollout-1", "trainer-0"]
 
 
+def test_a_lost_unit_whose_name_was_let_go_is_still_told_to_stop_when_it_reconnects(running: Running) -> None:
+    """rollout-7 is lost while it keeps reconnecting, and more units are lost after it than the controller keeps by
+    name (GONE_KEPT, LEFT_KEPT; 2 here): its hello on the link it re-established says so (`again`), and it is told
+    to stop, as one whose name is kept, versus taken as a new unit beside its replacement and counted twice
+    (num_joined 7 for the 6 units that ever joined)."""
+    r = running
+    r.ctl.gone.keep = r.ctl.core.left.keep = 2
+    for name in ("rollout-7", "rollout-8", "rollout-9", "rollout-10"):
+        r.ends[name] = r.hello(name)
+        r.lose(name)
+        r.train()  # (its record leaves `peers` for `gone`)
+    assert not r.ctl.core.known("rollout-7") and r.ctl.gone.get("rollout-7") is None
+    assert r.ctl.core.num_joined == 6  # rollout-0, rollout-1 and the 4 lost
+    end = r.transport.connect(r.ctl.listener.address, timeout_s=5)
+    r.ends["rollout-7"] = end
+    hello = {"role": "rollout", "name": "rollout-7", "address": "inproc://rollout-7", "weights": "w-rollout-7"}
+    end.send(make("hello", {**hello, "again": True}))
+    while (handled := r.ctl.inbox.get(timeout=10))[0] != "hello":
+        r.ctl._handle(*handled)
+    r.ctl._handle(*handled)
+    assert "rollout-7" not in r.ctl.core.units and r.ctl.core.num_joined == 6
+    assert end.recv(timeout_s=5).kind == "stop"
+    assert [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"] == ["rollout-7"]
+
+
 def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running: Running) -> None:
     r = running
     r.train()

@@ -354,12 +354,14 @@ def test_a_rollout_unit_whose_link_breaks_says_hello_again(tmp_path) -> None:
         reconnect=True,
     )
     first = listener.accept(timeout_s=5)
-    assert first.recv(timeout_s=5).header["version"] == 3
+    said = first.recv(timeout_s=5).header
+    assert said["version"] == 3 and not said["again"]
     version[0] = 4
     first.close()  # the link breaks
     second = listener.accept(timeout_s=10)
     hello = second.recv(timeout_s=5)
     assert hello.kind == "hello" and hello.header["name"] == "rollout-0" and hello.header["version"] == 4
+    assert hello.header["again"]  # (a controller that let its name go tells it to stop: `_hello`)
     link.send(make("heartbeat", Heartbeat(name="rollout-0", state="running")))  # sends go on the new connection
     assert link.reconnects == 1
     link.close()
