@@ -67,6 +67,7 @@ class Rows(Checkpoints):
         every rank's) leave the weight book once the open versions they held are delivered (`WeightBook.forget`)."""
         for p in [p for p in self.peers.values() if p.role != "client" and p.state not in LIVE_STATES]:
             del self.peers[p.name]
+            self.core.told_to_stop.discard(p.name)  # (its bye came, or its connection ended)
             self.gone.add(p.name, GoneAgent(p.role, p.state, p.figures.busy_s))
             self.book.forget(p.name)  # its weight nodes' addresses (a unit's, for weeks of units; a trainer's ranks')
             forget_agent_gauges(self.metrics, p, self.sites)

@@ -79,8 +79,8 @@ class StopRequests(Checkpoints):
 
     def _told_to_stop(self, name: str) -> bool:
         """Whether agent `name` was sent `stop`: every agent once the job ends, a unit once its drain retired it
-        (or it came back after it was counted lost)."""
-        return self._closing or name in self.core.left
+        (`core.told_to_stop`, kept while it is connected), or it came back after it was counted lost."""
+        return self._closing or name in self.core.told_to_stop or name in self.core.left
 
     def _stop_meant(self) -> bool:
         """Whether the job's end was asked for since this controller started, where it can tell: a `rlctl stop`

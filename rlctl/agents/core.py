@@ -43,6 +43,7 @@ class ControllerCore(Migrating):
         else:
             self.units[name] = unit
             self.left.discard(name)  # a stopped unit's name, a new agent's now
+            self.told_to_stop.discard(name)
         return [self._members(), *self.pump(), *self.migrate(now=True)]
 
     def lost(

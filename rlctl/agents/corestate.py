@@ -72,6 +72,11 @@ class CoreState:
         # the name tells a late message of a unit that is gone from one the job never had (`known`): the plan's (the
         # controller pins them) and the latest LEFT_KEPT others, versus one name kept per unit the job ever lost
         self.left = LeftBook()
+        # the names of units retired after a drain (told to stop: `_retire_drained`) whose connection may still be
+        # open: their bye is taken and status shows them draining until their record leaves the controller's peers
+        # (it lets them go then) or the name joins again; as few as the units connected, versus read from `left`,
+        # which let one go once LEFT_KEPT more units went (its bye refused, shown running)
+        self.told_to_stop: set[str] = set()
         # those of `left` that went since the last gauge update (`views.agent_gauges` zeroes their sites and empties
         # it): the gauges walk only them, not every unit that left in a job that runs for weeks
         self.left_ungauged: set[str] = set()

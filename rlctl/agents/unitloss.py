@@ -172,5 +172,6 @@ class UnitLoss(Delivery):
             if u.alive and u.draining and self.ledger.inflight(u.name) == 0:
                 u.alive = False
                 self._forget_unit(u.name)
+                self.told_to_stop.add(u.name)
                 out += [Out(u.name, "stop", {}), self._members()]
         return out

@@ -159,9 +159,10 @@ def _finite(x: float, digits: int) -> float | None:
 def _draining(core: ControllerCore, name: str, state: str) -> bool:
     """Whether rollout unit `name` (its peer in `state`) is draining: in dispatch no more, its samples still coming,
     or retired once they were in and told to stop, its bye not here yet (gone from `core.units`, its name in
-    `core.left`: a lost one's peer is "lost"), versus listed as a unit that runs."""
+    `core.told_to_stop`: kept while it is connected, however many units left since), versus listed as a unit that
+    runs."""
     unit = core.units.get(name)
-    return unit.draining if unit is not None else name in core.left and state in LIVE_STATES
+    return unit.draining if unit is not None else name in core.told_to_stop and state in LIVE_STATES
 
 
 def status(s: Snapshot, *, now: float) -> dict[str, Any]:

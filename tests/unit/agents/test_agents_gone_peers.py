@@ -165,6 +165,30 @@ def test_a_drained_unit_told_to_stop_is_still_shown_draining_until_its_bye(runni
     assert (lost["state"], lost["draining"]) == ("lost", False)
 
 
+def test_a_drained_unit_is_shown_draining_and_its_bye_taken_however_many_units_left_since(running: Running) -> None:
+    """rollout-7 is retired after a scale-in and told to stop, stays connected, and more units leave than the core
+    keeps by name (LEFT_KEPT; 2 here) before its bye: status still shows it draining and its bye is taken, versus
+    shown running and its bye refused as 'not told to stop' (it was then counted lost once its connection ended)."""
+    r = running
+    r.ends["rollout-7"] = r.hello("rollout-7")
+    r.train()
+    r.tell("client-0", "scale", {"delta": -1})  # the newest, rollout-7, drains: told to stop once its samples are in
+    r.train()
+    assert "rollout-7" not in r.ctl.core.units and r.ctl.peers["rollout-7"].state == "running"
+    r.ctl.core.left.keep = 2
+    for name in ("rollout-8", "rollout-9", "rollout-10"):
+        r.ends[name] = r.hello(name)
+        r.lose(name)
+    r.train()
+    assert "rollout-7" not in r.ctl.core.left  # (let go)
+    (unit,) = [a for a in status(r.ctl.snapshot(), now=time.monotonic())["agents"] if a["name"] == "rollout-7"]
+    assert (unit["state"], unit["draining"]) == ("running", True)
+    r.tell("rollout-7", "bye", {"name": "rollout-7", "state": "stopped"})
+    assert r.ctl.peers["rollout-7"].state == "stopped"
+    r.train()
+    assert "rollout-7" not in r.ctl.peers and not r.ctl.core.told_to_stop  # let go with its record
+
+
 def test_a_gone_unit_s_gauges_are_removed_with_it(running: Running) -> None:
     r = running
     r.train()
