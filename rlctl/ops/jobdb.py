@@ -43,6 +43,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 
+def job_key(job_dir: Path) -> str | None:
+    """A digest of the job's secret (None before it has one): what tells the job's index row at a place its directory
+    left (moved or renamed: `JobDB.moved_here`) from another job's; the secret itself stays in the job dir."""
+    try:
+        return hashlib.sha256((job_dir / "secret").read_bytes()).hexdigest()[:32]
+    except OSError:
+        return None
+
+
 def default_home() -> Path:
     """$RLCTL_HOME (set and not empty), else ~/.rlctl."""
     return Path(os.environ.get(HOME_ENV) or Path.home() / ".rlctl")
@@ -118,11 +127,13 @@ class JobDB:
     ) -> None:
         assert state in STATES, state
         now = time.time()
+        key = job_key(Path(job_dir))
+        info = {"launched_s": now, **({"key": key} if key is not None else {}), **(info or {})}
         self._conn.execute(
             "INSERT INTO jobs VALUES (?, ?, ?, NULL, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
             "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, info=excluded.info, "
             "updated_s=excluded.updated_s",
-            (name, job_dir, state, json.dumps(spec), json.dumps({"launched_s": now, **(info or {})}), now, now),
+            (name, job_dir, state, json.dumps(spec), json.dumps(info), now, now),
         )
 
     def update(
@@ -178,6 +189,23 @@ class JobDB:
 
     def list(self) -> list[JobRow]:
         return [self._row(r) for r in self._conn.execute("SELECT * FROM jobs ORDER BY created_s")]
+
+    def moved_here(self, job_dir: Path) -> JobRow | None:
+        """The row of the job in `job_dir` at a place the directory left (moved or renamed, its id the old
+        directory's name): the same job (`job_key`) whose directory there is gone. None where there is none: a copy
+        (its original's directory is still there), or a row an rlctl before keys wrote."""
+        key = job_key(job_dir)
+        if key is None:
+            return None
+        here = job_dir.resolve()
+        return next(
+            (
+                r
+                for r in self.list()
+                if r.info.get("key") == key and Path(r.job_dir).resolve() != here and not Path(r.job_dir).is_dir()
+            ),
+            None,
+        )
 
     def id_for(self, job_dir: Path) -> str:
         """The id a fresh launch into `job_dir` takes: its directory's name, unless another job of the index has that

@@ -29,6 +29,7 @@ def resume_job(
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
+    from rlctl.launch.jobdir import JobDir
     from rlctl.ops.extend import (
         completed_checkpoints,
         replace_job_json,
@@ -38,12 +39,19 @@ def resume_job(
     )
     from rlctl.ops.jobchanges import job_json_edits, refuse_fixed_edits, source_changes
     from rlctl.ops.jobdb import JobDB
-    from rlctl.ops.jobref import require_job_dir, resolve
+    from rlctl.ops.jobref import JobRef, require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
+    old = db.moved_here(ref_.jobdir.path) if ref_.row is None else None
+    moved = old is not None
+    if old is not None:
+        # its directory was moved or renamed since its row was put: the job keeps its id (its row, moved here as the
+        # run starts, and its sites' W/jobs/<id>), recorded in the directory by `begin`; versus the new directory's
+        # name, a second row beside the old one, whose directory is gone (`status --all` listed the job twice)
+        ref_ = JobRef(old.name, JobDir(ref_.jobdir.path, job_id=old.name), old)
     jd = ref_.jobdir
     counted, back = None, None
     try:
@@ -92,6 +100,8 @@ def resume_job(
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd, arg=ref_.arg)
+        if moved:  # the id its run and its agents read
+            jd.name_as(jd.id)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
         edits = job_json_edits(jd, count_given=counted is not None)
         # the job file, inventory or reward changed since the launch, which the resume does not take up: read before

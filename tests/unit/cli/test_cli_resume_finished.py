@@ -6,6 +6,8 @@ starts the run, and the checkpoint it finished on stays one a resume takes."""
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -506,6 +508,35 @@ def test_a_resume_of_a_moved_job_by_its_id_says_to_name_its_directory_which_resu
     r = run_cli("launch", "--resume", str(moved.path))
     assert r.exit_code == 0, r.stderr
     assert launched["resume"] is True
+
+
+@pytest.mark.parametrize("renamed", [True, False])
+def test_a_resume_of_a_moved_job_dir_by_its_directory_moves_its_index_row_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool
+) -> None:
+    """A job dir moved (or renamed) since its launch, resumed by its directory: the job keeps its id, recorded in the
+    directory before its run starts, so that the run's row (put under it: `JobRun._register`) is the job's row,
+    moved there; versus, renamed, the new directory's name: a second row beside the old one, whose directory is gone
+    (`rlctl status --all` listed the job twice). A copy of a job dir whose original is still there is another job."""
+    jd = JobDir.create("demo", explicit=tmp_path / "run")
+    jd.secret()  # (every launched job has one: its launch writes it first)
+    jd = ended(jd.path, "failed: trainer trainer-0 was lost", iterations=7, indexed="failed")
+    checkpointed(jd, 5)
+    (tmp_path / "elsewhere").mkdir()
+    moved = JobDir(jd.path.rename(tmp_path / "elsewhere" / ("run-2" if renamed else "run")))
+    launched, _ = launched_by(moved, monkeypatch)
+    r = run_cli("launch", "--resume", str(moved.path))
+    assert r.exit_code == 0 and launched["resume"] is True, r.stderr
+    here = JobDir(moved.path)
+    assert here.id == "run"  # what the run, its agents and `rlctl status` read
+    with closing(JobDB(default_home() / "jobs.db")) as db:
+        db.put(here.id, job_dir=str(here.path), spec={"name": "demo"})  # the run's `launching` row
+        assert [(row.name, row.job_dir) for row in db.list()] == [("run", str(moved.path))]
+    copy = JobDir(Path(shutil.copytree(moved.path, tmp_path / "copy")))
+    (copy.path / ".job-id").unlink(missing_ok=True)
+    launched_by(copy, monkeypatch)
+    assert run_cli("launch", "--resume", str(copy.path)).exit_code == 0
+    assert JobDir(copy.path).id == "copy"  # its original is still there: not taken for it
 
 
 def test_a_resume_of_a_job_json_edited_into_an_invalid_value_exits_2_naming_the_field_and_the_fix(
