@@ -44,9 +44,11 @@ class Membership(WeightBookkeeping):
         if gone is not None and h.role == "rollout" and gone.role == "rollout" and gone.state == "lost":
             self._refuse(name, conn)  # as `_hello_again` when its record was still in `peers`
             return
-        if h.again and h.role == "rollout" and old is None and gone is None and not self.core.known(name):
+        known = old is not None or gone is not None or self.core.known(name)
+        if h.again and h.role == "rollout" and not known and not self.scaler.awaits(name):
             # it joined, was counted lost, and its name was let go since (GONE_KEPT, LEFT_KEPT: a mass loss while it
-            # kept reconnecting); taken as a new unit it ran beside its replacement and counted twice (`num_joined`)
+            # kept reconnecting); taken as a new unit it ran beside its replacement and counted twice (`num_joined`).
+            # A unit the job still waits for is taken: its first hello was lost with the link it went on
             self._refuse(name, conn)
             return
         if old is not None and old.state in ("running", "unreachable"):

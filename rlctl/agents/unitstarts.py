@@ -153,6 +153,11 @@ class UnitStarts:
         """Units asked for that have not joined yet."""
         return [n for n in self.spawn_requested if not self.core.known(n)]
 
+    def awaits(self, name: str) -> bool:
+        """Whether rollout unit `name` is one the job waits for: asked for, or the plan's, and not joined yet (its
+        first hello may have been lost with its link: its next says `again`)."""
+        return name in self.pending_units() or name in self._planned_unjoined()
+
     def _planned_unjoined(self) -> list[str]:
         """The plan's rollout units that have not joined (the launcher starts them), less those that exited."""
         return [

@@ -132,6 +132,28 @@ def test_a_lost_unit_whose_name_was_let_go_is_still_told_to_stop_when_it_reconne
     assert [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"] == ["rollout-7"]
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_unit_whose_first_hello_was_lost_joins_on_its_next_if_the_job_waits_for_it(
+    running: Running, asked: bool
+) -> None:
+    """rollout-5, asked for by a scale, sent its first hello on a link that broke before the controller read it: its
+    next hello says `again` for a name the controller never knew. Taken, as the job waits for it, versus told to stop
+    as a unit whose name was let go (then started again as one that never joined); one not asked for is refused."""
+    r = running
+    if asked:
+        r.ctl.scaler.spawn_requested["rollout-5"] = r.ctl.scaler.t0
+    end = r.transport.connect(r.ctl.listener.address, timeout_s=5)
+    r.ends["rollout-5"] = end
+    hello = {"role": "rollout", "name": "rollout-5", "address": "inproc://rollout-5", "weights": "w-rollout-5"}
+    end.send(make("hello", {**hello, "again": True}))
+    while (handled := r.ctl.inbox.get(timeout=10))[0] != "hello":
+        r.ctl._handle(*handled)
+    r.ctl._handle(*handled)
+    assert ("rollout-5" in r.ctl.core.units) is asked
+    refused = [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"]
+    assert refused == ([] if asked else ["rollout-5"])
+
+
 def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running: Running) -> None:
     r = running
     r.train()
