@@ -21,7 +21,7 @@ from rlctl.agents.messages import CheckpointWritten
 from rlctl.agents.rowbook import RowBook, job_start_offset, timed
 from rlctl.checkpoint.choose import checkpoints_at
 from rlctl.checkpoint.controller import PART, cut_metrics_into, load_controller, prune_controller, save_controller
-from rlctl.checkpoint.files import set_aside_newer
+from rlctl.checkpoint.files import newest_complete, set_aside_newer
 from rlctl.launch.jobdir import JobDir, abandoned, resume_points
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,7 @@ class Checkpoints(ControllerBase):
         self.complete.append(w.version)
         self.checkpointed = (w.version, time.monotonic())
         prune_controller(self.jobdir, complete=self.complete, keep=keep)  # (its event, then the removal)
-        # a prune reads the newest `keep` (`prunable`; 0 prunes nothing): the older leave, versus one per checkpoint
-        self.complete = sorted(set(self.complete))[-max(keep, 1) :]
+        self.complete = newest_complete(self.complete, keep=keep)  # what a prune reads, versus one per checkpoint
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _checkpoint_coming(self) -> bool:

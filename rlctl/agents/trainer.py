@@ -58,7 +58,7 @@ from rlctl.agents.watchdog import TICK_S as WATCH_TICK_S
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import checkpoints_at, resume_version
-from rlctl.checkpoint.files import prune, set_aside_newer
+from rlctl.checkpoint.files import newest_complete, prune, set_aside_newer
 from rlctl.checkpoint.trainer import CheckpointError, HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
@@ -319,6 +319,7 @@ class TrainerAgent:
                         complete.append(int(msg.header["version"]))
                         keep = self.ctx.job.checkpoint.keep
                         prune(self.ctx.jobdir.checkpoints, "trainer", complete=complete, keep=keep)
+                        complete = newest_complete(complete, keep=keep)  # versus one per checkpoint of the run
                     elif msg.kind == "members":
                         rollouts = msg.header["rollouts"]
                         targets = {n: Target(t["address"], t["weights"], t["datacenter"]) for n, t in rollouts.items()}

@@ -190,6 +190,13 @@ def prunable(root: Path, *, complete: Iterable[int], keep: int) -> list[int]:
     return [version for version, _ in sorted(checkpoint_dirs(root)) if version < floor]
 
 
+def newest_complete(complete: Iterable[int], *, keep: int) -> list[int]:
+    """Of the versions of complete checkpoints `complete`, those a later prune reads (`prunable`): the `keep` newest,
+    the newest alone for `keep` 0 (nothing pruned). Held so, a job of weeks holds a few versions, versus one for
+    every checkpoint it took (the controller's and each trainer rank's list)."""
+    return sorted(set(complete))[-max(keep, 1) :]
+
+
 def remove_parts(root: Path, part: str, versions: list[int], *, keep: int) -> None:
     """Remove `part` of checkpoints `versions` under `root` (`prunable`'s, for `keep`: logged)."""
     for version, ckpt in sorted(checkpoint_dirs(root)):  # (its directory as named: `iter-007` is v7 too)
