@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -29,9 +30,10 @@ log = logging.getLogger(__name__)
 RECORD_FILES = ("controller.json", "summary.json")
 # what the launcher writes into its copy of a run's summary.json: the held-out figures (`add_heldout`), the exits of
 # its own agents (`JobRun._record_exits`), the first trainer rank that ended and a stop the controller did not see
-# (`state`); kept when the controller's copy of the same run is fetched again (every `rlctl status` of a job whose
-# controller ran on another site)
-LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state")
+# (`state`), and where a copy of it that did not read is kept (`summary_damaged`: `update_summary`, `_damaged_kept`);
+# kept when the controller's copy of the same run is fetched again (every `rlctl status` of a job whose controller
+# ran on another site)
+LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state", "summary_damaged")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
 FETCH_LOCK = ".record-fetch.lock"  # beside them: one `fetch_record` or launcher's summary write at a time (`fetching`)
@@ -140,17 +142,47 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
 def _with_launchers_keys(here: Path, fetched: str) -> str:
     """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
     same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
-    controller ran on another site took its held-out figures out of summary.json (and `rlctl report`)."""
+    controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). A copy here
+    that does not read is moved aside whole (`damaged_aside`: summary.json.damaged, .damaged.2, ...) and the fetched
+    one says where (`summary_damaged`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched
+    one: the launcher's keys it held were gone."""
     try:
-        mine, theirs = json.loads(here.read_text()), json.loads(fetched)
-    except (OSError, ValueError):
+        mine = json.loads(here.read_text(encoding="utf-8", errors="replace"))
+    except OSError:  # none here yet
         return fetched
-    if not (isinstance(mine, dict) and isinstance(theirs, dict)) or mine.get("run") is None:
+    except ValueError as e:  # JSONDecodeError
+        return _damaged_kept(here, fetched, f"not valid JSON ({e})")
+    if not isinstance(mine, dict):
+        return _damaged_kept(here, fetched, f"not a JSON object but {type(mine).__name__}")
+    try:
+        theirs = json.loads(fetched)
+    except ValueError:
         return fetched
-    if mine["run"] != theirs.get("run"):
+    if not isinstance(theirs, dict) or mine.get("run") is None or mine["run"] != theirs.get("run"):
         return fetched
     kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
     return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"
+
+
+def _damaged_kept(here: Path, fetched: str, problem: str) -> str:
+    """`here`, a summary.json that does not read (`problem`), moved aside whole; the fetched copy, saying where."""
+    aside = damaged_aside(here)
+    os.replace(here, aside)
+    log.warning("%s: %s; kept as %s, the controller's copy fetched in its place", here, problem, aside)
+    try:
+        theirs = json.loads(fetched)
+    except ValueError:
+        return fetched
+    if not isinstance(theirs, dict):
+        return fetched
+    theirs["summary_damaged"] = f"{here}: {problem}; kept as {aside.name}"
+    return json.dumps(theirs, indent=2, default=str) + "\n"
+
+
+def damaged_aside(path: Path) -> Path:
+    """Where a record file that does not read is kept: `<name>.damaged`, else the first free `<name>.damaged.<n>`."""
+    names = itertools.chain([f"{path.name}.damaged"], (f"{path.name}.damaged.{n}" for n in itertools.count(2)))
+    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, str] | None = None) -> None:

@@ -6,7 +6,6 @@ agent started)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -16,7 +15,7 @@ from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir, event_time, record_text
-from rlctl.launch.record import fetching
+from rlctl.launch.record import damaged_aside, fetching
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +104,6 @@ def _update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) ->
     summary.update(changes)
     jobdir.write_json(jobdir.summary_json, summary)
     return summary
-
-
-def damaged_aside(path: Path) -> Path:
-    """Where a record file that does not read is kept: `<name>.damaged`, else the first free `<name>.damaged.<n>`."""
-    names = itertools.chain([f"{path.name}.damaged"], (f"{path.name}.damaged.{n}" for n in itertools.count(2)))
-    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 _SAID_DAMAGED: set[str] = set()  # the damaged summaries this process said it read the end of from the events

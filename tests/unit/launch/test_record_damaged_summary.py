@@ -1,0 +1,32 @@
+"""A fetch of the controller site's record into a job dir whose summary.json does not read (cut short, edited): the
+damaged file is kept aside whole (summary.json.damaged, then .damaged.2) and the fetched summary says where, versus
+replaced by the controller's copy, the launcher's keys it held (held-out figures, agent exits) gone with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlctl.launch.record import fetch_record
+from tests.unit.launch.test_stage import _controller_site
+
+
+def test_a_fetch_over_a_damaged_summary_keeps_it_aside(tmp_path: Path) -> None:
+    src, site, root = _controller_site(tmp_path)
+    (root / "summary.json").write_text(json.dumps({"run": "r1", "state": "done", "iterations": 4}))
+    damaged = '{"run": "r1", "state": "done", "iterations": 4, "heldout": {"prompts": 8, "greedy_rew'
+    (src / "summary.json").write_text(damaged)
+    fetch_record(src, site, "localhost", str(root))
+    assert (src / "summary.json.damaged").read_text() == damaged
+    record = json.loads((src / "summary.json").read_text())
+    assert (record["run"], record["state"], record["iterations"]) == ("r1", "done", 4)
+    assert record["summary_damaged"].startswith(f"{src / 'summary.json'}: not valid JSON")
+    assert record["summary_damaged"].endswith("; kept as summary.json.damaged")
+    fetch_record(src, site, "localhost", str(root))  # a fetch again of the same run still says where it is
+    assert json.loads((src / "summary.json").read_text())["summary_damaged"] == record["summary_damaged"]
+    (src / "summary.json").write_text("[]")  # damaged again: the first one kept stays as it is
+    fetch_record(src, site, "localhost", str(root))
+    assert (src / "summary.json.damaged").read_text() == damaged
+    assert (src / "summary.json.damaged.2").read_text() == "[]"
+    record = json.loads((src / "summary.json").read_text())
+    assert record["summary_damaged"].endswith(": not a JSON object but list; kept as summary.json.damaged.2")
