@@ -87,9 +87,10 @@ def fetching(job_dir: Path) -> Iterator[None]:
     read how much of a log was here and appended what was past it, through the one `.part` file (a row appended
     twice, or the other's `.part` gone: FileNotFoundError). The launcher's own read-change-write of summary.json
     (`rlctl.ops.runstate.update_summary`) holds it too: a fetch reads that file, adds the launcher's keys to the
-    controller's copy and writes it back (`_with_launchers_keys`), and a key written in between was lost. Not
-    reentrant (a flock per open file): no holder takes it again. Where the filesystem has no flock it goes unlocked,
-    as `appending` does."""
+    controller's copy and writes it back (`_with_launchers_keys`), and a key written in between was lost; so do a
+    resume's moves of summary.json (aside as its run starts, back where it never started: `rlctl.ops.runstart`).
+    Not reentrant (a flock per open file): no holder takes it again, nor the launcher lock (taken without waiting).
+    Where the filesystem has no flock it goes unlocked, as `appending` does."""
     with (job_dir / FETCH_LOCK).open("a") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)

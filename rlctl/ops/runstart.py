@@ -24,7 +24,7 @@ from rlctl.launch.backends import AGENTS_FILE, record_agent
 from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, record_text
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, trainer_parallel
-from rlctl.launch.record import controller_view, record_is_here, record_view
+from rlctl.launch.record import controller_view, fetching, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import STAGED_FILE, root_for, stage_all, staging_plan
@@ -134,17 +134,20 @@ class RunStart(RunBase):
     def _unstart(self, aside: str, row: JobRow | None) -> None:
         """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
         and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
-        replaced: the job file it came from, its launcher, its agents' exits, when it was launched)."""
-        if self._record is not None:
-            try:
-                fs, root = self._files()
+        replaced: the job file it came from, its launcher, its agents' exits, when it was launched). The summary put
+        back under the lock a fetch of the record takes (`fetching`): a `rlctl status` that read no summary here
+        before it and wrote the controller's copy after it wrote over the launcher's keys (held-out figures)."""
+        with fetching(self.jobdir.path):
+            if self._record is not None:
                 try:
-                    fs.move(f"{root}/{aside}", f"{root}/summary.json")
-                finally:
-                    fs.close()
-            except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
-                log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
-        LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
+                    fs, root = self._files()
+                    try:
+                        fs.move(f"{root}/{aside}", f"{root}/summary.json")
+                    finally:
+                        fs.close()
+                except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
+                    log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
+            LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
             self.jobdir.event(UNSTARTED, version=self.resumed.version)
         # (`stopped` too where the job had finished: a `rlctl stop` while a resume with --iterations staged left a
@@ -203,8 +206,11 @@ class RunStart(RunBase):
                 fs.put(self.jobdir.path / STAGED_FILE, f"{root}/{STAGED_FILE}")
                 for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
                     fs.put(self._empty(), f"{root}/{name}")
-                if fs.move(f"{root}/summary.json", f"{root}/{aside}"):  # fetched back here while staging: a copy
-                    self.jobdir.summary_json.unlink(missing_ok=True)
+                # fetched back here while staging: a copy. Under the fetch lock: a fetch that read the site's copy
+                # before the move wrote it here after the unlink
+                with fetching(self.jobdir.path):
+                    if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
+                        self.jobdir.summary_json.unlink(missing_ok=True)
             finally:
                 fs.close()
         if resume:
@@ -230,9 +236,13 @@ class RunStart(RunBase):
         self.run_id = secrets.token_hex(6)
         self.jobdir.controller_json.unlink(missing_ok=True)
         # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
-        # by `rlctl status`) once this run's controller is gone without one
-        aside = aside_name(self.jobdir.path)
-        LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
+        # by `rlctl status`) once this run's controller is gone without one. Moved under the lock a fetch of the
+        # record takes (`fetching`), versus a `rlctl status` fetching meanwhile writing the controller's copy of the
+        # run before's summary back after the move. (The launcher lock held here is taken without waiting, and no
+        # holder of the fetch lock takes it: the two cannot deadlock)
+        with fetching(self.jobdir.path):
+            aside = aside_name(self.jobdir.path)
+            LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)
         if resume and self.db is not None:
             with contextlib.suppress(RlctlError):
