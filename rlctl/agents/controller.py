@@ -63,6 +63,9 @@ NO_ROLLOUT_TIMEOUT_S = 60.0
 START_WAIT_S = 90.0  # how long to wait for every planned rollout unit before starting with fewer
 BYE_WAIT_S = 5.0
 FINAL_EVALUATION_WAIT_S = 600.0  # how long a job that is done waits for its last held-out evaluation's row
+# how often the loop sets the agents' gauges (Prometheus scrapes seconds apart): an update reads every agent and every
+# sample in the ledger (0.6-1.5 ms at 64 units and 10,240 samples in flight), once a message was seconds an iteration
+GAUGES_EVERY_S = 1.0
 
 
 class ControllerAgent(Dispatch):
@@ -142,7 +145,7 @@ class ControllerAgent(Dispatch):
                 if self.core.reserving or self.core.clearing:
                     self._send(self.core.pump())
                 self._send(self.scaler.tick(now))
-                agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
+                self._gauges(now)
                 self._watch(now)
                 self._flush_applied(now)
                 if not self.core.started and now - self.t_start > START_WAIT_S:
@@ -154,6 +157,7 @@ class ControllerAgent(Dispatch):
                 no_rollout_since = None if alive else (no_rollout_since or now)
                 if no_rollout_since is not None and now - no_rollout_since > NO_ROLLOUT_TIMEOUT_S:
                     self.core.failed = f"no rollout agent for {NO_ROLLOUT_TIMEOUT_S:.0f} s"
+            self._gauges(time.monotonic(), due=True)  # as the loop left them: what the end's scrapes read
         except Exception as e:  # an error no handler took: the summary names it (the job did not "stop")
             self.core.failed = self.core.failed or f"controller error: {type(e).__name__}: {e}"
             raise
@@ -168,6 +172,12 @@ class ControllerAgent(Dispatch):
         # a stop is not a failure: every stopped job's `rlctl status` said `controller-0 exited 1`, and a SLURM site
         # recorded its step FAILED
         return 0 if self.core.done or (self.stop_requested and not self.core.failed) else 1
+
+    def _gauges(self, now: float, *, due: bool = False) -> None:
+        """The agents' gauges (`views.agent_gauges`), at most every GAUGES_EVERY_S unless `due`."""
+        if due or now - self._gauged >= GAUGES_EVERY_S:
+            self._gauged = now
+            agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
 
     def _finished(self) -> bool:
         """Done once every iteration is trained, every live unit holds the last version (so a job ends with its

@@ -152,6 +152,7 @@ class ControllerBase:
         self._clients = itertools.count()
         self._closing = False
         self._pinged = 0.0
+        self._gauged = -float("inf")  # when the loop last set the agents' gauges (`ControllerAgent._gauges`)
         self.paused: str | None = None  # why the job waits (status), None when it runs
         self.metrics = JobMetrics()
         self.metrics.last_trained.set(time.time())  # the start counts as progress: a job stuck before its first
