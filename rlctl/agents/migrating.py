@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from rlctl.agents import migration
 from rlctl.agents.coretypes import MIGRATE_COST_SHARE, MIGRATE_EVERY_S, Out
-from rlctl.agents.ledger import Entry
 from rlctl.agents.unitloss import UnitLoss
 
 
@@ -36,26 +35,34 @@ class Migrating(UnitLoss):
         requests and answers with what it took out (`withdrawn`)."""
         if not self.cfg.migrate or not self.started:
             return []
-        running: dict[str, list[Entry]] = {}
-        for e in self._in_flight():
-            running.setdefault(str(e.agent), []).append(e)
-        residual = self._residual()
+        barred = self.isolating()  # units that run a suspect alone, or empty for one
+        units = [u for u in self.live_units if u.name not in barred]
+        # what a unit's running samples hold beyond their count (the steps they have left, their prefill) is read only
+        # to split a busy unit's work with an idle one (`migration.split_pays`), and a move never empties a unit: a
+        # look with no unit idle and no move pending reads no sample, versus every sample in flight at every look (at
+        # 64 units, 64 looks a weight version, one at each unit's `weights_applied`)
+        idle = bool(self.withdrawing) or any(not self.ledger.inflight(u.name) for u in units)
+        residual = self._residual() if idle else None
         loads = []
-        barred = self.isolating()
-        for u in self.live_units:
-            if u.name in barred:
-                continue  # it runs a suspect alone, or empties for one
-            mine = running.get(u.name, [])
-            done = [len(self.ledger.partials.parts.get(e.sample_id, ())) for e in mine]
-            steps = sum(residual(n) for n in done) / len(mine) if mine and residual is not None else None
-            prefill = sum(len(self.prompts[e.prompt_id].tokens) + n for e, n in zip(mine, done, strict=True))
+        for u in units:
+            steps, per_request = self._running_figures(u.name, residual) if idle else (None, 0.0)
             cost = self.unit_costs.get(u.name)
-            loads.append(migration.Load(u.name, u.version, len(mine), cost, steps, prefill / max(len(mine), 1)))
+            loads.append(migration.Load(u.name, u.version, self.ledger.inflight(u.name), cost, steps, per_request))
         out = []
         for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch):
             self.withdrawing[donor] = (to, n)
             out.append(Out(donor, "withdraw", {"count": n}))
         return out
+
+    def _running_figures(self, unit: str, residual: Callable[[int], float] | None) -> tuple[float | None, float]:
+        """The decode steps `unit`'s running samples have left, expected, on average (None: none runs, or no sample
+        finished yet), and the tokens each holds on average (prompt + output so far: what a receiver prefills)."""
+        mine = self.ledger.running(unit)
+        parts, prompts = self.ledger.partials.parts, self.prompts
+        done = [len(p.tokens) if (p := parts.get(e.sample_id)) is not None else 0 for e in mine]
+        steps = sum(residual(n) for n in done) / len(mine) if mine and residual is not None else None
+        prefill = sum(len(prompts[e.prompt_id].tokens) for e in mine) + sum(done)
+        return steps, prefill / max(len(mine), 1)
 
     def _residual(self) -> Callable[[int], float] | None:
         """Expected decode steps left for a sample with n output tokens so far: the mean of L − n over the last
@@ -65,9 +72,13 @@ class Migrating(UnitLoss):
         lengths = sorted(self.finished_lengths)
         tail = list(itertools.accumulate(reversed(lengths)))[::-1]  # tail[i] = sum(lengths[i:])
         cap = self.cfg.max_new_tokens
+        known: dict[int, float] = {}  # n → its value: a look asks it for every sample in flight, of few lengths
 
         def left(n: int) -> float:
-            i = bisect.bisect_right(lengths, n)
-            return tail[i] / (len(lengths) - i) - n if i < len(lengths) else max(cap - n, 1)
+            value = known.get(n)
+            if value is None:
+                i = bisect.bisect_right(lengths, n)
+                value = known[n] = tail[i] / (len(lengths) - i) - n if i < len(lengths) else max(cap - n, 1)
+            return value
 
         return left

@@ -732,6 +732,32 @@ def test_the_tail_stays_where_the_planners_cost_model_says_splitting_does_not_pa
         assert _withdraws(core.migrate(now=True)) == asked, per_row
 
 
+class _CountedReads(dict[str, Any]):
+    """The trajectory store's outputs so far, counting the reads of them."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+
+def test_a_migration_look_reads_the_running_samples_only_when_a_unit_is_idle():
+    """What the running samples hold (their steps left, their prefill) decides only whether a busy unit's work is split
+    with an idle one: with every unit busy a look read every sample in flight all the same, at each `weights_applied`
+    (64 looks a version at 64 units)."""
+    core = _batch_core(8, group=2, prompts=2, min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    parts = core.ledger.partials.parts = _CountedReads(core.ledger.partials.parts)
+    assert _withdraws(core.migrate(now=True)) == {} and parts.reads == 0  # two samples on each unit
+    for sid, _ in gen["r1"]:
+        _finish(core, "r1", sid)
+    parts.reads = 0
+    assert _withdraws(core.migrate(now=True)) == {"r0": 1} and parts.reads == 2  # r1 idle: r0's two samples read
+
+
 def test_no_work_moves_to_a_unit_on_older_weights_or_when_migration_is_off():
     core = _batch_core(8, group=2, prompts=2, min_units=2)
     core.join("trainer-0", role="trainer", version=0)
