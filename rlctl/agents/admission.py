@@ -221,11 +221,7 @@ class Admission(CoreState):
     def _assign(self, entries: list[Any], units: list[Unit]) -> list[list[Any]]:
         """Balanced with the work each unit holds: skewness-aware, LPT by predicted tokens (prompt + predicted
         output), longest first inside each unit; `random`, a shuffle balanced by sample count."""
-        held: dict[str, float] = dict.fromkeys((u.name for u in units), 0.0)
-        for e in self._in_flight():
-            if e.agent in held:
-                held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
-        loads = [held[u.name] for u in units]
+        loads = [self._held_tokens(u.name) for u in units]
         if self.cfg.dispatch == "random":
             shuffled = list(entries)
             self._rng.shuffle(shuffled)
@@ -236,3 +232,14 @@ class Admission(CoreState):
 
     def _tokens(self, e: Any) -> float:
         return self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens)
+
+    def _held_tokens(self, unit: str) -> float:
+        """What `unit` holds, as `_assign` balances it: its samples in flight (`random`), or their tokens (`_tokens`,
+        inline: a share is dispatched at each unit's `weights_applied`, and each reads every sample in flight)."""
+        if self.cfg.dispatch == "random":
+            return float(self.ledger.inflight(unit))
+        pred, prompts = self.pred_len, self.prompts
+        total = 0.0
+        for e in self.ledger.running(unit):
+            total += pred[e.prompt_id] + len(prompts[e.prompt_id].tokens)
+        return total
