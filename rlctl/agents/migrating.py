@@ -5,6 +5,7 @@ plans the moves; the core's `withdrawn` hands the work given back to its receive
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -36,20 +37,26 @@ class Migrating(UnitLoss):
         if not self.cfg.migrate or not self.started:
             return []
         barred = self.isolating()  # units that run a suspect alone, or empty for one
-        units = [u for u in self.live_units if u.name not in barred]
         # what a unit's running samples hold beyond their count (the steps they have left, their prefill) is read only
-        # to split a busy unit's work with an idle one (`migration.split_pays`), and a move never empties a unit: a
-        # look with no unit idle and no move pending reads no sample, versus every sample in flight at every look (at
-        # 64 units, 64 looks a weight version, one at each unit's `weights_applied`)
-        idle = bool(self.withdrawing) or any(not self.ledger.inflight(u.name) for u in units)
-        residual = self._residual() if idle else None
-        loads = []
-        for u in units:
-            steps, per_request = self._running_figures(u.name, residual) if idle else (None, 0.0)
-            cost = self.unit_costs.get(u.name)
-            loads.append(migration.Load(u.name, u.version, self.ledger.inflight(u.name), cost, steps, per_request))
+        # to split a donor's work with an idle unit (`migration.split_pays`): measured then, for that donor, versus
+        # for every unit at every look (each sample in flight read; at 64 units 64 looks a weight version, one at each
+        # unit's `weights_applied`)
+        loads = [
+            migration.Load(u.name, u.version, self.ledger.inflight(u.name), self.unit_costs.get(u.name))
+            for u in self.live_units
+            if u.name not in barred
+        ]
+        residual = self._residual()
+        measured: dict[str, migration.Load] = {}
+
+        def measure(load: migration.Load) -> migration.Load:
+            if load.name not in measured:
+                steps, per_request = self._running_figures(load.name, residual)
+                measured[load.name] = dataclasses.replace(load, remaining_steps=steps, tokens_per_request=per_request)
+            return measured[load.name]
+
         out = []
-        for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch):
+        for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch, measure=measure):
             self.withdrawing[donor] = (to, n)
             out.append(Out(donor, "withdraw", {"count": n}))
         return out

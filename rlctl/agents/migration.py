@@ -21,6 +21,7 @@ taken as done. Pure: `ControllerCore.migrate` asks the donors (`withdraw`) and s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +62,17 @@ def split_pays(donor: Load, receiver: Load, held: int, n: int) -> bool:
     return donor.remaining_steps * saved > receiver.cost.prefill_s_per_token * n * donor.tokens_per_request
 
 
-def plan(loads: list[Load], pending: dict[str, tuple[str, int]], *, batch: int) -> list[tuple[str, str, int]]:
+def plan(
+    loads: list[Load],
+    pending: dict[str, tuple[str, int]],
+    *,
+    batch: int,
+    measure: Callable[[Load], Load] | None = None,
+) -> list[tuple[str, str, int]]:
     """(donor, receiver, how many) moves for units with these loads; `pending`: donor → (receiver, n) moves
-    asked for and not answered yet; `batch`: the requests a unit runs at once."""
+    asked for and not answered yet; `batch`: the requests a unit runs at once. `measure`: a load with its running
+    requests' figures (`remaining_steps`, `tokens_per_request`), asked of a donor only where a split of its work with an
+    idle unit needs them (reading them reads every request it runs), else the loads have them."""
     held = {u.name: u.held for u in loads}
     for donor, (to, n) in pending.items():
         if donor in held and to in held:
@@ -80,7 +89,7 @@ def plan(loads: list[Load], pending: dict[str, tuple[str, int]], *, batch: int) 
             n = min(held[d.name] - batch, room)
         elif held[r.name] == 0 and held[d.name] >= 2:  # r is idle beside a busy unit
             n = held[d.name] // 2
-            if not split_pays(d, r, held[d.name], n):
+            if not split_pays(d if measure is None else measure(d), r, held[d.name], n):
                 continue
         else:
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rlctl.agents.migration import Cost, Load, plan, split_pays
@@ -69,3 +70,24 @@ def test_the_plan_carries_each_rollout_sites_decode_cost() -> None:
     c = Cost.from_plan(rows[0]["decode"])
     assert c is not None and len(c.ptl_s) == rows[0]["max_batch"] and c.prefill_s_per_token > 0
     assert all(a <= b for a, b in zip(c.ptl_s, c.ptl_s[1:], strict=False))  # a larger batch never steps faster
+
+
+def test_a_donor_is_measured_only_where_its_work_may_be_split_with_an_idle_unit():
+    """`measure` gives a load its running requests' figures (reading each request it runs): asked of the donor an idle
+    unit would split with, once, and the moves are those of loads that had them all along."""
+    steep = cost(0.002, 0.002)
+    figures = {"a": (100.0, 300.0), "c": (1.0, 300.0)}  # a's split pays, c's does not (a few steps left)
+    asked: list[str] = []
+
+    def measure(load: Load) -> Load:
+        asked.append(load.name)
+        return replace(load, remaining_steps=figures[load.name][0], tokens_per_request=figures[load.name][1])
+
+    counts = [Load("a", 3, 8, steep), Load("b", 3, 0, steep), Load("c", 3, 6, steep), Load("d", 3, 5, steep)]
+    whole = [replace(u, remaining_steps=figures.get(u.name, (None, 0.0))[0]) for u in counts]
+    whole = [replace(u, tokens_per_request=figures.get(u.name, (None, 0.0))[1]) for u in whole]
+    assert plan(counts, {}, batch=16, measure=measure) == plan(whole, {}, batch=16) == [("a", "b", 4)]
+    assert asked == ["a"]  # b is the one idle unit, a the donor it splits with: c and d are never read
+    asked.clear()
+    assert plan([Load("a", 3, 8, steep), Load("b", 3, 2, steep)], {}, batch=16, measure=measure) == []
+    assert asked == []  # no unit idle: nothing to split, nothing read
