@@ -38,6 +38,7 @@ BENCHES = {
     "staleness": "bench.staleness",
     "staging": "bench.staging",
     "controller-age": "bench.controller_age",
+    "controller-units": "bench.controller_units",
     "gpu-check": "bench.gpu_check",
 }
 

@@ -43,9 +43,10 @@ class _Job:
     """The agents around the core, answering at once: units finish what they are given, the trainer trains an
     iteration as soon as it holds all of it, units apply each version as it comes."""
 
-    def __init__(self, core: ControllerCore, seed: int = 0) -> None:
+    def __init__(self, core: ControllerCore, seed: int = 0, *, units: int = UNITS) -> None:
         self.core, self.rng = core, random.Random(seed)
-        self.version = {f"r{k}": 0 for k in range(UNITS)}
+        self.per_iteration = core.cfg.prompts_per_iteration * core.cfg.samples_per_prompt
+        self.version = {f"r{k}": 0 for k in range(units)}
         self.held: dict[int, list[str]] = {}
         self.trainer_at = 0
         self.todo: deque[Out] = deque()
@@ -70,7 +71,7 @@ class _Job:
             elif o.kind == "samples":
                 for s in o.header["samples"]:
                     self.held.setdefault(s["iteration"], []).append(s["sample_id"])
-            if len(self.held.get(self.trainer_at, ())) == PROMPTS * SAMPLES:
+            if len(self.held.get(self.trainer_at, ())) == self.per_iteration:
                 ids = self.held.pop(self.trainer_at)
                 self.trainer_at += 1
                 v = self.trainer_at
@@ -80,11 +81,11 @@ class _Job:
                     self.todo += self.core.weights_applied(unit, v)
 
 
-def _prompts(rng: random.Random) -> Any:
+def _prompts(rng: random.Random, prompts: int = PROMPTS) -> Any:
     def make(it: int) -> list[PromptSpec]:
         return [
             PromptSpec(f"r{it}-{j}", [rng.randrange(32000) for _ in range(PROMPT_TOKENS)], true_len=64)
-            for j in range(PROMPTS)
+            for j in range(prompts)
         ]
 
     return make
