@@ -209,12 +209,13 @@ class Admission(CoreState):
     @property
     def reserving(self) -> bool:
         """Does a queued share wait for a unit catching up? (The controller pumps on a timer meanwhile, so the
-        share goes to the others when the wait ends even if nothing else happens.)"""
+        share goes to the others when the wait ends even if nothing else happens.) Read at every turn of the
+        controller's loop: a round's queued samples are counted by the ledger, versus listed from its entries."""
         now = self.clock()
         for it in range(self.floor, self.created):
             since = self.stats[it].first_dispatch
             waiting = since is not None and now - since < self.cfg.reserve_s
-            if waiting and self.ledger.in_state(State.QUEUED, iteration=it):
+            if waiting and self.ledger.queued_count(it):
                 return True
         return False
 
