@@ -28,6 +28,7 @@ exactly its own groups, as before).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -40,6 +41,12 @@ class StalenessBuffers:
     deadline: dict[str, int] = field(default_factory=dict)  # reserved group → the last buffer it may land in
     where: dict[str, int] = field(default_factory=dict)  # occupied group → its buffer
     occupied: dict[int, list[str]] = field(default_factory=dict)  # buffer → its groups, in occupy order
+    # deadline → how many reserved groups have it, kept with `deadline`: the feasibility checks read these (η + 1
+    # counts at most), versus every reserved group's deadline at each new group's dispatch and each completion
+    _due: Counter[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._due = Counter(self.deadline.values())
 
     def due(self, version: int) -> int:
         """The last buffer a group generated with weights `version` may be trained in."""
@@ -48,20 +55,33 @@ class StalenessBuffers:
     def free(self, b: int) -> int:
         return self.capacity - len(self.occupied.get(b, ()))
 
-    def _feasible(self, deadlines: list[int]) -> bool:
-        """Hall's condition: for every k, the reservations due by k fit in the free entries of consumed … k."""
-        if any(d < self.consumed for d in deadlines):
+    def _feasible(self, counts: Counter[int]) -> bool:
+        """Hall's condition for reservations due as `counts` says (deadline → how many): for every k, those due by k
+        fit in the free entries of consumed … k."""
+        due_at = [d for d, n in counts.items() if n > 0]
+        if any(d < self.consumed for d in due_at):
             return False
-        counts: dict[int, int] = {}
-        for d in deadlines:
-            counts[d] = counts.get(d, 0) + 1
         due = room = 0
-        for k in range(self.consumed, max(deadlines, default=self.consumed) + 1):
+        for k in range(self.consumed, max(due_at, default=self.consumed) + 1):
             due += counts.get(k, 0)
             room += self.free(k)
             if due > room:
                 return False
         return True
+
+    def _set_deadline(self, group: str, due: int | None) -> None:
+        """`group`'s reservation is now due at `due` (None: it has none; a group reserved again keeps its place in
+        `deadline`'s order, which `ControllerCore.unstick` walks), its count moved with it."""
+        old = self.deadline.get(group)
+        if old is not None:
+            self._due[old] -= 1
+            if not self._due[old]:
+                del self._due[old]
+        if due is None:
+            self.deadline.pop(group, None)
+        else:
+            self.deadline[group] = due
+            self._due[due] += 1
 
     def may_reserve(self, group: str, version: int) -> bool:
         """May a sample of `group` be generated with weights `version` (its deadline then at most `due(version)`)?"""
@@ -69,31 +89,33 @@ class StalenessBuffers:
         old = self.deadline.get(group)
         if old is not None and old <= new:
             return True
-        others = [d for g, d in self.deadline.items() if g != group]
-        return self._feasible([*others, new])
+        counts = self._due.copy()  # every other reservation's, and this one's at `new`
+        if old is not None:
+            counts[old] -= 1
+        counts[new] += 1
+        return self._feasible(counts)
 
     def reserve(self, group: str, version: int) -> None:
         """A sample of `group` is dispatched to a unit at `version` (`may_reserve` said yes)."""
         assert group not in self.where, f"group {group} is occupied already"
         new = self.due(version)
-        self.deadline[group] = min(self.deadline.get(group, new), new)
+        self._set_deadline(group, min(self.deadline.get(group, new), new))
 
     def release(self, group: str) -> None:
         """The group gives its reservation back (nothing of it is in flight or done: its next dispatch reserves
         anew), or is aborted."""
-        self.deadline.pop(group, None)
+        self._set_deadline(group, None)
 
     def occupy(self, group: str, oldest: int) -> int | None:
         """Every sample of `group` is generated and scored, the oldest with weights `oldest`: the buffer it now
         occupies (the earliest that keeps the other reservations feasible), or None when no buffer within its
         bound has room (the group is aborted: its reservation is released)."""
-        self.deadline.pop(group, None)
-        others = list(self.deadline.values())
+        self._set_deadline(group, None)
         for b in range(self.consumed, self.due(oldest) + 1):
             if self.free(b) <= 0:
                 continue
             self.occupied.setdefault(b, []).append(group)
-            if self._feasible(others):
+            if self._feasible(self._due):
                 self.where[group] = b
                 return b
             self.occupied[b].pop()
@@ -112,7 +134,7 @@ class StalenessBuffers:
             frm = later[0]
             group = self.occupied[frm].pop(0)
             self.occupied.setdefault(b, []).append(group)
-            if not self._feasible(list(self.deadline.values())):
+            if not self._feasible(self._due):
                 self.occupied[b].pop()
                 self.occupied[frm].insert(0, group)
                 break

@@ -5,6 +5,7 @@ bound, and — whatever the order of completions — every reserved group finds 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -94,3 +95,43 @@ def test_every_reserved_group_finds_a_place_by_its_deadline_whatever_the_order(s
         assert versions[g] <= at <= versions[g] + eta and at >= b.consumed
         assert all(len(gs) <= cap for gs in b.occupied.values())
     assert sorted(consumed) == sorted(versions) and len(consumed) == len(set(consumed))
+
+
+def _hall(b: StalenessBuffers, deadlines: list[int]) -> bool:
+    """Hall's condition over these deadlines one by one: for every k, those due by k fit in consumed … k's room."""
+    if any(d < b.consumed for d in deadlines):
+        return False
+    due = room = 0
+    for k in range(b.consumed, max(deadlines, default=b.consumed) + 1):
+        due, room = due + deadlines.count(k), room + b.free(k)
+        if due > room:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_deadline_counts_follow_the_reservations_and_answer_as_their_deadlines_do(seed: int) -> None:
+    """The checks read a count per deadline, kept by reserve, release and occupy (they read every reserved group's
+    deadline at each new group's dispatch and each completion): after any sequence of moves the counts are the
+    reservations', and `may_reserve` answers as Hall's condition over every other reservation and the new one."""
+    rng = random.Random(seed)
+    b = StalenessBuffers(capacity=rng.randint(1, 4), eta=rng.randint(0, 3), last=8)
+    groups = [f"g{i}" for i in range(12)]
+    for _ in range(300):
+        g, v = rng.choice(groups), rng.randint(b.consumed, b.consumed + 2)
+        old, new = b.deadline.get(g), b.due(v)
+        others = [d for h, d in b.deadline.items() if h != g]
+        expect = (old is not None and old <= new) or _hall(b, [*others, new])
+        assert b.may_reserve(g, v) == expect
+        op = rng.choice(["reserve", "reserve", "release", "occupy", "fill", "consume"])
+        if op == "reserve" and expect and g not in b.where:
+            b.reserve(g, v)
+        elif op == "release":
+            b.release(g)
+        elif op == "occupy" and g in b.deadline:
+            b.occupy(g, v)
+        elif op == "fill":
+            b.fill_forward()
+        elif op == "consume" and b.consumed < b.last and b.ready(b.consumed):
+            b.consume()
+        assert b._due == Counter(b.deadline.values()), (op, g)
