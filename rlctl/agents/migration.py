@@ -79,11 +79,17 @@ def plan(
             held[donor], held[to] = held[donor] - n, held[to] + n
     busy = set(pending) | {to for to, _ in pending.values()}  # a move each way at a time
     moves = []
+    # a receiver takes a donor's waiting requests (the donor holds more than its batch) or, idle, a split of its work;
+    # a move lifts no unit past its batch, so with none past it a busy receiver takes nothing and looks for no donor
+    # (versus a walk of every unit for each: units² a look, and a look at each of a version's `weights_applied`)
+    waiting = any(h > batch for h in held.values())
     for r in sorted(loads, key=lambda u: held[u.name]):
         room = batch - held[r.name]
+        if room <= 0 or (held[r.name] and not waiting):
+            continue
         donors = [d for d in loads if d.name != r.name and d.name not in busy and d.version <= r.version]
         d = max(donors, key=lambda u: held[u.name], default=None)
-        if room <= 0 or d is None:
+        if d is None:
             continue
         if held[d.name] > batch:  # requests wait in its engine while r has free rows
             n = min(held[d.name] - batch, room)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from rlctl.agents.migration import Cost, Load, plan, split_pays
 from rlctl.config import load_job
@@ -91,3 +94,48 @@ def test_a_donor_is_measured_only_where_its_work_may_be_split_with_an_idle_unit(
     asked.clear()
     assert plan([Load("a", 3, 8, steep), Load("b", 3, 2, steep)], {}, batch=16, measure=measure) == []
     assert asked == []  # no unit idle: nothing to split, nothing read
+
+
+def _plan_scanning_all(loads: list[Load], pending: dict[str, tuple[str, int]], *, batch: int) -> list:
+    """`plan` as it was, looking for a donor for every receiver (units² a look): what it must still answer."""
+    held = {u.name: u.held for u in loads}
+    for donor, (to, n) in pending.items():
+        if donor in held and to in held:
+            held[donor], held[to] = held[donor] - n, held[to] + n
+    busy = set(pending) | {to for to, _ in pending.values()}
+    moves = []
+    for r in sorted(loads, key=lambda u: held[u.name]):
+        room = batch - held[r.name]
+        donors = [d for d in loads if d.name != r.name and d.name not in busy and d.version <= r.version]
+        d = max(donors, key=lambda u: held[u.name], default=None)
+        if room <= 0 or d is None:
+            continue
+        if held[d.name] > batch:
+            n = min(held[d.name] - batch, room)
+        elif held[r.name] == 0 and held[d.name] >= 2:
+            n = held[d.name] // 2
+            if not split_pays(d, r, held[d.name], n):
+                continue
+        else:
+            continue
+        busy.add(d.name)
+        held[d.name], held[r.name] = held[d.name] - n, held[r.name] + n
+        moves.append((d.name, r.name, n))
+    return moves
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_busy_receiver_looks_for_no_donor_when_no_unit_holds_more_than_its_batch_and_the_moves_stay(seed: int):
+    rng = random.Random(seed)
+    batch = rng.choice([1, 2, 4, 8])
+    costs = [None, cost(0.020, 0.00001), cost(0.002, 0.002)]
+    loads = []
+    for i in range(rng.randint(1, 9)):  # idle, busy and past their batch; priced or not; a tail's steps known or not
+        held, steps = rng.choice([0, 0, 1, rng.randint(0, 2 * batch + 2)]), rng.choice([None, rng.uniform(0, 200)])
+        loads.append(Load(f"u{i}", rng.randint(0, 2), held, rng.choice(costs), steps, rng.uniform(0, 400)))
+    names = [u.name for u in loads]
+    pending = {}
+    for _ in range(rng.randint(0, 2)):
+        d, to = rng.sample(names, 2) if len(names) > 1 else (names[0], names[0])
+        pending[d] = (to, rng.randint(1, batch + 1))
+    assert plan(loads, pending, batch=batch) == _plan_scanning_all(loads, pending, batch=batch)
