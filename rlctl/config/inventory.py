@@ -328,10 +328,11 @@ MAX_GPU_TFLOPS = 100_000.0
 MAX_GPU_HBM_GB = 100_000.0
 MAX_GPU_HBM_TB_PER_S = 10_000.0
 MAX_GPU_NVLINK_GB_PER_S = 100_000.0
-# and below any (the catalog's CPU core-slot: 0.1 TFLOPS, 0.02 TB/s): 1e-300 TFLOPS or TB/s made plan print times
-# of 300 digits
+# and below any (the catalog's CPU core-slot: 0.1 TFLOPS, 0.02 TB/s, 10 GB/s between slots): 1e-300 TFLOPS, TB/s or
+# GB/s made plan print times of 300 digits (the last, a tensor-parallel rollout unit's generation time)
 MIN_GPU_TFLOPS = 0.001
 MIN_GPU_HBM_TB_PER_S = 0.001
+MIN_GPU_NVLINK_GB_PER_S = 0.001
 
 
 class CustomGpu(Strict):
@@ -370,7 +371,12 @@ class CustomGpu(Strict):
         ),
     ]
     nvlink_gb_per_s: Annotated[
-        float, Field(gt=0, le=MAX_GPU_NVLINK_GB_PER_S, description=f"at most {MAX_GPU_NVLINK_GB_PER_S:g}")
+        float,
+        Field(
+            ge=MIN_GPU_NVLINK_GB_PER_S,
+            le=MAX_GPU_NVLINK_GB_PER_S,
+            description=f"at least {MIN_GPU_NVLINK_GB_PER_S:g}, at most {MAX_GPU_NVLINK_GB_PER_S:g}",
+        ),
     ] = 64.0
     cost_per_hour: PositiveFloat = 1.0
 

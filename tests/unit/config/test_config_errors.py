@@ -334,6 +334,14 @@ CASES = [
         site_with("    gpu: H20\n", "    gpu_spec: {name: X, bf16_tflops: 100, hbm_gb: 80, hbm_tb_per_s: 1.0e-300}\n"),
         "sites.h20.gpu_spec.hbm_tb_per_s: Input should be greater than or equal to 0.001 (got 1e-300)",
     ),
+    Case(  # plan said a tensor-parallel rollout unit's generation time of 300 digits
+        "a custom GPU's NVLink bandwidth below any GPU's",
+        site_with(
+            "    gpu: H20\n",
+            "    gpu_spec: {name: X, bf16_tflops: 100, hbm_gb: 80, hbm_tb_per_s: 2, nvlink_gb_per_s: 1.0e-300}\n",
+        ),
+        "sites.h20.gpu_spec.nvlink_gb_per_s: Input should be greater than or equal to 0.001 (got 1e-300)",
+    ),
     Case(  # plan said a weight sync of a 300-digit number of seconds
         "link bandwidth below 1 Mbit/s",
         GOOD_INV + SITE.replace("h20:", "h20b:").replace("h20-", "h20b-") + "links: [{between: [h20, h20b], "
