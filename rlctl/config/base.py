@@ -10,6 +10,7 @@ is refused too, rather than the last one silently winning, and so is a YAML bool
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from types import UnionType
@@ -300,10 +301,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _tilde_left(name: str) -> str | None:
     """Where a path named on the command line begins with `~`: the shell expands it only at a word's start, so
     `--cluster=~/h20.yaml` (or a quoted one) reached rlctl as written and was 'no such file' of a file that is there."""
-    if not name.startswith("~"):
+    # (os.path's: `~nosuchuser/…` stays as written, where Path.expanduser raised RuntimeError, a traceback; a ~ the
+    # shell would not expand either gets no hint)
+    home = os.path.expanduser(name) if name.startswith("~") else name
+    if home == name:
         return None
-    home = Path(name).expanduser()
-    there = f" ({str(home)!r} is there)" if str(home) != name and home.is_file() else ""
+    there = f" ({home!r} is there)" if os.path.isfile(home) else ""
     return (
         "the shell left this ~ as written (it expands one only at the start of an unquoted word, not after '='): "
         f"write `--cluster ~/…`, not `--cluster=~/…` or '~/…', or the full path{there}"

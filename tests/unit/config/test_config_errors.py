@@ -978,6 +978,14 @@ def test_a_path_whose_tilde_the_shell_left_says_so(
     )
 
 
+def test_a_path_under_a_home_that_is_not_there_is_no_such_file() -> None:
+    """`~nosuchuser/…` (no such user: the shell leaves it as written too) ended in a RuntimeError traceback, exit 1:
+    the tilde hint's Path.expanduser raised 'Could not determine home directory'."""
+    res = run_cli("check", "~rlctl-no-such-user/inv.yaml")
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == "rlctl: error: ~rlctl-no-such-user/inv.yaml: no such file\n"
+
+
 @pytest.mark.parametrize("command", ["check", "profile"])
 def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) -> None:
     """`check a.yaml ./a.yaml` said 'sites.h20: duplicate site name; already defined in a.yaml' (profile: 'in another
