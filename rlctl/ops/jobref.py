@@ -14,6 +14,7 @@ A job directory and an index row that both match but are different jobs: UsageEr
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
         if row is None:
             raise UsageError(f"no jobs in the index ({db.path})", hint="start one with `rlctl launch JOB.yaml`")
         return JobRef(row.name, JobDir(Path(row.job_dir)), row)
-    path = Path(ref).expanduser()
+    path = Path(os.path.expanduser(ref))  # (`~nosuchuser/…` as written: Path's raised RuntimeError, a traceback)
     rows = db.list()
     by_id = {r.name: r for r in rows}
     named = [r for r in rows if r.spec.get("name") == ref]

@@ -98,6 +98,14 @@ def test_an_unknown_job_lists_some_job_names_not_every_runs_id(tmp_path: Path, d
     assert said.endswith("(did you mean 'job03'?)"), said
 
 
+def test_a_job_under_a_home_that_is_not_there_is_no_job(tmp_path: Path, db: JobDB, monkeypatch) -> None:
+    # `rlctl status ~nosuchuser/j` (no such user) ended in a RuntimeError traceback ('Could not determine home
+    # directory', Path.expanduser's), exit 1, versus the line of a job that is not there
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"^no job '~rlctl-no-such-user/j' in the index"):
+        resolve("~rlctl-no-such-user/j", db=db)
+
+
 def test_a_job_directory_still_being_prepared_is_its_indexed_job(tmp_path: Path, db: JobDB) -> None:
     # a launch in its SFT warm-up: in the index, no job.json yet (`prepare` writes it last); `rlctl stop DIR` said
     # "not a job directory" (and, by name, meant the job launched before it)
