@@ -108,8 +108,8 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
                 continue
-            if name == "summary.json":
-                text = _with_launchers_keys(job_dir / name, text)
+            if name == "summary.json" and (text := _with_launchers_keys(job_dir / name, text)) is None:
+                continue
             replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
@@ -140,13 +140,15 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     return fetched
 
 
-def _with_launchers_keys(here: Path, fetched: str) -> str:
+def _with_launchers_keys(here: Path, fetched: str) -> str | None:
     """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
     same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
     controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). A copy here
     that does not read is moved aside whole (`damaged_aside`: summary.json.damaged, .damaged.2, ...) and the fetched
     one says where (`summary_damaged`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched
-    one: the launcher's keys it held were gone."""
+    one: the launcher's keys it held were gone. None (the copy here kept) where the fetched one does not read and the
+    one here is the launcher's of a damaged one (its run's end from the events, with its keys: `update_summary`): the
+    damage fetched again over it lost them."""
     try:
         mine = json.loads(here.read_text(encoding="utf-8", errors="replace"))
     except OSError:  # none here yet
@@ -158,8 +160,10 @@ def _with_launchers_keys(here: Path, fetched: str) -> str:
     try:
         theirs = json.loads(fetched)
     except ValueError:
-        return fetched
-    if not isinstance(theirs, dict) or mine.get("run") is None or mine["run"] != theirs.get("run"):
+        theirs = None
+    if not isinstance(theirs, dict):
+        return None if "summary_damaged" in mine else fetched
+    if mine.get("run") is None or mine["run"] != theirs.get("run"):
         return fetched
     kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
     return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"

@@ -871,6 +871,37 @@ def test_a_fetch_again_keeps_what_the_launcher_wrote_into_the_same_runs_summary(
     assert json.loads((src / "summary.json").read_text()) == {"run": "r2", "state": "stopped", "iterations": 6}
 
 
+def test_a_fetch_of_a_damaged_summary_keeps_the_launchers_repair_of_it(tmp_path: Path) -> None:
+    """The controller's summary.json on its site does not read (cut short): the launcher wrote its held-out figures
+    into its run's end read from the events (`update_summary`, the damaged copy kept aside), and the next fetch (every
+    `rlctl status`) put the damaged copy back over that, so the figures were gone again, and the next write of the
+    launcher's set a second copy of the same damage aside."""
+    from rlctl.ops.runstate import run_summary, update_summary
+
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    damaged = '{"run": "r1", "state": "done", "iterat'
+    (root / "summary.json").write_text(damaged)
+    jd = JobDir(src)
+    jd.event("agent_started", agent="controller-0", run="r1")
+    jd.event("job_end", state="done", iterations=4)
+    fetch_record(src, site, "localhost", str(root))  # the launcher's, once its run ended
+    update_summary(jd, "r1", {"heldout": {"prompts": 512}})
+    fetch_record(src, site, "localhost", str(root))  # `rlctl status`
+    summary = run_summary(jd, "r1")
+    assert summary is not None and summary.get("heldout") == {"prompts": 512}, summary
+    update_summary(jd, "r1", {"agent_exits": {"trainer-0": 0}})
+    assert not (src / "summary.json.damaged.2").exists()
+    (root / "summary.json").write_text('{"run": "r1", "state": "done", "iterations": 4}')  # put back whole there
+    fetch_record(src, site, "localhost", str(root))
+    want = {"run": "r1", "state": "done", "iterations": 4, "heldout": {"prompts": 512}, "agent_exits": {"trainer-0": 0}}
+    got = json.loads((src / "summary.json").read_text())
+    assert got.pop("summary_damaged").endswith("kept as summary.json.damaged")  # (a launcher's key: said on)
+    assert got == want
+
+
 def test_the_launchers_summary_write_during_a_fetch_is_not_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
