@@ -307,9 +307,10 @@ def _tilde_left(name: str) -> str | None:
     if home == name:
         return None
     there = f" ({home!r} is there)" if os.path.isfile(home) else ""
+    # (no option named: `check` and `plan` take the file as an argument, `profile` and `plan --profile` after an option)
     return (
         "the shell left this ~ as written (it expands one only at the start of an unquoted word, not after '='): "
-        f"write `--cluster ~/…`, not `--cluster=~/…` or '~/…', or the full path{there}"
+        f"give the path unquoted, after a space rather than '=', or in full{there}"
     )
 
 

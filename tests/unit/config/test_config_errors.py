@@ -965,7 +965,8 @@ def test_a_path_whose_tilde_the_shell_left_says_so(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--cluster=~/inv.yaml` (bash expands no ~ after '=') reached rlctl as written: 'no such file' of a file that is
-    there, and nothing said why."""
+    there, and nothing said why. The hint names no option: it said "write `--cluster ~/…`" to `rlctl check`, which
+    takes its files as arguments and has no --cluster."""
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "inv.yaml").write_text(GOOD_INV)
     args = ["~/inv.yaml"] if command == "check" else ["--cluster=~/inv.yaml", "--model", "qwen2.5-7b"]
@@ -973,8 +974,8 @@ def test_a_path_whose_tilde_the_shell_left_says_so(
     assert (res.exit_code, res.stdout) == (2, ""), res
     assert res.stderr == (
         "rlctl: error: ~/inv.yaml: no such file (hint: the shell left this ~ as written (it expands one only at the "
-        "start of an unquoted word, not after '='): write `--cluster ~/…`, not `--cluster=~/…` or '~/…', or the full "
-        f"path ('{tmp_path}/inv.yaml' is there))\n"
+        "start of an unquoted word, not after '='): give the path unquoted, after a space rather than '=', or in full "
+        f"('{tmp_path}/inv.yaml' is there))\n"
     )
 
 
