@@ -116,6 +116,14 @@ def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
     assert JobDir(tmp_path / "gone").id == "gone"
 
 
+def test_a_job_directory_under_a_home_that_is_not_there_is_refused() -> None:
+    # `launch --job-dir '~nosuchuser/run'` (no such user) ended in a RuntimeError traceback, exit 1
+    # (Path.expanduser's 'Could not determine home directory'), versus one line
+    with pytest.raises(UsageError, match=r"^~rlctl-no-such-user/run: ~rlctl-no-such-user is no home directory here"):
+        JobDir.choose_path("j", explicit="~rlctl-no-such-user/run")
+    assert JobDir.choose_path("j", explicit="~/run") == Path.home() / "run"
+
+
 @pytest.mark.parametrize("recorded", ["../../etc", "a/b", "..", ".", "a\tb"])
 def test_a_hand_edited_job_id_that_is_no_id_is_refused_naming_its_file(tmp_path: Path, recorded: str) -> None:
     # it was taken as it was: the sites' job dirs are W/jobs/<id>, so `../../x` named a directory outside them
