@@ -128,6 +128,11 @@ class EmbeddedEngine(GenerationEngine):
         self._group_size: Counter[int] = Counter()  # requests added per group (while any is unfinished)
         self._group_left: Counter[int] = Counter()  # … and not finished yet
         self._rows: list[_Running | None] = []  # cache row -> running request (None = free): a prefix of the storage
+        # what a step reads of the running rows, kept as rows start and end (not a scan of every row, several a step)
+        self._n_running = 0
+        self._n_greedy = 0  # running greedy requests
+        self._running_groups: Counter[int] = Counter()  # running rows per group ≥ 0 (the group barrier's floor)
+        self._max_pos = -1  # the largest running row's `pos` (-1: none runs)
         self._cache: KVCache | None = None  # max_batch_size rows, allocated at the first admission
         # per storage row, on the device (static storage: a captured step reads them in place)
         z = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
@@ -224,15 +229,16 @@ class EmbeddedEngine(GenerationEngine):
             row = self._rows[i]
             assert row is not None
             out.append(row.result("interrupted"))
-            self._rows[i] = None
-            self._finished(row.req.group)
+            self._vacate(i, row)
         self._free(ended)
+        if ended:
+            self._max_pos = max((r.pos for r in self._rows if r is not None), default=-1)
         if all(r is None for r in self._rows):
             self._rows = []  # as after a step that ended every row (the storage stays allocated)
         return out
 
     def num_running(self) -> int:
-        return sum(r is not None for r in self._rows)
+        return self._n_running
 
     def num_waiting(self) -> int:
         return len(self._waiting)
@@ -247,9 +253,9 @@ class EmbeddedEngine(GenerationEngine):
             return []
         assert self._cache is not None
         n = len(self._rows)
-        width = max(r.pos for r in self._rows if r is not None) + 1
+        width = self._max_pos + 1
         # a greedy request (a held-out evaluation) beside sampled ones: the step that picks per row, graphs of its own
-        mixed = self._temperature != 0 and any(r is not None and r.req.greedy for r in self._rows)
+        mixed = self._temperature != 0 and self._n_greedy > 0
         step, graphs = (self._decode_mixed, self._mixed_graphs) if mixed else (self._decode, self._graphs)
         if self._static:  # shapes from buckets, so that a few graphs serve every step
             rows = min(bucket(n), self.max_batch_size)
@@ -263,7 +269,7 @@ class EmbeddedEngine(GenerationEngine):
             step(rows, width)
         if self.trace is not None:
             self.trace.append(rows)
-        self.step_tokens = sum(r is not None for r in self._rows)  # one each (the prefilled ones: their first)
+        self.step_tokens = self._n_running  # one each (the prefilled ones: their first)
         out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())
         self._maybe_compact()
         return out
@@ -296,14 +302,14 @@ class EmbeddedEngine(GenerationEngine):
         self._decode(rows, width, mixed=True)
 
     def _admit(self) -> None:
-        free = [i for i, r in enumerate(self._rows) if r is None]
-        room = len(free) + self.max_batch_size - len(self._rows)
+        room = self.max_batch_size - self._n_running
         floor = self._running_floor()
         new: list[GenRequest] = []
         while self._admissible(floor) and len(new) < room:
             new.append(heapq.heappop(self._waiting)[3])
         if not new:
             return
+        free = [i for i, r in enumerate(self._rows) if r is None]
         need = max(len(r.prompt_tokens) + r.max_new_tokens for r in new)
         capacity = cache_capacity(need, self.model.config.max_position_embeddings)  # what `rlctl check` prices
         if self._cache is None:
@@ -324,6 +330,11 @@ class EmbeddedEngine(GenerationEngine):
         contexts = [r.context for r in new]  # the prompt, and a resumed request's prefix
         for i, (r, c) in enumerate(zip(new, contexts, strict=True)):
             self._rows[rows[i]] = _Running.of(r, pos=len(c) - 1)
+            self._n_greedy += r.greedy
+            if r.group >= 0:
+                self._running_groups[r.group] += 1
+        self._n_running += len(new)
+        self._max_pos = max(self._max_pos, max(len(c) for c in contexts) - 1)
         self._prefill(rows, contexts)
         dev = self.device
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
@@ -376,7 +387,7 @@ class EmbeddedEngine(GenerationEngine):
         (a held-out evaluation's) is admitted first and holds nothing back."""
         if self.group_barrier == "never":
             return None
-        floor = min((r.req.group for r in self._rows if r is not None and r.req.group >= 0), default=None)
+        floor = min(self._running_groups, default=None)
         if floor is None or (self.group_barrier == "auto" and self._group_size[floor] <= self.max_batch_size):
             return None
         return floor
@@ -386,25 +397,45 @@ class EmbeddedEngine(GenerationEngine):
         return bool(self._waiting) and (floor is None or self._waiting[0][0] <= floor)
 
     def _collect(self, tokens: list[int], logprobs: list[float]) -> list[GenResult]:
+        """Append the step's token to every running row and end the finished ones: one pass over the rows (every
+        step runs it; the host's work between two steps is time the device waits)."""
         assert self._cache is not None
         done: list[GenResult] = []
         ended: list[int] = []
+        version, eos_ids, max_pos = self._version, self.eos_ids, -1
         for i, r in enumerate(self._rows):
             if r is None:
                 continue
-            r.tokens.append(tokens[i])
+            token = tokens[i]
+            out = r.tokens
+            out.append(token)
             r.logprobs.append(logprobs[i])
-            r.versions.append(self._version)
-            r.seen.add(self._version)
+            r.versions.append(version)
+            r.seen.add(version)
             r.pos += 1
-            eos = tokens[i] in self.eos_ids and not r.req.ignore_eos
-            if eos or len(r.tokens) >= r.req.max_new_tokens:
+            req = r.req
+            eos = token in eos_ids and not req.ignore_eos
+            if eos or len(out) >= req.max_new_tokens:
                 done.append(r.result("eos" if eos else "length"))
-                self._rows[i] = None
                 ended.append(i)
-                self._finished(r.req.group)
+                self._vacate(i, r)
+            elif r.pos > max_pos:
+                max_pos = r.pos
+        self._max_pos = max_pos
         self._free(ended)
         return done
+
+    def _vacate(self, i: int, row: _Running) -> None:
+        """Row `i`'s request leaves it (finished or interrupted): the running counts without it."""
+        self._rows[i] = None
+        self._n_running -= 1
+        self._n_greedy -= row.req.greedy
+        group = row.req.group
+        if group >= 0:
+            self._running_groups[group] -= 1
+            if self._running_groups[group] <= 0:
+                del self._running_groups[group]
+        self._finished(group)
 
     def _free(self, rows: list[int]) -> None:
         """These rows hold no request any more: position 0 from now on (a free row never outgrows the cache)."""
@@ -421,14 +452,14 @@ class EmbeddedEngine(GenerationEngine):
 
     def _maybe_compact(self) -> None:
         assert self._cache is not None
-        n_free = sum(r is None for r in self._rows)
+        n_free = len(self._rows) - self._n_running
         if n_free == len(self._rows):
             self._rows = []  # the storage stays allocated (and any captured graph valid)
         elif not self._admissible(self._running_floor()) and n_free >= self.compact_fraction * len(self._rows):
             keep = [i for i, r in enumerate(self._rows) if r is not None]
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
             # a row's K/V fill the positions before its `pos`: only those move (not the cache's whole capacity)
-            self._cache.keep(idx, width=max(r.pos for r in self._rows if r is not None))
+            self._cache.keep(idx, width=self._max_pos)
             for t in (self._next, self._seeds, self._steps, self._live, self._greedy):
                 t[: len(keep)] = t.index_select(0, idx)
             self._live[len(keep) :] = 0

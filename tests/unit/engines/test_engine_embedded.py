@@ -1,6 +1,7 @@
 import gc
 import sys
 import weakref
+from collections import Counter
 
 import pytest
 import torch
@@ -434,6 +435,36 @@ def test_interrupting_every_row_leaves_an_engine_that_still_runs(model: TinyGPT)
     assert engine.step() == []
     engine.add([GenRequest("c", [1, 4], 3, ignore_eos=True)])
     assert [len(r.output_tokens) for r in engine.run_until_done()] == [3]
+
+
+def test_the_running_counts_a_step_reads_follow_every_row_that_starts_and_ends(model: TinyGPT) -> None:
+    """A step reads counts kept as rows start, finish, are interrupted and compacted (not a scan of every row):
+    after each of those they equal what a scan of the rows finds."""
+    engine = EmbeddedEngine(model, max_batch_size=5, temperature=1.0, eos_token_ids=[5, 9])
+    engine.add(
+        [
+            GenRequest(f"r{i}", [1] + [3 + i % 50] * (i % 4), 2 + (5 * i) % 13, group=i // 7 - 1, greedy=i % 4 == 1)
+            for i in range(24)
+        ]
+    )
+
+    def check() -> None:
+        rows = [r for r in engine._rows if r is not None]
+        assert engine.num_running() == len(rows)
+        assert engine._n_greedy == sum(r.req.greedy for r in rows)
+        assert dict(engine._running_groups) == Counter(r.req.group for r in rows if r.req.group >= 0)
+        assert engine._max_pos == max((r.pos for r in rows), default=-1)
+
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        check()
+        steps += 1
+        if steps in (2, 6):  # the longest row (the width a step reads), and one not admitted yet
+            longest = max((r for r in engine._rows if r is not None), key=lambda r: r.pos)
+            assert len(engine.interrupt([longest.req.request_id, "r20"])) == (2 if steps == 2 else 1)
+            check()
+    assert engine.compactions > 0
 
 
 def test_a_compiled_step_gives_the_eager_steps_outputs() -> None:
