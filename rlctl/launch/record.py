@@ -108,8 +108,10 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
                 continue
-            if name == "summary.json" and (text := _with_launchers_keys(job_dir / name, text)) is None:
-                continue
+            if name == "summary.json":
+                text = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
+                if text is None:  # the controller's copy does not read: the one here stays
+                    continue
             replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
@@ -140,15 +142,18 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     return fetched
 
 
-def _with_launchers_keys(here: Path, fetched: str) -> str | None:
+_SAID_FETCHED_DAMAGED: set[str] = set()  # the controller's summaries that do not read this process said it skipped
+
+
+def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> str | None:
     """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
     same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
     controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). A copy here
     that does not read is moved aside whole (`damaged_aside`: summary.json.damaged, .damaged.2, ...) and the fetched
     one says where (`summary_damaged`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched
-    one: the launcher's keys it held were gone. None (the copy here kept) where the fetched one does not read and the
-    one here is the launcher's of a damaged one (its run's end from the events, with its keys: `update_summary`): the
-    damage fetched again over it lost them."""
+    one: the launcher's keys it held were gone. None where the fetched one (from `source`) does not read and the copy
+    here does: that one stays, and the skip is said once a process, versus the damaged copy written over it (its
+    launcher's keys, the held-out figures among them, lost)."""
     try:
         mine = json.loads(here.read_text(encoding="utf-8", errors="replace"))
     except OSError:  # none here yet
@@ -159,14 +164,24 @@ def _with_launchers_keys(here: Path, fetched: str) -> str | None:
         return _damaged_kept(here, fetched, f"not a JSON object but {type(mine).__name__}")
     try:
         theirs = json.loads(fetched)
-    except ValueError:
-        theirs = None
+    except ValueError as e:  # JSONDecodeError
+        _kept_here(here, source, f"not valid JSON ({e})")
+        return None
     if not isinstance(theirs, dict):
-        return None if "summary_damaged" in mine else fetched
+        _kept_here(here, source, f"not a JSON object but {type(theirs).__name__}")
+        return None
     if mine.get("run") is None or mine["run"] != theirs.get("run"):
         return fetched
     kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
     return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"
+
+
+def _kept_here(here: Path, source: str, problem: str) -> None:
+    """The controller's summary.json at `source` does not read (`problem`): `here`, which does, is kept as it is."""
+    said = f"{source}: {problem}"
+    if said not in _SAID_FETCHED_DAMAGED:
+        _SAID_FETCHED_DAMAGED.add(said)
+        log.warning("the controller's summary %s; not fetched, %s kept as it is", said, here)
 
 
 def _damaged_kept(here: Path, fetched: str, problem: str) -> str:

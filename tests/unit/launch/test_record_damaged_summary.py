@@ -5,7 +5,10 @@ replaced by the controller's copy, the launcher's keys it held (held-out figures
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+
+import pytest
 
 from rlctl.launch.record import fetch_record
 from tests.unit.launch.test_stage import _controller_site
@@ -30,3 +33,25 @@ def test_a_fetch_over_a_damaged_summary_keeps_it_aside(tmp_path: Path) -> None:
     assert (src / "summary.json.damaged.2").read_text() == "[]"
     record = json.loads((src / "summary.json").read_text())
     assert record["summary_damaged"].endswith(": not a JSON object but list; kept as summary.json.damaged.2")
+
+
+@pytest.mark.parametrize(
+    ("theirs", "says"),
+    [('{"run": "r1", "state": "done", "itera', "not valid JSON"), ("[]", "not a JSON object but list")],
+)
+def test_a_fetch_of_a_damaged_summary_keeps_the_one_here(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, theirs: str, says: str
+) -> None:
+    """The controller's copy that does not read is not written over the launcher's, which does (its held-out figures
+    were lost with it); the skip is said once however often it is fetched."""
+    src, site, root = _controller_site(tmp_path)
+    (root / "summary.json").write_text(theirs)
+    mine = json.dumps({"run": "r1", "state": "done", "heldout": {"prompts": 8}, "agent_exits": {"trainer-0": 0}})
+    (src / "summary.json").write_text(mine)
+    with caplog.at_level(logging.WARNING, logger="rlctl.launch.record"):
+        assert "summary.json" not in fetch_record(src, site, "localhost", str(root))
+        fetch_record(src, site, "localhost", str(root))
+    assert (src / "summary.json").read_text() == mine
+    assert [p.name for p in src.glob("summary.json.*")] == []
+    said = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
+    assert len(said) == 1 and f"{root / 'summary.json'}: {says}" in said[0], said
