@@ -236,11 +236,21 @@ class Admission(CoreState):
 
     def _held_tokens(self, unit: str) -> float:
         """What `unit` holds, as `_assign` balances it: its samples in flight (`random`), or their tokens (`_tokens`,
-        inline: a share is dispatched at each unit's `weights_applied`, and each reads every sample in flight)."""
+        inline), summed again only once they changed (the ledger's `running_stamp`; a sample's prediction and prompt
+        stay while it runs): a share is dispatched at each unit's `weights_applied`, and each read every sample in
+        flight. Kept as the sum, not a running total: the same float, added in the same order."""
         if self.cfg.dispatch == "random":
             return float(self.ledger.inflight(unit))
+        stamp = self.ledger.running_stamp(unit)
+        if not stamp:
+            self._held_tokens_at.pop(unit, None)
+            return 0.0
+        kept = self._held_tokens_at.get(unit)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
         pred, prompts = self.pred_len, self.prompts
         total = 0.0
         for e in self.ledger.running(unit):
             total += pred[e.prompt_id] + len(prompts[e.prompt_id].tokens)
+        self._held_tokens_at[unit] = (stamp, total)
         return total

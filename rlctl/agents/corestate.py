@@ -114,6 +114,9 @@ class CoreState:
         # again when the unit went silent or reconnected, but the unit's engine goes on with it, and answers a dispatch
         # of it back to that unit with that generation (`rollout._admit`), as old as its first dispatch there
         self._held: dict[str, tuple[str, int]] = {}
+        # unit → (the ledger's stamp of its dispatched samples, their tokens as a dispatch share balances them):
+        # `_held_tokens`, read again only once they changed
+        self._held_tokens_at: dict[str, tuple[int, float]] = {}
 
     @property
     def live_units(self) -> list[Unit]:

@@ -40,6 +40,7 @@ duplicate or a refused message, as it would have been.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -130,6 +131,9 @@ COMPLETE = (State.TRAINED, State.FILTERED, State.DROPPED, State.QUARANTINED)
 SET_ASIDE = (State.DROPPED, State.QUARANTINED)  # a group that trains nothing, by design: not lost
 
 
+_STAMPS = itertools.count(1)  # `Ledger.running_stamp`'s, one sequence for every ledger of the process
+
+
 @dataclass
 class Ledger:
     entries: dict[str, Entry] = field(default_factory=dict)
@@ -160,6 +164,10 @@ class Ledger:
     # iteration → how many of its samples are queued, kept by every transition: a round with none is passed over
     # without a scan of its entries (`queued_count`; the controller's dispatch, at every message)
     _queued: Counter[int] = field(default_factory=Counter, repr=False)
+    # agent → a stamp drawn anew (`_STAMPS`, unique across ledgers) at each change of its dispatched samples, while it
+    # has any: the same stamp, the same samples in the same order (`running_stamp`: a figure of them kept until it
+    # changes, versus read from every one of them at each dispatch share)
+    _stamps: dict[str, int] = field(default_factory=dict, repr=False)
 
     # -- building -----------------------------------------------------------------------------------
     def add_prompt(self, *, iteration: int, prompt_id: str, num_samples: int) -> list[str]:
@@ -205,15 +213,16 @@ class Ledger:
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
         e.dispatched_at = self.clock()
         self._running.setdefault(agent, {})[sample_id] = e
+        self._stamps[agent] = next(_STAMPS)
 
     def _leaves_dispatched(self, e: Entry) -> None:
         """`e` leaves state DISPATCHED (before its state and agent change): out of its agent's running samples."""
         if e.state is State.DISPATCHED and e.agent is not None:
             mine = self._running.get(e.agent)
-            if mine is not None:
-                mine.pop(e.sample_id, None)
+            if mine is not None and mine.pop(e.sample_id, None) is not None:
+                self._stamps[e.agent] = next(_STAMPS)
                 if not mine:
-                    del self._running[e.agent]
+                    del self._running[e.agent], self._stamps[e.agent]
 
     def dispatched_to(self, sample_id: str, agent: str) -> Entry | None:
         """The sample's entry while it is dispatched to `agent` (what that agent says of it counts), else None."""
@@ -362,6 +371,11 @@ class Ledger:
 
     def inflight(self, agent: str) -> int:
         return len(self._running.get(agent, ()))
+
+    def running_stamp(self, agent: str) -> int:
+        """Changes whenever `agent`'s dispatched samples do (`running`): equal stamps, the same samples in the same
+        order; 0: none."""
+        return self._stamps.get(agent, 0)
 
     def all_running(self) -> Iterator[Entry]:
         """Every dispatched sample not finished, agent by agent."""

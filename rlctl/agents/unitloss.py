@@ -73,6 +73,7 @@ class UnitLoss(Delivery):
         # busy for good, `migration.plan`, which then neither took nor gave work again)
         for per_unit in (self._rates, self._unit_reported_at, self._admit_cap, self.unit_costs, self.withdrawing):
             per_unit.pop(name, None)
+        self._held_tokens_at.pop(name, None)
         for sid in [sid for sid, (unit, _) in self._held.items() if unit == name]:
             del self._held[sid]
 
