@@ -6,7 +6,9 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable
-from pathlib import PurePath
+from pathlib import Path, PurePath
+
+from rlctl.errors import UsageError
 
 
 def did_you_mean(word: str, valid: Iterable[str]) -> str:
@@ -54,3 +56,17 @@ def undecodable_at(raw: bytes, start: int) -> str:
     line = raw.count(b"\n", 0, start) + 1
     column = len(raw[raw.rfind(b"\n", 0, start) + 1 : start].decode("utf-8")) + 1
     return f"byte 0x{raw[start]:02x} at line {line}, column {column}"
+
+
+def home_path(path: str | PurePath, *, named: str) -> Path:
+    """`path` with a leading `~` or `~user` expanded, as the option or field `named` gave it. A home this machine does
+    not know (`~nosuchuser/…`) is refused in one line naming it (exit 2): Path.expanduser raised RuntimeError
+    ('Could not determine home directory'), a traceback."""
+    written = str(path)
+    expanded = os.path.expanduser(written)
+    if written.startswith("~") and expanded == written:
+        raise UsageError(
+            f"{named} {written}: {written.split('/')[0]} is no home directory here (no such user)",
+            hint=f"give {named} as ~/… or in full",
+        )
+    return Path(expanded)

@@ -11,6 +11,7 @@ import typer
 from rlctl.commands import said_if_interrupted
 from rlctl.commands.status import JobArg
 from rlctl.render import OutputFormat, OutputOpt, emit
+from rlctl.textutil import home_path
 
 
 def register(app: typer.Typer) -> None:
@@ -65,7 +66,7 @@ def register(app: typer.Typer) -> None:
 
         with said_if_interrupted(cut_short):
             # `--to=~/x`: a shell leaves a ~ after `=` as it is
-            to = to.expanduser() if to is not None else None
+            to = home_path(to, named="--to") if to is not None else None
             got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to, policy_in=policy.append, named=ref.arg)
         data = {
             "version": got.version,

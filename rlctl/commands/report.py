@@ -11,6 +11,7 @@ import typer
 from rlctl.commands import said_if_interrupted
 from rlctl.commands.status import JobArg
 from rlctl.render import OutputFormat, OutputOpt, emit
+from rlctl.textutil import home_path
 
 
 def _table(paths: dict[str, str]) -> str:
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
             )
         ):
             fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
-            out = out.expanduser() if out is not None else None  # `--out=~/r.png`
+            out = home_path(out, named="--out") if out is not None else None  # `--out=~/r.png`
             # a run that ended without a summary (its controller killed) is said as ended, not `running`
             files = build_report(ref.jobdir.path, out=out, ended=job_end(ref))
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlctl.errors import LaunchError
+from rlctl.textutil import home_path
 
 if TYPE_CHECKING:
     from rlctl.config.inventory import Site
@@ -187,7 +188,7 @@ class LaunchBackend(ABC):
         """The site's work root as configured (a leading `~`: the site user's home), None when the job's files
         there are the operator's job dir itself (this machine's filesystem, no root named)."""
         workdir = site.scheduler.workdir
-        return None if workdir is None else str(Path(workdir).expanduser())
+        return None if workdir is None else str(home_path(workdir, named="workdir"))
 
     @classmethod
     def remote(cls, site: Site) -> bool:

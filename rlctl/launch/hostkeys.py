@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rlctl.errors import LaunchError, UsageError
+from rlctl.textutil import home_path
 
 if TYPE_CHECKING:
     import paramiko
@@ -44,7 +45,7 @@ def mode() -> Literal["strict", "off"]:
 
 def known_hosts_path(known_hosts: str | None) -> Path:
     """The file trusted for a target: its site's known_hosts, else the operator's ~/.ssh/known_hosts."""
-    return Path(known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
+    return home_path(known_hosts or DEFAULT_KNOWN_HOSTS, named="known_hosts")
 
 
 def apply(client: paramiko.SSHClient, *, known_hosts: str | None) -> Path:

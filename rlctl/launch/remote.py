@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
+from rlctl.textutil import home_path
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -119,7 +120,7 @@ def connect(target: SshTarget) -> Connection:
         "auth_timeout": target.connect_timeout_s,
     }
     if target.key_file:
-        kwargs["key_filename"] = str(Path(target.key_file).expanduser())
+        kwargs["key_filename"] = str(home_path(target.key_file, named="key_file"))
     gateway = None
     if target.proxy_jump:
         jump = jump_target(

@@ -34,6 +34,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.backends import kind_of
 from rlctl.launch.remote import SshTarget, sh_path
 from rlctl.launch.sshrunner import SshRunner
+from rlctl.textutil import home_path
 
 COMMAND_TIMEOUT_S = 60.0
 # hashing files on a remote host: one command per batch of about HASH_BATCH_BYTES, each with a deadline that
@@ -198,7 +199,7 @@ class LocalFiles(HostFiles):
     def make_dirs(self, paths: list[str]) -> list[str]:
         out = []
         for p in paths:
-            path = Path(p).expanduser()
+            path = home_path(p, named="directory")
             try:
                 path.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as e:
@@ -261,7 +262,7 @@ class LocalFiles(HostFiles):
             raise LaunchError(f"cannot copy {path} to {local}: {e}") from e
 
     def list_files(self, root: str) -> list[str]:
-        base = Path(root).expanduser()
+        base = home_path(root, named="directory")
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
 
     def read_text(self, path: str) -> str | None:

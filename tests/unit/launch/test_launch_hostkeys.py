@@ -163,3 +163,10 @@ def test_the_cli_flag_is_the_explicit_opt_out(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(hostkeys.ENV, "strict")  # monkeypatch restores the environment after the test
     assert run_cli("--insecure-host-keys", "version").exit_code == 0
     assert hostkeys.mode() == "off"
+
+
+def test_a_known_hosts_file_under_a_home_that_is_not_there_is_refused_naming_the_field() -> None:
+    # an inventory's `known_hosts: ~nosuchuser/kh` ended in a RuntimeError traceback, exit 1 (Path.expanduser's
+    # 'Could not determine home directory'), versus one line naming the field
+    with pytest.raises(UsageError, match=r"^known_hosts ~rlctl-no-such-user/kh: ~rlctl-no-such-user is no home"):
+        hostkeys.known_hosts_path("~rlctl-no-such-user/kh")

@@ -336,3 +336,22 @@ def test_a_rendered_key_file_is_the_only_identity_offered_so_an_agents_keys_do_n
     own = [f"{home}/.ssh/{name}" for name in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk")]
     assert ("identitiesonly", "yes") in inner
     assert [v for k, v in inner if k == "identityfile"] == [str(key), *own], inner
+
+
+def test_a_key_file_under_a_home_that_is_not_there_is_refused_naming_the_field() -> None:
+    # an inventory's `key_file: ~nosuchuser/id_rl` ended in a RuntimeError traceback, exit 1 (Path.expanduser's
+    # 'Could not determine home directory'), versus one line naming the field
+    from rlctl.errors import UsageError
+    from rlctl.launch.remote import SshTarget, connect
+
+    with pytest.raises(UsageError, match=r"^key_file ~rlctl-no-such-user/id_rl: ~rlctl-no-such-user is no home"):
+        connect(SshTarget("h20-02", user="rl", key_file="~rlctl-no-such-user/id_rl"))
+
+
+def test_a_local_directory_under_a_home_that_is_not_there_is_refused() -> None:
+    from rlctl.errors import UsageError
+    from rlctl.launch.sitefs import LocalFiles
+
+    with pytest.raises(UsageError, match=r"^directory ~rlctl-no-such-user/w: ~rlctl-no-such-user is no home"):
+        LocalFiles().make_dirs(["~rlctl-no-such-user/w"])
+    assert LocalFiles().list_files("/nonexistent-rlctl-dir") == []

@@ -132,6 +132,19 @@ def test_pull_to_a_home_relative_directory_goes_there(tmp_path: Path, monkeypatc
     assert same(TinyGPT.from_pretrained(tmp_path / "home" / "models" / "v2"), models[2])
 
 
+def test_pull_to_a_home_that_is_not_there_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--to '~nosuchuser/v2'` ended in a RuntimeError traceback, exit 1 (Path.expanduser's 'Could not determine home
+    # directory'), versus one line naming the option, exit 2
+    jd, _ = job_dir(tmp_path)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "rlctl-home"))
+    r = run_cli("pull", str(jd.path), "--to", "~rlctl-no-such-user/v2")
+    assert r.exit_code == 2, r.stderr
+    assert "--to ~rlctl-no-such-user/v2: ~rlctl-no-such-user is no home directory here" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_a_ctrl_c_as_the_pull_fetches_the_tracker_files_says_the_policy_is_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,6 +74,15 @@ def test_report_out_home_relative_goes_there(tmp_path: Path, home: Path, monkeyp
     assert (tmp_path / "user" / "r.png").exists() and not (tmp_path / "~").exists()
 
 
+def test_report_out_under_a_home_that_is_not_there_is_refused(tmp_path: Path, home: Path) -> None:
+    # `--out '~nosuchuser/r.png'` ended in a RuntimeError traceback, exit 1 (Path.expanduser's 'Could not determine
+    # home directory'), versus one line naming the option
+    d = make_job_dir(tmp_path)
+    r = CliRunner().invoke(app(), ["report", str(d), "--out", "~rlctl-no-such-user/r.png"])
+    assert isinstance(r.exception, UsageError), r.exception
+    assert str(r.exception).startswith("--out ~rlctl-no-such-user/r.png: ~rlctl-no-such-user is no home directory")
+
+
 def test_report_of_a_launch_stopped_before_it_wrote_job_json_says_so_and_how_to_launch_it_anew(
     tmp_path: Path, home: Path
 ) -> None:
