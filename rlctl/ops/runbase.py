@@ -168,7 +168,16 @@ class RunBase:
         if summary.get("state") != f"failed: {SIGTERM_FAILURE}":
             return
         summary["state"] = "stopped"
-        update_summary(self.jobdir, self.run_id, {"state": "stopped"})
+        self._update_summary({"state": "stopped"})
+
+    def _update_summary(self, changes: dict[str, Any]) -> None:
+        """`update_summary` of this run, as a stop records what it can: a summary.json that does not read, its run's
+        end not in the events (LaunchError), is said in one line and left as it is, versus the stop cut short there
+        (no agents' exits, no `agents_stopped` event, the index row not `stopped`)."""
+        try:
+            update_summary(self.jobdir, self.run_id, changes)
+        except LaunchError as e:
+            log.warning("%s: %s not written into it", e, ", ".join(changes))
 
     def _own_exits(self) -> dict[str, int]:
         """The exit codes of the agents this launcher started as its own processes (a local site's): only their
@@ -187,7 +196,7 @@ class RunBase:
         ended without a summary)."""
         if not exits:
             return
-        update_summary(self.jobdir, self.run_id, {"agent_exits": exits})
+        self._update_summary({"agent_exits": exits})
         if self.db is not None:
             self.db.update(self.id, info={"agent_exits": exits})
 
@@ -211,7 +220,11 @@ class RunBase:
             except LaunchError as e:  # the job's record stays on the controller's site
                 problems.append(f"cannot fetch the job's record from site {self.plan['controller_site']}: {e}")
         if ending:  # a controller on another site did not see the event
-            summary = run_summary(self.jobdir, self.run_id)
+            try:
+                summary = run_summary(self.jobdir, self.run_id)
+            except LaunchError as e:  # damaged, its run's end not in the events: the stop goes on without it
+                log.warning("%s: the stop is recorded without it", e)
+                summary = None
             if summary is not None:
                 self._stopped_by_term(summary)
         self._record_exits(exits)

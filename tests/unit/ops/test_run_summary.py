@@ -226,6 +226,55 @@ def test_the_agents_of_a_local_job_its_launcher_stopped_show_the_exits_it_saw(
     ]
 
 
+def test_a_stop_with_a_damaged_summary_and_no_end_in_the_events_still_records_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """summary.json damaged (cut short) and events.jsonl without its run's job_end: the stop's read of it raised
+    LaunchError after the agents were stopped, so the launcher's exits, the `agents_stopped` event and the index's
+    `stopped` row were never written. The stop says the summary in one line and records the rest."""
+    import sys
+    import time
+
+    from rlctl.launch.backends import record_agent, write_sites
+    from rlctl.launch.base import AgentSpec
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    local = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
+    )
+    write_sites(jd.path, {"train": local})
+    db = JobDB()
+    run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=db)
+    run._register("launching")
+    backend = run.backends.for_site("train")
+    run.controller = backend.start(
+        AgentSpec("controller", 0, "train", [sys.executable, "-c", "import time; time.sleep(60)"])
+    )
+    ended = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "raise SystemExit(3)"]))
+    for h in (run.controller, ended):
+        record_agent(jd.path, h)
+        run.handles.append(h)
+    damaged = '{"state": "failed: controller got SIGTERM", "iterations": 4, "bubble": {"trai'
+    jd.summary_json.write_text(damaged)
+    deadline = time.monotonic() + 30
+    while backend.poll(ended) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        with caplog.at_level("WARNING"):
+            run.stop(grace_s=5)
+        row = db.get("job")
+    finally:
+        db.close()
+    assert row.state == "stopped" and row.info["agent_exits"] == {"controller-0": -15, "trainer-0": 3}
+    assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
+        {"controller-0": -15, "trainer-0": 3}
+    ]
+    assert jd.summary_json.read_text() == damaged  # left as it is: nothing read of it to write back
+    assert any("not valid JSON" in m for m in caplog.messages), caplog.messages
+
+
 def _controller_gone_trainer_left(tmp_path: Path, trainer: str) -> tuple[JobDir, JobRun, Any, Any]:
     """A run on a local site whose controller has exited and whose trainer runs `trainer` (Python source), both
     recorded: the job dir, the run, the site's backend and the trainer's handle."""
