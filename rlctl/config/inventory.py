@@ -27,7 +27,6 @@ import hostlist
 from pydantic import (
     AfterValidator,
     Field,
-    PositiveFloat,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -333,6 +332,10 @@ MAX_GPU_NVLINK_GB_PER_S = 100_000.0
 MIN_GPU_TFLOPS = 0.001
 MIN_GPU_HBM_TB_PER_S = 0.001
 MIN_GPU_NVLINK_GB_PER_S = 0.001
+# a GPU-hour's price past any, in any currency (an H100 hour: a few dollars, some thousand yen): 1e308 made a plan's
+# cost totals inf
+MAX_GPU_COST_PER_HOUR = 1_000_000.0
+GpuCost = Annotated[float, Field(gt=0, le=MAX_GPU_COST_PER_HOUR, description=f"at most {MAX_GPU_COST_PER_HOUR:g}")]
 
 
 class CustomGpu(Strict):
@@ -378,7 +381,7 @@ class CustomGpu(Strict):
             description=f"at least {MIN_GPU_NVLINK_GB_PER_S:g}, at most {MAX_GPU_NVLINK_GB_PER_S:g}",
         ),
     ] = 64.0
-    cost_per_hour: PositiveFloat = 1.0
+    cost_per_hour: GpuCost = 1.0
 
 
 MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)
@@ -489,7 +492,7 @@ class Site(Strict):
         "(SLURM chooses among them; `check --reach` compares them with sinfo's)",
     )
     network: Network = Network(bandwidth_gbps=10.0)
-    cost_per_gpu_hour: PositiveFloat | None = None
+    cost_per_gpu_hour: GpuCost | None = None
     python: str | None = Field(
         None,
         min_length=1,

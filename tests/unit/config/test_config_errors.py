@@ -1120,6 +1120,31 @@ def test_a_custom_gpu_figure_past_any_gpu_is_one_line(
     assert res.stderr.startswith(said) and res.stderr.count("\n") == 1, res.stderr
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "field"),
+    [
+        (
+            "gpu: H20",
+            "gpu_spec: {name: X1, bf16_tflops: 100, hbm_gb: 80, hbm_tb_per_s: 2, cost_per_hour: 1e308}",
+            "gpu_spec.cost_per_hour",
+        ),
+        ("gpu: H20", "gpu: H20\n    cost_per_gpu_hour: 1e308", "cost_per_gpu_hour"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "plan"])
+def test_a_gpu_hours_price_past_any_is_one_line(
+    before: str, after: str, field: str, command: str, tmp_path: Path
+) -> None:
+    """A GPU-hour's price had no bound: 1e308 overflowed to inf in the plan's cost totals."""
+    (tmp_path / "inv.yaml").write_text(site_with(before, after))
+    (tmp_path / "job.yaml").write_text(JOB)
+    inv, job = str(tmp_path / "inv.yaml"), str(tmp_path / "job.yaml")
+    res = run_cli(command, job)
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    said = f"rlctl: error: {inv}: sites.h20.{field}: Input should be less than or equal to 1000000 (got "
+    assert res.stderr.startswith(said) and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_a_week_is_the_longest_wait_and_is_accepted() -> None:
     assert MAX_WAIT_S == 7 * 24 * 3600
     transport = Transport(timeout_s=MAX_WAIT_S, unreachable_timeout_s=MAX_WAIT_S)
