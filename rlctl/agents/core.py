@@ -306,7 +306,9 @@ class ControllerCore(Migrating):
         of `ledger` is queued again (`Ledger.from_json`), to be generated on the checkpoint's weights."""
         assert not self.started and self.created == 0, "restore before the first agent joins"
         ledger.forget_rounds(self.cfg.iterations)  # (the job's count lowered since: rounds past it are not generated)
-        queued = {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}
+        # in the ledger's order, versus a set's: the groups re-queued and dispatched after a resume came in an order
+        # PYTHONHASHSEED chose (two resumes of one checkpoint dispatched differently)
+        queued = dict.fromkeys(e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED)
         # the rounds whose groups are generated again: a group keeps the round it was created in (a checkpoint from
         # before rounds were kept: within η of the buffer it had)
         rounds: set[int] = set()
@@ -335,7 +337,7 @@ class ControllerCore(Migrating):
             if self._refill is not None:  # and those drawn in place of dropped groups
                 drawn += [self._refill(r, j) for j in range(ledger.refills.get(r, 0))]
             self._register([spec for spec in drawn if spec.prompt_id in queued])
-        if missing := sorted(queued - self.prompts.keys()):
+        if missing := sorted(queued.keys() - self.prompts.keys()):
             # (else the first dispatch of one failed the run mid-way: `controller error: KeyError: 'p8'`)
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise RlctlError(

@@ -95,3 +95,15 @@ def test_a_checkpoint_keeps_dropped_groups_dropped_and_the_groups_drawn_in_their
     assert _started(again) == ["p1-1/0", "p1-1/1", "q1-0/0", "q1-0/1"]  # a unit at v0 serves round 1 alone
     assert _sent(_group(again, "p1-1", (0.5, 0.5), version=0)) == ["q1-1/0", "q1-1/1"]
     assert again.ledger.refills == {1: 2} and again.ledger.counts().dropped == 2
+
+
+def test_a_resume_takes_the_groups_it_moves_to_its_first_buffer_in_the_ledgers_order() -> None:
+    """Resumed at v1 with round 0's 24 groups not trained: they occupy buffer 1 in the order the ledger holds them,
+    versus the order a set of their ids came in (PYTHONHASHSEED's: two resumes of one checkpoint dispatched
+    differently)."""
+    core = _core(refills=0, prompts=24, iterations=3, mode="async", eta=1)
+    _started(core)
+    again = _core(refills=0, prompts=24, iterations=3, mode="async", eta=1)
+    again.restore(version=1, ledger=Ledger.from_json(core.ledger.to_json()))
+    moved = [e.prompt_id for e in again.ledger.by_iteration[1] if e.prompt_id.startswith("p0-")]
+    assert list(dict.fromkeys(moved)) == [f"p0-{j}" for j in range(24)]
