@@ -31,6 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticKnownError
 
 from rlctl.config.base import (
     MAX_THREADS,
@@ -140,6 +141,30 @@ KeyPath = Annotated[str | None, AfterValidator(_this_machine_path), AfterValidat
 RECORDED = {"recorded": True}  # the validation context of a job's own record (its sites.json, its job.json)
 
 
+def _recorded(info: ValidationInfo) -> bool:
+    return bool((info.context or {}).get("recorded"))
+
+
+def _bounded(*, ge: float | None = None, le: float | None = None, lt: int | None = None) -> AfterValidator:
+    """A figure's bound which a new inventory is held to, and a job's record (`RECORDED`) is not: one launched by
+    an rlctl before the bound reads as launched, else `rlctl stop` of the running job, status, pull and a resume all
+    refused the job's own sites.json. Said as pydantic says its own bound (`Input should be less than or equal to
+    …`)."""
+
+    def check(v: float, info: ValidationInfo) -> float:
+        if _recorded(info):
+            return v
+        if ge is not None and not v >= ge:
+            raise PydanticKnownError("greater_than_equal", {"ge": ge})
+        if le is not None and not v <= le:
+            raise PydanticKnownError("less_than_equal", {"le": le})
+        if lt is not None and not v < lt:
+            raise PydanticKnownError("less_than", {"lt": lt})
+        return v
+
+    return AfterValidator(check)
+
+
 def _here_relative(v: str | None, runs: str, info: ValidationInfo, *, named: str = "") -> None:
     """A work root on this machine's filesystem (a local site's; a SLURM site's submitted from here) given as a
     relative path: it was read from the directory rlctl ran in, so a job launched from one directory and resumed
@@ -179,6 +204,8 @@ def _login_name(v: str | None) -> str | None:
     with '-' (no login name does): `launch --dry-run`'s ssh line read `-oProxyCommand=x@h20-01` as an option."""
     if v is not None and (not v or any(c.isspace() for c in v)):
         raise ValueError(f"user {v!r} is empty or has whitespace; give the login name alone, e.g. rl")
+    # refused in a job's record (`RECORDED`) too, unlike the figures' bounds: `rlctl stop`, status and pull run ssh
+    # with the recorded user, where `-oProxyCommand=x` is an option that runs x, not a login name
     if v is not None and v.startswith("-"):
         raise ValueError(f"user {v!r} starts with '-', as no login name does (ssh reads it as an option); e.g. rl")
     return v
@@ -305,7 +332,7 @@ class SshScheduler(_Scheduler):
             why = f"{v!r} is a URI"
         if why is None and at and (not user or any(c.isspace() for c in user)):
             why = f"user {user!r} is empty or has a space"
-        if why is None and user.startswith("-"):
+        if why is None and user.startswith("-"):  # in a job's record too (`_login_name`): stop would run ssh with it
             why = f"user {user!r} starts with '-', as no login name does (ssh reads it as an option)"
         if why is None and host_problem(host) is not None:
             why = f"{host!r} is not a host name or address"
@@ -335,7 +362,11 @@ MIN_GPU_NVLINK_GB_PER_S = 0.001
 # a GPU-hour's price past any, in any currency (an H100 hour: a few dollars, some thousand yen): 1e308 made a plan's
 # cost totals inf
 MAX_GPU_COST_PER_HOUR = 1_000_000.0
-GpuCost = Annotated[float, Field(gt=0, le=MAX_GPU_COST_PER_HOUR, description=f"at most {MAX_GPU_COST_PER_HOUR:g}")]
+GpuCost = Annotated[
+    float,
+    Field(gt=0, description=f"at most {MAX_GPU_COST_PER_HOUR:g}"),
+    _bounded(le=MAX_GPU_COST_PER_HOUR),
+]
 
 
 class CustomGpu(Strict):
@@ -343,9 +374,10 @@ class CustomGpu(Strict):
 
     @field_validator("name")
     @classmethod
-    def _own_name(cls, v: str) -> str:
-        # a line break or a terminal's ESC ("H20\nX", "\x1b[2J" in a quoted YAML string) broke plan's tables
-        if (c := next((c for c in v if not c.isprintable()), None)) is not None:
+    def _own_name(cls, v: str, info: ValidationInfo) -> str:
+        # a line break or a terminal's ESC ("H20\nX", "\x1b[2J" in a quoted YAML string) broke plan's tables; not in
+        # a job's record (`RECORDED`): the name reaches no command line, and the job it names must still stop
+        if not _recorded(info) and (c := next((c for c in v if not c.isprintable()), None)) is not None:
             raise ValueError(
                 f"{v!r} has U+{ord(c):04X} (a line break, tab or other control character): give a name of printable "
                 "characters on one line, e.g. H20-custom"
@@ -356,30 +388,22 @@ class CustomGpu(Strict):
             )
         return v
 
+    # the bounds below hold a new inventory, not a job's record (`_bounded`)
     bf16_tflops: Annotated[
         float,
-        Field(
-            ge=MIN_GPU_TFLOPS,
-            le=MAX_GPU_TFLOPS,
-            description=f"at least {MIN_GPU_TFLOPS:g}, at most {MAX_GPU_TFLOPS:g}",
-        ),
+        Field(gt=0, description=f"at least {MIN_GPU_TFLOPS:g}, at most {MAX_GPU_TFLOPS:g}"),
+        _bounded(ge=MIN_GPU_TFLOPS, le=MAX_GPU_TFLOPS),
     ]
-    hbm_gb: Annotated[float, Field(gt=0, le=MAX_GPU_HBM_GB, description=f"at most {MAX_GPU_HBM_GB:g}")]
+    hbm_gb: Annotated[float, Field(gt=0, description=f"at most {MAX_GPU_HBM_GB:g}"), _bounded(le=MAX_GPU_HBM_GB)]
     hbm_tb_per_s: Annotated[
         float,
-        Field(
-            ge=MIN_GPU_HBM_TB_PER_S,
-            le=MAX_GPU_HBM_TB_PER_S,
-            description=f"at least {MIN_GPU_HBM_TB_PER_S:g}, at most {MAX_GPU_HBM_TB_PER_S:g}",
-        ),
+        Field(gt=0, description=f"at least {MIN_GPU_HBM_TB_PER_S:g}, at most {MAX_GPU_HBM_TB_PER_S:g}"),
+        _bounded(ge=MIN_GPU_HBM_TB_PER_S, le=MAX_GPU_HBM_TB_PER_S),
     ]
     nvlink_gb_per_s: Annotated[
         float,
-        Field(
-            ge=MIN_GPU_NVLINK_GB_PER_S,
-            le=MAX_GPU_NVLINK_GB_PER_S,
-            description=f"at least {MIN_GPU_NVLINK_GB_PER_S:g}, at most {MAX_GPU_NVLINK_GB_PER_S:g}",
-        ),
+        Field(gt=0, description=f"at least {MIN_GPU_NVLINK_GB_PER_S:g}, at most {MAX_GPU_NVLINK_GB_PER_S:g}"),
+        _bounded(ge=MIN_GPU_NVLINK_GB_PER_S, le=MAX_GPU_NVLINK_GB_PER_S),
     ] = 64.0
     cost_per_hour: GpuCost = 1.0
 
@@ -397,12 +421,13 @@ class Node(Strict):
     gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] = Field(
         description=f"GPU slots of each host; at most {MAX_GPUS_PER_NODE}"
     )
-    cpus: Annotated[int, Field(gt=0, le=MAX_CPUS_PER_NODE)] | None = Field(
+    # cpus', memory_gb's and devices' bounds hold a new inventory, not a job's record (`_bounded`)
+    cpus: Annotated[int, Field(gt=0), _bounded(le=MAX_CPUS_PER_NODE)] | None = Field(
         None,
         description="CPU cores per host: divided among its GPU slots (SLURM's --cpus-per-task, agents' threads); at "
         f"most {MAX_CPUS_PER_NODE}",
     )
-    memory_gb: Annotated[float, Field(gt=0, le=MAX_MEMORY_GB_PER_NODE)] | None = Field(
+    memory_gb: Annotated[float, Field(gt=0), _bounded(le=MAX_MEMORY_GB_PER_NODE)] | None = Field(
         None,
         description="host memory per host (GB): divided among its GPU slots (SLURM's --mem-per-cpu: a slot's memory ÷ "
         "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit); refused on an SSH or "
@@ -410,7 +435,7 @@ class Node(Strict):
     )
     # a CUDA device id counts a host's GPUs from 0, so one past MAX_GPUS_PER_NODE (as many as a host's slots may be)
     # names no device: 10**9 went into the agent's CUDA_VISIBLE_DEVICES, and it found no GPU only as it started
-    devices: list[Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]] | None = Field(
+    devices: list[Annotated[int, Field(ge=0), _bounded(lt=MAX_GPUS_PER_NODE)]] | None = Field(
         None,
         description="the CUDA device id behind each of the host's GPU slots (default: slot i is device i); an id "
         "listed more than once is shared by the agents given those slots — rollout units and a trainer rank may "
@@ -459,10 +484,11 @@ MAX_LATENCY_MS = 60_000.0  # a minute: the transport's own timeouts are shorter
 BandwidthGbps = Annotated[
     float,
     Field(
-        ge=MIN_BANDWIDTH_GBPS,
+        gt=0,
         le=MAX_BANDWIDTH_GBPS,
         description=f"Gbit/s, at least {MIN_BANDWIDTH_GBPS:g} (1 Mbit/s), at most {MAX_BANDWIDTH_GBPS:g}",
     ),
+    _bounded(ge=MIN_BANDWIDTH_GBPS),  # a new inventory's, not a job's record's (f21de19 added it; le was there)
 ]
 
 
@@ -533,7 +559,7 @@ class Site(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_gpu_source(self) -> Site:
+    def _one_gpu_source(self, info: ValidationInfo) -> Site:
         if (self.gpu is None) == (self.gpu_spec is None):
             raise ValueError("give exactly one of 'gpu' (catalog name) or 'gpu_spec' (custom specs)")
         if self.setup and self.scheduler.kind == "local":
@@ -541,16 +567,19 @@ class Site(Strict):
         slots = sum(len(n.hosts) * n.gpus for n in self.nodes)
         if slots > MAX_GPUS_PER_SITE:
             raise ValueError(f"nodes: {slots} GPU slots in all (hosts × gpus); at most {MAX_GPUS_PER_SITE} on one site")
-        seen: dict[str, str] = {}  # same_host key → the host as first written
+        # same_host key → the host as first written; in a job's record (`RECORDED`) the host as written, as an rlctl
+        # before 859994e told hosts apart: one launched so stops as launched (each agent where it was started)
+        key = (lambda h: h) if _recorded(info) else same_host
+        seen: dict[str, str] = {}
         for i, n in enumerate(self.nodes):
             for host in n.hosts:
-                first = seen.get(same_host(host))
+                first = seen.get(key(host))
                 if first is not None:  # its slots would be counted, placed and staged twice
                     also = "" if first == host else f" (as {first} too: one host, however it is spelt)"
                     raise ValueError(
                         f"nodes[{i}]: host {host} is listed twice{also}; list each host once, with all its GPUs"
                     )
-                seen[same_host(host)] = host
+                seen[key(host)] = host
         if self.scheduler.kind == "slurm" and any(n.devices is not None for n in self.nodes):
             raise ValueError(
                 "nodes[].devices: SLURM binds each task's GPUs itself (CUDA_VISIBLE_DEVICES); devices maps the "
