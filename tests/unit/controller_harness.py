@@ -7,15 +7,19 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.controller_checkpoints import Checkpoints
 from rlctl.agents.messages import Hello, make
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.transport import Connection, InprocTransport, Message
 
 PEERS = ("trainer-0", "rollout-0", "rollout-1", "client-0")
+RESUME = Checkpoints._resume  # (unpatched)
 
 
 def small_job(name: str, *, iterations: int) -> JobFile:
@@ -90,3 +94,23 @@ class HandledController:
         self.ctl.listener.close()
         # its /metrics server stops within its poll interval (0.5 s): not waited for, one per test
         threading.Thread(target=self.ctl.metrics.close, daemon=True).start()
+
+
+def resumed_measured(jd: JobDir, job: JobFile, *, listen: str, monkeypatch: Any) -> tuple[ControllerAgent, int]:
+    """`job`'s controller resumed from `jd`'s checkpoint (the version in ENV_RESUME), listening at `listen` (closed
+    at once), and the most memory its resume (`Checkpoints._resume`) held at once."""
+    peaks: list[int] = []
+
+    def measured(self: Checkpoints, version: int) -> None:
+        tracemalloc.start()
+        try:
+            RESUME(self, version)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+
+    monkeypatch.setattr(Checkpoints, "_resume", measured)
+    ctl = ControllerAgent(jd, job, InprocTransport(secret=jd.secret()), listen=listen)
+    ctl.listener.close()
+    threading.Thread(target=ctl.metrics.close, daemon=True).start()
+    return ctl, peaks[0]

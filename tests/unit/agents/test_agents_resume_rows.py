@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlctl.agents.controller import ControllerAgent
-from rlctl.agents.controller_checkpoints import Checkpoints
 from rlctl.agents.ledger import Ledger
 from rlctl.agents.rowbook import RowBook, job_start_offset
 from rlctl.checkpoint.controller import save_controller
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
-from rlctl.transport import InprocTransport
-from tests.unit.controller_harness import HandledController, small_job
+from tests.unit.controller_harness import HandledController, resumed_measured, small_job
 
-RESUME = Checkpoints._resume  # (unpatched)
 JOB = small_job("rows", iterations=100_000)
 
 
@@ -45,25 +39,6 @@ def _jobs_with_rows(root: Path, *, iterations: tuple[int, ...]) -> list[JobDir]:
     return jobs
 
 
-def _resumed(jd: JobDir, *, listen: str, monkeypatch: Any) -> tuple[ControllerAgent, int]:
-    """A controller resumed from `jd`'s checkpoint, and the most memory its resume held at once."""
-    peaks: list[int] = []
-
-    def measured(self: Checkpoints, version: int) -> None:
-        tracemalloc.start()
-        try:
-            RESUME(self, version)
-            peaks.append(tracemalloc.get_traced_memory()[1])
-        finally:
-            tracemalloc.stop()
-
-    monkeypatch.setattr(Checkpoints, "_resume", measured)
-    ctl = ControllerAgent(jd, JOB, InprocTransport(secret=jd.secret()), listen=listen)
-    ctl.listener.close()
-    threading.Thread(target=ctl.metrics.close, daemon=True).start()
-    return ctl, peaks[0]
-
-
 def _state(book: RowBook) -> tuple[Any, ...]:
     return (book.kept, book.count, book.reward_curve, book.sums, book.counts, book.staleness, list(book.tail),
             list(book.pace), book.rate("period_s"), book.mean("delta_s"))  # fmt: skip
@@ -79,9 +54,9 @@ def test_a_resume_counts_the_metrics_rows_as_it_reads_them_and_keeps_the_same_to
     small, large = _jobs_with_rows(tmp_path, iterations=(200, 20_000))
     before = {jd: jd.read_lines(jd.metrics)[:-5] for jd in (small, large)}
     monkeypatch.setenv(ENV_RESUME, "200")
-    small_ctl, small_peak = _resumed(small, listen="inproc://rows-small", monkeypatch=monkeypatch)
+    small_ctl, small_peak = resumed_measured(small, JOB, listen="inproc://rows-small", monkeypatch=monkeypatch)
     monkeypatch.setenv(ENV_RESUME, "20000")
-    large_ctl, large_peak = _resumed(large, listen="inproc://rows-large", monkeypatch=monkeypatch)
+    large_ctl, large_peak = resumed_measured(large, JOB, listen="inproc://rows-large", monkeypatch=monkeypatch)
     for jd, ctl in ((small, small_ctl), (large, large_ctl)):
         rows = before[jd]
         assert _state(ctl.rows) == _state(RowBook(rows, kept=len(rows)))

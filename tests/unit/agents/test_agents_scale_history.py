@@ -6,22 +6,17 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import threading
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.controller import ControllerAgent
-from rlctl.agents.controller_checkpoints import Checkpoints
 from rlctl.agents.ledger import Ledger
 from rlctl.agents.scalelog import SCALE_EVENTS_KEPT, ScaleLog
 from rlctl.checkpoint.controller import save_controller
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir, abandoned, resume_points
-from rlctl.transport import InprocTransport
-from tests.unit.controller_harness import HandledController, small_job
+from tests.unit.controller_harness import HandledController, resumed_measured, small_job
 
-RESUME = Checkpoints._resume  # (unpatched)
+JOB = small_job("history", iterations=12)
 SCALE = {"site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
 
 
@@ -29,7 +24,7 @@ def _jobs_with_history(root: Path, *, scales: tuple[int, ...]) -> list[JobDir]:
     """Jobs (one a count of `scales`) whose events.jsonl holds that many scale events (out, in, …) at iterations
     0 … 9, then a resume from v4 (those at 4 and past it before that resume were abandoned), then as many again;
     their controller's checkpoint is v6."""
-    h = HandledController(root / "made", small_job("history", iterations=12), listen="inproc://history-made")
+    h = HandledController(root / "made", JOB, listen="inproc://history-made")
     h.close()
     state = {"iteration": 6, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
     save_controller(h.jd, 6, state=state, ledger=Ledger(), trainer_digest="d" * 64)
@@ -53,21 +48,8 @@ def _jobs_with_history(root: Path, *, scales: tuple[int, ...]) -> list[JobDir]:
 
 def _resumed(jd: JobDir, *, listen: str, monkeypatch: Any) -> tuple[ScaleLog, int]:
     """The scale log of a controller resumed from v6 in `jd`, and the most memory its resume held at once."""
-    peaks: list[int] = []
-
-    def measured(self: Checkpoints, version: int) -> None:
-        tracemalloc.start()
-        try:
-            RESUME(self, version)
-            peaks.append(tracemalloc.get_traced_memory()[1])
-        finally:
-            tracemalloc.stop()
-
-    monkeypatch.setattr(Checkpoints, "_resume", measured)
-    ctl = ControllerAgent(jd, small_job("history", iterations=12), InprocTransport(secret=jd.secret()), listen=listen)
-    ctl.listener.close()
-    threading.Thread(target=ctl.metrics.close, daemon=True).start()
-    return ctl.scaler.scale_log, peaks[0]
+    ctl, peak = resumed_measured(jd, JOB, listen=listen, monkeypatch=monkeypatch)
+    return ctl.scaler.scale_log, peak
 
 
 def _as_before(jd: JobDir, version: int) -> ScaleLog:
