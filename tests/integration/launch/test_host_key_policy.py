@@ -15,25 +15,9 @@ from rlctl.launch import hostkeys
 from rlctl.launch.reach import probe_site
 from rlctl.launch.sitefs import ssh_target
 from rlctl.launch.sshrunner import SshRunner
+from tests.integration.sshsite import ssh_site
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def site(services: dict[str, str], known_hosts: Path) -> Site:
-    return Site.model_validate(
-        {
-            "datacenter": "b",
-            "gpu": "CPU",
-            "nodes": [{"host": services["RLCTL_TEST_SSH_HOST"], "gpus": 1}],
-            "scheduler": {
-                "kind": "ssh",
-                "user": "root",
-                "port": int(services["RLCTL_TEST_SSH_PORT"]),
-                "key_file": services["RLCTL_TEST_SSH_KEY"],
-                "known_hosts": str(known_hosts),
-            },
-        }
-    )
 
 
 @pytest.fixture
@@ -57,7 +41,7 @@ def run_true(s: Site) -> None:
 
 
 def test_reach_and_backend_accept_the_sites_known_hosts(services: dict[str, str], files: dict[str, Path]) -> None:
-    s = site(services, files["real"])
+    s = ssh_site(services, known_hosts=files["real"])
     res = probe_site("b", s, timeout_s=10)
     assert res.ok, res.detail
     run_true(s)
@@ -67,7 +51,7 @@ def test_reach_and_backend_accept_the_sites_known_hosts(services: dict[str, str]
 def test_reach_and_backend_refuse_the_same_keys(
     services: dict[str, str], files: dict[str, Path], file: str, why: str
 ) -> None:
-    s = site(services, files[file])
+    s = ssh_site(services, known_hosts=files[file])
     res = probe_site("b", s, timeout_s=10)
     assert not res.ok and why in res.detail, res.detail  # `check --reach` no longer accepts what launch refuses
     with pytest.raises(LaunchError, match=why):
@@ -79,6 +63,6 @@ def test_the_explicit_opt_out_accepts_any_key(
 ) -> None:
     monkeypatch.setenv(hostkeys.ENV, "off")
     for file in ("empty", "wrong"):
-        s = site(services, files[file])
+        s = ssh_site(services, known_hosts=files[file])
         assert probe_site("b", s, timeout_s=10).ok
         run_true(s)

@@ -11,29 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.config.inventory import Site
 from rlctl.errors import CommandTimeout
 from rlctl.launch.sitefs import ssh_target
 from rlctl.launch.sshrunner import SshRunner
+from tests.integration.sshsite import ssh_site
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def ssh_site(services: dict[str, str]) -> Site:
-    return Site.model_validate(
-        {
-            "datacenter": "b",
-            "gpu": "CPU",
-            "nodes": [{"host": services["RLCTL_TEST_SSH_HOST"], "gpus": 1}],
-            "scheduler": {
-                "kind": "ssh",
-                "user": "root",
-                "port": int(services["RLCTL_TEST_SSH_PORT"]),
-                "key_file": services["RLCTL_TEST_SSH_KEY"],
-                "known_hosts": services["RLCTL_TEST_SSH_KNOWN_HOSTS"],
-            },
-        }
-    )
 
 
 def marker_pids(marker: str) -> list[int]:

@@ -10,31 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.config.inventory import Site
 from rlctl.launch import stage
 from rlctl.launch.sitefs import file_state, ssh_target
 from rlctl.launch.sshrunner import PART_SUFFIX, SshRunner
+from tests.integration.sshsite import ssh_site
 
 pytestmark = pytest.mark.integration
 MODEL_BYTES = 3 << 20
-
-
-def ssh_site(services: dict[str, str], workdir: Path) -> Site:
-    return Site.model_validate(
-        {
-            "datacenter": "b",
-            "gpu": "CPU",
-            "nodes": [{"host": services["RLCTL_TEST_SSH_HOST"], "gpus": 2}],
-            "scheduler": {
-                "kind": "ssh",
-                "user": "root",
-                "port": int(services["RLCTL_TEST_SSH_PORT"]),
-                "key_file": services["RLCTL_TEST_SSH_KEY"],
-                "known_hosts": services["RLCTL_TEST_SSH_KNOWN_HOSTS"],
-                "workdir": str(workdir),
-            },
-        }
-    )
 
 
 def job_dir(tmp_path: Path) -> Path:
@@ -54,7 +36,7 @@ def model_dir(src: Path, workdir: Path) -> Path:
 @pytest.mark.timeout(120)
 def test_a_copy_cut_short_goes_on_from_its_bytes(services: dict[str, str], tmp_path: Path) -> None:
     src = job_dir(tmp_path)
-    site = ssh_site(services, tmp_path / "remote")
+    site = ssh_site(services, gpus=2, workdir=tmp_path / "remote")
     weights = src / "model" / "init" / "model.safetensors"
     cache = model_dir(src, tmp_path / "remote")
     cache.mkdir(parents=True)
@@ -76,7 +58,7 @@ def test_a_resumed_copy_of_other_bytes_is_copied_again_and_the_model_is_shared(
 ) -> None:
     src = job_dir(tmp_path)
     workdir = tmp_path / "remote"
-    site = ssh_site(services, workdir)
+    site = ssh_site(services, gpus=2, workdir=workdir)
     cache = model_dir(src, workdir)
     cache.mkdir(parents=True)
     (cache / ("model.safetensors" + PART_SUFFIX)).write_bytes(b"\0" * (1 << 20))  # an earlier copy of other bytes
