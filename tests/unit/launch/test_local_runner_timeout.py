@@ -5,29 +5,20 @@ from __future__ import annotations
 import math
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from rlctl.errors import CommandTimeout
 from rlctl.launch import localrunner
 from rlctl.launch.localrunner import LocalRunner
-
-
-def _alive(pid: int) -> bool:
-    """`pid` runs (a zombie no reaper has collected yet is not running)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+from tests.unit.running import running
 
 
 def _gone(pids: list[int]) -> bool:
     deadline = time.monotonic() + 5.0  # a killed process leaves /proc once its reaper runs: not at once
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+    return not any(running(p) for p in pids)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +35,7 @@ def test_a_timeout_ends_what_the_command_started(command: str, monkeypatch: pyte
         LocalRunner(setup=["true"]).run(command, timeout_s=1.0)
     pids = [int(p) for p in got.value.stdout.split()]  # what it printed before its deadline is kept
     assert pids
-    survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
+    survivors = [p for p in pids if running(p)] if not _gone(pids) else []
     for p in survivors:  # (the old code's survivors, not left running past the test)
         os.kill(p, 9)
     assert survivors == []
@@ -83,7 +74,7 @@ def test_a_timeout_ends_what_left_the_group_holding_the_output(command: str, mon
         LocalRunner().run(command, timeout_s=1.0)
     pids = [int(p) for p in got.value.stdout.split()]
     assert pids
-    survivors = [p for p in pids if _alive(p)] if not _gone(pids) else []
+    survivors = [p for p in pids if running(p)] if not _gone(pids) else []
     for p in survivors:  # (the old code's survivors, not left running past the test)
         os.kill(p, 9)
     assert survivors == []
@@ -95,6 +86,6 @@ def test_a_timeout_leaves_what_was_started_detached_running() -> None:
         LocalRunner().run("setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!; sleep 60", timeout_s=1.0)
     (pid,) = [int(p) for p in got.value.stdout.split()]
     try:
-        assert _alive(pid)
+        assert running(pid)
     finally:
         os.kill(pid, 9)

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from rlctl.launch import remote, sshrunner
 from rlctl.launch.remote import SshTarget
 from rlctl.launch.sshrunner import SshRunner
+from tests.unit.running import running
 
 
 class _Said:
@@ -45,15 +45,6 @@ def _line(command: str, *, timeout_s: float | None, setup: list[str] | None = No
     return line
 
 
-def _alive(pid: int) -> bool:
-    """`pid` runs (a zombie no reaper has collected yet is not running)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
 @pytest.mark.parametrize(
     "command",
     [
@@ -78,9 +69,9 @@ def test_a_timed_out_ssh_command_ends_on_the_host_too(command: str, monkeypatch:
     host.stdout.close()  # our deadline: the channel closed, the command not signalled (sshd, no pty)
     host.stderr.close()  # (both streams: a waiter that says "Terminated" on a closed stderr died of SIGPIPE)
     deadline = time.monotonic() + 8.0  # its own deadline (1 s), then the grace (1 s) before SIGKILL
-    while _alive(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    survived = _alive(pid)
+    survived = running(pid)
     if survived:  # (the old code's survivor, not left running past the test)
         os.kill(pid, 9)
     host.wait(10)
