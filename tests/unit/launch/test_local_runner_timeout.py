@@ -21,6 +21,19 @@ def _gone(pids: list[int]) -> bool:
     return not any(running(p) for p in pids)
 
 
+def _left_running(runner: LocalRunner, command: str) -> list[int]:
+    """The pids `command` printed before `runner` timed it out (1 s) that still run 5 s past that; killed, so that
+    none is left running past the test."""
+    with pytest.raises(CommandTimeout) as got:
+        runner.run(command, timeout_s=1.0)
+    pids = [int(p) for p in got.value.stdout.split()]  # what it printed before its deadline is kept
+    assert pids
+    survivors = [p for p in pids if running(p)] if not _gone(pids) else []
+    for p in survivors:
+        os.kill(p, 9)
+    return survivors
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -31,14 +44,7 @@ def _gone(pids: list[int]) -> bool:
 )
 def test_a_timeout_ends_what_the_command_started(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(localrunner, "END_GRACE_S", 0.3, raising=False)  # (raising: the old code had none)
-    with pytest.raises(CommandTimeout) as got:
-        LocalRunner(setup=["true"]).run(command, timeout_s=1.0)
-    pids = [int(p) for p in got.value.stdout.split()]  # what it printed before its deadline is kept
-    assert pids
-    survivors = [p for p in pids if running(p)] if not _gone(pids) else []
-    for p in survivors:  # (the old code's survivors, not left running past the test)
-        os.kill(p, 9)
-    assert survivors == []
+    assert _left_running(LocalRunner(setup=["true"]), command) == []
 
 
 def test_a_timeout_keeps_the_partial_output_of_both_streams() -> None:
@@ -70,14 +76,7 @@ def test_a_deadline_that_is_no_number_of_seconds_is_refused(timeout_s: float) ->
 )
 def test_a_timeout_ends_what_left_the_group_holding_the_output(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(localrunner, "END_GRACE_S", 0.3)
-    with pytest.raises(CommandTimeout) as got:
-        LocalRunner().run(command, timeout_s=1.0)
-    pids = [int(p) for p in got.value.stdout.split()]
-    assert pids
-    survivors = [p for p in pids if running(p)] if not _gone(pids) else []
-    for p in survivors:  # (the old code's survivors, not left running past the test)
-        os.kill(p, 9)
-    assert survivors == []
+    assert _left_running(LocalRunner(), command) == []
 
 
 def test_a_timeout_leaves_what_was_started_detached_running() -> None:
