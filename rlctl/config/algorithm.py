@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, ValidationInfo, field_validator, model_validator
 
-from rlctl.config.base import Strict, register_tags
+from rlctl.config.base import Strict, is_recorded, register_tags
 
 TIS_CAP = 2.0  # truncated importance sampling's default cap on π_prox / μ
 
@@ -35,7 +35,7 @@ class OffPolicyCorrection(Strict):
         """A job's record (`RECORDED`) of `decoupled` with `is_cap` ≤ 1, which only an rlctl before 8d7ca57 launched,
         reads as `tis` at that cap: what that rlctl computed (it truncated the weight at the cap), versus the
         decoupled cap's leaving out of every token π_prox favours, which a resume would have trained on."""
-        if (info.context or {}).get("recorded") and isinstance(data, dict) and data.get("off_policy") == "decoupled":
+        if is_recorded(info) and isinstance(data, dict) and data.get("off_policy") == "decoupled":
             cap = data.get("is_cap")
             if isinstance(cap, int | float) and not isinstance(cap, bool) and cap <= 1:
                 return {**data, "off_policy": "tis"}
@@ -95,7 +95,7 @@ class PolicyUpdate(OffPolicyCorrection):
         # at 1 − clip_eps ≤ 0 the lower clip never binds (a ratio is > 0): a token with a negative advantage is
         # pushed down without bound; the upper clip may be wider (clip_eps_high, DAPO's clip-higher). Not in a job's
         # record (`RECORDED`): one an older rlctl launched so reads as launched (status, pull, launch --resume)
-        if v >= 1 and not (info.context or {}).get("recorded"):
+        if v >= 1 and not is_recorded(info):
             raise ValueError(
                 f"{v:g}: the ratio's lower clip 1 − clip_eps would be {1 - v:g}, which no ratio falls below: valid "
                 "0 < clip_eps < 1 (a wider upper clip is clip_eps_high)"

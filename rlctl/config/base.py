@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from rlctl.errors import ConfigError
@@ -177,6 +177,12 @@ def huge_int(value: Any) -> tuple[tuple[int | str, ...], str] | None:
         if (found := huge_int(v)) is not None:
             return (key, *found[0]), found[1]
     return None
+
+
+def is_recorded(info: ValidationInfo) -> bool:
+    """Whether the model is read from a job's own record (its sites.json, its job.json: `inventory.RECORDED`'s
+    context), which reads back as launched past checks added since."""
+    return bool((info.context or {}).get("recorded"))
 
 
 class Strict(BaseModel):

@@ -39,6 +39,7 @@ from rlctl.config.base import (
     ListenHost,
     Strict,
     check_header,
+    is_recorded,
     read_yaml,
     register_tags,
     validate,
@@ -141,10 +142,6 @@ KeyPath = Annotated[str | None, AfterValidator(_this_machine_path), AfterValidat
 RECORDED = {"recorded": True}  # the validation context of a job's own record (its sites.json, its job.json)
 
 
-def _recorded(info: ValidationInfo) -> bool:
-    return bool((info.context or {}).get("recorded"))
-
-
 def _bounded(*, ge: float | None = None, le: float | None = None, lt: int | None = None) -> AfterValidator:
     """A figure's bound which a new inventory is held to, and a job's record (`RECORDED`) is not: one launched by
     an rlctl before the bound reads as launched, else `rlctl stop` of the running job, status, pull and a resume all
@@ -152,7 +149,7 @@ def _bounded(*, ge: float | None = None, le: float | None = None, lt: int | None
     …`)."""
 
     def check(v: float, info: ValidationInfo) -> float:
-        if _recorded(info):
+        if is_recorded(info):
             return v
         if ge is not None and not v >= ge:
             raise PydanticKnownError("greater_than_equal", {"ge": ge})
@@ -170,7 +167,7 @@ def _here_relative(v: str | None, runs: str, info: ValidationInfo, *, named: str
     relative path: it was read from the directory rlctl ran in, so a job launched from one directory and resumed
     or stopped from another looked for its files elsewhere. Not in a job's record (`RECORDED`): one launched by an
     rlctl that took it reads as launched, else no command could stop it."""
-    if v is not None and not v.startswith(("/", "~")) and not (info.context or {}).get("recorded"):
+    if v is not None and not v.startswith(("/", "~")) and not is_recorded(info):
         raise ValueError(
             f"{named}{v!r}: give an absolute path or one under ~ ({runs}, and a relative path was read from the "
             "directory rlctl runs in)"
@@ -266,7 +263,7 @@ class SlurmScheduler(_Scheduler):
         """SLURM_CONF reaches the client tools as written (this process's environment, or a quoted `export` on the
         submit host): a leading `~` is no home there, and sbatch, squeue, sinfo all failed on a file that is there;
         `''` was no SLURM_CONF at all, the cluster's default silently. Not in a job's record (`RECORDED`)."""
-        if v is None or (info.context or {}).get("recorded"):
+        if v is None or is_recorded(info):
             return v
         if not v:
             raise ValueError("empty; give the slurm.conf's path, or leave slurm_conf out (the cluster's default)")
@@ -295,7 +292,7 @@ class SlurmScheduler(_Scheduler):
         if self.submit_host is None:
             _here_relative(self.workdir, "sbatch runs here", info, named="workdir ")  # a model's check: name the field
             conf = self.slurm_conf
-            if conf is not None and not conf.startswith("/") and not (info.context or {}).get("recorded"):
+            if conf is not None and not conf.startswith("/") and not is_recorded(info):
                 raise ValueError(
                     f"slurm_conf {conf!r}: give an absolute path (sbatch runs here, and a relative path was read from "
                     "the directory rlctl runs in)"
@@ -377,7 +374,7 @@ class CustomGpu(Strict):
     def _own_name(cls, v: str, info: ValidationInfo) -> str:
         # a line break or a terminal's ESC ("H20\nX", "\x1b[2J" in a quoted YAML string) broke plan's tables; not in
         # a job's record (`RECORDED`): the name reaches no command line, and the job it names must still stop
-        if not _recorded(info) and (c := next((c for c in v if not c.isprintable()), None)) is not None:
+        if not is_recorded(info) and (c := next((c for c in v if not c.isprintable()), None)) is not None:
             raise ValueError(
                 f"{v!r} has U+{ord(c):04X} (a line break, tab or other control character): give a name of printable "
                 "characters on one line, e.g. H20-custom"
@@ -569,7 +566,7 @@ class Site(Strict):
             raise ValueError(f"nodes: {slots} GPU slots in all (hosts × gpus); at most {MAX_GPUS_PER_SITE} on one site")
         # same_host key → the host as first written; in a job's record (`RECORDED`) the host as written, as an rlctl
         # before 859994e told hosts apart: one launched so stops as launched (each agent where it was started)
-        key = (lambda h: h) if _recorded(info) else same_host
+        key = (lambda h: h) if is_recorded(info) else same_host
         seen: dict[str, str] = {}
         for i, n in enumerate(self.nodes):
             for host in n.hosts:
@@ -591,7 +588,7 @@ class Site(Strict):
     def _no_devices_on_a_cpu_site(self, info: ValidationInfo) -> Site:
         """A `gpu: CPU` site's slots are cores and its agents see no CUDA device (CUDA_VISIBLE_DEVICES '':
         rlctl.launch.spawn): `devices` was read by nothing there. Not in a job's record (`RECORDED`)."""
-        recorded = (info.context or {}).get("recorded")
+        recorded = is_recorded(info)
         if self.gpu == "CPU" and any(n.devices is not None for n in self.nodes) and not recorded:
             raise ValueError(
                 "nodes[].devices: the site's gpu is CPU: its slots are cores and its agents use no CUDA device "
@@ -605,7 +602,7 @@ class Site(Strict):
         fit, `rlctl check`); an SSH or local GPU site's agents ask no scheduler for memory and check weighs their
         GPU's, so it was read by nothing there (clusters/h20-rollout.yaml set it). Not in a job's record
         (`RECORDED`)."""
-        recorded = (info.context or {}).get("recorded")
+        recorded = is_recorded(info)
         if self.scheduler.kind == "slurm" or self.spec.name == "CPU" or recorded:
             return self
         if any(n.memory_gb is not None for n in self.nodes):
@@ -624,7 +621,7 @@ class Site(Strict):
         sched = self.scheduler
         if not isinstance(sched, SlurmScheduler) or sched.gpu_request not in ("per_task", "gres"):
             return self
-        if self.spec.name == "CPU" and not (info.context or {}).get("recorded"):
+        if self.spec.name == "CPU" and not is_recorded(info):
             raise ValueError(
                 f"scheduler.gpu_request: {sched.gpu_request!r} asks SLURM for GPUs, and the site's gpu is CPU (its "
                 "slots are cores, its agents compute on the CPU): its jobs would wait for GPUs they never use; "

@@ -14,7 +14,7 @@ from pydantic import (
     model_serializer,
 )
 
-from rlctl.config.base import Strict, register_tags
+from rlctl.config.base import Strict, is_recorded, register_tags
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
 
@@ -115,7 +115,7 @@ class HfModel(Strict):
         # the architecture's name, which the profile the planner makes of it refuses empty (`ArchFigures`): a
         # pydantic traceback from `rlctl plan`, versus this line. Not in a job's record (`RECORDED`): one an older
         # rlctl launched so reads as launched
-        if v is not None and not v.strip() and not (info.context or {}).get("recorded"):
+        if v is not None and not v.strip() and not is_recorded(info):
             raise ValueError("the name is empty; give the model a name, or leave it out for the directory's name")
         return v
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
-from rlctl.config.base import MAX_THREADS, Seconds, Strict, register_tags
+from rlctl.config.base import MAX_THREADS, Seconds, Strict, is_recorded, register_tags
 
 # Bounds no real job reaches, so that a typo (a few extra zeros) is refused instead of hanging `plan`/`check`
 # or overflowing a float: published length distributions have σ ≈ 0.5–1.5 and medians of thousands of tokens.
@@ -146,7 +146,7 @@ class DatasetTask(OverlongShaping):
     def _builtin_reward_has_answers(self, info: ValidationInfo) -> DatasetTask:
         """Not in a job's record (`RECORDED`): one an older rlctl launched so reads as launched, else no command
         could read it back (status, pull, launch --resume)."""
-        recorded = (info.context or {}).get("recorded")
+        recorded = is_recorded(info)
         if self.answer_key is None and self.reward in BUILTIN_REWARD_NAMES and not recorded:  # each None: never met
             raise ValueError(
                 f"reward {self.reward!r} compares each output with its row's ground truth, and answer_key is null; "
