@@ -109,9 +109,12 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             if text is None:
                 continue
             if name == "summary.json":
-                text = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
-                if text is None:  # the controller's copy does not read: the one here stays
+                merged = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
+                if merged is None:  # the controller's copy does not read and a copy is here: that one stays
                     continue
+                text, damage = merged
+                if damage:  # the copy here does not read: moved aside whole, the fetched one says where
+                    text = _damaged_kept(job_dir / name, text, damage)
             replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
@@ -145,39 +148,47 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
 _SAID_FETCHED_DAMAGED: set[str] = set()  # the controller's summaries that do not read this process said it skipped
 
 
-def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> str | None:
-    """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
-    same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
-    controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). A copy here
-    that does not read is moved aside whole (`damaged_aside`: summary.json.damaged, .damaged.2, ...) and the fetched
-    one says where (`summary_damaged`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched
-    one: the launcher's keys it held were gone. None where the fetched one (from `source`) does not read and the copy
-    here does: that one stays, and the skip is said once a process, versus the damaged copy written over it (its
-    launcher's keys, the held-out figures among them, lost)."""
+def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> tuple[str, str] | None:
+    """(text, damage): the controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when
+    that is the same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job
+    whose controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). `damage`
+    says how the copy here does not read ("" where it does or there is none): the caller moves it aside whole
+    (`_damaged_kept`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched one: the launcher's
+    keys it held were gone. A fetched one (from `source`) that does not read is written only where there is no copy
+    here (the run's end is then read from the events, and the launcher's keys written with it: `update_summary`);
+    None where there is one, damaged or not: it stays, and the skip is said once a process, versus the damaged copy
+    written over it (its launcher's keys, the held-out figures among them, lost) or, where the copy here was that
+    same damage written by the fetch before, moved aside and written again: one more summary.json.damaged.N every
+    `rlctl status` (every poll of `status -w`)."""
+    theirs, problem = _summary_of(fetched)
     try:
-        mine = json.loads(here.read_text(encoding="utf-8", errors="replace"))
+        mine, damage = _summary_of(here.read_text(encoding="utf-8", errors="replace"))
     except OSError:  # none here yet
-        return fetched
-    except ValueError as e:  # JSONDecodeError
-        return _damaged_kept(here, fetched, f"not valid JSON ({e})")
-    if not isinstance(mine, dict):
-        return _damaged_kept(here, fetched, f"not a JSON object but {type(mine).__name__}")
-    try:
-        theirs = json.loads(fetched)
-    except ValueError as e:  # JSONDecodeError
-        _kept_here(here, source, f"not valid JSON ({e})")
+        return fetched, ""
+    if theirs is None:
+        _kept_here(here, source, problem)
         return None
-    if not isinstance(theirs, dict):
-        _kept_here(here, source, f"not a JSON object but {type(theirs).__name__}")
-        return None
+    if mine is None:
+        return fetched, damage
     if mine.get("run") is None or mine["run"] != theirs.get("run"):
-        return fetched
+        return fetched, ""
     kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
-    return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"
+    return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n", ""
+
+
+def _summary_of(text: str) -> tuple[dict[str, Any] | None, str]:
+    """(the summary `text` holds, "") where it reads as a JSON object, else (None, what is wrong with it)."""
+    try:
+        summary = json.loads(text)
+    except ValueError as e:  # JSONDecodeError
+        return None, f"not valid JSON ({e})"
+    if not isinstance(summary, dict):
+        return None, f"not a JSON object but {type(summary).__name__}"
+    return summary, ""
 
 
 def _kept_here(here: Path, source: str, problem: str) -> None:
-    """The controller's summary.json at `source` does not read (`problem`): `here`, which does, is kept as it is."""
+    """The controller's summary.json at `source` does not read (`problem`): `here` is kept as it is, once said."""
     said = f"{source}: {problem}"
     if said not in _SAID_FETCHED_DAMAGED:
         _SAID_FETCHED_DAMAGED.add(said)
@@ -185,16 +196,12 @@ def _kept_here(here: Path, source: str, problem: str) -> None:
 
 
 def _damaged_kept(here: Path, fetched: str, problem: str) -> str:
-    """`here`, a summary.json that does not read (`problem`), moved aside whole; the fetched copy, saying where."""
+    """`here`, a summary.json that does not read (`problem`), moved aside whole; the fetched copy (which reads:
+    `_with_launchers_keys`), saying where."""
     aside = damaged_aside(here)
     os.replace(here, aside)
     log.warning("%s: %s; kept as %s, the controller's copy fetched in its place", here, problem, aside)
-    try:
-        theirs = json.loads(fetched)
-    except ValueError:
-        return fetched
-    if not isinstance(theirs, dict):
-        return fetched
+    theirs = json.loads(fetched)
     theirs["summary_damaged"] = f"{here}: {problem}; kept as {aside.name}"
     return json.dumps(theirs, indent=2, default=str) + "\n"
 

@@ -55,3 +55,31 @@ def test_a_fetch_of_a_damaged_summary_keeps_the_one_here(
     assert [p.name for p in src.glob("summary.json.*")] == []
     said = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
     assert len(said) == 1 and f"{root / 'summary.json'}: {says}" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("theirs", "says"),
+    [('{"run": "r1", "state": "done", "itera', "not valid JSON"), ("[]", "not a JSON object but list")],
+)
+def test_fetches_of_a_damaged_summary_with_none_here_keep_nothing_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, theirs: str, says: str
+) -> None:
+    """The controller's copy that does not read is written in once where there is none here (the run's end is read
+    from the events, the launcher's keys written with it); a fetch again leaves it as it is, versus moved it aside as
+    damaged and wrote it in again: one more summary.json.damaged.N every `rlctl status`."""
+    src, site, root = _controller_site(tmp_path)
+    (root / "summary.json").write_text(theirs)
+    with caplog.at_level(logging.WARNING, logger="rlctl.launch.record"):
+        fetched = [fetch_record(src, site, "localhost", str(root)) for _ in range(3)]
+    assert sorted(p.name for p in src.glob("summary.json*")) == ["summary.json"]
+    assert (src / "summary.json").read_text() == theirs
+    assert ["summary.json" in names for names in fetched] == [True, False, False]
+    said = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
+    assert len(said) == 1 and f"{root / 'summary.json'}: {says}" in said[0], said
+    (root / "summary.json").write_text(json.dumps({"run": "r1", "state": "done"}))  # whole there again: fetched
+    fetch_record(src, site, "localhost", str(root))
+    assert (src / "summary.json.damaged").read_text() == theirs
+    record = json.loads((src / "summary.json").read_text())
+    where = record.pop("summary_damaged")
+    assert where.startswith(f"{src / 'summary.json'}: {says}") and where.endswith("; kept as summary.json.damaged")
+    assert record == {"run": "r1", "state": "done"}
