@@ -39,7 +39,7 @@ from rlctl.rl.reward import RewardResult
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
-from rlctl.textutil import job_relative, one_of
+from rlctl.textutil import is_job_relative, job_relative, one_of
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def prepare_dataset(
 
     if not data_path.is_file():
         field = "evaluation.path" if heldout else "task.path"
-        read = " is relative to the job file" if not os.path.isabs(cfg.path) else ""  # an absolute one: as written
+        read = " is relative to the job file" if is_job_relative(cfg.path) else ""  # absolute or `~/…`: as written
         raise ConfigError(str(data_path), None, f"no such file ({field}{read})")
     refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)

@@ -135,7 +135,9 @@ def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> Rewa
             )
         return BUILTIN_REWARDS[spec]
     if target.endswith(".py"):
-        file = base_dir / os.path.expanduser(target)  # `~/…` as the job file's is read (`load_job`); said so, too
+        # `~/…` read from the home directory, as `load_job` reads the job file's (and the line says so): needed here
+        # too, as job.json's task.reward reaches the agents (`JobDir.read_job`) unexpanded, a hand edit's `~/…` too
+        file = base_dir / os.path.expanduser(target)
         module, where = _from_file(file, target, name, own_process=own_process), target
     else:
         module, where = _from_module(target, name, base_dir), f"module {target!r}"

@@ -154,6 +154,21 @@ def test_a_missing_file_named_by_an_absolute_path_is_not_said_relative_to_the_jo
         assert str(e.value) == f"{gone}: no such file ({field} is relative to the job file)"
 
 
+def test_a_missing_file_named_from_the_home_directory_is_not_said_relative_to_the_job_file(
+    tmp_path: Path, tok: HFTokenizer
+) -> None:
+    """A task.path or evaluation.path written `~/…` is read from the home directory (`is_job_relative`, the rule of
+    `rlctl check`, config/job.py and the reward's line); prepare_dataset's own `os.path.isabs` test said it 'is
+    relative to the job file'."""
+    gone = tmp_path / "missing.jsonl"
+    for heldout, field in ((True, "evaluation.path"), (False, "task.path")):
+        with pytest.raises(ConfigError) as e:
+            prepare_dataset(
+                task(path="~/missing.jsonl"), data_path=gone, tokenizer=tok, out_dir=tmp_path / "h", heldout=heldout
+            )
+        assert str(e.value) == f"{gone}: no such file ({field})"
+
+
 def test_string_prompts_as_is_or_through_the_template(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": 3}])
     plain = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "a")
