@@ -380,13 +380,6 @@ class JobDir:
         finally:
             f.close()
 
-    def refuse_if_launched(self) -> None:
-        """UsageError, as `launcher_lock` says it, where a launcher holds the job now: what a second launcher (a
-        `launch --resume`) does before it takes the lock (its record fetched, which would write into the job dir the
-        launcher works in) is refused first."""
-        if (holder := self.launcher_holder()) is not None:
-            raise self._launched(holder)
-
     def _launched(self, holder: str) -> UsageError:
         arg = shlex.quote(self.id)
         return UsageError(

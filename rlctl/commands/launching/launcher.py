@@ -36,17 +36,21 @@ def be_launcher(
     db: JobDB,
     begin: Callable[[Runs, Callable[[str], None]], JobRun],
     output: OutputFormat,
+    *,
+    locked: bool = False,
 ) -> None:
     """This process as the job's launcher (launch, `--resume`, attach): `begin` starts (or takes over) a run; it
     watches the job to its end (resuming it as `checkpoint.auto_resume` says), evaluates it and prints the summary.
     SIGTERM and Ctrl-C stop every agent; a SIGHUP moves its output to the job's log (`rlctl.ops.detach`); a
-    launcher started by `--detach` is told the run started."""
+    launcher started by `--detach` is told the run started. `locked`: this process holds the job's launcher lock
+    already (`launch --resume` takes it before it fetches the job's record), versus taken here."""
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.evaluation import add_heldout
 
     with contextlib.ExitStack() as held:
         held.callback(db.close)
-        held.enter_context(jd.launcher_lock())  # one launcher per job: no other resumes it meanwhile
+        if not locked:  # (a second flock of it, on a file opened again, would be refused by this process's own)
+            held.enter_context(jd.launcher_lock())  # one launcher per job: no other resumes it meanwhile
         detach.survive_hangup(detach.log_path(jd.path))
         if not detach.spawned():  # (a detached one's header was written as it was spawned)
             detach.log_header(detach.log_path(jd.path), pid=os.getpid(), args=sys.argv[1:], detached=False)

@@ -3,6 +3,7 @@ one chosen: a roll-back), with --iterations its new total."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,13 +55,16 @@ def resume_job(
         ref_ = JobRef(old.name, JobDir(ref_.jobdir.path, job_id=old.name), old)
     jd = ref_.jobdir
     counted, back = None, None
+    lock = contextlib.ExitStack()  # the launcher lock, from before the record is fetched into the run's end
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
-        # a job its launcher holds is refused here, as its lock would refuse it (`be_launcher`), before anything
-        # below fetches the controller site's record into the job dir that launcher works in, or reads it
-        jd.refuse_if_launched()
+        # this process as the job's launcher from here (`JobDir.launcher_lock`, held into `be_launcher`): a job
+        # another launcher holds is refused before anything below fetches the controller site's record into the job
+        # dir that launcher works in, or rolls its checkpoints back; versus a probe of it (`launcher_holder`) that two
+        # resumes started at once both passed, each then fetching and rolling back before either took the lock
+        lock.enter_context(jd.launcher_lock())
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
@@ -86,17 +90,24 @@ def resume_job(
             )
         if ref_.row is None:  # not in the index (copied here, an index lost): its row is put under its id
             refuse_if_id_live(jd, db)
+        if iterations is None and not detached:
+            spec = jd.read_job()
     except RlctlError:
+        lock.close()
         db.close()
         raise
+    except BaseException:
+        lock.close()
+        raise
     if detached:
+        # let go for the launcher it spawns, which takes it as it resumes the job again (its own `resume_job`: it
+        # fetches and rolls back under it; the lock is an flock on a file this process opened, which no child shares)
+        lock.close()
         db.close()
         again = ["--iterations", str(iterations)] if iterations is not None else []
         again += ["--checkpoint", str(back)] if back is not None else []
         run_detached(["launch", "--resume", str(jd.path), *again], jd.path, output)
         return
-    if iterations is None:
-        spec = jd.read_job()
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd, arg=ref_.arg)
@@ -129,4 +140,5 @@ def resume_job(
             say(f"job {spec.name}: {line}")
         return run
 
-    be_launcher(jd, spec, plan, db, begin, output)
+    with lock:  # taken above, held to the run's end
+        be_launcher(jd, spec, plan, db, begin, output, locked=True)

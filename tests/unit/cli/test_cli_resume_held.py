@@ -27,3 +27,35 @@ def test_a_resume_of_a_job_its_launcher_holds_is_refused_before_it_fetches_the_r
             line = one_error(run_cli("launch", "--resume", str(jd.path), *given))
             assert f"job {jd.id} has a launcher already (pid " in line, given  # was: --checkpoint: no such checkpoint
     assert fetched == []  # was: fetched by --iterations, then refused by the lock
+
+
+def test_of_two_resumes_started_at_once_the_second_is_refused_before_it_fetches_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `launch --resume --iterations` of one job at the same moment: the second, run while the first fetches
+    the controller site's record, is refused by the launcher lock the first holds from before its fetch into its
+    run; versus both passing a probe of the lock (`launcher_holder`) and both fetching (and rolling back) into one
+    job dir before either took the lock in `be_launcher`."""
+    from rlctl.commands.launching import resume
+    from rlctl.render import OutputFormat
+
+    jd = prepared(tmp_path / "run")
+    fetched: list[Path] = []
+    second: list[str] = []
+
+    def fetch(path: Path, *view: object) -> list[str]:
+        fetched.append(path)
+        if len(fetched) == 1:  # the second resume starts as the first fetches
+            second.append(one_error(run_cli("launch", "--resume", str(jd.path), "--iterations", "400")))
+        return []
+
+    ran: list[str | None] = []  # who held the launcher lock as each launcher began its run
+    monkeypatch.setattr(operate, "record_view", lambda path: ("site", "host", "/w/jobs/run"))
+    monkeypatch.setattr(operate, "fetch_record", fetch)
+    monkeypatch.setattr(
+        resume, "be_launcher", lambda jd, _s, _p, db, *_a, **_k: (ran.append(jd.launcher_holder()), db.close())
+    )
+    resume.resume_job(str(jd.path), OutputFormat.table, iterations=400)
+    assert fetched == [jd.path]  # was: fetched twice, the second resume's too
+    assert len(second) == 1 and f"job {jd.id} has a launcher already (pid " in second[0], second
+    assert len(ran) == 1 and ran[0] is not None and ran[0].startswith("pid "), ran  # still held as its run began
