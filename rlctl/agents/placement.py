@@ -24,7 +24,7 @@ class Placement:
 
     @classmethod
     def read(cls, jobdir: JobDir) -> Placement:
-        plan = jobdir.read_plan_as_placed()  # its site's copy: a damaged one said in a line, naming the field
+        plan = jobdir.read_plan(as_placed=True)  # its site's copy: a damaged one said in a line, naming the field
         return cls(plan, read_sites(jobdir.path), sites_by_agent(plan))
 
     @property

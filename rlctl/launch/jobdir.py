@@ -272,33 +272,35 @@ class JobDir:
                 hint=f"edit job.{field} in job.json to a valid value (the resume runs the job as edited there)",
             ) from e
 
-    def read_plan(self) -> dict[str, Any]:
-        """plan.json, with what a launch places the agents by checked: `trainer` (its `site`, `ranks` ≥ 1, and its
-        `parallel` split's tp, pp, dp ≥ 1 where given), `rollout` (each group's `site`, `units` ≥ 0, `tp` ≥ 1) and
-        `controller_site`;
-        LaunchError naming the file and the field (a resume or attach of a job whose plan.json was edited into
-        another shape stopped on a KeyError, TypeError or ValueError traceback). For a plan that may not be written
-        yet, and of which a command reads a field or two, see `read_plan_or_none` and `plan_site`: the same checks,
-        taken per field."""
-        plan = self._plan_object()
-        self._check_trainer(plan, ranks_default=None)
-        self._check_rollout(plan)
-        self.plan_site(plan, "controller_site")
-        return plan
+    def read_plan(self, *, as_placed: bool = False) -> dict[str, Any]:
+        """plan.json, with what its reader places agents by checked; LaunchError naming the file and the field (a
+        plan edited into another shape stopped a resume or attach on a KeyError, TypeError or ValueError traceback,
+        and the controller on one in its log or its spawn thread). Two rules, `as_placed` tells them apart:
 
-    def read_plan_as_placed(self) -> dict[str, Any]:
-        """plan.json as the controller reads it where it runs (`rlctl.agents.placement.Placement` as it starts), {}
-        before `prepare` wrote it: its `rollout` groups, and its `trainer` where it has one (`ranks` 1 where not
-        given, as Placement takes it), checked as `read_plan` checks them. The copy it reads is its site's, which
-        may differ from the one the launch checked: edited there during the run, or staged again by an automatic
-        resume from the operator's copy edited since (a KeyError traceback in the controller's log, versus a line
-        naming the file and the field)."""
-        if not self.plan_json.is_file():
+        - the launch's (a launch --resume, attach, and the controller's Spawner at each unit it adds): `trainer` (its
+          `site`, `ranks` ≥ 1, and its `parallel` split's tp, pp, dp ≥ 1 where given), `rollout` (each group's
+          `site`, `units` ≥ 0, `tp` ≥ 1) and `controller_site`. Every launch has written all of them
+          (`rlctl.ops.counts.plan_counts`, since rlctl's first), so a plan an older rlctl wrote reads; the units the
+          Scaler adds are recorded in agents.jsonl, never in plan.json; and the Spawner lays every agent out again
+          from all three (`rlctl.launch.layout.layout`).
+        - `as_placed` (the controller's `rlctl.agents.placement.Placement` as it starts): {} before `prepare` wrote
+          it, its `rollout` groups, and its `trainer` only where it has one (`ranks` 1 where not given), no
+          `controller_site`. The controller places by these alone, and the in-process mode (a ControllerAgent on a
+          job dir of its own, with no sites.json: rlctl's tests) runs it on a plan of rollout groups alone; there it
+          has no Spawner (`UnitStarts`), the one reader at the controller that needs the launch's shape.
+
+        The controller's copy is its site's, which may differ from the one the launch checked: edited there during
+        the run, or staged again by an automatic resume from the operator's copy edited since. For a plan that may
+        not be written yet, and of which a command reads a field or two, see `read_plan_or_none` and `plan_site`:
+        the same checks, taken per field."""
+        if as_placed and not self.plan_json.is_file():
             return {}
         plan = self._plan_object()
-        if "trainer" in plan:
-            self._check_trainer(plan, ranks_default=1)
+        if not as_placed or "trainer" in plan:
+            self._check_trainer(plan, ranks_default=1 if as_placed else None)
         self._check_rollout(plan)
+        if not as_placed:
+            self.plan_site(plan, "controller_site")
         return plan
 
     def _check_trainer(self, plan: dict[str, Any], *, ranks_default: int | None) -> None:

@@ -148,7 +148,8 @@ class Spawner:
         """The new unit with a free slice: every slice held by a recorded or planned agent is claimed;
         when that leaves too few, recorded agents are polled and the slices of those that exited freed."""
         job = self.jobdir.read_job()
-        # read at each unit started, from this site's copy, which may have been edited since the launch checked it
+        # read at each unit started, from this site's copy, which may have been edited since the launch checked it;
+        # the launch's shape (not Placement's `as_placed`): `layout` below reads its trainer and controller_site
         plan = self.jobdir.read_plan() if self.jobdir.plan_json.exists() else {}
         tp = rollout_tp(plan, site) if plan else job.rollout.tensor_parallel or 1
         recorded = [h for h in recorded_agents(self.jobdir.path) if h.spec.site == site]

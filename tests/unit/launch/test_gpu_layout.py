@@ -373,6 +373,18 @@ def test_a_unit_started_on_a_plan_edited_since_the_launch_is_refused_naming_the_
     assert fake.started == []
 
 
+def test_a_unit_is_not_started_on_a_plan_whose_trainer_has_no_ranks(tmp_path: Path) -> None:
+    # the Spawner reads the launch's shape (`JobDir.read_plan`), not the controller Placement's (`as_placed`, where
+    # ranks are 1 when not given): it lays every agent out again from the trainer's ranks
+    jd, sp, fake = scale_setup(tmp_path, start=["controller-0", "trainer-0", "rollout-0"])
+    plan = json.loads(jd.plan_json.read_text())
+    jd.write_json(jd.plan_json, {**plan, "trainer": {k: v for k, v in plan["trainer"].items() if k != "ranks"}})
+    with pytest.raises(LaunchError) as refused:
+        sp.add_rollout("local", 5)
+    assert str(refused.value) == f"{jd.plan_json}: trainer.ranks: None is not a count of 1 or more"
+    assert fake.started == []
+
+
 # -- launch --dry-run (golden) ------------------------------------------------------------------------
 def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices; what

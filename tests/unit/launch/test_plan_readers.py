@@ -1,6 +1,6 @@
-"""plan.json's two readers say one line of a damaged field: `JobDir.read_plan` (a launch --resume, attach: its whole
-shape) and `read_plan_or_none` + `plan_site` (pull, the record's fetch, stop: the field each reads), its checks per
-field."""
+"""plan.json's two readers say one line of a damaged field: `JobDir.read_plan` (a launch --resume, attach, the
+Spawner: its whole shape; `as_placed`, the controller's Placement: what it places by) and `read_plan_or_none` +
+`plan_site` (pull, the record's fetch, stop: the field each reads), its checks per field."""
 
 from __future__ import annotations
 
@@ -76,3 +76,48 @@ def test_a_plan_as_a_launch_wrote_it_reads_the_same_through_both(tmp_path: Path)
     jd.plan_json.write_text(json.dumps(plan, indent=2) + "\n")
     assert jd.read_plan() == jd.read_plan_or_none() == plan
     assert (jd.plan_site(plan, "trainer", "site"), jd.plan_site(plan, "controller_site")) == ("local", "local")
+
+
+IN_PROCESS = {"rollout": [{"site": "local", "units": 2}]}  # what the in-process mode's controller starts on
+
+
+@pytest.mark.parametrize(
+    ("plan", "says"),
+    [
+        (IN_PROCESS, "trainer: no object with a site name"),
+        (damaged(trainer={"site": "local"}), "trainer.ranks: None is not a count of 1 or more"),
+        ({k: v for k, v in GOOD.items() if k != "controller_site"}, "controller_site: None is not a site name"),
+    ],
+)
+def test_the_controller_places_by_less_of_the_plan_than_a_launch_reads(
+    tmp_path: Path, plan: dict[str, Any], says: str
+) -> None:
+    """One reader, two rules: `as_placed` (the controller's Placement) takes a plan without a trainer, a trainer
+    without ranks (1) and no controller_site; the launch's (a resume, attach, the Spawner) refuses each, naming it."""
+    jd = JobDir(tmp_path)
+    assert jd.read_plan(as_placed=True) == {}  # before `prepare` wrote it
+    jd.write_json(jd.plan_json, plan)
+    assert jd.read_plan(as_placed=True) == plan
+    with pytest.raises(LaunchError) as launch:
+        jd.read_plan()
+    assert str(launch.value) == f"{jd.plan_json}: {says}"
+
+
+def test_a_damaged_rollout_or_trainer_is_the_same_line_through_both_rules(tmp_path: Path) -> None:
+    jd = JobDir(tmp_path)
+    for plan, says in [
+        (damaged(rollout=[{"site": "local", "units": -1}]), "rollout[0].units: -1 is not a count of 0 or more"),
+        (damaged(trainer={"site": "local", "ranks": 0}), "trainer.ranks: 0 is not a count of 1 or more"),
+        (
+            damaged(trainer={"site": "local", "ranks": 1, "parallel": {"tp": 0}}),
+            "trainer.parallel.tp: 0 is not a count of 1 or more",
+        ),
+    ]:
+        jd.write_json(jd.plan_json, plan)
+        with pytest.raises(LaunchError) as placed:
+            jd.read_plan(as_placed=True)
+        with pytest.raises(LaunchError) as launch:
+            jd.read_plan()
+        assert str(placed.value) == str(launch.value) == f"{jd.plan_json}: {says}"
+    jd.write_json(jd.plan_json, GOOD)
+    assert jd.read_plan(as_placed=True) == jd.read_plan() == GOOD
