@@ -36,7 +36,7 @@ from rlctl.config.runtime import Metrics, Rollout, Trainer, Transport, WeightSyn
 from rlctl.config.task import DatasetTask, DigitsTask, Task
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, is_job_relative, one_of
+from rlctl.textutil import did_you_mean, job_relative, one_of
 
 # A job's iterations: a billion is decades at one a second. Past 2^64 the controller's first message failed (msgpack
 # takes no larger int: `OverflowError`, the job failed at its start), and iteration × samples must stay in an int64.
@@ -134,15 +134,6 @@ def _home_expanded(spec: JobFile) -> JobFile:
     return spec.model_copy(update={"task": task, "evaluation": evaluation})
 
 
-def _relative(written: str, *, short: bool = False) -> str:
-    """What a line about a path the job file names adds of where it was looked for: the job file's folder for a
-    path written relative (said), nothing for an absolute one or `~/…`, read as written (`is_job_relative`: the rule
-    of `job_relative`'s lines too)."""
-    if not is_job_relative(written):
-        return ""
-    return " (relative to the job file)" if short else " (paths are relative to the job file)"
-
-
 def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     """The job file at `path`, validated, with the inventories it names; its paths resolved against it.
     `profile_must_exist=False`: a `planning.profile` not written yet is resolved but not refused (`rlctl profile` is
@@ -155,7 +146,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
         try:
             p.stat()
         except (FileNotFoundError, NotADirectoryError) as e:
-            missing = f"no such file {str(p)!r}{_relative(spec.inventory[i])}"
+            missing = f"no such file {str(p)!r}{job_relative(spec.inventory[i])}"
             raise ConfigError(str(path), f"inventory[{i}]", missing) from e
         except OSError as e:  # e.g. a directory on the way this user may not enter
             raise ConfigError(str(path), f"inventory[{i}]", f"cannot read {str(p)!r}: {e.strerror or e}") from e
@@ -163,7 +154,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             raise ConfigError(
                 str(path),
                 f"inventory[{i}]",
-                f"{str(p)!r} is a directory; give an inventory file" + _relative(spec.inventory[i], short=True),
+                f"{str(p)!r} is a directory; give an inventory file" + job_relative(spec.inventory[i]),
             )
         # else each of its sites was said to be defined twice, in that one file (or the file 'given twice', by a link)
         if (same := next((j for j, q in enumerate(inv_paths[:i]) if q.resolve() == p.resolve()), None)) is not None:
@@ -194,7 +185,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             raise ConfigError(
                 str(path),
                 "planning.profile",
-                f"{why} {str(where)!r}{_relative(profile)}",
+                f"{why} {str(where)!r}{job_relative(profile)}",
                 hint=f"write it with `rlctl profile --job {shlex.quote(str(path))} -o {shlex.quote(str(where))}`",
             )
         spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})

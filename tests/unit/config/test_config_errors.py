@@ -1052,10 +1052,10 @@ def test_a_missing_path_of_the_job_s_is_said_relative_to_the_job_file_only_where
             load_job(job)
         return str(e.value)
 
-    note = "" if absolute else " (paths are relative to the job file)"
+    # as every other line of a file the job names says it (task.path, evaluation.path, task.reward: job_relative)
+    note = "" if absolute else " (relative to the job file)"
     assert said("gone.yaml") == f"{job}: inventory[0]: no such file '{tmp_path / 'gone.yaml'}'{note}"
-    short = "" if absolute else " (relative to the job file)"
-    assert said("d") == f"{job}: inventory[0]: '{tmp_path / 'd'}' is a directory; give an inventory file{short}"
+    assert said("d") == f"{job}: inventory[0]: '{tmp_path / 'd'}' is a directory; give an inventory file{note}"
     assert (
         said("gone.yaml", field="profile") == f"{job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}'{note}"
     )
