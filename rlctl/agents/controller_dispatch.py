@@ -155,7 +155,8 @@ class Dispatch(Membership, StopRequests, Rows):
             self.core.migrations.clear()
         elif msg.kind in ("weights_applied", "weights_skipped"):
             version = int(msg.header["version"])
-            holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
+            node = self.book.nodes.get(str(msg.header.get("holder", "")))
+            holder = node.agent if node is not None else ""
             fields = {
                 "source": holder,
                 "encoding": msg.header.get("encoding"),

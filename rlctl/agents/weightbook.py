@@ -47,30 +47,31 @@ class VersionRecord:
         }
 
 
+@dataclass
+class WeightNode:
+    """A weight node's address as a hello said it: whose node it is and where, and whether it is gone for good."""
+
+    agent: str
+    datacenter: str
+    owner: str  # the agent whose hello said it (the trainer's, rank 0's name, for every rank's root)
+    root: bool = False  # a trainer rank's root: it held every version published
+    held: set[int] | None = None  # gone for good: the open versions it held as it went (kept while one is open)
+
+
 class WeightBook:
     def __init__(self, *, keep_versions: int = 8) -> None:
         self.keep_versions = keep_versions
-        self.nodes: dict[str, tuple[str, str]] = {}  # weight-node address → (agent, datacenter)
-        # weight-node address → the agent whose hello said it (the trainer's, rank 0's name, for every rank's root)
-        self._owners: dict[str, str] = {}
-        self._roots: set[str] = set()  # the trainer ranks' roots among `nodes`: each held every version published
-        # the addresses of agents gone for good → the open versions each held as it went: kept while one is open
-        self._gone: dict[str, set[int]] = {}
+        self.nodes: dict[str, WeightNode] = {}  # weight-node address → its node
         self.versions: dict[int, VersionRecord] = {}
         self.totals: dict[str, dict[str, int]] = {}  # link → {bytes, copies}, over the whole job
 
     def node(self, address: str, *, agent: str, datacenter: str, root: bool = False, owner: str = "") -> None:
         """`agent`'s weight node at `address`: a rollout unit's, or (`root`) a trainer rank's root, which holds every
         version the trainer published. `owner` (`agent` where not given) is the agent whose hello said it, the one
-        `forget` names: the trainer's ranks each have a root, and rank 0 says them all."""
+        `forget` names: the trainer's ranks each have a root, and rank 0 says them all. A new agent at a gone one's
+        address is a new node."""
         if address:
-            self.nodes[address] = (agent, datacenter)
-            self._owners[address] = owner or agent
-            self._gone.pop(address, None)  # (a new agent at a gone one's address)
-            if root:
-                self._roots.add(address)
-            else:
-                self._roots.discard(address)
+            self.nodes[address] = WeightNode(agent, datacenter, owner or agent, root)
 
     def forget(self, agent: str) -> None:
         """`agent` is gone for good: the weight nodes' addresses its hello said (a trainer's: every rank's root) go
@@ -81,25 +82,16 @@ class WeightBook:
         on no link). A unit held the versions it had; a trainer rank's root, every one (no version's `had_it` names a
         trainer rank). An address gone already keeps what it held when it went (a new agent of its name is not it)."""
         open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
-        for address, owner in self._owners.items():
-            if owner != agent or address in self._gone:
+        for node in self.nodes.values():
+            if node.owner != agent or node.held is not None:
                 continue
-            unit = self.nodes[address][0]
-            held = (
-                open_versions
-                if address in self._roots
-                else {v for v in open_versions if unit in self.versions[v].had_it}
-            )
-            self._gone[address] = set(held)
+            node.held = {v for v in open_versions if node.root or node.agent in self.versions[v].had_it}
         self._drop_gone()
 
     def _drop_gone(self) -> None:
         open_versions = {v for v, rec in self.versions.items() if rec.last_unit_s is None}
-        for address in [a for a, held in self._gone.items() if not held & open_versions]:
+        for address in [a for a, n in self.nodes.items() if n.held is not None and not n.held & open_versions]:
             del self.nodes[address]
-            del self._owners[address]
-            del self._gone[address]
-            self._roots.discard(address)
 
     def _record(self, version: int) -> VersionRecord:
         rec = self.versions.get(version)
@@ -131,9 +123,9 @@ class WeightBook:
         rec.fetch_s = max(rec.fetch_s, fetch_s)
         rec.encodings[encoding] = rec.encodings.get(encoding, 0) + 1
         src = self.nodes.get(holder)
-        if src is None or src[1] == datacenter:
+        if src is None or src.datacenter == datacenter:
             return None
-        link = f"{src[1]}->{datacenter}"
+        link = f"{src.datacenter}->{datacenter}"
         for book in (rec.links, self.totals):
             entry = book.setdefault(link, {"bytes": 0, "copies": 0})
             entry["bytes"] += wire_bytes

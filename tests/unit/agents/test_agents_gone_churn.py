@@ -44,6 +44,6 @@ def test_the_weight_book_keeps_the_nodes_of_the_agents_the_job_has(churn: Churn)
     r.churn()
     nodes = r.ctl.book.nodes
     assert sorted(nodes) == ["w-rollout-0", "w-rollout-1", "w-trainer-0"], len(nodes)
-    assert {agent for agent, _ in nodes.values()} == {"rollout-0", "rollout-1", "trainer-0"}
+    assert {n.agent for n in nodes.values()} == {"rollout-0", "rollout-1", "trainer-0"}
     r.ends["rollout-90"] = r.hello("rollout-90")  # a unit that joins next is booked
-    assert nodes["w-rollout-90"] == ("rollout-90", "")
+    assert (nodes["w-rollout-90"].agent, nodes["w-rollout-90"].datacenter) == ("rollout-90", "")

@@ -260,7 +260,7 @@ def test_every_rank_of_a_gone_trainer_and_a_replaced_trainer_s_old_roots_leave_t
     nodes = r.ctl.book.nodes
     r.ends["trainer-0"] = r.hello("trainer-0", version=1, weight_roots=("w-t0", "w-t1"))  # its record replaced
     assert sorted(nodes) == ["w-rollout-0", "w-rollout-1", "w-t0", "w-t1"]  # was: w-trainer-0 too
-    assert (nodes["w-t0"], nodes["w-t1"]) == (("trainer-0", ""), ("trainer-1", ""))
+    assert [(nodes[a].agent, nodes[a].datacenter) for a in ("w-t0", "w-t1")] == [("trainer-0", ""), ("trainer-1", "")]
     r.ends["trainer-0"] = r.hello("trainer-0", version=1, weight_roots=("w-t0b", "w-t1b"))
     assert sorted(nodes) == ["w-rollout-0", "w-rollout-1", "w-t0b", "w-t1b"]  # was: w-t0 and w-t1 too
     r.lose("trainer-0")
