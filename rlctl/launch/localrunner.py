@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 from rlctl.errors import CommandTimeout
-from rlctl.launch.remote import CommandResult, deadline_or_none, setup_first, short_line
+from rlctl.launch.remote import END_GRACE_S, CommandResult, deadline_or_none, setup_first, short_line
 
 
 class LocalRunner:
@@ -46,9 +46,6 @@ class LocalRunner:
 
     def close(self) -> None:
         pass
-
-
-END_GRACE_S = 3.0  # after SIGTERM, how long a timed-out command's group has to end (srun cancels its step)
 
 
 def _end_group(proc: subprocess.Popen[str]) -> tuple[str, str]:

@@ -159,6 +159,11 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+# after SIGTERM, how long a timed-out command's group has to end (srun cancels its step): here (`LocalRunner`) and on an
+# SSH host (`SshRunner`: the host's own `timeout` line)
+END_GRACE_S = 3.0
+
+
 def deadline_or_none(timeout_s: float | None, *, where: str) -> float | None:
     """A runner's deadline as its waits take it: None for none (`timeout_s` None or math.inf, a computed deadline's
     "unbounded"), else `timeout_s`: `subprocess` and the host's `timeout` line round it to a whole count, which

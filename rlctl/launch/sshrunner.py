@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import CommandTimeout, LaunchError
-from rlctl.launch.localrunner import END_GRACE_S
-from rlctl.launch.remote import CommandResult, SshTarget, connect, deadline_or_none, in_bash, setup_first, short_line
+from rlctl.launch.remote import (
+    END_GRACE_S,
+    CommandResult,
+    SshTarget,
+    connect,
+    deadline_or_none,
+    in_bash,
+    setup_first,
+    short_line,
+)
 
 if TYPE_CHECKING:
     from fabric import Connection
