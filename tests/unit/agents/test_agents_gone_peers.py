@@ -19,6 +19,7 @@ from rlctl.agents.messages import make
 from rlctl.agents.views import agent_gauges, status
 from rlctl.commands.status import gone_line
 from rlctl.errors import PeerClosed
+from rlctl.transport import Connection
 from tests.unit.controller_harness import HandledController, small_job
 
 
@@ -84,6 +85,19 @@ def _series(r: Running, name: str) -> list[str]:
     return [line for line in generate_latest(r.ctl.metrics.registry).decode().splitlines() if f'name="{name}"' in line]
 
 
+def _hello_again(r: Running, name: str) -> Connection:
+    """Unit `name`'s hello on a link it re-established (it says `again`), on a new connection, handled by the
+    controller (what came in before it first): that connection's end."""
+    end = r.transport.connect(r.ctl.listener.address, timeout_s=5)
+    r.ends[name] = end
+    hello = {"role": "rollout", "name": name, "address": f"inproc://{name}", "weights": f"w-{name}", "again": True}
+    end.send(make("hello", hello))
+    while (handled := r.ctl.inbox.get(timeout=10))[0] != "hello":
+        r.ctl._handle(*handled)
+    r.ctl._handle(*handled)
+    return end
+
+
 def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lists_it(running: Running) -> None:
     r = running
     r.train()  # a row with rollout-1 running
@@ -120,13 +134,7 @@ def test_a_lost_unit_whose_name_was_let_go_is_still_told_to_stop_when_it_reconne
         r.train()  # (its record leaves `peers` for `gone`)
     assert not r.ctl.core.known("rollout-7") and r.ctl.gone.get("rollout-7") is None
     assert r.ctl.core.num_joined == 6  # rollout-0, rollout-1 and the 4 lost
-    end = r.transport.connect(r.ctl.listener.address, timeout_s=5)
-    r.ends["rollout-7"] = end
-    hello = {"role": "rollout", "name": "rollout-7", "address": "inproc://rollout-7", "weights": "w-rollout-7"}
-    end.send(make("hello", {**hello, "again": True}))
-    while (handled := r.ctl.inbox.get(timeout=10))[0] != "hello":
-        r.ctl._handle(*handled)
-    r.ctl._handle(*handled)
+    end = _hello_again(r, "rollout-7")
     assert "rollout-7" not in r.ctl.core.units and r.ctl.core.num_joined == 6
     assert end.recv(timeout_s=5).kind == "stop"
     assert [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"] == ["rollout-7"]
@@ -142,13 +150,7 @@ def test_a_unit_whose_first_hello_was_lost_joins_on_its_next_if_the_job_waits_fo
     r = running
     if asked:
         r.ctl.scaler.spawn_requested["rollout-5"] = r.ctl.scaler.t0
-    end = r.transport.connect(r.ctl.listener.address, timeout_s=5)
-    r.ends["rollout-5"] = end
-    hello = {"role": "rollout", "name": "rollout-5", "address": "inproc://rollout-5", "weights": "w-rollout-5"}
-    end.send(make("hello", {**hello, "again": True}))
-    while (handled := r.ctl.inbox.get(timeout=10))[0] != "hello":
-        r.ctl._handle(*handled)
-    r.ctl._handle(*handled)
+    _hello_again(r, "rollout-5")
     assert ("rollout-5" in r.ctl.core.units) is asked
     refused = [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"]
     assert refused == ([] if asked else ["rollout-5"])
