@@ -87,6 +87,24 @@ def default_base() -> Path:
 
 
 ID_FILE = ".job-id"
+LOCK_FD_ENV = "RLCTL_LAUNCHER_LOCK_FD"  # a launcher spawned by `launch --resume --detach`: its parent's lock, inherited
+
+
+def _handed_lock(path: Path) -> TextIO | None:
+    """The launcher lock file `path` as the process that spawned this one held it (`JobDir.launcher_lock`): its
+    inherited descriptor, whose number LOCK_FD_ENV holds (taken out of the environment: no agent this launcher
+    starts sees it), where that is this very file; None otherwise (the lock then taken anew)."""
+    fd = os.environ.pop(LOCK_FD_ENV, None)
+    if fd is None or not fd.isdigit():
+        return None
+    try:
+        held, here = os.fstat(int(fd)), path.stat()
+    except OSError:
+        return None
+    if (held.st_dev, held.st_ino) != (here.st_dev, here.st_ino):
+        return None
+    os.set_inheritable(int(fd), False)  # (the launcher's own children are not handed it)
+    return os.fdopen(int(fd), "a+")
 
 
 class JobDir:
@@ -361,13 +379,15 @@ class JobDir:
         return json_file(path)
 
     @contextlib.contextmanager
-    def launcher_lock(self) -> Iterator[None]:
+    def launcher_lock(self) -> Iterator[int]:
         """This process as the job's one launcher while inside (an exclusive flock on `.launcher.lock`, released
         when the process ends however it ends): a second `launch --resume` or `attach` while a launcher still
         runs, or resumes the job itself (`checkpoint.auto_resume`), is refused instead of starting a second
-        controller over the same checkpoints and logs."""
+        controller over the same checkpoints and logs. Yields the lock file's descriptor: a `launch --resume
+        --detach` hands the lock on to the launcher it spawns (the descriptor inherited, its number in
+        LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open)."""
         path = self.path / ".launcher.lock"
-        f = path.open("a+")
+        f = _handed_lock(path) or path.open("a+")
         try:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -378,7 +398,7 @@ class JobDir:
             f.truncate()
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
             f.flush()
-            yield
+            yield f.fileno()
         finally:
             f.close()
 

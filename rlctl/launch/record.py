@@ -83,7 +83,7 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
 @contextlib.contextmanager
 def fetching(job_dir: Path) -> Iterator[None]:
     """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for): `rlctl status` or `stop`
-    while the job's launcher fetches as its run ends, or a `launch --resume` before it takes the launcher lock, each
+    while the job's launcher fetches as its run ends, or a `launch --resume` as it takes the job over, each
     read how much of a log was here and appended what was past it, through the one `.part` file (a row appended
     twice, or the other's `.part` gone: FileNotFoundError). The launcher's own read-change-write of summary.json
     (`rlctl.ops.runstate.update_summary`) holds it too: a fetch reads that file, adds the launcher's keys to the

@@ -156,9 +156,9 @@ def copy_on(start_log: Path, log: Path) -> None:
         record.write_text(str(done + len(new)))
 
 
-def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
+def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Detached:
     """`rlctl ARGS` in a new session (`start`), its header line in `log` (`log_header`) before any of its lines."""
-    child = start([sys.executable, "-m", "rlctl", *args], log, env=env)
+    child = start([sys.executable, "-m", "rlctl", *args], log, env=env, pass_fds=pass_fds)
     log_header(log, pid=child.proc.pid, args=args, detached=True)
     return child
 
@@ -204,10 +204,10 @@ def latest_in_terminal(log: Path) -> str | None:
     )
 
 
-def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
+def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Detached:
     """`argv` in a new session: stdin /dev/null, stdout and stderr to a start log of its own beside `log` until it
     says it started (`say_started` moves them to `log`), the write end of a pipe inherited (its number in
-    READY_FD_ENV), `env` added to this process's environment."""
+    READY_FD_ENV), `env` added to this process's environment; `pass_fds` inherited too (a resume's launcher lock)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start_log = log.with_name(f".{log.stem}.start-{os.getpid()}-{time.monotonic_ns()}.log")
     r, w = os.pipe()
@@ -219,7 +219,7 @@ def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> D
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(w,),
+                pass_fds=(w, *pass_fds),
                 env={
                     **os.environ,
                     **(env or {}),

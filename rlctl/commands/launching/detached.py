@@ -44,13 +44,14 @@ def run_detached(
     output: OutputFormat,
     *,
     env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
     cancelled: Callable[[], object] = lambda: None,
     unstarted: Callable[[], object] = lambda: None,
 ) -> None:
-    """`rlctl ARGS` as a launcher in the background (`detach.spawn`, with `env`); its lines shown here until the
-    job runs. A Ctrl-C stops it (`cancelled` then puts right what it left) and says in one line what is left; one
-    that ended before the job ran (its error among its lines) is put right by `unstarted`."""
-    child = detach.spawn([*_flags(), *args], detach.log_path(job_dir), env=env)
+    """`rlctl ARGS` as a launcher in the background (`detach.spawn`, with `env`, inheriting `pass_fds`); its lines
+    shown here until the job runs. A Ctrl-C stops it (`cancelled` then puts right what it left) and says in one line
+    what is left; one that ended before the job ran (its error among its lines) is put right by `unstarted`."""
+    child = detach.spawn([*_flags(), *args], detach.log_path(job_dir), env=env, pass_fds=pass_fds)
 
     def write(data: bytes) -> None:
         sys.stderr.buffer.write(data)

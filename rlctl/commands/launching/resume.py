@@ -30,7 +30,7 @@ def resume_job(
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
-    from rlctl.launch.jobdir import JobDir
+    from rlctl.launch.jobdir import LOCK_FD_ENV, JobDir
     from rlctl.ops.extend import (
         completed_checkpoints,
         replace_job_json,
@@ -64,7 +64,7 @@ def resume_job(
         # another launcher holds is refused before anything below fetches the controller site's record into the job
         # dir that launcher works in, or rolls its checkpoints back; versus a probe of it (`launcher_holder`) that two
         # resumes started at once both passed, each then fetching and rolling back before either took the lock
-        lock.enter_context(jd.launcher_lock())
+        lock_fd = lock.enter_context(jd.launcher_lock())
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
@@ -100,13 +100,21 @@ def resume_job(
         lock.close()
         raise
     if detached:
-        # let go for the launcher it spawns, which takes it as it resumes the job again (its own `resume_job`: it
-        # fetches and rolls back under it; the lock is an flock on a file this process opened, which no child shares)
-        lock.close()
+        # handed on to the launcher it spawns, which takes it over as it resumes the job again (its own `resume_job`:
+        # it fetches and rolls back under it): the lock file's descriptor inherited, so the job is never without it;
+        # versus let go before the spawn, where a `launch --resume` started before that launcher took it again
+        # passed, and that launcher was refused (`has a launcher already`) after this one had fetched
         db.close()
         again = ["--iterations", str(iterations)] if iterations is not None else []
         again += ["--checkpoint", str(back)] if back is not None else []
-        run_detached(["launch", "--resume", str(jd.path), *again], jd.path, output)
+        with lock:  # (its own copy let go once that launcher said the job runs, or ended)
+            run_detached(
+                ["launch", "--resume", str(jd.path), *again],
+                jd.path,
+                output,
+                env={LOCK_FD_ENV: str(lock_fd)},
+                pass_fds=(lock_fd,),
+            )
         return
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:

@@ -4,6 +4,9 @@ and only then met the launcher lock."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,55 @@ def test_of_two_resumes_started_at_once_the_second_is_refused_before_it_fetches_
     assert fetched == [jd.path]  # was: fetched twice, the second resume's too
     assert len(second) == 1 and f"job {jd.id} has a launcher already (pid " in second[0], second
     assert len(ran) == 1 and ran[0] is not None and ran[0].startswith("pid "), ran  # still held as its run began
+
+
+HOLDS_THE_LOCK = """
+import os, sys
+from pathlib import Path
+from rlctl.launch.jobdir import LOCK_FD_ENV, JobDir
+jd = JobDir(Path(sys.argv[1]))
+with jd.launcher_lock():
+    print(os.getpid(), LOCK_FD_ENV in os.environ, jd.launcher_holder(), flush=True)
+"""
+
+
+def test_a_detached_resume_hands_its_launcher_lock_to_the_launcher_it_spawns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --resume --detach`: the launcher lock taken before the record is fetched is held while the launcher
+    in the background starts, which takes it over (the descriptor inherited); versus let go before the spawn, where
+    a resume started before that launcher took the lock again passed, and that launcher was then refused."""
+    from rlctl.commands.launching import resume
+    from rlctl.render import OutputFormat
+
+    jd = prepared(tmp_path / "run")
+    second: list[str] = []
+    spawned: list[str] = []
+
+    def run_detached(
+        args: list[str],
+        path: Path,
+        output: object,
+        *,
+        env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
+        assert args == ["launch", "--resume", str(jd.path)]
+        second.append(one_error(run_cli("launch", "--resume", str(jd.path))))  # as its launcher starts
+        child = subprocess.run(  # the launcher in the background, as `detach.start` starts it
+            [sys.executable, "-c", HOLDS_THE_LOCK, str(path)],
+            env={**os.environ, **(env or {})},
+            pass_fds=pass_fds,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        spawned.append(child.stdout)
+
+    monkeypatch.setattr(resume, "run_detached", run_detached)
+    monkeypatch.setattr(resume, "be_launcher", lambda *_a, **_k: pytest.fail("the second resume ran"))
+    resume.resume_job(str(jd.path), OutputFormat.table, detached=True)
+    assert len(second) == 1 and f"job {jd.id} has a launcher already (pid {os.getpid()} " in second[0], second
+    pid, env_left, holder = spawned[0].split(" ", 2)
+    assert env_left == "False" and holder.startswith(f"pid {pid} on "), spawned  # taken over, not refused
+    assert jd.launcher_holder() is None  # let go once both ended
