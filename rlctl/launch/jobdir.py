@@ -387,7 +387,15 @@ class JobDir:
         --detach` hands the lock on to the launcher it spawns (the descriptor inherited, its number in
         LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open)."""
         path = self.path / ".launcher.lock"
-        f = _handed_lock(path) or path.open("a+")
+        try:
+            f = _handed_lock(path) or path.open("a+")
+        except OSError as e:  # another user's job dir, a read-only mount: one line, versus a traceback (a resume
+            # takes the lock before its refusals: a finished job's `nothing to resume` said so before)
+            raise UsageError(
+                f"{path}: cannot open the job's launcher lock ({e.strerror or e})",
+                hint="a launcher writes in the job dir: look at its owner and permissions "
+                f"(`ls -la {shlex.quote(str(self.path))}`)",
+            ) from e
         try:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

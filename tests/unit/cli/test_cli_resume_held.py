@@ -13,7 +13,7 @@ import pytest
 
 from rlctl.ops import operate
 from tests.conftest import run_cli
-from tests.unit.cli.test_cli_bad_input import home, one_error, prepared
+from tests.unit.cli.test_cli_bad_input import home, one_error, prepared, snapshot
 
 __all__ = ["home"]  # (the fixture: RLCTL_HOME under tmp_path)
 
@@ -114,3 +114,19 @@ def test_a_detached_resume_hands_its_launcher_lock_to_the_launcher_it_spawns(
     pid, env_left, holder = spawned[0].split(" ", 2)
     assert env_left == "False" and holder.startswith(f"pid {pid} on "), spawned  # taken over, not refused
     assert jd.launcher_holder() is None  # let go once both ended
+
+
+def test_a_resume_that_cannot_open_the_launcher_lock_says_so_in_one_line(tmp_path: Path) -> None:
+    """A job dir whose `.launcher.lock` cannot be opened (another user's job dir, a read-only mount; here a
+    directory by that name, as root may write anywhere): one line naming the file, exit 2, the job dir as it was;
+    versus the OSError's traceback, now that a resume takes the lock before its refusals (a finished job's
+    `nothing to resume` was one line)."""
+    jd = prepared(tmp_path / "run")
+    (jd.path / ".launcher.lock").mkdir()
+    before = snapshot(jd.path)
+    said = f"rlctl: error: {jd.path / '.launcher.lock'}: cannot open the job's launcher lock ("
+    hint = f"(hint: a launcher writes in the job dir: look at its owner and permissions (`ls -la {jd.path}`))"
+    for given in (["--iterations", "400"], ["--detach"], []):
+        line = one_error(run_cli("launch", "--resume", str(jd.path), *given))
+        assert line.startswith(said) and line.endswith(hint), (given, line)
+    assert snapshot(jd.path) == before
