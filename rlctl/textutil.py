@@ -58,15 +58,21 @@ def undecodable_at(raw: bytes, start: int) -> str:
     return f"byte 0x{raw[start]:02x} at line {line}, column {column}"
 
 
-def home_path(path: str | PurePath, *, named: str) -> Path:
-    """`path` with a leading `~` or `~user` expanded, as the option or field `named` gave it. A home this machine does
-    not know (`~nosuchuser/…`) is refused in one line naming it (exit 2): Path.expanduser raised RuntimeError
-    ('Could not determine home directory'), a traceback."""
-    written = str(path)
+def home_expanded(written: str) -> str:
+    """`written` with a leading `~` or `~user` expanded (os.path's rule), the one rule of every path rlctl reads here:
+    a home this machine does not know (`~nosuchuser/…`) is a ValueError, one message, where os.path leaves it as
+    written (read as a folder named `~nosuchuser` beside the job file) and Path.expanduser raised RuntimeError
+    ('Could not determine home directory', a traceback). The caller names the path and the option or field."""
     expanded = os.path.expanduser(written)
     if written.startswith("~") and expanded == written:
-        raise UsageError(
-            f"{named} {written}: {written.split('/')[0]} is no home directory here (no such user)",
-            hint=f"give {named} as ~/… or in full",
-        )
-    return Path(expanded)
+        raise ValueError(f"{written.split('/')[0]} is no home directory here (no such user)")
+    return expanded
+
+
+def home_path(path: str | PurePath, *, named: str) -> Path:
+    """`path` with a leading `~` or `~user` expanded (`home_expanded`), as the option or field `named` gave it; a home
+    this machine does not know is refused in one line naming it (exit 2)."""
+    try:
+        return Path(home_expanded(str(path)))
+    except ValueError as e:
+        raise UsageError(f"{named} {path}: {e}", hint=f"give {named} as ~/… or in full") from e

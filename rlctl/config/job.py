@@ -36,7 +36,7 @@ from rlctl.config.runtime import Metrics, Rollout, Trainer, Transport, WeightSyn
 from rlctl.config.task import DatasetTask, DigitsTask, Task
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, job_relative, one_of
+from rlctl.textutil import did_you_mean, home_expanded, job_relative, one_of
 
 # A job's iterations: a billion is decades at one a second. Past 2^64 the controller's first message failed (msgpack
 # takes no larger int: `OverflowError`, the job failed at its start), and iteration × samples must stay in an int64.
@@ -120,17 +120,27 @@ class Job:
         return self.spec.name
 
 
-def _home_expanded(spec: JobFile) -> JobFile:
-    """The dataset task's data and reward files and the held-out file with a leading `~` expanded, as model.path,
-    inventory, job_dir and planning.profile are (each is read relative to the job file: `~/data/train.jsonl` was
-    refused as no such file, `~` taken for a directory beside the job file)."""
+def _home(path: Path, field: str, written: str) -> str:
+    """`written`, the job file's `field`, with a leading `~` or `~user` expanded (`home_expanded`, the one rule): a
+    home this machine does not know is refused naming the file and field, where os.path left `~nosuchuser/x` as
+    written and it was read as a folder `~nosuchuser` beside the job file (a job_dir made there)."""
+    try:
+        return home_expanded(written)
+    except ValueError as e:
+        raise ConfigError(str(path), field, f"{written!r}: {e}", hint="give the path as ~/… or in full") from e
+
+
+def _home_expanded(path: Path, spec: JobFile) -> JobFile:
+    """The dataset task's data and reward files and the held-out file with a leading `~` expanded (`_home`), as
+    model.path, inventory, job_dir and planning.profile are (each is read relative to the job file:
+    `~/data/train.jsonl` was refused as no such file, `~` taken for a directory beside the job file)."""
     task, evaluation = spec.task, spec.evaluation
     if isinstance(task, DatasetTask):
         target, sep, name = task.reward.rpartition(":")
-        reward = f"{os.path.expanduser(target)}:{name}" if sep else task.reward
-        task = task.model_copy(update={"path": os.path.expanduser(task.path), "reward": reward})
+        reward = f"{_home(path, 'task.reward', target)}:{name}" if sep else task.reward
+        task = task.model_copy(update={"path": _home(path, "task.path", task.path), "reward": reward})
     if evaluation.path is not None:
-        evaluation = evaluation.model_copy(update={"path": os.path.expanduser(evaluation.path)})
+        evaluation = evaluation.model_copy(update={"path": _home(path, "evaluation.path", evaluation.path)})
     return spec.model_copy(update={"task": task, "evaluation": evaluation})
 
 
@@ -140,8 +150,10 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     what writes it, and `rlctl plan --profile` prices the job with another)."""
     data = read_yaml(path)
     check_header(path, data, "Job")
-    spec = _home_expanded(validate(path, data, JobFile))
-    inv_paths = [Path(os.path.normpath(path.parent / os.path.expanduser(p))) for p in spec.inventory]  # as model.path
+    spec = _home_expanded(path, validate(path, data, JobFile))
+    inv_paths = [  # as model.path
+        Path(os.path.normpath(path.parent / _home(path, f"inventory[{i}]", p))) for i, p in enumerate(spec.inventory)
+    ]
     for i, p in enumerate(inv_paths):
         try:
             p.stat()
@@ -167,7 +179,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
         from rlctl.models.hf import check_hf_dir
 
-        model_dir = Path(os.path.normpath(path.parent / os.path.expanduser(spec.model.path)))
+        model_dir = Path(os.path.normpath(path.parent / _home(path, "model.path", spec.model.path)))
         try:
             check_hf_dir(model_dir, name=spec.model.name)
         except ConfigError as e:
@@ -179,7 +191,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             raise ConfigError(str(path), "model.path", f"cannot read {str(model_dir)!r}: {e.strerror or e}") from e
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
     if (profile := spec.planning.profile) is not None:  # resolved against the job file, as model.path
-        where = Path(os.path.normpath(path.absolute().parent / os.path.expanduser(profile)))
+        where = Path(os.path.normpath(path.absolute().parent / _home(path, "planning.profile", profile)))
         if profile_must_exist and not where.is_file():
             why = "not a file" if where.exists() else "no such file"
             raise ConfigError(
@@ -230,6 +242,6 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}"
         )
     if spec.job_dir is not None:  # like every path of the job file: the same job dir from wherever it is launched
-        job_dir = os.path.normpath(path.absolute().parent / os.path.expanduser(spec.job_dir))
+        job_dir = os.path.normpath(path.absolute().parent / _home(path, "job_dir", spec.job_dir))
         spec = spec.model_copy(update={"job_dir": job_dir})
     return Job(spec, inventory, path, mapping=json.loads(json.dumps(data, default=str)))

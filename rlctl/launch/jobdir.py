@@ -57,6 +57,7 @@ from rlctl.config.base import first_error, read_yaml
 from rlctl.config.inventory import RECORDED
 from rlctl.config.job import JobFile
 from rlctl.errors import ConfigError, LaunchError, UsageError
+from rlctl.textutil import home_expanded
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +148,10 @@ class JobDir:
     def choose_path(name: str, *, explicit: str | Path | None = None) -> Path:
         """`explicit` (the --job-dir flag or the job file's `job_dir`) wins; else a fresh timestamped dir."""
         if explicit is not None:  # `..` and `a/../b` resolved here: the directory's name is the job's id
-            written = str(explicit)
-            expanded = os.path.expanduser(written)  # (Path.expanduser raised RuntimeError of `~nosuchuser/…`)
-            if written.startswith("~") and expanded == written:
-                raise UsageError(
-                    f"{written}: {written.split('/')[0]} is no home directory here (no such user)",
-                    hint="give the job directory as ~/… or in full",
-                )
+            try:
+                expanded = home_expanded(str(explicit))
+            except ValueError as e:
+                raise UsageError(f"{explicit}: {e}", hint="give the job directory as ~/… or in full") from e
             return Path(os.path.normpath(os.path.abspath(expanded)))
         path = default_base().absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         n = 1
@@ -706,8 +704,9 @@ def _json_row(
 def why_not_made(path: Path) -> str | None:
     """Why this machine cannot make (or write into) the directory `path`, None when it can: the nearest of it and its
     parents that exists is a file, or takes no new entry. The latter is asked by making an empty directory there and
-    removing it: permission bits do not tell root that /proc or a read-only mount refuses one."""
-    path = Path(os.path.expanduser(path)).absolute()  # (Path.expanduser raised RuntimeError of `~nosuchuser/…`)
+    removing it: permission bits do not tell root that /proc or a read-only mount refuses one. `path` is expanded
+    already (`choose_path`, `load_job`'s job_dir, a site's `work_root`: `home_expanded`'s one rule)."""
+    path = path.absolute()
     there = path
     while not there.exists() and there != there.parent:
         there = there.parent

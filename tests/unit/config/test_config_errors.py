@@ -987,6 +987,43 @@ def test_a_path_under_a_home_that_is_not_there_is_no_such_file() -> None:
     assert res.stderr == "rlctl: error: ~rlctl-no-such-user/inv.yaml: no such file\n"
 
 
+def no_home(written: str = "~rlctl-no-such-user/x") -> str:
+    return f"{written!r}: ~rlctl-no-such-user is no home directory here (no such user)"
+
+
+TASK = "task: {kind: lengths}"
+NO_HOME_DATA = "task: {kind: dataset, path: ~rlctl-no-such-user/x.jsonl}"
+NO_HOME_REWARD = "task: {kind: dataset, path: d.jsonl, reward: '~rlctl-no-such-user/x.py:f'}"
+
+
+@pytest.mark.parametrize(
+    ("field", "written", "job"),
+    [
+        ("job_dir", "~rlctl-no-such-user/x", JOB + "job_dir: ~rlctl-no-such-user/x\n"),
+        ("inventory[0]", "~rlctl-no-such-user/x", JOB.replace("[inv.yaml]", "[~rlctl-no-such-user/x]")),
+        ("planning.profile", "~rlctl-no-such-user/x", JOB + "planning: {profile: ~rlctl-no-such-user/x}\n"),
+        ("task.path", "~rlctl-no-such-user/x.jsonl", JOB.replace(TASK, NO_HOME_DATA)),
+        ("task.reward", "~rlctl-no-such-user/x.py", JOB.replace(TASK, NO_HOME_REWARD)),
+        ("evaluation.path", "~rlctl-no-such-user/x.jsonl", JOB + "evaluation: {path: ~rlctl-no-such-user/x.jsonl}\n"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["check", "launch"])
+def test_a_job_path_under_a_home_that_is_not_there_is_refused_naming_the_field(
+    tmp_path: Path, command: str, field: str, written: str, job: str
+) -> None:
+    """`job_dir: ~nosuchuser/x` (os.path.expanduser leaves it as written) was read as a folder `~nosuchuser` beside
+    the job file: check passed it, and launch made the job dir there; an inventory, a profile or a data file under it
+    was 'no such file' of that folder, '(relative to the job file)'. One rule now (`textutil.home_expanded`)."""
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "job.yaml").write_text(job)
+    res = run_cli(command, str(tmp_path / "job.yaml"))
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == (
+        f"rlctl: error: {tmp_path}/job.yaml: {field}: {no_home(written)} (hint: give the path as ~/… or in full)\n"
+    )
+    assert not (tmp_path / "~rlctl-no-such-user").exists()
+
+
 @pytest.mark.parametrize("command", ["check", "profile"])
 def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) -> None:
     """`check a.yaml ./a.yaml` said 'sites.h20: duplicate site name; already defined in a.yaml' (profile: 'in another
