@@ -46,7 +46,7 @@ from rlctl.config.base import (
 )
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG, GpuSpec
-from rlctl.textutil import did_you_mean, one_of
+from rlctl.textutil import did_you_mean, home_expanded, one_of
 
 
 def expand_hostlist(pattern: str) -> list[str]:
@@ -111,13 +111,20 @@ def _work_root(v: str | None) -> str | None:
 WorkRoot = Annotated[str | None, AfterValidator(_work_root)]
 
 
-def _this_machine_path(v: str | None) -> str | None:
+def _this_machine_path(v: str | None, info: ValidationInfo) -> str | None:
     """A file rlctl reads here (an SSH key, a known-hosts file): absolute or under `~`. A relative one was read from
-    the directory rlctl ran in, not the inventory's: found from one directory, 'No such file' from another."""
+    the directory rlctl ran in, not the inventory's: found from one directory, 'No such file' from another. Under the
+    home of a user this machine does not have (`home_expanded`): refused here, where only the connection did (a job's
+    own record reads back as launched: its stop, status and pull connect to the site with it)."""
     if v is not None and not v.startswith(("/", "~")):
         raise ValueError(
             f"{v!r}: give an absolute path or one under ~ (a relative path was read from the directory rlctl runs in)"
         )
+    if v is not None and not is_recorded(info):
+        try:
+            home_expanded(v)
+        except ValueError as e:
+            raise ValueError(f"{v!r}: {e}; give the file as ~/… or in full") from e
     return v
 
 

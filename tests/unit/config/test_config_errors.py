@@ -1024,6 +1024,35 @@ def test_a_job_path_under_a_home_that_is_not_there_is_refused_naming_the_field(
     assert not (tmp_path / "~rlctl-no-such-user").exists()
 
 
+@pytest.mark.parametrize(
+    ("scheduler", "field"),
+    [
+        ("{kind: ssh, user: rl, key_file: ~rlctl-no-such-user/x}", "key_file"),
+        ("{kind: ssh, user: rl, known_hosts: ~rlctl-no-such-user/x}", "known_hosts"),
+        ("{kind: slurm, partition: p, submit_host: login, ssh_key_file: ~rlctl-no-such-user/x}", "ssh_key_file"),
+        ("{kind: slurm, partition: p, submit_host: login, ssh_known_hosts: ~rlctl-no-such-user/x}", "ssh_known_hosts"),
+    ],
+)
+def test_an_inventory_file_under_a_home_that_is_not_there_is_refused_by_check(
+    tmp_path: Path, scheduler: str, field: str
+) -> None:
+    """An SSH key or known-hosts file under `~nosuchuser` passed `rlctl check`, and was refused only by the first
+    connection of a launch (`home_path`). A job's own record (its sites.json) reads back as launched: its stop,
+    status and pull say the one line when they connect."""
+    from rlctl.config.inventory import RECORDED, Site
+
+    inv = site_with("{kind: ssh, user: rl}", scheduler)
+    (tmp_path / "inv.yaml").write_text(inv)
+    res = run_cli("check", str(tmp_path / "inv.yaml"))
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == (
+        f"rlctl: error: {tmp_path}/inv.yaml: sites.h20.scheduler.{field}: {no_home()}; give the file as ~/… or in "
+        "full\n"
+    )
+    site = read_yaml(tmp_path / "inv.yaml")["sites"]["h20"]
+    assert getattr(Site.model_validate(site, context=RECORDED).scheduler, field) == "~rlctl-no-such-user/x"
+
+
 @pytest.mark.parametrize("command", ["check", "profile"])
 def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) -> None:
     """`check a.yaml ./a.yaml` said 'sites.h20: duplicate site name; already defined in a.yaml' (profile: 'in another
