@@ -13,6 +13,7 @@ from rlctl.config.inventory import Inventory
 from rlctl.config.job import Job
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
+from rlctl.textutil import home_path
 
 
 def _job_hosts(job: Job) -> set[str]:
@@ -184,6 +185,37 @@ def metrics_port_problems(job: Job) -> list[Problem]:
             )
         ]
     return []
+
+
+KEY_FIELDS = ("key_file", "ssh_key_file")  # the key rlctl logs in with: an SSH site's, a SLURM submit host's
+
+
+def key_file_problems(job: Job) -> list[Problem]:
+    """A key file that the job's sites are logged in to with (an SSH site's `key_file`, a SLURM site's
+    `ssh_key_file` for its submit host) and that is not a file on this machine: rlctl's connection reads it as
+    written (no %-tokens, no fallback to other keys), and the launch failed at its first connection after check
+    passed. Only the job's sites: an inventory's other sites are not logged in to."""
+    out = []
+    for name in job_sites(job):
+        scheduler = job.inventory.sites[name].scheduler
+        for field in KEY_FIELDS:
+            written = getattr(scheduler, field, None)
+            if written is None:
+                continue
+            path = home_path(written, named=field)  # the inventory refused a home this machine does not know
+            if path.is_file():
+                continue
+            why = "not a file" if path.exists() else "no such file"
+            out.append(
+                Problem(
+                    f"sites.{name}.scheduler.{field}",
+                    f"{why} {str(path)!r} on this machine: rlctl logs in to site {name!r} with it",
+                    hint=f"give the private key you log in with, or leave {field} out: your own keys and ssh agent "
+                    "are tried",
+                    file=job.inventory.origin[name],
+                )
+            )
+    return out
 
 
 def site_problems(inventory: Inventory, names: Iterable[str]) -> list[Problem]:

@@ -286,6 +286,54 @@ def test_check_and_launch_say_every_problem_one_line_each(tmp_path: Path, monkey
     assert not (tmp_path / "run").exists()
 
 
+FAR = """\
+apiVersion: rlctl/v1
+kind: Inventory
+sites:
+  far:
+    datacenter: dc-b
+    scheduler: {kind: ssh, key_file: KEY}
+    gpu: CPU
+    nodes: [{host: 127.0.0.1, gpus: 2}]
+    network: {bandwidth_gbps: 10}
+links:
+  - {between: [local, far], bandwidth_gbps: 10, latency_ms: 1}
+"""
+
+
+def test_a_key_file_that_is_not_here_is_refused_for_the_job_s_sites_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SSH site's `key_file` that is no file on this machine passed `rlctl check` (without --reach), and the
+    launch failed at its first connection to the site, after check passed. A site of the inventory the job does not
+    use is not logged in to: its key is not asked for (the shipped h20 site names ~/.ssh/id_ed25519)."""
+    key = tmp_path / "id_rl"
+    (tmp_path / "far.yaml").write_text(FAR.replace("KEY", str(key)))
+    rollout = {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "far", "gpus": 2}]}
+    job = load(tmp_path, inventory=[LOCAL, str(tmp_path / "far.yaml")], placement=rollout)
+    want = (
+        f"rlctl: error: {tmp_path / 'far.yaml'}: sites.far.scheduler.key_file: no such file '{key}' on this machine: "
+        "rlctl logs in to site 'far' with it (hint: give the private key you log in with, or leave key_file out: "
+        "your own keys and ssh agent are tried)"
+    )
+    assert only_line(run_cli("check", str(job.path))) == want
+
+    def past_preflight(*_: Any) -> None:
+        raise AssertionError("launch went past preflight")
+
+    monkeypatch.setattr(launchdir, "launch_dir", past_preflight)
+    assert only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run"))) == want
+    assert not (tmp_path / "run").exists()
+    key.mkdir()
+    assert only_line(run_cli("check", str(job.path))) == want.replace("no such file", "not a file")
+    key.rmdir()
+    key.write_text("")
+    assert run_cli("check", str(job.path)).exit_code == 0
+    key.unlink()
+    here = load(tmp_path, inventory=[LOCAL, str(tmp_path / "far.yaml")])  # the far site's key missing, unused
+    assert run_cli("check", str(here.path)).exit_code == 0
+
+
 @pytest.mark.parametrize(
     ("placement", "trainer"),
     [((2, 3), {"backend": "torch"}), ((2, 2), {"backend": "megatron", "tensor_parallel": 2})],
