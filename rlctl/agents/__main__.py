@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from rlctl.errors import RlctlError
+from rlctl.textutil import home_expanded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controller", default=None, help="controller RPC address (default: DIR/controller.json)")
     ap.add_argument("--listen", default=None, help="controller: address to listen on")
     args = ap.parse_args(argv)
-    args.job_dir = args.job_dir.expanduser()
+    try:  # (Path.expanduser raised RuntimeError of `~nosuchuser/…`, a traceback)
+        args.job_dir = Path(home_expanded(str(args.job_dir)))
+    except ValueError as e:
+        print(f"{ap.prog}: error: --job-dir {args.job_dir}: {e}", file=sys.stderr)
+        return 2
     if args.replica is None:  # a SLURM task: every rank runs the same command line
         args.replica = int(os.environ.get("SLURM_PROCID", "0"))
     logging.basicConfig(

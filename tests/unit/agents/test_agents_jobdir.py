@@ -133,3 +133,17 @@ def test_a_recorded_algorithm_an_older_rlctl_launched_reads_back(
     if algorithm.get("off_policy") == "decoupled":  # what that rlctl computed: the weight truncated at the cap
         algorithm = {**algorithm, "off_policy": "tis"}
     assert read.model_dump(include=set(algorithm)) == algorithm
+
+
+def test_an_agents_job_dir_under_a_home_that_is_not_there_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`python -m rlctl.agents controller --job-dir '~nosuchuser/j'` ended in a RuntimeError traceback
+    (Path.expanduser's 'Could not determine home directory'); the one rule of rlctl's paths now (`home_expanded`)."""
+    from rlctl.agents.__main__ import main
+
+    assert main(["controller", "--job-dir", "~rlctl-no-such-user/j"]) == 2
+    assert capsys.readouterr().err == (
+        "python -m rlctl.agents: error: --job-dir ~rlctl-no-such-user/j: ~rlctl-no-such-user is no home directory here "
+        "(no such user)\n"
+    )
