@@ -16,14 +16,13 @@ from typing import Any
 import msgspec
 
 from rlctl.agents.appliedlog import AppliedLog
+from rlctl.agents.books import GoneBook
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import Evaluator
-from rlctl.agents.gonebook import GoneBook
-from rlctl.agents.leftbook import LeftBook
 from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, make, parse, recv_checked
-from rlctl.agents.placement import Placement, sites_by_agent
+from rlctl.agents.placement import Placement
 from rlctl.agents.rowbook import RowBook
 from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Scaler
@@ -121,10 +120,6 @@ class ControllerBase:
             predict=lambda specs: self.ranker.predict([s.tokens for s in specs]).tolist(),
             refill=self._refill,
         )
-        # the plan's units are told from units not joined yet by their names in `left` for the whole run
-        # (`Scaler._planned_unjoined`: one of them let go was asked about, then replaced as a unit that never joined)
-        planned = [n for n in sites_by_agent(self.placement.plan) if n.startswith("rollout-")]
-        self.core.left = LeftBook(pinned=planned)
         cfg = self.core.cfg
         if cfg.rounds_ahead < cfg.eta:  # (the bound holds: fewer rounds ahead only make the samples fresher)
             log.info(

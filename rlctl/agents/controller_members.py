@@ -15,10 +15,10 @@ import threading
 import time
 
 from rlctl.agents import common
+from rlctl.agents.books import GoneAgent
 from rlctl.agents.controller_base import Peer
 from rlctl.agents.controller_weights import WeightBookkeeping
 from rlctl.agents.flight import read_flight
-from rlctl.agents.gonebook import GoneAgent
 from rlctl.agents.messages import Heartbeat, Hello, make
 from rlctl.agents.watchdog import HUNG
 from rlctl.errors import TransportError

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlctl.agents.books import GoneAgent
 from rlctl.agents.controller_checkpoints import Checkpoints
-from rlctl.agents.gonebook import GoneAgent
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Trained
 from rlctl.agents.views import LIVE_STATES, forget_agent_gauges, iteration_gauges, metrics_row

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlctl.agents import migration
+from rlctl.agents.books import LeftBook
 from rlctl.agents.buffers import StalenessBuffers
 from rlctl.agents.coretypes import (
     FINISHED_LENGTHS,
@@ -29,7 +30,6 @@ from rlctl.agents.coretypes import (
     Unit,
 )
 from rlctl.agents.ledger import Entry, Ledger, State
-from rlctl.agents.leftbook import LeftBook
 from rlctl.agents.staleness import StalenessBound
 
 
@@ -70,7 +70,7 @@ class CoreState:
         self.units: dict[str, Unit] = {}  # the rollout units that joined and are not gone for good (all alive)
         # the names of those gone for good (lost, or stopped after a drain): their `Unit` goes (`_forget_unit`), and
         # the name tells a late message of a unit that is gone from one the job never had (`known`): the plan's (the
-        # controller pins them) and the latest LEFT_KEPT others, versus one name kept per unit the job ever lost
+        # scaler pins them: `UnitStarts`) and the latest LEFT_KEPT others, versus one name kept per unit the job ever lost
         self.left = LeftBook()
         # the names of units retired after a drain (told to stop: `_retire_drained`) whose connection may still be
         # open: their bye is taken and status shows them draining until their record leaves the controller's peers

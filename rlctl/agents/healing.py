@@ -26,8 +26,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from rlctl.agents.books import keep
 from rlctl.agents.placement import sites_by_agent
-from rlctl.agents.unitstarts import Replacement, UnitStarts, keep
+from rlctl.agents.unitstarts import Replacement, UnitStarts
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+from rlctl.agents.books import ScaleLog, keep
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.placement import Placement, sites_by_agent
 from rlctl.agents.rebalance import Reading, RebalanceRule
-from rlctl.agents.scalelog import ScaleLog
 from rlctl.config.pipeline import Rebalance
 from rlctl.errors import RlctlError
 from rlctl.launch.jobdir import JobDir
@@ -33,7 +33,6 @@ from rlctl.metrics import JobMetrics
 
 log = logging.getLogger(__name__)
 
-V = TypeVar("V")
 Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
 
 
@@ -109,6 +108,9 @@ class UnitStarts:
         # a unit asked for (a replacement's too) → since when its join bound counts: its start returned (`spawned`),
         # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
+        # the plan's units are told from units not joined yet by their names in `core.left` for the whole run
+        # (`_planned_unjoined`: one of them let go was asked about, then replaced as a unit that never joined)
+        core.left.pin(n for n in sites_by_agent(placement.plan) if n.startswith("rollout-"))
         self._init_layer()
 
     def _init_layer(self) -> None:
@@ -143,7 +145,9 @@ class UnitStarts:
         drains the newest) or lost while draining, before their first sample; a lost one is `replace`d, which ends
         it — are no units asked for any more: their request, join bound and chain go, versus kept for the rest of the
         run and, once the core no longer keeps their names (`LeftBook`), asked for again (counted in each
-        checkpoint's units, a slot held, stopped as units that never joined)."""
+        checkpoint's units, a slot held, stopped as units that never joined). A scan from `tick` of the units asked
+        for and not sampled yet (a few), so that it runs after `_lose` called `replace` (which ends a lost unit's
+        request itself: its failed start, its chain's failed attempt), versus a call from the core as a unit goes."""
         for name in [n for n in self.spawn_requested if n in self.core.left]:
             self._unrequest(name)
             self.unproven.pop(name, None)
@@ -271,11 +275,3 @@ class UnitStarts:
     def close(self) -> None:
         if self.spawner is not None:
             self.spawner.close()
-
-
-def keep(latest: dict[str, V], name: str, value: V, *, kept: int) -> None:
-    """`latest[name] = value`, the newest, and the oldest entries dropped beyond `kept`."""
-    latest.pop(name, None)
-    latest[name] = value
-    while len(latest) > kept:
-        del latest[next(iter(latest))]

@@ -18,14 +18,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from rlctl.agents.books import GoneBook, ScaleLog
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import IterationStats
-from rlctl.agents.gonebook import GoneBook
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.rowbook import RowBook
-from rlctl.agents.scalelog import ScaleLog
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from rlctl.agents.gonebook import GoneAgent, GoneBook
+from rlctl.agents.books import GoneAgent, GoneBook
 from rlctl.agents.views import status, summary
 from tests.unit.agents.test_agents_gone_churn import Churn, churn
 

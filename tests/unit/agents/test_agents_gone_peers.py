@@ -13,8 +13,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
+from rlctl.agents.books import LEFT_KEPT
 from rlctl.agents.ledger import State
-from rlctl.agents.leftbook import LEFT_KEPT
 from rlctl.agents.messages import make
 from rlctl.agents.views import agent_gauges, status
 from rlctl.commands.status import gone_line

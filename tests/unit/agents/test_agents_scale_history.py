@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlctl.agents.books import SCALE_EVENTS_KEPT, ScaleLog
 from rlctl.agents.ledger import Ledger
-from rlctl.agents.scalelog import SCALE_EVENTS_KEPT, ScaleLog
 from rlctl.checkpoint.controller import save_controller
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir, abandoned, resume_points

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlctl.agents.leftbook import LeftBook
 from rlctl.agents.scaling import Scaler
 from rlctl.agents.views import agent_gauges, status, summary
 from rlctl.metrics import JobMetrics
@@ -180,7 +179,7 @@ def test_a_unit_asked_for_and_drained_before_its_first_sample_is_no_longer_asked
     each per such unit), and asked for again — counted in each checkpoint's units, its slot taken, then stopped as a
     unit that never joined — once the core no longer kept its name among the units gone (LEFT_KEPT later)."""
     scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
-    core.left = LeftBook(keep=4, pinned=["rollout-0", "rollout-1"])  # (a job's keeps LEFT_KEPT)
+    core.left.keep = 4  # (a job's keeps LEFT_KEPT; the scaler pinned the plan's rollout-0 and rollout-1)
     scaler.gone_sites_kept = 4
     for k in range(UNITS):
         name = _asked(scaler, posted, spawner, starts=True)
@@ -192,3 +191,17 @@ def test_a_unit_asked_for_and_drained_before_its_first_sample_is_no_longer_asked
     assert scaler.pending_units() == [] and scaler.unit_counts() == {"a": 2}
     # the plan's, the latest 4 gone and the last (its site goes as the next unit is asked for: `_forget_sites`)
     assert len(scaler.placement.sites) == 2 + 4 + 1 and len(core.left) == 4
+
+
+def test_the_scaler_pins_the_plans_units_among_the_units_gone(tmp_path: Any) -> None:
+    """The scaler tells the plan's units not joined yet by their names among the core's units gone (`core.left`), so
+    it pins them there as it is built: the plan's rollout-0, lost, then more units lost than the core keeps by name,
+    is still a unit that joined, not one of the plan's to wait for, ask its site about and replace."""
+    scaler, core, _, _, _ = setup(tmp_path, fail=0)
+    core.left.keep = 2
+    core.lost("rollout-0")
+    for i in range(5):
+        core.join(f"rollout-{10 + i}", role="rollout", version=0)
+        core.lost(f"rollout-{10 + i}")
+    assert core.known("rollout-0") and scaler._planned_unjoined() == [] and not scaler.awaits("rollout-0")
+    assert list(core.left) == ["rollout-0", "rollout-13", "rollout-14"] and core.num_joined == 2 + 5

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from rlctl.agents.books import ScaleLog
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import CoreConfig, IterationStats, Out, PromptSpec
 from rlctl.agents.ledger import State
@@ -16,7 +17,6 @@ from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.placement import Placement
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.rowbook import PACE_ROWS, RowBook, job_start_offset
-from rlctl.agents.scalelog import ScaleLog
 from rlctl.agents.scaling import Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
