@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlctl.agents.ledger import Entry, entry_row
+from rlctl.checkpoint.files import fsync_dir
 from rlctl.launch.jobdir import ends_mid_line
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class SampleLog:
             out.write(lead + rest)
             out.flush()
             os.fsync(out.fileno())
+        fsync_dir(aside.parent)  # and so is its name (a file this cut made: else a power loss lost them in both)
         with self.path.open("rb+") as f:
             f.truncate(size)
             os.fsync(f.fileno())

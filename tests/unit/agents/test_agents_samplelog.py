@@ -92,6 +92,31 @@ def test_a_cut_that_cannot_set_the_lines_aside_keeps_them_in_the_log(
     assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1"]
 
 
+def test_the_file_the_lines_go_to_is_named_on_disk_before_the_log_loses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume's first cut makes samples.discarded.jsonl: its directory is synced (its name durable) while the log
+    still holds the lines it moves, versus never, where a power loss could keep the log's truncation and not the new
+    file's name — round 1's lines gone from both (the metrics' cut syncs it: metrics.discarded.jsonl)."""
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    log.write(_round(led, 0))
+    size = log.size()
+    log.write(_round(led, 1))
+    log.close()
+    whole = log.size()
+    synced: list[tuple[int, int]] = []  # at each fsync: the inode synced, the log's size then
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, log.size()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert SampleLog(log.path).cut(size) == 2
+    assert (tmp_path.stat().st_ino, whole) in synced
+    assert synced[-1] == (log.path.stat().st_ino, size)  # then the log is cut
+
+
 def test_a_line_cut_short_by_a_crash_is_set_aside_as_a_line_of_its_own(tmp_path: Path) -> None:
     """The controller is killed as it writes round 1's lines; the resume sets them aside, the last cut short. The
     next resume's lines start lines of their own in samples.discarded.jsonl, versus the first glued onto that cut
