@@ -4,11 +4,11 @@ whether the trainer may still complete one (what a stop waits for)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import shlex
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -20,7 +20,7 @@ from rlctl.agents.ledger import Entry, State
 from rlctl.agents.messages import CheckpointWritten
 from rlctl.agents.rowbook import RowBook, job_start_offset, timed
 from rlctl.checkpoint.choose import checkpoints_at
-from rlctl.checkpoint.controller import PART, cut_metrics_into, load_controller, prune_controller, save_controller
+from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, prune_controller, save_controller
 from rlctl.checkpoint.files import newest_complete, set_aside_newer
 from rlctl.launch.jobdir import JobDir, abandoned, resume_points
 
@@ -80,16 +80,14 @@ class Checkpoints(ControllerBase):
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
         # the rows before the checkpoint, each counted as it is read (`RowBook`'s totals), versus every row of the
         # job's iterations held at once; the first that says when the job started is kept
-        self.rows = RowBook(kept=sys.maxsize)  # (each a run's before this one: none is this run's pace)
+        self.rows = RowBook()
         first: list[dict[str, Any]] = []
-
-        def take(row: dict[str, Any]) -> None:
-            self.rows.add(row)
-            if not first and timed(row):
-                first.append(row)
-
-        kept = cut_metrics_into(self.jobdir, version, take)
-        self.rows.kept = kept
+        with contextlib.closing(cut_metrics(self.jobdir, version)) as rows:
+            for row in rows:
+                self.rows.add_kept(row)
+                if not first and timed(row):
+                    first.append(row)
+        kept = self.rows.kept
         self.wall_offset_s = job_start_offset(
             first, self.jobdir.read_events("controller_listening"), now=self.t_start_wall
         )

@@ -33,7 +33,7 @@ import msgspec
 
 from rlctl.agents.coretypes import Out
 from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
-from rlctl.checkpoint.controller import cut_rows
+from rlctl.checkpoint.cut import cut_rows
 from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.metrics import JobMetrics
 from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource

@@ -2,7 +2,7 @@
 summary.json read, as running totals — the reward curve, the sums of the means, samples per staleness gap — and the
 last rows, so that a run of a hundred thousand iterations keeps a few MB, not every row it wrote.
 
-    rows a resume kept ─▶ RowBook(rows, kept=…) (or .add each as it is read, `kept` set after) ─▶ .add(row) per
+    rows a resume kept ─▶ RowBook(rows, kept=…) (or .add_kept each as `cut_metrics` reads it) ─▶ .add(row) per
     trained iteration ─▶ views.status / views.summary
 """
 
@@ -58,6 +58,13 @@ class RowBook:
             if isinstance(n, int) and not isinstance(n, bool):  # samples: a count
                 self.staleness[gap] = self.staleness.get(gap, 0) + n
         self.tail.append(row)
+
+    def add_kept(self, row: dict[str, Any]) -> None:
+        """Count one more of the rows a resume kept (the runs' before this one: none is this run's pace), as
+        `RowBook(rows, kept=len(rows))` counts each, versus `kept` known only once every row was read."""
+        assert self.count == self.kept, "the rows a resume kept come before this run's"
+        self.kept += 1
+        self.add(row)
 
     @property
     def last(self) -> dict[str, Any] | None:

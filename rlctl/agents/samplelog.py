@@ -17,6 +17,7 @@ lineage once (`rows`).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -25,8 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlctl.agents.ledger import Entry, entry_row
-from rlctl.checkpoint.files import fsync_dir
-from rlctl.launch.jobdir import ends_mid_line
+from rlctl.checkpoint.cut import append_discarded
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +77,13 @@ class SampleLog:
         return moved
 
     def _aside(self, size: int, rest: bytes) -> int:
-        """Move `rest`, the log's bytes past `size`, to samples.discarded.jsonl; how many lines moved."""
-        if not rest.endswith(b"\n"):  # the last line cut short (the controller killed as it wrote): its newline, so
-            rest += b"\n"  # that the lines the next cut sets aside start lines of their own, not end this one
-        # the lines go aside (on disk) before the log loses them: a cut that fails there (a full disk) or dies keeps
-        # them in the log, read again by the next resume, never in neither file
-        aside = self.path.with_name(self.path.stem + ".discarded.jsonl")
-        # a cut that failed as it wrote there (a full disk) left a line cut short: these start lines of their own
-        lead = b"\n" if ends_mid_line(aside) else b""
-        with aside.open("ab") as out:
-            out.write(lead + rest)
-            out.flush()
-            os.fsync(out.fileno())
-        fsync_dir(aside.parent)  # and so is its name (a file this cut made: else a power loss lost them in both)
+        """Move `rest`, the log's bytes past `size`, to samples.discarded.jsonl (`append_discarded`: there, on disk,
+        before the log loses them); how many lines moved."""
+        moved = append_discarded(self.path, io.BytesIO(rest))
         with self.path.open("rb+") as f:
             f.truncate(size)
             os.fsync(f.fileno())
-        return rest.count(b"\n")
+        return moved
 
     def close(self) -> None:
         if self._file is not None:

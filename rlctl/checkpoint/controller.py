@@ -21,17 +21,15 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
+from rlctl.checkpoint.cut import cut_rows
 from rlctl.checkpoint.files import (
     PRUNED,
     fsync_dir,
@@ -42,7 +40,7 @@ from rlctl.checkpoint.files import (
     set_latest,
     write_part,
 )
-from rlctl.launch.jobdir import JobDir, appending, ends_mid_line, row_count
+from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.rl.reward_pool import RewardStats
 
 PART = "controller"
@@ -155,75 +153,15 @@ def sample_rows(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
     return samplelog.rows(jobdir.samples, ledger, state.get("samples_log_bytes"))
 
 
-def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
-    """Keep the metrics rows of iterations before `version` (returned); move the others, which the failed
-    run trained past its last checkpoint, to metrics.discarded.jsonl (`cut_metrics_into`)."""
-    kept: list[dict[str, Any]] = []
-    cut_metrics_into(jobdir, version, kept.append)
-    return kept
-
-
-def cut_metrics_into(jobdir: JobDir, version: int, take: Callable[[dict[str, Any]], None]) -> int:
-    """`cut_metrics`, each row kept handed to `take` as the file is read (a resumed controller's `RowBook`), versus
-    every row of the job's iterations held at once; the rows kept. A row without a number for its iteration (null,
-    text: an older version's row, an edited one) is before no checkpoint: it moves aside too (`int(None)` was a
-    TypeError that killed the resumed controller as it started)."""
+def cut_metrics(jobdir: JobDir, version: int) -> Generator[dict[str, Any], None, None]:
+    """The metrics rows of iterations before `version`, one at a time as metrics.jsonl is read (`cut_rows`: a resumed
+    controller's `RowBook` counts them so, versus every row of the job's iterations held at once); the others, which
+    the failed run trained past its last checkpoint, move to metrics.discarded.jsonl once it is read to its end. A
+    row without a number for its iteration (null, text: an older version's row, an edited one) is before no
+    checkpoint: it moves aside too (`int(None)` was a TypeError that killed the resumed controller as it started)."""
 
     def before(r: dict[str, Any]) -> bool:
         it = row_count(r.get("iteration"))
         return it is not None and it < version
 
-    return cut_rows_into(jobdir, jobdir.metrics, before, take)
-
-
-def cut_rows(
-    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]
-) -> Generator[dict[str, Any], None, None]:
-    """Keep the rows of the jsonl file `path` that `keep` accepts, each yielded as the file is read; move the others
-    to <name>.discarded.jsonl beside it once the file is read to its end. The file is read a row at a time into
-    temporary files beside it (the rows kept, the rows set aside), so that nothing but one row is held; a line that
-    does not parse (`read_lines`: LaunchError naming it), or a reader that stops before the end (the generator
-    closed), leaves both files as they were."""
-    if not path.exists():
-        return
-    aside = path.with_name(f"{path.stem}.discarded.jsonl")
-    tmp, away = path.with_name(f".{path.name}.tmp"), path.with_name(f".{aside.name}.tmp")
-    moved = 0
-    try:
-        with tmp.open("w") as out:
-            with away.open("w") as off:
-                for r in jobdir.iter_lines(path):
-                    if keep(r):
-                        out.write(json.dumps(r) + "\n")
-                        yield r
-                    else:
-                        off.write(json.dumps(r, default=str) + "\n")
-                        moved += 1
-            if moved:
-                with appending(aside) as f, away.open() as rows:
-                    f.write("\n" if ends_mid_line(aside) else "")
-                    shutil.copyfileobj(rows, f)
-                fsync_tree(aside)  # the rows set aside are on disk before the file loses them, and so is their file's
-                fsync_dir(aside.parent)  # name (one this cut made: else a power loss after the rename lost them both)
-            out.flush()
-            os.fsync(out.fileno())  # else a power loss after the rename can leave the file empty: every row before
-            # the checkpoint, which `sync_logs` made durable, lost for good
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        away.unlink(missing_ok=True)
-    tmp.replace(path)
-    fsync_dir(path.parent)
-
-
-def cut_rows_into(
-    jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool], take: Callable[[dict[str, Any]], None]
-) -> int:
-    """`cut_rows`, each row kept handed to `take`; the rows kept."""
-    kept = 0
-    with contextlib.closing(cut_rows(jobdir, path, keep)) as rows:
-        for r in rows:
-            take(r)
-            kept += 1
-    return kept
+    return cut_rows(jobdir, jobdir.metrics, before)

@@ -1,5 +1,5 @@
-"""A resumed controller's metrics rows (`cut_metrics_into` → `RowBook`): counted one at a time as metrics.jsonl is
-read and rewritten, so that a job of weeks, one row an iteration, holds its running totals only at a resume."""
+"""A resumed controller's metrics rows (`cut_metrics` → `RowBook.add_kept`): counted one at a time as metrics.jsonl
+is read and rewritten, so that a job of weeks, one row an iteration, holds its running totals only at a resume."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_damaged_metrics_row_leaves_the_files_as_they_were(tmp_path: Path) -> 
     text = '{"iteration": 0}\n{"iteration": 5}\n{"iteration": 1, "re\n{"iteration": 2}\n'
     jd.metrics.write_text(text)
     with pytest.raises(LaunchError, match=r"metrics\.jsonl: line 3 is not valid JSON"):
-        cut_metrics(jd, 2)
+        list(cut_metrics(jd, 2))
     assert jd.metrics.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
@@ -90,19 +90,19 @@ def test_the_file_of_the_rows_set_aside_is_named_on_disk_before_metrics_jsonl_lo
     """The cut makes metrics.discarded.jsonl: its directory is synced (its name durable) while metrics.jsonl still
     holds the rows it moved, versus only after the rename, where a power loss in between could keep the rename and
     not the new file's name — the rows past the checkpoint gone from both."""
-    from rlctl.checkpoint import controller
+    from rlctl.checkpoint import cut
     from rlctl.checkpoint.controller import cut_metrics
 
     jd = JobDir(tmp_path)
     jd.metrics.write_text("".join(json.dumps({"iteration": i}) + "\n" for i in range(4)))
     aside = tmp_path / "metrics.discarded.jsonl"
     seen: list[tuple[bool, int]] = []  # at each directory sync: the set-aside file there, metrics.jsonl's rows
-    synced = controller.fsync_dir
+    synced = cut.fsync_dir
 
     def fsync_dir(path: Path) -> None:
         seen.append((aside.is_file(), len(jd.metrics.read_text().splitlines())))
         synced(path)
 
-    monkeypatch.setattr(controller, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(cut, "fsync_dir", fsync_dir)
     assert [r["iteration"] for r in cut_metrics(jd, 2)] == [0, 1]
     assert seen[0] == (True, 4) and seen[-1] == (True, 2)

@@ -32,7 +32,7 @@ def test_the_count_is_read_from_the_metrics_end_not_every_row(tmp_path: Path, mo
 def test_after_a_resume_cut_the_last_row_is_the_count(tmp_path: Path) -> None:
     # 30 trained, resumed from v10 (rows 10… set aside), 5 more trained: 15, not the 30 the rows set aside said
     jd = _job(tmp_path, 30)
-    cut_metrics(jd, 10)
+    list(cut_metrics(jd, 10))  # (read to its end: the cut is made)
     for i in range(10, 15):
         jd.append(jd.metrics, {"iteration": i, "reward_mean": 0.5})
     assert trained_iterations(jd) == 15
