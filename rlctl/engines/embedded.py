@@ -136,11 +136,16 @@ class EmbeddedEngine(GenerationEngine):
         self._cache: KVCache | None = None  # max_batch_size rows, allocated at the first admission
         # per storage row, on the device (static storage: a captured step reads them in place)
         z = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
-        self._next = z.clone()  # the token fed at the next step
+        # what the host reads of a step, the sampled tokens (int64, also the tokens fed at the next step) and their
+        # log-probs (fp32), are views of one byte buffer: one transfer a step, not two (on a GPU each waits for it)
+        self._out = torch.zeros(max_batch_size * 12, dtype=torch.uint8, device=self.device)
+        self._next, self._logprobs = self._out_views(self._out)
+        pinned = self.device.type == "cuda"  # a transfer into page-locked memory is a direct copy
+        self._host_out = torch.zeros(max_batch_size * 12, dtype=torch.uint8, pin_memory=pinned)
+        self._host_next, self._host_logprobs = self._out_views(self._host_out)
         self._seeds = z.clone()
         self._steps = z.clone()  # output tokens so far
         self._live = z.clone()  # 1 = a running request holds the row (free rows stay at position 0)
-        self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
         self._greedy = torch.zeros(max_batch_size, dtype=torch.bool, device=self.device)  # a greedy request's row
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.compile_step = compile_step
@@ -270,7 +275,8 @@ class EmbeddedEngine(GenerationEngine):
         if self.trace is not None:
             self.trace.append(rows)
         self.step_tokens = self._n_running  # one each (the prefilled ones: their first)
-        out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())
+        self._host_out.copy_(self._out)  # the step's one transfer (on a GPU, its one wait)
+        out = self._collect(self._host_next[:n].tolist(), self._host_logprobs[:n].tolist())
         self._maybe_compact()
         return out
 
@@ -280,6 +286,11 @@ class EmbeddedEngine(GenerationEngine):
         for graphs in (self._graphs, self._mixed_graphs, self._prefill_graphs):
             if graphs is not None:
                 graphs.reset()
+
+    def _out_views(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens (int64) and log-probs (fp32) of every storage row in a byte buffer `out`: 8 bytes a row then 4."""
+        split = 8 * self.max_batch_size
+        return out[:split].view(torch.long), out[split:].view(torch.float32)
 
     def _forward(self, rows: int, width: int) -> torch.Tensor:
         """The model's pass of a decode step (what `compile_step` compiles): next-token logits of the first `rows`."""

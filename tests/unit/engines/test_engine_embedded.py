@@ -538,3 +538,81 @@ def test_a_compiled_step_engine_is_freed_when_its_last_reference_goes(model: Tin
         assert freed() is None
     finally:
         gc.enable()
+
+
+def _waves(seed: int) -> list[GenRequest]:
+    """Rows of different lengths, greedy rows among sampled ones, two groups: steps that admit, finish and compact."""
+    return [
+        GenRequest(
+            f"w{seed}-{i}", [1] + [3 + (seed + 5 * i) % 50] * (i % 4), 2 + (7 * i) % 13, group=i // 9, greedy=i % 5 == 1
+        )
+        for i in range(20)
+    ]
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_step_collects_the_tokens_and_logprobs_its_rows_hold_bit_for_bit(model: TinyGPT, static: bool) -> None:
+    """A step reads its sampled tokens and log-probs to the host in one transfer (views of one byte buffer): what
+    `_collect` gets is, bit for bit, what reading the two device tensors one by one gives (the path it replaced)."""
+    engine = EmbeddedEngine(model, max_batch_size=6, temperature=1.0, seed=5, static_shapes=static)
+    engine.add(_waves(0))
+    collect = engine._collect
+    checked = 0
+
+    def compare(tokens: list[int], logprobs: list[float]) -> list[GenResult]:
+        nonlocal checked
+        n = len(engine._rows)
+        assert tokens == engine._next[:n].tolist() and all(type(t) is int for t in tokens)
+        bits = torch.tensor(logprobs, dtype=torch.float64).float().view(torch.int32)
+        assert torch.equal(bits, engine._logprobs[:n].view(torch.int32))
+        checked += n
+        return collect(tokens, logprobs)
+
+    engine._collect = compare  # type: ignore[method-assign]
+    done = engine.run_until_done()
+    assert len(done) == 20 and checked > 20 and engine.compactions > 0
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the reads of values out of `state` (tensors on the engine's device) into the host: what waits for the
+    device on a GPU. A copy out of the state into other storage counts, reads of that copy do not."""
+
+    READS = frozenset({"tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "to"})
+
+    def __init__(self, state: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.state = {t.untyped_storage().data_ptr() for t in state}
+        self.reads: list[str] = []
+
+    def _of_state(self, t: object) -> bool:
+        return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", "")
+        if name == "copy_":  # into other storage
+            read = self._of_state(args[1]) and not self._of_state(args[0])
+        else:
+            read = name in self.READS and self._of_state(args[0])
+        if read:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_step_reads_the_device_once(model: TinyGPT, static: bool) -> None:
+    """One transfer to the host a step, whatever the step did (admit, finish, compact): its tokens and log-probs
+    together. It made two (`tolist` of each), and on a GPU each waits for the device."""
+    engine = EmbeddedEngine(model, max_batch_size=6, temperature=1.0, seed=5, static_shapes=static)
+    engine.add(_waves(1))
+    engine.step()  # the first admission allocates the cache
+    assert engine._cache is not None
+    cache = engine._cache
+    state = [engine._next, engine._logprobs, engine._seeds, engine._steps, engine._live, engine._greedy]
+    state += [cache.lengths, *cache.k, *cache.v, *model.parameters()]
+    per_step = []
+    while engine.has_work():
+        with _HostReads(state) as mode:
+            engine.step()
+        per_step.append(len(mode.reads))
+    assert engine.compactions > 0 and len(per_step) > 10
+    assert set(per_step) == {1}
