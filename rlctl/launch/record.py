@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_
 from rlctl.launch.jobdir import NO_FLOCK, JobDir, appending, event_time, record_text, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.stage import Roots, read_staged
+from rlctl.launch.summary import parse_summary, read_summary, replace_damaged
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,10 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
                 if merged is None:  # the controller's copy does not read and a copy is here: that one stays
                     continue
                 text, damage = merged
-                if damage:  # the copy here does not read: moved aside whole, the fetched one says where
-                    text = _damaged_kept(job_dir / name, text, damage)
+                if damage:  # the copy here does not read: kept aside whole, the fetched one says where
+                    _damaged_kept(job_dir / name, text, damage)
+                    fetched.append(name)
+                    continue
             replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
@@ -152,7 +154,7 @@ def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> tuple[str,
     """(text, damage): the controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when
     that is the same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job
     whose controller ran on another site took its held-out figures out of summary.json (and `rlctl report`). `damage`
-    says how the copy here does not read ("" where it does or there is none): the caller moves it aside whole
+    says how the copy here does not read ("" where it does or there is none): the caller keeps it aside whole
     (`_damaged_kept`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched one: the launcher's
     keys it held were gone. A fetched one (from `source`) that does not read is written only where there is no copy
     here (the run's end is then read from the events, and the launcher's keys written with it: `update_summary`);
@@ -160,11 +162,14 @@ def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> tuple[str,
     written over it (its launcher's keys, the held-out figures among them, lost) or, where the copy here was that
     same damage written by the fetch before, moved aside and written again: one more summary.json.damaged.N every
     `rlctl status` (every poll of `status -w`)."""
-    theirs, problem = _summary_of(fetched)
+    theirs, problem = parse_summary(fetched)
     try:
-        mine, damage = _summary_of(here.read_text(encoding="utf-8", errors="replace"))
-    except OSError:  # none here yet
+        read = read_summary(here)
+    except OSError:  # none here to read
+        read = None
+    if read is None:
         return fetched, ""
+    mine, damage = read
     if theirs is None:
         _kept_here(here, source, problem)
         return None
@@ -176,17 +181,6 @@ def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> tuple[str,
     return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n", ""
 
 
-def _summary_of(text: str) -> tuple[dict[str, Any] | None, str]:
-    """(the summary `text` holds, "") where it reads as a JSON object, else (None, what is wrong with it)."""
-    try:
-        summary = json.loads(text)
-    except ValueError as e:  # JSONDecodeError
-        return None, f"not valid JSON ({e})"
-    if not isinstance(summary, dict):
-        return None, f"not a JSON object but {type(summary).__name__}"
-    return summary, ""
-
-
 def _kept_here(here: Path, source: str, problem: str) -> None:
     """The controller's summary.json at `source` does not read (`problem`): `here` is kept as it is, once said."""
     said = f"{source}: {problem}"
@@ -195,21 +189,11 @@ def _kept_here(here: Path, source: str, problem: str) -> None:
         log.warning("the controller's summary %s; not fetched, %s kept as it is", said, here)
 
 
-def _damaged_kept(here: Path, fetched: str, problem: str) -> str:
-    """`here`, a summary.json that does not read (`problem`), moved aside whole; the fetched copy (which reads:
-    `_with_launchers_keys`), saying where."""
-    aside = damaged_aside(here)
-    os.replace(here, aside)
+def _damaged_kept(here: Path, fetched: str, problem: str) -> None:
+    """`here`, a summary.json that does not read (`problem`), kept aside whole; the fetched copy (which reads:
+    `_with_launchers_keys`) written in its place, saying where (`replace_damaged`)."""
+    aside, _ = replace_damaged(here, json.loads(fetched), problem=problem)
     log.warning("%s: %s; kept as %s, the controller's copy fetched in its place", here, problem, aside)
-    theirs = json.loads(fetched)
-    theirs["summary_damaged"] = f"{here}: {problem}; kept as {aside.name}"
-    return json.dumps(theirs, indent=2, default=str) + "\n"
-
-
-def damaged_aside(path: Path) -> Path:
-    """Where a record file that does not read is kept: `<name>.damaged`, else the first free `<name>.damaged.<n>`."""
-    names = itertools.chain([f"{path.name}.damaged"], (f"{path.name}.damaged.{n}" for n in itertools.count(2)))
-    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, str] | None = None) -> None:

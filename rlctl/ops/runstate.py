@@ -6,16 +6,15 @@ agent started)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.jobdir import JobDir, event_time, record_text
-from rlctl.launch.record import damaged_aside, fetching
+from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.record import fetching
+from rlctl.launch.summary import read_summary, replace_damaged, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -59,28 +58,28 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
     return _read_summary(jobdir, run)[0]
 
 
-def _read_summary(jobdir: JobDir, run: str | None) -> tuple[dict[str, Any] | None, bool]:
-    """`run_summary`, and whether it is the end read from the events in place of a file that does not read."""
-    if not jobdir.summary_json.exists():
-        return None, False
-    try:
-        summary = json.loads(record_text(jobdir.summary_json))
-    except ValueError as e:  # JSONDecodeError
-        return _summary_from_events(jobdir, run, f"not valid JSON ({e})"), True
-    if not isinstance(summary, dict):
-        return _summary_from_events(jobdir, run, f"not a JSON object but {type(summary).__name__}"), True
+def _read_summary(jobdir: JobDir, run: str | None) -> tuple[dict[str, Any] | None, str]:
+    """`run_summary`, and where it is the end read from the events in place of a file that does not read, what is
+    wrong with that file ("" where it reads)."""
+    read = read_summary(jobdir.summary_json)
+    if read is None:
+        return None, ""
+    summary, problem = read
+    if summary is None:
+        return _summary_from_events(jobdir, run, problem), problem
     if run is not None and summary.get("run") not in (None, run):
         log.warning("%s is run %s's, not run %s's: not taken", jobdir.summary_json, summary.get("run"), run)
-        return None, False
-    return summary, False
+        return None, ""
+    return summary, ""
 
 
 def update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> dict[str, Any] | None:
     """Run `run`'s summary.json (`run_summary`) with `changes` (the launcher's keys: held-out figures, its agents'
     exits, a state) written into it; None, nothing written, where there is no summary of that run. One that does not
-    read is moved aside whole (summary.json.damaged: `damaged_aside`) before the end read from the events, with
-    `changes`, is written in its place, versus that short end (state and iterations) written over it as if it were
-    the summary: what the rest of it held is kept. Read, changed and written under the lock a fetch of the job's
+    read is kept aside whole (summary.json.damaged) and the end read from the events, with `changes`, written in its
+    place (`rlctl.launch.summary.replace_damaged`: the repair renamed over it, so a reader finds one or the other),
+    versus that short end (state and iterations) written over it as if it were the summary: what the rest of it held
+    is kept. Read, changed and written under the lock a fetch of the job's
     record takes (`fetching`), which reads this file and writes it back with the controller's copy: a key written
     between its read and its write was lost (held-out figures, by a `rlctl status` as the launcher evaluated)."""
     with fetching(jobdir.path):
@@ -88,22 +87,21 @@ def update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> 
 
 
 def _update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> dict[str, Any] | None:
-    summary, damaged = _read_summary(jobdir, run)
+    summary, problem = _read_summary(jobdir, run)
     if summary is None:
         return None
-    if damaged:
-        aside = damaged_aside(jobdir.summary_json)
-        os.replace(jobdir.summary_json, aside)
-        summary["summary_damaged"] = f"{summary['summary_damaged']}; kept as {aside.name}"
-        log.warning(
-            "%s is kept as %s; the summary written in its place is its run's end as read from %s",
-            jobdir.summary_json,
-            aside,
-            jobdir.events,
-        )
     summary.update(changes)
-    jobdir.write_json(jobdir.summary_json, summary)
-    return summary
+    if not problem:
+        write_summary(jobdir.summary_json, summary)
+        return summary
+    aside, written = replace_damaged(jobdir.summary_json, summary, problem=problem)
+    log.warning(
+        "%s is kept as %s; the summary written in its place is its run's end as read from %s",
+        jobdir.summary_json,
+        aside,
+        jobdir.events,
+    )
+    return written
 
 
 _SAID_DAMAGED: set[str] = set()  # the damaged summaries this process said it read the end of from the events
