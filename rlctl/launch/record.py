@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ RECORD_FILES = ("controller.json", "summary.json")
 LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state", "summary_damaged")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
-FETCH_LOCK = ".record-fetch.lock"  # beside them: one `fetch_record` or launcher's summary write at a time (`fetching`)
+# beside them: one write of a fetch, a launcher's summary write or a resume's move of it at a time (`fetching`); it
+# holds the number of those moves
+FETCH_LOCK = ".record-fetch.lock"
+FETCH_TRIES = 4  # reads of a log whose copy here other fetches wrote meanwhile, before it is left (`fetch_appended`)
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 # logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
 APPENDED_LOGS = tuple(
@@ -73,41 +77,64 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     """Copy the controller's record (summary, controller.json; its events, by what they grew, merged into the
     operator's), its logs (APPENDED_LOGS: metrics, evaluations, samples, by what they grew) and the tracker files
     (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
-    Returns the names fetched."""
+    Returns the names fetched. The site is read with no lock held, and each write here under the fetch lock
+    (`fetching`), versus that lock held across the whole fetch: a site that did not answer (each of its reads up to
+    its timeout) held it for minutes, and the launcher's summary writes (a `rlctl stop`'s record of its agents'
+    exits: `update_summary`) and a resume's moves of the summary waited behind it."""
     if record_is_here(site, root, job_dir):
         return []
-    with fetching(job_dir):
-        return _fetch(job_dir, site, host, root)
+    fs = host_files(site, host)
+    try:
+        return _fetch(job_dir, fs, host, root)
+    finally:
+        fs.close()
 
 
 @contextlib.contextmanager
-def fetching(job_dir: Path) -> Iterator[None]:
-    """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for): `rlctl status` or `stop`
-    while the job's launcher fetches as its run ends, or a `launch --resume` as it takes the job over, each
-    read how much of a log was here and appended what was past it, through the one `.part` file (a row appended
-    twice, or the other's `.part` gone: FileNotFoundError). The launcher's own read-change-write of summary.json
-    (`rlctl.ops.runstate.update_summary`) holds it too: a fetch reads that file, adds the launcher's keys to the
-    controller's copy and writes it back (`_with_launchers_keys`), and a key written in between was lost; so do a
-    resume's moves of summary.json (aside as its run starts, back where it never started: `rlctl.ops.runstart`).
-    Not reentrant (a flock per open file): no holder takes it again, nor the launcher lock (taken without waiting).
-    Where the filesystem has no flock it goes unlocked, as `appending` does."""
-    with (job_dir / FETCH_LOCK).open("a") as f:
+def fetching(job_dir: Path, *, moving: bool = False) -> Iterator[None]:
+    """One writer of the fetched record into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for):
+    `rlctl status` or `stop` while the job's launcher fetches as its run ends, or a `launch --resume` as it takes the
+    job over, each read how much of a log was here and appended what was past it (a row appended twice).
+    The launcher's own read-change-write of summary.json (`rlctl.ops.runstate.update_summary`) holds it too: a fetch
+    reads that file, adds the launcher's keys to the controller's copy and writes it back (`_with_launchers_keys`),
+    and a key written in between was lost. A resume's moves of summary.json (aside as its run starts, here and on
+    the controller's site; back where it never started: `rlctl.ops.runstart`) hold it `moving`: each counts one more
+    move in FETCH_LOCK (`_moves`), and a fetch whose read of the site came before a move writes no record file
+    (the run before's summary back over the move). Only local files are read and written inside: a fetch reads the
+    site before it (`fetch_record`). Not reentrant (a flock per open file): no holder takes it again, nor the
+    launcher lock (taken without waiting). Where the filesystem has no flock it goes unlocked, as `appending` does."""
+    with (job_dir / FETCH_LOCK).open("a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         except OSError as e:
             if e.errno not in NO_FLOCK:
                 raise
+        if moving:
+            f.seek(0)
+            moves = int(f.read().strip() or 0) + 1
+            f.truncate(0)
+            f.write(f"{moves}\n")
+            f.flush()
         yield  # (the lock goes with the file's close)
 
 
-def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
-    fs = host_files(site, host)
-    fetched = []
+def _moves(job_dir: Path) -> str:
+    """How many moves of the summary `fetching` counted (the text of FETCH_LOCK; "" for none)."""
     try:
-        for name in RECORD_FILES:
-            text = fs.read_text(f"{root}/{name}")
-            if text is None:
-                continue
+        return (job_dir / FETCH_LOCK).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _fetch(job_dir: Path, fs: HostFiles, host: str, root: str) -> list[str]:
+    moves = _moves(job_dir)  # before the site is read: a move after it makes what was read the run before's
+    texts = {name: text for name in RECORD_FILES if (text := fs.read_text(f"{root}/{name}")) is not None}
+    fetched = []
+    with fetching(job_dir):
+        if _moves(job_dir) != moves:
+            log.info("%s: the summary was moved as the record was fetched; %s fetched next time", job_dir, list(texts))
+            texts = {}
+        for name, text in texts.items():
             if name == "summary.json":
                 merged = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
                 if merged is None:  # the controller's copy does not read and a copy is here: that one stays
@@ -119,32 +146,37 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
                     continue
             replace_text(job_dir / name, text)
             fetched.append(name)
-        mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
-        if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
-            # an event appended here meanwhile would go with the file replaced
-            with appending(job_dir / EVENTS) as events:
-                new = eventtail.tail(job_dir / EVENTS, mirror)  # the site's new lines, where they merge as such
-                if new is None:
-                    replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror))
-                else:
-                    events.write(new)
-                    events.flush()
-                eventtail.mark(job_dir / EVENTS, mirror)
-            fetched.append(EVENTS)
-        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
-        for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
-            for rel in fs.list_files(f"{root}/{tree}"):
-                dst = job_dir / tree / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    fs.get(f"{root}/{tree}/{rel}", dst)
-                except LaunchError as e:  # a tracker's temporary file, removed since the listing
-                    log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
-                    continue
-                fetched.append(f"{tree}/{rel}")
-    finally:
-        fs.close()
+    mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
+    if fetch_appended(fs, f"{root}/{EVENTS}", mirror, then=lambda: _merge_events(job_dir / EVENTS, mirror)):
+        fetched.append(EVENTS)
+    fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
+    for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
+        for rel in fs.list_files(f"{root}/{tree}"):
+            dst = job_dir / tree / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            part = _own_part(dst)  # renamed into place: another fetch's copy of it is whole too
+            try:
+                fs.get(f"{root}/{tree}/{rel}", part)
+                os.replace(part, dst)
+            except LaunchError as e:  # a tracker's temporary file, removed since the listing
+                log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
+                continue
+            finally:
+                part.unlink(missing_ok=True)
+            fetched.append(f"{tree}/{rel}")
     return fetched
+
+
+def _merge_events(events: Path, mirror: Path) -> None:
+    """The site's events as fetched (`mirror`) merged into the operator's `events` (under the fetch lock)."""
+    with appending(events) as f:  # an event appended here meanwhile would go with the file replaced
+        new = eventtail.tail(events, mirror)  # the site's new lines, where they merge as such
+        if new is None:
+            replace_text(events, _merge_lines(events, mirror))
+        else:
+            f.write(new)
+            f.flush()
+        eventtail.mark(events, mirror)
 
 
 _SAID_FETCHED_DAMAGED: set[str] = set()  # the controller's summaries that do not read this process said it skipped
@@ -222,40 +254,67 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
         log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
 
 
-def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
+def fetch_appended(fs: HostFiles, path: str, local: Path, *, then: Callable[[], None] | None = None) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
     copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
-    else the whole file (a resume cut the log back). True when lines arrived."""
-    have = local.stat().st_size if local.exists() else 0
-    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
-    if probe is None:
-        return False
-    data, size = probe
-    if have and (size < have or data != _tail(local, len(data))):
-        have = 0
-    if size <= have:
-        return False
-    part = local.with_name(local.name + ".part")
-    try:
-        fs.get_range(path, part, have, size)
-        whole = _whole_lines(part)  # the controller may be writing its last line
-        if not whole:
+    else the whole file (a resume cut the log back). True when lines arrived. The host is read with no lock held;
+    the lines are written here, and `then` called, under the fetch lock (`fetching`), where the copy here is still
+    as it was when the host was read; one another fetch wrote meanwhile is read against again (up to FETCH_TRIES
+    times, then left to the next fetch, said)."""
+    for _ in range(FETCH_TRIES):
+        seen = _state(local)
+        have = seen[2] if seen else 0
+        probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+        if probe is None:
             return False
-        os.truncate(part, whole)
-        if have:
-            with part.open("rb") as src, local.open("ab") as dst:
-                shutil.copyfileobj(src, dst)
-        else:
-            os.replace(part, local)
-    finally:
-        part.unlink(missing_ok=True)
-    return True
+        data, size = probe
+        if have and (size < have or data != _bytes_before(local, have, len(data))):
+            have = 0
+        if size <= have:
+            return False
+        part = _own_part(local)
+        try:
+            fs.get_range(path, part, have, size)
+            whole = _whole_lines(part)  # the controller may be writing its last line
+            if not whole:
+                return False
+            os.truncate(part, whole)
+            with fetching(local.parent):
+                if _state(local) != seen:  # another fetch wrote it since it was read: read against it again
+                    continue
+                if have:
+                    with part.open("rb") as src, local.open("ab") as dst:
+                        shutil.copyfileobj(src, dst)
+                else:
+                    os.replace(part, local)
+                if then is not None:
+                    then()
+            return True
+        finally:
+            part.unlink(missing_ok=True)
+    log.info("%s: written by other fetches as this one read %s, %d times; fetched next time", local, path, FETCH_TRIES)
+    return False
 
 
-def _tail(path: Path, n: int) -> bytes:
-    """The file's last `n` bytes."""
+def _state(path: Path) -> tuple[int, int, int] | None:
+    """(inode, modification time, size) of `path`: an append, or the file replaced, changes it; None for none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _own_part(path: Path) -> Path:
+    """This fetch's own temporary name beside `path` (its process and thread: fetches at once write one each; no
+    tracker's name in it, which TensorBoard would read as a run's events)."""
+    return path.with_name(f".fetch-{os.getpid()}-{threading.get_ident()}.part")
+
+
+def _bytes_before(path: Path, end: int, n: int) -> bytes:
+    """The `n` bytes of the file before offset `end`."""
     with path.open("rb") as f:
-        f.seek(f.seek(0, os.SEEK_END) - n)
+        f.seek(end - n)
         return f.read(n)
 
 

@@ -135,18 +135,19 @@ class RunStart(RunBase):
         """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
         and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
         replaced: the job file it came from, its launcher, its agents' exits, when it was launched). The summary put
-        back under the lock a fetch of the record takes (`fetching`): a `rlctl status` that read no summary here
-        before it and wrote the controller's copy after it wrote over the launcher's keys (held-out figures)."""
-        with fetching(self.jobdir.path):
-            if self._record is not None:
+        back here under the lock a fetch of the record takes, as a move (`fetching(moving=True)`), after the site's:
+        a `rlctl status` that read no summary here before it and wrote the controller's copy after it wrote over the
+        launcher's keys (held-out figures)."""
+        if self._record is not None:
+            try:
+                fs, root = self._files()
                 try:
-                    fs, root = self._files()
-                    try:
-                        fs.move(f"{root}/{aside}", f"{root}/summary.json")
-                    finally:
-                        fs.close()
-                except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
-                    log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
+                    fs.move(f"{root}/{aside}", f"{root}/summary.json")
+                finally:
+                    fs.close()
+            except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
+                log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
+        with fetching(self.jobdir.path, moving=True):
             LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
             self.jobdir.event(UNSTARTED, version=self.resumed.version)
@@ -167,6 +168,19 @@ class RunStart(RunBase):
         assert self._record is not None
         site, host, root = self._record
         return host_files(site, host), root
+
+    def _set_summary_aside(self, fs: HostFiles, root: str, aside: str) -> None:
+        """The run before's summary on the controller's site set aside as `aside`, and the copy fetched back here
+        while this run staged removed. The site is written with no lock held, then the copy here removed under the
+        fetch lock as a move (`fetching(moving=True)`): a fetch that read the site's copy before the move writes no
+        summary here after it (its write of the run before's summary, as this run's end, came after the removal),
+        and one that read it after finds none; versus the site's move made under the lock, where a site that did
+        not answer held every fetch's write and the launcher's summary writes (`update_summary`) for as long.
+        `fs`: a view of the controller's site job dir `root`."""
+        moved = fs.move(f"{root}/summary.json", f"{root}/{aside}")
+        with fetching(self.jobdir.path, moving=True):
+            if moved:
+                self.jobdir.summary_json.unlink(missing_ok=True)
 
     def _mirror_record(self, h: AgentHandle) -> None:
         """Append the agent's record to the controller site's agents.jsonl (its Spawner claims slices from it)."""
@@ -206,11 +220,7 @@ class RunStart(RunBase):
                 fs.put(self.jobdir.path / STAGED_FILE, f"{root}/{STAGED_FILE}")
                 for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
                     fs.put(self._empty(), f"{root}/{name}")
-                # fetched back here while staging: a copy. Under the fetch lock: a fetch that read the site's copy
-                # before the move wrote it here after the unlink
-                with fetching(self.jobdir.path):
-                    if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
-                        self.jobdir.summary_json.unlink(missing_ok=True)
+                self._set_summary_aside(fs, root, aside)  # fetched back here while staging: a copy
             finally:
                 fs.close()
         if resume:
@@ -237,10 +247,10 @@ class RunStart(RunBase):
         self.jobdir.controller_json.unlink(missing_ok=True)
         # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
         # by `rlctl status`) once this run's controller is gone without one. Moved under the lock a fetch of the
-        # record takes (`fetching`), versus a `rlctl status` fetching meanwhile writing the controller's copy of the
-        # run before's summary back after the move. (The launcher lock held here is taken without waiting, and no
-        # holder of the fetch lock takes it: the two cannot deadlock)
-        with fetching(self.jobdir.path):
+        # record takes, as a move (`fetching(moving=True)`), versus a `rlctl status` fetching meanwhile writing the
+        # controller's copy of the run before's summary back after the move. (The launcher lock held here is taken
+        # without waiting, and no holder of the fetch lock takes it: the two cannot deadlock)
+        with fetching(self.jobdir.path, moving=True):
             aside = aside_name(self.jobdir.path)
             LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)

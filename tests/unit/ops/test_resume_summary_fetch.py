@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.record import FETCH_LOCK, fetching
+from rlctl.launch.record import FETCH_LOCK, fetch_record, fetching
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.run import JobRun
 from tests.unit.ops.test_resume_point import job_run
@@ -106,3 +106,41 @@ def test_a_fetch_as_a_refused_resume_puts_the_summary_back_keeps_the_launchers_k
         run.start(resume=True)
     fetch.thread.join(timeout=10)
     assert json.loads(jd.summary_json.read_text()) == HELD
+
+
+def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_set_it_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resume's move of the summary on the controller's site (`_set_summary_aside`, as its run stages) between a
+    `rlctl status` fetch's read of the site and its write here: the fetch writes no summary (the run before's, which
+    would be taken for this run's end), the copy fetched back while staging is gone, and the site's is aside."""
+    run, sites = job_run(tmp_path)
+    jd = sites.c
+    root = tmp_path / "on-the-site"
+    root.mkdir()
+    (root / "summary.json").write_text(json.dumps(CONTROLLERS))
+    jd.write_json(jd.summary_json, HELD)  # fetched back here as the run staged
+    run._record = (run.sites["c"], "localhost", str(root))
+    read, moved = threading.Event(), threading.Event()
+    read_text = LocalFiles.read_text
+
+    def reading(files: LocalFiles, path: str) -> str | None:
+        text = read_text(files, path)
+        if path.endswith("/summary.json") and threading.current_thread() is fetch:
+            read.set()
+            moved.wait(timeout=10)
+        return text
+
+    monkeypatch.setattr(LocalFiles, "read_text", reading)
+    fetch = threading.Thread(target=fetch_record, args=(jd.path, run.sites["c"], "localhost", str(root)))
+    fetch.start()
+    try:
+        assert read.wait(timeout=10)
+        run._set_summary_aside(LocalFiles(), str(root), "summary.1.json")
+    finally:
+        moved.set()
+        fetch.join(timeout=10)
+    assert not jd.summary_json.exists()
+    assert sorted(p.name for p in root.glob("summary*")) == ["summary.1.json"]
+    fetch_record(jd.path, run.sites["c"], "localhost", str(root))  # the next fetch: none there, none here
+    assert not jd.summary_json.exists()
