@@ -70,7 +70,8 @@ class CoreState:
         self.units: dict[str, Unit] = {}  # the rollout units that joined and are not gone for good (all alive)
         # the names of those gone for good (lost, or stopped after a drain): their `Unit` goes (`_forget_unit`), and
         # the name tells a late message of a unit that is gone from one the job never had (`known`): the plan's (the
-        # scaler pins them: `UnitStarts`) and the latest LEFT_KEPT others, versus one name kept per unit the job ever lost
+        # scaler pins them: `UnitStarts`) and the latest LEFT_KEPT others, versus one name kept per unit the job
+        # ever lost
         self.left = LeftBook()
         # the names of units retired after a drain (told to stop: `_retire_drained`) whose connection may still be
         # open: their bye is taken and status shows them draining until their record leaves the controller's peers
