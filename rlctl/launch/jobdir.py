@@ -383,7 +383,9 @@ class JobDir:
         runs, or resumes the job itself (`checkpoint.auto_resume`), is refused instead of starting a second
         controller over the same checkpoints and logs. Yields the lock file's descriptor: a `launch --resume
         --detach` hands the lock on to the launcher it spawns (the descriptor inherited, its number in
-        LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open)."""
+        LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open). Where the
+        filesystem has no flock (NFS mounted `nolock`) it goes on unlocked, said once, as `appending` and the record's
+        fetch do: refused there, no launch, resume or attach of a job in that dir could run at all."""
         path = self.path / ".launcher.lock"
         try:
             f = _handed_lock(path) or path.open("a+")
@@ -400,6 +402,11 @@ class JobDir:
             except BlockingIOError:
                 f.seek(0)
                 raise self._launched(f.read().strip() or "another process") from None
+            except OSError as e:  # versus the OSError's traceback (a resume takes the lock before its refusals)
+                if e.errno not in NO_FLOCK:
+                    raise
+                unlocked = f"{path}: no file locks on this filesystem ({e.strerror or e}): this launcher goes on "
+                say_once([unlocked + "unlocked; a second `launch --resume` or `attach` of the job is not refused"])
             f.seek(0)
             f.truncate()
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -416,8 +423,9 @@ class JobDir:
         )
 
     def launcher_holder(self) -> str | None:
-        """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does: probed with a shared lock, let go
-        at once (it never keeps a launcher from taking the lock, save for that instant)."""
+        """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
+        flock): probed with a shared lock, let go at once (it never keeps a launcher from taking the lock, save for
+        that instant)."""
         path = self.path / ".launcher.lock"
         try:
             f = path.open("r")
@@ -428,6 +436,10 @@ class JobDir:
                 fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return f.read().strip() or "another process"
+            except OSError as e:  # a filesystem with no flock: no launcher holds one there (`launcher_lock`)
+                if e.errno not in NO_FLOCK:
+                    raise
+                return None
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             return None
 

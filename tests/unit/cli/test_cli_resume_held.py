@@ -130,3 +130,31 @@ def test_a_resume_that_cannot_open_the_launcher_lock_says_so_in_one_line(tmp_pat
         line = one_error(run_cli("launch", "--resume", str(jd.path), *given))
         assert line.startswith(said) and line.endswith(hint), (given, line)
     assert snapshot(jd.path) == before
+
+
+def test_a_resume_on_a_filesystem_with_no_flock_goes_on_unlocked_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job dir on NFS mounted `nolock` (flock: ENOLCK): the resume goes on unlocked, as the record's fetch and the
+    event appends do there, with one warning line naming `.launcher.lock`; versus the OSError's traceback, which the
+    launcher lock, taken before every refusal of a resume, raised."""
+    import errno
+    import fcntl
+
+    from rlctl.commands.launching import resume
+
+    def no_flock(fd: int, how: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    jd = prepared(tmp_path / "run")
+    ran: list[str | None] = []
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(
+        resume, "be_launcher", lambda jd, _s, _p, db, *_a, **_k: (ran.append(jd.launcher_holder()), db.close())
+    )
+    for _ in range(2):
+        r = run_cli("launch", "--resume", str(jd.path))
+        assert r.exit_code == 0 and "Traceback" not in r.stderr, r.stderr  # was: exit 1, OSError: [Errno 37]
+    assert ran == [None, None]  # ran, no launcher can be told apart there
+    said = [m for m in caplog.messages if ".launcher.lock: no file locks on this filesystem" in m]
+    assert len(said) == 1 and "goes on unlocked" in said[0], caplog.messages
