@@ -88,6 +88,8 @@ def default_base() -> Path:
 
 
 ID_FILE = ".job-id"
+# a launcher lock held by no live launcher here, tried again so many times, so far apart (`_flock_launcher`)
+LOCK_TRIES, LOCK_RETRY_S = 10, 0.05
 LOCK_FD_ENV = "RLCTL_LAUNCHER_LOCK_FD"  # a launcher spawned by `launch --resume --detach`: its parent's lock, inherited
 
 
@@ -106,6 +108,44 @@ def _handed_lock(path: Path) -> TextIO | None:
         return None
     os.set_inheritable(int(fd), False)  # (the launcher's own children are not handed it)
     return os.fdopen(int(fd), "a+")
+
+
+def _flock_launcher(f: TextIO) -> str | None:
+    """An exclusive flock on the launcher lock file `f`, not waited for: None once taken, else who holds it (the
+    file's "pid N on HOST"). Held while the holder it names is no live process here (a launcher gone, or another
+    machine's), it is tried again, LOCK_TRIES times LOCK_RETRY_S apart: a `launcher_holder` probe (`status -w`, `logs
+    -f`, `stop`) holds it for an instant, and a resume then was refused at once, naming the gone launcher as the one
+    that has the job. (A launcher on another machine is refused after those tries.)"""
+    holder = _flock_now(f)
+    for _ in range(LOCK_TRIES - 1):
+        if holder is None or _runs_here(holder):
+            break
+        time.sleep(LOCK_RETRY_S)
+        holder = _flock_now(f)
+    return holder
+
+
+def _flock_now(f: TextIO) -> str | None:
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        f.seek(0)
+        return f.read().strip() or "another process"  # (nothing yet: a launcher that has just taken it)
+
+
+def _runs_here(holder: str) -> bool:
+    """Whether the launcher `holder` ("pid N on HOST", as `JobDir.launcher_lock` writes it) is a live process here."""
+    m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
+    if m is None or m[2] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(m[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's, alive
+        pass
+    return True
 
 
 class JobDir:
@@ -398,15 +438,15 @@ class JobDir:
             ) from e
         try:
             try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                raise self._launched(f.read().strip() or "another process") from None
+                holder = _flock_launcher(f)
             except OSError as e:  # versus the OSError's traceback (a resume takes the lock before its refusals)
                 if e.errno not in NO_FLOCK:
                     raise
                 unlocked = f"{path}: no file locks on this filesystem ({e.strerror or e}): this launcher goes on "
                 say_once([unlocked + "unlocked; a second `launch --resume` or `attach` of the job is not refused"])
+            else:
+                if holder is not None:
+                    raise self._launched(holder)
             f.seek(0)
             f.truncate()
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -424,8 +464,8 @@ class JobDir:
 
     def launcher_holder(self) -> str | None:
         """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
-        flock): probed with a shared lock, let go at once (it never keeps a launcher from taking the lock, save for
-        that instant)."""
+        flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant tries again:
+        `_flock_launcher`)."""
         path = self.path / ".launcher.lock"
         try:
             f = path.open("r")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import socket
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +106,36 @@ def test_one_launcher_per_job(tmp_path):
             pass
         assert e.value.hint is not None and "rlctl stop j" in e.value.hint
     with jd.launcher_lock():  # released with its holder
+        pass
+
+
+def test_a_launcher_lock_taken_as_status_probes_it_is_taken_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status -w`, `logs -f` and `stop` probe the launcher lock (`launcher_holder`: a shared flock, let go at once);
+    a resume taking it in that instant was refused, naming the job's gone launcher (its pid, in the file) as one
+    that has the job. A live launcher here is refused at once, as before."""
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    lock = jd.path / ".launcher.lock"
+    lock.write_text(f"pid {gone.stdout.strip()} on {socket.gethostname()}\n")  # the launcher before, ended
+    probe = lock.open("r")
+    fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # the probe's instant, as it is
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:  # the probe lets go as the launcher waits to try again
+        slept.append(s)
+        probe.close()
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    with jd.launcher_lock():  # was: job j has a launcher already (pid <the gone one> on ...)
+        assert jd.launcher_holder() == f"pid {os.getpid()} on {socket.gethostname()}"
+    assert len(slept) == 1 and probe.closed
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited on a launcher that runs"))
+    refused = rf"has a launcher already \(pid {os.getpid()} "
+    with jd.launcher_lock(), pytest.raises(UsageError, match=refused), jd.launcher_lock():
         pass
 
 
