@@ -9,6 +9,7 @@ launchers would both resume a failed run), and for a job that ended.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
@@ -77,11 +78,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Watch a running job whose launcher is gone, to its end: record it, evaluate it, resume it if it fails
         (`checkpoint.auto_resume`), as its launcher would have."""
+        from rlctl.launch.jobdir import LOCK_FD_ENV
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.refusals import refuse_if_unprepared
 
         db = JobDB()
+        lock = contextlib.ExitStack()  # the launcher lock, from its checks into the run's end
         try:
             ref = resolve(job, db=db)
             # its index row outlived it: said so, versus an ended job's hints (`rlctl status JOB`, `launch --resume
@@ -96,19 +99,33 @@ def register(app: typer.Typer) -> None:
             # its launcher died preparing it (a reboot in the SFT warm-up): no job.json, no agent to watch
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")
             plan = ref.jobdir.read_plan()  # a damaged one said here, not in a detached launcher's log
+            # this process as the job's launcher from here, as `launch --resume` takes it: of two attaches started at
+            # once (both passed the checks above), the second is refused here in one line; with --detach the lock is
+            # handed on to the launcher it spawns (its descriptor inherited: `JobDir.launcher_lock`), versus taken
+            # only by that launcher, the second's then refused in its log (`has a launcher already`)
+            lock_fd = lock.enter_context(ref.jobdir.launcher_lock())
         except BaseException:
+            lock.close()
             db.close()
             raise
         jd = ref.jobdir
         if detach_:
             db.close()
-            run_detached(["attach", str(jd.path), *(["--force"] if force else [])], jd.path, output)
+            with lock:  # (its own copy let go once that launcher said it attached, or ended)
+                run_detached(
+                    ["attach", str(jd.path), *(["--force"] if force else [])],
+                    jd.path,
+                    output,
+                    env={LOCK_FD_ENV: str(lock_fd)},
+                    pass_fds=(lock_fd,),
+                )
             return
-        spec = jd.read_job()
 
         def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             run = runs.attach()
             say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
             return run
 
-        be_launcher(jd, spec, plan, db, begin, output)
+        with lock:  # taken above, held to the run's end
+            spec = jd.read_job()
+            be_launcher(jd, spec, plan, db, begin, output, locked=True)

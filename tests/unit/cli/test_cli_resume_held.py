@@ -158,3 +158,59 @@ def test_a_resume_on_a_filesystem_with_no_flock_goes_on_unlocked_said_once(
     assert ran == [None, None]  # ran, no launcher can be told apart there
     said = [m for m in caplog.messages if ".launcher.lock: no file locks on this filesystem" in m]
     assert len(said) == 1 and "goes on unlocked" in said[0], caplog.messages
+
+
+def test_a_detached_attach_holds_the_launcher_lock_from_its_checks_and_hands_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attach --detach`, as `launch --resume --detach`: the launcher lock taken once its checks passed, held while
+    the launcher in the background starts, which takes it over; a second `attach --detach` meanwhile is refused in
+    one line. Versus no lock in the process that checks: both passed and spawned a launcher, one of them refused
+    later in its log (`has a launcher already`)."""
+    import socket
+
+    from rlctl.commands import attach
+    from tests.unit.job_rows import indexed_row
+
+    jd = prepared(tmp_path / "run")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the job's launcher, as the index records it: gone
+    launcher = {"pid": gone.pid, "host": socket.gethostname()}
+    indexed_row(jd.id, jd.path, job="demo", state="running", info={"launcher": launcher})
+    calls: list[list[str]] = []
+    second: list[str] = []
+    spawned: list[str] = []
+
+    def run_detached(
+        args: list[str],
+        path: Path,
+        output: object,
+        *,
+        env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
+        calls.append(args)
+        if len(calls) > 1:  # the second attach's launcher (was: spawned too)
+            spawned.append("the second attach's")
+            return
+        second.append(run_cli("attach", str(jd.path), "--detach").stderr.strip())  # as its launcher starts
+        child = subprocess.run(  # the launcher in the background, as `detach.start` starts it
+            [sys.executable, "-c", HOLDS_THE_LOCK, str(path)],
+            env={**os.environ, **(env or {})},
+            pass_fds=pass_fds,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        spawned.append(child.stdout)
+
+    monkeypatch.setattr(attach, "run_detached", run_detached)
+    r = run_cli("attach", str(jd.path), "--detach")
+    assert r.exit_code == 0, r.stderr
+    assert calls[0] == ["attach", str(jd.path)]
+    assert f"job {jd.id} has a launcher already (pid {os.getpid()} " in second[0], (second, spawned)
+    assert second[0].startswith("rlctl: error: ") and second[0].count("\n") == 0, second
+    (child,) = spawned  # was: the second attach's launcher spawned too
+    pid, env_left, holder = child.split(" ", 2)
+    assert env_left == "False" and holder.startswith(f"pid {pid} on "), spawned  # taken over, not refused
+    assert jd.launcher_holder() is None  # let go once both ended
