@@ -62,8 +62,9 @@ def resume_job(
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
         # this process as the job's launcher from here (`JobDir.launcher_lock`, held into `be_launcher`): a job
         # another launcher holds is refused before anything below fetches the controller site's record into the job
-        # dir that launcher works in, or rolls its checkpoints back; versus a probe of it (`launcher_holder`) that two
-        # resumes started at once both passed, each then fetching and rolling back before either took the lock
+        # dir that launcher works in (a --checkpoint is only checked here, `rollback_to`: the run's agents set the
+        # newer ones aside as it starts); versus a probe of it (`launcher_holder`) that two resumes started at once
+        # both passed, each then fetching before either took the lock
         lock_fd = lock.enter_context(jd.launcher_lock())
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
@@ -101,9 +102,9 @@ def resume_job(
         raise
     if detached:
         # handed on to the launcher it spawns, which takes it over as it resumes the job again (its own `resume_job`:
-        # it fetches and rolls back under it): the lock file's descriptor inherited, so the job is never without it;
-        # versus let go before the spawn, where a `launch --resume` started before that launcher took it again
-        # passed, and that launcher was refused (`has a launcher already`) after this one had fetched
+        # it fetches and checks the --checkpoint under it): the lock file's descriptor inherited, so the job is never
+        # without it; versus let go before the spawn, where a `launch --resume` started before that launcher took it
+        # again passed, and that launcher was refused (`has a launcher already`) after this one had fetched
         db.close()
         again = ["--iterations", str(iterations)] if iterations is not None else []
         again += ["--checkpoint", str(back)] if back is not None else []

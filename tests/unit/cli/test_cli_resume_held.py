@@ -37,8 +37,8 @@ def test_of_two_resumes_started_at_once_the_second_is_refused_before_it_fetches_
 ) -> None:
     """Two `launch --resume --iterations` of one job at the same moment: the second, run while the first fetches
     the controller site's record, is refused by the launcher lock the first holds from before its fetch into its
-    run; versus both passing a probe of the lock (`launcher_holder`) and both fetching (and rolling back) into one
-    job dir before either took the lock in `be_launcher`."""
+    run; versus both passing a probe of the lock (`launcher_holder`) and both fetching into one job dir before either
+    took the lock in `be_launcher`."""
     from rlctl.commands.launching import resume
     from rlctl.render import OutputFormat
 
