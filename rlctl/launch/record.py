@@ -137,7 +137,8 @@ def _fetch(job_dir: Path, fs: HostFiles, host: str, root: str) -> list[str]:
         for name, text in texts.items():
             if name == "summary.json":
                 merged = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
-                if merged is None:  # the controller's copy does not read and a copy is here: that one stays
+                if merged is None:  # the controller's copy does not read and a copy is here, or the copy here
+                    # cannot be read: that one stays
                     continue
                 text, damage = merged
                 if damage:  # the copy here does not read: kept aside whole, the fetched one says where
@@ -190,15 +191,17 @@ def _with_launchers_keys(here: Path, fetched: str, *, source: str) -> tuple[str,
     (`_damaged_kept`), as `rlctl.ops.runstate.update_summary` does, versus replaced by the fetched one: the launcher's
     keys it held were gone. A fetched one (from `source`) that does not read is written only where there is no copy
     here (the run's end is then read from the events, and the launcher's keys written with it: `update_summary`);
-    None where there is one, damaged or not: it stays, and the skip is said once a process, versus the damaged copy
-    written over it (its launcher's keys, the held-out figures among them, lost) or, where the copy here was that
-    same damage written by the fetch before, moved aside and written again: one more summary.json.damaged.N every
-    `rlctl status` (every poll of `status -w`)."""
+    None where there is one, damaged or not, or one that cannot be read (`_unread_here`): it stays, and the skip is
+    said once a process, versus the damaged copy written over it (its launcher's keys, the held-out figures among
+    them, lost) or, where the copy here was that same damage written by the fetch before, moved aside and written
+    again: one more summary.json.damaged.N every `rlctl status` (every poll of `status -w`)."""
     theirs, problem = parse_summary(fetched)
     try:
-        read = read_summary(here)
-    except OSError:  # none here to read
-        read = None
+        read = read_summary(here)  # (None: none here)
+    except OSError as e:  # one here that cannot be read (its permissions, the disk): it stays, versus taken for none
+        # and the fetched one renamed over it, its launcher's keys lost
+        _unread_here(here, source, e)
+        return None
     if read is None:
         return fetched, ""
     mine, damage = read
@@ -219,6 +222,15 @@ def _kept_here(here: Path, source: str, problem: str) -> None:
     if said not in _SAID_FETCHED_DAMAGED:
         _SAID_FETCHED_DAMAGED.add(said)
         log.warning("the controller's summary %s; not fetched, %s kept as it is", said, here)
+
+
+def _unread_here(here: Path, source: str, e: OSError) -> None:
+    """The summary.json `here` cannot be read (`e`: its permissions, the disk): kept as it is, the controller's copy
+    at `source` not fetched over it, once said."""
+    said = f"{here}: cannot be read ({e.strerror or e})"
+    if said not in _SAID_FETCHED_DAMAGED:
+        _SAID_FETCHED_DAMAGED.add(said)
+        log.warning("%s; kept as it is, the controller's summary %s not fetched over it", said, source)
 
 
 def _damaged_kept(here: Path, fetched: str, problem: str) -> None:

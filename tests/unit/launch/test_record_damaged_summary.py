@@ -83,3 +83,36 @@ def test_fetches_of_a_damaged_summary_with_none_here_keep_nothing_aside(
     where = record.pop("summary_damaged")
     assert where.startswith(f"{src / 'summary.json'}: {says}") and where.endswith("; kept as summary.json.damaged")
     assert record == {"run": "r1", "state": "done"}
+
+
+def test_a_fetch_over_a_summary_here_that_cannot_be_read_leaves_it_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """summary.json here that cannot be read (no read permission for this user; root reads any, so the refusal is
+    the OS's error as a read of it raises it): it stays as it is, said once; versus taken for none there and the
+    controller's copy renamed over it, the launcher's keys it held (held-out figures) lost."""
+    import errno
+
+    from rlctl.launch import record
+
+    src, site, root = _controller_site(tmp_path)
+    (root / "summary.json").write_text(json.dumps({"run": "r1", "state": "done", "iterations": 4}))
+    mine = json.dumps({"run": "r1", "state": "done", "iterations": 4, "heldout": {"prompts": 8}})
+    (src / "summary.json").write_text(mine)
+    read_summary = record.read_summary
+
+    def unreadable(path: Path) -> object:
+        if path == src / "summary.json":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return read_summary(path)
+
+    monkeypatch.setattr(record, "read_summary", unreadable)
+    with caplog.at_level(logging.WARNING, logger="rlctl.launch.record"):
+        assert "summary.json" not in fetch_record(src, site, "localhost", str(root))
+        fetch_record(src, site, "localhost", str(root))
+    assert (src / "summary.json").read_text() == mine  # was: the controller's copy, no held-out figures
+    said = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
+    assert said == [
+        f"{src / 'summary.json'}: cannot be read (Permission denied); kept as it is, the controller's summary "
+        f"localhost:{root / 'summary.json'} not fetched over it"
+    ], said
