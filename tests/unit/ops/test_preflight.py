@@ -2122,7 +2122,7 @@ def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leave
             self.proc.returncode = r.exit_code
 
     said: list[str] = []
-    monkeypatch.setattr(detach, "spawn", lambda args, log, env: Child(args, log, env))
+    monkeypatch.setattr(detach, "spawn", lambda args, log, env, pass_fds=(): Child(args, log, env))
     into, job_dir = launch_dir(tmp_path, named=named)
     r = run_cli("launch", str(job.path), "--detach", *job_dir)
     assert r.exit_code == 2 and "task.reward: no such file" in said[0] and "Traceback" not in said[0], said
