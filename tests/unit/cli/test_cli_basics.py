@@ -51,13 +51,28 @@ def test_check_job_file(cli: Callable[..., CliResult]) -> None:
     assert {s["name"] for s in data["sites"]} == {"local"}
 
 
-def test_check_refuses_what_launch_cannot_run_in_one_line(cli: Callable[..., CliResult]) -> None:
+@pytest.mark.parametrize("key_here", [False, True])
+def test_check_refuses_what_launch_cannot_run_in_one_line(
+    cli: Callable[..., CliResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key_here: bool
+) -> None:
     """The 7B planning example names a model without weights, a length-only workload and a trainer backend that
     cannot run on its GPU site: check says so (exit 2), before launch would. Its vLLM engine runs on the SSH
-    rollout site, not on this machine: this machine's packages say nothing about it."""
+    rollout site, not on this machine: this machine's packages say nothing about it. The rollout site's key
+    (~/.ssh/id_ed25519 in clusters/h20-rollout.yaml) is said, naming that file, only where it is not here: the
+    same lines on every machine, versus whatever this machine's home held (CI has no such key)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if key_here:
+        (tmp_path / ".ssh").mkdir()
+        (tmp_path / ".ssh" / "id_ed25519").write_text("")
     res = cli("check", str(ROOT / "jobs" / "cross-dc-7b.yaml"), "-o", "json")
     lines = res.stderr.splitlines()  # every problem, one line each
     assert res.exit_code == 2 and "Traceback" not in res.stderr
+    key = (
+        f"rlctl: error: {ROOT / 'clusters' / 'h20-rollout.yaml'}: sites.h20.scheduler.key_file: no such file "
+        f"{str(tmp_path / '.ssh' / 'id_ed25519')!r} on this machine: rlctl logs in to site 'h20' with it"
+    )
+    assert sum(line.startswith(key) for line in lines) == (0 if key_here else 1), lines
+    lines = [line for line in lines if not line.startswith(key)]
     assert all(line.startswith(f"rlctl: error: {ROOT / 'jobs' / 'cross-dc-7b.yaml'}: ") for line in lines), lines
     fields = [line.split(": ")[3] for line in lines]  # (transport.kind too where ucxx is missing)
     assert fields[0] == "model" and "built-in 'qwen2.5-7b'" in lines[0]
