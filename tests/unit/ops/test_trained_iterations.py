@@ -31,11 +31,15 @@ def test_the_count_is_read_from_the_metrics_end_not_every_row(tmp_path: Path, mo
 
 def test_after_a_resume_cut_the_last_row_is_the_count(tmp_path: Path) -> None:
     # 30 trained, resumed from v10 (rows 10… set aside), 5 more trained: 15, not the 30 the rows set aside said
+    # (the rows appended after the cut end at 14 whether or not it was made: the count after the cut, and the rows,
+    # say it was; without them this test passed with the cut left out)
     jd = _job(tmp_path, 30)
     list(cut_metrics(jd, 10))  # (read to its end: the cut is made)
+    assert trained_iterations(jd) == 10
     for i in range(10, 15):
         jd.append(jd.metrics, {"iteration": i, "reward_mean": 0.5})
     assert trained_iterations(jd) == 15
+    assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == list(range(15))
     with jd.metrics.open("a") as f:
         f.write('{"iteration": 15, "rew')  # its writer in the middle of the row: passed over
     assert trained_iterations(jd) == 15
