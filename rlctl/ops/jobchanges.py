@@ -45,6 +45,7 @@ from rlctl.launch.jobdir import (
     job_field,
     replace_text,
 )
+from rlctl.textutil import home_expanded
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
@@ -174,10 +175,11 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     reward = task.get("reward") if isinstance(task, dict) else None
     target, sep, _ = reward.rpartition(":") if isinstance(reward, str) else ("", "", "")
     launched = jobdir.path / REWARD_DIR
-    named = source.parent / os.path.expanduser(target)  # a link copied under its own name, as the launch does
-    src = named.resolve()
-    if not sep or not target.endswith(".py") or not src.is_file() or not launched.is_dir():
+    # (a link is copied under its own name, as the launch does)
+    named = _job_path(source, target) if sep and target.endswith(".py") else None
+    if named is None or not named.resolve().is_file() or not launched.is_dir():
         return []
+    src = named.resolve()
     with tempfile.TemporaryDirectory(prefix="rlctl-reward-") as tmp:
         try:
             copy_reward(named, Path(tmp) / REWARD_DIR)
@@ -214,7 +216,10 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     files = job.get("inventory") if isinstance(job, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return []
-    paths = [Path(os.path.normpath(source.parent / os.path.expanduser(f))) for f in files]
+    named = [_job_path(source, f) for f in files]
+    paths = [Path(os.path.normpath(p)) for p in named if p is not None]
+    if len(paths) < len(named):
+        return []
     try:
         now = load_inventory(paths).sites
         launched = read_sites(jobdir.path)
@@ -233,6 +238,17 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
         f"the inventory ({', '.join(map(str, paths))}) changed since the launch ({', '.join(changed)}); the resume "
         f"runs on the sites as launched (its {SITES_FILE}): to run on the changed inventory, launch the job anew"
     ]
+
+
+def _job_path(source: Path, written: str) -> Path | None:
+    """`written`, a path of the job file `source`, as `load_job` reads it: relative to the job file, a leading `~` or
+    `~user` from that home (`home_expanded`, the one rule). None for a home this machine does not know, which
+    `load_job` refuses: nothing to compare with (os.path left `~nosuchuser/x` as written, read as a folder
+    `~nosuchuser` beside the job file)."""
+    try:
+        return source.parent / home_expanded(written)
+    except ValueError:
+        return None
 
 
 def changed_fields(before: Any, after: Any, prefix: str = "") -> list[str]:

@@ -225,3 +225,34 @@ def test_a_job_json_edit_of_an_hf_models_name_is_taken_but_a_builtin_models_is_r
     assert launch_changes(hf)[0].startswith(f"{hf.job_json} was edited since the launch (model)")
     with pytest.raises(UsageError, match=r"job\.model\.name was edited since the launch"):
         refuse_fixed_edits(builtin, resumed=5)
+
+
+def test_a_path_under_a_home_that_is_not_here_is_nothing_to_compare_with_not_a_folder_beside_the_job_file(
+    tmp_path: Path,
+) -> None:
+    """The reward file and the inventory files the job names under ~nosuchuser/… (a home of the machine it was
+    launched from) are read as `load_job` reads them (`home_expanded`): no file here, nothing to compare with. Before,
+    os.path left them as written and the resume compared with a folder named `~nosuchuser` beside the job file."""
+    from rlctl.config.inventory import load_inventory
+    from rlctl.launch.backends import write_sites
+    from rlctl.rl.reward_files import copy_reward
+
+    beside = tmp_path / "~rlctl-no-such-user"  # a folder of that name beside the job file, which is no home
+    beside.mkdir()
+    (beside / "r.py").write_text("def f(*a): return 2.0\n")
+    (beside / "x.yaml").write_text(yaml.safe_dump(_inventory(8)))
+    (tmp_path / "launched.py").write_text("def f(*a): return 1.0\n")
+    source = tmp_path / "kt.yaml"
+    reward = {"task": {"kind": "dataset", "reward": "~rlctl-no-such-user/r.py:f"}}
+    source.write_text(yaml.safe_dump(FILE | reward))
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    jd.write_job(small_job("kt", iterations=200), source=str(source))
+    copy_reward(tmp_path / "launched.py", jd.path / "reward")
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(_inventory(4)))
+    write_sites(jd.path, load_inventory([tmp_path / "x.yaml"]).sites)
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["inventory"] = ["~rlctl-no-such-user/x.yaml"]  # edited by hand
+    jd.job_json.write_text(json.dumps(data))
+    assert launch_changes(jd) == [
+        f"{jd.job_json} was edited since the launch (inventory): the resume runs the job as edited there"
+    ]
