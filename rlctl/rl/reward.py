@@ -16,7 +16,6 @@ import importlib.util
 import inspect
 import math
 import numbers
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
 from rlctl.rl.reward_scope import ImportScope
-from rlctl.textutil import did_you_mean, job_relative, one_of
+from rlctl.textutil import did_you_mean, home_expanded, job_relative, one_of
 
 RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
@@ -136,8 +135,12 @@ def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> Rewa
         return BUILTIN_REWARDS[spec]
     if target.endswith(".py"):
         # `~/…` read from the home directory, as `load_job` reads the job file's (and the line says so): needed here
-        # too, as job.json's task.reward reaches the agents (`JobDir.read_job`) unexpanded, a hand edit's `~/…` too
-        file = base_dir / os.path.expanduser(target)
+        # too, as job.json's task.reward reaches the agents (`JobDir.read_job`) unexpanded, a hand edit's `~/…` too;
+        # by its one rule (`home_expanded`): a home this machine does not know is said so, not a folder `~user` here
+        try:
+            file = base_dir / home_expanded(target)
+        except ValueError as e:
+            raise ValueError(f"{target}: {e}") from e
         module, where = _from_file(file, target, name, own_process=own_process), target
     else:
         module, where = _from_module(target, name, base_dir), f"module {target!r}"

@@ -313,6 +313,42 @@ def test_a_missing_file_written_under_home_is_said_as_written_by_every_line(
     assert str(c.value) == f"{job}: inventory[0]: no such file {str(home / 'missing.yaml')!r}"  # the same rule
 
 
+def test_a_hand_edited_job_jsons_reward_under_home_is_read_from_the_home(
+    rewards_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """job.json's task.reward reaches the agents as written there (`JobDir.read_job`): a hand edit's `~/…` is read
+    from the home directory by `load_reward` itself (`home_expanded`, load_job's rule), not from the job dir."""
+    import json
+
+    from rlctl.launch.jobdir import JobDir
+    from tests.unit.controller_harness import small_job
+
+    home = rewards_dir / "home"
+    (home / "rw").mkdir(parents=True)
+    (home / "rw" / "mine.py").write_text("def f(data_source, solution_str, ground_truth):\n    return 0.25\n")
+    monkeypatch.setenv("HOME", str(home))
+    jd = JobDir.create("kt", explicit=rewards_dir / "job")
+    jd.write_job(small_job("kt", iterations=2), source="kt")
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["task"] = {"kind": "dataset", "path": "data/train.jsonl", "reward": "~/rw/mine.py:f"}  # by hand
+    jd.job_json.write_text(json.dumps(data))
+    task = jd.read_job().task
+    assert isinstance(task, DatasetTask) and task.reward == "~/rw/mine.py:f"  # unexpanded
+    assert load_reward(task.reward, jd.path)("d", "s", "g") == 0.25
+
+
+def test_a_reward_under_a_home_that_is_not_here_is_said_so_not_read_from_a_folder_beside(rewards_dir: Path) -> None:
+    """`~nosuchuser/r.py:f` (a home this machine does not know) is refused naming it, as load_job refuses it;
+    before, os.path left it as written and the file of a folder named `~nosuchuser` in the job dir was loaded."""
+    (rewards_dir / "~rlctl-no-such-user").mkdir()
+    (rewards_dir / "~rlctl-no-such-user" / "r.py").write_text(
+        "def f(data_source, solution_str, ground_truth):\n    return 1.0\n"
+    )
+    with pytest.raises(ValueError) as e:
+        load_reward("~rlctl-no-such-user/r.py:f", rewards_dir)
+    assert str(e.value) == ("~rlctl-no-such-user/r.py: ~rlctl-no-such-user is no home directory here (no such user)")
+
+
 def _reward_in_three_files(d: Path) -> Path:
     """uses.py imports a module and a package beside it (one inside a function), the package a third module."""
     d.mkdir(parents=True)
