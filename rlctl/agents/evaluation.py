@@ -22,9 +22,10 @@ units' final weights; an earlier version's still decoding then is left unanswere
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,7 +228,7 @@ class Evaluator:
         metrics: JobMetrics,
         post: Callable[[str, Any, Any], None],
         step: Callable[[], int],
-        rows: Iterable[dict[str, Any]],
+        rows: Generator[dict[str, Any], None, None],
     ) -> None:
         self.schedule, self.task, self.jobdir, self.tracker, self.metrics = schedule, task, jobdir, tracker, metrics
         self.post, self.step = post, step
@@ -239,11 +240,14 @@ class Evaluator:
         self.decoded_since_row = False  # a unit decoded an evaluation since the last iteration's row (`overlapped`)
         self.shown = -1  # the version the gauges show (evaluations of two units may end out of order)
         written: set[int] = set()
-        for r in rows:
-            self.rows = _ends([*self.rows, r])
-            written.add(int(r["version"]))
-            schedule.done.add(int(r["version"]))
-            self._gauges(r)
+        # closed here: a raise partway (a gauge, an interrupt) ends the cut now, its temporary files removed and the
+        # log as it was, versus when the garbage collector took the generator (the raise's traceback holds it)
+        with contextlib.closing(rows):
+            for r in rows:
+                self.rows = _ends([*self.rows, r])
+                written.add(int(r["version"]))
+                schedule.done.add(int(r["version"]))
+                self._gauges(r)
         events = jobdir.iter_events("evaluation_asked", "evaluation_failed")
         self.redone = set(unwritten(events, written, below=schedule.floor))
         schedule.redo(sorted(self.redone))
@@ -401,7 +405,7 @@ def unwritten(events: Iterable[dict[str, Any]], written: set[int], *, below: int
     return sorted({d for ds in covers.values() for d in ds if d < below and d not in settled})
 
 
-def cut_evaluations(jobdir: JobDir, version: int) -> Iterator[dict[str, Any]]:
+def cut_evaluations(jobdir: JobDir, version: int) -> Generator[dict[str, Any], None, None]:
     """A resumed run's rows, one at a time as evaluations.jsonl is read (`cut_rows`; the Evaluator takes them so,
     versus every kept row of the job in a list first): those decoded by versions ≤ `version` only (the checkpoint's:
     its weights are the same); the others move to evaluations.discarded.jsonl once it is read, as does a row without a

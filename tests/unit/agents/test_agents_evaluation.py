@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
@@ -375,6 +376,37 @@ def test_a_resume_takes_the_kept_evaluation_rows_one_at_a_time_as_the_file_is_re
     assert [r["version"] for r in ev.rows] == [0, 9]
     assert [r["version"] for r in jd.read_lines(jd.evaluations)] == list(range(10))
     assert [r["version"] for r in jd.read_lines(jd.evaluations.with_name("evaluations.discarded.jsonl"))] == [10, 11]
+
+
+def test_a_raise_as_the_evaluator_takes_a_resumed_runs_rows_ends_the_cut_at_once(tmp_path, monkeypatch) -> None:
+    """A raise partway through the kept rows (a gauge's, an interrupt) closes the cut they are read from: its
+    temporary files go and evaluations.jsonl is as it was, versus left beside it, open, until the garbage collector
+    took the generator (the raise's traceback, or its caller, holds it)."""
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    for v in range(6):
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": 0.5, "prompts": 4, "versions": [v, v]})
+    before = jd.evaluations.read_bytes()
+
+    def gauges(self: Evaluator, r: dict[str, Any]) -> None:
+        if r["version"] == 2:
+            raise RuntimeError("a gauge failed")
+
+    monkeypatch.setattr(Evaluator, "_gauges", gauges)
+    task = DigitsSource(DigitsConfig(kind="digits"))
+    rows = cut_evaluations(jd, 3)  # (held here: the garbage collector cannot take it)
+    with pytest.raises(RuntimeError, match="a gauge failed"):
+        Evaluator(
+            EvalSchedule(1, 10, task.heldout(4), task.max_new_tokens, floor=3),
+            task=task,
+            jobdir=jd,
+            tracker=MemoryTracker(),
+            metrics=JobMetrics(),
+            post=lambda *m: None,
+            step=lambda: 3,
+            rows=rows,
+        )
+    assert sorted(p.name for p in jd.path.iterdir() if "evaluations" in p.name) == ["evaluations.jsonl"]
+    assert jd.evaluations.read_bytes() == before
 
 
 def test_an_evaluation_in_flight_when_the_run_failed_is_done_after_the_resume(tmp_path) -> None:
