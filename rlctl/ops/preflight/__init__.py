@@ -47,6 +47,7 @@ from rlctl.ops.preflight.placement import placement_problems
 from rlctl.ops.preflight.sites import (
     job_sites,
     key_file_problems,
+    known_hosts_problems,
     listen_address_problems,
     metrics_port_problems,
     one_host_address_problems,
@@ -95,6 +96,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         out.append(Problem("job_dir", why, "choose another job_dir"))
     out += site_problems(job.inventory, job_sites(job))
     out += key_file_problems(job)
+    out += known_hosts_problems(job)
     out += device_problems(job)
     out += listen_address_problems(job)
     out += one_host_address_problems(job)

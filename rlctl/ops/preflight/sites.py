@@ -9,8 +9,9 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 
-from rlctl.config.inventory import Inventory
+from rlctl.config.inventory import Inventory, Site, SlurmScheduler, SshScheduler
 from rlctl.config.job import Job
+from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
 from rlctl.textutil import home_path
@@ -216,6 +217,50 @@ def key_file_problems(job: Job) -> list[Problem]:
                 )
             )
     return out
+
+
+KNOWN_HOSTS_FIELDS = ("known_hosts", "ssh_known_hosts")  # the host keys trusted: an SSH site's, a submit host's
+
+
+def known_hosts_problems(job: Job) -> list[Problem]:
+    """A known_hosts file named for the job's sites (an SSH site's `known_hosts`, a SLURM site's `ssh_known_hosts`
+    for its submit host) that is not a file on this machine, under the strict host-key policy (`hostkeys`, the
+    default): only that file's keys are trusted, so every host of the site was refused at the launch's first
+    connection after check passed. Not the default ~/.ssh/known_hosts (no field names it: the shipped inventories,
+    checked on machines that may have none), and nothing under the opt-out (`RLCTL_SSH_HOST_KEY_CHECKING=off`),
+    which reads no file. Only the job's sites, as `key_file_problems`."""
+    out = []
+    for name in job_sites(job):
+        scheduler = job.inventory.sites[name].scheduler
+        for field in KNOWN_HOSTS_FIELDS:
+            written = getattr(scheduler, field, None)
+            if written is None:
+                continue
+            path = home_path(written, named=field)  # the inventory refused a home this machine does not know
+            if path.is_file() or hostkeys.mode() == "off":
+                continue
+            why = "not a file" if path.exists() else "no such file"
+            host, port = _first_host(job.inventory.sites[name])
+            out.append(
+                Problem(
+                    f"sites.{name}.scheduler.{field}",
+                    f"{why} {str(path)!r} on this machine: rlctl checks the host keys of site {name!r} against it "
+                    "alone (strict host-key checking) and would refuse every host",
+                    hint=f"add the hosts' keys to it (ssh-keyscan -p {port} {host} >> {path}, after checking them), "
+                    f"or leave {field} out: ~/.ssh/known_hosts is trusted",
+                    file=job.inventory.origin[name],
+                )
+            )
+    return out
+
+
+def _first_host(site: Site) -> tuple[str, int]:
+    """The host rlctl connects to first at `site`, and its SSH port: a SLURM site's submit host, else its first
+    node."""
+    s = site.scheduler
+    if isinstance(s, SlurmScheduler) and s.submit_host is not None:
+        return s.submit_host, s.ssh_port
+    return site.hosts[0][0], s.port if isinstance(s, SshScheduler) else 22
 
 
 def site_problems(inventory: Inventory, names: Iterable[str]) -> list[Problem]:

@@ -334,6 +334,61 @@ def test_a_key_file_that_is_not_here_is_refused_for_the_job_s_sites_only(
     assert run_cli("check", str(here.path)).exit_code == 0
 
 
+def test_a_known_hosts_file_that_is_not_here_is_refused_for_the_job_s_sites_under_strict_checking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SSH site's `known_hosts` that is no file on this machine passed `rlctl check` (without --reach): under
+    the strict host-key policy (the default) only its keys are trusted, and the launch's first connection refused
+    every host of the site. Not under the opt-out, which reads no file, nor for a site the job does not use."""
+    monkeypatch.setenv("RLCTL_SSH_HOST_KEY_CHECKING", "strict")  # (and set back after: the option below sets it off)
+    kh = tmp_path / "kh"
+    (tmp_path / "far.yaml").write_text(FAR.replace("key_file: KEY", f"port: 2222, known_hosts: {kh}"))
+    rollout = {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "far", "gpus": 2}]}
+    job = load(tmp_path, inventory=[LOCAL, str(tmp_path / "far.yaml")], placement=rollout)
+    want = (
+        f"rlctl: error: {tmp_path / 'far.yaml'}: sites.far.scheduler.known_hosts: no such file '{kh}' on this "
+        "machine: rlctl checks the host keys of site 'far' against it alone (strict host-key checking) and would "
+        f"refuse every host (hint: add the hosts' keys to it (ssh-keyscan -p 2222 127.0.0.1 >> {kh}, after checking "
+        "them), or leave known_hosts out: ~/.ssh/known_hosts is trusted)"
+    )
+    assert only_line(run_cli("check", str(job.path))) == want
+
+    def past_preflight(*_: Any) -> None:
+        raise AssertionError("launch went past preflight")
+
+    monkeypatch.setattr(launchdir, "launch_dir", past_preflight)
+    assert only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run"))) == want
+    assert not (tmp_path / "run").exists()
+    assert run_cli("--insecure-host-keys", "check", str(job.path)).exit_code == 0  # (no file is read)
+    monkeypatch.setenv("RLCTL_SSH_HOST_KEY_CHECKING", "strict")  # (the option set it off in this process)
+    kh.mkdir()
+    assert only_line(run_cli("check", str(job.path))) == want.replace("no such file", "not a file")
+    kh.rmdir()
+    kh.write_text("")
+    assert run_cli("check", str(job.path)).exit_code == 0
+    kh.unlink()
+    here = load(tmp_path, inventory=[LOCAL, str(tmp_path / "far.yaml")])  # the far site's file missing, unused
+    assert run_cli("check", str(here.path)).exit_code == 0
+
+
+def test_a_slurm_submit_hosts_known_hosts_that_is_not_here_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sbatch over SSH at the submit host, checked against ssh_known_hosts alone: refused at the launch's first sbatch
+    monkeypatch.delenv("RLCTL_SSH_HOST_KEY_CHECKING", raising=False)
+    kh = tmp_path / "kh"
+    job = _slurm_job(tmp_path, nodes=[{"host": "n1", "gpus": 2}], trainer={})(1)
+    data = yaml.safe_load((tmp_path / "slurm.yaml").read_text())
+    data["sites"]["s"]["scheduler"] |= {"submit_host": "login", "ssh_port": 2022, "ssh_known_hosts": str(kh)}
+    (tmp_path / "slurm.yaml").write_text(yaml.safe_dump(data))
+    job = load_job(job.path)
+    (got,) = refused(job, "sites.s.scheduler.ssh_known_hosts")
+    assert got.message.startswith(f"no such file '{kh}' on this machine: rlctl checks the host keys of site 's'")
+    assert got.hint is not None and f"ssh-keyscan -p 2022 login >> {kh}" in got.hint
+    kh.write_text("")
+    assert refused(load_job(job.path), "sites.s.scheduler.ssh_known_hosts") == []
+
+
 @pytest.mark.parametrize(
     ("placement", "trainer"),
     [((2, 3), {"backend": "torch"}), ((2, 2), {"backend": "megatron", "tensor_parallel": 2})],
