@@ -391,6 +391,11 @@ def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest
     `rlctl check` refuses in this planning-scale job comes first, marked."""
     # the golden is the same with or without the optional extras installed (vLLM runs on the SSH site: not asked here)
     monkeypatch.setattr(preflight_backends, "megatron_available", lambda: None)  # the optional extras installed
+    # and with or without the key the shipped h20 site logs in with (~/.ssh/id_ed25519) in this machine's home
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("")
+    monkeypatch.setenv("HOME", str(home))
     job = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",

@@ -53,8 +53,7 @@ def test_a_profile_the_job_names_that_is_not_there_is_one_line(cli: Cli, tmp_pat
         r = cli(command, str(job))
         assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith(
-            f"rlctl: error: {job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}' (paths are relative to "
-            "the job file)"
+            f"rlctl: error: {job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}' (relative to the job file)"
         ), r.stderr
 
 
