@@ -57,6 +57,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,6 +77,17 @@ __all__ = ["GROUP_BARRIERS", "PREFILL_GRAPH_TOKENS", "EmbeddedEngine", "GroupBar
 PREFILL_MIN_WIDTH = 16  # prefill widths round up to 16, 24, 32, 48, 64, … positions (static shapes)
 # a prefill of more (bucketed) tokens than this runs at its own shape: its compute, not its launches, bounds it
 PREFILL_GRAPH_TOKENS = 8192
+
+
+def to_device(*values: list[int], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Lists of ints on `device` (int64) in one copy: a 1-D view of it for each list, in order.
+
+    On CUDA a copy from pageable memory (`torch.tensor(..., device=)`, `.to(device)`) waits for the stream, one
+    wait a tensor; these are packed into one page-locked buffer copied without waiting (`non_blocking`): the
+    caching host allocator does not reuse that buffer before the copy has run."""
+    pinned = device.type == "cuda"
+    host = torch.tensor(list(chain.from_iterable(values)), dtype=torch.long, pin_memory=pinned)
+    return host.to(device, non_blocking=pinned).split_with_sizes([len(v) for v in values])
 
 
 @dataclass
@@ -347,14 +359,21 @@ class EmbeddedEngine(GenerationEngine):
         self._n_running += len(new)
         self._max_pos = max(self._max_pos, max(len(c) for c in contexts) - 1)
         self._prefill(rows, contexts)
-        dev = self.device
-        idx = torch.tensor(rows, dtype=torch.long, device=dev)
-        self._next[idx] = torch.tensor([c[-1] for c in contexts], device=dev)
-        self._seeds[idx] = torch.tensor([request_seed(self.seed, r.request_id) for r in new], device=dev)
-        # a resumed request draws the uniforms of the output indices it has not generated yet
-        self._steps[idx] = torch.tensor([len(r.prefix.tokens) if r.prefix else 0 for r in new], device=dev)
+        # each admitted row's state: its row, the token it feeds next, its seed, the output index it samples next (a
+        # resumed request draws the uniforms of the output indices it has not generated yet), greedy or not
+        idx, next_tokens, seeds, steps, greedy = to_device(  # the admission's one copy
+            rows,
+            [c[-1] for c in contexts],
+            [request_seed(self.seed, r.request_id) for r in new],
+            [len(r.prefix.tokens) if r.prefix else 0 for r in new],
+            [int(r.greedy) for r in new],
+            device=self.device,
+        )
+        self._next[idx] = next_tokens
+        self._seeds[idx] = seeds
+        self._steps[idx] = steps
         self._live[idx] = 1
-        self._greedy[idx] = torch.tensor([r.greedy for r in new], device=dev)
+        self._greedy[idx] = greedy.bool()
 
     def _prefill(self, rows: list[int], contexts: list[list[int]]) -> None:
         """Prefill each context but its last token into its cache row: at bucketed shapes with static shapes
@@ -370,14 +389,13 @@ class EmbeddedEngine(GenerationEngine):
         # rows past the admitted ones repeat the first: the same row and tokens, so the same K/V written twice
         extra = nb - n
         padded = contexts + [contexts[0]] * extra
-        tokens = torch.full((nb, wb), self.pad_id, dtype=torch.long)
-        for i, c in enumerate(padded):
-            tokens[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-        at = torch.tensor(rows + [rows[0]] * extra, dtype=torch.long)
-        lengths = torch.tensor([len(c) - 1 for c in padded])
+        host_tokens = list(chain.from_iterable(c[:-1] + [self.pad_id] * (wb + 1 - len(c)) for c in padded))
+        flat, at, lengths = to_device(  # the prefill's one copy
+            host_tokens, rows + [rows[0]] * extra, [len(c) - 1 for c in padded], device=self.device
+        )
+        tokens = flat.view(nb, wb)  # each context but its last token, right-padded
         if not static:
-            dev = self.device
-            self.model.prefill(self._cache, at.to(dev), tokens.to(dev), lengths.to(dev))
+            self.model.prefill(self._cache, at, tokens, lengths)
             return
         self._pf_tokens[:nb, :wb].copy_(tokens)
         self._pf_rows[:nb].copy_(at)
@@ -452,7 +470,7 @@ class EmbeddedEngine(GenerationEngine):
         """These rows hold no request any more: position 0 from now on (a free row never outgrows the cache)."""
         if rows:
             assert self._cache is not None
-            idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+            (idx,) = to_device(rows, device=self.device)
             self._live[idx] = 0
             self._cache.lengths[idx] = 0
 
@@ -468,7 +486,7 @@ class EmbeddedEngine(GenerationEngine):
             self._rows = []  # the storage stays allocated (and any captured graph valid)
         elif not self._admissible(self._running_floor()) and n_free >= self.compact_fraction * len(self._rows):
             keep = [i for i, r in enumerate(self._rows) if r is not None]
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            (idx,) = to_device(keep, device=self.device)
             # a row's K/V fill the positions before its `pos`: only those move (not the cache's whole capacity)
             self._cache.keep(idx, width=self._max_pos)
             for t in (self._next, self._seeds, self._steps, self._live, self._greedy):

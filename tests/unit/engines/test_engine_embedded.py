@@ -616,3 +616,107 @@ def test_a_step_reads_the_device_once(model: TinyGPT, static: bool) -> None:
         per_step.append(len(mode.reads))
     assert engine.compactions > 0 and len(per_step) > 10
     assert set(per_step) == {1}
+
+
+class _HostToDevice(torch.overrides.TorchFunctionMode):
+    """Counts the copies of host values onto the engine's device, in each way the engine makes one: a tensor made
+    there from Python values (`torch.tensor(..., device=)`), a host tensor moved there (`.to(device)`), a host
+    tensor copied into the engine's device state (`copy_`). On a CPU none moves anything; on a GPU each is a copy
+    (from pageable memory, a wait for the stream)."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        super().__init__()
+        self.engine = engine
+        self.moved: set[int] = set()  # storages the counted copies made on the device
+        self.copies: list[str] = []
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        e = self.engine
+        state = [e._next, e._logprobs, e._seeds, e._steps, e._live, e._greedy, e._pf_tokens, e._pf_rows, e._pf_lengths]
+        if e._cache is not None:
+            state += [e._cache.lengths, *e._cache.k, *e._cache.v]
+        ptr = t.untyped_storage().data_ptr()
+        return ptr in self.moved or ptr in {s.untyped_storage().data_ptr() for s in state}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "copy_":
+            copy = self._on_device(args[0]) and not self._on_device(args[1])
+        elif name == "to":
+            copy = any(isinstance(a, torch.device) for a in (*args[1:], kwargs.get("device")))
+        else:
+            copy = name in ("tensor", "as_tensor") and "device" in kwargs
+        out = func(*args, **kwargs)
+        if copy:
+            self.copies.append(name)
+            if isinstance(out, torch.Tensor):
+                self.moved.add(out.untyped_storage().data_ptr())
+        return out
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_an_admission_copies_to_the_device_once_and_its_prefill_once(model: TinyGPT, static: bool) -> None:
+    """The host values a step sends to the device go in one copy each: an admission's rows, tokens, seeds, output
+    indices and greedy flags; its prefill's tokens, rows and lengths; the rows a step (or `interrupt`) frees; the rows
+    a compaction keeps. An admission made eight (five `torch.tensor(..., device=)`, three for its prefill), each a
+    wait for the stream on a GPU."""
+    engine = EmbeddedEngine(model, max_batch_size=6, temperature=1.0, seed=5, static_shapes=static)
+    engine.add(_waves(2))
+    checked = Counter[str]()
+    interrupted = False
+    while engine.has_work():
+        prefills, compactions = engine.prefills, engine.compactions
+        with _HostToDevice(engine) as mode:
+            done = engine.step()
+        admitted = engine.prefills - prefills
+        expected = 2 * admitted + (len(done) > 0) + (engine.compactions - compactions)
+        assert len(mode.copies) == expected, (mode.copies, admitted, len(done))
+        checked.update(admissions=admitted, frees=len(done) > 0, compactions=engine.compactions - compactions)
+        if checked["admissions"] >= 2 and engine.num_running() > 0 and not interrupted:
+            running = next(r for r in engine._rows if r is not None)
+            with _HostToDevice(engine) as mode:
+                interrupted = len(engine.interrupt([running.req.request_id])) == 1
+            assert len(mode.copies) == 1
+    assert interrupted and checked["admissions"] > 3 and checked["frees"] > 3 and checked["compactions"] > 0
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_what_admissions_frees_and_compactions_copy_lands_in_each_requests_own_row(
+    model: TinyGPT, static: bool
+) -> None:
+    """The state admissions, prefills, finishes and compactions copy to the device (views of one copy each) is each
+    request's own: after every step a running row holds its request's next token, seed, output index, greedy flag
+    and length, a free row is dead at position 0; and each request (greedy ones among sampled ones, resumed
+    prefixes, rows of different lengths, waves of admission) decodes what an engine of one row gives it."""
+    from rlctl.engines.embedded import request_seed
+
+    reqs = _waves(3) + [
+        GenRequest(f"p{i}", [1, 4 + i], 9, prefix=Prefix([7 + i, 8], [-0.5, -0.25], [0, 0]), greedy=i == 1)
+        for i in range(3)
+    ]
+    engine = EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=5, static_shapes=static)
+    engine.add(reqs[:12])
+    got: dict[str, GenResult] = {}
+    steps = 0
+    while engine.has_work():
+        if steps == 4:
+            engine.add(reqs[12:])
+        got |= {r.request_id: r for r in engine.step()}
+        steps += 1
+        assert engine._cache is not None
+        state = [t.tolist() for t in (engine._next, engine._seeds, engine._steps, engine._live, engine._greedy)]
+        lengths = engine._cache.lengths.tolist()
+        for i in range(engine.max_batch_size):
+            row = engine._rows[i] if i < len(engine._rows) else None
+            if row is None:
+                assert (state[3][i], lengths[i]) == (0, 0), i
+                continue
+            r = row.req
+            own = [row.tokens[-1], request_seed(5, r.request_id), len(row.tokens), 1, r.greedy]
+            assert [s[i] for s in state] == own and lengths[i] == row.pos, (i, r.request_id)
+    assert engine.compactions > 0 and engine.prefills > 3 and got.keys() == {r.request_id for r in reqs}
+    for r in reqs:
+        alone = results(EmbeddedEngine(model, max_batch_size=1, temperature=1.0, seed=5, static_shapes=static), [r])
+        assert got[r.request_id].output_tokens == alone[r.request_id].output_tokens, r.request_id
+        torch.testing.assert_close(got[r.request_id].logprobs, alone[r.request_id].logprobs, atol=1e-5, rtol=0)
