@@ -372,7 +372,7 @@ class EmbeddedEngine(GenerationEngine):
         self._next[idx] = next_tokens
         self._seeds[idx] = seeds
         self._steps[idx] = steps
-        self._live[idx] = 1
+        self._live.index_fill_(0, idx, 1)  # not `_live[idx] = 1`: on CUDA that copies the 1 to the device, and waits
         self._greedy[idx] = greedy.bool()
 
     def _prefill(self, rows: list[int], contexts: list[list[int]]) -> None:
@@ -471,8 +471,8 @@ class EmbeddedEngine(GenerationEngine):
         if rows:
             assert self._cache is not None
             (idx,) = to_device(rows, device=self.device)
-            self._live[idx] = 0
-            self._cache.lengths[idx] = 0
+            self._live.index_fill_(0, idx, 0)  # the 0 a kernel's argument, not a host scalar copied (as in `_admit`)
+            self._cache.lengths.index_fill_(0, idx, 0)
 
     def _finished(self, group: int) -> None:
         self._group_left[group] -= 1

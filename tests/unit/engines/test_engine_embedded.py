@@ -621,8 +621,9 @@ def test_a_step_reads_the_device_once(model: TinyGPT, static: bool) -> None:
 class _HostToDevice(torch.overrides.TorchFunctionMode):
     """Counts the copies of host values onto the engine's device, in each way the engine makes one: a tensor made
     there from Python values (`torch.tensor(..., device=)`), a host tensor moved there (`.to(device)`), a host
-    tensor copied into the engine's device state (`copy_`). On a CPU none moves anything; on a GPU each is a copy
-    (from pageable memory, a wait for the stream)."""
+    tensor copied into the engine's device state (`copy_`), a number put at a tensor's indices (`t[idx] = 0`: on a
+    CUDA tensor torch makes the number a host tensor and `index_put_` copies it over). On a CPU none moves anything;
+    on a GPU each is a copy (from pageable memory, a wait for the stream)."""
 
     def __init__(self, engine: EmbeddedEngine) -> None:
         super().__init__()
@@ -645,6 +646,8 @@ class _HostToDevice(torch.overrides.TorchFunctionMode):
             copy = self._on_device(args[0]) and not self._on_device(args[1])
         elif name == "to":
             copy = any(isinstance(a, torch.device) for a in (*args[1:], kwargs.get("device")))
+        elif name == "__setitem__":
+            copy = isinstance(args[1], torch.Tensor) and isinstance(args[2], int | float)
         else:
             copy = name in ("tensor", "as_tensor") and "device" in kwargs
         out = func(*args, **kwargs)
@@ -659,8 +662,8 @@ class _HostToDevice(torch.overrides.TorchFunctionMode):
 def test_an_admission_copies_to_the_device_once_and_its_prefill_once(model: TinyGPT, static: bool) -> None:
     """The host values a step sends to the device go in one copy each: an admission's rows, tokens, seeds, output
     indices and greedy flags; its prefill's tokens, rows and lengths; the rows a step (or `interrupt`) frees; the rows
-    a compaction keeps. An admission made eight (five `torch.tensor(..., device=)`, three for its prefill), each a
-    wait for the stream on a GPU."""
+    a compaction keeps. An admission made nine (five `torch.tensor(..., device=)`, `_live[idx] = 1`, three for its
+    prefill) and a step that freed rows three, each a wait for the stream on a GPU."""
     engine = EmbeddedEngine(model, max_batch_size=6, temperature=1.0, seed=5, static_shapes=static)
     engine.add(_waves(2))
     checked = Counter[str]()
