@@ -2,7 +2,8 @@
 
 It runs the built-in demo model or any HF Llama/Qwen2 checkpoint directory (`from_pretrained`) on the CPU
 or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU: `rlctl.devices`); a row
-finishes on any of the model's EOS ids. Every tensor the engine makes is made on the model's device.
+finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the model's device; what
+the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for a step's read).
 
 One `step()`:
 
