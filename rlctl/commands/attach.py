@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Watch a running job whose launcher is gone, to its end: record it, evaluate it, resume it if it fails
         (`checkpoint.auto_resume`), as its launcher would have."""
-        from rlctl.launch.jobdir import LOCK_FD_ENV
+        from rlctl.launch.locks import LOCK_FD_ENV
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.refusals import refuse_if_unprepared

@@ -33,7 +33,6 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -43,7 +42,6 @@ import os
 import re
 import secrets
 import shlex
-import socket
 import tempfile
 import threading
 import time
@@ -57,6 +55,7 @@ from rlctl.config.base import first_error, read_yaml
 from rlctl.config.inventory import RECORDED
 from rlctl.config.job import JobFile
 from rlctl.errors import ConfigError, LaunchError, UsageError
+from rlctl.launch.locks import flock, launcher_holder, launcher_lock
 from rlctl.textutil import home_expanded
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,6 @@ HOME_ENV = "RLCTL_HOME"
 # what an OS or a file system leaves in any directory, no one's files: a Mac's Finder (.DS_Store, ._name beside a
 # file on a share), Windows Explorer (Thumbs.db, desktop.ini), NFS's name for a removed file still open (.nfs<hex>)
 LITTER = re.compile(r"\.DS_Store|\._.+|Thumbs\.db|desktop\.ini|\.nfs[0-9A-Fa-f]+")
-NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
 # what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
 JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
 # what a job's run writes (appends to) in its job dir, besides JOB_RECORD: in a directory no launch made (no secret,
@@ -88,64 +86,6 @@ def default_base() -> Path:
 
 
 ID_FILE = ".job-id"
-# a launcher lock held by no live launcher here, tried again so many times, so far apart (`_flock_launcher`)
-LOCK_TRIES, LOCK_RETRY_S = 10, 0.05
-LOCK_FD_ENV = "RLCTL_LAUNCHER_LOCK_FD"  # a launcher spawned by `launch --resume --detach`: its parent's lock, inherited
-
-
-def _handed_lock(path: Path) -> TextIO | None:
-    """The launcher lock file `path` as the process that spawned this one held it (`JobDir.launcher_lock`): its
-    inherited descriptor, whose number LOCK_FD_ENV holds (taken out of the environment: no agent this launcher
-    starts sees it), where that is this very file; None otherwise (the lock then taken anew)."""
-    fd = os.environ.pop(LOCK_FD_ENV, None)
-    if fd is None or not fd.isdigit():
-        return None
-    try:
-        held, here = os.fstat(int(fd)), path.stat()
-    except OSError:
-        return None
-    if (held.st_dev, held.st_ino) != (here.st_dev, here.st_ino):
-        return None
-    os.set_inheritable(int(fd), False)  # (the launcher's own children are not handed it)
-    return os.fdopen(int(fd), "a+")
-
-
-def _flock_launcher(f: TextIO) -> str | None:
-    """An exclusive flock on the launcher lock file `f`, not waited for: None once taken, else who holds it (the
-    file's "pid N on HOST"). Held while the holder it names is no live process here (a launcher gone, or another
-    machine's), it is tried again, LOCK_TRIES times LOCK_RETRY_S apart: a `launcher_holder` probe (`status -w`, `logs
-    -f`, `stop`) holds it for an instant, and a resume then was refused at once, naming the gone launcher as the one
-    that has the job. (A launcher on another machine is refused after those tries.)"""
-    holder = _flock_now(f)
-    for _ in range(LOCK_TRIES - 1):
-        if holder is None or _runs_here(holder):
-            break
-        time.sleep(LOCK_RETRY_S)
-        holder = _flock_now(f)
-    return holder
-
-
-def _flock_now(f: TextIO) -> str | None:
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        f.seek(0)
-        return f.read().strip() or "another process"  # (nothing yet: a launcher that has just taken it)
-
-
-def _runs_here(holder: str) -> bool:
-    """Whether the launcher `holder` ("pid N on HOST", as `JobDir.launcher_lock` writes it) is a live process here."""
-    m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
-    if m is None or m[2] != socket.gethostname():
-        return False
-    try:
-        os.kill(int(m[1]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's, alive
-        pass
-    return True
 
 
 class JobDir:
@@ -416,72 +356,13 @@ class JobDir:
     def read_json(self, path: Path) -> Any:
         return json_file(path)
 
-    @contextlib.contextmanager
-    def launcher_lock(self) -> Iterator[int]:
-        """This process as the job's one launcher while inside (an exclusive flock on `.launcher.lock`, released
-        when the process ends however it ends): a second `launch --resume` or `attach` while a launcher still
-        runs, or resumes the job itself (`checkpoint.auto_resume`), is refused instead of starting a second
-        controller over the same checkpoints and logs. Yields the lock file's descriptor: a `launch --resume
-        --detach` hands the lock on to the launcher it spawns (the descriptor inherited, its number in
-        LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open). Where the
-        filesystem has no flock (NFS mounted `nolock`) it goes on unlocked, said once, as `appending` and the record's
-        fetch do: refused there, no launch, resume or attach of a job in that dir could run at all."""
-        path = self.path / ".launcher.lock"
-        try:
-            f = _handed_lock(path) or path.open("a+")
-        except OSError as e:  # another user's job dir, a read-only mount: one line, versus a traceback (a resume
-            # takes the lock before its refusals: a finished job's `nothing to resume` said so before)
-            raise UsageError(
-                f"{path}: cannot open the job's launcher lock ({e.strerror or e})",
-                hint="a launcher writes in the job dir: look at its owner and permissions "
-                f"(`ls -la {shlex.quote(str(self.path))}`)",
-            ) from e
-        try:
-            try:
-                holder = _flock_launcher(f)
-            except OSError as e:  # versus the OSError's traceback (a resume takes the lock before its refusals)
-                if e.errno not in NO_FLOCK:
-                    raise
-                unlocked = f"{path}: no file locks on this filesystem ({e.strerror or e}): this launcher goes on "
-                say_once([unlocked + "unlocked; a second `launch --resume` or `attach` of the job is not refused"])
-            else:
-                if holder is not None:
-                    raise self._launched(holder)
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-            f.flush()
-            yield f.fileno()
-        finally:
-            f.close()
-
-    def _launched(self, holder: str) -> UsageError:
-        arg = shlex.quote(self.id)
-        return UsageError(
-            f"job {self.id} has a launcher already ({holder})",
-            hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
-        )
+    def launcher_lock(self) -> contextlib.AbstractContextManager[int]:
+        """This process as the job's one launcher while inside (`rlctl.launch.locks.launcher_lock`)."""
+        return launcher_lock(self)
 
     def launcher_holder(self) -> str | None:
-        """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
-        flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant tries again:
-        `_flock_launcher`)."""
-        path = self.path / ".launcher.lock"
-        try:
-            f = path.open("r")
-        except FileNotFoundError:
-            return None
-        with f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return f.read().strip() or "another process"
-            except OSError as e:  # a filesystem with no flock: no launcher holds one there (`launcher_lock`)
-                if e.errno not in NO_FLOCK:
-                    raise
-                return None
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-            return None
+        """Who holds the job's launcher lock ("pid N on HOST"), None when no launcher does (`locks.launcher_holder`)."""
+        return launcher_holder(self)
 
     def secret(self) -> bytes:
         """The per-job secret, created (0600) on first use."""
@@ -558,14 +439,8 @@ def appending(path: Path) -> Iterator[TextIO]:
     while True:
         f = path.open("a")
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+            if flock(f, fcntl.LOCK_EX) is not None or os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
                 break
-        except OSError as e:
-            if e.errno not in NO_FLOCK:
-                f.close()
-                raise
-            break
         except BaseException:
             f.close()
             raise

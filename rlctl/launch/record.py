@@ -21,7 +21,8 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import NO_FLOCK, JobDir, appending, event_time, record_text, replace_text
+from rlctl.launch.jobdir import JobDir, appending, event_time, record_text, replace_text
+from rlctl.launch.locks import flock
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.stage import Roots, read_staged
 from rlctl.launch.summary import parse_summary, read_summary, replace_damaged
@@ -104,11 +105,7 @@ def fetching(job_dir: Path, *, moving: bool = False) -> Iterator[None]:
     site before it (`fetch_record`). Not reentrant (a flock per open file): no holder takes it again, nor the
     launcher lock (taken without waiting). Where the filesystem has no flock it goes unlocked, as `appending` does."""
     with (job_dir / FETCH_LOCK).open("a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in NO_FLOCK:
-                raise
+        flock(f, fcntl.LOCK_EX)  # (none on this filesystem: unlocked)
         if moving:
             f.seek(0)
             moves = int(f.read().strip() or 0) + 1

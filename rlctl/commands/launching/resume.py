@@ -30,7 +30,8 @@ def resume_job(
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
-    from rlctl.launch.jobdir import LOCK_FD_ENV, JobDir
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.launch.locks import LOCK_FD_ENV
     from rlctl.ops.extend import (
         completed_checkpoints,
         replace_job_json,

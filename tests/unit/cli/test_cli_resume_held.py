@@ -67,7 +67,8 @@ def test_of_two_resumes_started_at_once_the_second_is_refused_before_it_fetches_
 HOLDS_THE_LOCK = """
 import os, sys
 from pathlib import Path
-from rlctl.launch.jobdir import LOCK_FD_ENV, JobDir
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.locks import LOCK_FD_ENV
 jd = JobDir(Path(sys.argv[1]))
 with jd.launcher_lock():
     print(os.getpid(), LOCK_FD_ENV in os.environ, jd.launcher_holder(), flush=True)

@@ -1,0 +1,179 @@
+"""The job dir's file locks: the flock each takes, gone without where the filesystem has none (`flock`), a lock file
+that cannot be opened said in one line (`open_lock`), and the launcher lock, one launcher per job.
+
+    launcher_lock (.launcher.lock, exclusive, not waited for)    a launch, a `launch --resume`, an `attach`: the
+                                                                 job's one launcher; `launcher_holder` probes it
+    fetching (.record-fetch.lock, exclusive, waited for)         rlctl.launch.record: one writer of the record here
+    appending (the .jsonl file itself, exclusive, waited for)    rlctl.launch.jobdir: an event appended whole
+
+A flock is the open file's: the launcher lock goes with the launcher however it ends, and a `launch --resume
+--detach` hands it to the launcher it spawns (the descriptor inherited, its number in LOCK_FD_ENV)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shlex
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, TextIO
+
+from rlctl.errors import RlctlError, UsageError
+
+if TYPE_CHECKING:
+    from rlctl.launch.jobdir import JobDir
+
+NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
+LAUNCHER_LOCK = ".launcher.lock"
+# a launcher lock held by no live launcher here, tried again so many times, so far apart (`_flock_launcher`)
+LOCK_TRIES, LOCK_RETRY_S = 10, 0.05
+LOCK_FD_ENV = "RLCTL_LAUNCHER_LOCK_FD"  # a launcher spawned by `launch --resume --detach`: its parent's lock, inherited
+
+
+def flock(f: IO[Any], how: int) -> str | None:
+    """`fcntl.flock(f, how)` of the open file `f`: None once held; where its filesystem has no flock (NFS mounted
+    `nolock`, a site's Lustre mounted without it: NO_FLOCK), why not (the error's text), the caller going on unlocked:
+    refused there, nothing could run in such a job dir. Any other OSError passes (BlockingIOError: `how` has LOCK_NB
+    and another process holds it)."""
+    try:
+        fcntl.flock(f.fileno(), how)
+    except OSError as e:
+        if e.errno not in NO_FLOCK:
+            raise
+        return e.strerror or str(e)
+    return None
+
+
+def open_lock(path: Path, *, what: str, why: str, error: type[RlctlError]) -> TextIO:
+    """The lock file `path` open to read and write ("a+": made where missing); where it cannot be (another user's
+    job dir, a read-only mount), `error`, one line naming it as `what` with a hint (`why` it is written there), versus
+    the OSError's traceback."""
+    try:
+        return path.open("a+")
+    except OSError as e:
+        raise error(
+            f"{path}: cannot open {what} ({e.strerror or e})",
+            hint=f"{why}: look at its owner and permissions (`ls -la {shlex.quote(str(path.parent))}`)",
+        ) from e
+
+
+@contextlib.contextmanager
+def launcher_lock(job: JobDir) -> Iterator[int]:
+    """This process as the job's one launcher while inside (an exclusive flock on `.launcher.lock`, released
+    when the process ends however it ends): a second `launch --resume` or `attach` while a launcher still
+    runs, or resumes the job itself (`checkpoint.auto_resume`), is refused instead of starting a second
+    controller over the same checkpoints and logs. Yields the lock file's descriptor: a `launch --resume
+    --detach` hands the lock on to the launcher it spawns (the descriptor inherited, its number in
+    LOCK_FD_ENV, taken over here: the flock is the open file's, held while either process has it open). Where the
+    filesystem has no flock (NFS mounted `nolock`) it goes on unlocked, said once, as `appending` and the record's
+    fetch do: refused there, no launch, resume or attach of a job in that dir could run at all. A lock file that
+    cannot be opened (another user's job dir, a read-only mount) is one line, versus a traceback (a resume takes the
+    lock before its refusals: a finished job's `nothing to resume` said so before)."""
+    path = job.path / LAUNCHER_LOCK
+    f = _handed_lock(path) or open_lock(
+        path, what="the job's launcher lock", why="a launcher writes in the job dir", error=UsageError
+    )
+    try:
+        holder = _flock_launcher(f, path)
+        if holder is not None:
+            arg = shlex.quote(job.id)
+            raise UsageError(
+                f"job {job.id} has a launcher already ({holder})",
+                hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
+            )
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield f.fileno()
+    finally:
+        f.close()
+
+
+def launcher_holder(job: JobDir) -> str | None:
+    """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
+    flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant tries again:
+    `_flock_launcher`)."""
+    try:
+        f = (job.path / LAUNCHER_LOCK).open("r")
+    except FileNotFoundError:
+        return None
+    with f:
+        try:
+            if flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB) is not None:  # no flock there: no launcher holds one
+                return None
+        except BlockingIOError:
+            return f.read().strip() or "another process"
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return None
+
+
+def _handed_lock(path: Path) -> TextIO | None:
+    """The launcher lock file `path` as the process that spawned this one held it (`launcher_lock`): its
+    inherited descriptor, whose number LOCK_FD_ENV holds (taken out of the environment: no agent this launcher
+    starts sees it), where that is this very file; None otherwise (the lock then taken anew)."""
+    fd = os.environ.pop(LOCK_FD_ENV, None)
+    if fd is None or not fd.isdigit():
+        return None
+    try:
+        held, here = os.fstat(int(fd)), path.stat()
+    except OSError:
+        return None
+    if (held.st_dev, held.st_ino) != (here.st_dev, here.st_ino):
+        return None
+    os.set_inheritable(int(fd), False)  # (the launcher's own children are not handed it)
+    return os.fdopen(int(fd), "a+")
+
+
+def _flock_launcher(f: TextIO, path: Path) -> str | None:
+    """An exclusive flock on the launcher lock file `f` (at `path`), not waited for: None once taken, else who holds
+    it (the file's "pid N on HOST"). Held while the holder it names is no live process here (a launcher gone, or
+    another machine's), it is tried again, LOCK_TRIES times LOCK_RETRY_S apart: a `launcher_holder` probe (`status
+    -w`, `logs -f`, `stop`) holds it for an instant, and a resume then was refused at once, naming the gone launcher
+    as the one that has the job. (A launcher on another machine is refused after those tries.)"""
+    holder = _flock_now(f, path)
+    for _ in range(LOCK_TRIES - 1):
+        if holder is None or _runs_here(holder):
+            break
+        time.sleep(LOCK_RETRY_S)
+        holder = _flock_now(f, path)
+    return holder
+
+
+def _flock_now(f: TextIO, path: Path) -> str | None:
+    """One try of `_flock_launcher`: None once taken, or where the filesystem has no flock (said once: this launcher
+    goes on unlocked, versus the OSError's traceback before every refusal of a resume); else who holds it."""
+    try:
+        unlocked = flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        return f.read().strip() or "another process"  # (nothing yet: a launcher that has just taken it)
+    if unlocked is not None:
+        from rlctl.launch.jobdir import say_once  # (jobdir imports this module: its appends take `flock`)
+
+        say_once(
+            [
+                f"{path}: no file locks on this filesystem ({unlocked}): this launcher goes on unlocked; a second "
+                "`launch --resume` or `attach` of the job is not refused"
+            ]
+        )
+    return None
+
+
+def _runs_here(holder: str) -> bool:
+    """Whether the launcher `holder` ("pid N on HOST", as `launcher_lock` writes it) is a live process here."""
+    m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
+    if m is None or m[2] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(m[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's, alive
+        pass
+    return True
