@@ -15,14 +15,14 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
 from rlctl.launch.jobdir import JobDir, appending, event_time, record_text, replace_text
-from rlctl.launch.locks import flock
+from rlctl.launch.locks import flock, open_lock
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.stage import Roots, read_staged
 from rlctl.launch.summary import parse_summary, read_summary, replace_damaged
@@ -103,8 +103,10 @@ def fetching(job_dir: Path, *, moving: bool = False) -> Iterator[None]:
     move in FETCH_LOCK (`_moves`), and a fetch whose read of the site came before a move writes no record file
     (the run before's summary back over the move). Only local files are read and written inside: a fetch reads the
     site before it (`fetch_record`). Not reentrant (a flock per open file): no holder takes it again, nor the
-    launcher lock (taken without waiting). Where the filesystem has no flock it goes unlocked, as `appending` does."""
-    with (job_dir / FETCH_LOCK).open("a+") as f:
+    launcher lock (taken without waiting). Where the filesystem has no flock it goes unlocked, as `appending` does.
+    A FETCH_LOCK that cannot be opened (another user's job dir, a read-only mount) is a LaunchError, one line naming
+    it (`_fetch_lock`)."""
+    with _fetch_lock(job_dir) as f:
         flock(f, fcntl.LOCK_EX)  # (none on this filesystem: unlocked)
         if moving:
             f.seek(0)
@@ -116,11 +118,25 @@ def fetching(job_dir: Path, *, moving: bool = False) -> Iterator[None]:
 
 
 def _moves(job_dir: Path) -> str:
-    """How many moves of the summary `fetching` counted (the text of FETCH_LOCK; "" for none)."""
-    try:
-        return (job_dir / FETCH_LOCK).read_text().strip()
-    except FileNotFoundError:
-        return ""
+    """How many moves of the summary `fetching` counted (the text of FETCH_LOCK; "" for none). Read before a fetch
+    reads the site: a job dir whose fetch lock cannot be opened is said (`_fetch_lock`) before the site is asked for
+    a record that could not be written here."""
+    with _fetch_lock(job_dir) as f:
+        f.seek(0)
+        return f.read().strip()
+
+
+def _fetch_lock(job_dir: Path) -> TextIO:
+    """FETCH_LOCK open (made where missing); a LaunchError, one line naming it, where it cannot be (another user's job
+    dir, a read-only mount), versus the OSError's traceback (a launcher's stop or end, which say a LaunchError of the
+    fetch as a problem; its summary writes: `update_summary`) or a warning naming no lock (`rlctl status`, `stop`:
+    '[Errno 13] Permission denied: …', as if the controller's site had not answered)."""
+    return open_lock(
+        job_dir / FETCH_LOCK,
+        what="the lock of the job's record fetch",
+        why="the job's record is fetched into the job dir",
+        error=LaunchError,
+    )
 
 
 def _fetch(job_dir: Path, fs: HostFiles, host: str, root: str) -> list[str]:

@@ -1,0 +1,61 @@
+"""A job dir whose record-fetch lock cannot be opened (another user's job dir, a read-only mount; here a directory by
+that name, as root may write anywhere): the fetch of the controller site's record is a LaunchError, one line naming
+the lock, before the site is asked (`rlctl.launch.record._fetch_lock`), and `rlctl status` shows the job as its
+dir has it, saying so in one warning; versus the OSError's traceback from the launcher's stop, end and summary writes
+(which take a LaunchError of the fetch as a problem) and, from `status` and `stop`, a warning naming no lock
+('[Errno 21] Is a directory: …', as if the controller's site had not answered)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import LaunchError
+from rlctl.launch import sitefs
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.record import FETCH_LOCK, fetch_record
+from rlctl.ops import operate
+from rlctl.ops.runstate import update_summary
+from tests.conftest import run_cli
+from tests.unit.cli.test_cli_bad_input import home, prepared
+from tests.unit.launch.test_stage import _controller_site, local_site
+
+__all__ = ["home"]  # (the fixture: RLCTL_HOME under tmp_path)
+
+SAYS = "cannot open the lock of the job's record fetch ("
+HINT = "the job's record is fetched into the job dir: look at its owner and permissions (`ls -la "
+
+
+def test_a_fetch_lock_that_cannot_be_opened_is_one_line_before_the_site_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, site, root = _controller_site(tmp_path)
+    (root / "summary.json").write_text(json.dumps({"run": "r1", "state": "done"}))
+    (src / FETCH_LOCK).mkdir()
+    asked: list[str] = []
+    monkeypatch.setattr(sitefs.LocalFiles, "read_text", lambda _fs, path: asked.append(path))
+    with pytest.raises(LaunchError) as fetch:  # was: IsADirectoryError
+        fetch_record(src, site, "localhost", str(root))
+    assert str(fetch.value).startswith(f"{src / FETCH_LOCK}: {SAYS}") and asked == []
+    assert fetch.value.hint == f"{HINT}{src}`)"
+    jd = JobDir(src)
+    jd.write_json(jd.summary_json, {"run": "r1", "state": "done"})
+    with pytest.raises(LaunchError, match="cannot open the lock of the job's record fetch"):  # the launcher's write
+        update_summary(jd, "r1", {"agent_exits": {"trainer-0": 0}})
+
+
+def test_status_of_a_job_dir_whose_fetch_lock_cannot_be_opened_shows_the_job_and_says_why_not_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    jd = prepared(tmp_path / "run")
+    site = local_site(tmp_path / "w")  # the controller's site, its job dir another than this one
+    (tmp_path / "w").mkdir()
+    monkeypatch.setattr(operate, "record_view", lambda _path: (site, "localhost", str(tmp_path / "w")))
+    (jd.path / FETCH_LOCK).mkdir()
+    r = run_cli("status", str(jd.path))
+    assert r.exit_code == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith(f"Job {jd.id}\n"), r.stdout  # the job as its dir has it
+    said = [m for m in caplog.messages if m.startswith(f"job {jd.id}: cannot fetch the record")]
+    assert len(said) == 1 and f"{jd.path / FETCH_LOCK}: {SAYS}" in said[0], caplog.messages
