@@ -126,6 +126,8 @@ def register(app: typer.Typer) -> None:
             say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
             return run
 
-        with lock:  # taken above, held to the run's end
+        # the lock taken above, held to the run's end; the index closed however it ends (`be_launcher` closes it too:
+        # a second close does nothing), versus left open where job.json does not read
+        with lock, contextlib.closing(db):
             spec = jd.read_job()
             be_launcher(jd, spec, plan, db, begin, output, locked=True)

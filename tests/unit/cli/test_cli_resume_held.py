@@ -215,3 +215,44 @@ def test_a_detached_attach_holds_the_launcher_lock_from_its_checks_and_hands_it_
     pid, env_left, holder = child.split(" ", 2)
     assert env_left == "False" and holder.startswith(f"pid {pid} on "), spawned  # taken over, not refused
     assert jd.launcher_holder() is None  # let go once both ended
+
+
+def test_an_attach_whose_job_json_does_not_read_closes_the_job_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attach` (not detached) of a job whose job.json was edited into a value a job file refuses: one line, and the
+    job index it opened closed, as every other refusal of it closes it; versus left open (its connection to the
+    index's SQLite file held by the process until it was collected)."""
+    import json
+    import socket
+
+    from rlctl.ops.jobdb import JobDB
+    from tests.unit.job_rows import indexed_row
+
+    jd = prepared(tmp_path / "run")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the job's launcher, as the index records it: gone
+    indexed_row(
+        jd.id, jd.path, job="demo", state="running", info={"launcher": {"pid": gone.pid, "host": socket.gethostname()}}
+    )
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["seed"] = "not a number"  # edited by hand
+    jd.job_json.write_text(json.dumps(data))
+    opened: list[JobDB] = []
+    closed: list[JobDB] = []
+    init, close = JobDB.__init__, JobDB.close
+
+    def opening(db: JobDB, path: Path | None = None) -> None:
+        init(db, path)
+        opened.append(db)
+
+    def closing(db: JobDB) -> None:
+        closed.append(db)
+        close(db)
+
+    monkeypatch.setattr(JobDB, "__init__", opening)
+    monkeypatch.setattr(JobDB, "close", closing)
+    line = one_error(run_cli("attach", str(jd.path)))
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.seed"), line
+    assert opened and all(db in closed for db in opened), (opened, closed)  # was: the attach's own left open
+    assert jd.launcher_holder() is None
