@@ -56,10 +56,14 @@ def open_lock(path: Path, *, what: str, why: str, error: type[RlctlError]) -> Te
     try:
         return path.open("a+")
     except OSError as e:
-        raise error(
-            f"{path}: cannot open {what} ({e.strerror or e})",
-            hint=f"{why}: look at its owner and permissions (`ls -la {shlex.quote(str(path.parent))}`)",
-        ) from e
+        raise _not_opened(path, e, what=what, why=why, error=error) from e
+
+
+def _not_opened(path: Path, e: OSError, *, what: str, why: str, error: type[RlctlError]) -> RlctlError:
+    return error(
+        f"{path}: cannot open {what} ({e.strerror or e})",
+        hint=f"{why}: look at its owner and permissions (`ls -la {shlex.quote(str(path.parent))}`)",
+    )
 
 
 @contextlib.contextmanager
@@ -98,11 +102,18 @@ def launcher_lock(job: JobDir) -> Iterator[int]:
 def launcher_holder(job: JobDir) -> str | None:
     """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
     flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant tries again:
-    `_flock_launcher`)."""
+    `_flock_launcher`). A lock file that cannot be read (another user's job dir whose lock is theirs alone, 0600
+    under a umask of 077; a directory by that name) is one line, naming it: who holds the job is not known, and a
+    `status`, `stop` or launch into the dir that took it as none would act as if no launcher ran it; versus the
+    OSError's traceback."""
+    path = job.path / LAUNCHER_LOCK
     try:
-        f = (job.path / LAUNCHER_LOCK).open("r")
+        f = path.open("r")
     except FileNotFoundError:
         return None
+    except OSError as e:
+        why = "whether a launcher runs the job is read from it"
+        raise _not_opened(path, e, what="the job's launcher lock", why=why, error=UsageError) from e
     with f:
         try:
             if flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB) is not None:  # no flock there: no launcher holds one

@@ -133,6 +133,24 @@ def test_a_resume_that_cannot_open_the_launcher_lock_says_so_in_one_line(tmp_pat
     assert snapshot(jd.path) == before
 
 
+@pytest.mark.parametrize("command", ["status", "stop", "launch"])
+def test_a_launcher_lock_that_cannot_be_read_is_one_line_naming_it(tmp_path: Path, command: str) -> None:
+    """`status`, `stop` and a launch into the job dir ask who holds the launcher lock (`launcher_holder`): one that
+    cannot be read (another user's job dir whose lock is theirs alone, 0600; here a directory by that name, as root
+    reads anything) is one line naming it, exit 2, versus the OSError's traceback (IsADirectoryError,
+    PermissionError)."""
+    from tests.unit.cli.test_cli_bad_input import DEMO
+
+    jd = prepared(tmp_path / "run")
+    (jd.path / ".launcher.lock").mkdir()
+    args = {"status": [str(jd.path)], "stop": [str(jd.path)], "launch": [str(DEMO), "--job-dir", str(jd.path)]}
+    line = one_error(run_cli(command, *args[command]))
+    assert line.startswith(f"rlctl: error: {jd.path / '.launcher.lock'}: cannot open the job's launcher lock (")
+    hint = "(hint: whether a launcher runs the job is read from it: look at its owner and permissions "
+    hint += f"(`ls -la {jd.path}`))"
+    assert line.endswith(hint), line
+
+
 def test_a_resume_on_a_filesystem_with_no_flock_goes_on_unlocked_said_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
