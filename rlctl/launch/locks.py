@@ -1,5 +1,6 @@
-"""The job dir's file locks: the flock each takes, gone without where the filesystem has none (`flock`), a lock file
-that cannot be opened said in one line (`open_lock`), and the launcher lock, one launcher per job.
+"""The job dir's file locks: the flock each takes (`flock`; none where the filesystem has none: each goes on
+unlocked), a lock file that cannot be opened said in one line (`open_lock`), and the launcher lock, one launcher per
+job.
 
     launcher_lock (.launcher.lock, exclusive, not waited for)    a launch, a `launch --resume`, an `attach`: the
                                                                  job's one launcher; `launcher_holder` probes it
