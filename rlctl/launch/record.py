@@ -12,10 +12,9 @@ import json
 import logging
 import os
 import shutil
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
@@ -38,10 +37,10 @@ RECORD_FILES = ("controller.json", "summary.json")
 LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state", "summary_damaged")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
-# beside them: one write of a fetch, a launcher's summary write or a resume's move of it at a time (`fetching`); it
-# holds the number of those moves
+# beside them: one fetch, or a resume's move of the summary, at a time (`fetching`); then, inside it where both are
+# held, one read-change-write of summary.json here at a time (`summary_lock`)
 FETCH_LOCK = ".record-fetch.lock"
-FETCH_TRIES = 4  # reads of a log whose copy here other fetches wrote meanwhile, before it is left (`fetch_appended`)
+SUMMARY_LOCK = ".summary.lock"
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 # logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
 APPENDED_LOGS = tuple(
@@ -78,111 +77,108 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     """Copy the controller's record (summary, controller.json; its events, by what they grew, merged into the
     operator's), its logs (APPENDED_LOGS: metrics, evaluations, samples, by what they grew) and the tracker files
     (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
-    Returns the names fetched. The site is read with no lock held, and each write here under the fetch lock
-    (`fetching`), versus that lock held across the whole fetch: a site that did not answer (each of its reads up to
-    its timeout) held it for minutes, and the launcher's summary writes (a `rlctl stop`'s record of its agents'
-    exits: `update_summary`) and a resume's moves of the summary waited behind it."""
+    Returns the names fetched. The whole fetch holds the fetch lock (`fetching`); its read-change-write of the
+    summary here holds the summary lock too (`summary_lock`), which the launcher's summary writes (a `rlctl stop`'s
+    record of its agents' exits: `rlctl.ops.runstate.update_summary`) take alone: they wait for that short write,
+    never for the site (whose reads, where it does not answer, each run up to its timeout: minutes)."""
     if record_is_here(site, root, job_dir):
         return []
-    fs = host_files(site, host)
-    try:
-        return _fetch(job_dir, fs, host, root)
-    finally:
-        fs.close()
+    with fetching(job_dir):
+        return _fetch(job_dir, site, host, root)
 
 
 @contextlib.contextmanager
-def fetching(job_dir: Path, *, moving: bool = False) -> Iterator[None]:
-    """One writer of the fetched record into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for):
-    `rlctl status` or `stop` while the job's launcher fetches as its run ends, or a `launch --resume` as it takes the
-    job over, each read how much of a log was here and appended what was past it (a row appended twice).
-    The launcher's own read-change-write of summary.json (`rlctl.ops.runstate.update_summary`) holds it too: a fetch
-    reads that file, adds the launcher's keys to the controller's copy and writes it back (`_with_launchers_keys`),
-    and a key written in between was lost. A resume's moves of summary.json (aside as its run starts, here and on
-    the controller's site; back where it never started: `rlctl.ops.runstart`) hold it `moving`: each counts one more
-    move in FETCH_LOCK (`_moves`), and a fetch whose read of the site came before a move writes no record file
-    (the run before's summary back over the move). Only local files are read and written inside: a fetch reads the
-    site before it (`fetch_record`). Not reentrant (a flock per open file): no holder takes it again, nor the
-    launcher lock (taken without waiting). Where the filesystem has no flock it goes unlocked, as `appending` does.
-    A FETCH_LOCK that cannot be opened (another user's job dir, a read-only mount) is a LaunchError, one line naming
-    it (`_fetch_lock`)."""
-    with _fetch_lock(job_dir) as f:
+def fetching(job_dir: Path) -> Iterator[None]:
+    """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for, held across the fetch's
+    reads of the site): `rlctl status` or `stop` while the job's launcher fetches as its run ends, or a `launch
+    --resume` as it takes the job over, each read how much of a log was here and appended what was past it, through
+    the one `.part` file (a row appended twice, or the other's `.part` gone: FileNotFoundError). A resume's moves of
+    summary.json (aside as its run starts, here and on the controller's site; back where it never started:
+    `rlctl.ops.runstart`) hold it too: a fetch that read the run before's summary on the site before the move wrote
+    it here after it (taken for the new run's end). Lock order: FETCH_LOCK, then SUMMARY_LOCK (`summary_lock`),
+    never the reverse: a holder of the summary lock takes no fetch lock. Not reentrant (a flock per open file): no
+    holder takes it again, nor the launcher lock (taken without waiting)."""
+    with _exclusive(job_dir / FETCH_LOCK, "the lock of the job's record fetch"):
+        yield
+
+
+@contextlib.contextmanager
+def summary_lock(job_dir: Path) -> Iterator[None]:
+    """One read-change-write of summary.json in `job_dir` at a time (an exclusive flock on SUMMARY_LOCK, waited
+    for): the launcher's (`rlctl.ops.runstate.update_summary`: held-out figures, its agents' exits, a state), a
+    fetch's (`_with_launchers_keys`: the controller's copy with the launcher's keys of the one here) and a resume's
+    moves of it. A fetch takes it inside the fetch lock (`fetching`) and only around local files, so the launcher's
+    writes never wait on the controller's site, versus the fetch lock taken for them: a `rlctl stop` recording exits
+    waited behind a `status -w` whose site did not answer (and with no lock, a key written between a fetch's read
+    and its write was lost). Not reentrant; no holder takes the fetch lock (the order: `fetching` first)."""
+    with _exclusive(job_dir / SUMMARY_LOCK, "the lock of the job's summary"):
+        yield
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, what: str) -> Iterator[None]:
+    """An exclusive flock on the file `path` (made where missing), waited for; where the filesystem has no flock it
+    goes unlocked, as `appending` does. A lock that cannot be opened (another user's job dir, a read-only mount) is a
+    LaunchError, one line naming it as `what` (`locks.open_lock`), said before a fetch asks the site for a record that
+    could not be written here, versus the OSError's traceback (the launcher's stop, end and summary writes) or a
+    warning naming no lock (`rlctl status`, `stop`: as if the controller's site had not answered)."""
+    with open_lock(path, what=what, why="the job's record is fetched into the job dir", error=LaunchError) as f:
         flock(f, fcntl.LOCK_EX)  # (none on this filesystem: unlocked)
-        if moving:
-            f.seek(0)
-            moves = int(f.read().strip() or 0) + 1
-            f.truncate(0)
-            f.write(f"{moves}\n")
-            f.flush()
         yield  # (the lock goes with the file's close)
 
 
-def _moves(job_dir: Path) -> str:
-    """How many moves of the summary `fetching` counted (the text of FETCH_LOCK; "" for none). Read before a fetch
-    reads the site: a job dir whose fetch lock cannot be opened is said (`_fetch_lock`) before the site is asked for
-    a record that could not be written here."""
-    with _fetch_lock(job_dir) as f:
-        f.seek(0)
-        return f.read().strip()
-
-
-def _fetch_lock(job_dir: Path) -> TextIO:
-    """FETCH_LOCK open (made where missing); a LaunchError, one line naming it, where it cannot be (another user's job
-    dir, a read-only mount), versus the OSError's traceback (a launcher's stop or end, which say a LaunchError of the
-    fetch as a problem; its summary writes: `update_summary`) or a warning naming no lock (`rlctl status`, `stop`:
-    '[Errno 13] Permission denied: …', as if the controller's site had not answered)."""
-    return open_lock(
-        job_dir / FETCH_LOCK,
-        what="the lock of the job's record fetch",
-        why="the job's record is fetched into the job dir",
-        error=LaunchError,
-    )
-
-
-def _fetch(job_dir: Path, fs: HostFiles, host: str, root: str) -> list[str]:
-    moves = _moves(job_dir)  # before the site is read: a move after it makes what was read the run before's
-    texts = {name: text for name in RECORD_FILES if (text := fs.read_text(f"{root}/{name}")) is not None}
+def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
+    fs = host_files(site, host)
     fetched = []
-    with fetching(job_dir):
-        if _moves(job_dir) != moves:
-            log.info("%s: the summary was moved as the record was fetched; %s fetched next time", job_dir, list(texts))
-            texts = {}
-        for name, text in texts.items():
+    try:
+        for name in RECORD_FILES:
+            text = fs.read_text(f"{root}/{name}")
+            if text is None:
+                continue
             if name == "summary.json":
-                merged = _with_launchers_keys(job_dir / name, text, source=f"{host}:{root}/{name}")
-                if merged is None:  # the controller's copy does not read and a copy is here, or the copy here
-                    # cannot be read: that one stays
-                    continue
-                text, damage = merged
-                if damage:  # the copy here does not read: kept aside whole, the fetched one says where
-                    _damaged_kept(job_dir / name, text, damage)
+                if _summary_fetched(job_dir / name, text, source=f"{host}:{root}/{name}"):
                     fetched.append(name)
-                    continue
+                continue
             replace_text(job_dir / name, text)
             fetched.append(name)
-    mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
-    if fetch_appended(fs, f"{root}/{EVENTS}", mirror, then=lambda: _merge_events(job_dir / EVENTS, mirror)):
-        fetched.append(EVENTS)
-    fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
-    for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
-        for rel in fs.list_files(f"{root}/{tree}"):
-            dst = job_dir / tree / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            part = _own_part(dst)  # renamed into place: another fetch's copy of it is whole too
-            try:
-                fs.get(f"{root}/{tree}/{rel}", part)
-                os.replace(part, dst)
-            except LaunchError as e:  # a tracker's temporary file, removed since the listing
-                log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
-                continue
-            finally:
-                part.unlink(missing_ok=True)
-            fetched.append(f"{tree}/{rel}")
+        mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
+        if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
+            _merge_events(job_dir / EVENTS, mirror)
+            fetched.append(EVENTS)
+        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
+        for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
+            for rel in fs.list_files(f"{root}/{tree}"):
+                dst = job_dir / tree / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fs.get(f"{root}/{tree}/{rel}", dst)
+                except LaunchError as e:  # a tracker's temporary file, removed since the listing
+                    log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
+                    continue
+                fetched.append(f"{tree}/{rel}")
+    finally:
+        fs.close()
     return fetched
 
 
+def _summary_fetched(here: Path, text: str, *, source: str) -> bool:
+    """The controller's summary `text` (from `source`) written `here` with the launcher's keys of the copy here
+    (`_with_launchers_keys`), under the summary lock (`summary_lock`: the fetch lock is held already); False where
+    the copy here stays (the controller's does not read and one is here, or the one here cannot be read)."""
+    with summary_lock(here.parent):
+        merged = _with_launchers_keys(here, text, source=source)
+        if merged is None:
+            return False
+        text, damage = merged
+        if damage:  # the copy here does not read: kept aside whole, the fetched one says where
+            _damaged_kept(here, text, damage)
+        else:
+            replace_text(here, text)
+    return True
+
+
 def _merge_events(events: Path, mirror: Path) -> None:
-    """The site's events as fetched (`mirror`) merged into the operator's `events` (under the fetch lock)."""
+    """The site's events as fetched (`mirror`) merged into the operator's `events`."""
     with appending(events) as f:  # an event appended here meanwhile would go with the file replaced
         new = eventtail.tail(events, mirror)  # the site's new lines, where they merge as such
         if new is None:
@@ -279,67 +275,40 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
         log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
 
 
-def fetch_appended(fs: HostFiles, path: str, local: Path, *, then: Callable[[], None] | None = None) -> bool:
+def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
     copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
-    else the whole file (a resume cut the log back). True when lines arrived. The host is read with no lock held;
-    the lines are written here, and `then` called, under the fetch lock (`fetching`), where the copy here is still
-    as it was when the host was read; one another fetch wrote meanwhile is read against again (up to FETCH_TRIES
-    times, then left to the next fetch, said)."""
-    for _ in range(FETCH_TRIES):
-        seen = _state(local)
-        have = seen[2] if seen else 0
-        probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
-        if probe is None:
-            return False
-        data, size = probe
-        if have and (size < have or data != _bytes_before(local, have, len(data))):
-            have = 0
-        if size <= have:
-            return False
-        part = _own_part(local)
-        try:
-            fs.get_range(path, part, have, size)
-            whole = _whole_lines(part)  # the controller may be writing its last line
-            if not whole:
-                return False
-            os.truncate(part, whole)
-            with fetching(local.parent):
-                if _state(local) != seen:  # another fetch wrote it since it was read: read against it again
-                    continue
-                if have:
-                    with part.open("rb") as src, local.open("ab") as dst:
-                        shutil.copyfileobj(src, dst)
-                else:
-                    os.replace(part, local)
-                if then is not None:
-                    then()
-            return True
-        finally:
-            part.unlink(missing_ok=True)
-    log.info("%s: written by other fetches as this one read %s, %d times; fetched next time", local, path, FETCH_TRIES)
-    return False
-
-
-def _state(path: Path) -> tuple[int, int, int] | None:
-    """(inode, modification time, size) of `path`: an append, or the file replaced, changes it; None for none."""
+    else the whole file (a resume cut the log back). True when lines arrived. Under the fetch lock (`fetching`)."""
+    have = local.stat().st_size if local.exists() else 0
+    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    if probe is None:
+        return False
+    data, size = probe
+    if have and (size < have or data != _tail(local, len(data))):
+        have = 0
+    if size <= have:
+        return False
+    part = local.with_name(local.name + ".part")
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
+        fs.get_range(path, part, have, size)
+        whole = _whole_lines(part)  # the controller may be writing its last line
+        if not whole:
+            return False
+        os.truncate(part, whole)
+        if have:
+            with part.open("rb") as src, local.open("ab") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            os.replace(part, local)
+    finally:
+        part.unlink(missing_ok=True)
+    return True
 
 
-def _own_part(path: Path) -> Path:
-    """This fetch's own temporary name beside `path` (its process and thread: fetches at once write one each; no
-    tracker's name in it, which TensorBoard would read as a run's events)."""
-    return path.with_name(f".fetch-{os.getpid()}-{threading.get_ident()}.part")
-
-
-def _bytes_before(path: Path, end: int, n: int) -> bytes:
-    """The `n` bytes of the file before offset `end`."""
+def _tail(path: Path, n: int) -> bytes:
+    """The file's last `n` bytes."""
     with path.open("rb") as f:
-        f.seek(end - n)
+        f.seek(f.seek(0, os.SEEK_END) - n)
         return f.read(n)
 
 

@@ -24,7 +24,7 @@ from rlctl.launch.backends import AGENTS_FILE, record_agent
 from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, record_text
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, trainer_parallel
-from rlctl.launch.record import controller_view, fetching, record_is_here, record_view
+from rlctl.launch.record import controller_view, fetching, record_is_here, record_view, summary_lock
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import STAGED_FILE, root_for, stage_all, staging_plan
@@ -135,20 +135,21 @@ class RunStart(RunBase):
         """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
         and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
         replaced: the job file it came from, its launcher, its agents' exits, when it was launched). The summary put
-        back here under the lock a fetch of the record takes, as a move (`fetching(moving=True)`), after the site's:
-        a `rlctl status` that read no summary here before it and wrote the controller's copy after it wrote over the
-        launcher's keys (held-out figures)."""
-        if self._record is not None:
-            try:
-                fs, root = self._files()
+        back (here and on the site) under the lock a fetch of the record holds (`fetching`), and here under the
+        summary lock too (`summary_lock`: the launcher's writes of it): a `rlctl status` that read no summary here
+        before it and wrote the controller's copy after it wrote over the launcher's keys (held-out figures)."""
+        with fetching(self.jobdir.path):
+            if self._record is not None:
                 try:
-                    fs.move(f"{root}/{aside}", f"{root}/summary.json")
-                finally:
-                    fs.close()
-            except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
-                log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
-        with fetching(self.jobdir.path, moving=True):
-            LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
+                    fs, root = self._files()
+                    try:
+                        fs.move(f"{root}/{aside}", f"{root}/summary.json")
+                    finally:
+                        fs.close()
+                except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
+                    log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
+            with summary_lock(self.jobdir.path):
+                LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
             self.jobdir.event(UNSTARTED, version=self.resumed.version)
         # (`stopped` too where the job had finished: a `rlctl stop` while a resume with --iterations staged left a
@@ -171,16 +172,14 @@ class RunStart(RunBase):
 
     def _set_summary_aside(self, fs: HostFiles, root: str, aside: str) -> None:
         """The run before's summary on the controller's site set aside as `aside`, and the copy fetched back here
-        while this run staged removed. The site is written with no lock held, then the copy here removed under the
-        fetch lock as a move (`fetching(moving=True)`): a fetch that read the site's copy before the move writes no
-        summary here after it (its write of the run before's summary, as this run's end, came after the removal),
-        and one that read it after finds none; versus the site's move made under the lock, where a site that did
-        not answer held every fetch's write and the launcher's summary writes (`update_summary`) for as long.
-        `fs`: a view of the controller's site job dir `root`."""
-        moved = fs.move(f"{root}/summary.json", f"{root}/{aside}")
-        with fetching(self.jobdir.path, moving=True):
-            if moved:
-                self.jobdir.summary_json.unlink(missing_ok=True)
+        while this run staged removed, both under the lock a fetch of the record holds (`fetching`; the copy here
+        under the summary lock too: `summary_lock`): a fetch that read the site's copy before the move wrote it here
+        after the removal (the run before's summary, taken for this run's end). `fs`: a view of the controller's
+        site job dir `root`."""
+        with fetching(self.jobdir.path):
+            if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
+                with summary_lock(self.jobdir.path):
+                    self.jobdir.summary_json.unlink(missing_ok=True)
 
     def _mirror_record(self, h: AgentHandle) -> None:
         """Append the agent's record to the controller site's agents.jsonl (its Spawner claims slices from it)."""
@@ -247,10 +246,11 @@ class RunStart(RunBase):
         self.jobdir.controller_json.unlink(missing_ok=True)
         # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
         # by `rlctl status`) once this run's controller is gone without one. Moved under the lock a fetch of the
-        # record takes, as a move (`fetching(moving=True)`), versus a `rlctl status` fetching meanwhile writing the
-        # controller's copy of the run before's summary back after the move. (The launcher lock held here is taken
-        # without waiting, and no holder of the fetch lock takes it: the two cannot deadlock)
-        with fetching(self.jobdir.path, moving=True):
+        # record holds (`fetching`), versus a `rlctl status` fetching meanwhile writing the controller's copy of the
+        # run before's summary back after the move, and the summary lock (`summary_lock`), versus a `rlctl stop`'s
+        # write of the summary it read before (`update_summary`). (The launcher lock held here is taken without
+        # waiting, and no holder of the fetch lock takes it: the two cannot deadlock)
+        with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
             aside = aside_name(self.jobdir.path)
             LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)

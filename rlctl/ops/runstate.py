@@ -13,7 +13,7 @@ from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir, event_time
-from rlctl.launch.record import fetching
+from rlctl.launch.record import summary_lock
 from rlctl.launch.summary import read_summary, replace_damaged, write_summary
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,12 @@ def update_summary(jobdir: JobDir, run: str | None, changes: dict[str, Any]) -> 
     read is kept aside whole (summary.json.damaged) and the end read from the events, with `changes`, written in its
     place (`rlctl.launch.summary.replace_damaged`: the repair renamed over it, so a reader finds one or the other),
     versus that short end (state and iterations) written over it as if it were the summary: what the rest of it held
-    is kept. Read, changed and written under the lock a fetch of the job's
-    record takes (`fetching`), which reads this file and writes it back with the controller's copy: a key written
-    between its read and its write was lost (held-out figures, by a `rlctl status` as the launcher evaluated)."""
-    with fetching(jobdir.path):
+    is kept. Read, changed and written under the summary lock (`summary_lock`), which a fetch of the job's record
+    holds as it reads this file and writes it back with the controller's copy: a key written between its read and
+    its write was lost (held-out figures, by a `rlctl status` as the launcher evaluated). Not the fetch lock, which
+    a fetch holds across its reads of the controller's site: a `rlctl stop` recording exits waited behind a
+    `status -w` whose site did not answer."""
+    with summary_lock(jobdir.path):
         return _update_summary(jobdir, run, changes)
 
 

@@ -15,7 +15,7 @@ import pytest
 from rlctl.errors import LaunchError
 from rlctl.launch import sitefs
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.record import FETCH_LOCK, fetch_record
+from rlctl.launch.record import FETCH_LOCK, SUMMARY_LOCK, fetch_record
 from rlctl.ops import operate
 from rlctl.ops.runstate import update_summary
 from tests.conftest import run_cli
@@ -42,7 +42,8 @@ def test_a_fetch_lock_that_cannot_be_opened_is_one_line_before_the_site_is_asked
     assert fetch.value.hint == f"{HINT}{src}`)"
     jd = JobDir(src)
     jd.write_json(jd.summary_json, {"run": "r1", "state": "done"})
-    with pytest.raises(LaunchError, match="cannot open the lock of the job's record fetch"):  # the launcher's write
+    (src / SUMMARY_LOCK).mkdir()
+    with pytest.raises(LaunchError, match="cannot open the lock of the job's summary"):  # the launcher's write
         update_summary(jd, "r1", {"agent_exits": {"trainer-0": 0}})
 
 

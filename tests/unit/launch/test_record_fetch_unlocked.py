@@ -1,6 +1,7 @@
-"""A fetch of the controller site's record holds the fetch lock only as it writes here (`fetch_record`), versus
-across its reads of the site: a site that did not answer (each read up to its timeout) held the lock for minutes,
-and a `rlctl stop` recording its agents' exits in summary.json (`update_summary`) waited behind a `status -w`."""
+"""The launcher's summary writes (`update_summary`) take the summary lock alone, which a fetch of the controller
+site's record (`fetch_record`) holds only around its read-merge-write of summary.json here, versus the fetch lock,
+which the fetch holds across its reads of the site: a site that did not answer (each read up to its timeout) held
+it for minutes, and a `rlctl stop` recording its agents' exits in summary.json waited behind a `status -w`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""A resume's moves of summary.json (aside as its run starts, back where the run never started) against a fetch of
-the controller site's record at the same moment (`rlctl status`): the moves hold the fetch's lock (`fetching`),
-versus the fetch, which reads the summary here and writes the controller's copy in its place, writing between them:
-the run before's summary back as the new run's, or the controller's copy over the launcher's keys (held-out
-figures) the resume had just put back."""
+"""A resume's moves of summary.json (aside as its run starts, here and on the controller's site; back where the run
+never started) against a fetch of the controller site's record at the same moment (`rlctl status`): the moves hold
+the fetch's lock (`fetching`, held across the fetch's reads of the site) and, for the copy here, the summary lock
+(`summary_lock`, held by the fetch's read-merge-write of it), versus the fetch writing between them: the run before's
+summary back as the new run's, or the controller's copy over the launcher's keys (held-out figures) the resume had
+just put back."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.record import FETCH_LOCK, fetch_record, fetching
+from rlctl.launch.record import FETCH_LOCK, SUMMARY_LOCK, fetch_record, fetching, summary_lock
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.run import JobRun
 from tests.unit.ops.test_resume_point import job_run
@@ -27,26 +27,29 @@ HELD = {**CONTROLLERS, "heldout": {"prompts": 8, "greedy_reward_last": 0.75}}  #
 
 
 class Fetch:
-    """A fetch on another thread holding the fetch lock until the resume moves the summary or waits for that lock,
-    then writing the controller's copy as a fetch writes it (`fetched`: what it made of the summary here)."""
+    """A fetch on another thread as `fetch_record` makes one: under the fetch lock it has read the controller's copy
+    of the summary on the site (CONTROLLERS); then, under the summary lock too, it reads the copy here and writes the
+    two merged. It stops `at` "site" (after its read of the site, before the summary lock) or "here" (after its read
+    of the copy here) until the resume waits for a lock it holds, or moves the summary without one (then it writes,
+    as a fetch would, whatever the move did)."""
 
-    def __init__(self, jd: JobDir, monkeypatch: pytest.MonkeyPatch, fetched: Callable[[], dict[str, Any]]) -> None:
-        self.jd, self.fetched = jd, fetched
+    def __init__(self, jd: JobDir, monkeypatch: pytest.MonkeyPatch, *, at: Literal["site", "here"]) -> None:
+        self.jd, self.at = jd, at
         self.holding, self.resume_came = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._fetch)
+        held = (FETCH_LOCK,) if at == "site" else (FETCH_LOCK, SUMMARY_LOCK)
         flock, move = fcntl.flock, LocalFiles.move
 
-        def flocking(fd: Any, op: int) -> None:  # the resume at the fetch lock: let the fetch write
+        def flocking(fd: Any, op: int) -> None:  # the resume at a lock the fetch holds: let the fetch write
             path = os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}")
-            if threading.current_thread() is not self.thread and path.endswith(FETCH_LOCK):
+            if threading.current_thread() is not self.thread and path.endswith(held) and self.holding.is_set():
                 self.resume_came.set()
             flock(fd, op)
 
         def moving(files: LocalFiles, src: str, dst: str) -> bool:  # a move without the lock: the fetch writes now
             moved = move(files, src, dst)
-            if "summary" in src and self.thread.is_alive():
+            if "summary" in src and self.holding.is_set():
                 self.resume_came.set()
-                self.thread.join(timeout=10)
             return moved
 
         monkeypatch.setattr(fcntl, "flock", flocking)
@@ -56,12 +59,24 @@ class Fetch:
         self.thread.start()
         assert self.holding.wait(timeout=10)
 
+    def written(self) -> None:
+        """Until the fetch has written (at once where it wrote before the resume's move)."""
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
     def _fetch(self) -> None:
         with fetching(self.jd.path):
-            summary = self.fetched()  # read before the resume's move, as a fetch reads the copy here first
-            self.holding.set()
-            self.resume_came.wait(timeout=10)
-            self.jd.write_json(self.jd.summary_json, summary)
+            if self.at == "site":
+                self._stop()
+            with summary_lock(self.jd.path):
+                here = json.loads(self.jd.summary_json.read_text()) if self.jd.summary_json.exists() else {}
+                if self.at == "here":
+                    self._stop()
+                self.jd.write_json(self.jd.summary_json, {**CONTROLLERS, **here})
+
+    def _stop(self) -> None:
+        self.holding.set()
+        self.resume_came.wait(timeout=10)
 
 
 def test_a_fetch_as_a_resume_sets_the_summary_aside_does_not_put_it_back(
@@ -70,10 +85,11 @@ def test_a_fetch_as_a_resume_sets_the_summary_aside_does_not_put_it_back(
     run, sites = job_run(tmp_path)
     jd = sites.c
     jd.write_json(jd.summary_json, HELD)
-    fetch = Fetch(jd, monkeypatch, lambda: {**CONTROLLERS, **json.loads(jd.summary_json.read_text())})
+    fetch = Fetch(jd, monkeypatch, at="site")  # it read the run before's summary on the site
     seen: list[bool] = []
 
     def prepare(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
+        fetch.written()
         seen.append(jd.summary_json.exists())
         raise KeyboardInterrupt
 
@@ -91,11 +107,7 @@ def test_a_fetch_as_a_refused_resume_puts_the_summary_back_keeps_the_launchers_k
     run, sites = job_run(tmp_path)
     jd = sites.c
     jd.write_json(jd.summary_json, HELD)
-
-    def here_or_controllers() -> dict[str, Any]:
-        return json.loads(jd.summary_json.read_text()) if jd.summary_json.exists() else CONTROLLERS
-
-    fetch = Fetch(jd, monkeypatch, here_or_controllers)
+    fetch = Fetch(jd, monkeypatch, at="here")
 
     def prepare(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
         fetch.start()  # a `rlctl status` as the resume stages: no summary here, it reads
@@ -104,16 +116,17 @@ def test_a_fetch_as_a_refused_resume_puts_the_summary_back_keeps_the_launchers_k
     monkeypatch.setattr(JobRun, "_prepare", prepare)
     with pytest.raises(KeyboardInterrupt):
         run.start(resume=True)
-    fetch.thread.join(timeout=10)
+    fetch.written()
     assert json.loads(jd.summary_json.read_text()) == HELD
 
 
 def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_set_it_aside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The resume's move of the summary on the controller's site (`_set_summary_aside`, as its run stages) between a
-    `rlctl status` fetch's read of the site and its write here: the fetch writes no summary (the run before's, which
-    would be taken for this run's end), the copy fetched back while staging is gone, and the site's is aside."""
+    """The resume's move of the summary on the controller's site (`_set_summary_aside`, as its run stages) as a
+    `rlctl status` fetch reads the site: the move waits for the fetch (the fetch lock), whose write here it then
+    removes; no summary here after (the run before's, which would be taken for this run's end), and the site's is
+    aside. Versus the move between the fetch's read of the site and its write here: the run before's written back."""
     run, sites = job_run(tmp_path)
     jd = sites.c
     root = tmp_path / "on-the-site"
@@ -122,16 +135,23 @@ def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_
     jd.write_json(jd.summary_json, HELD)  # fetched back here as the run staged
     run._record = (run.sites["c"], "localhost", str(root))
     read, moved = threading.Event(), threading.Event()
-    read_text = LocalFiles.read_text
+    read_text, flock = LocalFiles.read_text, fcntl.flock
 
     def reading(files: LocalFiles, path: str) -> str | None:
         text = read_text(files, path)
         if path.endswith("/summary.json") and threading.current_thread() is fetch:
             read.set()
-            moved.wait(timeout=10)
+            moved.wait(timeout=10)  # until the resume waits for the fetch lock, or moved without it
         return text
 
+    def flocking(fd: Any, op: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}")
+        if threading.current_thread() is not fetch and path.endswith(FETCH_LOCK):
+            moved.set()
+        flock(fd, op)
+
     monkeypatch.setattr(LocalFiles, "read_text", reading)
+    monkeypatch.setattr(fcntl, "flock", flocking)
     fetch = threading.Thread(target=fetch_record, args=(jd.path, run.sites["c"], "localhost", str(root)))
     fetch.start()
     try:
