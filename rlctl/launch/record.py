@@ -133,7 +133,9 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     try:
         for name in RECORD_FILES:
             text = fs.read_text(f"{root}/{name}")
-            if text is None:
+            # an empty controller.json: a run's start emptied the run before's (`_set_run_before_aside`) and its
+            # controller has not written its own; none here, versus an empty one (read as a controller to ask)
+            if text is None or (name == "controller.json" and not text.strip()):
                 continue
             if name == "summary.json":
                 if _summary_fetched(job_dir / name, text, source=f"{host}:{root}/{name}"):

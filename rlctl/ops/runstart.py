@@ -170,13 +170,19 @@ class RunStart(RunBase):
         site, host, root = self._record
         return host_files(site, host), root
 
-    def _set_summary_aside(self, fs: HostFiles, root: str, aside: str) -> None:
-        """The run before's summary on the controller's site set aside as `aside`, and the copy fetched back here
-        while this run staged removed, both under the lock a fetch of the record holds (`fetching`; the copy here
-        under the summary lock too: `summary_lock`): a fetch that read the site's copy before the move wrote it here
-        after the removal (the run before's summary, taken for this run's end). `fs`: a view of the controller's
-        site job dir `root`."""
+    def _set_run_before_aside(self, fs: HostFiles, root: str, aside: str) -> None:
+        """The run before's record on the controller's site out of this run's way (its controller.json and
+        agents.jsonl emptied, its summary set aside as `aside`), and the copies of it fetched back here while this
+        run staged removed, all under the lock a fetch of the record holds (`fetching`; the summary here under the
+        summary lock too: `summary_lock`): a fetch that read the site's copy before wrote it here after (the run
+        before's summary, taken for this run's end; its controller.json, whose address a `rlctl status` or `stop`
+        asked until this run's controller listened), versus the site's controller.json emptied after staging with no
+        lock held and the copy here removed only as the run started. `fs`: a view of the controller's site job dir
+        `root`."""
         with fetching(self.jobdir.path):
+            for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
+                fs.put(self._empty(), f"{root}/{name}")
+            self.jobdir.controller_json.unlink(missing_ok=True)
             if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
                 with summary_lock(self.jobdir.path):
                     self.jobdir.summary_json.unlink(missing_ok=True)
@@ -217,9 +223,7 @@ class RunStart(RunBase):
             fs, _ = self._files()
             try:
                 fs.put(self.jobdir.path / STAGED_FILE, f"{root}/{STAGED_FILE}")
-                for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
-                    fs.put(self._empty(), f"{root}/{name}")
-                self._set_summary_aside(fs, root, aside)  # fetched back here while staging: a copy
+                self._set_run_before_aside(fs, root, aside)  # fetched back here while staging: copies
             finally:
                 fs.close()
         if resume:
@@ -243,14 +247,15 @@ class RunStart(RunBase):
         (`resume_point`; version 0: the job never completed one, it starts over), or from `checkpoint`."""
         self.t_start = time.monotonic()
         self.run_id = secrets.token_hex(6)
-        self.jobdir.controller_json.unlink(missing_ok=True)
         # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
         # by `rlctl status`) once this run's controller is gone without one. Moved under the lock a fetch of the
         # record holds (`fetching`), versus a `rlctl status` fetching meanwhile writing the controller's copy of the
         # run before's summary back after the move, and the summary lock (`summary_lock`), versus a `rlctl stop`'s
         # write of the summary it read before (`update_summary`). (The launcher lock held here is taken without
-        # waiting, and no holder of the fetch lock takes it: the two cannot deadlock)
+        # waiting, and no holder of the fetch lock takes it: the two cannot deadlock). Its controller.json with it
+        # (`_set_run_before_aside` again once the run staged, where the controller's record is on another site)
         with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
+            self.jobdir.controller_json.unlink(missing_ok=True)
             aside = aside_name(self.jobdir.path)
             LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)

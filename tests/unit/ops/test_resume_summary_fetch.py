@@ -120,18 +120,22 @@ def test_a_fetch_as_a_refused_resume_puts_the_summary_back_keeps_the_launchers_k
     assert json.loads(jd.summary_json.read_text()) == HELD
 
 
+@pytest.mark.parametrize("hung", ["summary.json", "controller.json"])
 def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_set_it_aside(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hung: str
 ) -> None:
-    """The resume's move of the summary on the controller's site (`_set_summary_aside`, as its run stages) as a
-    `rlctl status` fetch reads the site: the move waits for the fetch (the fetch lock), whose write here it then
-    removes; no summary here after (the run before's, which would be taken for this run's end), and the site's is
-    aside. Versus the move between the fetch's read of the site and its write here: the run before's written back."""
+    """The resume's move of the summary on the controller's site (`_set_run_before_aside`, as its run stages; its
+    controller.json emptied with it) as a `rlctl status` fetch reads the site (`hung` in its read of that file): the
+    move waits for the fetch (the fetch lock), whose writes here it then removes; no summary here after (the run
+    before's, which would be taken for this run's end), no controller.json (the run before's controller's), and the
+    site's summary is aside. Versus the move between the fetch's read of the site and its write here: the run
+    before's written back."""
     run, sites = job_run(tmp_path)
     jd = sites.c
     root = tmp_path / "on-the-site"
     root.mkdir()
     (root / "summary.json").write_text(json.dumps(CONTROLLERS))
+    (root / "controller.json").write_text(json.dumps({"address": "tcp://10.0.0.7:41234"}))
     jd.write_json(jd.summary_json, HELD)  # fetched back here as the run staged
     run._record = (run.sites["c"], "localhost", str(root))
     read, moved = threading.Event(), threading.Event()
@@ -139,7 +143,7 @@ def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_
 
     def reading(files: LocalFiles, path: str) -> str | None:
         text = read_text(files, path)
-        if path.endswith("/summary.json") and threading.current_thread() is fetch:
+        if path.endswith(f"/{hung}") and threading.current_thread() is fetch:
             read.set()
             moved.wait(timeout=10)  # until the resume waits for the fetch lock, or moved without it
         return text
@@ -156,11 +160,11 @@ def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_
     fetch.start()
     try:
         assert read.wait(timeout=10)
-        run._set_summary_aside(LocalFiles(), str(root), "summary.1.json")
+        run._set_run_before_aside(LocalFiles(), str(root), "summary.1.json")
     finally:
         moved.set()
         fetch.join(timeout=10)
-    assert not jd.summary_json.exists()
+    assert not jd.summary_json.exists() and not jd.controller_json.exists()
     assert sorted(p.name for p in root.glob("summary*")) == ["summary.1.json"]
     fetch_record(jd.path, run.sites["c"], "localhost", str(root))  # the next fetch: none there, none here
-    assert not jd.summary_json.exists()
+    assert not jd.summary_json.exists() and not jd.controller_json.exists()
