@@ -12,6 +12,7 @@ import re
 import select
 import signal
 import sys
+from collections.abc import Callable
 from typing import Annotated, NoReturn
 
 import typer
@@ -61,6 +62,7 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and debug logs")] = False,
     show_version: Annotated[
         bool,
@@ -78,12 +80,26 @@ def _root(
 ) -> None:
     _state["debug"] = debug
     if insecure_host_keys:  # the environment carries it to every process this command starts here
+        ctx.call_on_close(_restore_env(hostkeys.ENV))  # and no further: a caller in this process keeps its policy
         os.environ[hostkeys.ENV] = "off"
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # paramiko's transport thread logs what rlctl reports itself in one line (a host that never sends its
     # banner, a connection given up at a deadline), and at a time of its own: shown with -v / --debug only
     logging.getLogger("paramiko").setLevel(level if level < logging.WARNING else logging.CRITICAL)
+
+
+def _restore_env(name: str) -> Callable[[], None]:
+    """What puts environment variable `name` back as it is now (set to its value, or unset)."""
+    before = os.environ.get(name)
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+    return restore
 
 
 for module in (version, check, completion, profile, plan, launch, attach, status, scale, stop, logs, pull, report):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 from pathlib import Path
@@ -154,15 +155,24 @@ def test_reach_goes_through_the_same_policy(monkeypatch: pytest.MonkeyPatch) -> 
     assert applied == ["/etc/site-kh"]
 
 
-def test_the_cli_flag_is_the_explicit_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rlctl --insecure-host-keys …` turns the policy off for that command (and what it starts), and only then."""
+@pytest.mark.parametrize("before", [None, "strict", "off"])
+def test_the_cli_flag_is_the_explicit_opt_out(monkeypatch: pytest.MonkeyPatch, before: str | None) -> None:
+    """`rlctl --insecure-host-keys …` turns the policy off for that command (and what it starts), and only then:
+    the environment is put back as it was after it, versus left at `off` in the process (an in-process caller,
+    every later test of a pytest worker, kept the opt-out)."""
+    from rlctl.commands import version
     from tests.conftest import run_cli
 
-    monkeypatch.delenv(hostkeys.ENV, raising=False)
-    assert run_cli("version").exit_code == 0 and hostkeys.mode() == "strict"
-    monkeypatch.setenv(hostkeys.ENV, "strict")  # monkeypatch restores the environment after the test
+    seen: list[str] = []
+    monkeypatch.setattr(version, "emit", lambda *_: seen.append(hostkeys.mode()))
+    if before is None:
+        monkeypatch.delenv(hostkeys.ENV, raising=False)
+    else:
+        monkeypatch.setenv(hostkeys.ENV, before)
+    assert run_cli("version").exit_code == 0
     assert run_cli("--insecure-host-keys", "version").exit_code == 0
-    assert hostkeys.mode() == "off"
+    assert seen == [before or "strict", "off"]
+    assert os.environ.get(hostkeys.ENV) == before
 
 
 def test_a_known_hosts_file_under_a_home_that_is_not_there_is_refused_naming_the_field() -> None:

@@ -340,7 +340,7 @@ def test_a_known_hosts_file_that_is_not_here_is_refused_for_the_job_s_sites_unde
     """An SSH site's `known_hosts` that is no file on this machine passed `rlctl check` (without --reach): under
     the strict host-key policy (the default) only its keys are trusted, and the launch's first connection refused
     every host of the site. Not under the opt-out, which reads no file, nor for a site the job does not use."""
-    monkeypatch.setenv("RLCTL_SSH_HOST_KEY_CHECKING", "strict")  # (and set back after: the option below sets it off)
+    monkeypatch.setenv("RLCTL_SSH_HOST_KEY_CHECKING", "strict")
     kh = tmp_path / "kh"
     (tmp_path / "far.yaml").write_text(FAR.replace("key_file: KEY", f"port: 2222, known_hosts: {kh}"))
     rollout = {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "far", "gpus": 2}]}
@@ -360,7 +360,6 @@ def test_a_known_hosts_file_that_is_not_here_is_refused_for_the_job_s_sites_unde
     assert only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run"))) == want
     assert not (tmp_path / "run").exists()
     assert run_cli("--insecure-host-keys", "check", str(job.path)).exit_code == 0  # (no file is read)
-    monkeypatch.setenv("RLCTL_SSH_HOST_KEY_CHECKING", "strict")  # (the option set it off in this process)
     kh.mkdir()
     assert only_line(run_cli("check", str(job.path))) == want.replace("no such file", "not a file")
     kh.rmdir()
