@@ -65,12 +65,13 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or
 
 
 def same_host(host: str) -> str:
-    """What two spellings of one host share: DNS names ignore case (`H20-01` is `h20-01`), an IPv6 address has one
-    compressed form (`2001:DB8:0::5` is `2001:db8::5`)."""
+    """What two spellings of one host share: DNS names ignore case (`H20-01` is `h20-01`) and one trailing dot (the
+    root: `h20-01.` is `h20-01`), an IPv6 address has one compressed form (`2001:DB8:0::5` is `2001:db8::5`)."""
+    name = host.lower().removesuffix(".")
     try:
-        return ipaddress.ip_address(host).compressed
+        return ipaddress.ip_address(name).compressed
     except ValueError:
-        return host.lower()
+        return name
 
 
 def host_problem(host: str) -> str | None:
@@ -769,15 +770,24 @@ def load_inventory(paths: list[Path]) -> Inventory:
     return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths], origin)
 
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
 def _machine(host: str) -> str:
-    """An SSH site's host as `_no_device_twice` tells machines apart: a loopback name is this machine, as a local
-    site's nodes are (no lookup: a name that resolves here is still told apart)."""
-    if host.lower() in LOOPBACK_NAMES or host.lower() == socket.gethostname().lower():
+    """An SSH site's host as `_no_device_twice` tells machines apart: localhost, a loopback address (127.0.0.0/8,
+    ::1, however written) or this machine's name is this machine, as a local site's nodes are (no lookup: a name
+    that resolves here is still told apart)."""
+    key = same_host(host)
+    if key in ("localhost", same_host(socket.gethostname())) or _loopback(key):
         return "this machine"
-    return same_host(host)
+    return key
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (an IPv4-mapped IPv6 one too: ::ffff:127.0.0.1)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:

@@ -726,6 +726,14 @@ CASES = [
         ),
         "sites.h20: nodes[1]: host H20-03 is listed twice (as h20-03 too: one host, however it is spelt)",
     ),
+    Case(  # a trailing dot is the same DNS name: h20-03. was counted beside h20-03 (64 GPUs on a site of 32)
+        "a host listed twice, once with a trailing dot",
+        site_with(
+            'nodes: [{host: "h20-[01-04]", gpus: 8}]',
+            'nodes: [{host: "h20-[01-04]", gpus: 8}, {host: h20-03., gpus: 8}]',
+        ),
+        "sites.h20: nodes[1]: host h20-03. is listed twice (as h20-03 too: one host, however it is spelt)",
+    ),
     Case(  # one IPv6 address written two ways
         "an IPv6 host listed twice, written two ways",
         site_with('nodes: [{host: "h20-[01-04]", gpus: 8}]', 'nodes: [{host: "2001:db8::5,2001:DB8:0::5", gpus: 8}]'),

@@ -117,11 +117,14 @@ def test_two_local_sites_on_one_gpu_of_this_machine_are_refused_whatever_they_ca
     assert run_cli("check", str(inventory)).exit_code == 0
 
 
-def test_a_local_site_and_an_ssh_site_on_localhost_sharing_a_gpu_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST", "localhost.", "127.0.0.2", "0:0::1", "::ffff:127.0.0.1"])
+def test_a_local_site_and_an_ssh_site_on_localhost_sharing_a_gpu_are_refused(tmp_path: Path, host: str) -> None:
     """A local site's GPU key became "this machine": an SSH site reached at localhost listing the same device no
-    longer matched it (it did when both said localhost)."""
+    longer matched it (it did when both said localhost). Loopback was known by spelling only: an SSH site at
+    localhost., 127.0.0.2 (127.0.0.0/8 is loopback), 0:0::1 or ::ffff:127.0.0.1 passed on the local site's GPU."""
     node = {"datacenter": "here", "gpu": "H100", "nodes": [{"host": "localhost", "gpus": 1}]}
     sites = {"a": node | {"scheduler": {"kind": "local"}}, "b": node | {"scheduler": {"kind": "ssh"}}}
+    sites["b"] = sites["b"] | {"nodes": [{"host": host, "gpus": 1}]}
     inventory = tmp_path / "inv.yaml"
     inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
     res = run_cli("check", str(inventory))
