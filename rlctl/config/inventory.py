@@ -91,6 +91,22 @@ def host_problem(host: str) -> str | None:
     )
 
 
+def jump_host_parts(spec: str) -> tuple[str, str, str | None]:
+    """A `proxy_jump: [user@]host[:port]` as ssh -J reads it: (user, '' for none; host; port as written, None for
+    none). An IPv6 address with a port goes in brackets (`[fd00::1]:2222`); bare, it has none (`fd00::1`).
+    ValueError for a '[' with no ']' or anything but ':port' after it."""
+    user, _, rest = spec.rpartition("@")
+    if rest.startswith("["):
+        host, closed, after = rest[1:].partition("]")
+        if not closed or (after and not after.startswith(":")):
+            raise ValueError(f"{rest!r}: write an IPv6 address with a port as [address]:port, e.g. [fd00::1]:2222")
+        return user, host, after[1:] if after else None
+    if rest.count(":") == 1:  # host:port (not a bare IPv6 address)
+        host, _, port = rest.partition(":")
+        return user, host, port
+    return user, rest, None
+
+
 WORKDIR_HELP = (
     "work root on the site: a job's files there are <workdir>/jobs/<job id>/ (staged by `launch`, logs, "
     "checkpoints); default: ssh and a SLURM submit_host ~/.rlctl, local and SLURM submitted from here the "
@@ -330,18 +346,23 @@ class SshScheduler(_Scheduler):
         """`[user@]host[:port]`, as `remote.jump_target` reads it: one hop (it took `a,b` for one host's name)."""
         if v is None:
             return v
-        user, at, rest = v.rpartition("@")
-        host, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
+        at = "@" in v
         why = "several jump hosts; rlctl connects through one" if "," in v else None
         if why is None and "://" in v:  # ssh -J takes one; ours took `ssh://rl` for the bastion's user
             why = f"{v!r} is a URI"
+        user, host, port = "", "", None
+        if why is None:
+            try:
+                user, host, port = jump_host_parts(v)
+            except ValueError as e:
+                why = str(e)
         if why is None and at and (not user or any(c.isspace() for c in user)):
             why = f"user {user!r} is empty or has a space"
         if why is None and user.startswith("-"):  # in a job's record too (`_login_name`): stop would run ssh with it
             why = f"user {user!r} starts with '-', as no login name does (ssh reads it as an option)"
         if why is None and host_problem(host) is not None:
             why = f"{host!r} is not a host name or address"
-        if why is None and port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        if why is None and port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
             why = f"port {port!r} is not 1-65535"
         if why is not None:
             raise ValueError(f"{why}; give one jump host as [user@]host[:port], e.g. rl@bastion.example.com:2222")

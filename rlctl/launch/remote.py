@@ -22,6 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from rlctl.config.inventory import jump_host_parts
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.textutil import home_path
@@ -84,19 +85,16 @@ class SshTarget:
 def jump_target(
     spec: str, *, known_hosts: str | None, key_file: str | None = None, connect_timeout_s: float = 10.0
 ) -> SshTarget:
-    """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it): fabric refuses a port written both
-    in the host and as its own argument. It is logged in to with the site's `key_file` (None: the user's keys and
-    agent), as the site's hosts are, then the user's own keys and agent (the dry-run's ProxyCommand: the site's key,
-    then the user's default key files, agent keys of other files not offered): a bastion that knows only the
-    site's key refused the user's default ones, and one that knows only the user's still takes those."""
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, 22
-    if rest.count(":") == 1 and (p := rest.partition(":")[2]).isdigit():  # host:port (not a bare IPv6 address)
-        host, port = rest.partition(":")[0], int(p)
+    """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it, `[fd00::1]:2222` too): fabric refuses
+    a port written both in the host and as its own argument. It is logged in to with the site's `key_file` (None: the
+    user's keys and agent), as the site's hosts are, then the user's own keys and agent (the dry-run's ProxyCommand:
+    the site's key, then the user's default key files, agent keys of other files not offered): a bastion that knows
+    only the site's key refused the user's default ones, and one that knows only the user's still takes those."""
+    user, host, port = jump_host_parts(spec)  # (checked as the inventory was read)
     return SshTarget(
         host,
         user=user or None,
-        port=port,
+        port=int(port) if port else 22,
         key_file=key_file,
         known_hosts=known_hosts,
         connect_timeout_s=connect_timeout_s,

@@ -172,6 +172,27 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'rl@jump west'}"),
         "sites.h20.scheduler.proxy_jump: 'jump west' is not a host name or address",
     ),
+    Case(  # accepted, and the bastion was looked up by the name 'bastion:' (jump_target took no port from it)
+        "a proxy_jump with an empty port",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@bastion:'}"),
+        "sites.h20.scheduler.proxy_jump: port '' is not 1-65535; give one jump host as [user@]host[:port]",
+    ),
+    Case(
+        "a proxy_jump's IPv6 address with no closing bracket",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@[fd00::1:2222'}"),
+        "sites.h20.scheduler.proxy_jump: '[fd00::1:2222': write an IPv6 address with a port as [address]:port, e.g. "
+        "[fd00::1]:2222",
+    ),
+    Case(
+        "a proxy_jump's IPv6 address with something but a port after it",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@[fd00::1]2222'}"),
+        "sites.h20.scheduler.proxy_jump: '[fd00::1]2222': write an IPv6 address with a port as [address]:port",
+    ),
+    Case(
+        "a proxy_jump's bracketed host that is no host",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@[a b]:22'}"),
+        "sites.h20.scheduler.proxy_jump: 'a b' is not a host name or address",
+    ),
     Case(
         "a proxy_jump with an empty user",
         site_with("user: rl}", "user: rl, proxy_jump: '@bastion'}"),
@@ -1228,6 +1249,16 @@ def test_a_week_is_the_longest_wait_and_is_accepted() -> None:
 
 def test_at_least_25_kinds() -> None:
     assert len({c.name for c in CASES}) >= 25
+
+
+@pytest.mark.parametrize("jump", ["[fd00::1]:2222", "rl@[fd00::1]:2222", "rl@[fd00::1]", "rl@fd00::1", "b:2222"])
+def test_a_proxy_jump_is_taken_as_ssh_j_takes_it(jump: str, tmp_path: Path) -> None:
+    """An IPv6 bastion with a port, `[fd00::1]:2222` (ssh -J's form), was refused: it could not be written."""
+    from rlctl.config.inventory import load_inventory
+
+    (tmp_path / "inv.yaml").write_text(site_with("user: rl}", f"user: rl, proxy_jump: '{jump}'}}"))
+    scheduler = load_inventory([tmp_path / "inv.yaml"]).sites["h20"].scheduler
+    assert scheduler.kind == "ssh" and scheduler.proxy_jump == jump
 
 
 def test_boolean_fields_still_take_booleans(tmp_path: Path) -> None:

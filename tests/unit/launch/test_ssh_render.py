@@ -178,6 +178,9 @@ def test_the_rendered_ssh_command_line_quotes_the_login_user() -> None:
         ("rl@bastion:2222", "rl", "bastion", 2222),  # fabric refused a port given twice (ValueError)
         ("bastion.example:22", None, "bastion.example", 22),
         ("fe80::1", None, "fe80::1", 22),  # a bare IPv6 address has no port
+        ("[::1]:2222", None, "::1", 2222),  # one with a port, as ssh -J writes it (refused, no way to write it)
+        ("rl@[fd00::1]:2222", "rl", "fd00::1", 2222),
+        ("rl@[fd00::1]", "rl", "fd00::1", 22),
     ],
 )
 def test_a_proxy_jump_is_read_as_ssh_j_reads_it(spec: str, user: str | None, host: str, port: int) -> None:
@@ -202,6 +205,18 @@ def test_a_rendered_command_line_reaches_the_bastion_with_the_sites_host_key_fil
         "-o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W '[%h]:%p' ops@bastion"
     )
     assert next(a for a in argv if a.startswith("ProxyCommand=")) == f"ProxyCommand={jump}", argv
+
+
+def test_a_rendered_jump_through_an_ipv6_bastion_with_a_port_gives_ssh_its_address_and_port() -> None:
+    """`proxy_jump: ops@[fd00::9]:2022` was refused by the inventory ('not a host name or address'): an IPv6 bastion
+    could not be given a port."""
+    sched = SITE.scheduler.model_copy(update={"proxy_jump": "ops@[fd00::9]:2022"})
+    site = SITE.model_copy(update={"scheduler": sched})
+    line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).render(SPEC).splitlines()[0]
+    args = line.removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+    proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
+    assert proxy.startswith("ssh -p 2022 ") and proxy.endswith(" -W '[%h]:%p' ops@fd00::9"), proxy
 
 
 def test_a_rendered_jump_to_an_ipv6_node_names_it_as_ssh_reads_it() -> None:
