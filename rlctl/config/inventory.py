@@ -440,6 +440,9 @@ MAX_GPUS_PER_SITE = 2**20  # beyond any cluster; launch keeps a record per slot,
 # 31-digit --mem-per-cpu) and refused the job at launch, after staging
 MAX_CPUS_PER_NODE = MAX_THREADS
 MAX_MEMORY_GB_PER_NODE = 100_000.0  # 100 TB
+# the least host memory a GPU slot of a SLURM site may be given: below it a GPU agent (python, torch, CUDA's context)
+# cannot start, and sbatch got the slot's share as --mem-per-cpu (0.001 GB: 1 MiB, the agents killed as they start)
+MIN_MEMORY_GB_PER_GPU = 1.0
 
 
 class Node(Strict):
@@ -640,6 +643,22 @@ class Site(Strict):
                 f"{self.scheduler.kind} site's agents ask no scheduler for memory and `rlctl check` measures them "
                 f"against their {self.spec.name}'s memory: remove it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _host_memory_for_each_gpu(self, info: ValidationInfo) -> Site:
+        """A GPU site's node gives each GPU slot at least MIN_MEMORY_GB_PER_GPU of host memory: less is a typo (2 TB
+        written in TB), and SLURM was asked it per slot. Not on a `gpu: CPU` site (its slots are cores, and check
+        weighs its slots' memory), nor in a job's record (`RECORDED`)."""
+        if self.spec.name == "CPU" or is_recorded(info):
+            return self
+        for i, n in enumerate(self.nodes):
+            if n.memory_gb is not None and n.memory_gb < MIN_MEMORY_GB_PER_GPU * n.gpus:
+                raise ValueError(
+                    f"nodes[{i}].memory_gb: {n.memory_gb:g} GB for {n.gpus} GPU slots; give the host's whole memory "
+                    f"in GB (10^9 bytes), at least {MIN_MEMORY_GB_PER_GPU:g} per GPU slot "
+                    f"({MIN_MEMORY_GB_PER_GPU * n.gpus:g} here), e.g. 2048 for 2 TB"
+                )
         return self
 
     @model_validator(mode="after")

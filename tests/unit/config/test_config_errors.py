@@ -755,6 +755,17 @@ CASES = [
         ),
         "sites.h20: nodes[1]: host h20-03. is listed twice (as h20-03 too: one host, however it is spelt)",
     ),
+    Case(  # accepted: each GPU slot's share went to sbatch as --mem-per-cpu=1 (MiB), the agents killed at start
+        "a SLURM GPU node with a thousandth of a GB",
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 0.001}"),
+        "sites.h800: nodes[0].memory_gb: 0.001 GB for 8 GPU slots; give the host's whole memory in GB (10^9 bytes), "
+        "at least 1 per GPU slot (8 here), e.g. 2048 for 2 TB",
+    ),
+    Case(  # 2 TB written in TB: 250 MB a GPU slot
+        "a SLURM GPU node's memory written in TB",
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 2}"),
+        "sites.h800: nodes[0].memory_gb: 2 GB for 8 GPU slots",
+    ),
     Case(  # one IPv6 address written two ways
         "an IPv6 host listed twice, written two ways",
         site_with('nodes: [{host: "h20-[01-04]", gpus: 8}]', 'nodes: [{host: "2001:db8::5,2001:DB8:0::5", gpus: 8}]'),
@@ -1186,6 +1197,20 @@ def test_memory_gb_is_taken_where_it_is_read(tmp_path: Path) -> None:
         assert site.memory_per_slot_gb() == 64
     shipped = load_inventory([ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "h20-rollout.yaml"])
     assert shipped.sites["h20"].memory_per_slot_gb() is None
+
+
+def test_a_gpu_slot_s_least_host_memory_is_1_gb_and_a_cpu_slot_s_is_not_bounded(tmp_path: Path) -> None:
+    """A SLURM GPU node's memory_gb had no floor but > 0 (`CASES`: 0.001 GB for 8 GPUs was asked of sbatch); 1 GB a
+    GPU slot is the least, and a `gpu: CPU` site's slots (cores, weighed by check) keep any positive figure."""
+    from rlctl.config.inventory import load_inventory
+
+    for inv, per_slot in (
+        (OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 8}"), 1),
+        (site_with("gpus: 8}", "gpus: 8, memory_gb: 0.004}").replace("gpu: H20", "gpu: CPU"), 0.0005),
+    ):
+        (tmp_path / "inv.yaml").write_text(inv)
+        (site,) = load_inventory([tmp_path / "inv.yaml"]).sites.values()
+        assert site.memory_per_slot_gb() == per_slot
 
 
 @pytest.mark.parametrize(
