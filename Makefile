@@ -130,7 +130,8 @@ clean:
 # The GPU check (docs/gpu.md). A lent GPU machine has Python 3.12 and a CUDA torch but no network: `make gpu-wheels`
 # here downloads cp312 wheels of rlctl's other runtime packages into .gpu-wheels/ (git-ignored; carried to the
 # device), and `make gpu-check` there installs the ones its Python lacks into .gpu-site/ and prints one JSON
-# object of figures (also written to gpu-check.json): `python -m bench gpu-check` (--quick: the CPU form CI runs).
+# object of figures (also written to gpu-check.json): `python -m bench gpu-check` (--quick: the CPU form CI runs);
+# it exits 1 when a check failed (the JSON's `failed`: the embedded engine's syncs, bench/gpu_syncs.py).
 GPU_PY ?= python3
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
@@ -157,4 +158,5 @@ gpu-check:
 	missing=$$(for d in $(GPU_DEPS); do $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo $${d##*:}; done); \
 	if [ -n "$$missing" ]; then echo "installing from $(GPU_WHEELS): $$missing"; \
 	  $(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $$missing; fi; \
-	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(GPU_PY) -m bench gpu-check --json | tee gpu-check.json
+	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(GPU_PY) -m bench gpu-check --json > gpu-check.json; \
+	rc=$$?; cat gpu-check.json; exit $$rc  # 1: a check failed (`failed`), the figures printed all the same

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = results[names[0]] if len(names) == 1 else results
         sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
-    return 0
+    return 1 if any(r.get("failed") for r in results.values()) else 0  # a check that failed (gpu-check's `failed`)
 
 
 def _choices(ap: argparse.ArgumentParser, flag: str, given: list[str], valid: Sequence[str]) -> list[str]:

@@ -14,6 +14,9 @@
                          the engine's tok/s with them separate, and fused ÷ separate
     engine_mixed         continuous batching with long-tailed output lengths (4 × the first batch of requests, that
                          many rows): tok/s, steps, prefill calls and the share of the run spent in them
+    engine_syncs         host↔device operations that make the host wait (CUDA's sync debug mode), by decode step and by
+                         admission, through waves of admissions, finishes and compactions at the first batch: one a step
+                         (its read), none an admission; anything else is listed in `failed` and the check exits 1
     engine_compiled      the decode step through torch.compile, in the same graphs, at the first batch: tok/s,
                          step ms, the compiling first run's seconds, and ÷ `engine_tok_s` of this run (after gpu_tests)
     bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
@@ -101,6 +104,9 @@ def run(*, quick: bool) -> dict[str, Any]:
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
         piece("engine_step_ops", lambda: _step_ops(model_dir, device, size, engine))
         piece("engine_mixed", lambda: _engine_mixed(model_dir, device, size))
+        syncs = piece("engine_syncs", lambda: _engine_syncs(model_dir, device, size)) or {}
+        if syncs.get("failures"):  # what the check proves, not a figure: the run exits 1 (bench/__main__)
+            out["failed"] = [f"engine_syncs: {f}" for f in syncs["failures"]]
         if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
         piece(
@@ -194,6 +200,10 @@ def summary(r: dict[str, Any]) -> str:
     lines.append(f"train {g('train_tok_s')} tok/s, MFU {g('mfu')}; delta encode {g('delta_encode_gb_s')} GB/s")
     lines.append(f"publisher host bytes / model byte {g('host_bytes_per_model_byte')}")
     lines.append(f"launch: {g('launch')}; tests/gpu: {g('gpu_tests')}")
+    es = g("engine_syncs") or {}
+    lines.append(f"engine syncs: a step {es.get('syncs_per_step')}, an admission {es.get('syncs_per_admission')}")
+    if g("failed"):
+        lines.append(f"FAILED: {g('failed')}")
     if g("errors"):
         lines.append(f"errors: {g('errors')}")
     return "\n".join(lines)
@@ -415,6 +425,15 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
         "prefills": prefills,
         "prefill_share": round(spent["s"] / seconds, 3),
     }
+
+
+def _engine_syncs(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
+    """The engine's synchronising host↔device operations a decode step and an admission (`bench.gpu_syncs`), through
+    waves of requests at the first batch: on CUDA one a step (its read) and none an admission pass."""
+    from bench.gpu_syncs import measure
+
+    model = _engine_model(model_dir, device)
+    return measure(model, batch=int(size["batches"][0]), prompt=int(size["prompt"]), new_tokens=int(size["new_tokens"]))
 
 
 def _engine_compiled(

@@ -26,6 +26,8 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert ops["separate"]["tok_s"] > 0 and ops["fused_over_separate_tok_s"] > 0
     mixed = r["engine_mixed"]
     assert mixed["tok_s"] > 0 and mixed["prefills"] > 1 and 0 < mixed["prefill_share"] < 1
+    es = r["engine_syncs"]  # on the CPU nothing synchronises: the waves and the verdict run (bench/gpu_syncs.py)
+    assert "failed" not in r and es["failures"] == [] and es["admissions"] >= 2 and es["compactions"] > 0
     ec = r["engine_compiled"]
     assert set(ec["tok_s"]) == {"4"} and ec["tok_s"]["4"] > 0 and ec["over_eager_step"] > 0 and ec["first_run_s"] > 0
     mg = r["megatron"]
