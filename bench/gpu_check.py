@@ -58,6 +58,17 @@ from typing import Any
 import torch
 import yaml
 
+from bench.gpu_engine import (
+    engine_compiled,
+    engine_mixed,
+    engine_syncs,
+    engine_tok_s,
+    engine_vs_cpu,
+    hf_generate_tok_s,
+    random_prompts,
+    step_ops,
+    sync,
+)
 from rlctl.devices import compute_for, torch_build
 from rlctl.hardware import CATALOG
 from rlctl.models.hf import check_hf_dir
@@ -65,9 +76,6 @@ from rlctl.models.tinygpt import TinyGPT
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = {"shape": "qwen2-0.5b", "batches": (64, 256), "prompt": 32, "new_tokens": 128, "train_samples": 64}
-# decode throughput, the engine's and `generate`'s alike: the fastest of this many runs after a warm-up (a run's
-# host, shared or not, moves `generate` most: it launches every kernel from Python)
-TIMED_RUNS = 2
 QUICK = {"shape": "tiny", "batches": (4, 8), "prompt": 8, "new_tokens": 16, "train_samples": 16}
 
 
@@ -97,14 +105,14 @@ def run(*, quick: bool) -> dict[str, Any]:
             return piece.done()
         arch = check_hf_dir(model_dir).arch
         out["params"] = int(arch.params)
-        piece("engine_vs_cpu", lambda: _engine_vs_cpu(model_dir, device))
-        engine = piece("engine", lambda: _engine_tok_s(model_dir, device, size), keep=False) or {}
+        piece("engine_vs_cpu", lambda: engine_vs_cpu(model_dir, device))
+        engine = piece("engine", lambda: engine_tok_s(model_dir, device, size), keep=False) or {}
         out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
-        hf = piece("hf_generate_tok_s", lambda: _hf_generate_tok_s(model_dir, device, size)) or {}
+        hf = piece("hf_generate_tok_s", lambda: hf_generate_tok_s(model_dir, device, size)) or {}
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
-        piece("engine_step_ops", lambda: _step_ops(model_dir, device, size, engine))
-        piece("engine_mixed", lambda: _engine_mixed(model_dir, device, size))
-        syncs = piece("engine_syncs", lambda: _engine_syncs(model_dir, device, size)) or {}
+        piece("engine_step_ops", lambda: step_ops(model_dir, device, size, engine))
+        piece("engine_mixed", lambda: engine_mixed(model_dir, device, size))
+        syncs = piece("engine_syncs", lambda: engine_syncs(model_dir, device, size)) or {}
         if syncs.get("failures"):  # what the check proves, not a figure: the run exits 1 (bench/__main__)
             out["failed"] = [f"engine_syncs: {f}" for f in syncs["failures"]]
         if cuda and engine:
@@ -123,7 +131,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
         # the compiled step after the tests (its compile takes a while): tok/s at the first batch, against the
         # engine's graphs of the eager step in this run
-        piece("engine_compiled", lambda: _engine_compiled(model_dir, device, size, engine))
+        piece("engine_compiled", lambda: engine_compiled(model_dir, device, size, engine))
     piece("transport", lambda: _transport(quick=quick or not cuda))  # CPU only: last, never in the GPU's way
     if cuda and not quick:  # the pipeline's stages on cores of their own, as on a cluster (on 2 shared cores they
         # contend; issues 24 and 25 measure overlap): CPU benches, after every GPU piece (a budget skips them first)
@@ -226,26 +234,6 @@ def _build(root: Path, *, shape: str) -> None:
         raise RuntimeError(f"build.py exited {proc.returncode}: {proc.stderr[-400:]}")
 
 
-def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(n)
-    return torch.randint(10, min(vocab, 40), (n, length), generator=g).tolist()
-
-
-def _engine_vs_cpu(model_dir: Path, device: str) -> dict[str, float]:
-    """Logits of 4 sequences of 48 tokens: on the device in the checkpoint's dtype vs the CPU in fp32."""
-    here = TinyGPT.from_pretrained(model_dir, dtype=None, device=device)
-    ref = TinyGPT.from_pretrained(model_dir)
-    x = torch.tensor(_prompts(4, 48, ref.config.vocab_size))
-    with torch.no_grad():
-        a, b = here(x.to(device)).float().cpu(), ref(x)
-    return {
-        "dtype": str(here.lm_head.weight.dtype).removeprefix("torch."),
-        "max_abs_diff": round(float((a - b).abs().max()), 5),
-        "max_abs_logit": round(float(b.abs().max()), 3),
-        "argmax_agreement": round(float((a.argmax(-1) == b.argmax(-1)).float().mean()), 4),
-    }
-
-
 def _samples(n_prompts: int, vocab: int) -> list[Any]:
     from rlctl.rl.samples import Sample
 
@@ -261,7 +249,6 @@ def _samples(n_prompts: int, vocab: int) -> list[Any]:
 def _learner(model_dir: Path, device: str, *, micro: int = 16) -> tuple[Any, Any]:
     from rlctl.config.algorithm import GrpoAlgorithm
     from rlctl.config.pipeline import Batch
-    from rlctl.devices import compute_for
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
 
@@ -290,188 +277,6 @@ def _grpo_vs_cpu(model_dir: Path, device: str, *, prompts: int) -> dict[str, flo
         if k in moved["cpu"] and not torch.equal(moved["cpu"][k], w)
     ]
     return {"min_update_cosine": round(min(cos), 4), "tensors": len(cos)}
-
-
-def _engine_model(model_dir: Path, device: str) -> TinyGPT:
-    """The checkpoint as a rollout agent's embedded engine loads it on `device` ("cuda" or "cpu"): the device policy's
-    dtype (rlctl.devices: the checkpoint's own on a GPU, fp32 on a CPU)."""
-    compute = compute_for(device)
-    return TinyGPT.from_pretrained(model_dir, dtype=compute.engine_dtype, device=compute.device)
-
-
-def _engine_tok_s(
-    model_dir: Path,
-    device: str,
-    size: dict[str, Any],
-    *,
-    batches: tuple[int, ...] = (),
-    compile_step: bool = False,
-    separate: bool = False,
-) -> dict[str, dict[str, float]]:
-    """Decode tokens/s at each batch (default: the size's): prompts of `prompt` tokens, `new_tokens` each, EOS
-    ignored; a first run warms up (captures the CUDA graphs, compiles a `compile_step`: its seconds are
-    `first_run_s`), the fastest of the `TIMED_RUNS` after it counts (as for `generate`). `separate`: with the
-    model's projections unfused (what fusing gains)."""
-    from rlctl.engines.base import GenRequest
-    from rlctl.engines.embedded import EmbeddedEngine
-
-    model = _engine_model(model_dir, device)
-    out = {}
-    for b in batches or size["batches"]:
-        prompts = _prompts(b, size["prompt"], model.config.vocab_size)
-        engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0, compile_step=compile_step)
-        if separate:
-            model.unfuse_projections()
-        runs = []
-        for attempt in range(TIMED_RUNS + 1):
-            engine.add(
-                [GenRequest(f"{attempt}-{i}", p, size["new_tokens"], ignore_eos=True) for i, p in enumerate(prompts)]
-            )
-            _sync(device)
-            t0 = time.perf_counter()
-            engine.run_until_done()
-            _sync(device)
-            runs.append(time.perf_counter() - t0)
-        first_run_s, seconds = runs[0], min(runs[1:])
-        tokens = b * size["new_tokens"]
-        out[str(b)] = {
-            "tok_s": round(tokens / seconds, 1),
-            "step_ms": round(1e3 * seconds / size["new_tokens"], 3),
-            "first_run_s": round(first_run_s, 1),
-        }
-    return out
-
-
-def _step_ops(
-    model_dir: Path, device: str, size: dict[str, Any], engine: dict[str, dict[str, float]]
-) -> dict[str, Any]:
-    """The operators one eager decode step of the model dispatches at the first batch (`bench.opcount`: views left
-    out), with its projections fused (the engine's model) and separate: on a GPU each is a kernel, and a small
-    model's step is bound by their count (docs/gpu.md); and the engine's tok/s with them separate, against
-    `engine` (this run's, fused)."""
-    from bench.opcount import ops_of
-
-    batch = int(size["batches"][0])
-    separate_tok_s = _engine_tok_s(model_dir, device, size, batches=(batch,), separate=True)[str(batch)]["tok_s"]
-    model = _engine_model(model_dir, device)
-    layers = model.config.num_hidden_layers
-    prompts = torch.tensor(_prompts(batch, 8, model.config.vocab_size), device=device)
-    out: dict[str, Any] = {}
-    for how in ("separate", "fused"):
-        if how == "fused":
-            model.fuse_projections()
-        cache = model.new_cache(batch, 128)
-        rows = torch.arange(batch, device=device)
-        model.prefill(cache, rows, prompts[:, :-1], torch.full((batch,), 7, device=device))
-        ops = ops_of(lambda: model.decode(cache, prompts[:, -1], rows=batch, width=128))  # noqa: B023 - called here
-        out[how] = {"ops": sum(ops.values()), "per_layer": round(sum(ops.values()) / layers, 1)}
-        if how == "fused":
-            out["commonest"] = dict(ops.most_common(8))
-    out["separate"]["tok_s"] = separate_tok_s
-    if str(batch) in engine:
-        out["fused_over_separate_tok_s"] = round(engine[str(batch)]["tok_s"] / separate_tok_s, 3)
-    return out
-
-
-def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
-    """Continuous batching as a rollout runs it: 4 × the first batch of requests through an engine of that many
-    rows, output lengths log-uniform from 1/8 to 2 × the size's `new_tokens` (most short, a long tail), so rows end
-    at different steps and waiting requests are admitted (prefilled: on CUDA graphs of bucketed shapes) between
-    decode steps. Reported: tok/s, steps, prefill calls and their share of the run (each timed with a device sync
-    around it), from the second of two runs (the first captures the graphs)."""
-    from rlctl.engines.base import GenRequest
-    from rlctl.engines.embedded import EmbeddedEngine
-
-    b = int(size["batches"][0])
-    model = _engine_model(model_dir, device)
-    engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0)
-    prompts = _prompts(4 * b, size["prompt"], model.config.vocab_size)
-    most = model.config.max_position_embeddings - int(size["prompt"])
-    u = torch.rand(len(prompts), generator=torch.Generator().manual_seed(0))
-    lengths = [min(most, max(1, round(size["new_tokens"] * 2.0 ** (4 * x - 3)))) for x in u.tolist()]
-    prefill, spent = engine._prefill, {"s": 0.0}
-
-    def timed_prefill(*args: Any, **kw: Any) -> None:  # the engine's call: the model's may run inside a capture
-        _sync(device)
-        t = time.perf_counter()
-        prefill(*args, **kw)
-        _sync(device)
-        spent["s"] += time.perf_counter() - t
-
-    engine._prefill = timed_prefill  # type: ignore[method-assign]
-    seconds, prefills = 0.0, 0
-    for attempt in range(2):
-        spent["s"], before = 0.0, engine.prefills
-        engine.add(
-            [
-                GenRequest(f"{attempt}-{i}", p, n, ignore_eos=True)
-                for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
-            ]
-        )
-        steps = 0
-        _sync(device)
-        t0 = time.perf_counter()
-        while engine.has_work():
-            engine.step()
-            steps += 1
-        _sync(device)
-        seconds, prefills = time.perf_counter() - t0, engine.prefills - before
-    tokens = sum(lengths)
-    return {
-        "requests": len(prompts),
-        "rows": b,
-        "tok_s": round(tokens / seconds, 1),
-        "steps": steps,
-        "prefills": prefills,
-        "prefill_share": round(spent["s"] / seconds, 3),
-    }
-
-
-def _engine_syncs(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
-    """The engine's synchronising host↔device operations a decode step and an admission (`bench.gpu_syncs`), through
-    waves of requests at the first batch: on CUDA one a step (its read) and none an admission pass."""
-    from bench.gpu_syncs import measure
-
-    model = _engine_model(model_dir, device)
-    return measure(model, batch=int(size["batches"][0]), prompt=int(size["prompt"]), new_tokens=int(size["new_tokens"]))
-
-
-def _engine_compiled(
-    model_dir: Path, device: str, size: dict[str, Any], eager: dict[str, dict[str, float]]
-) -> dict[str, Any]:
-    """The engine with its decode step through torch.compile at the first batch: tok/s, step ms, the compiling
-    first run's seconds, and `over_eager_step` against `eager` (`engine` of this run)."""
-    b = str(size["batches"][0])
-    r = _engine_tok_s(model_dir, device, size, batches=(int(b),), compile_step=True)[b]
-    out: dict[str, Any] = {"tok_s": {b: r["tok_s"]}, "step_ms": {b: r["step_ms"]}, "first_run_s": r["first_run_s"]}
-    if b in eager:
-        out["over_eager_step"] = round(r["tok_s"] / eager[b]["tok_s"], 3)
-    return out
-
-
-def _hf_generate_tok_s(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, float | None]:
-    """transformers' `generate` (sampling, the checkpoint's dtype on a GPU) at the same batches; None per batch
-    where transformers is missing."""
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        return {str(b): None for b in size["batches"]}
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    out: dict[str, float | None] = {}
-    n = size["new_tokens"]
-    for b in size["batches"]:
-        x = torch.tensor(_prompts(b, size["prompt"], model.config.vocab_size), device=device)
-        runs = []
-        for _ in range(TIMED_RUNS + 1):  # a warm-up, then the fastest of the timed runs, as for the engine
-            _sync(device)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=True, pad_token_id=0)
-            _sync(device)
-            runs.append(time.perf_counter() - t0)
-        out[str(b)] = round(b * n / min(runs[1:]), 1)
-    return out
 
 
 def catalog_gpu(device_name: str) -> str:
@@ -506,7 +311,8 @@ def _sampler_share(batch: int = 64) -> dict[str, float]:
         for p in model.parameters():
             p.uniform_(-0.05, 0.05)
     engine = EmbeddedEngine(model, max_batch_size=batch, temperature=1.0)
-    engine.add([GenRequest(f"s{i}", p, 8, ignore_eos=True) for i, p in enumerate(_prompts(batch, 8, cfg.vocab_size))])
+    prompts = random_prompts(batch, 8, cfg.vocab_size)
+    engine.add([GenRequest(f"s{i}", p, 8, ignore_eos=True) for i, p in enumerate(prompts)])
     engine.step()  # admits and prefills
     logits = torch.randn(batch, cfg.vocab_size)
     seeds, steps = torch.arange(batch), torch.zeros(batch, dtype=torch.long)
@@ -564,10 +370,10 @@ def train_steps(learner: Any, batch: list[Any], device: str, *, after_warmup: An
     for step in range(3):
         for s in batch:
             learner.add(s)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         learner.step()
-        _sync(device)
+        sync(device)
         if step:
             seconds += time.perf_counter() - t0
             tokens += sum(len(s.prompt_tokens) + len(s.output_tokens) for s in batch)
@@ -591,10 +397,10 @@ def _delta(device: str, *, nbytes: int) -> dict[str, float]:
     a, b = prev.view(torch.uint8), new.view(torch.uint8)
     target = xxhash.xxh3_64_intdigest(b.cpu().numpy().data)
     delta.encode(a, b, base_version=0, target_xxh3=target)  # warm-up
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     payload = delta.encode(a, b, base_version=0, target_xxh3=target)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
     assert torch.equal(delta.decode(a.cpu(), payload), b.cpu())
     return {"delta_encode_gb_s": round(nbytes / seconds / 1e9, 3), "delta_ratio": round(payload.numel() / nbytes, 5)}
@@ -607,7 +413,6 @@ def _publisher_host_bytes(model_dir: Path, device: str) -> dict[str, float]:
     ÷ the model's bytes in its dtype (what the planner prices); and the device memory of the encoder's part."""
     from rlctl.agents.weights import WeightPublisher
     from rlctl.config.runtime import WeightSync
-    from rlctl.devices import compute_for
     from rlctl.trainers.base import load_backend
     from rlctl.transport import InprocTransport
     from rlctl.weights.root import RootNode
@@ -798,8 +603,3 @@ def _cpu_bench(name: str, *, quick: bool) -> dict[str, Any]:
     if name == "staleness":
         out["configs"] = {c: {k: r[k] for k in ("samples_per_s", "all_idle")} for c, r in result["configs"].items()}
     return out
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
