@@ -75,8 +75,11 @@ class SshTarget:
 
     @property
     def label(self) -> str:
+        """`[user@]host:port` as errors name the target; an IPv6 address in brackets, as ssh writes it
+        (`rl@[fd00::9]:2022`), versus `rl@fd00::9:2022`, whose port reads as the address's last group."""
         user = f"{self.user}@" if self.user else ""
-        return f"{user}{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{user}{host}:{self.port}"
 
     def known_hosts_path(self) -> Path:
         return hostkeys.known_hosts_path(self.known_hosts)

@@ -370,3 +370,37 @@ def test_a_local_directory_under_a_home_that_is_not_there_is_refused() -> None:
     with pytest.raises(UsageError, match=r"^directory ~rlctl-no-such-user/w: ~rlctl-no-such-user is no home"):
         LocalFiles().make_dirs(["~rlctl-no-such-user/w"])
     assert LocalFiles().list_files("/nonexistent-rlctl-dir") == []
+
+
+@pytest.mark.parametrize(
+    ("host", "user", "port", "said"),
+    [
+        ("fd00::9", "rl", 2022, "rl@[fd00::9]:2022"),
+        ("::1", None, 22, "[::1]:22"),
+        ("fe80::1%eth0", "rl", 22, "rl@[fe80::1%eth0]:22"),
+        ("h20-01", "rl", 2200, "rl@h20-01:2200"),
+        ("10.0.0.1", None, 22, "10.0.0.1:22"),
+    ],
+)
+def test_a_connection_that_fails_names_an_ipv6_host_in_brackets_as_ssh_does(
+    monkeypatch: pytest.MonkeyPatch, host: str, user: str | None, port: int, said: str
+) -> None:
+    """Before: `ssh rl@fd00::9:2022: cannot connect`, whose port reads as the address's last group (fd00::9:2022 is
+    an address of its own); now `ssh rl@[fd00::9]:2022: …`, as ssh writes a host and port."""
+    import fabric
+
+    from rlctl.launch.remote import SshTarget, connect
+
+    class Conn:  # fabric's Connection, refused at its open
+        def __init__(self, host: str, **kw: object) -> None:
+            import paramiko
+
+            self.client = paramiko.SSHClient()
+
+        def open(self) -> None:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(fabric, "Connection", Conn)
+    with pytest.raises(LaunchError) as refused:
+        connect(SshTarget(host, user=user, port=port))
+    assert str(refused.value) == f"ssh {said}: cannot connect: [Errno 111] Connection refused"
