@@ -189,6 +189,19 @@ def _reader_gone() -> NoReturn:
 
 
 def _main() -> None:
+    """`_command`, with `--debug` its own: off unless it asks for it (`_root`), and as it was before once it ends,
+    versus `_state` left as the last command that parsed its root options set it: after an in-process `rlctl --debug
+    …`, a later call failing before its own root options were read (`rlctl --version` into a full stdout) raised its
+    traceback instead of one line. (Kept past the command's context: the error that ends it is said after its close.)"""
+    before = _state["debug"]
+    _state["debug"] = False
+    try:
+        _command()
+    finally:
+        _state["debug"] = before
+
+
+def _command() -> None:
     completion.enable()  # a Tab in a shell that sourced `rlctl completion SHELL`: answered in app(), then exit
     try:
         # not standalone: the parser's errors come here (typer would print each as a box of 5-6 lines)

@@ -138,3 +138,23 @@ def test_usage_errors_exit_2(cli: Callable[..., CliResult]) -> None:
     assert cli("completion", "tcsh").exit_code == 2
     assert cli("no-such-command").exit_code == 2
     assert cli("check").exit_code == 2
+
+
+def test_debug_is_the_commands_own_not_the_last_ones_in_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--debug` set a process-global flag at each command's root options and left it set: after an in-process
+    `rlctl --debug version`, `rlctl --version` into a stdout that cannot take it (said before the root options are
+    read) raised its RlctlError's traceback, versus one line, exit 1, as in a fresh process."""
+    from rlctl import render
+    from rlctl.errors import RlctlError
+
+    def full(text: str, *, end: str = "\n") -> None:
+        raise RlctlError("cannot write the output to stdout: No space left on device")
+
+    assert run_cli("--debug", "version").exit_code == 0
+    monkeypatch.setattr(render, "write_out", full)
+    said = run_cli("--version")
+    line = "rlctl: error: cannot write the output to stdout: No space left on device\n"
+    assert (said.exit_code, said.stderr) == (1, line)
+    with pytest.raises(RlctlError, match="No space left"):  # (a command's own --debug: its traceback)
+        run_cli("--debug", "version")
+    assert run_cli("version").stderr == said.stderr
