@@ -7,10 +7,12 @@ here on it too."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +127,30 @@ def _exclusive(path: Path, what: str) -> Iterator[None]:
     with open_lock(path, what=what, why="the job's record is fetched into the job dir", error=LaunchError) as f:
         flock(f, fcntl.LOCK_EX)  # (none on this filesystem: unlocked)
         yield  # (the lock goes with the file's close)
+
+
+def failed_here(job_dir: Path, e: BaseException) -> bool:
+    """Whether the fetch into `job_dir` failed `e` there, not on the controller's site: an OSError (or the cause of an
+    error raised for one: the fetch lock that cannot be opened, a copy that cannot be written) naming a file in the job
+    dir, or an OSError naming none (a write here: ENOSPC); not one naming a file elsewhere (a local site's job dir),
+    nor an error of the site's own (an SSH command that failed, a host that does not answer)."""
+    cause = e if isinstance(e, OSError) else e.__cause__
+    if not isinstance(cause, OSError):
+        return False
+    named = [str(n) for n in (cause.filename, cause.filename2) if isinstance(n, (str, os.PathLike))]
+    if not named:
+        return cause is e
+    here = os.path.realpath(job_dir)
+    return any(os.path.realpath(n) == here or os.path.realpath(n).startswith(here + os.sep) for n in named)
+
+
+def fetch_failure(e: BaseException) -> str:
+    """What failed a fetch, in one line, with the error's hint (an RlctlError's; for an OSError refusing a file its
+    permissions or a read-only mount, where to look), versus the hint dropped."""
+    hint = getattr(e, "hint", None)
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and isinstance(e.filename, str):
+        hint = f"look at its owner and permissions (`ls -la {shlex.quote(os.path.dirname(e.filename) or '.')}`)"
+    return f"{e}" + (f" (hint: {hint})" if hint else "")
 
 
 def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:

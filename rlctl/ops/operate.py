@@ -40,7 +40,14 @@ from rlctl.launch.agentrecords import (
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, record_text, resume_command, row_count
-from rlctl.launch.record import event_to_record, fetch_record, record_is_here, record_view
+from rlctl.launch.record import (
+    event_to_record,
+    failed_here,
+    fetch_failure,
+    fetch_record,
+    record_is_here,
+    record_view,
+)
 from rlctl.ops.client import connect_client
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints, last_row
@@ -380,13 +387,28 @@ def job_end(ref: JobRef) -> str | None:
 
 
 def fetch_job_record(ref: JobRef) -> list[str]:
-    """Bring the controller's record (summary, metrics, events) here when it runs on another site;
-    a site that does not answer, or a record here that does not say where it is, leaves what is here (logged)."""
+    """Bring the controller's record (summary, metrics, events) here when it runs on another site; a fetch that
+    fails leaves what is here, said in one warning naming where it failed, with the error's hint: the job dir here
+    (its record that does not say where the controller keeps its own, a lock or file there that cannot be opened or
+    written: another user's job dir, a read-only mount) or the controller's site (one that does not answer), versus
+    every failure said as the site's ('cannot fetch the record from the controller's site', the hint dropped)."""
+    jd = ref.jobdir
     try:
-        view = record_view(ref.jobdir.path)
-        return [] if view is None else fetch_record(ref.jobdir.path, *view)
+        view = record_view(jd.path)
     except (RlctlError, OSError) as e:
-        log.warning("job %s: cannot fetch the record from the controller's site: %s", ref.id, e)
+        log.warning(
+            "job %s: cannot fetch the record: its job dir here does not say where it is: %s", ref.id, fetch_failure(e)
+        )
+        return []
+    if view is None:
+        return []
+    try:
+        return fetch_record(jd.path, *view)
+    except (RlctlError, OSError) as e:
+        where = (
+            "into its job dir here" if failed_here(jd.path, e) else f"from the controller's site ({view[1]}:{view[2]})"
+        )
+        log.warning("job %s: cannot fetch the record %s: %s", ref.id, where, fetch_failure(e))
         return []
 
 

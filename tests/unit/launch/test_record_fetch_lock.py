@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from rlctl.errors import LaunchError
-from rlctl.launch import sitefs
+from rlctl.launch import record, sitefs
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.record import FETCH_LOCK, SUMMARY_LOCK, fetch_record
 from rlctl.ops import operate
+from rlctl.ops.jobref import JobRef
 from rlctl.ops.runstate import update_summary
 from tests.conftest import run_cli
 from tests.unit.cli.test_cli_bad_input import home, prepared
@@ -60,3 +61,52 @@ def test_status_of_a_job_dir_whose_fetch_lock_cannot_be_opened_shows_the_job_and
     assert r.stdout.startswith(f"Job {jd.id}\n"), r.stdout  # the job as its dir has it
     said = [m for m in caplog.messages if m.startswith(f"job {jd.id}: cannot fetch the record")]
     assert len(said) == 1 and f"{jd.path / FETCH_LOCK}: {SAYS}" in said[0], caplog.messages
+    # where it failed (here, not the controller's site), and the lock's hint (was: 'from the controller's site', no
+    # hint)
+    assert said[0].startswith(f"job {jd.id}: cannot fetch the record into its job dir here: {jd.path / FETCH_LOCK}: ")
+    assert said[0].endswith(f"(hint: {HINT}{jd.path}`))"), said[0]
+
+
+def _fetched_from_a_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, Path]:
+    """A prepared job whose controller keeps its record in a site job dir of its own (holding a controller.json)."""
+    jd = prepared(tmp_path / "run")
+    site = local_site(tmp_path / "w")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "controller.json").write_text(json.dumps({"address": "tcp://127.0.0.1:1"}))
+    monkeypatch.setattr(operate, "record_view", lambda _path: (site, "localhost", str(tmp_path / "w")))
+    return jd, tmp_path / "w"
+
+
+def test_a_fetch_that_cannot_write_the_job_dir_here_says_so_not_the_controllers_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another user's job dir (here as root: its writes refused as they would be): the warning said 'cannot fetch
+    the record from the controller's site', whose record had been read."""
+    jd, _ = _fetched_from_a_site(tmp_path, monkeypatch)
+
+    def refused(path: Path, text: str) -> None:
+        raise PermissionError(13, "Permission denied", str(path.with_name(f".{path.name}.1-2.tmp")))
+
+    monkeypatch.setattr(record, "replace_text", refused)
+    assert operate.fetch_job_record(JobRef(jd.id, jd, None)) == []
+    tmp = jd.path / ".controller.json.1-2.tmp"
+    assert caplog.messages == [
+        f"job {jd.id}: cannot fetch the record into its job dir here: [Errno 13] Permission denied: '{tmp}' "
+        f"(hint: look at its owner and permissions (`ls -la {jd.path}`))"
+    ]
+
+
+def test_a_fetch_that_the_controllers_site_fails_names_the_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    jd, w = _fetched_from_a_site(tmp_path, monkeypatch)
+
+    def unreachable(_fs: sitefs.LocalFiles, path: str) -> str:
+        raise LaunchError("ssh rl@h20-01:22: cannot connect: timed out", hint="is the host up?")
+
+    monkeypatch.setattr(sitefs.LocalFiles, "read_text", unreachable)
+    assert operate.fetch_job_record(JobRef(jd.id, jd, None)) == []
+    assert caplog.messages == [
+        f"job {jd.id}: cannot fetch the record from the controller's site (localhost:{w}): "
+        "ssh rl@h20-01:22: cannot connect: timed out (hint: is the host up?)"
+    ]
