@@ -17,7 +17,8 @@ from rlctl.render import OutputFormat, OutputOpt, emit, grid
 def _table(r: dict[str, Any]) -> str:
     if "ended" in r:
         told = f"; its launcher ({r['launcher']}) is told not to resume it" if r.get("launcher") else ""
-        return f"job {r['id']} already ended ({r['ended']}){told}" + "".join(f"\nproblem: {p}" for p in r["problems"])
+        lines = [f"\nproblem: {p}" for p in r["problems"]] + [f"\nnot recorded: {u}" for u in r.get("unrecorded", [])]
+        return f"job {r['id']} already ended ({r['ended']}){told}" + "".join(lines)
     # a job that ended on its own meanwhile: its agents had exited or were ending; the stop made sure they did
     done = "agents checked gone" if r.get("ended_meanwhile") else "agents stopped"
     rows = [["graceful", r["graceful"]], [done, ", ".join(r["agents"]) or "-"]]
@@ -26,6 +27,7 @@ def _table(r: dict[str, Any]) -> str:
     if r.get("launcher"):  # the stop waited for it: a `launch --resume` is refused while it runs
         rows.append(["launcher", r["launcher"]])
     rows += [["problem", p] for p in r["problems"]]
+    rows += [["not recorded", u] for u in r.get("unrecorded", [])]
     return grid(rows, ["", ""], f"Stop {r['id']}")
 
 
@@ -62,3 +64,5 @@ def register(app: typer.Typer) -> None:
         emit(result, output, _table)
         if result["problems"]:
             raise PartialFailure(f"job {ref.id}: some agents could not be verified stopped: {result['problems'][0]}")
+        if result.get("unrecorded"):  # stopped, but its job dir does not say so (another user's, a read-only mount)
+            raise PartialFailure(f"job {ref.id}: stopped, but {result['unrecorded'][0]}")

@@ -54,7 +54,14 @@ from rlctl.ops.extend import completed_checkpoints, last_row
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobprep import launch_again
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.runstate import STOP_REQUESTED, UNSTARTED, current_run, ended_run_summary, resumes
+from rlctl.ops.runstate import (
+    STOP_REQUESTED,
+    UNSTARTED,
+    current_run,
+    ended_run_summary,
+    event_or_unrecorded,
+    resumes,
+)
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
@@ -470,6 +477,7 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     # written into the directory that is gone); no record is left to find its agents by
     require_job_dir(ref)
     out: dict[str, Any] = {"id": ref.id}
+    unrecorded: list[str] = []  # its events that events.jsonl could not take (`event_or_unrecorded`)
     under_way = stop_under_way(jd)  # (before this stop's own request is written)
     # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since
     unsure: dict[str, Any] = {}  # name → process group of those that are not
@@ -496,14 +504,14 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         # a launcher that may still run may be about to resume the run that failed (`checkpoint.auto_resume`: the
         # row says failed and nothing runs until it starts the next run): the request keeps it from doing so, or
         # ends the start it began (`JobRun.start` looks for it before each agent)
-        event_to_record(jd.path, jd.event(STOP_REQUESTED, stopper=_stopper()))
+        event_to_record(jd.path, event_or_unrecorded(jd, STOP_REQUESTED, unrecorded, then=UNTOLD, stopper=_stopper()))
         if _index_state(ref.row.name) not in LIVE:
-            return {**ended, "launcher": launcher_state(launcher, ended=True)}
+            return {**ended, "launcher": launcher_state(launcher, ended=True), "unrecorded": unrecorded}
         # it began the next run before the request: that run is stopped as any live job is (below)
     else:
         # before the controller can end: its launcher must not resume it (`autoresume`); where the controller reads
         # its events too (on its site), so that it ends `stopped`, not failed
-        event_to_record(jd.path, jd.event(STOP_REQUESTED, stopper=_stopper()))
+        event_to_record(jd.path, event_or_unrecorded(jd, STOP_REQUESTED, unrecorded, then=UNTOLD, stopper=_stopper()))
     try:
         # the request's own bound is no shorter than REQUEST_FLOOR_S: `--grace 0` asked with a 0 s timeout, and a
         # healthy controller read as one that did not answer
@@ -568,7 +576,8 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     ours = [h for h in handles if this_run is None or h.spec.name in this_run or h.spec.name in ran]
     out["agents"] = [h.spec.name for h in ours if h.spec.site not in failed]
     out["problems"] = problems
-    jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
+    event_or_unrecorded(jd, "stopped_by_operator", unrecorded, agents=out["agents"], problems=problems)
+    out["unrecorded"] = unrecorded  # (the stop went on: its agents are stopped all the same)
     if ref.row is not None:
         db = JobDB()
         try:  # only a live job's row: one that ended meanwhile (its launcher wrote finished) keeps that
@@ -584,6 +593,9 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
             out["graceful"] = f"not needed: the job ended ({state}) as the stop came, as its launcher recorded it"
             out["ended_meanwhile"] = state
     return out
+
+
+UNTOLD = "the job's launcher, where one runs, may resume it"  # a stop request not recorded: not seen there
 
 
 def stop_under_way(jd: JobDir) -> bool:

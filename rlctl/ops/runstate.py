@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,27 @@ def ended_run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
     except (OSError, RlctlError):
         return None
     return last if isinstance(last, dict) and last.get("run") == run else None
+
+
+def event_or_unrecorded(
+    jd: JobDir, kind: str, unrecorded: list[str], *, then: str = "", **fields: Any
+) -> dict[str, Any]:
+    """The event `kind` appended to the job's events.jsonl (`JobDir.event`), for a command that must go on where it
+    cannot be (another user's job dir, a read-only mount: `rlctl stop`, whose agents are stopped all the same): a
+    line in `unrecorded` (the command says it) naming the file, what its absence does (`then`) and where to look,
+    versus the OSError's traceback (a stop's first event, its request: nothing stopped). The row either way (the
+    controller's site may take it: `rlctl.launch.record.event_to_record`)."""
+    row = {"t": round(time.time(), 3), "event": kind, **fields}
+    try:
+        jd.append(jd.events, row)
+    except OSError as e:
+        look = f"look at its owner and permissions: `ls -la {shlex.quote(str(jd.path))}`"
+        unrecorded.append(
+            f"{jd.events}: cannot record the {kind} event ({e.strerror or e})"
+            + (f": {then}" if then else "")
+            + f" ({look})"
+        )
+    return row
 
 
 def stop_requested(jobdir: JobDir, *, since: float) -> bool:
