@@ -74,8 +74,17 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def run_before(name: str) -> str:
+    """Where a run's start sets the run before's `name` (controller.json; agents.jsonl on the controller's site)
+    aside, until the run starts (a refused resume puts it back: `RunStart._unstart`); the next start replaces it."""
+    return f".{name}.run-before"
+
+
 class RunStart(RunBase):
     """A run's start: stage, then the controller, then (once it listens) the trainer ranks and rollout units."""
+
+    _before_here = False  # this start set the run before's controller.json here aside (`run_before`)
+    _before_on_site: tuple[str, ...] = ()  # and these of its record on the controller's site
 
     def render(self, *, master_port: int) -> list[dict[str, Any]]:
         """Per agent, for `launch --dry-run`: where it runs, what it gets, and the exact script / command."""
@@ -133,23 +142,33 @@ class RunStart(RunBase):
 
     def _unstart(self, aside: str, row: JobRow | None) -> None:
         """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
-        and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
-        replaced: the job file it came from, its launcher, its agents' exits, when it was launched). The summary put
-        back (here and on the site) under the lock a fetch of the record holds (`fetching`), and here under the
-        summary lock too (`summary_lock`: the launcher's writes of it): a `rlctl status` that read no summary here
-        before it and wrote the controller's copy after it wrote over the launcher's keys (held-out figures)."""
+        and on the controller's site), its controller.json (here and there) and agents.jsonl (there: the units its
+        controller started, which `rlctl status` lists and `rlctl stop` or the next resume stops, recorded there
+        alone) back from where `start` set them aside (`run_before`), versus the copy here removed and the site's
+        emptied for good by a resume that never started; the index row back to `row` (its state, and what the run's
+        `launching` row replaced: the job file it came from, its launcher, its agents' exits, when it was launched).
+        The summary put back (here and on the site) under the lock a fetch of the record holds (`fetching`), and here
+        under the summary lock too (`summary_lock`: the launcher's writes of it): a `rlctl status` that read no
+        summary here before it and wrote the controller's copy after it wrote over the launcher's keys (held-out
+        figures)."""
         with fetching(self.jobdir.path):
             if self._record is not None:
                 try:
                     fs, root = self._files()
                     try:
                         fs.move(f"{root}/{aside}", f"{root}/summary.json")
+                        for name in self._before_on_site:
+                            fs.move(f"{root}/{run_before(name)}", f"{root}/{name}")
                     finally:
                         fs.close()
                 except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
-                    log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
+                    kept = ", ".join([aside, *(run_before(name) for name in self._before_on_site)])
+                    log.warning("the record of the run before stays aside on the controller's site (%s): %s", kept, e)
             with summary_lock(self.jobdir.path):
                 LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
+            if self._before_here:
+                controller = self.jobdir.controller_json
+                LocalFiles().move(str(self.jobdir.path / run_before(controller.name)), str(controller))
         if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
             self.jobdir.event(UNSTARTED, version=self.resumed.version)
         # (`stopped` too where the job had finished: a `rlctl stop` while a resume with --iterations staged left a
@@ -180,7 +199,9 @@ class RunStart(RunBase):
         lock held and the copy here removed only as the run started. `fs`: a view of the controller's site job dir
         `root`."""
         with fetching(self.jobdir.path):
-            for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
+            for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id: aside first
+                if fs.move(f"{root}/{name}", f"{root}/{run_before(name)}"):  # (a refused resume puts them back)
+                    self._before_on_site += (name,)
                 fs.put(self._empty(), f"{root}/{name}")
             self.jobdir.controller_json.unlink(missing_ok=True)
             if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
@@ -247,6 +268,7 @@ class RunStart(RunBase):
         (`resume_point`; version 0: the job never completed one, it starts over), or from `checkpoint`."""
         self.t_start = time.monotonic()
         self.run_id = secrets.token_hex(6)
+        self._before_here, self._before_on_site = False, ()
         # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
         # by `rlctl status`) once this run's controller is gone without one. Moved under the lock a fetch of the
         # record holds (`fetching`), versus a `rlctl status` fetching meanwhile writing the controller's copy of the
@@ -255,7 +277,8 @@ class RunStart(RunBase):
         # waiting, and no holder of the fetch lock takes it: the two cannot deadlock). Its controller.json with it
         # (`_set_run_before_aside` again once the run staged, where the controller's record is on another site)
         with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
-            self.jobdir.controller_json.unlink(missing_ok=True)
+            controller = self.jobdir.controller_json  # aside, not removed: a refused resume puts it back (`_unstart`)
+            self._before_here = LocalFiles().move(str(controller), str(self.jobdir.path / run_before(controller.name)))
             aside = aside_name(self.jobdir.path)
             LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)

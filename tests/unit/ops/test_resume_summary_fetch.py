@@ -168,3 +168,41 @@ def test_a_fetch_that_read_the_run_befores_summary_writes_none_after_the_resume_
     assert sorted(p.name for p in root.glob("summary*")) == ["summary.1.json"]
     fetch_record(jd.path, run.sites["c"], "localhost", str(root))  # the next fetch: none there, none here
     assert not jd.summary_json.exists() and not jd.controller_json.exists()
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_a_refused_resume_puts_the_run_befores_controller_json_and_the_sites_agent_record_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staged: bool
+) -> None:
+    """A resume refused once it staged (`staged`: a checkpoint its job.json cannot run on, a site short of slots) or
+    before (staging failed): the run before's controller.json here and on the controller's site, and the site's
+    agents.jsonl (the units its controller started, recorded there alone: `rlctl status` lists them, `rlctl stop`
+    and the next resume stop those left), are as they were. Before: the copy here removed and the site's two emptied
+    for good (a stop then found no unit the controller had started)."""
+    run, sites = job_run(tmp_path)
+    jd = sites.c
+    root = tmp_path / "on-the-site"
+    root.mkdir()
+    address = json.dumps({"address": "tcp://10.0.0.7:41234"})
+    units = json.dumps({"name": "rollout-3", "role": "rollout", "site": "c", "ident": {"pid": 7}}) + "\n"
+    (root / "summary.json").write_text(json.dumps(CONTROLLERS))
+    (root / "controller.json").write_text(address)
+    (root / "agents.jsonl").write_text(units)
+    jd.write_json(jd.summary_json, HELD)
+    jd.controller_json.write_text(address)
+
+    def prepare(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
+        if staged:
+            self._record = (self.sites["c"], "localhost", str(root))
+            self._set_run_before_aside(LocalFiles(), str(root), aside)
+            assert (root / "controller.json").read_text() == (root / "agents.jsonl").read_text() == ""
+        assert not jd.controller_json.exists()  # (no address of the run before asked while this one starts)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(JobRun, "_prepare", prepare)
+    with pytest.raises(KeyboardInterrupt):
+        run.start(resume=True)
+    assert jd.controller_json.read_text() == address
+    assert (root / "controller.json").read_text() == address and (root / "agents.jsonl").read_text() == units
+    assert json.loads(jd.summary_json.read_text()) == HELD
+    assert json.loads((root / "summary.json").read_text()) == CONTROLLERS
