@@ -276,11 +276,18 @@ class RunStart(RunBase):
         # write of the summary it read before (`update_summary`). (The launcher lock held here is taken without
         # waiting, and no holder of the fetch lock takes it: the two cannot deadlock). Its controller.json with it
         # (`_set_run_before_aside` again once the run staged, where the controller's record is on another site)
-        with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
-            controller = self.jobdir.controller_json  # aside, not removed: a refused resume puts it back (`_unstart`)
-            self._before_here = LocalFiles().move(str(controller), str(self.jobdir.path / run_before(controller.name)))
-            aside = aside_name(self.jobdir.path)
-            LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
+        try:
+            with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
+                controller = self.jobdir.controller_json  # aside, not removed: a refused resume puts it back
+                before_here = self.jobdir.path / run_before(controller.name)
+                self._before_here = LocalFiles().move(str(controller), str(before_here))
+                aside = aside_name(self.jobdir.path)
+                LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
+        except BaseException:  # ended as it took the locks (Ctrl-C while a `status -w` fetch from a site that does
+            # not answer held one; a lock that cannot be opened): nothing changed, the job as it was (job.json's count
+            # put back: `resume_job`), versus a run taken as started
+            self.unstarted = resume
+            raise
         before = None  # the job's index row before this run, None for none (a refused resume puts it back)
         if resume and self.db is not None:
             with contextlib.suppress(RlctlError):

@@ -206,3 +206,32 @@ def test_a_refused_resume_puts_the_run_befores_controller_json_and_the_sites_age
     assert (root / "controller.json").read_text() == address and (root / "agents.jsonl").read_text() == units
     assert json.loads(jd.summary_json.read_text()) == HELD
     assert json.loads((root / "summary.json").read_text()) == CONTROLLERS
+
+
+@pytest.mark.parametrize("how", ["interrupted", "unopenable"])
+def test_a_resume_ended_as_its_start_takes_the_fetch_lock_is_one_that_changed_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A resume's start that ends as it takes the fetch lock, before it set anything aside (Ctrl-C while a `rlctl
+    status -w` fetching from a site that does not answer holds it: minutes; a lock that cannot be opened, a
+    LaunchError): the job is as it was (`unstarted`: `launch --resume --iterations` puts job.json's count back, and
+    the Ctrl-C line says the job is as it was), versus a run taken as started: job.json kept the new count, and the
+    line said the job was stopped (every agent)."""
+    from rlctl.errors import LaunchError
+    from rlctl.launch import record
+
+    run, sites = job_run(tmp_path)
+    jd = sites.c
+    jd.write_json(jd.summary_json, HELD)
+    if how == "interrupted":
+
+        def waiting(f: Any, op: int) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(record, "flock", waiting)
+    else:
+        (jd.path / FETCH_LOCK).mkdir()
+    with pytest.raises(KeyboardInterrupt if how == "interrupted" else LaunchError):
+        run.start(resume=True)
+    assert run.unstarted
+    assert json.loads(jd.summary_json.read_text()) == HELD
