@@ -100,7 +100,9 @@ def fetching(job_dir: Path) -> Iterator[None]:
     it here after it (taken for the new run's end). Lock order: FETCH_LOCK, then SUMMARY_LOCK (`summary_lock`),
     never the reverse: a holder of the summary lock takes no fetch lock. Not reentrant (a flock per open file): no
     holder takes it again, nor the launcher lock (taken without waiting)."""
-    with _exclusive(job_dir / FETCH_LOCK, "the lock of the job's record fetch"):
+    with _exclusive(
+        job_dir / FETCH_LOCK, "the lock of the job's record fetch", "the job's record is fetched into the job dir"
+    ):
         yield
 
 
@@ -113,18 +115,21 @@ def summary_lock(job_dir: Path) -> Iterator[None]:
     writes never wait on the controller's site, versus the fetch lock taken for them: a `rlctl stop` recording exits
     waited behind a `status -w` whose site did not answer (and with no lock, a key written between a fetch's read
     and its write was lost). Not reentrant; no holder takes the fetch lock (the order: `fetching` first)."""
-    with _exclusive(job_dir / SUMMARY_LOCK, "the lock of the job's summary"):
+    with _exclusive(
+        job_dir / SUMMARY_LOCK, "the lock of the job's summary", "the job's summary is written in the job dir"
+    ):
         yield
 
 
 @contextlib.contextmanager
-def _exclusive(path: Path, what: str) -> Iterator[None]:
+def _exclusive(path: Path, what: str, why: str) -> Iterator[None]:
     """An exclusive flock on the file `path` (made where missing), waited for; where the filesystem has no flock it
     goes unlocked, as `appending` does. A lock that cannot be opened (another user's job dir, a read-only mount) is a
-    LaunchError, one line naming it as `what` (`locks.open_lock`), said before a fetch asks the site for a record that
-    could not be written here, versus the OSError's traceback (the launcher's stop, end and summary writes) or a
-    warning naming no lock (`rlctl status`, `stop`: as if the controller's site had not answered)."""
-    with open_lock(path, what=what, why="the job's record is fetched into the job dir", error=LaunchError) as f:
+    LaunchError, one line naming it as `what`, its hint `why` the lock is there (`locks.open_lock`), said before a
+    fetch asks the site for a record that could not be written here, versus the OSError's traceback (the launcher's
+    stop, end and summary writes) or a warning naming no lock (`rlctl status`, `stop`: as if the controller's site had
+    not answered)."""
+    with open_lock(path, what=what, why=why, error=LaunchError) as f:
         flock(f, fcntl.LOCK_EX)  # (none on this filesystem: unlocked)
         yield  # (the lock goes with the file's close)
 

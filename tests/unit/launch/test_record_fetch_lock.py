@@ -44,8 +44,14 @@ def test_a_fetch_lock_that_cannot_be_opened_is_one_line_before_the_site_is_asked
     jd = JobDir(src)
     jd.write_json(jd.summary_json, {"run": "r1", "state": "done"})
     (src / SUMMARY_LOCK).mkdir()
-    with pytest.raises(LaunchError, match="cannot open the lock of the job's summary"):  # the launcher's write
+    with pytest.raises(LaunchError, match="cannot open the lock of the job's summary") as write:  # the launcher's
         update_summary(jd, "r1", {"agent_exits": {"trainer-0": 0}})
+    # its hint says why that lock is there, versus the fetch lock's ('the job's record is fetched into the job dir',
+    # of a held-out figure's write)
+    assert (
+        write.value.hint
+        == f"the job's summary is written in the job dir: look at its owner and permissions (`ls -la {src}`)"
+    )
 
 
 def test_status_of_a_job_dir_whose_fetch_lock_cannot_be_opened_shows_the_job_and_says_why_not_fetched(
