@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlctl import procfs
+from rlctl.config.inventory import same_host
 from rlctl.errors import LaunchError
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, SiteProblem
 from rlctl.launch.jobdir import why_not_made
@@ -73,11 +74,14 @@ def _group_alive(pgid: int, *, ours: bool) -> bool:
 
 def this_machine(host: str) -> bool:
     """Whether `host` names this machine: localhost, its host name, or a name or address that resolves to one of
-    its addresses (one a socket can bind here)."""
-    if host.lower() in ("localhost", socket.gethostname().lower()):
+    its addresses (one a socket can bind here). Read as the inventory reads a host (`same_host`: its case and one
+    trailing dot are not its name), versus `localhost.` refused here as 'not this machine' and taken for this
+    machine by the GPU-twice check (`inventory._machine`)."""
+    name = same_host(host)
+    if name in ("localhost", same_host(socket.gethostname())):
         return True
     try:
-        found = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        found = socket.getaddrinfo(name, 0, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return False
     for family, kind, proto, _, where in found:

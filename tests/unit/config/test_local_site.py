@@ -96,8 +96,11 @@ def test_a_local_site_on_hosts_other_than_this_machine_one_is_refused(
     inventory = local_inventory(tmp_path, nodes=nodes)
     for line in checked(tmp_path, inventory):
         assert line.startswith(f"rlctl: error: {inventory}: sites.local.{field}: {says}"), line
-    for host in ("127.0.0.1", socket.gethostname()):  # this machine, by another name
-        assert run_cli("check", str(local_inventory(tmp_path, nodes=[{"host": host, "gpus": 4}]))).exit_code == 0
+    # this machine, by another name; with the root's trailing dot too (its name, as the GPU-twice check reads it:
+    # `localhost.` was this machine there, and refused here as 'not this machine')
+    for host in ("127.0.0.1", socket.gethostname(), "localhost.", f"{socket.gethostname()}.", "LOCALHOST."):
+        r = run_cli("check", str(local_inventory(tmp_path, nodes=[{"host": host, "gpus": 4}])))
+        assert r.exit_code == 0, (host, r.stderr)
 
 
 def test_two_local_sites_on_one_gpu_of_this_machine_are_refused_whatever_they_call_it(tmp_path: Path) -> None:
