@@ -4,7 +4,9 @@ job.
 
     launcher_lock (.launcher.lock, exclusive, not waited for)    a launch, a `launch --resume`, an `attach`: the
                                                                  job's one launcher; `launcher_holder` probes it
-    fetching (.record-fetch.lock, exclusive, waited for)         rlctl.launch.record: one writer of the record here
+    fetching (.record-fetch.lock, exclusive, waited for)         rlctl.launch.record: one fetch of the record here
+    summary_lock (.summary.lock, exclusive, waited for)          rlctl.launch.record: one read-change-write of
+                                                                 summary.json (taken inside `fetching`, never before)
     appending (the .jsonl file itself, exclusive, waited for)    rlctl.launch.jobdir: an event appended whole
 
 A flock is the open file's: the launcher lock goes with the launcher however it ends, and a `launch --resume
