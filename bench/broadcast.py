@@ -27,6 +27,7 @@ bytes counted on the uplinks into `inter_dc_copies` = payload copies that crosse
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -178,9 +179,9 @@ def run(*, quick: bool) -> dict[str, Any]:
         host_goodput = max(measure_goodput(lab, "b1", "b2", probe_bytes * 2, port=5995 + i) for i in range(2))
         agents = _run_agents(lab, nbytes, secrets.token_hex(16))
         gloo = _run_gloo(lab, nbytes)
-        yardstick = {"inter_goodput": inter_goodput, "wire_per_payload": wire_per_payload}
-        jobs = {sync: run_job(lab, sync=sync, iterations=4 if quick else 8, **yardstick) for sync in ("full", "delta")}
-        jobs["two_per_host"] = run_job(lab, sync="full", iterations=3 if quick else 6, units_per_host=2, **yardstick)
+        job = functools.partial(run_job, lab, inter_goodput=inter_goodput, wire_per_payload=wire_per_payload)
+        jobs = {sync: job(sync=sync, iterations=4 if quick else 8) for sync in ("full", "delta")}
+        jobs["two_per_host"] = job(sync="full", iterations=3 if quick else 6, units_per_host=2)
     result: dict[str, Any] = {
         "bytes": nbytes,
         "chunk_bytes": CHUNK_BYTES,

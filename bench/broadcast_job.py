@@ -29,6 +29,7 @@ approximation, mostly a pessimistic one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -44,15 +45,12 @@ import yaml
 from bench.netem import NetLab
 from rlctl.agents.appliedlog import unit_rows
 from rlctl.errors import RlctlError
+from rlctl.models.hf import TinyGPTConfig
 
 # one fp32 version of this model is 12.9 M parameters = 49 MiB; a training step ~1 s on one core
-MODEL = {
-    "hidden_size": 512,
-    "intermediate_size": 1408,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
-}
+MODEL = TinyGPTConfig(
+    hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8
+)
 TRAINER_HOST = "root"
 ROLLOUT_HOSTS = ["b1", "b2", "b3"]
 JOB_TIMEOUT_S = 240.0
@@ -116,7 +114,7 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
 
     from rlctl.config import load_job
     from rlctl.launch.jobdir import JobDir
-    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+    from rlctl.models.tinygpt import TinyGPT
     from rlctl.ops.counts import plan_counts, resolve_job
     from rlctl.ops.jobprep import prepare
 
@@ -125,7 +123,7 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
     plan = plan_counts(job, spec)
     jd = JobDir.create(spec.name, explicit=job_dir)
     torch.manual_seed(spec.seed)
-    model = TinyGPT(TinyGPTConfig(**MODEL))
+    model = TinyGPT(dataclasses.replace(MODEL))  # a copy: the model keeps its config
     model.save_pretrained(jd.init_model)  # prepare() keeps an existing init model
     prepare(jd, spec, plan, source=str(job_file), job=job)
     return jd, spec, plan, sum(4 * t.numel() for t in model.state_dict().values())

@@ -125,8 +125,8 @@ def _sync(versions: list[torch.Tensor], layout: chunks.Layout, anchor_every_befo
     def fetch(node: WeightNode, v: int, parent: WeightNode) -> HeldVersion:
         nonlocal received, exact
         hv = node.fetch(v, [parent.address])
-        held = node.current()
-        exact = exact and held is not None and held[0] == v and torch.equal(node.store.current.weights, versions[v])
+        held = node.store.current
+        exact = exact and held is not None and held.version == v and torch.equal(held.weights, versions[v])
         received += hv.received_bytes
         return hv
 

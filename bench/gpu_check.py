@@ -59,6 +59,7 @@ import torch
 import yaml
 
 from bench.gpu_engine import (
+    Size,
     engine_compiled,
     engine_mixed,
     engine_syncs,
@@ -75,8 +76,8 @@ from rlctl.models.hf import check_hf_dir
 from rlctl.models.tinygpt import TinyGPT
 
 REPO = Path(__file__).resolve().parents[1]
-FULL = {"shape": "qwen2-0.5b", "batches": (64, 256), "prompt": 32, "new_tokens": 128, "train_samples": 64}
-QUICK = {"shape": "tiny", "batches": (4, 8), "prompt": 8, "new_tokens": 16, "train_samples": 16}
+FULL: Size = {"shape": "qwen2-0.5b", "batches": (64, 256), "prompt": 32, "new_tokens": 128, "train_samples": 64}
+QUICK: Size = {"shape": "tiny", "batches": (4, 8), "prompt": 8, "new_tokens": 16, "train_samples": 16}
 
 
 def run(*, quick: bool) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -18,12 +18,22 @@ from rlctl.models.tinygpt import TinyGPT
 TIMED_RUNS = 2
 
 
+class Size(TypedDict):
+    """A run's scale (`bench.gpu_check`'s FULL or QUICK)."""
+
+    shape: str  # the checkpoint's: jobs/hf-demo/build.py --shape
+    batches: tuple[int, ...]  # decode batches measured
+    prompt: int  # tokens a prompt
+    new_tokens: int  # tokens generated a sequence
+    train_samples: int  # samples a training step
+
+
 def random_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(n)
     return torch.randint(10, min(vocab, 40), (n, length), generator=g).tolist()
 
 
-def engine_vs_cpu(model_dir: Path, device: str) -> dict[str, float]:
+def engine_vs_cpu(model_dir: Path, device: str) -> dict[str, str | float]:
     """Logits of 4 sequences of 48 tokens: on the device in the checkpoint's dtype vs the CPU in fp32."""
     here = TinyGPT.from_pretrained(model_dir, dtype=None, device=device)
     ref = TinyGPT.from_pretrained(model_dir)
@@ -48,7 +58,7 @@ def engine_model(model_dir: Path, device: str) -> TinyGPT:
 def engine_tok_s(
     model_dir: Path,
     device: str,
-    size: dict[str, Any],
+    size: Size,
     *,
     batches: tuple[int, ...] = (),
     compile_step: bool = False,
@@ -88,7 +98,7 @@ def engine_tok_s(
     return out
 
 
-def step_ops(model_dir: Path, device: str, size: dict[str, Any], engine: dict[str, dict[str, float]]) -> dict[str, Any]:
+def step_ops(model_dir: Path, device: str, size: Size, engine: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The operators one eager decode step of the model dispatches at the first batch (`bench.opcount`: views left
     out), with its projections fused (the engine's model) and separate: on a GPU each is a kernel, and a small
     model's step is bound by their count (docs/gpu.md); and the engine's tok/s with them separate, against
@@ -117,7 +127,7 @@ def step_ops(model_dir: Path, device: str, size: dict[str, Any], engine: dict[st
     return out
 
 
-def engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
+def engine_mixed(model_dir: Path, device: str, size: Size) -> dict[str, Any]:
     """Continuous batching as a rollout runs it: 4 × the first batch of requests through an engine of that many
     rows, output lengths log-uniform from 1/8 to 2 × the size's `new_tokens` (most short, a long tail), so rows end
     at different steps and waiting requests are admitted (prefilled: on CUDA graphs of bucketed shapes) between
@@ -171,7 +181,7 @@ def engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str
     }
 
 
-def engine_syncs(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
+def engine_syncs(model_dir: Path, device: str, size: Size) -> dict[str, Any]:
     """The engine's synchronising host↔device operations a decode step and an admission (`bench.gpu_syncs`), through
     waves of requests at the first batch: on CUDA one a step (its read) and none an admission pass."""
     from bench.gpu_syncs import measure
@@ -180,9 +190,7 @@ def engine_syncs(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str
     return measure(model, batch=int(size["batches"][0]), prompt=int(size["prompt"]), new_tokens=int(size["new_tokens"]))
 
 
-def engine_compiled(
-    model_dir: Path, device: str, size: dict[str, Any], eager: dict[str, dict[str, float]]
-) -> dict[str, Any]:
+def engine_compiled(model_dir: Path, device: str, size: Size, eager: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The engine with its decode step through torch.compile at the first batch: tok/s, step ms, the compiling
     first run's seconds, and `over_eager_step` against `eager` (`engine` of this run)."""
     b = str(size["batches"][0])
@@ -193,7 +201,7 @@ def engine_compiled(
     return out
 
 
-def hf_generate_tok_s(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, float | None]:
+def hf_generate_tok_s(model_dir: Path, device: str, size: Size) -> dict[str, float | None]:
     """transformers' `generate` (sampling, the checkpoint's dtype on a GPU) at the same batches; None per batch
     where transformers is missing."""
     try:

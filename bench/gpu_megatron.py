@@ -34,14 +34,15 @@ def compare(model_dir: Path, device: str, *, prompts: int = 4, micro: int = 16) 
     from rlctl.trainers.base import load_backend
 
     compute = compute_for(device)
-    start = TinyGPT.from_pretrained(model_dir).state_dict()
+    start_model = TinyGPT.from_pretrained(model_dir)
+    start, vocab = start_model.state_dict(), start_model.config.vocab_size
     moved: dict[str, dict[str, torch.Tensor]] = {}
     tok_s: dict[str, float] = {}
     for name in ("torch", "megatron"):
         backend = load_backend(name, model_dir, compute=compute)
         batch = Batch(samples_per_prompt=4, train_micro_batch_samples=micro, train_micro_batch_tokens=None)
         learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-5), batch, ref=None)
-        samples = _samples(prompts, backend.model.config.vocab_size)
+        samples = _samples(prompts, vocab)
 
         def keep(name: str = name, backend: Any = backend) -> None:  # the weights after one step
             moved[name] = {k: v.float().cpu() for k, v in backend.weights().items()}

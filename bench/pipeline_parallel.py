@@ -135,11 +135,13 @@ def _rank(rank: int, pp: int, rendezvous: Path, ckpt: Path, out: Path, repeats: 
 
     from rlctl.rl.grpo import policy_loss
     from rlctl.trainers.base import load_backend
+    from rlctl.trainers.megatron.backend import MegatronBackend
 
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=pp)
     backend = load_backend("megatron", ckpt, pp=pp)
+    assert isinstance(backend, MegatronBackend)
     batch = _cut(backend.config.vocab_size)
     step_s: dict[str, list[float]] = {s: [] for s in SCHEDULES[pp]}
     loss: dict[str, float] = {}

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from rlctl.transport import Connection, Message, TcpConfig, TcpTransport, TensorSpec, make_transport, tcp
+from rlctl.transport.framing import tensor_bytes
 
 SECRET = b"bench-rpc-secret"
 ROUND_TRIP_BLOCK = 100  # small-message round trips a method makes in one turn
@@ -55,7 +56,7 @@ def _raw_server(port_q: Any, nbytes: int, repeats: int) -> None:
     conn, _ = ls.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = torch.empty(nbytes, dtype=torch.uint8)
-    view = memoryview(buf.numpy())
+    view = tensor_bytes(buf)
     for _ in range(repeats):
         got = 0
         while got < nbytes:
@@ -133,7 +134,7 @@ class _Raw:
         self.sock = socket.create_connection(("127.0.0.1", port))
         # as rlctl does: without it Nagle + delayed ACK can hold the last segment for ~40 ms
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.view = memoryview(t.numpy())
+        self.view = tensor_bytes(t)
         self.count = 0
 
     def once(self) -> float:
