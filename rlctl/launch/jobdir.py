@@ -51,6 +51,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from rlctl import __version__
 from rlctl.config.base import first_error, read_yaml
 from rlctl.config.inventory import RECORDED
 from rlctl.config.job import JobFile
@@ -211,12 +212,12 @@ class JobDir:
 
     # -- contents -----------------------------------------------------------------------------------
     def write_job(self, spec: JobFile, *, source: str, mapping: dict[str, Any] | None = None) -> None:
-        """job.json: the job as launched (resolved: overrides, inputs), named by `source`; what a resume compares
-        with it (`rlctl.ops.jobchanges`): the SHA-256 of each of its top-level fields, and, when `source` is a
-        file, that file's path and mapping as they were at the launch (`mapping`, as the launch read it: an edit
-        while it prepared the job is not the launch's; else read now)."""
+        """job.json: the job as launched (resolved: overrides, inputs), named by `source`, and the rlctl that
+        launched it (`VERSION`); what a resume compares with it (`rlctl.ops.jobchanges`): the SHA-256 of each of its
+        top-level fields, and, when `source` is a file, that file's path and mapping as they were at the launch
+        (`mapping`, as the launch read it: an edit while it prepared the job is not the launch's; else read now)."""
         job = spec.model_dump(mode="json", by_alias=True)
-        data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job)}
+        data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job), VERSION: __version__}
         data[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}  # a resume refuses an edit of one
         path = Path(source)
         if path.is_file() and mapping is not None:
@@ -711,6 +712,9 @@ FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", 
 # figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
 NAME_FIXES_WEIGHTS = ("builtin", "arch")
 LAUNCHED = "launched"
+# job.json's top-level field naming the rlctl that launched the job (`rlctl.__version__`): none in a job an rlctl
+# before it launched, whose loss this rlctl may compute otherwise (`rlctl.ops.jobchanges.older_rlctl_changes`)
+VERSION = "rlctl_version"
 
 
 def job_field(job: dict[str, Any], name: str) -> Any:

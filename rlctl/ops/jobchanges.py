@@ -1,6 +1,7 @@
 """What changed since a job's launch, said by `launch --resume`, which runs the job as launched (its job.json).
 
     launch: job.json = the job as resolved + SHA-256 of each top-level field + the job file's path and mapping
+            + the rlctl version
     resume: the job file at that path now ──diff──▶ "jobs/kt.yaml changed since the launch (iterations,
             algorithm.lr); the resume runs the job as launched …"
             job.json's fields now ──digests──▶ "job.json was edited since the launch (algorithm); the resume runs
@@ -9,6 +10,8 @@
             (sites.h20.nodes); the resume runs on the sites as launched …"
             the reward file and its modules now ──diff reward/──▶ "the reward (…) changed since the launch
             (helper.py); the resume runs the reward as launched …"
+            job.json naming no rlctl version ──▶ a loss this rlctl computes otherwise than the one that launched
+            it (a decoupled is_cap: truncated then, left out now)
 
 A changed job file is not taken up: the checkpoint holds the state of the job as launched (its model, its split,
 its plan), and a change of one of those would fail the resume late or train something else silently. A new launch
@@ -30,7 +33,7 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.base import read_yaml
 from rlctl.config.inventory import load_inventory
@@ -40,12 +43,16 @@ from rlctl.launch.jobdir import (
     FIXED_FIELDS,
     LAUNCHED,
     NAME_FIXES_WEIGHTS,
+    VERSION,
     JobDir,
     job_digests,
     job_field,
     replace_text,
 )
 from rlctl.textutil import home_expanded
+
+if TYPE_CHECKING:
+    from rlctl.config.job import JobFile
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
@@ -84,6 +91,23 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
             f"cannot take it: {FIXED_WHY[name]}",
             hint=f"put job.{name} back to {_shown(was)} in job.json, or launch the changed job anew",
         )
+
+
+def older_rlctl_changes(jobdir: JobDir, spec: JobFile) -> list[str]:
+    """One line for what this rlctl computes otherwise than the rlctl that launched the job, where its job.json keeps
+    no `VERSION` (an rlctl before it): `decoupled` with an `is_cap` (> 1; one ≤ 1 reads as the `tis` it computed),
+    whose token past the cap was truncated there before 8d7ca57 and is left out now. A warning, not a refusal: the
+    job may have been launched after 8d7ca57, and `tis` at the cap is the loss of before, one edit of job.json away."""
+    data = jobdir.read_json(jobdir.job_json)
+    algo = spec.algorithm
+    if VERSION in data or algo.off_policy != "decoupled" or algo.is_cap is None:
+        return []
+    return [
+        f"{jobdir.job_json} names no rlctl version (launched by an rlctl before 8d7ca57?): there, algorithm.off_policy "
+        f"'decoupled' truncated each token's π_prox/μ at is_cap {algo.is_cap:g} (min(π_prox/μ, {algo.is_cap:g}), as "
+        f"'tis' does); now it leaves out a token whose π_prox/μ exceeds {algo.is_cap:g} (weight 0). To resume with "
+        "the truncation, set job.algorithm.off_policy to 'tis' in job.json"
+    ]
 
 
 def take_edits(jobdir: JobDir) -> None:
