@@ -12,8 +12,10 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,13 +95,14 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
 def fetching(job_dir: Path) -> Iterator[None]:
     """One fetch into `job_dir` at a time (an exclusive flock on FETCH_LOCK, waited for, held across the fetch's
     reads of the site): `rlctl status` or `stop` while the job's launcher fetches as its run ends, or a `launch
-    --resume` as it takes the job over, each read how much of a log was here and appended what was past it, through
-    the one `.part` file (a row appended twice, or the other's `.part` gone: FileNotFoundError). A resume's moves of
-    summary.json (aside as its run starts, here and on the controller's site; back where it never started:
-    `rlctl.ops.runstart`) hold it too: a fetch that read the run before's summary on the site before the move wrote
-    it here after it (taken for the new run's end). Lock order: FETCH_LOCK, then SUMMARY_LOCK (`summary_lock`),
-    never the reverse: a holder of the summary lock takes no fetch lock. Not reentrant (a flock per open file): no
-    holder takes it again, nor the launcher lock (taken without waiting)."""
+    --resume` as it takes the job over, each read how much of a log was here and appended what was past it (a row
+    appended twice; where the filesystem has no flock, each appends only to a copy as long as it read it, through a
+    `.part` of its own: `fetch_appended`). A resume's moves of summary.json (aside as its run starts, here and on
+    the controller's site; back where it never started: `rlctl.ops.runstart`) hold it too: a fetch that read the run
+    before's summary on the site before the move wrote it here after it (taken for the new run's end). Lock order:
+    FETCH_LOCK, then SUMMARY_LOCK (`summary_lock`), never the reverse: a holder of the summary lock takes no fetch
+    lock. Not reentrant (a flock per open file): no holder takes it again, nor the launcher lock (taken without
+    waiting)."""
     with _exclusive(
         job_dir / FETCH_LOCK, "the lock of the job's record fetch", "the job's record is fetched into the job dir"
     ):
@@ -311,7 +314,10 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
 def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
     copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
-    else the whole file (a resume cut the log back). True when lines arrived. Under the fetch lock (`fetching`)."""
+    else the whole file (a resume cut the log back). True when lines arrived. Under the fetch lock (`fetching`);
+    where that goes unlocked (a filesystem with no flock), through a `.part` of its own (`own_part`), and appended
+    only to a copy as long as it was read: a fetch beside it appended meanwhile (the next fetch brings the rest),
+    versus the same rows appended twice."""
     have = local.stat().st_size if local.exists() else 0
     probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
     if probe is None:
@@ -321,7 +327,7 @@ def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
         have = 0
     if size <= have:
         return False
-    part = local.with_name(local.name + ".part")
+    part = own_part(local)
     try:
         fs.get_range(path, part, have, size)
         whole = _whole_lines(part)  # the controller may be writing its last line
@@ -330,12 +336,22 @@ def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
         os.truncate(part, whole)
         if have:
             with part.open("rb") as src, local.open("ab") as dst:
+                if os.fstat(dst.fileno()).st_size != have:  # another fetch appended since (unlocked: no flock)
+                    return False
                 shutil.copyfileobj(src, dst)
         else:
             os.replace(part, local)
     finally:
         part.unlink(missing_ok=True)
     return True
+
+
+def own_part(local: Path) -> Path:
+    """A temporary name beside `local` that is this fetch's own (its process, thread and a random token), versus one
+    `NAME.part` every fetch shared: where the filesystem has no flock (NFS mounted `nolock`) the fetch lock goes
+    unlocked, and a `rlctl status -w` fetching beside the launcher renamed or removed the `.part` under it (a
+    FileNotFoundError that ended the launcher with its traceback)."""
+    return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.part")
 
 
 def _tail(path: Path, n: int) -> bytes:
