@@ -217,7 +217,8 @@ class RunBase:
         if self._record is not None:
             try:
                 fetch_record(self.jobdir.path, *self._record)
-            except LaunchError as e:  # the job's record stays on the controller's site
+            except (LaunchError, OSError) as e:  # the record stays on the controller's site (an OSError: a file here
+                # it could not write), one of the stop's problems, versus its traceback with the stop's events unwritten
                 problems.append(f"cannot fetch the job's record from site {self.plan['controller_site']}: {e}")
         if ending:  # a controller on another site did not see the event
             try:

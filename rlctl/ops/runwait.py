@@ -113,7 +113,7 @@ class RunWait(RunBase):
         if self._record is not None:
             try:
                 fetch_record(self.jobdir.path, *self._record)
-            except LaunchError as e:
+            except (LaunchError, OSError) as e:  # (an OSError: a file here it could not write, versus its traceback)
                 site = self.plan["controller_site"]
                 raise LaunchError(
                     f"the job ended (controller exit {exit_text(code)}); its record on site {site} could not be "
