@@ -186,11 +186,17 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             for rel in fs.list_files(f"{root}/{tree}"):
                 dst = job_dir / tree / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
+                # through a name of its own, outside the tracker's dir (a reader of it sees the copy whole), then
+                # renamed: one cut short leaves the copy here as it was, versus emptied (SFTP's get opens it first)
+                part = own_part(job_dir / tree)
                 try:
-                    fs.get(f"{root}/{tree}/{rel}", dst)
+                    fs.get(f"{root}/{tree}/{rel}", part)
+                    os.replace(part, dst)
                 except LaunchError as e:  # a tracker's temporary file, removed since the listing
                     log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
                     continue
+                finally:
+                    part.unlink(missing_ok=True)
                 fetched.append(f"{tree}/{rel}")
     finally:
         fs.close()
@@ -347,10 +353,10 @@ def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
 
 
 def own_part(local: Path) -> Path:
-    """A temporary name beside `local` that is this fetch's own (its process, thread and a random token), versus one
-    `NAME.part` every fetch shared: where the filesystem has no flock (NFS mounted `nolock`) the fetch lock goes
-    unlocked, and a `rlctl status -w` fetching beside the launcher renamed or removed the `.part` under it (a
-    FileNotFoundError that ended the launcher with its traceback)."""
+    """A temporary name beside `local` (a log fetched; a tracker's dir, for a file of it) that is this fetch's own (its
+    process, thread and a random token), versus one `NAME.part` every fetch shared: where the filesystem has no flock
+    (NFS mounted `nolock`) the fetch lock goes unlocked, and a `rlctl status -w` fetching beside the launcher renamed
+    or removed the `.part` under it (a FileNotFoundError that ended the launcher with its traceback)."""
     return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.part")
 
 
