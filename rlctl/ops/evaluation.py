@@ -127,8 +127,18 @@ def add_heldout(
         log.warning("held-out evaluation failed: %s: %s", type(e).__name__, e)
         figures = {"error": f"{type(e).__name__}: {e}"}
     # (its run's summary.json as every command reads it: one that does not read is its run's end from the events)
-    if update_summary(jobdir, summary.get("run"), {"heldout": figures}) is None:
-        log.warning("%s holds no summary of this run: its held-out figures are not recorded there", jobdir.summary_json)
+    try:
+        recorded = update_summary(jobdir, summary.get("run"), {"heldout": figures})
+    except (LaunchError, OSError) as e:  # (a summary lock that cannot be opened; a damaged summary, its run's end not
+        # in the events): the figures are the run's end's secondary part, said with the summary all the same, versus
+        # the launch of a finished job ending on this error, exit 1, its summary unprinted
+        hint = getattr(e, "hint", None)
+        log.warning("held-out figures not recorded in the summary here: %s%s", e, f" (hint: {hint})" if hint else "")
+    else:
+        if recorded is None:
+            log.warning(
+                "%s holds no summary of this run: its held-out figures are not recorded there", jobdir.summary_json
+            )
     return {**summary, "heldout": figures}
 
 
