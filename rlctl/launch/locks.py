@@ -180,13 +180,15 @@ def _flock_now(f: TextIO, path: Path) -> str | None:
 
 
 def _runs_here(holder: str) -> bool:
-    """Whether the launcher `holder` ("pid N on HOST", as `launcher_lock` writes it) is a live process here."""
+    """Whether the launcher `holder` ("pid N on HOST", as `launcher_lock` writes it) is a live process here. A pid no
+    process can have (a hand-edited file: 0, which `kill` takes for its own process group; one past a C int, its
+    OverflowError) is none, versus the OverflowError's traceback or pid 0 taken for a live launcher."""
     m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
-    if m is None or m[2] != socket.gethostname():
+    if m is None or m[2] != socket.gethostname() or int(m[1]) == 0:
         return False
     try:
         os.kill(int(m[1]), 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # another user's, alive
         pass
