@@ -19,6 +19,7 @@ from rlctl.config.runtime import WeightSync
 from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import TcpTransport
 from rlctl.weights.node import WeightNode
+from tests.unit.rank_end import end_rank
 
 
 def main() -> None:
@@ -60,3 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

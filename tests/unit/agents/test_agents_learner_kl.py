@@ -19,6 +19,7 @@ from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.fixed_policy import behaviour, fixed
+from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config(positions=48)
@@ -80,12 +81,13 @@ def _rank(rank: int, init: str, state: dict[str, torch.Tensor], samples: list[Sa
         learner = rank_learner(state)
         if rank == 1:
             learner.follow()
-            return
-        stats = run_iteration(learner, samples)
-        learner.stop_followers()
-        out.put(stats)
+        else:
+            stats = run_iteration(learner, samples)
+            learner.stop_followers()
+            out.put(stats)
     finally:
         dist.destroy_process_group()
+    end_rank(out)
 
 
 @pytest.mark.timeout(120)

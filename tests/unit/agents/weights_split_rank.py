@@ -22,6 +22,7 @@ import xxhash
 from rlctl.agents.weights import WeightPublisher, weight_node
 from rlctl.config.runtime import WeightSync
 from rlctl.transport import InprocTransport
+from tests.unit.rank_end import end_rank
 
 
 def versions() -> list[dict[str, torch.Tensor]]:
@@ -87,3 +88,4 @@ def main(rank: int, world: int, rendezvous: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.gradsum import _buckets
 from rlctl.rl.grpo import allreduce_grads
+from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config(positions=48)
@@ -48,6 +49,7 @@ def _rank(rank: int, init: str, out: mp.Queue) -> None:
             out.put((len(calls), {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}))
     finally:
         dist.destroy_process_group()
+    end_rank(out)
 
 
 @pytest.mark.timeout(120)

@@ -11,6 +11,7 @@ from rlctl.engines.base import GenResult
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
 from rlctl.rl.samples import Sample, make_batch, micro_batches, row_tokens, score, token_logprobs
+from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config()
@@ -146,11 +147,11 @@ def _learner_rank(rank: int, init: str, state: dict[str, torch.Tensor], samples:
         learner.step(samples[rank * 4 : (rank + 1) * 4])  # each rank its own group
         if rank == 0:  # as a list: a tensor's storage is shared through a socket this process takes down on exit
             out.put(_grads(model).tolist())
-        # both ranks done with the group before either takes it down (a rank aborted in teardown once, in a full
-        # -n 2 unit run)
+        # both ranks done with the group before either takes it down
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    end_rank(out)  # not through finalization: a rank aborted there once, in a full -n 2 unit run (rank_end.py)
 
 
 @pytest.mark.timeout(120)

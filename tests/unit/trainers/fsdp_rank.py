@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tests.unit.rank_end import end_rank
+
 
 def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, samples: Path, job: Path, out: Path) -> None:
     from rlctl.agents.weights import PublishedModel, WeightPublisher
@@ -115,3 +117,4 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), int(a[1]), Path(a[2]), a[3], Path(a[4]), Path(a[5]), Path(a[6]), Path(a[7]))
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

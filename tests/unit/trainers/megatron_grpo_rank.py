@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.unit.rank_end import end_rank
+
 
 def main(
     rank: int, world: int, tp: int, pp: int, rendezvous: Path, samples: Path, out: Path, checkpoints: list[Path]
@@ -76,3 +78,4 @@ def one_step(checkpoint: Path, samples: list[Any], *, rank: int, tp: int, pp: in
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), Path(a[5]), Path(a[6]), [Path(c) for c in a[7:]])
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

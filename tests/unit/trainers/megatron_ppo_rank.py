@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.unit.rank_end import end_rank
+
 TOKENS = torch.randint(3, 96, (3, 20), generator=torch.Generator().manual_seed(7))
 
 
@@ -75,3 +77,4 @@ def train(checkpoint: Path, iterations: list[list[Any]], *, rank: int, tp: int, 
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), Path(a[5]), Path(a[6]), [Path(c) for c in a[7:]])
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

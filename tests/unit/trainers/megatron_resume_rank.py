@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.unit.rank_end import end_rank
+
 
 def main(
     rank: int,
@@ -123,3 +125,4 @@ if __name__ == "__main__":
         int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], a[6], a[7], Path(a[8]), Path(a[9]),
         Path(a[10]), Path(a[11]),
     )  # fmt: skip
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

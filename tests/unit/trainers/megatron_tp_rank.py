@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.unit.rank_end import end_rank
+
 # at pp 2 (2 chunks per stage): 2 rows in 2 chunks, 1 row in 1 (the stage-by-stage schedule), 5 rows in 4
 # chunks of 2, 1, 1, 1 rows
 SHAPES = [(2, 24), (1, 24), (5, 24)]
@@ -104,3 +106,4 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, t
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), Path(a[5]), [Path(c) for c in a[6:]])
+    end_rank()  # not through finalization (tests/unit/rank_end.py)

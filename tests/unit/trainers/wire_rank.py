@@ -13,6 +13,7 @@ from rlctl.errors import ProtocolError
 from rlctl.rl.learner import Chunk, Command, Step, Stop
 from rlctl.rl.samples import Sample
 from rlctl.trainers.wire import all_gather_values, broadcast_value
+from tests.unit.rank_end import end_rank
 
 
 def main() -> None:
@@ -40,3 +41,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_rank()  # not through finalization (tests/unit/rank_end.py)
