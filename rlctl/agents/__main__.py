@@ -19,6 +19,7 @@ the agent cleanly; exit 0 = the job finished.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import logging
@@ -26,6 +27,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from rlctl.errors import RlctlError
 from rlctl.textutil import home_expanded
@@ -167,9 +169,27 @@ def _first_node() -> str:
     return slurm_master_addr(nodelist)
 
 
+def _end(code: int) -> NoReturn:
+    """End the agent with `code`. A trainer rank (its process group formed) runs the exit handlers (its log's
+    flush) and ends without the interpreter's finalization: a gloo worker thread frees the group's last
+    collective after it woke the main thread, taking the GIL for the tensors Python holds, and CPython ends a
+    thread that asks for it during finalization by unwinding it through that work's C++ destructor (noexcept):
+    std::terminate, SIGABRT, exit 134 (and a core file where cores are on) from a rank whose run had finished.
+    destroy_process_group would not close that window: once torch._dynamo was imported after the group formed
+    (the learner's optimizer imports it) it leaves gloo's threads running. Every other agent finalizes (a rollout
+    unit's atexit handlers stop vLLM's engine processes)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     code = main()
     # the interpreter's last collections walk every object an agent made (a trainer's took 2.5 s on 2 busy cores,
     # so the launcher's stop SIGTERMed a rank that had finished): its memory goes back with the process anyway
     gc.freeze()
-    sys.exit(code)
+    _end(code)
