@@ -909,10 +909,7 @@ def test_a_unit_asked_for_whose_start_has_not_returned_is_not_stopped_for_not_jo
     t0 = scaler.t0
     scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
     scaler.scale(1, None, reason="operator")
-    deadline = time.monotonic() + 5
-    while not posted and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _, name, info = posted.pop()  # its start, still staging as far as the controller's loop knows
+    _, name, info = next_post(posted)  # its start, still staging as far as the controller's loop knows
     scaler._unjoined_at = t0 + 1801.0  # (the sites just asked)
     scaler.tick(t0 + 1801.0)
     time.sleep(0.2)  # (a stop runs in a thread)
@@ -943,10 +940,7 @@ def test_a_replacement_whose_start_has_not_returned_is_not_stopped_for_not_joini
     core.lost("rollout-1")
     scaler.replace("rollout-1", now=t0 + 1.0)
     scaler.tick(t0 + 1.0)
-    deadline = time.monotonic() + 5
-    while not posted and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _, name, info = posted.pop()  # its start, still staging as far as the controller's loop knows
+    _, name, info = next_post(posted)  # its start, still staging as far as the controller's loop knows
     assert name == "rollout-2"
     scaler._unjoined_at = t0 + 1802.0  # (the sites just asked)
     scaler.tick(t0 + 1802.0)
