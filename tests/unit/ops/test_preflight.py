@@ -879,7 +879,8 @@ def test_a_model_path_that_reads_as_a_hub_id_is_told_the_local_cache_snapshot_or
 ) -> None:
     """`model.path: Qwen/Qwen2.5-0.5B` (what verl and TRL take) was 'no such directory' alone: rlctl downloads nothing,
     and the model may sit in the Hub cache already, where transformers would have found it."""
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):  # either names the cache before HF_HOME does
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     hub = {"kind": "hf", "path": "Qwen/Qwen2.5-0.5B"}
     with pytest.raises(ConfigError) as e:
