@@ -1,9 +1,9 @@
 """The torch trainer on CUDA: fp32 master weights, bf16 autocast, one GRPO step close to the CPU's fp32 step;
 NCCL for CUDA tensors in the trainer's group; versions exported from GPU memory in the checkpoint's dtype."""
 
-import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -11,6 +11,7 @@ from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.devices import compute_for
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops.runstart import _free_port
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.trainers.base import load_backend, wire_weights
@@ -67,7 +68,7 @@ def test_fsdp2_on_one_cuda_rank_steps_as_the_whole_replica(checkpoint: Path) -> 
 
     start = TinyGPT.from_pretrained(checkpoint).state_dict()
     whole = one_step(checkpoint, "cuda")
-    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29556, cuda=True)
+    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=_free_port(), cuda=True)
     try:
         backend = load_backend("torch", checkpoint, compute=compute_for("cuda"), shard=True)
         learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), Batch(samples_per_prompt=4), ref=None)
@@ -87,11 +88,11 @@ def test_fsdp2_on_one_cuda_rank_steps_as_the_whole_replica(checkpoint: Path) -> 
         dist.destroy_process_group()
 
 
-def test_the_trainer_group_reduces_cuda_tensors_over_nccl(tmp_path: Path) -> None:
+def test_the_trainer_group_reduces_cuda_tensors_over_nccl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlctl.agents.trainer import init_group
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29555, cuda=True)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # this test's: not left set for the tests after it
+    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=_free_port(), cuda=True)
     try:
         t = torch.ones(4, device="cuda")
         dist.all_reduce(t)
