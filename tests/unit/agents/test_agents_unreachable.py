@@ -327,7 +327,7 @@ def test_an_agent_leaves_when_its_controller_says_nothing_for_the_bound(tmp_path
     jd = JobDir.create("reach", explicit=tmp_path / "job")
     spec = job(1.0)
     transport = InprocTransport(secret=jd.secret())
-    silent = transport.listen("inproc://silent")
+    silent = transport.listen("inproc://")  # a name of its own: a fixed one stays taken if the test ends early
     ctx = AgentContext(jd, spec, transport, silent.address)
     link = ControllerLink(
         ctx, Hello(role="rollout", name="rollout-0"), figures=lambda: Heartbeat(name="rollout-0", state="running")
@@ -338,13 +338,14 @@ def test_an_agent_leaves_when_its_controller_says_nothing_for_the_bound(tmp_path
     said = [r.getMessage() for r in caplog.records if "leaving" in r.getMessage()]
     assert said == [f"rollout-0: controller {silent.address} said nothing (no work, no ping) for 1 s: leaving"], said
     link.close()
+    silent.close()
 
 
 def test_a_rollout_unit_whose_link_breaks_says_hello_again(tmp_path) -> None:
     jd = JobDir.create("reach", explicit=tmp_path / "job")
     spec = job(30.0)
     transport = InprocTransport(secret=jd.secret())
-    listener = transport.listen("inproc://ctl")
+    listener = transport.listen("inproc://")
     ctx = AgentContext(jd, spec, transport, listener.address)
     version = [3]
     link = ControllerLink(
@@ -365,6 +366,7 @@ def test_a_rollout_unit_whose_link_breaks_says_hello_again(tmp_path) -> None:
     link.send(make("heartbeat", Heartbeat(name="rollout-0", state="running")))  # sends go on the new connection
     assert link.reconnects == 1
     link.close()
+    listener.close()
 
 
 # -- a failed send and the reader's end of the same connection ------------------------------------------------
