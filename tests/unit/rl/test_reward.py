@@ -218,7 +218,11 @@ def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.Monkey
     )
     assert load_reward("myrewards/math_rw.py:score", rewards_dir)("d", "s", "g") == 0.75
     monkeypatch.setattr(sys, "path", [*sys.path, str(rewards_dir)])  # installed (on the path): loaded as a module
-    assert load_reward("myrewards.math_rw:score", rewards_dir)("d", "s", "g") == 0.75
+    try:
+        assert load_reward("myrewards.math_rw:score", rewards_dir)("d", "s", "g") == 0.75
+    finally:  # the import's modules are this test's: not 'installed' for a later test in the process (or its rerun)
+        for name in ("myrewards.math_rw", "myrewards"):
+            sys.modules.pop(name, None)
 
 
 def test_a_reward_file_importing_its_own_package_is_told_what_to_do(rewards_dir: Path) -> None:
