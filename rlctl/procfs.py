@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 
 STATE, PPID, PGRP, START = 0, 1, 2, 19
+PID_MAX = 2**31 - 1  # a pid_t is a C int
 
 
 def stat(pid: int | str) -> list[str] | None:
@@ -26,8 +27,19 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[START]) if fields and len(fields) > START else None
 
 
+def possible(pid: int, *, group: bool = False) -> bool:
+    """Whether `pid` (read from a file: agents.jsonl, a lock's holder line, a folder's name) can name one process to
+    `kill`, or one process group to `killpg` (`group`), before either is given it: 0 is this process's own group to
+    both, a negative pid a group or every process to `kill`, and 1 every process to `killpg` (kill(-1)); one past a
+    C int is their OverflowError."""
+    return (1 if group else 0) < pid <= PID_MAX
+
+
 def alive(pid: int) -> bool:
-    """A process with that pid exists on this machine (another user's too), on any POSIX system: signal 0."""
+    """A process with that pid exists on this machine (another user's too), on any POSIX system: signal 0. A pid no
+    process can have (`possible`) is none, versus an OverflowError or this process's own group signalled."""
+    if not possible(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -62,7 +62,10 @@ def _reused(ident: dict[str, int], name: str, *, signal: bool = False) -> bool:
 def _group_alive(pgid: int, *, ours: bool) -> bool:
     """Some member of the group is left. For a group we started, that means any process, zombies too
     (we reap our own). For someone else's (an agent `rlctl stop` stops from another terminal) zombies
-    do not count: one stays until *its* parent reaps it, and `kill(0)` still succeeds on it."""
+    do not count: one stays until *its* parent reaps it, and `kill(0)` still succeeds on it. A pgid no group can
+    have (a hand-edited agents.jsonl: `procfs.possible`) is none left."""
+    if not procfs.possible(pgid, group=True):
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -218,6 +221,9 @@ class LocalBackend(LaunchBackend):
     def _signal(self, h: AgentHandle, sig: signal.Signals) -> None:
         if h.ident["pid"] not in self._procs and _reused(h.ident, h.spec.name, signal=True):
             log.info("%s: pid %s is another process now (the agent ended): not signalled", h.spec.name, h.ident["pid"])
+            return
+        if not procfs.possible(h.ident["pgid"], group=True):  # 0: our own group; 1: every process
+            log.warning("%s: agents.jsonl's pgid %s is no process group: not signalled", h.spec.name, h.ident["pgid"])
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(h.ident["pgid"], sig)

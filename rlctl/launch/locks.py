@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from rlctl import procfs
 from rlctl.errors import RlctlError, UsageError
 
 if TYPE_CHECKING:
@@ -184,12 +185,4 @@ def _runs_here(holder: str) -> bool:
     process can have (a hand-edited file: 0, which `kill` takes for its own process group; one past a C int, its
     OverflowError) is none, versus the OverflowError's traceback or pid 0 taken for a live launcher."""
     m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
-    if m is None or m[2] != socket.gethostname() or int(m[1]) == 0:
-        return False
-    try:
-        os.kill(int(m[1]), 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's, alive
-        pass
-    return True
+    return m is not None and m[2] == socket.gethostname() and procfs.alive(int(m[1]))
