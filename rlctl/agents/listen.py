@@ -19,7 +19,7 @@ import socket
 import subprocess
 from urllib.parse import urlsplit
 
-from rlctl.config.inventory import Site, expand_hostlist
+from rlctl.config.inventory import Site, expand_hostlist, same_host
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ENV_LISTEN_HOST, ENV_SITE
@@ -158,7 +158,7 @@ def store_listener(master_addr: str, port: int) -> int | None:
 
 def _is_ip(text: str) -> bool:
     try:
-        ipaddress.ip_address(text.strip("[]"))
+        ipaddress.ip_address(same_host(text.strip("[]")))
     except ValueError:
         return False
     return True

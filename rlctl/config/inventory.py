@@ -17,6 +17,7 @@ Several files are merged (sites must not repeat); links are checked against the 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import socket
@@ -66,12 +67,17 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or
 
 def same_host(host: str) -> str:
     """What two spellings of one host share: DNS names ignore case (`H20-01` is `h20-01`) and one trailing dot (the
-    root: `h20-01.` is `h20-01`), an IPv6 address has one compressed form (`2001:DB8:0::5` is `2001:db8::5`)."""
+    root: `h20-01.` is `h20-01`), an IPv6 address has one compressed form (`2001:DB8:0::5` is `2001:db8::5`), an IPv4
+    address its dotted quad (`127.1` is `127.0.0.1`, as inet_aton, and so ssh and getaddrinfo, read it)."""
     name = host.lower().removesuffix(".")
     try:
         return ipaddress.ip_address(name).compressed
     except ValueError:
-        return name
+        pass
+    if re.fullmatch(r"[0-9a-fx.]+", name):  # (inet_aton takes what follows a space as well: no space here)
+        with contextlib.suppress(OSError):
+            return socket.inet_ntoa(socket.inet_aton(name))
+    return name
 
 
 def host_problem(host: str) -> str | None:
@@ -815,15 +821,19 @@ def _machine(host: str) -> str:
     ::1, however written) or this machine's name is this machine, as a local site's nodes are (no lookup: a name
     that resolves here is still told apart)."""
     key = same_host(host)
-    if key in ("localhost", same_host(socket.gethostname())) or _loopback(key):
+    if key == same_host(socket.gethostname()) or loopback(key):
         return "this machine"
     return key
 
 
-def _loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (an IPv4-mapped IPv6 one too: ::ffff:127.0.0.1)."""
+def loopback(host: str) -> bool:
+    """Whether `host` is this machine's loopback however written (`same_host`): localhost, 127.0.0.0/8 (`127.1` too),
+    ::1, an IPv4-mapped IPv6 one (::ffff:127.0.0.1)."""
+    key = same_host(host)
+    if key == "localhost":
+        return True
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(key)
     except ValueError:
         return False
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None

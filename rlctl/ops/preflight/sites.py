@@ -9,7 +9,7 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 
-from rlctl.config.inventory import Inventory, Site, SlurmScheduler, SshScheduler
+from rlctl.config.inventory import Inventory, Site, SlurmScheduler, SshScheduler, loopback
 from rlctl.config.job import Job
 from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
@@ -26,7 +26,7 @@ def _job_hosts(job: Job) -> set[str]:
         if kind_of(site).on_this_machine:
             out.add("this machine")
         else:
-            out |= {"this machine" if _loopback(h) else h for h, _ in site.hosts}
+            out |= {"this machine" if loopback(h) else h for h, _ in site.hosts}
     return out
 
 
@@ -53,15 +53,6 @@ def _unspecified(host: str) -> bool:
         return False
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def listen_address_problems(job: Job) -> list[Problem]:
     """A loopback listen address where the job's agents run on more than one host: they could not reach it; nor an
     unspecified one (0.0.0.0, ::), which binds every interface but is what an agent then says it listens on, and a
@@ -73,7 +64,7 @@ def listen_address_problems(job: Job) -> list[Problem]:
     by_field: dict[str, tuple[str, list[str]]] = {}
     for name in job_sites(job):
         address, field = _listen_field(job, name)
-        if _loopback(address) or _unspecified(address):
+        if loopback(address) or _unspecified(address):
             by_field.setdefault(field, (address, []))[1].append(name)
     shown = ", ".join(sorted(hosts)[:4]) + (", …" if len(hosts) > 4 else "")
     return [
@@ -105,7 +96,7 @@ def one_host_address_problems(job: Job) -> list[Problem]:
         except ValueError:
             one = False  # `auto`, or a name, which each host may resolve to itself
         placed = kind_of(site).slices_gpus and not kind_of(site).on_this_machine  # rlctl picks each agent's host
-        if one and placed and len({"this machine" if _loopback(h) else h for h, _ in site.hosts}) > 1:
+        if one and placed and len({"this machine" if loopback(h) else h for h, _ in site.hosts}) > 1:
             by_field.setdefault(field, (address, []))[1].append(name)
     return [
         Problem(

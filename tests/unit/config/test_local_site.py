@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlctl.config.inventory import load_inventory
+from rlctl.config.inventory import Site, load_inventory
 from rlctl.errors import ConfigError
 from tests.conftest import ROOT, run_cli
 
@@ -120,11 +120,14 @@ def test_two_local_sites_on_one_gpu_of_this_machine_are_refused_whatever_they_ca
     assert run_cli("check", str(inventory)).exit_code == 0
 
 
-@pytest.mark.parametrize("host", ["localhost", "LOCALHOST", "localhost.", "127.0.0.2", "0:0::1", "::ffff:127.0.0.1"])
+@pytest.mark.parametrize(
+    "host", ["localhost", "LOCALHOST", "localhost.", "127.0.0.2", "0:0::1", "::ffff:127.0.0.1", "127.1", "127.0.1"]
+)
 def test_a_local_site_and_an_ssh_site_on_localhost_sharing_a_gpu_are_refused(tmp_path: Path, host: str) -> None:
     """A local site's GPU key became "this machine": an SSH site reached at localhost listing the same device no
     longer matched it (it did when both said localhost). Loopback was known by spelling only: an SSH site at
-    localhost., 127.0.0.2 (127.0.0.0/8 is loopback), 0:0::1 or ::ffff:127.0.0.1 passed on the local site's GPU."""
+    localhost., 127.0.0.2 (127.0.0.0/8 is loopback), 0:0::1 or ::ffff:127.0.0.1 passed on the local site's GPU; and
+    127.1 or 127.0.1 (127.0.0.1 to inet_aton, so to ssh) did, read as a host name."""
     node = {"datacenter": "here", "gpu": "H100", "nodes": [{"host": "localhost", "gpus": 1}]}
     sites = {"a": node | {"scheduler": {"kind": "local"}}, "b": node | {"scheduler": {"kind": "ssh"}}}
     sites["b"] = sites["b"] | {"nodes": [{"host": host, "gpus": 1}]}
@@ -145,3 +148,11 @@ def test_a_local_site_and_an_ssh_site_naming_this_machine_by_an_address_sharing_
     inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
     with pytest.raises(ConfigError, match=re.escape("sites.b.nodes: GPU 0 of 10.250.0.1 is listed by site 'a' too")):
         load_inventory([inventory])
+
+
+def test_one_address_listed_twice_in_ipv4_shorthand_is_refused() -> None:
+    """127.1 is 127.0.0.1 (inet_aton, and so ssh, reads it so): a site listing both had its slots counted twice."""
+    node = {"datacenter": "here", "gpu": "H100", "scheduler": {"kind": "ssh"}}
+    site = node | {"nodes": [{"host": "127.0.0.1", "gpus": 1}, {"host": "127.1", "gpus": 1}]}
+    with pytest.raises(ValueError, match=re.escape("host 127.1 is listed twice (as 127.0.0.1 too: one host")):
+        Site.model_validate(site)

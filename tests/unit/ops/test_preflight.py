@@ -1621,6 +1621,22 @@ def two_site_inventory(
     return str(path)
 
 
+@pytest.mark.parametrize("host", ["127.1", "127.0.1"])
+def test_an_ssh_site_at_a_loopback_in_ipv4_shorthand_is_this_machine_for_the_listen_address(
+    tmp_path: Path, host: str
+) -> None:
+    """127.1 is 127.0.0.1 to inet_aton (and so to ssh): an SSH site there runs its agents on this machine, as the local
+    site's do, and the loopback listen address reaches them all, versus refused as 'a loopback address, and this
+    job's agents run on 2 hosts (127.1, this machine)'."""
+    site = {"datacenter": "here", "scheduler": {"kind": "ssh"}, "gpu": "CPU", "nodes": [{"host": host, "gpus": 2}]}
+    inv = {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"self": site}}
+    inv["links"] = [{"between": ["local", "self"], "bandwidth_gbps": 10}]
+    (tmp_path / "self.yaml").write_text(yaml.safe_dump(inv))
+    placement = {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "self", "gpus": 1}]}
+    job = load(tmp_path, inventory=[LOCAL, str(tmp_path / "self.yaml")], placement=placement)
+    assert refused(job, "transport.listen_host") == []
+
+
 def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_path: Path) -> None:
     placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]}
     job = load(tmp_path, inventory=[two_site_inventory(tmp_path)], placement=placement)

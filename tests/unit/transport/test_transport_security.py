@@ -407,6 +407,15 @@ def test_the_trainer_groups_store_binds_master_addr_only(monkeypatch: pytest.Mon
     assert store_listener("node-1", 0) is None
 
 
+def test_the_trainer_groups_store_binds_a_master_addr_in_ipv4_shorthand() -> None:
+    """127.0.2 is the address 127.0.0.2 (inet_aton), not a node name that resolves to the loopback: bound, versus
+    torch's default of every interface with a warning naming it as such a name."""
+    fd = store_listener("127.0.2", 0)
+    assert fd is not None
+    with socket.socket(fileno=fd) as sock:
+        assert sock.getsockname()[0] == "127.0.0.2"
+
+
 def test_connecting_to_a_closed_listener_names_it() -> None:
     lst = TcpTransport(secret=SECRET).listen("tcp://127.0.0.1:0")
     lst.close()
