@@ -252,8 +252,8 @@ class Runs:
     def _changes(self) -> list[str]:
         """What `launch --resume` says as it resumes the job (`launch_changes`): job.json edited since the
         launch (a new learning rate: the resumed run takes it up), its job file, inventory or reward changed (it
-        does not). Before, an automatic resume said none of them. None for a job.json gone or not JSON (the run's
-        start says it)."""
+        does not), a loss an older rlctl computed otherwise (`older_rlctl_changes`). Before, an automatic resume said
+        none of them. None for a job.json gone or not JSON (the run's start says it)."""
         try:
             return launch_changes(self.jobdir)
         except (OSError, RlctlError):

@@ -33,7 +33,7 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlctl.config.base import read_yaml
 from rlctl.config.inventory import load_inventory
@@ -50,9 +50,6 @@ from rlctl.launch.jobdir import (
     replace_text,
 )
 from rlctl.textutil import home_expanded
-
-if TYPE_CHECKING:
-    from rlctl.config.job import JobFile
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
@@ -93,14 +90,16 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
         )
 
 
-def older_rlctl_changes(jobdir: JobDir, spec: JobFile) -> list[str]:
+def older_rlctl_changes(jobdir: JobDir) -> list[str]:
     """One line for what this rlctl computes otherwise than the rlctl that launched the job, where its job.json keeps
     no `VERSION` (an rlctl before it): `decoupled` with an `is_cap` (> 1; one ≤ 1 reads as the `tis` it computed),
     whose token past the cap was truncated there before 8d7ca57 and is left out now. A warning, not a refusal: the
-    job may have been launched after 8d7ca57, and `tis` at the cap is the loss of before, one edit of job.json away."""
-    data = jobdir.read_json(jobdir.job_json)
-    algo = spec.algorithm
-    if VERSION in data or algo.off_policy != "decoupled" or algo.is_cap is None:
+    job may have been launched after 8d7ca57, and `tis` at the cap is the loss of before, one edit of job.json away
+    (read as job.json has it now, as the resumed run reads it)."""
+    if VERSION in jobdir.read_json(jobdir.job_json):
+        return []
+    algo = jobdir.read_job().algorithm
+    if algo.off_policy != "decoupled" or algo.is_cap is None:
         return []
     return [
         f"{jobdir.job_json} names no rlctl version (launched by an rlctl before 8d7ca57?): there, algorithm.off_policy "
@@ -137,10 +136,18 @@ def _shown(value: Any) -> str:
 
 
 def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
-    """One line for each of: job.json edited since the launch (`job_json_edits`), and the job file the job was
-    launched from, its inventory or its reward changed (`source_changes`). Nothing for a job launched by an rlctl
-    that kept neither, or from a file that is gone."""
-    return job_json_edits(jobdir, count_given=count_given) + source_changes(jobdir)
+    """One line for each of: job.json edited since the launch (`job_json_edits`), then what every resume says before
+    its run starts (`resume_changes`). Nothing for a job launched by an rlctl that kept none of it, or from a file
+    that is gone."""
+    return job_json_edits(jobdir, count_given=count_given) + resume_changes(jobdir)
+
+
+def resume_changes(jobdir: JobDir) -> list[str]:
+    """What a resume says before its run starts, `launch --resume`'s and an automatic one's (`launch_changes`)
+    alike: the job file, inventory or reward changed, which it does not take up (`source_changes`), and a loss this
+    rlctl computes otherwise than the one that launched the job (`older_rlctl_changes`); versus the automatic resume
+    saying the first alone."""
+    return source_changes(jobdir) + older_rlctl_changes(jobdir)
 
 
 def job_json_edits(jobdir: JobDir, *, count_given: bool = False) -> list[str]:

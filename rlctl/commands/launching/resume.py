@@ -39,7 +39,7 @@ def resume_job(
         with_iterations,
         write_iterations,
     )
-    from rlctl.ops.jobchanges import job_json_edits, older_rlctl_changes, refuse_fixed_edits, source_changes
+    from rlctl.ops.jobchanges import job_json_edits, refuse_fixed_edits, resume_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import JobRef, require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
@@ -125,13 +125,12 @@ def resume_job(
             jd.name_as(jd.id)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
         edits = job_json_edits(jd, count_given=counted is not None)
-        # the job file, inventory or reward changed since the launch, which the resume does not take up: read before
-        # the count is written (an error or Ctrl-C as it reads them leaves job.json as it was: nothing puts it back
-        # before the `try` below), said before the run starts, so that a resume that then fails (staging on a host
-        # the changed inventory dropped) says it
-        sources = source_changes(jd)
-        # and a loss this rlctl computes otherwise than the one that launched the job, where job.json names none
-        sources += older_rlctl_changes(jd, spec)
+        # the job file, inventory or reward changed since the launch, which the resume does not take up, and a loss
+        # this rlctl computes otherwise than the one that launched the job (as an automatic resume says them): read
+        # before the count is written (an error or Ctrl-C as it reads them leaves job.json as it was: nothing puts it
+        # back before the `try` below), said before the run starts, so that a resume that then fails (staging on a
+        # host the changed inventory dropped) says it
+        sources = resume_changes(jd)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)

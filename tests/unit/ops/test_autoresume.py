@@ -142,6 +142,35 @@ def test_an_automatic_resume_says_the_changes_launch_resume_says(runs, tmp_path)
     assert said[3] == "job demo: resumed from checkpoint v10"
 
 
+@pytest.mark.parametrize("edited", [False, True], ids=["as-launched", "edited-to-tis"])
+def test_an_automatic_resume_says_the_loss_an_older_rlctl_computed_as_launch_resume_does(runs, edited):
+    # a job.json naming no rlctl version (an rlctl before 95ff786 launched the job; this launcher resumed it or
+    # attached to it), algorithm.off_policy decoupled with an is_cap > 1: `launch --resume` says that the cap's
+    # truncation is gone (`older_rlctl_changes`), and so does the automatic resume, before its run starts, versus not
+    # a word; job.json edited to the truncation's `tis` (the line's hint) is what the resumed run reads: not said
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    algorithm = r.spec.algorithm.model_copy(update={"off_policy": "decoupled", "is_cap": 1.5})
+    r.jobdir.write_job(r.spec.model_copy(update={"algorithm": algorithm}), source="test")
+    data = r.jobdir.read_json(r.jobdir.job_json)
+    del data["rlctl_version"]
+    if edited:
+        data["job"]["algorithm"]["off_policy"] = "tis"
+    r.jobdir.job_json.write_text(json.dumps(data))
+    assert r.wait()["state"] == "done"
+    older = [line for line in said if "names no rlctl version" in line]
+    assert older == (
+        []
+        if edited
+        else [
+            f"job demo: {r.jobdir.job_json} names no rlctl version (launched by an rlctl before 8d7ca57?): there, "
+            "algorithm.off_policy 'decoupled' truncated each token's π_prox/μ at is_cap 1.5 (min(π_prox/μ, 1.5), as "
+            "'tis' does); now it leaves out a token whose π_prox/μ exceeds 1.5 (weight 0). To resume with the "
+            "truncation, set job.algorithm.off_policy to 'tis' in job.json"
+        ]
+    ), said
+    assert said[-1] == "job demo: resumed from checkpoint v10"
+
+
 def test_resumes_stop_when_none_are_left(runs):
     r, _ = runs([(FAILED, [5]), (FAILED, [10]), (FAILED, [15])], auto_resume=2)
     assert r.wait()["state"] == FAILED
