@@ -173,11 +173,12 @@ class RunBase:
     def _update_summary(self, changes: dict[str, Any]) -> None:
         """`update_summary` of this run, as a stop records what it can: a summary.json that does not read, its run's
         end not in the events (LaunchError), is said in one line and left as it is, versus the stop cut short there
-        (no agents' exits, no `agents_stopped` event, the index row not `stopped`)."""
+        (no agents' exits, no `agents_stopped` event, the index row not `stopped`); one that cannot be opened (a
+        symlink loop, another user's: an OSError) alike, versus its traceback."""
         try:
             update_summary(self.jobdir, self.run_id, changes)
-        except LaunchError as e:
-            log.warning("%s: %s not written into it", e, ", ".join(changes))
+        except (LaunchError, OSError) as e:
+            log.warning("%s: %s not written into it", said(e), ", ".join(changes))
 
     def _own_exits(self) -> dict[str, int]:
         """The exit codes of the agents this launcher started as its own processes (a local site's): only their
@@ -223,8 +224,8 @@ class RunBase:
         if ending:  # a controller on another site did not see the event
             try:
                 summary = run_summary(self.jobdir, self.run_id)
-            except LaunchError as e:  # damaged, its run's end not in the events: the stop goes on without it
-                log.warning("%s: the stop is recorded without it", e)
+            except (LaunchError, OSError) as e:  # damaged (its run's end not in the events), unreadable: the stop goes
+                log.warning("%s: the stop is recorded without it", said(e))  # on without it
                 summary = None
             if summary is not None:
                 self._stopped_by_term(summary)
@@ -240,6 +241,14 @@ class RunBase:
         self.backends.close()
         if problems:
             raise LaunchError("; ".join(problems))
+
+
+def said(e: Exception) -> str:
+    """An error in one line: an OSError naming a file as `FILE: its reason` (`strerror`), versus Python's
+    `[Errno 40] Too many levels of symbolic links: 'FILE'`; any other as it says itself."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e)
 
 
 def last_error(log_tail: str, *, max_chars: int = 400) -> str:

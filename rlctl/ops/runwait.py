@@ -87,7 +87,21 @@ class RunWait(RunBase):
         ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it. A
         controller gone without a summary is a LaunchError too, or Stopped once `rlctl stop` asked for the end (its
         forced part killed the controller past the grace). A site this machine cannot reach for a while does not
-        end it: the job runs on there (`_watch`)."""
+        end it: the job runs on there (`_watch`). A file of the job dir here that does not read or write (another
+        user's, a symlink loop, a disk's error) is one RlctlError naming it, versus the OSError's traceback; not a
+        LaunchError, which an automatic resume takes for the run's failure (`rlctl.ops.autoresume`)."""
+        try:
+            return self._wait(on_progress=on_progress, poll_s=poll_s)
+        except OSError as e:
+            where = e.filename if e.filename is not None else f"a file in {self.jobdir.path}"
+            here = shlex.quote(str(self.jobdir.path))
+            raise RlctlError(
+                f"{where}: the launcher could not read or write it as it waited for the run ({e.strerror or e})",
+                hint=f"look at it, its owner and permissions (`ls -la {here}`); `rlctl status {here}` says where the "
+                "job is",
+            ) from e
+
+    def _wait(self, *, on_progress: Callable[[dict[str, Any]], None] | None, poll_s: float) -> dict[str, Any]:
         assert self.controller is not None
         ranks = [h for h in self.handles if h.spec.role == "trainer"]
         trainers = ranks if self._starting else []
