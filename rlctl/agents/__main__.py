@@ -206,8 +206,9 @@ def _end(code: int) -> NoReturn:
     thread that asks for it during finalization by unwinding it through that work's C++ destructor (noexcept):
     std::terminate, SIGABRT, exit 134 (and a core file where cores are on) from a rank whose run had finished.
     destroy_process_group would not close that window: once torch._dynamo was imported after the group formed
-    (the learner's optimizer imports it) it leaves gloo's threads running. Every other agent finalizes (a rollout
-    unit's atexit handlers stop vLLM's engine processes)."""
+    (the learner's optimizer imports it) it leaves gloo's threads running. Any agent whose process formed a group
+    ends so (a vLLM unit's engine forms one in the unit's process at tp 1: the exit handlers that stop vLLM's engine
+    run first, as above); an agent without one (the controller, an embedded-engine unit) finalizes."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         atexit._run_exitfuncs()
