@@ -23,6 +23,7 @@ from rlctl.profiler import measure_split, measure_train, probe
 from rlctl.profiler.profile import load_profile
 from tests.conftest import ROOT, CliResult
 from tests.unit.profiler.test_profiler_trainer_backends import fake_generation
+from tests.unit.rank_end import probe_rank_ends
 from tests.unit.trainers.megatron_required import require_megatron
 
 Cli = Callable[..., CliResult]
@@ -91,11 +92,16 @@ def test_the_jobs_split_is_measured_over_its_ranks(
     fake_generation(monkeypatch)
     thread = spy(monkeypatch, measure_train, "measure_training")
     wall = spy(monkeypatch, measure_split, "measure_split")
+    ends = probe_rank_ends(monkeypatch, tmp_path, "rlctl.profiler.measure_split")
     tp, pp = split
     model = {"kind": "hf", "path": str(splittable)}
     job = job_file(tmp_path, model, algorithm, tensor_parallel=tp, pipeline_parallel=pp)
     r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
     assert r.exit_code == 0, r.stderr
+    # the 1 + 2 ranks (tp 1 pp 1, then the split's) ended without the interpreter's finalization, where a gloo
+    # thread freeing the last collective could abort a rank (-6) whose figures were written
+    ran = sorted(p.name.partition("-")[0] for p in ends.iterdir())
+    assert ran == ["rank"] * 3, ran
     assert not dist.is_initialized()  # the probe's own one-rank group is gone; the ranks were other processes
     (one_rank,) = thread
     single, at_split = wall
