@@ -109,7 +109,8 @@ def _checkpoint(path: Path, spec: dict[str, int]) -> Path:
 def _spawn(pp: int, tmp: Path, ckpt: Path, repeats: int) -> list[dict[str, Any]]:
     """Run the `pp` ranks (one per core); each writes its timings as JSON."""
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)  # this repository first
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     rendezvous, outs = tmp / f"pp{pp}.rendezvous", [tmp / f"pp{pp}-{r}.json" for r in range(pp)]
     head = [sys.executable, "-m", "bench.pipeline_parallel", "rank"]
     procs = [
@@ -210,3 +211,9 @@ class _Schedule(torch.nn.Module):
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "rank":
     a = sys.argv[2:]
     _rank(int(a[0]), int(a[1]), Path(a[2]), Path(a[3]), Path(a[4]), int(a[5]))
+    # its timings written: end now, not through the interpreter's finalization, where a gloo worker thread still
+    # freeing the last all-reduce's tensor (torch._dynamo imported after the group formed keeps those threads past
+    # destroy_process_group) takes the GIL and is unwound through a noexcept C++ destructor: SIGABRT, the rank -6
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
