@@ -8,6 +8,7 @@ import queue
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -21,6 +22,10 @@ from rlctl.weights.versions import WeightSyncConfig
 
 SECRET = b"the-jobs-secret"
 CFG = WeightSyncConfig(chunk_bytes=1024, bucket_bytes=4096, connect_timeout_s=2.0, chunk_timeout_s=2.0)
+# the fetching nodes' bounds: every answer here comes at once, or at the holder's pace (a holder behind answers
+# `does not hold` at 0.8 × its chunk timeout, 1.6 s), so a fetcher waiting as long as the holders (2 s) had 0.4 s for a
+# loaded machine to run the holder's thread late, and a late answer read as a timeout, not the holder's word
+FETCH = replace(CFG, connect_timeout_s=30.0, chunk_timeout_s=30.0)
 NEVER = "which no retry changes"  # how a final refusal reads
 
 
@@ -48,7 +53,7 @@ def _dead_address() -> str:
 
 def test_a_node_without_the_jobs_secret_fails_its_fetch_at_once_naming_the_parent(roots: list[WeightNode]) -> None:
     holders = [r.address for r in roots]
-    with WeightNode(TcpTransport(secret=b"another-secret"), "tcp://127.0.0.1:0", CFG) as node:
+    with WeightNode(TcpTransport(secret=b"another-secret"), "tcp://127.0.0.1:0", FETCH) as node:
         with pytest.raises(TransportError) as e:
             node.fetch(1, holders)
         assert len(node.attempts) == len(holders), node.attempts  # one pass: not attach_passes of them
@@ -58,7 +63,7 @@ def test_a_node_without_the_jobs_secret_fails_its_fetch_at_once_naming_the_paren
 
 
 def test_a_manifest_over_the_nodes_size_bound_fails_the_fetch_for_good(roots: list[WeightNode]) -> None:
-    small = WeightSyncConfig(**{**CFG.__dict__, "max_weights_bytes": 1000})
+    small = replace(FETCH, max_weights_bytes=1000)
     with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", small) as node:
         with pytest.raises(TransportError) as e:
             node.fetch(1, [roots[0].address])
@@ -85,9 +90,9 @@ def test_transient_failures_are_not_final(roots: list[WeightNode]) -> None:
     refusing = WeightNode(TcpTransport(secret=b"another-secret"), "tcp://127.0.0.1:0", CFG)
     refusing.publish(1, _weights())
     try:
-        with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", CFG) as node:
+        with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", FETCH) as node:
             assert node.fetch(1, [refusing.address, roots[0].address]).version == 1
-        with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", CFG) as node:
+        with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", FETCH) as node:
             holders = [refusing.address, _dead_address()]
             with pytest.raises(TransportError) as e:
                 node.fetch(1, holders)
@@ -101,7 +106,7 @@ def test_a_holder_that_is_behind_is_not_a_final_refusal() -> None:
     """A relay that does not hold the version yet says so (`error`, no `refused`): tried again, never final."""
     with (
         WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", CFG) as behind,
-        WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", CFG) as node,
+        WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.1:0", FETCH) as node,
     ):
         behind.publish(1, _weights())
         with pytest.raises(TransportError) as e:
@@ -121,7 +126,7 @@ def _fetcher(node: WeightNode) -> RolloutAgent:
 def test_a_rollout_unit_every_holder_refuses_stops_fetching_and_ends_with_that_line(roots: list[WeightNode]) -> None:
     """Its fetch thread hands the main loop one message naming the parent and why, and ends (it retried every
     FETCH_RETRY_S for ever); the main loop ends the unit with that line (exit 1)."""
-    with WeightNode(TcpTransport(secret=b"another-secret"), "tcp://127.0.0.1:0", CFG) as node:
+    with WeightNode(TcpTransport(secret=b"another-secret"), "tcp://127.0.0.1:0", FETCH) as node:
         agent = _fetcher(node)
         holders = [r.address for r in roots]
         agent.announced.append(Message("weights_available", {"version": 1, "holders": holders}))
