@@ -80,7 +80,10 @@ def test_receiver_without_the_base_gets_the_full_version(nodes):
 def test_previous_version_stays_current_until_the_new_one_is_verified():
     t = InprocTransport(secret=b"job")
     quick = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, chunk_timeout_s=0.2, attach_passes=1)
-    with WeightNode(t, "inproc://", quick) as root, WeightNode(t, "inproc://", quick) as a:
+    # the root says it does not hold v7 at 0.8 × its chunk timeout (0.16 s); `a` waits for that word as long as a
+    # loaded machine may take to run the root's thread (at 0.2 s, 0.04 s late read as a's timeout, not the refusal)
+    patient = replace(quick, chunk_timeout_s=30.0)
+    with WeightNode(t, "inproc://", quick) as root, WeightNode(t, "inproc://", patient) as a:
         root.publish(1, _sd(1))
         a.fetch(1, [root.address])
         with pytest.raises(TransportError, match="does not hold v7"):
@@ -97,19 +100,28 @@ def test_dead_first_holder_falls_through_to_the_next(nodes):
     assert b.current()[0] == 1
 
 
-def test_a_version_the_holder_moved_past_is_refused_at_once_or_replaced_by_its_newest(nodes):
+def test_a_version_the_holder_moved_past_is_refused_at_once_or_replaced_by_its_newest():
     """A newcomer asking a fast trainer for a version it already dropped hears so immediately (no
-    wait for a version that cannot come), and with newer_ok gets the holder's current version."""
-    root, a, b, _ = nodes
-    for v in (1, 2, 3):  # keep_versions 2: v1 is gone
-        root.publish(v, _sd(v))
-    t0 = time.monotonic()
-    with pytest.raises(TransportError, match="does not hold v1"):
-        a.fetch(1, [root.address])
-    assert time.monotonic() - t0 < 0.5 * CFG.chunk_timeout_s
-    hv = b.fetch(1, [root.address], newer_ok=True)
-    assert hv.version == 3 and b.current()[0] == 3
-    assert all(torch.equal(b.current()[1][k], v) for k, v in _sd(3).items())
+    wait for a version that cannot come), and with newer_ok gets the holder's current version.
+
+    The nodes' chunk timeout is 60 s: a holder that waited for v1 would answer at 48 s (0.8 ×), and the bound on
+    the refusal (30 s) leaves a loaded machine room to run the holder's thread late (at 5 s: 2.5 s)."""
+    t = InprocTransport(secret=b"job")
+    cfg = replace(CFG, chunk_timeout_s=60.0)
+    root, a, b = (WeightNode(t, "inproc://", cfg) for _ in range(3))
+    try:
+        for v in (1, 2, 3):  # keep_versions 2: v1 is gone
+            root.publish(v, _sd(v))
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match="does not hold v1"):
+            a.fetch(1, [root.address])
+        assert time.monotonic() - t0 < 0.5 * cfg.chunk_timeout_s
+        hv = b.fetch(1, [root.address], newer_ok=True)
+        assert hv.version == 3 and b.current()[0] == 3
+        assert all(torch.equal(b.current()[1][k], v) for k, v in _sd(3).items())
+    finally:
+        for n in (root, a, b):
+            n.close()
 
 
 def test_a_relay_still_moving_the_previous_version_keeps_its_children_for_the_next():
@@ -117,13 +129,15 @@ def test_a_relay_still_moving_the_previous_version_keeps_its_children_for_the_ne
     v3, which `a` was told it will fetch next: `a` answers `waiting` while its chunks move, then forwards v3 as
     it arrives. v3 crosses from the root once (to `a`); `b` never walks to the root.
 
-    `a` answers every 0.8 × chunk timeout: 2.5 s leaves a thread on a loaded machine 0.5 s to be late (1 s left
-    0.2 s), and the ≈ 5 s of v2 still to move when `b` asks make `a` answer `waiting` twice."""
+    `a` answers every 0.8 × chunk timeout (2 s), and the ≈ 5 s of v2 still to move when `b` asks make `a` answer
+    `waiting` twice. `b` waits 30 s for each answer: waiting as long as `a` (2.5 s) left a thread on a loaded machine
+    0.5 s to be late, and a late `waiting` read as `a` gone (b walked to the root)."""
     t = InprocTransport(secret=b"job")
     cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, chunk_timeout_s=2.5)
     sd = {v: synthetic_weights(1 << 19, version=v, seed=3, change_frac=0.01) for v in (1, 2, 3)}
     size = sum(x.numel() * x.element_size() for x in sd[1].values())
-    root, a, b = (WeightNode(t, "inproc://", cfg) for _ in range(3))
+    root, a = (WeightNode(t, "inproc://", cfg) for _ in range(2))
+    b = WeightNode(t, "inproc://", replace(cfg, chunk_timeout_s=30.0))
     try:
         root.publish(1, sd[1])
         a.fetch(1, [root.address])
@@ -276,8 +290,11 @@ def test_a_unit_resuming_a_delta_keeps_its_chunks_only_with_a_holder_of_the_same
     holder of the same bytes, and every chunk from the other: that one must not skip the chunks the unit drops."""
     t = InprocTransport(secret=b"job")
     cfg = WeightSyncConfig(chunk_bytes=1 << 10, bucket_bytes=4 << 10, chunk_timeout_s=1, attach_passes=1)
-    first, same, unit, unit2 = (WeightNode(t, "inproc://", cfg) for _ in range(4))
-    other = WeightNode(t, "inproc://", WeightSyncConfig(**{**cfg.__dict__, "delta_level": 19}))
+    first, same = (WeightNode(t, "inproc://", cfg) for _ in range(2))
+    # the units wait 30 s for each chunk (the holders' answers come at once, or as `waiting` every 0.25 s while they
+    # encode): at the holders' 1 s, a loaded machine running a holder's thread late failed the unit's one pass
+    unit, unit2 = (WeightNode(t, "inproc://", replace(cfg, chunk_timeout_s=30.0)) for _ in range(2))
+    other = WeightNode(t, "inproc://", replace(cfg, delta_level=19))
     try:
         for holder in (first, same, other):
             for v in (1, 2):
