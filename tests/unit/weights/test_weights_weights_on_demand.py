@@ -208,8 +208,11 @@ def test_anchor_every_validation():
 
 
 def test_an_on_demand_encode_longer_than_the_childs_timeout_keeps_the_child_attached(make, monkeypatch):
-    """The holder says `waiting` while it encodes, so a slow encode is not mistaken for a dead parent."""
-    root, leaf = make(keep_versions=3, chunk_timeout_s=1), make(chunk_timeout_s=1)
+    """The holder says `waiting` while it encodes, so a slow encode is not mistaken for a dead parent.
+
+    The holder says it every 0.25 s (a quarter of its 1 s chunk timeout); the leaf waits 2 s for each word, which
+    leaves a loaded machine 1.75 s to run the holder's thread late (at the leaf's 1 s: 0.75 s)."""
+    root, leaf = make(keep_versions=3, chunk_timeout_s=1), make(chunk_timeout_s=2)
     root.publish(1, _sd(1))
     leaf.fetch(1, [root.address])
     root.publish(2, _sd(2))
@@ -218,7 +221,7 @@ def test_an_on_demand_encode_longer_than_the_childs_timeout_keeps_the_child_atta
 
     def slow_encode(prev, new, *, base_version, **kw):
         if base_version == 1:  # the on-demand one: twice the child's chunk timeout
-            threading.Event().wait(2.0)
+            threading.Event().wait(4.0)
         return real_encode(prev, new, base_version=base_version, **kw)
 
     monkeypatch.setattr(delta, "encode", slow_encode)
