@@ -7,7 +7,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from rlctl.config.inventory import Inventory, Site, SlurmScheduler, SshScheduler, loopback
 from rlctl.config.job import Job
@@ -187,27 +188,30 @@ def key_file_problems(job: Job) -> list[Problem]:
     `ssh_key_file` for its submit host) and that is not a file on this machine: rlctl's connection reads it as
     written (no %-tokens, no fallback to other keys), and the launch failed at its first connection after check
     passed. Only the job's sites: an inventory's other sites are not logged in to."""
-    out = []
+    return [
+        Problem(
+            f"sites.{name}.scheduler.{field}",
+            f"{_not_a_file(path)} {str(path)!r} on this machine: rlctl logs in to site {name!r} with it",
+            hint=f"give the private key you log in with, or leave {field} out: your own keys and ssh agent are tried",
+            file=job.inventory.origin[name],
+        )
+        for name, field, path in _site_files(job, KEY_FIELDS)
+        if not path.is_file()
+    ]
+
+
+def _site_files(job: Job, fields: tuple[str, ...]) -> Iterator[tuple[str, str, Path]]:
+    """Each of `fields` that the job's sites' schedulers set: (site, field, the file on this machine)."""
     for name in job_sites(job):
         scheduler = job.inventory.sites[name].scheduler
-        for field in KEY_FIELDS:
+        for field in fields:
             written = getattr(scheduler, field, None)
-            if written is None:
-                continue
-            path = home_path(written, named=field)  # the inventory refused a home this machine does not know
-            if path.is_file():
-                continue
-            why = "not a file" if path.exists() else "no such file"
-            out.append(
-                Problem(
-                    f"sites.{name}.scheduler.{field}",
-                    f"{why} {str(path)!r} on this machine: rlctl logs in to site {name!r} with it",
-                    hint=f"give the private key you log in with, or leave {field} out: your own keys and ssh agent "
-                    "are tried",
-                    file=job.inventory.origin[name],
-                )
-            )
-    return out
+            if written is not None:  # (the inventory refused a home this machine does not know: no error here)
+                yield name, field, home_path(written, named=field)
+
+
+def _not_a_file(path: Path) -> str:
+    return "not a file" if path.exists() else "no such file"
 
 
 KNOWN_HOSTS_FIELDS = ("known_hosts", "ssh_known_hosts")  # the host keys trusted: an SSH site's, a submit host's
@@ -221,27 +225,20 @@ def known_hosts_problems(job: Job) -> list[Problem]:
     checked on machines that may have none), and nothing under the opt-out (`RLCTL_SSH_HOST_KEY_CHECKING=off`),
     which reads no file. Only the job's sites, as `key_file_problems`."""
     out = []
-    for name in job_sites(job):
-        scheduler = job.inventory.sites[name].scheduler
-        for field in KNOWN_HOSTS_FIELDS:
-            written = getattr(scheduler, field, None)
-            if written is None:
-                continue
-            path = home_path(written, named=field)  # the inventory refused a home this machine does not know
-            if path.is_file() or hostkeys.mode() == "off":
-                continue
-            why = "not a file" if path.exists() else "no such file"
-            host, port = _first_host(job.inventory.sites[name])
-            out.append(
-                Problem(
-                    f"sites.{name}.scheduler.{field}",
-                    f"{why} {str(path)!r} on this machine: rlctl checks the host keys of site {name!r} against it "
-                    "alone (strict host-key checking) and would refuse every host",
-                    hint=f"add the hosts' keys to it (ssh-keyscan -p {port} {host} >> {path}, after checking them), "
-                    f"or leave {field} out: ~/.ssh/known_hosts is trusted",
-                    file=job.inventory.origin[name],
-                )
+    for name, field, path in _site_files(job, KNOWN_HOSTS_FIELDS):
+        if path.is_file() or hostkeys.mode() == "off":
+            continue
+        host, port = _first_host(job.inventory.sites[name])
+        out.append(
+            Problem(
+                f"sites.{name}.scheduler.{field}",
+                f"{_not_a_file(path)} {str(path)!r} on this machine: rlctl checks the host keys of site {name!r} "
+                "against it alone (strict host-key checking) and would refuse every host",
+                hint=f"add the hosts' keys to it (ssh-keyscan -p {port} {host} >> {path}, after checking them), "
+                f"or leave {field} out: ~/.ssh/known_hosts is trusted",
+                file=job.inventory.origin[name],
             )
+        )
     return out
 
 
