@@ -724,10 +724,10 @@ exec bash -c "${@: -1}"
 @pytest.mark.parametrize(
     ("queued_s", "slow", "expect"),
     [
-        ("5", "", "the probe (srun) did not start within 1.5 s: is the partition busy"),
-        ("", "python", "the probe got a node but did not answer within 1.5 s: its python was still starting"),
-        ("0", "python", "the probe got a node but did not answer within 1.5 s: its python was still starting"),
-        ("", "setup", "the probe got a node but did not answer within 1.5 s: the site's setup lines (sites.s.setup)"),
+        ("60", "", "the probe (srun) did not start within 10 s: is the partition busy"),
+        ("", "python", "the probe got a node but did not answer within 10 s: its python was still starting"),
+        ("0", "python", "the probe got a node but did not answer within 10 s: its python was still starting"),
+        ("", "setup", "the probe got a node but did not answer within 10 s: the site's setup lines (sites.s.setup)"),
     ],
 )
 def test_a_slurm_probe_slow_on_the_node_it_got_is_not_said_as_a_busy_partition(
@@ -735,7 +735,10 @@ def test_a_slurm_probe_slow_on_the_node_it_got_is_not_said_as_a_busy_partition(
 ) -> None:
     """srun that got its node at once (it says nothing) or after a wait ('has been allocated resources'), whose
     probe was slow there (the setup lines, python importing torch from a slow filesystem), was said as a busy
-    partition: 'did not start … is the partition busy?'. What the probe printed before its deadline says which."""
+    partition: 'did not start … is the partition busy?'. What the probe printed before its deadline says which.
+    The slow part takes 60 s, the probe's deadline 10 s: what comes before it (srun's lines, the probe's first) has
+    10 s to be printed, versus 1.5 s, which a bash started late on a loaded machine missed (said as a busy
+    partition)."""
     from rlctl.launch.localrunner import LocalRunner
     from rlctl.launch.slurm import SlurmBackend
 
@@ -744,17 +747,17 @@ def test_a_slurm_probe_slow_on_the_node_it_got_is_not_said_as_a_busy_partition(
     srun.write_text(FAKE_SRUN)
     srun.chmod(0o755)
     python = tmp_path / "python"  # the site's python: slow to start there, or at once
-    python.write_text(f'#!/bin/bash\n{"sleep 5" if slow == "python" else ""}\nexec {sys.executable} "$@"\n')
+    python.write_text(f'#!/bin/bash\n{"sleep 60" if slow == "python" else ""}\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     env = {"PATH": f"{srun.parent}:/usr/bin:/bin", "QUEUED_S": queued_s}
     monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner(env=env)))
-    setup = ["sleep 5"] if slow == "setup" else []
+    setup = ["sleep 60"] if slow == "setup" else []
     slurm = site(gpu="CPU", kind="slurm", python=str(python), setup=setup)
-    (report,) = probe_site_hosts("s", slurm, timeout_s=1.5, here=str(tmp_path))
+    (report,) = probe_site_hosts("s", slurm, timeout_s=10.0, here=str(tmp_path))
     [line] = host_problems(report, slurm, roles={"controller"})
     assert line.startswith(f"site s host a node of partition p: {expect}"), line
     assert report.reached and not siteprobe.unreachable([report])  # the site is up: sinfo is asked there
-    if queued_s == "5":
+    if queued_s == "60":
         assert line.endswith("(srun said: 'srun: job 7 queued and waiting for resources')"), line
     if slow:
         assert line.endswith("the partition is not busy: check again with a longer --timeout"), line
