@@ -27,6 +27,9 @@ from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
 AGENTS_FILE = "agents.jsonl"
+# the integers of a process's handle (its ident), by backend: a hand-edited "pgid": "5" is said when the record is
+# read, versus a TypeError when its agent is polled or stopped
+PROCESS_IDENT = {"local": ("pid", "pgid"), "ssh": ("pid", "pgid", "start_ticks")}
 
 
 def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
@@ -163,7 +166,11 @@ def agents_from_lines(
             gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in gpus)) if gpus is not None else None
             log = Path(d["log"]) if d.get("log") else None
             spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
-            out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
+            ident = dict(d["ident"])
+            for k in PROCESS_IDENT.get(d["backend"], ()):
+                if k in ident and type(ident[k]) is not int:  # a bool is no pid either
+                    raise ValueError(f"ident.{k} is {ident[k]!r}, not an integer")
+            out[d["name"]] = AgentHandle(spec, ident, d["backend"])
         except (KeyError, TypeError, ValueError) as e:
             bad = f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})"
             if skipped is None:

@@ -180,6 +180,23 @@ def test_a_jsonl_skips_a_last_line_cut_short_and_names_any_other_bad_line(tmp_pa
     assert agents_from_lines('{"name": "rollout-0", "ro') == []
 
 
+@pytest.mark.parametrize("value", ['"5"', "null", "1.5", "true"])
+def test_an_agent_record_whose_pid_or_pgid_is_no_integer_is_named_not_a_traceback_later(value: str) -> None:
+    # a hand-edited agents.jsonl's "pgid": "5" was read as a handle, and polling or stopping its agent raised a
+    # TypeError ('<' not supported between instances of 'int' and 'NoneType') from procfs.possible
+    row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "local", "backend": "local"}
+    good = json.dumps({**row, "ident": {"pid": 7, "pgid": 7}})
+    bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": {"pid": 8, "pgid": json.loads(value)}})
+    with pytest.raises(
+        LaunchError, match=r"^agents.jsonl: record 2 is not an agent record \(ValueError: ident.pgid is "
+    ):
+        agents_from_lines(f"{good}\n{bad}\n{good}\n")
+    skipped: list[str] = []
+    assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n{good}\n", skipped=skipped)] == ["rollout-0"]
+    said = f"ident.pgid is {json.loads(value)!r}, not an integer"
+    assert skipped == [f"agents.jsonl: record 2 is not an agent record (ValueError: {said}): left out"]
+
+
 def test_status_reads_past_a_metrics_line_being_written(tmp_path: Path) -> None:
     jd = prepared(tmp_path / "run")
     jd.metrics.write_text('{"iteration": 4, "reward_mean": 0.5, "t": 1}\n{"iterat')
