@@ -15,11 +15,13 @@ import os
 import secrets
 import shlex
 import shutil
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlctl import procfs
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
@@ -356,8 +358,30 @@ def own_part(local: Path) -> Path:
     """A temporary name beside `local` (a log fetched; a tracker's dir, for a file of it) that is this fetch's own (its
     process, thread and a random token), versus one `NAME.part` every fetch shared: where the filesystem has no flock
     (NFS mounted `nolock`) the fetch lock goes unlocked, and a `rlctl status -w` fetching beside the launcher renamed
-    or removed the `.part` under it (a FileNotFoundError that ended the launcher with its traceback)."""
-    return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.part")
+    or removed the `.part` under it (a FileNotFoundError that ended the launcher with its traceback). Its name says its
+    pid and host: the parts of `local` a fetch of this machine left as it was killed (SIGKILL, no `finally` run) are
+    removed here (`_remove_dead_parts`), versus kept in the job dir for good."""
+    host = socket.gethostname()
+    _remove_dead_parts(local, host)
+    return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}-{host}.part")
+
+
+def _remove_dead_parts(local: Path, host: str) -> None:
+    """Remove the `own_part`s of `local` whose fetch was a process of `host` (this machine) that is gone: one listing
+    of its dir. A part of a process alive, of another host (a job dir on NFS) or with no host in its name (an older
+    rlctl's) stays: nothing here can tell that its fetch ended."""
+    prefix = f".{local.name}."
+    try:
+        names = os.listdir(local.parent)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".part")):
+            continue
+        fields = name[len(prefix) : -len(".part")].split("-", 3)
+        if len(fields) == 4 and fields[3] == host and fields[0].isdecimal() and not procfs.alive(int(fields[0])):
+            with contextlib.suppress(OSError):  # gone meanwhile (a fetch beside this one), or not ours to remove
+                (local.parent / name).unlink()
 
 
 def _tail(path: Path, n: int) -> bytes:

@@ -1,0 +1,34 @@
+"""A fetch killed mid-copy (SIGKILL: no `finally` ran) leaves its `.part` beside the log it fetched; the next fetch of
+that log removes it where its name says a process of this machine that is gone, versus kept in the job dir for good.
+A part of a process alive, of another host sharing the job dir (NFS), or of an older rlctl (no host in its name)
+stays: nothing here can tell that its fetch ended."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from rlctl.launch.record import fetch_record
+from tests.unit.launch.test_stage import _controller_site
+
+
+def test_a_fetch_removes_the_parts_of_its_log_that_a_gone_fetch_of_this_machine_left(tmp_path: Path) -> None:
+    src, site, root = _controller_site(tmp_path)
+    (root / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    gone, host = int(ended.stdout), socket.gethostname()
+    left = src / f".metrics.jsonl.{gone}-1-0badf00d-{host}.part"
+    kept = [
+        src / f".metrics.jsonl.{os.getpid()}-1-0badf00d-{host}.part",  # a fetch alive (another thread of this one)
+        src / f".metrics.jsonl.{gone}-1-0badf00d-{host}-elsewhere.part",  # another host's process
+        src / f".metrics.jsonl.{gone}-1-0badf00d.part",  # an older rlctl's: no host
+        src / f".summary.json.{gone}-1-0badf00d-{host}.part",  # another name's
+    ]
+    for p in [left, *kept]:
+        p.write_text('{"iterat')
+    assert fetch_record(src, site, "localhost", str(root)) == ["metrics.jsonl"]
+    assert (src / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+    assert sorted(src.glob(".*.part")) == sorted(kept)
