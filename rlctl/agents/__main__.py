@@ -19,18 +19,15 @@ the agent cleanly; exit 0 = the job finished.
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 from rlctl.errors import RlctlError
+from rlctl.exits import end_after
 from rlctl.textutil import home_expanded
 
 
@@ -170,53 +167,5 @@ def _first_node() -> str:
     return slurm_master_addr(nodelist)
 
 
-def _end_after(run: Callable[[], int]) -> NoReturn:
-    """Run the agent (`run`: `main`) and end it by `_end` with its exit code, however it left `run`: its return, a
-    SystemExit's code (SIGTERM's 143: `_on_sigterm`), or 1 after the traceback of an exception it did not catch.
-    Versus `_end` only after a return: a trainer rank stopped by SIGTERM (the launcher's stop) broadcast its stop to
-    the ranks that follow as it unwound and then went through the interpreter's finalization, as did a rank whose
-    collective raised, open to the gloo thread's abort `_end` closes (exit 134 and a core file for 143 or 1)."""
-    try:
-        code = run()
-    except SystemExit as e:
-        code = _exit_code(e)
-    except Exception:  # noqa: BLE001 - as the interpreter says an uncaught one: its traceback, exit 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    # the interpreter's last collections walk every object an agent made (a trainer's took 2.5 s on 2 busy cores,
-    # so the launcher's stop SIGTERMed a rank that had finished): its memory goes back with the process anyway
-    gc.freeze()
-    _end(code)
-
-
-def _exit_code(e: SystemExit) -> int:
-    """The exit code the interpreter gives a SystemExit: its int code, 0 for none, else 1 after printing it."""
-    if e.code is None:
-        return 0
-    if isinstance(e.code, int):
-        return e.code
-    print(e.code, file=sys.stderr)
-    return 1
-
-
-def _end(code: int) -> NoReturn:
-    """End the agent with `code`. A trainer rank (its process group formed) runs the exit handlers (its log's
-    flush) and ends without the interpreter's finalization: a gloo worker thread frees the group's last
-    collective after it woke the main thread, taking the GIL for the tensors Python holds, and CPython ends a
-    thread that asks for it during finalization by unwinding it through that work's C++ destructor (noexcept):
-    std::terminate, SIGABRT, exit 134 (and a core file where cores are on) from a rank whose run had finished.
-    destroy_process_group would not close that window: once torch._dynamo was imported after the group formed
-    (the learner's optimizer imports it) it leaves gloo's threads running. Any agent whose process formed a group
-    ends so (a vLLM unit's engine forms one in the unit's process at tp 1: the exit handlers that stop vLLM's engine
-    run first, as above); an agent without one (the controller, an embedded-engine unit) finalizes."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    _end_after(main)
+    end_after(main)  # a trainer rank (its group formed) ends without the interpreter's finalization: rlctl.exits

@@ -30,7 +30,6 @@ relative to one rank is read like for like (`rlctl profile` prints the ratio; th
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import os
@@ -41,13 +40,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import rlctl
 from rlctl.config.algorithm import Algorithm, GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import Strict
 from rlctl.config.pipeline import Batch
 from rlctl.errors import RlctlError
+from rlctl.exits import end_after, end_without_finalization
 from rlctl.launch.agentenv import BASE_ENV
 from rlctl.profiler.measure_train import TrainMeasurement
 
@@ -259,19 +258,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _end(code: int) -> NoReturn:
-    """End a rank that did its work: its exit handlers run and its output is flushed, then `os._exit`, without the
-    interpreter's finalization. A gloo worker thread frees the group's last collective (the learner's stop
-    broadcast) after it woke the main thread, taking the GIL for the tensors Python holds; CPython ends a thread
-    that asks for it during finalization by unwinding it through that work's C++ destructor (noexcept):
-    std::terminate, SIGABRT, a rank exiting -6 after its figures were written, and the measurement failed.
-    destroy_process_group does not close that window once torch._dynamo was imported after the group formed (the
-    learner's optimizer imports it). As rlctl.agents.__main__._end does for a trainer rank."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _end(main(sys.argv[1:]))
+    # a rank ends without the interpreter's finalization however main left (its figures written, or an error): the
+    # gloo thread freeing the last collective would abort it (rlctl.exits)
+    end_after(lambda: main(sys.argv[1:]), end=end_without_finalization)

@@ -1,8 +1,8 @@
-"""How an agent's process ends (rlctl.agents.__main__._end): a trainer rank, its process group formed, runs its
-exit handlers and ends without the interpreter's finalization, where a gloo worker thread still freeing the last
-collective's tensors was unwound through a C++ destructor (std::terminate: exit 134 from a rank whose run had
-finished); every other agent ends through finalization, as before (a rollout unit's vLLM engine is stopped by
-its exit handlers)."""
+"""How an agent's process ends (rlctl.exits.end_after, as rlctl.agents.__main__ ends it): a trainer rank, its
+process group formed, runs its exit handlers and ends without the interpreter's finalization, where a gloo worker
+thread still freeing the last collective's tensors was unwound through a C++ destructor (std::terminate: exit 134
+from a rank whose run had finished); every other agent ends through finalization, as before (a rollout unit's vLLM
+engine is stopped by its exit handlers)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 AGENT = textwrap.dedent(
     """
     import atexit, logging, os, sys, threading
-    from rlctl.agents.__main__ import _end, _end_after
+    from rlctl.exits import end_after, end_in_group
 
     class Finalized:
         def __del__(self, _write=os.write):
@@ -31,7 +31,7 @@ AGENT = textwrap.dedent(
         dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
     if sys.argv[3] == "returned":
         logging.getLogger("rlctl.agents").warning("the last line")  # as the agents' _log_cpu, after the run
-        _end(3)
+        end_in_group(3)
 
 
     def stopped():  # as a SIGTERM (_on_sigterm) or a failed collective leaves main, once its finally blocks ran
@@ -41,9 +41,9 @@ AGENT = textwrap.dedent(
         raise RuntimeError("a collective failed")
 
 
-    # after _end_after's gc.freeze "finalized" is never written: the threads' exit hooks mark the finalization instead
+    # after end_after's gc.freeze "finalized" is never written: the threads' exit hooks mark the finalization instead
     threading._register_atexit(os.write, 2, b"threads' exit hooks ran\\n")
-    _end_after(stopped)
+    end_after(stopped)
     """
 )
 
@@ -73,7 +73,7 @@ def test_an_agent_without_a_process_group_ends_through_finalization(tmp_path: Pa
 
 def test_a_trainer_rank_that_leaves_main_by_sigterm_or_an_error_ends_without_finalization_too(tmp_path: Path) -> None:
     """SIGTERM (the launcher's stop: rank 0 broadcasts its stop to the ranks that follow as it unwinds) and an error
-    out of a collective leave main by an exception, versus `_end` reached only by its return: the interpreter's
+    out of a collective leave main by an exception, versus `end_in_group` reached only by its return: the interpreter's
     finalization, the gloo thread's abort open (exit 134 for 143 or 1)."""
     stopped = _end_as("trainer", tmp_path / "stopped", "sigterm")
     assert stopped.returncode == 143, stopped.stderr[-2000:]
