@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlctl.exits import end_without_finalization
 from rlctl.rl.cuts import pipeline_chunks
 
 ROWS = 8  # samples in the cut (the learner's micro_batch_samples), on one data-parallel rank
@@ -211,9 +212,5 @@ class _Schedule(torch.nn.Module):
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "rank":
     a = sys.argv[2:]
     _rank(int(a[0]), int(a[1]), Path(a[2]), Path(a[3]), Path(a[4]), int(a[5]))
-    # its timings written: end now, not through the interpreter's finalization, where a gloo worker thread still
-    # freeing the last all-reduce's tensor (torch._dynamo imported after the group formed keeps those threads past
-    # destroy_process_group) takes the GIL and is unwound through a noexcept C++ destructor: SIGABRT, the rank -6
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # its timings written: end now, not through the interpreter's finalization (rlctl.exits says why: the rank -6)
+    end_without_finalization(0)
