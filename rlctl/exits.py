@@ -18,6 +18,7 @@ does not train, the controller, loads no torch)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -67,6 +68,9 @@ def end_without_finalization(code: int) -> NoReturn:
     """End with `code` after the exit handlers ran and stdout and stderr were flushed, by `os._exit`: no
     interpreter finalization (the module's docstring says why)."""
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        # one that does not flush (a full disk under the log, a reader gone, none at all) costs its last lines, as at
+        # the interpreter's own end, versus its error escaping before os._exit: the finalization this avoids
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
     os._exit(code)
