@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from rlctl import procfs
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
@@ -239,9 +240,19 @@ class SshBackend(LaunchBackend):
     def stop_script(self, handles: list[AgentHandle], grace_s: float) -> str:
         """One script per host: TERM every group that is still ours, wait, KILL, verify. The waits end at a time
         (`clock`), not after a count of passes: a pass lists every group's processes, which takes longer the
-        more there are, and the caller's deadline is the grace period's."""
+        more there are, and the caller's deadline is the grace period's. A pgid no group can have (a hand-edited
+        agents.jsonl: `procfs.possible`) is left out, as the local backend's signal does, versus `kill -TERM -- -1`
+        (every process of the user there) for pgid 1 and the script's own group for 0 (`pgrep -g 0`)."""
         grace_us = max(0, round(grace_s * 1e6))
-        groups = " ".join(f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}" for h in handles)
+        for h in handles:
+            if not procfs.possible(h.ident["pgid"], group=True):
+                pgid = h.ident["pgid"]
+                log.warning("%s: agents.jsonl's pgid %s is no process group: not signalled", h.spec.name, pgid)
+        groups = " ".join(
+            f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}"
+            for h in handles
+            if procfs.possible(h.ident["pgid"], group=True)
+        )
         return "\n".join(
             [
                 _LIVE_FN,

@@ -76,6 +76,15 @@ def test_poll_and_stop_scripts_match_golden() -> None:
     assert "end=$((T + P + 7500000))" in b.stop_script([h], grace_s=7.5)
 
 
+@pytest.mark.parametrize("pgid", [0, 1, -4242, 2**31])
+def test_the_stop_script_signals_no_pgid_a_group_cannot_have(pgid: int) -> None:
+    # a hand-edited agents.jsonl: pgid 1 was `kill -TERM -- -1` there (every process of the user), 0 the script's own
+    b = backend()
+    bad = AgentHandle(SPEC, {**IDENT, "pgid": pgid}, "ssh")
+    other = AgentHandle(SPEC, {**IDENT, "pid": 5000, "pgid": 5000, "start_ticks": 11}, "ssh")
+    assert "for g in 5000:11:5000; do" in b.stop_script([bad, other], grace_s=1).splitlines()
+
+
 @pytest.mark.parametrize("clock", ["EPOCHREALTIME", "SECONDS"])
 def test_stop_gives_a_group_that_ignores_term_its_whole_grace(clock: str, tmp_path: Path) -> None:
     """The grace period is a lower bound on both of the script's clocks. bash's SECONDS ticks on the wall clock's
