@@ -19,7 +19,7 @@ import socket
 import subprocess
 from urllib.parse import urlsplit
 
-from rlctl.config.inventory import Site, expand_hostlist, same_host
+from rlctl.config.inventory import Site, expand_hostlist, loopback, same_host
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ENV_LISTEN_HOST, ENV_SITE
@@ -144,7 +144,8 @@ def store_listener(master_addr: str, port: int) -> int | None:
     except OSError as e:
         raise LaunchError(f"MASTER_ADDR {master_addr!r} does not resolve: {e}") from e
     ip = str(sockaddr[0])
-    if ipaddress.ip_address(ip).is_loopback and master_addr != "localhost" and not _is_ip(master_addr):
+    # (`loopback`: localhost however written, LOCALHOST too, is the loopback's own name, not such a host name)
+    if ipaddress.ip_address(ip).is_loopback and not loopback(master_addr) and not _is_ip(master_addr):
         log.warning(
             "MASTER_ADDR %s resolves to %s here: the trainer group's store listens on every interface", master_addr, ip
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import ipaddress
 import logging
 import os
 import pickle
@@ -419,6 +420,15 @@ def test_the_trainer_groups_store_binds_a_master_addr_in_ipv4_shorthand() -> Non
     assert fd is not None
     with socket.socket(fileno=fd) as sock:
         assert sock.getsockname()[0] == "127.0.0.2"
+
+
+def test_the_trainer_groups_store_binds_localhost_in_capitals() -> None:
+    """LOCALHOST is localhost (`inventory.loopback`, case ignored), not a node name that resolves to the loopback:
+    bound, versus torch's default of every interface with a warning naming it as such a name."""
+    fd = store_listener("LOCALHOST", 0)
+    assert fd is not None
+    with socket.socket(fileno=fd) as sock:
+        assert ipaddress.ip_address(sock.getsockname()[0]).is_loopback
 
 
 def test_connecting_to_a_closed_listener_names_it() -> None:
