@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rlctl.exits import end_without_finalization
+from rlctl.exits import end_after, end_without_finalization
 from rlctl.rl.cuts import pipeline_chunks
 
 ROWS = 8  # samples in the cut (the learner's micro_batch_samples), on one data-parallel rank
@@ -209,8 +209,12 @@ class _Schedule(torch.nn.Module):
         )
 
 
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "rank":
-    a = sys.argv[2:]
+def _rank_main(a: list[str]) -> int:
+    """A rank's entry: its timings written (or its error said), it ends without the interpreter's finalization
+    (`rlctl.exits`: the rank's -6 otherwise)."""
     _rank(int(a[0]), int(a[1]), Path(a[2]), Path(a[3]), Path(a[4]), int(a[5]))
-    # its timings written: end now, not through the interpreter's finalization (rlctl.exits says why: the rank -6)
-    end_without_finalization(0)
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "rank":
+    end_after(lambda: _rank_main(sys.argv[2:]), end=end_without_finalization)
