@@ -244,15 +244,14 @@ class SshBackend(LaunchBackend):
         agents.jsonl: `procfs.possible`) is left out, as the local backend's signal does, versus `kill -TERM -- -1`
         (every process of the user there) for pgid 1 and the script's own group for 0 (`pgrep -g 0`)."""
         grace_us = max(0, round(grace_s * 1e6))
+        kept = []
         for h in handles:
-            if not procfs.possible(h.ident["pgid"], group=True):
+            if procfs.possible(h.ident["pgid"], group=True):
+                kept.append(f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}")
+            else:
                 pgid = h.ident["pgid"]
                 log.warning("%s: agents.jsonl's pgid %s is no process group: not signalled", h.spec.name, pgid)
-        groups = " ".join(
-            f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}"
-            for h in handles
-            if procfs.possible(h.ident["pgid"], group=True)
-        )
+        groups = " ".join(kept)
         return "\n".join(
             [
                 _LIVE_FN,

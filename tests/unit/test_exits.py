@@ -21,9 +21,16 @@ class _Ended(Exception):
     pass
 
 
-@pytest.mark.parametrize("stream", ["stdout", "stderr"])
-def test_a_stream_that_does_not_flush_still_ends_by_os_exit_with_the_code(monkeypatch, stream: str) -> None:
-    # a log on a full disk: its error escaped before os._exit, and the process went through the finalization
+@pytest.mark.parametrize(
+    ("stream", "replaced"),
+    [("stdout", _Full()), ("stderr", _Full()), ("stdout", None)],
+    ids=["stdout", "stderr", "none"],
+)
+def test_a_stream_that_does_not_flush_still_ends_by_os_exit_with_the_code(
+    monkeypatch, stream: str, replaced: io.StringIO | None
+) -> None:
+    # a log on a full disk (or no stdout at all): its error escaped before os._exit, and the process went through the
+    # finalization
     ended: list[int] = []
 
     def fake_exit(code: int) -> None:
@@ -32,22 +39,7 @@ def test_a_stream_that_does_not_flush_still_ends_by_os_exit_with_the_code(monkey
 
     monkeypatch.setattr(os, "_exit", fake_exit)
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: None)  # (this process's own handlers stay)
-    monkeypatch.setattr(sys, stream, _Full())
+    monkeypatch.setattr(sys, stream, replaced)
     with pytest.raises(_Ended):
         exits.end_without_finalization(143)
     assert ended == [143]
-
-
-def test_no_stdout_at_all_still_ends_by_os_exit(monkeypatch) -> None:
-    ended: list[int] = []
-
-    def fake_exit(code: int) -> None:
-        ended.append(code)
-        raise _Ended
-
-    monkeypatch.setattr(os, "_exit", fake_exit)
-    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: None)  # (this process's own handlers stay)
-    monkeypatch.setattr(sys, "stdout", None)
-    with pytest.raises(_Ended):
-        exits.end_without_finalization(0)
-    assert ended == [0]
