@@ -8,6 +8,7 @@ import io
 import math
 import shlex
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,6 +121,7 @@ class SshRunner:
             line = host_deadline(script, timeout_s)
         elif prefix or self.setup:
             line = in_bash(script)
+        started = time.monotonic()
         try:
             res = self._conn.run(
                 line,
@@ -131,18 +133,27 @@ class SshRunner:
             )
         except CommandTimedOut as e:
             self.close()
-            raise CommandTimeout(
-                f"ssh {self.where}: '{short_line(command)}' did not finish within {timeout_s:g} s",
-                stdout=str(e.result.stdout or ""),
-                stderr=str(e.result.stderr or ""),
-            ) from e
+            raise self._timeout(command, timeout_s, e.result) from e
         except (OSError, EOFError) as e:  # socket timeouts are OSError
             self.close()
             raise LaunchError(f"ssh {self.where}: connection lost running '{short_line(command)}': {e}") from e
         except ThreadException as e:  # a stream thread failed (e.g. `on_line` raised)
             self.close()
             raise LaunchError(f"ssh {self.where}: '{short_line(command)}': {e}") from e
+        # invoke's deadline timer closes the channel and counts as expired only once that close returned: read
+        # before, it is a result with no exit status (-1), versus the CommandTimeout it is (seen in CI: the
+        # SIGTERM-ignoring command of test_ssh_command_deadline "did not raise")
+        if timeout_s is not None and res.exited == -1 and time.monotonic() - started >= timeout_s:
+            self.close()
+            raise self._timeout(command, timeout_s, res)
         return CommandResult(int(res.exited), str(res.stdout), str(res.stderr))
+
+    def _timeout(self, command: str, timeout_s: float | None, result: Any) -> CommandTimeout:
+        return CommandTimeout(
+            f"ssh {self.where}: '{short_line(command)}' did not finish within {timeout_s:g} s",
+            stdout=str(result.stdout or ""),
+            stderr=str(result.stderr or ""),
+        )
 
     def put(
         self,
