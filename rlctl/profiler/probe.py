@@ -29,6 +29,7 @@ from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
 from rlctl.errors import RlctlError, UsageError
+from rlctl.exits import end_after, end_without_finalization
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.profiler.measure import (
     LOCAL_BATCHES,
@@ -289,4 +290,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # a megatron measurement formed (and took down) a one-rank gloo group here, whose worker thread can still be
+    # freeing its last collective at the interpreter's finalization (SIGABRT after F was written: rlctl.exits)
+    end_after(main, end=end_without_finalization)
