@@ -54,9 +54,11 @@ def _print_version(asked: bool) -> None:
         import platform
 
         from rlctl import __version__
+        from rlctl.buildid import code_digest
         from rlctl.render import write_out
 
-        write_out(f"rlctl {__version__} (python {platform.python_version()})")  # as `rlctl version`: a full disk too
+        # as `rlctl version` says it: a full disk too
+        write_out(f"rlctl {__version__} (code {code_digest()}, python {platform.python_version()})")
         raise typer.Exit(0)
 
 

@@ -51,9 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {args.role}-{args.replica} %(name)s: %(message)s",
     )
-    from rlctl.launch.agentenv import ENV_VISIBLE, parallel_from_env, threads_for
+    from rlctl.launch.agentenv import ENV_VISIBLE, code_mismatch, parallel_from_env, threads_for
 
     log = logging.getLogger("rlctl.agents")
+    mismatch = code_mismatch()
+    if mismatch is not None:  # before anything of the job is touched: another rlctl speaks another protocol
+        log.error("on %s: %s", os.uname().nodename, mismatch)
+        return 2
     try:
         parallel = parallel_from_env()
     except ValueError as e:

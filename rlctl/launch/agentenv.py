@@ -13,6 +13,8 @@
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
                           checkpoint it picked           checkpoint (0: none was ever complete: start over),
                           (rlctl.checkpoint.choose)      and set their parts of newer ones aside
+    RLCTL_CODE            the launcher's rlctl     ─▶  an agent of other code exits at start, one line
+                          (rlctl.buildid)               (`code_mismatch`): never half a protocol
 
 This module is the contract: both sides import it, neither imports the other.
 """
@@ -34,6 +36,7 @@ ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
 ENV_PARALLEL = "RLCTL_PARALLEL"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
 ENV_RESUME = "RLCTL_RESUME_VERSION"
+ENV_CODE = "RLCTL_CODE"  # the launching rlctl's code_digest (rlctl.buildid)
 ENV_RUN = "RLCTL_RUN"  # the controller's run of its job (its launcher's id for it), written into summary.json
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -103,3 +106,24 @@ def parallel_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
         if rank is not None:
             out["rank"] = int(rank)
     return dict(out)
+
+
+def code_mismatch(environ: dict[str, str] | None = None) -> str | None:
+    """Why this agent must not run, in one line, where its launcher's rlctl (RLCTL_CODE) is other code than its
+    own (rlctl.buildid): a site that runs another checkout or install of rlctl than the operator's; None where they
+    are the same, or no launcher said (an agent started by hand, an older launcher)."""
+    env = os.environ if environ is None else environ
+    theirs = env.get(ENV_CODE)
+    if not theirs:
+        return None
+    import rlctl
+    from rlctl.buildid import code_digest
+
+    ours = code_digest()
+    if theirs == ours:
+        return None
+    return (
+        f"rlctl here ({rlctl.__file__.removesuffix('/__init__.py')}, {rlctl.__version__}, code {ours}) is not the "
+        f"launcher's (code {theirs}): install the launcher's rlctl on this host, or point the site's python at the "
+        "environment that has it (`rlctl check --reach` asks every site before a launch)"
+    )

@@ -23,6 +23,7 @@ from typing import Any
 import hostlist
 
 from rlctl import __version__
+from rlctl.buildid import code_digest
 from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.config.job import JobFile
 from rlctl.devices import kind_for
@@ -44,6 +45,9 @@ out = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
     import rlctl
     out["rlctl"] = rlctl.__version__
+    out["rlctl_at"] = os.path.dirname(rlctl.__file__)
+    from rlctl.buildid import code_digest
+    out["rlctl_code"] = code_digest()
 except Exception as e:
     out["rlctl_error"] = f"{type(e).__name__}: {e}"[:200]
 try:
@@ -242,6 +246,12 @@ def host_problems(
         )
     elif f["rlctl"] != __version__:
         out.append(f"{where}: rlctl {f['rlctl']} there, {__version__} here: install rlctl=={__version__} there")
+    elif f.get("rlctl_code") != code_digest():  # one version, other code: its agents would exit at start
+        there = f"code {f['rlctl_code']}" if f.get("rlctl_code") else "an older build, no code digest"
+        out.append(
+            f"{where}: rlctl {__version__} at {f.get('rlctl_at', '?')} there is other code than here ({there}, here "
+            f"{code_digest()}): install this machine's rlctl there (the same checkout or wheel)"
+        )
     computes = roles is None or bool(roles & {"trainer", "rollout"})
     gpu = kind_for(site.spec.name) == "cuda"
     if "torch" not in f:

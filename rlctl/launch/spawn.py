@@ -25,12 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rlctl.buildid import code_digest
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.devices import ENV_DEVICE, ENV_TASK_GPUS, kind_for
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import (
     BASE_ENV,
+    ENV_CODE,
     ENV_LISTEN_HOST,
     ENV_PARALLEL,
     ENV_SITE,
@@ -76,6 +78,7 @@ def agent_spec(
     if controller is not None and a.role != "controller":
         argv += ["--controller", controller]
     agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(threads_of(a))}
+    agent_env[ENV_CODE] = code_digest()  # an agent of other rlctl code exits at start (agentenv.code_mismatch)
     # where it computes (rlctl.devices): the GPUs its site declares; the controller computes nothing
     device = agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
     if site.network.listen_host:

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from rlctl import __version__
+from rlctl.buildid import code_digest
 from tests.conftest import ROOT, CliResult, run_cli
 
 
 def test_version_json(cli: Callable[..., CliResult]) -> None:
     res = cli("version", "-o", "json")
     assert res.exit_code == 0
-    assert json.loads(res.stdout)["rlctl"] == __version__
+    assert json.loads(res.stdout) | {"python": "-"} == {"rlctl": __version__, "code": code_digest(), "python": "-"}
 
 
 def test_version_as_an_option_prints_what_the_command_does(cli: Callable[..., CliResult]) -> None:

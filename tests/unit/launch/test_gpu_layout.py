@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
+from rlctl.buildid import code_digest
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job
 from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError, LaunchError
-from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
+from rlctl.launch.agentenv import ENV_CODE, ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.gpus import GpuPool
@@ -414,7 +415,8 @@ def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest
     res = run_cli("launch", str(path), "--dry-run", "--job-dir", "/shared/runs/gpu-demo")
     assert res.exit_code == 0, res.stderr
     text = res.stdout.replace(sys.executable, "python3")  # SLURM sites run this interpreter (shared FS)
-    check_golden("dry_run_gpu.txt", text)
+    assert f"export {ENV_CODE}={code_digest()}\n" in text  # every agent's, the code of this checkout: not golden
+    check_golden("dry_run_gpu.txt", text.replace(code_digest(), "CODE"))
     head = text.split("\n# 8 agents;", 1)[0].splitlines()
     assert head[0].startswith("# would be refused by `rlctl check` (3)")  # megatron's planned tp 2: not refused
     assert [line.split(":", 1)[0] for line in head[1:]] == ["#   model", "#   task", "#   trainer.backend"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlctl import __version__
+from rlctl.buildid import code_digest
 from rlctl.checkpoint.choose import checkpoint_bytes
 from rlctl.config.inventory import LocalScheduler, Site
 from rlctl.config.job import Job, JobFile
@@ -34,6 +35,8 @@ REPO = Path(__file__).resolve().parents[3]
 GOOD = {
     "executable": "/v/bin/python",
     "rlctl": __version__,
+    "rlctl_at": "/v/lib/python3.12/site-packages/rlctl",
+    "rlctl_code": code_digest(),
     "torch": "2.11.0+cu130",
     "cuda": "13.0",
     "cuda_devices": 2,
@@ -69,6 +72,8 @@ def test_a_host_with_everything_has_no_problem() -> None:
     [
         ({"rlctl": None}, "cannot import rlctl"),
         ({"rlctl": "0.0.9"}, f"rlctl 0.0.9 there, {__version__} here"),
+        ({"rlctl_code": "0" * 16}, f"rlctl {__version__} at /v/lib/python3.12/site-packages/rlctl there is other code"),
+        ({"rlctl_code": None}, "than here (an older build, no code digest, here "),
         ({"torch": None}, "cannot import torch"),
         ({"cuda": None, "cuda_devices": 0}, "is a CPU build"),
         ({"cuda_devices": 0}, "sees no CUDA device"),
@@ -200,6 +205,7 @@ def test_the_probe_answers_here_in_the_sites_python(tmp_path: Path) -> None:
     (report,) = probe_site_hosts("here", local, timeout_s=120)
     assert report.error is None, report.error
     assert report.facts["rlctl"] == __version__ and report.facts["executable"] == sys.executable
+    assert report.facts["rlctl_code"] == code_digest()  # this checkout, as the site's python sees it
     assert report.facts["free_bytes"] > 0 and "torch" in report.facts
     assert isinstance(report.facts["rdma_devices"], list)  # this machine's InfiniBand devices (none here)
     broken = local.model_copy(update={"python": str(tmp_path / "no-such-python")})
