@@ -25,9 +25,23 @@ def progress_line(st: dict[str, Any]) -> str:
         f"iter {st['iteration']}/{st['iterations']}{left}  reward {_fmt(st.get('reward'))}  "
         f"samples/s {_fmt(st.get('samples_per_s'), '.1f')}  T_gen {_fmt(st.get('t_gen_s'), '.2f')}s  "
         f"T_train {_fmt(st.get('t_train_s'), '.2f')}s  δ {_fmt(st.get('delta_s'), '+.2f')}s  "
-        f"weights v{st.get('weight_version')}  agents "
-        + " ".join(f"{a['name']}:{a['state']}" for a in st.get("agents", []))
+        f"weights v{st.get('weight_version')}  agents {agents_text(st.get('agents', []))}"
     )
+
+
+AGENTS_NAMED = 6  # agents not running that `launch`'s line names; the rest it counts
+
+
+def agents_text(agents: list[dict[str, Any]]) -> str:
+    """The agents in `launch`'s line per iteration: how many run, and the others by name and state, versus every
+    agent's `name:state` (a 64-unit job's line ran past a thousand characters, every iteration) and nothing at all
+    before the controller's first reply named one."""
+    if not agents:
+        return "-"
+    running = sum(a["state"] == "running" for a in agents)
+    others = [f"{a['name']} {a['state']}" for a in agents if a["state"] != "running"]
+    more = f", {len(others) - AGENTS_NAMED} more not running" if len(others) > AGENTS_NAMED else ""
+    return ", ".join([f"{running} running", *others[:AGENTS_NAMED]]) + more
 
 
 def _heldout(s: dict[str, Any]) -> str | None:

@@ -20,7 +20,7 @@ from rlctl.agents.rowbook import PACE_ROWS, RowBook, job_start_offset
 from rlctl.agents.scaling import Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
-from rlctl.commands.launching.views import progress_line, summary_table
+from rlctl.commands.launching.views import AGENTS_NAMED, agents_text, progress_line, summary_table
 from rlctl.commands.status import checkpoint_line, metrics_line, suspects_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
@@ -836,3 +836,20 @@ def test_the_unit_gauges_zero_a_gone_units_site_once_and_walk_no_unit_that_left_
     assert value("rlctl_rollout_units", {"site": "b"}) == 0.0  # and still 0 a turn later
     assert value("rlctl_rollout_units", {"site": "c"}) == 1.0
     assert _CountedWalks.walks == 0
+
+
+def test_launchs_line_counts_the_running_agents_and_names_the_others() -> None:
+    """A 64-unit job's line per iteration stays one short line (every agent's `name:state` ran past a thousand
+    characters); the agents that do not run are named; before the controller named any, a dash (was nothing)."""
+    units = [{"name": f"rollout-{i}", "state": "running"} for i in range(64)]
+    assert agents_text(units) == "64 running"
+    gone = [{"name": "rollout-7", "state": "lost"}, {"name": "rollout-9", "state": "stopping"}]
+    assert agents_text([*units, *gone]) == "64 running, rollout-7 lost, rollout-9 stopping"
+    many = [{"name": f"r{i}", "state": "lost"} for i in range(AGENTS_NAMED + 3)]
+    assert (
+        agents_text(many)
+        == ", ".join(["0 running", *(f"r{i} lost" for i in range(AGENTS_NAMED))]) + ", 3 more not running"
+    )
+    assert agents_text([]) == "-"
+    line = progress_line({"iteration": 1, "iterations": 5, "weight_version": 1, "agents": [*units, *gone]})
+    assert line.endswith("weights v1  agents 64 running, rollout-7 lost, rollout-9 stopping") and len(line) < 200
