@@ -203,6 +203,13 @@ def _main() -> None:
         _state["debug"] = before
 
 
+def _bare_count(message: str) -> str | None:
+    """The ±N a parser error of `rlctl scale` names as an extra argument or an unknown option (`rlctl scale JOB +1`,
+    `… -1`: the count without its --rollout), else None."""
+    m = re.fullmatch(r"(?:Got unexpected extra argument(?:\(s\))? \(([+-]?\d+)\)|No such option: (-\d+))", message)
+    return None if m is None else m.group(1) or m.group(2)
+
+
 def _command() -> None:
     completion.enable()  # a Tab in a shell that sourced `rlctl completion SHELL`: answered in app(), then exit
     try:
@@ -213,6 +220,8 @@ def _command() -> None:
             sys.exit(e.exit_code)
         ctx = getattr(e, "ctx", None)
         hint = f" (hint: `{ctx.command_path} --help`)" if ctx is not None else ""
+        if ctx is not None and ctx.command_path == "rlctl scale" and (count := _bare_count(e.format_message())):
+            hint = f" (hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {count}`)"
         message = e.format_message().replace("Value error, ", "")  # pydantic's prefix, as typer passes it on
         message = re.sub(r"\n\s*", " ", message)  # click lists choices one a line ("Choose from:\n\tbash,\n\tzsh")
         sys.stderr.write(one_line(f"rlctl: error: {message}{hint}") + "\n")
