@@ -27,9 +27,14 @@ from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
 AGENTS_FILE = "agents.jsonl"
-# the integers of a process's handle (its ident), by backend: a hand-edited "pgid": "5" is said when the record is
-# read, versus a TypeError when its agent is polled or stopped
-PROCESS_IDENT = {"local": ("pid", "pgid"), "ssh": ("pid", "pgid", "start_ticks")}
+# what a process's handle (its ident) holds, by backend: the fields its poll and stop read, of their type. A
+# hand-edited "pgid": "5", or a record without its pgid, is said when the record is read, versus a TypeError or
+# KeyError when its agent is polled or stopped
+PROCESS_IDENT: dict[str, dict[str, type]] = {
+    "local": {"pid": int, "pgid": int, "start_ticks": int},
+    "ssh": {"host": str, "pid": int, "pgid": int, "start_ticks": int, "exitfile": str},
+}
+OLDER_IDENT = {("local", "start_ticks")}  # an older rlctl's local record has none: its agent unchecked (local._reused)
 
 
 def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
@@ -167,9 +172,12 @@ def agents_from_lines(
             log = Path(d["log"]) if d.get("log") else None
             spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
             ident = dict(d["ident"])
-            for k in PROCESS_IDENT.get(d["backend"], ()):
-                if k in ident and type(ident[k]) is not int:  # a bool is no pid either
-                    raise ValueError(f"ident.{k} is {ident[k]!r}, not an integer")
+            for k, kind in PROCESS_IDENT.get(d["backend"], {}).items():
+                if k not in ident:
+                    if (d["backend"], k) not in OLDER_IDENT:
+                        raise ValueError(f"ident has no {k}")
+                elif type(ident[k]) is not kind:  # a bool is no pid either
+                    raise ValueError(f"ident.{k} is {ident[k]!r}, not {'an integer' if kind is int else 'a string'}")
             out[d["name"]] = AgentHandle(spec, ident, d["backend"])
         except (KeyError, TypeError, ValueError) as e:
             bad = f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})"

@@ -865,7 +865,8 @@ def test_a_planned_unit_said_exited_is_handled_though_the_queue_cannot_be_asked(
     joined.join("rollout-0", role="rollout", version=0)
     scaler.core = joined
     for role, replica in (("controller", 0), ("rollout", 1), ("rollout", 2)):
-        record_agent(jd.path, AgentHandle(AgentSpec(role, replica, "a", []), {"pid": 10 + replica}, "local"))
+        ident = {"pid": 10 + replica, "pgid": 10 + replica}
+        record_agent(jd.path, AgentHandle(AgentSpec(role, replica, "a", []), ident, "local"))
     spawner = Spawner(jd, scaler.placement.site_specs, job=jd.id)
     spawner.backends.for_site = lambda name: _Site(OSError("squeue: broken pipe"))  # type: ignore[method-assign]
     scaler.spawner = spawner

@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -195,6 +197,54 @@ def test_an_agent_record_whose_pid_or_pgid_is_no_integer_is_named_not_a_tracebac
     assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n{good}\n", skipped=skipped)] == ["rollout-0"]
     said = f"ident.pgid is {json.loads(value)!r}, not an integer"
     assert skipped == [f"agents.jsonl: record 2 is not an agent record (ValueError: {said}): left out"]
+
+
+SSH_IDENT = {"host": "h1", "pid": 8, "pgid": 8, "start_ticks": 1, "exitfile": "/w/rollout-1.exit"}
+
+
+@pytest.mark.parametrize(
+    ("backend", "ident", "says"),
+    [
+        ("local", {"pid": 8}, "ident has no pgid"),
+        ("local", {"pgid": 8}, "ident has no pid"),
+        ("local", {"pid": 8, "pgid": 8, "start_ticks": "5"}, "ident.start_ticks is '5', not an integer"),
+        *(("ssh", {k: v for k, v in SSH_IDENT.items() if k != gone}, f"ident has no {gone}") for gone in SSH_IDENT),
+        ("ssh", SSH_IDENT | {"host": 5}, "ident.host is 5, not a string"),
+    ],
+)
+def test_an_agent_record_without_a_field_its_poll_or_stop_reads_is_named_not_a_key_error_later(
+    backend: str, ident: dict[str, object], says: str
+) -> None:
+    # a hand-edited agents.jsonl's local record without its pgid was read as a handle, and `rlctl stop` raised a
+    # KeyError ('pgid') from the local backend's signal, stopping none of the agents after it; an ssh record without
+    # its host, pid, pgid or start_ticks, the same from its stop script (its exitfile: from `rlctl status`'s poll)
+    row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "s", "backend": backend}
+    good = json.dumps({**row, "ident": {"pid": 7, "pgid": 7} if backend == "local" else SSH_IDENT})
+    bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": ident})
+    skipped: list[str] = []
+    assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n", skipped=skipped)] == ["rollout-0"]
+    assert skipped == [f"agents.jsonl: record 2 is not an agent record (ValueError: {says}): left out"]
+
+
+def test_stop_stops_every_agent_past_a_record_without_its_pgid_and_names_that_record(tmp_path: Path) -> None:
+    # its KeyError ('pgid') was a traceback, and the agents recorded after it were never signalled
+    jd = prepared(tmp_path / "run")
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        row = {"role": "rollout", "site": "local", "backend": "local", "host": None, "gpus": None, "log": None}
+        records = [
+            row | {"name": "rollout-0", "replica": 0, "ident": {"pid": agent.pid}},
+            row | {"name": "rollout-1", "replica": 1, "ident": {"pid": agent.pid, "pgid": agent.pid}},
+        ]
+        (jd.path / "agents.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        line = one_error(run_cli("stop", str(jd.path), "--grace", "5"), code=3)
+        assert line.endswith(
+            f"{jd.path}/agents.jsonl: record 1 is not an agent record (ValueError: ident has no pgid): left out"
+        ), line
+        assert agent.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 def test_status_reads_past_a_metrics_line_being_written(tmp_path: Path) -> None:
@@ -631,7 +681,7 @@ def test_logs_of_a_recorded_agent_whose_log_is_gone_names_where_it_looked(tmp_pa
     # file not among those known), and of the launcher's log "no log for launcher; known: rollout-0"
     jd = prepared(tmp_path / "run")
     rec = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "local", "backend": "local",
-           "ident": {"pid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
+           "ident": {"pid": 1, "pgid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
     (jd.path / "agents.jsonl").write_text(json.dumps(rec) + "\n")
     (jd.path / "logs").mkdir(exist_ok=True)
     (jd.path / "logs" / "controller-0.log").write_text("up\n")
@@ -651,7 +701,7 @@ def test_an_agent_recorded_on_a_site_sites_json_lacks_is_one_line_naming_sites_j
     # agents.jsonl (or sites.json) edited by hand: "site 'gone' is not in this job's inventory (local)", naming no file
     jd = prepared(tmp_path / "run")
     rec = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "gone", "backend": "local",
-           "ident": {"pid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
+           "ident": {"pid": 1, "pgid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
     (jd.path / "agents.jsonl").write_text(json.dumps(rec) + "\n")
     assert one_error(run_cli("status", str(jd.path)), code=1) == (
         f"rlctl: error: {jd.path}/sites.json: no site 'gone', where the job's record places an agent (its sites: "

@@ -125,8 +125,8 @@ def test_a_unit_whose_site_cannot_say_whether_it_queues_it_is_unknown(
     LaunchError went up and lost the answer of the units its site said exited."""
     jd = JobDir.create("j", explicit=tmp_path / "j")
     write_sites(jd.path, {"s": Site.model_validate(SITE)})
-    _record(jd, "controller", 0, {"pid": 1})
-    _record(jd, "rollout", 0, {"pid": 2})
+    _record(jd, "controller", 0, {"pid": 1, "pgid": 1})
+    _record(jd, "rollout", 0, {"pid": 2, "pgid": 2})
     sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
     site = _Scheduler([LaunchError("squeue: timed out after 30 s"), True, OSError("squeue: broken pipe"), False])
     monkeypatch.setattr(sp.backends, "for_site", lambda name: site)

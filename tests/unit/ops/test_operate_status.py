@@ -106,7 +106,9 @@ def test_status_of_a_job_whose_site_does_not_answer_does_not_say_it_ended(
     # runs … it ended without one", of a job that runs on there
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     site = {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h1", "gpus": 8}]}
-    jd = _job_with_controller(tmp_path, "far", site, {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}, host="h1")
+    jd = _job_with_controller(
+        tmp_path, "far", site, {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1, "exitfile": "x"}, host="h1"
+    )
 
     def poll(self: SshBackend, handle: object) -> None:
         raise LaunchError("ssh h1: cannot connect: timed out")

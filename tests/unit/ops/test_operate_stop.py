@@ -48,7 +48,7 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
         "".join(
             json.dumps(
                 {"name": n, "role": r, "replica": 0, "site": "h20", "backend": "ssh", "host": h, "gpus": g, "log": None}
-                | {"ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1}}
+                | {"ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1, "exitfile": "x"}}
             )
             + "\n"
             for n, r, h, g in agents
@@ -84,7 +84,8 @@ def test_agents_of_a_site_the_stop_could_not_reach_are_not_said_to_be_stopped(
         "".join(
             json.dumps(
                 {"name": n, "role": r, "replica": 0, "site": s, "backend": "local" if s == "here" else "ssh"}
-                | {"host": h, "gpus": None, "log": None, "ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1}}
+                | {"host": h, "gpus": None, "log": None}
+                | {"ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1, "exitfile": "x"}}
             )
             + "\n"
             for n, r, s, h in agents
@@ -136,7 +137,8 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
     (tmp_path / "agents.jsonl").write_text(
         json.dumps(
             {"name": "controller-0", "role": "controller", "replica": 0, "site": "h20", "backend": "ssh"}
-            | {"host": "h1", "gpus": None, "log": None, "ident": {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}}
+            | {"host": "h1", "gpus": None, "log": None}
+            | {"ident": {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1, "exitfile": "x"}}
         )
         + "\n"
     )

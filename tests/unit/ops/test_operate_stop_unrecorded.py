@@ -36,7 +36,7 @@ def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, list[
         "".join(
             json.dumps(
                 {"name": n, "role": r, "replica": 0, "site": "h20", "backend": "ssh", "host": h, "gpus": g, "log": None}
-                | {"ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1}}
+                | {"ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1, "exitfile": "x"}}
             )
             + "\n"
             for n, r, h, g in agents

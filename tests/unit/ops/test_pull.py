@@ -288,7 +288,7 @@ def test_pull_reads_past_a_damaged_line_of_agents_jsonl(tmp_path: Path, caplog: 
     # is not valid JSON"), every time, while status, logs and stop read past it
     jd, models = job_dir(tmp_path)
     trainer = {"name": "trainer-0", "role": "trainer", "replica": 0, "site": "local", "backend": "local",
-               "ident": {"pid": 1}, "host": "localhost", "gpus": None, "log": None}  # fmt: skip
+               "ident": {"pid": 1, "pgid": 1}, "host": "localhost", "gpus": None, "log": None}  # fmt: skip
     (jd.path / "agents.jsonl").write_text('{"name": "rollout-1", "role": "roll\n' + json.dumps(trainer) + "\n")
     got = pull(jd.path)
     assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
