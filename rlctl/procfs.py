@@ -1,10 +1,12 @@
 """Linux's /proc/PID/stat, read one way for every caller: the fields after the command name, which may hold spaces
 and parentheses (`(comm) `), so field 3 of proc(5), the state, is index 0 here; the parent is 1, the process group
 2, the start time (field 22, clock ticks since boot) 19. Where there is no /proc, nothing is found. (`alive`, whether a
-pid names a process, asks the kernel by signal 0 instead, so it holds on any POSIX system.)"""
+pid names a process, asks the kernel by signal 0 instead, so it holds on any POSIX system.) `pid_space` says which
+machine and namespace this process's pids are those of."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 
@@ -47,6 +49,21 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@functools.cache
+def pid_space() -> str | None:
+    """What this process's pids are numbered in: its machine's boot (boot_id, new at each boot; a host name is not
+    one machine's: containers on several share it) and its pid namespace (a container's own numbering), e.g.
+    '8c4e…-4026531836'; None where there is no /proc. A pid written to a shared file by a process of another pid
+    space names nothing here, whatever `alive` says of it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}-{namespace}"
 
 
 def every_stat() -> Iterator[tuple[int, list[str]]]:

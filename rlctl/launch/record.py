@@ -359,16 +359,20 @@ def own_part(local: Path) -> Path:
     process, thread and a random token), versus one `NAME.part` every fetch shared: where the filesystem has no flock
     (NFS mounted `nolock`) the fetch lock goes unlocked, and a `rlctl status -w` fetching beside the launcher renamed
     or removed the `.part` under it (a FileNotFoundError that ended the launcher with its traceback). Its name says its
-    pid and host: the parts of `local` a fetch of this machine left as it was killed (SIGKILL, no `finally` run) are
-    removed here (`_remove_dead_parts`), versus kept in the job dir for good."""
-    host = socket.gethostname()
-    _remove_dead_parts(local, host)
-    return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}-{host}.part")
+    pid, host and pid space (`procfs.pid_space`): the parts of `local` a fetch of this pid space left as it was killed
+    (SIGKILL, no `finally` run) are removed here (`_remove_dead_parts`), versus kept in the job dir for good; where
+    there is no pid space to say (no /proc), none is."""
+    space = procfs.pid_space()
+    here = f"{socket.gethostname()}-{space}" if space is not None else socket.gethostname()
+    if space is not None:
+        _remove_dead_parts(local, here)
+    return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}-{here}.part")
 
 
-def _remove_dead_parts(local: Path, host: str) -> None:
-    """Remove the `own_part`s of `local` whose fetch was a process of `host` (this machine) that is gone: one listing
-    of its dir. A part of a process alive, of another host (a job dir on NFS) or with no host in its name (an older
+def _remove_dead_parts(local: Path, here: str) -> None:
+    """Remove the `own_part`s of `local` whose fetch was a process of `here` (this host and pid space) that is gone:
+    one listing of its dir. A part of a process alive, of another host or pid space (a job dir on NFS; a container of
+    another machine with this host name, whose pids name nothing here) or with no pid space in its name (an older
     rlctl's) stays: nothing here can tell that its fetch ended."""
     prefix = f".{local.name}."
     try:
@@ -379,7 +383,7 @@ def _remove_dead_parts(local: Path, host: str) -> None:
         if not (name.startswith(prefix) and name.endswith(".part")):
             continue
         fields = name[len(prefix) : -len(".part")].split("-", 3)
-        if len(fields) == 4 and fields[3] == host and fields[0].isdecimal() and not procfs.alive(int(fields[0])):
+        if len(fields) == 4 and fields[3] == here and fields[0].isdecimal() and not procfs.alive(int(fields[0])):
             with contextlib.suppress(OSError):  # gone meanwhile (a fetch beside this one), or not ours to remove
                 (local.parent / name).unlink()
 

@@ -1,7 +1,8 @@
 """A fetch killed mid-copy (SIGKILL: no `finally` ran) leaves its `.part` beside the log it fetched; the next fetch of
-that log removes it where its name says a process of this machine that is gone, versus kept in the job dir for good.
-A part of a process alive, of another host sharing the job dir (NFS), or of an older rlctl (no host in its name)
-stays: nothing here can tell that its fetch ended."""
+that log removes it where its name says a process of this host and pid space (`procfs.pid_space`: this boot, this pid
+namespace) that is gone, versus kept in the job dir for good. A part of a process alive, of another host or pid space
+sharing the job dir (NFS; a container of another machine given this host name), or of an older rlctl (no pid space in
+its name) stays: nothing here can tell that its fetch ended."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlctl import procfs
 from rlctl.launch.record import fetch_record
 from tests.unit.launch.test_stage import _controller_site
 
@@ -19,13 +21,17 @@ def test_a_fetch_removes_the_parts_of_its_log_that_a_gone_fetch_of_this_machine_
     src, site, root = _controller_site(tmp_path)
     (root / "metrics.jsonl").write_text('{"iteration": 0}\n')
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
-    gone, host = int(ended.stdout), socket.gethostname()
-    left = src / f".metrics.jsonl.{gone}-1-0badf00d-{host}.part"
+    gone, host, space = int(ended.stdout), socket.gethostname(), procfs.pid_space()
+    assert space is not None
+    left = src / f".metrics.jsonl.{gone}-1-0badf00d-{host}-{space}.part"
     kept = [
-        src / f".metrics.jsonl.{os.getpid()}-1-0badf00d-{host}.part",  # a fetch alive (another thread of this one)
-        src / f".metrics.jsonl.{gone}-1-0badf00d-{host}-elsewhere.part",  # another host's process
+        src / f".metrics.jsonl.{os.getpid()}-1-0badf00d-{host}-{space}.part",  # a fetch alive (another thread of this)
+        src / f".metrics.jsonl.{gone}-1-0badf00d-elsewhere-{space}.part",  # another host's process
+        # a container of another machine named as this one: its pid names nothing here (it was removed)
+        src / f".metrics.jsonl.{gone}-1-0badf00d-{host}-00000000-0000-0000-0000-000000000000-1.part",
+        src / f".metrics.jsonl.{gone}-1-0badf00d-{host}.part",  # an older rlctl's: its host only (it was removed)
         src / f".metrics.jsonl.{gone}-1-0badf00d.part",  # an older rlctl's: no host
-        src / f".summary.json.{gone}-1-0badf00d-{host}.part",  # another name's
+        src / f".summary.json.{gone}-1-0badf00d-{host}-{space}.part",  # another name's
     ]
     for p in [left, *kept]:
         p.write_text('{"iterat')
