@@ -123,7 +123,7 @@ def code_mismatch(environ: dict[str, str] | None = None) -> str | None:
     if theirs == ours:
         return None
     return (
-        f"rlctl here ({rlctl.__file__.removesuffix('/__init__.py')}, {rlctl.__version__}, code {ours}) is not the "
-        f"launcher's (code {theirs}): install the launcher's rlctl on this host, or point the site's python at the "
-        "environment that has it (`rlctl check --reach` asks every site before a launch)"
+        f"rlctl here ({rlctl.__file__.removesuffix('/__init__.py')}, {rlctl.__version__}, code {ours}) is other code "
+        f"than the rlctl that started this (code {theirs}): install that rlctl on this host, or point the site's "
+        "python at the environment that has it (`rlctl check --reach` asks every site before a launch)"
     )

@@ -30,6 +30,7 @@ from rlctl.config.pipeline import Batch
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
 from rlctl.errors import RlctlError, UsageError
 from rlctl.exits import end_after, end_without_finalization
+from rlctl.launch.agentenv import code_mismatch
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.profiler.measure import (
     LOCAL_BATCHES,
@@ -278,6 +279,10 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     spec, out = parse_spec(argv)
+    mismatch = code_mismatch()  # the operator's rlctl asked, through RLCTL_CODE: another one's figures are not its own
+    if mismatch is not None:
+        sys.stderr.write(f"rlctl profile probe: on {os.uname().nodename}: {mismatch}\n")
+        return 2
     try:
         result = measure_here(spec)
     except RlctlError as e:

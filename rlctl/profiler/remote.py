@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlctl.buildid import code_digest
 from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.agentenv import BASE_ENV, ENV_VISIBLE
+from rlctl.launch.agentenv import BASE_ENV, ENV_CODE, ENV_VISIBLE
 from rlctl.launch.backends import Backends, kind_of, python_for, record_agent
 from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
@@ -61,7 +62,7 @@ def measure_on_site(
         gpus = 1 if spec.device == "cuda" else 0  # the site's first GPU (SLURM binds one; an SSH host's device 0)
         # measuring on the CPU, none at all, as the launcher tells a CPU site's agents (rlctl.launch.spawn)
         visible = {ENV_VISIBLE: "0"} if gpus and kind_of(site).slices_gpus else {} if gpus else {ENV_VISIBLE: ""}
-        env = dict(BASE_ENV) | visible
+        env = dict(BASE_ENV) | visible | {ENV_CODE: code_digest()}  # a probe of other rlctl code refuses to measure
         resources = Resources(cpus_per_task=cores, gpus_per_task=gpus)
         agent = AgentSpec("profile", 0, name, argv, env, Path(site_log), resources=resources)
         backend = backends.for_site(name)

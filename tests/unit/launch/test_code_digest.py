@@ -48,7 +48,7 @@ def test_an_agent_compares_its_launchers_digest_with_its_own() -> None:
     assert code_mismatch({ENV_CODE: code_digest()}) is None
     line = code_mismatch({ENV_CODE: "0" * DIGEST_CHARS})
     assert line is not None and "\n" not in line
-    assert f"code {code_digest()}" in line and f"launcher's (code {'0' * DIGEST_CHARS})" in line
+    assert f"code {code_digest()}" in line and f"the rlctl that started this (code {'0' * DIGEST_CHARS})" in line
     assert str(PACKAGE) in line
 
 
@@ -64,5 +64,19 @@ def test_an_agent_of_other_code_exits_at_start_in_one_line(tmp_path: Path) -> No
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = proc.stderr.splitlines()
-    assert "ERROR rollout-0" in line and f"launcher's (code {'f' * DIGEST_CHARS})" in line
+    assert "ERROR rollout-0" in line and f"the rlctl that started this (code {'f' * DIGEST_CHARS})" in line
     assert not job_dir.exists()
+
+
+def test_a_sites_profile_probe_of_other_code_refuses_to_measure(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent), ENV_CODE: "e" * DIGEST_CHARS}
+    out = tmp_path / "probe.json"
+    argv = ["--model", "tiny-demo", "--kv-capacity-tokens", "1000", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl.profiler.probe", *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()  # what measure_on_site says as the site's one line (exit 2)
+    assert line.startswith("rlctl profile probe: on ")
+    assert f"the rlctl that started this (code {'e' * DIGEST_CHARS})" in line
+    assert not out.exists()

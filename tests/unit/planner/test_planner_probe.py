@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rlctl.buildid import code_digest
 from rlctl.config import load_job
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
@@ -344,3 +345,4 @@ def test_a_site_probe_sees_the_gpus_its_agents_would(
     with pytest.raises(Started):
         remote.measure_on_site("s", site, probe_spec, workdir=tmp_path)
     assert [env.get("CUDA_VISIBLE_DEVICES") for env in started] == [visible]
+    assert started[0]["RLCTL_CODE"] == code_digest()  # a probe of other rlctl code refuses to measure
