@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.operate import scale as do_scale
 
         delta = _delta(rollout)
-        ref = resolve(job)
+        ref = resolve(job, changes="scale")
         t0 = time.monotonic()
         try:
             reply = do_scale(ref, delta, site=site)

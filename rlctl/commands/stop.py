@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.operate import stop as do_stop
         from rlctl.ops.operate import stop_cut_short
 
-        ref = resolve(job)
+        ref = resolve(job, changes="stop")
         since = time.time()
         try:
             result = do_stop(ref, grace_s=grace_s, say=lambda line: sys.stderr.write(f"rlctl: {line}\n"))

@@ -1,6 +1,8 @@
 """Which job a command means: `rlctl status|scale|stop|logs|report [JOB]` all resolve JOB here.
 
-JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`: `JobRow.launched_s`)
+JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`: `JobRow.launched_s`); for a command
+                        that changes a running job (`stop`, `scale`: `resolve(..., changes=True)`) only while no
+                        other job runs: with two running, which one is the operator's to say
 JOB = a job directory ─▶ that job directory (a directory holding job.json, or an index row's while its launch
                         prepares it; any other is no job: a job's config folder named like it, jobs/demo/, does
                         not hide the job)
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.jobdb import JobDB, JobRow
+from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.textutil import did_you_mean
 
 KNOWN_SHOWN = 12  # the job names an unknown JOB's line lists (`rlctl status --all` lists every job)
@@ -40,15 +42,31 @@ class JobRef:
         return shlex.quote(self.id if self.row is not None else str(self.jobdir.path))
 
 
-def resolve(ref: str | None, *, db: JobDB | None = None) -> JobRef:
-    """The job `ref` names; UsageError (exit 2) naming what is known when nothing matches."""
+def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = None) -> JobRef:
+    """The job `ref` names; UsageError (exit 2) naming what is known when nothing matches. `changes`: the command
+    (`stop`, `scale`), which changes the running job it resolves to: an omitted JOB while more than one job of the
+    index runs is refused in one line naming them, versus the one launched last stopped or scaled (a week-long job
+    resumed after a test job was launched: a bare `rlctl stop` meant for the test stopped it)."""
     own = db is None
     db = db if db is not None else JobDB()
     try:
+        if ref is None and changes is not None:
+            _refuse_ambiguous(db, changes)
         return _resolve(ref, db)
     finally:
         if own:
             db.close()
+
+
+def _refuse_ambiguous(db: JobDB, command: str) -> None:
+    live = sorted((r for r in db.list() if r.state in LIVE), key=lambda r: r.launched_s, reverse=True)
+    if len(live) > 1:
+        ids = ", ".join(r.name for r in live[:KNOWN_SHOWN]) + (", …" if len(live) > KNOWN_SHOWN else "")
+        raise UsageError(
+            f"{len(live)} jobs are running ({ids}): `rlctl {command}` needs the job named",
+            hint=f"`rlctl {command} {shlex.quote(live[0].name)}` for the one launched last; "
+            "`rlctl status --all` lists every job",
+        )
 
 
 def require_job_dir(ref: JobRef) -> None:

@@ -152,3 +152,23 @@ def test_a_job_file_of_a_job_never_launched_is_said_so(tmp_path: Path, db: JobDB
     with pytest.raises(UsageError, match=r"^new.yaml: a job file; this command takes a launched job") as e:
         resolve("new.yaml", db=db)
     assert e.value.hint == "no job 'new' was launched; `rlctl launch new.yaml` launches it"
+
+
+def test_a_command_that_changes_a_job_needs_it_named_while_two_run(tmp_path: Path, db: JobDB) -> None:
+    """`rlctl stop` / `scale` with JOB omitted while two jobs of the index run is refused in one line naming them
+    (exit 2), versus the one launched last stopped: a week-long job resumed after a test job was launched went with a
+    bare `rlctl stop` meant for the test. One job running, or a command that only reads: the one launched last."""
+    db.update("ar1", state="running", info={"launched_s": 100.0})
+    db.update("tiny1", state="finished", info={"launched_s": 200.0})
+    assert resolve(None, db=db, changes="stop").id == "tiny1"  # one running: the latest, as before (already ended)
+    db.update("tiny1", state="running")
+    with pytest.raises(UsageError) as e:
+        resolve(None, db=db, changes="stop")
+    assert str(e.value) == "2 jobs are running (tiny1, ar1): `rlctl stop` needs the job named"
+    assert (
+        e.value.exit_code == 2
+        and e.value.hint is not None
+        and "`rlctl stop tiny1` for the one launched last" in e.value.hint
+    )
+    assert resolve("ar1", db=db, changes="stop").id == "ar1"  # named: no question
+    assert resolve(None, db=db).id == "tiny1"  # `status`, `logs`: the one launched last
