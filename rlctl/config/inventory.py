@@ -623,6 +623,21 @@ class Site(Strict):
         return self
 
     @model_validator(mode="after")
+    def _one_price(self, info: ValidationInfo) -> Site:
+        """A GPU-hour's price is the site's `cost_per_gpu_hour`, else its GPU's (`gpu_cost_per_hour`): a custom GPU's
+        `cost_per_hour` beside the site's was read by nothing (the plan's costs and its cheaper-site order took the
+        site's). Not in a job's record (`RECORDED`): its sites.json writes the custom GPU's default price too."""
+        g = self.gpu_spec
+        if g is None or self.cost_per_gpu_hour is None or "cost_per_hour" not in g.model_fields_set:
+            return self
+        if is_recorded(info):
+            return self
+        raise ValueError(
+            f"gpu_spec.cost_per_hour: {g.cost_per_hour:g} is read only where the site sets no cost_per_gpu_hour, and "
+            f"this one sets {self.cost_per_gpu_hour:g} (the price the plan takes): give the price once, in one of them"
+        )
+
+    @model_validator(mode="after")
     def _no_devices_on_a_cpu_site(self, info: ValidationInfo) -> Site:
         """A `gpu: CPU` site's slots are cores and its agents see no CUDA device (CUDA_VISIBLE_DEVICES '':
         rlctl.launch.spawn): `devices` was read by nothing there. Not in a job's record (`RECORDED`)."""

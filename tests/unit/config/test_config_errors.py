@@ -297,6 +297,16 @@ CASES = [
         ),
         "exactly one of 'gpu'",
     ),
+    Case(  # accepted: the plan priced the site's GPU-hours at cost_per_gpu_hour, the custom GPU's read by nothing
+        "custom GPU price beside the site's",
+        site_with(
+            "    gpu: H20\n",
+            "    gpu_spec: {name: X, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1, cost_per_hour: 2.5}\n"
+            "    cost_per_gpu_hour: 1.5\n",
+        ),
+        "sites.h20: gpu_spec.cost_per_hour: 2.5 is read only where the site sets no cost_per_gpu_hour, and this one "
+        "sets 1.5 (the price the plan takes): give the price once, in one of them",
+    ),
     Case(  # accepted: a custom GPU named CPU made the site's agents compute on the CPU
         "custom gpu named as a catalog one",
         site_with("    gpu: H20\n", "    gpu_spec: {name: CPU, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n"),
@@ -1238,6 +1248,21 @@ def test_a_custom_gpu_figure_past_any_gpu_is_one_line(
     assert (res.exit_code, res.stdout) == (2, ""), res
     said = f"rlctl: error: {inv}: sites.h20.gpu_spec.{key}: Input should be less than or equal to {bound} (got "
     assert res.stderr.startswith(said) and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_a_gpu_hour_s_price_is_read_from_the_one_field_that_gives_it(tmp_path: Path) -> None:
+    """The site's cost_per_gpu_hour, else its custom GPU's cost_per_hour (both: refused, `CASES`); a job's record
+    (sites.json, every field of the custom GPU written) reads back with both."""
+    from rlctl.config.inventory import RECORDED, Site, load_inventory
+
+    custom = "    gpu_spec: {name: X, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1%s}\n"
+    for gpu, price in ((custom % ", cost_per_hour: 2.5", 2.5), (custom % "" + "    cost_per_gpu_hour: 1.5\n", 1.5)):
+        (tmp_path / "inv.yaml").write_text(site_with("    gpu: H20\n", gpu))
+        (site,) = load_inventory([tmp_path / "inv.yaml"]).sites.values()
+        assert site.gpu_cost_per_hour == price
+    recorded = Site.model_validate(site.model_dump(mode="json", by_alias=True), context=RECORDED)
+    assert recorded.gpu_spec is not None and "cost_per_hour" in recorded.gpu_spec.model_fields_set
+    assert recorded.gpu_cost_per_hour == 1.5
 
 
 @pytest.mark.parametrize(
