@@ -41,7 +41,7 @@ from rlctl.ops.preflight.data import (
     overlong_problems,
     weight_manifest_problems,
 )
-from rlctl.ops.preflight.fields import planning_only_problems, unread_field_problems, warn_anchor_past_the_end
+from rlctl.ops.preflight.fields import planning_only_problems, unread_field_problems, warn_past_the_end
 from rlctl.ops.preflight.memory import rollout_memory_problems
 from rlctl.ops.preflight.placement import placement_problems
 from rlctl.ops.preflight.sites import (
@@ -191,7 +191,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         )
     out += unread_field_problems(job)
-    warn_anchor_past_the_end(job)
+    warn_past_the_end(job)
     out += weight_manifest_problems(job)
     out += context_problems(job)
     out += rollout_memory_problems(job)

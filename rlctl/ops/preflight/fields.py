@@ -1,5 +1,6 @@
 """Preflight of fields that would be ignored: those the job's other choices leave unread (`unread_field_problems`),
-those only `rlctl plan` reads (`PLANNING_ONLY`), and a delta-sync anchor past the job's end (a warning).
+those only `rlctl plan` reads (`PLANNING_ONLY`), and fields counted in iterations whose effect comes after the
+job's end (warnings: `warn_past_the_end`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,16 @@ PLANNING_ONLY = (
 )
 
 
-def warn_anchor_past_the_end(job: Job) -> None:
-    """A warning (not a refusal: `launch --iterations N` shortens a job for a smoke test) where delta sync's
-    `anchor_every` is more than the job's iterations: no version is that far from the first full copy, so no
-    anchor is ever sent, as without it (a typo's extra zero passed unsaid)."""
-    sync, iterations = job.spec.weight_sync, job.spec.iterations
+def warn_past_the_end(job: Job) -> None:
+    """Warnings (not refusals: `launch --iterations N` shortens a job for a smoke test, and `launch --resume
+    --iterations` lengthens it) for fields counted in iterations whose effect the job ends before, each read as if
+    it were not set (a typo's extra zero passed unsaid):
+    - delta sync's `anchor_every` more than the job's iterations: no version is that far from the first full copy,
+      so no anchor is ever sent;
+    - `checkpoint.auto_resume` with `checkpoint.every_iterations` at or past the job's iterations: the only
+      checkpoint is the last (`checkpoint.choose.checkpoints_at`), so no failed run has one to be resumed from."""
+    spec, iterations = job.spec, job.spec.iterations
+    sync, ckpt = spec.weight_sync, spec.checkpoint
     if sync.mode == "delta" and sync.anchor_every is not None and sync.anchor_every > iterations:
         log.warning(
             "%s: weight_sync.anchor_every: %d is more than the job's %d iterations: the job ends before its first "
@@ -41,6 +47,19 @@ def warn_anchor_past_the_end(job: Job) -> None:
             "or leave it out",
             job.path,
             sync.anchor_every,
+            iterations,
+            iterations,
+        )
+    # (every_iterations 0 with auto_resume is refused: `unread_field_problems`)
+    if ckpt.auto_resume and ckpt.every_iterations >= iterations:
+        log.warning(
+            "%s: checkpoint.auto_resume: %d resumes a failed run from a checkpoint it completed, and "
+            "checkpoint.every_iterations %d is at least the job's %d iterations: its only checkpoint is the last, so "
+            "no failed run is resumed; use every_iterations below %d for checkpoints to resume from, or leave "
+            "auto_resume out",
+            job.path,
+            ckpt.auto_resume,
+            ckpt.every_iterations,
             iterations,
             iterations,
         )

@@ -1133,6 +1133,31 @@ def test_an_anchor_period_past_the_job_s_iterations_is_warned_of_not_refused(
     }
 
 
+def test_auto_resume_with_no_checkpoint_before_the_last_is_warned_of_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """checkpoint.auto_resume in a job of 10 iterations checkpointed every 10 (or 20, the default): its only
+    checkpoint is the last, so no failed run has one to be resumed from, and check passed it unsaid. A warning, not a
+    refusal, as for anchor_every: `launch --iterations N` shortens a production job for a smoke test."""
+    warned: dict[int, list[str]] = {}
+    for every in (20, 10, 9):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight.fields"):
+            job = load(tmp_path, iterations=10, checkpoint={"every_iterations": every, "auto_resume": 2})
+            assert refused(job, "checkpoint.auto_resume") == []
+        warned[every] = [r.getMessage() for r in caplog.records if "auto_resume" in r.getMessage()]
+    said = (
+        f"{tmp_path / 'job.yaml'}: checkpoint.auto_resume: 2 resumes a failed run from a checkpoint it completed, and "
+        "checkpoint.every_iterations {} is at least the job's 10 iterations: its only checkpoint is the last, so no "
+        "failed run is resumed; use every_iterations below 10 for checkpoints to resume from, or leave auto_resume out"
+    )
+    assert warned == {20: [said.format(20)], 10: [said.format(10)], 9: []}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight.fields"):
+        problems(load(tmp_path, iterations=10, checkpoint={"every_iterations": 20}))
+    assert not [r for r in caplog.records if "auto_resume" in r.getMessage()]  # nothing to resume: nothing said
+
+
 def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_datacenter(tmp_path: Path) -> None:
     """weight_sync.chains_per_datacenter is the relay's of a datacenter without a trainer rank
     (rlctl.weights.plan.plan_broadcast): with every rollout site in the trainer's datacenter nothing reads it."""
