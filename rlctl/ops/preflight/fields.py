@@ -37,9 +37,12 @@ def warn_past_the_end(job: Job) -> None:
     - delta sync's `anchor_every` more than the job's iterations: no version is that far from the first full copy,
       so no anchor is ever sent;
     - `checkpoint.auto_resume` with `checkpoint.every_iterations` at or past the job's iterations: the only
-      checkpoint is the last (`checkpoint.choose.checkpoints_at`), so no failed run has one to be resumed from."""
+      checkpoint is the last (`checkpoint.choose.checkpoints_at`), so no failed run has one to be resumed from;
+    - `algorithm.lr_decay` linear or cosine with `lr_warmup_iterations` at least the job's iterations − 1: the decay
+      starts after the warm-up at the full rate (`rlctl.rl.schedule.StepLr`: the first step after it is at lr), so
+      no step decays (lr_decay and min_lr_ratio change nothing). Not in a job of one iteration (nothing to decay)."""
     spec, iterations = job.spec, job.spec.iterations
-    sync, ckpt = spec.weight_sync, spec.checkpoint
+    sync, ckpt, algo = spec.weight_sync, spec.checkpoint, spec.algorithm
     if sync.mode == "delta" and sync.anchor_every is not None and sync.anchor_every > iterations:
         log.warning(
             "%s: weight_sync.anchor_every: %d is more than the job's %d iterations: the job ends before its first "
@@ -62,6 +65,17 @@ def warn_past_the_end(job: Job) -> None:
             ckpt.every_iterations,
             iterations,
             iterations,
+        )
+    last_warm = iterations - 1  # a warm-up of this many steps leaves one, at the full rate, before the job's end
+    if algo.lr_decay != "constant" and iterations > 1 and algo.lr_warmup_iterations >= last_warm:
+        log.warning(
+            "%s: algorithm.lr_decay: %r starts after the warm-up at the full rate, and algorithm.lr_warmup_iterations "
+            "%d leaves no step of the job's %d iterations to decay; use a warm-up below %d, or leave lr_decay out",
+            job.path,
+            algo.lr_decay,
+            algo.lr_warmup_iterations,
+            iterations,
+            last_warm,
         )
 
 

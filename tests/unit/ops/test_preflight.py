@@ -1158,6 +1158,42 @@ def test_auto_resume_with_no_checkpoint_before_the_last_is_warned_of_not_refused
     assert not [r for r in caplog.records if "auto_resume" in r.getMessage()]  # nothing to resume: nothing said
 
 
+def test_a_decay_after_a_warm_up_as_long_as_the_job_is_warned_of_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """algorithm.lr_decay cosine after a warm-up of 9 iterations or more in a job of 10: the first step after the
+    warm-up is at the full rate (rlctl.rl.schedule.StepLr), so no step decays and the decay and its floor change
+    nothing, and check passed them unsaid. A warning, not a refusal, as for anchor_every: `launch --iterations N`
+    shortens a production job for a smoke test."""
+    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.rl.schedule import StepLr
+
+    warned: dict[tuple[int, str, int], list[str]] = {}
+    for iterations, warmup, decay in ((10, 12, "cosine"), (10, 9, "linear"), (10, 8, "cosine"), (10, 12, "constant"),
+                                      (1, 0, "cosine")):  # fmt: skip
+        caplog.clear()
+        algo = {"kind": "grpo", "lr_warmup_iterations": warmup, "lr_decay": decay}
+        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight.fields"):
+            assert refused(load(tmp_path, iterations=iterations, algorithm=algo), "algorithm.lr_decay") == []
+        warned[iterations, decay, warmup] = [r.getMessage() for r in caplog.records if "lr_decay" in r.getMessage()]
+        if decay != "constant" and iterations > 1:  # what the warning says: a step decays exactly where it is not
+            schedule = StepLr.of(GrpoAlgorithm(**algo, min_lr_ratio=0.5), iterations=iterations)
+            decays = any(schedule.at(k) < 1 for k in range(warmup, iterations))
+            assert decays == (not warned[iterations, decay, warmup])
+    said = (
+        f"{tmp_path / 'job.yaml'}: algorithm.lr_decay: {{!r}} starts after the warm-up at the full rate, and "
+        "algorithm.lr_warmup_iterations {} leaves no step of the job's 10 iterations to decay; use a warm-up below 9, "
+        "or leave lr_decay out"
+    )
+    assert warned == {
+        (10, "cosine", 12): [said.format("cosine", 12)],
+        (10, "linear", 9): [said.format("linear", 9)],
+        (10, "cosine", 8): [],
+        (10, "constant", 12): [],
+        (1, "cosine", 0): [],
+    }
+
+
 def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_datacenter(tmp_path: Path) -> None:
     """weight_sync.chains_per_datacenter is the relay's of a datacenter without a trainer rank
     (rlctl.weights.plan.plan_broadcast): with every rollout site in the trainer's datacenter nothing reads it."""
