@@ -40,9 +40,12 @@ def warn_past_the_end(job: Job) -> None:
       checkpoint is the last (`checkpoint.choose.checkpoints_at`), so no failed run has one to be resumed from;
     - `algorithm.lr_decay` linear or cosine with `lr_warmup_iterations` at least the job's iterations − 1: the decay
       starts after the warm-up at the full rate (`rlctl.rl.schedule.StepLr`: the first step after it is at lr), so
-      no step decays (lr_decay and min_lr_ratio change nothing). Not in a job of one iteration (nothing to decay)."""
+      no step decays (lr_decay and min_lr_ratio change nothing). Not in a job of one iteration (nothing to decay);
+    - `rebalance.auto` where the larger of `window_iterations` and `cooldown_iterations` is at least the job's
+      iterations: the rule decides once it has measured that many (`rlctl.agents.rebalance`), after the last
+      iteration at the earliest, so it adds no unit that generates for the job."""
     spec, iterations = job.spec, job.spec.iterations
-    sync, ckpt, algo = spec.weight_sync, spec.checkpoint, spec.algorithm
+    sync, ckpt, algo, rebalance = spec.weight_sync, spec.checkpoint, spec.algorithm, spec.rebalance
     if sync.mode == "delta" and sync.anchor_every is not None and sync.anchor_every > iterations:
         log.warning(
             "%s: weight_sync.anchor_every: %d is more than the job's %d iterations: the job ends before its first "
@@ -76,6 +79,17 @@ def warn_past_the_end(job: Job) -> None:
             algo.lr_warmup_iterations,
             iterations,
             last_warm,
+        )
+    measured = max(rebalance.window_iterations, rebalance.cooldown_iterations)
+    if rebalance.auto and measured >= iterations:
+        log.warning(
+            "%s: rebalance.auto: true decides once it has measured max(window_iterations, cooldown_iterations) = %d "
+            "iterations, and the job has %d: it ends before the rule can add a unit; use a window and cooldown below "
+            "%d, or leave auto out",
+            job.path,
+            measured,
+            iterations,
+            iterations,
         )
 
 

@@ -1194,6 +1194,28 @@ def test_a_decay_after_a_warm_up_as_long_as_the_job_is_warned_of_not_refused(
     }
 
 
+def test_automatic_rebalancing_that_decides_only_after_the_job_s_end_is_warned_of_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rebalance.auto in a job of 3 iterations with a window of 3 (the default) or a cooldown of 5: the rule decides
+    once it has measured that many iterations, after the last, so it never adds a unit that generates for the job,
+    and check passed it unsaid. A warning, not a refusal, as for anchor_every (`launch --iterations N`)."""
+    warned: dict[tuple[int, int, bool], list[str]] = {}
+    for window, cooldown, auto in ((3, 3, True), (2, 5, True), (2, 2, True), (3, 3, False)):
+        caplog.clear()
+        rebalance = {"auto": auto, "window_iterations": window} | ({"cooldown_iterations": cooldown} if auto else {})
+        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight.fields"):
+            assert refused(load(tmp_path, iterations=3, rebalance=rebalance), "rebalance.auto") == []
+        warned[window, cooldown, auto] = [r.getMessage() for r in caplog.records if "rebalance" in r.getMessage()]
+    said = (
+        f"{tmp_path / 'job.yaml'}: rebalance.auto: true decides once it has measured max(window_iterations, "
+        "cooldown_iterations) = {} iterations, and the job has 3: it ends before the rule can add a unit; use a window "
+        "and cooldown below 3, or leave auto out"
+    )
+    assert warned == {(3, 3, True): [said.format(3)], (2, 5, True): [said.format(5)], (2, 2, True): [],
+                      (3, 3, False): []}  # fmt: skip
+
+
 def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_datacenter(tmp_path: Path) -> None:
     """weight_sync.chains_per_datacenter is the relay's of a datacenter without a trainer rank
     (rlctl.weights.plan.plan_broadcast): with every rollout site in the trainer's datacenter nothing reads it."""
