@@ -2,12 +2,14 @@
 and parentheses (`(comm) `), so field 3 of proc(5), the state, is index 0 here; the parent is 1, the process group
 2, the start time (field 22, clock ticks since boot) 19. Where there is no /proc, nothing is found. (`alive`, whether a
 pid names a process, asks the kernel by signal 0 instead, so it holds on any POSIX system.) `pid_space` says which
-machine and namespace this process's pids are those of."""
+machine and namespace this process's pids are those of, and `pids_here` whether a pid recorded in a shared file is one
+of this pid space."""
 
 from __future__ import annotations
 
 import functools
 import os
+import socket
 from collections.abc import Iterator
 
 STATE, PPID, PGRP, START = 0, 1, 2, 19
@@ -64,6 +66,19 @@ def pid_space() -> str | None:
     except OSError:
         return None
     return f"{boot}-{namespace}"
+
+
+def pids_here(host: object, space: object) -> bool:
+    """Whether a pid that a process of `host` (its host name) and pid space `space` (its `pid_space`) wrote to a
+    shared file (a job dir on NFS) is one of this pid space, to be asked of here (`alive`, /proc): the host is this
+    one and, where the record and this machine both say a pid space, so is that. A record without one (an older
+    rlctl's) or a machine without /proc goes by the host alone, as before pid spaces were recorded; a record of
+    another pid space under this host name (a container of another machine) is not here, versus its pid taken for
+    whatever process of this machine has that number."""
+    if host != socket.gethostname():
+        return False
+    here = pid_space()
+    return space is None or here is None or space == here
 
 
 def every_stat() -> Iterator[tuple[int, list[str]]]:

@@ -96,7 +96,8 @@ def launcher_lock(job: JobDir) -> Iterator[int]:
             )
         f.seek(0)
         f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        space = procfs.pid_space()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n" + (f"pid space {space}\n" if space else ""))
         f.flush()
         yield f.fileno()
     finally:
@@ -104,12 +105,12 @@ def launcher_lock(job: JobDir) -> Iterator[int]:
 
 
 def launcher_holder(job: JobDir) -> str | None:
-    """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does (or none can: a filesystem with no
-    flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant tries again:
-    `_flock_launcher`). A lock file that cannot be read (another user's job dir whose lock is theirs alone, 0600
-    under a umask of 077; a directory by that name) is one line, naming it: who holds the job is not known, and a
-    `status`, `stop` or launch into the dir that took it as none would act as if no launcher ran it; versus the
-    OSError's traceback."""
+    """Who holds `launcher_lock` ("pid N on HOST": the file's first line), None when no launcher does (or none can: a
+    filesystem with no flock): probed with a shared lock, let go at once (a launcher taking the lock in that instant
+    tries again: `_flock_launcher`). A lock file that cannot be read (another user's job dir whose lock is theirs
+    alone, 0600 under a umask of 077; a directory by that name) is one line, naming it: who holds the job is not
+    known, and a `status`, `stop` or launch into the dir that took it as none would act as if no launcher ran it;
+    versus the OSError's traceback."""
     path = job.path / LAUNCHER_LOCK
     try:
         f = path.open("r")
@@ -123,7 +124,7 @@ def launcher_holder(job: JobDir) -> str | None:
             if flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB) is not None:  # no flock there: no launcher holds one
                 return None
         except BlockingIOError:
-            return f.read().strip() or "another process"
+            return _shown(f.read())
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return None
 
@@ -148,26 +149,28 @@ def _handed_lock(path: Path) -> TextIO | None:
 def _flock_launcher(f: TextIO, path: Path) -> str | None:
     """An exclusive flock on the launcher lock file `f` (at `path`), not waited for: None once taken, else who holds
     it (the file's "pid N on HOST"). Held while the holder it names is no live process here (a launcher gone, or
-    another machine's), it is tried again, LOCK_TRIES times LOCK_RETRY_S apart: a `launcher_holder` probe (`status
-    -w`, `logs -f`, `stop`) holds it for an instant, and a resume then was refused at once, naming the gone launcher
-    as the one that has the job. (A launcher on another machine is refused after those tries.)"""
+    another machine's: another host, or another pid space under this host name), it is tried again, LOCK_TRIES times
+    LOCK_RETRY_S apart: a `launcher_holder` probe (`status -w`, `logs -f`, `stop`) holds it for an instant, and a
+    resume then was refused at once, naming the gone launcher as the one that has the job. (A launcher on another
+    machine is refused after those tries.)"""
     holder = _flock_now(f, path)
     for _ in range(LOCK_TRIES - 1):
         if holder is None or _runs_here(holder):
             break
         time.sleep(LOCK_RETRY_S)
         holder = _flock_now(f, path)
-    return holder
+    return None if holder is None else _shown(holder)
 
 
 def _flock_now(f: TextIO, path: Path) -> str | None:
     """One try of `_flock_launcher`: None once taken, or where the filesystem has no flock (said once: this launcher
-    goes on unlocked, versus the OSError's traceback before every refusal of a resume); else who holds it."""
+    goes on unlocked, versus the OSError's traceback before every refusal of a resume); else who holds it (the
+    file's lines)."""
     try:
         unlocked = flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        return f.read().strip() or "another process"  # (nothing yet: a launcher that has just taken it)
+        return f.read()
     if unlocked is not None:
         from rlctl.launch.jobdir import say_once  # (jobdir imports this module: its appends take `flock`)
 
@@ -180,9 +183,19 @@ def _flock_now(f: TextIO, path: Path) -> str | None:
     return None
 
 
+def _shown(holder: str) -> str:
+    """The holder the lock file's lines name, as said to the user: its first line ("pid N on HOST"; its pid space,
+    the second, is for `_runs_here`), or "another process" where it is empty (a launcher that has just taken it)."""
+    return next(iter(holder.strip().splitlines()), "another process")
+
+
 def _runs_here(holder: str) -> bool:
-    """Whether the launcher `holder` ("pid N on HOST", as `launcher_lock` writes it) is a live process here. A pid no
-    process can have (a hand-edited file: 0, which `kill` takes for its own process group; one past a C int, its
-    OverflowError) is none, versus the OverflowError's traceback or pid 0 taken for a live launcher."""
-    m = re.fullmatch(r"pid (\d+) on (\S+)", holder)
-    return m is not None and m[2] == socket.gethostname() and procfs.alive(int(m[1]))
+    """Whether the launcher `holder` (the lock file's lines: "pid N on HOST", then "pid space S" where it had one,
+    as `launcher_lock` writes them) is a live process here: of this host and pid space (`procfs.pids_here`; a file
+    without a pid space, an older rlctl's, by host alone), versus a launcher of a container of another machine under
+    this host name taken for this machine's process of its pid (a resume refused at once while a probe held the lock
+    of that gone launcher). A pid no process can have (a hand-edited file: 0, which `kill` takes for its own process
+    group; one past a C int, its OverflowError) is none, versus the OverflowError's traceback or pid 0 taken for a
+    live launcher."""
+    m = re.fullmatch(r"pid (\d+) on (\S+)(?:\npid space (\S+))?", holder.strip())
+    return m is not None and procfs.pids_here(m[2], m[3]) and procfs.alive(int(m[1]))

@@ -22,8 +22,9 @@ An attached launcher whose terminal goes away (SIGHUP: the operator's SSH sessio
 its output moves to `logs/launcher.log` and it keeps watching. Without that, SIGHUP ended it and left the job
 running unwatched (its index entry "running" after the job ended, no held-out figures).
 
-The job index records each job's launcher (`this_launcher`: pid, host); `launcher_running` says whether it still
-runs, for `rlctl status`, `rlctl logs JOB launcher -f` and `rlctl attach` (which takes over from one that is gone).
+The job index records each job's launcher (`this_launcher`: pid, host, pid space); `launcher_running` says whether
+it still runs, for `rlctl status`, `rlctl logs JOB launcher -f` and `rlctl attach` (which takes over from one that is
+gone).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from rlctl import procfs
 
 LOG_NAME = "launcher.log"
 READY_FD_ENV = "RLCTL_LAUNCH_READY_FD"  # the write end of the pipe the child says "started" on
@@ -327,14 +330,21 @@ def hung_up() -> bool:
 
 
 def this_launcher() -> dict[str, Any]:
-    """What the job index records of the launcher watching a job (`launcher_state` reads it back)."""
-    return {"pid": os.getpid(), "host": socket.gethostname()}
+    """What the job index records of the launcher watching a job (`launcher_state` reads it back): its pid, host and
+    pid space (`procfs.pid_space`)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "pid_space": procfs.pid_space()}
 
 
 def launcher_running(info: Any) -> bool | None:
     """Whether the launcher `this_launcher` recorded still runs; None when this machine cannot tell (another
-    host, or no record)."""
-    if not isinstance(info, dict) or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+    host, or another pid space under this host name: a container of another machine, whose pid was read here as a
+    launcher gone and `rlctl attach` took over from one that watched; or no record). A record without a pid space,
+    an older rlctl's, goes by its host alone (`procfs.pids_here`)."""
+    if (
+        not isinstance(info, dict)
+        or not procfs.pids_here(info.get("host"), info.get("pid_space"))
+        or not isinstance(info.get("pid"), int)
+    ):
         return None
     try:
         cmdline = Path(f"/proc/{info['pid']}/cmdline").read_bytes()

@@ -629,14 +629,24 @@ def _events_elsewhere(jd: JobDir) -> bool:
 
 
 def _stopper() -> dict[str, Any]:
-    """This stop's process, in its request (`stop_under_way` of a later stop asks whether it still runs)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": procfs.start_ticks(os.getpid())}
+    """This stop's process, in its request (`stop_under_way` of a later stop asks whether it still runs): its host,
+    pid space (`procfs.pid_space`), pid and start time."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "pid_space": procfs.pid_space(),
+        "pid": pid,
+        "start_ticks": procfs.start_ticks(pid),
+    }
 
 
 def _stopper_runs(stopper: Any) -> bool:
-    """Whether the stop process `_stopper` recorded still runs; True where this machine cannot tell (another host,
-    no /proc, a request written before stops recorded themselves)."""
-    if not isinstance(stopper, dict) or stopper.get("host") != socket.gethostname():
+    """Whether the stop process `_stopper` recorded still runs; True where this machine cannot tell (another host;
+    another pid space under this host name, a container of another machine, whose stop was read here as gone and
+    its request as no stop under way: a second stop forced the end the first was waiting out; no /proc; a request
+    written before stops recorded themselves). A request without a pid space, an older rlctl's, goes by its host
+    alone (`procfs.pids_here`)."""
+    if not isinstance(stopper, dict) or not procfs.pids_here(stopper.get("host"), stopper.get("pid_space")):
         return True
     if stopper.get("start_ticks") is None:
         return True
