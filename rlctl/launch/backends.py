@@ -28,11 +28,13 @@ from rlctl.launch.local import LocalBackend
 SITES_FILE = "sites.json"
 AGENTS_FILE = "agents.jsonl"
 # what a process's handle (its ident) holds, by backend: the fields its poll and stop read, of their type. A
-# hand-edited "pgid": "5", or a record without its pgid, is said when the record is read, versus a TypeError or
-# KeyError when its agent is polled or stopped
+# hand-edited "pgid": "5", or a record without its pgid (a slurm record without its job_id), is said when the record
+# is read, versus a TypeError or KeyError when its agent is polled or stopped. (slurm's `stopped` is read as absent
+# where it is: `.get`)
 PROCESS_IDENT: dict[str, dict[str, type]] = {
     "local": {"pid": int, "pgid": int, "start_ticks": int},
     "ssh": {"host": str, "pid": int, "pgid": int, "start_ticks": int, "exitfile": str},
+    "slurm": {"job_id": str},  # as its submit wrote it: sbatch's (or submitit's) job id, a string
 }
 OLDER_IDENT = {("local", "start_ticks")}  # an older rlctl's local record has none: its agent unchecked (local._reused)
 

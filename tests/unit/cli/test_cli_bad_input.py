@@ -200,6 +200,9 @@ def test_an_agent_record_whose_pid_or_pgid_is_no_integer_is_named_not_a_tracebac
 
 
 SSH_IDENT = {"host": "h1", "pid": 8, "pgid": 8, "start_ticks": 1, "exitfile": "/w/rollout-1.exit"}
+# as a slurm site's submit records it
+SLURM_IDENT = {"job_id": "4242", "submitter": "sbatch", "job_name": "rlctl-j-rollout-1", "stopped": False}
+GOOD_IDENT = {"local": {"pid": 7, "pgid": 7}, "ssh": SSH_IDENT, "slurm": SLURM_IDENT}
 
 
 @pytest.mark.parametrize(
@@ -210,6 +213,8 @@ SSH_IDENT = {"host": "h1", "pid": 8, "pgid": 8, "start_ticks": 1, "exitfile": "/
         ("local", {"pid": 8, "pgid": 8, "start_ticks": "5"}, "ident.start_ticks is '5', not an integer"),
         *(("ssh", {k: v for k, v in SSH_IDENT.items() if k != gone}, f"ident has no {gone}") for gone in SSH_IDENT),
         ("ssh", SSH_IDENT | {"host": 5}, "ident.host is 5, not a string"),
+        ("slurm", {k: v for k, v in SLURM_IDENT.items() if k != "job_id"}, "ident has no job_id"),
+        ("slurm", SLURM_IDENT | {"job_id": 4242}, "ident.job_id is 4242, not a string"),
     ],
 )
 def test_an_agent_record_without_a_field_its_poll_or_stop_reads_is_named_not_a_key_error_later(
@@ -217,9 +222,10 @@ def test_an_agent_record_without_a_field_its_poll_or_stop_reads_is_named_not_a_k
 ) -> None:
     # a hand-edited agents.jsonl's local record without its pgid was read as a handle, and `rlctl stop` raised a
     # KeyError ('pgid') from the local backend's signal, stopping none of the agents after it; an ssh record without
-    # its host, pid, pgid or start_ticks, the same from its stop script (its exitfile: from `rlctl status`'s poll)
+    # its host, pid, pgid or start_ticks, the same from its stop script (its exitfile: from `rlctl status`'s poll);
+    # a slurm record without its job_id, the same from every squeue, scancel and sacct of its poll and stop
     row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "s", "backend": backend}
-    good = json.dumps({**row, "ident": {"pid": 7, "pgid": 7} if backend == "local" else SSH_IDENT})
+    good = json.dumps({**row, "ident": GOOD_IDENT[backend]})
     bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": ident})
     skipped: list[str] = []
     assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n", skipped=skipped)] == ["rollout-0"]
