@@ -19,7 +19,8 @@ import socket
 import subprocess
 from urllib.parse import urlsplit
 
-from rlctl.config.inventory import Site, expand_hostlist, loopback, same_host
+from rlctl.config.hosts import expand_hostlist, loopback, same_host
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ENV_LISTEN_HOST, ENV_SITE

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlctl import procfs
-from rlctl.config.inventory import same_host
+from rlctl.config.hosts import same_host
 from rlctl.errors import LaunchError
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, SiteProblem
 from rlctl.launch.jobdir import why_not_made

@@ -22,7 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rlctl.config.inventory import jump_host_parts
+from rlctl.config.hosts import jump_host_parts
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.textutil import home_path

@@ -24,8 +24,9 @@ import hostlist
 
 from rlctl import __version__
 from rlctl.buildid import code_digest
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.devices import kind_for
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
 from rlctl.errors import CommandTimeout, LaunchError
@@ -92,7 +93,8 @@ CONTROLLER_PROBE = r"""
 import json, sys
 import hostlist
 
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.launch.reach import probe_site
 out = {}
 for name, d in json.loads(sys.argv[1]).items():

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, slurm_layout
-from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
+from rlctl.config.hosts import expand_hostlist
+from rlctl.config.inventory import Site
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.base import DEFAULT_WORKDIR, AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
 from rlctl.launch.localrunner import LocalRunner

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from rlctl import procfs
-from rlctl.config.inventory import Site, SshScheduler
+from rlctl.config.inventory import Site
+from rlctl.config.schedulers import SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, site_setup

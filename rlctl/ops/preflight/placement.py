@@ -10,8 +10,9 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import Job
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, LaunchError, PlanError
 from rlctl.launch.backends import kind_of

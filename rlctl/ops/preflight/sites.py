@@ -10,8 +10,10 @@ import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rlctl.config.inventory import Inventory, Site, SlurmScheduler, SshScheduler, loopback
+from rlctl.config.hosts import loopback
+from rlctl.config.inventory import Inventory, Site
 from rlctl.config.job import Job
+from rlctl.config.schedulers import SlurmScheduler, SshScheduler
 from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem

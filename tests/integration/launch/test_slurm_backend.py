@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.config.inventory import SlurmScheduler
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.remote import RemoteState

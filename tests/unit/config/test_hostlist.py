@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rlctl.config.inventory import expand_hostlist as expand
+from rlctl.config.hosts import expand_hostlist as expand
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "launch" / "nodelist.json"

@@ -13,9 +13,10 @@ import pytest
 from rlctl import __version__
 from rlctl.buildid import code_digest
 from rlctl.checkpoint.choose import checkpoint_bytes
-from rlctl.config.inventory import LocalScheduler, Site
+from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile
 from rlctl.config.lifecycle import Checkpoint
+from rlctl.config.schedulers import LocalScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import siteprobe
 from rlctl.launch.backends import python_for

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from rlctl.config.hostfill import placement_error, ranks_per_host, slurm_layout, trainer_slots
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site
+from rlctl.config.schedulers import SlurmScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.remote import CommandResult, RemoteState
@@ -125,7 +126,7 @@ def test_an_inventory_node_s_memory_gb_says_the_sbatch_option_it_becomes(monkeyp
     # its description said SLURM's --mem, where the script asks --mem-per-cpu (the slot's memory ÷ its threads)
     import submitit
 
-    from rlctl.config.inventory import Node
+    from rlctl.config.hardware import Node
 
     monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun not needed to render
 

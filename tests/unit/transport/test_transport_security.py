@@ -423,7 +423,7 @@ def test_the_trainer_groups_store_binds_a_master_addr_in_ipv4_shorthand() -> Non
 
 
 def test_the_trainer_groups_store_binds_localhost_in_capitals() -> None:
-    """LOCALHOST is localhost (`inventory.loopback`, case ignored), not a node name that resolves to the loopback:
+    """LOCALHOST is localhost (`hosts.loopback`, case ignored), not a node name that resolves to the loopback:
     bound, versus torch's default of every interface with a warning naming it as such a name."""
     fd = store_listener("LOCALHOST", 0)
     assert fd is not None
