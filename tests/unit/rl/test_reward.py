@@ -849,17 +849,20 @@ if (HERE / "flag").exists():  # import-time work that can fail for a while: shar
     raise OSError("shared filesystem not answering")
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    if solution_str == "hang":
-        import threading
-        threading.Event().wait()
+    if solution_str == "die":
+        import os
+        os._exit(3)
     return float(solution_str == ground_truth)
 """
+# The tests below need a worker replaced: a call that kills its worker has it replaced at once, whatever the
+# calls' deadline, so that deadline can be long (30 s) — a call that hung until a deadline short enough to wait out
+# (1 s) bound the ordinary calls too, and an ordinary call's worker run 1 s late on a loaded machine was a timeout.
 
 
 def _break_the_worker_s_next_load(pool: RewardPool, tmp_path: Path) -> None:
-    """The function loads no more; a hung call's timeout replaces the worker, whose start fails."""
+    """The function loads no more; a call that kills its worker has it replaced, and the replacement's start fails."""
     (tmp_path / "flag").touch()
-    assert pool.score("hung", "d", "hang", "a").outcome == "timeout"
+    assert pool.score("gone", "d", "die", "a").outcome == "died"
     deadline = time.monotonic() + 30.0
     while not (tmp_path / "failed").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -871,7 +874,7 @@ def test_a_worker_that_failed_to_load_starts_again_and_scores(tmp_path: Path, ca
     after its backoff and the calls are scored (they once all scored `on_error` for the rest of the job)."""
     caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "flaky.py").write_text(FLAKY_FILE)
-    with RewardPool("flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0) as pool:
+    with RewardPool("flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0) as pool:
         assert pool.score("s0", "d", "a", "a").ok
         _break_the_worker_s_next_load(pool, tmp_path)
         (tmp_path / "flag").unlink()  # the hiccup is over
@@ -886,7 +889,7 @@ def test_workers_that_stay_unable_to_load_fail_the_pool(tmp_path: Path, caplog: 
     caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "flaky.py").write_text(FLAKY_FILE)
     with RewardPool(  # 3 s: the first start's deadline too, on a loaded CI machine
-        "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=3.0
+        "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=3.0
     ) as pool:
         assert pool.score("s0", "d", "a", "a").ok
         _break_the_worker_s_next_load(pool, tmp_path)
@@ -1007,8 +1010,9 @@ if (HERE / "hang").exists():  # an import that never ends: a network mount not a
     threading.Event().wait()
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    if solution_str == "hang":
-        threading.Event().wait()
+    if solution_str == "die":
+        import os
+        os._exit(3)
     return float(solution_str == ground_truth)
 """
 
@@ -1041,11 +1045,11 @@ def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
     caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "slow.py").write_text(HANGING_FILE)
     with RewardPool(
-        "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=load_retry_s
-    ) as pool:
+        "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=load_retry_s
+    ) as pool:  # (30 s for the calls: the worker goes by a call that kills it, see _break_the_worker_s_next_load)
         assert pool.score("s0", "d", "a", "a").ok
         (tmp_path / "hang").touch()
-        assert pool.score("hung", "d", "hang", "a").outcome == "timeout"  # its replacement hangs loading
+        assert pool.score("gone", "d", "die", "a").outcome == "died"  # its replacement hangs loading
         waiting = pool.submit("s1", "d", "a", "a")
         deadline = time.monotonic() + 30.0
         if passes:  # the hang passes once the replacement hangs in its import (it hangs on): the next start loads
