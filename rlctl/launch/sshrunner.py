@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import logging
 import math
 import shlex
 import threading
@@ -28,6 +30,7 @@ from rlctl.launch.remote import (
 if TYPE_CHECKING:
     from fabric import Connection
 
+log = logging.getLogger(__name__)
 
 PART_SUFFIX = ".part"  # a file being copied to a host, renamed to its name once whole
 PUT_CHUNK = 1 << 20
@@ -107,8 +110,7 @@ class SshRunner:
         from invoke.exceptions import CommandTimedOut, ThreadException
 
         timeout_s = deadline_or_none(timeout_s, where=self.where)
-        if self._conn is None:
-            self._conn = connect(self.target)
+        conn = self._open()
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
         in_stream: Any = False
         if hold_stdin is not None:
@@ -123,7 +125,7 @@ class SshRunner:
             line = in_bash(script)
         started = time.monotonic()
         try:
-            res = self._conn.run(
+            res = conn.run(
                 line,
                 hide=True,
                 warn=True,
@@ -169,11 +171,10 @@ class SshRunner:
         the bytes that arrived (`resume`; the caller checks the result's SHA-256). `progress` is told each chunk's
         bytes (the resumed ones at once); `timeout_s`: the longest the transfer may stall. Returns the bytes taken
         as already there."""
-        if self._conn is None:
-            self._conn = connect(self.target)
+        conn = self._open()
         part = remote + PART_SUFFIX
         try:
-            sftp = self._conn.sftp()
+            sftp = conn.sftp()
             sftp.get_channel().settimeout(timeout_s)
             st = local.stat()
             have = _remote_size(sftp, part) if resume else 0
@@ -201,11 +202,10 @@ class SshRunner:
 
     def get(self, remote: str, local: Path, *, timeout_s: float = 300.0) -> None:
         """Copy one file from the host over SFTP (`timeout_s`: the longest the transfer may stall)."""
-        if self._conn is None:
-            self._conn = connect(self.target)
+        conn = self._open()
         try:
-            self._conn.sftp().get_channel().settimeout(timeout_s)
-            self._conn.get(remote, str(local))
+            conn.sftp().get_channel().settimeout(timeout_s)
+            conn.get(remote, str(local))
         except (OSError, EOFError) as e:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {remote} to {local}: {e or type(e).__name__}") from e
@@ -213,10 +213,9 @@ class SshRunner:
     def get_range(self, remote: str, local: Path, start: int, end: int, *, timeout_s: float = 300.0) -> None:
         """Copy bytes [start, end) of a file on the host over SFTP, reads pipelined (`timeout_s`: the longest the
         transfer may stall); fewer when the file is shorter."""
-        if self._conn is None:
-            self._conn = connect(self.target)
+        conn = self._open()
         try:
-            sftp = self._conn.sftp()
+            sftp = conn.sftp()
             sftp.get_channel().settimeout(timeout_s)
             with sftp.open(remote, "rb") as src, local.open("wb") as dst:
                 src.seek(start)
@@ -229,10 +228,42 @@ class SshRunner:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {remote} to {local}: {e or type(e).__name__}") from e
 
+    def _open(self) -> Connection:
+        """The connection, opened on first use, its commands run by `_deadline_safe_remote`'s runner."""
+        if self._conn is None:
+            conn = connect(self.target)
+            conn.config.runners.remote = _deadline_safe_remote()
+            self._conn = conn
+        return self._conn
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+@functools.cache
+def _deadline_safe_remote() -> type:
+    """fabric's runner of a command (`Remote`) whose deadline cannot print a traceback.
+
+    invoke meets a command's deadline in a timer thread of its own, which closes the channel (`Remote.kill`): the
+    channel counts as closed at once, and its EOF and close messages are written after. The run, woken by the
+    close, may return first (a result with no exit status, -1: `SshRunner.run` makes it the CommandTimeout it is)
+    and the connection be closed (ours, or lost) while the timer is still writing: that write's EOFError (a closed
+    socket) ended the thread, a traceback on the user's terminal ("Exception in thread … (kill)"). The close is
+    moot then (the channel is closed here, the host ends the command by its own deadline, `host_deadline`): said
+    at debug level."""
+    from fabric.runners import Remote
+    from paramiko import SSHException
+
+    class DeadlineSafeRemote(Remote):
+        def kill(self) -> None:
+            try:
+                super().kill()
+            except (EOFError, OSError, SSHException) as e:  # (paramiko writes a closed socket as EOFError)
+                log.debug("ssh %s: closing the channel at the deadline: %s", self.context.host, repr(e))
+
+    return DeadlineSafeRemote
 
 
 class _ChunkedInput(io.StringIO):

@@ -7,12 +7,16 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import subprocess
+import threading
 import time
 from typing import Any
 
+import paramiko
 import pytest
 
+from rlctl.errors import CommandTimeout
 from rlctl.launch import remote, sshrunner
 from rlctl.launch.remote import SshTarget
 from rlctl.launch.sshrunner import SshRunner
@@ -123,3 +127,87 @@ def test_what_a_bounded_command_starts_does_not_ignore_sigint_or_sigquit() -> No
     )
     ignored = int(done.stdout.split()[1], 16)
     assert ignored & (1 << (2 - 1) | 1 << (3 - 1)) == 0  # bit SIG-1 of the mask: SIGINT (2), SIGQUIT (3)
+
+
+class _Silent(paramiko.ServerInterface):
+    """An in-process sshd whose commands never finish: each runs until the client's deadline closes its channel."""
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "password"
+
+    def check_auth_password(self, username: str, password: str) -> int:
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        return True
+
+
+def test_a_deadline_met_as_the_connection_closes_prints_no_traceback_from_invokes_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """invoke's deadline timer closes the channel in a thread of its own: the channel counts as closed at once, its
+    close messages are sent after, so the run reads a result with no exit status and SshRunner closes the
+    connection (a CommandTimeout) while the timer may still be writing them. The timer's write on the closed
+    socket then raised EOFError in that thread: a traceback on the user's terminal ("Exception in thread …
+    (kill)"). Here the race's losing order is made: the timer, past the transport's check that it is open, writes
+    once the connection has closed."""
+    from fabric import Config, Connection
+
+    ours, theirs = socket.socketpair()
+    server = paramiko.Transport(theirs)
+    server.add_server_key(paramiko.ECDSAKey.generate())
+    serving = threading.Thread(target=server.start_server, kwargs={"server": _Silent()}, daemon=True)
+    serving.start()  # (start_server returns once the client's handshake is done)
+    conn = Connection(
+        "login1",
+        user="u",
+        config=Config(ssh_config=paramiko.SSHConfig()),
+        connect_kwargs={"sock": ours, "password": "p", "look_for_keys": False, "allow_agent": False},
+    )
+    conn.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    monkeypatch.setattr(sshrunner, "connect", lambda target: conn)
+
+    send, close = paramiko.Transport._send_message, paramiko.Transport.close
+    timer_writes: list[str] = []
+    writing = threading.Event()  # the timer has passed the transport's "still open" check, and writes
+
+    def held(self: paramiko.Transport, data: Any) -> None:
+        if isinstance(threading.current_thread(), threading.Timer):  # invoke's timer, closing the channel
+            writing.set()
+            deadline = time.monotonic() + 30.0
+            while not self.packetizer.closed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            try:
+                send(self, data)
+            except BaseException as e:
+                timer_writes.append(type(e).__name__)
+                raise
+            timer_writes.append("sent")
+            return
+        send(self, data)
+
+    def closed_after_the_check(self: paramiko.Transport) -> None:
+        writing.wait(30.0)
+        close(self)
+
+    monkeypatch.setattr(paramiko.Transport, "_send_message", held)
+    monkeypatch.setattr(paramiko.Transport, "close", closed_after_the_check)
+    thread_errors: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(repr(args.exc_value)))
+    runner = SshRunner(SshTarget("login1"))
+    try:
+        with pytest.raises(CommandTimeout, match=r"did not finish within 0\.5 s"):
+            runner.run("sleep 60", timeout_s=0.5)
+        for t in threading.enumerate():
+            if isinstance(t, threading.Timer):
+                t.join(30.0)
+    finally:
+        runner.close()
+        server.close()
+        ours.close()
+        serving.join(10.0)
+    assert timer_writes and timer_writes[0] == "EOFError"  # the race was run: the timer wrote on a closed connection
+    assert thread_errors == []
