@@ -240,8 +240,9 @@ def wait_event(jd: JobDir, kind: str, timeout_s: float = 10) -> dict[str, Any]:
 @pytest.fixture
 def running(tmp_path, monkeypatch):
     """A real controller (inproc) with a fake trainer and a fake rollout unit on site `far`."""
-    # the fakes beat every 0.1 s: 1.5 s of silence is a unit that stopped, not a thread a loaded machine delayed
-    monkeypatch.setattr(controller_members, "HEARTBEAT_TIMEOUT_S", 1.5)
+    # the fakes beat every 0.1 s: 5 s of silence is a unit that stopped, not a thread a loaded machine delayed (at
+    # 1.5 s, a trainer's beats 1.6 s late made its site unreachable too: the job paused for 'far' and 'local')
+    monkeypatch.setattr(controller_members, "HEARTBEAT_TIMEOUT_S", 5.0)
     monkeypatch.setattr(controller_mod, "BYE_WAIT_S", 0.2)  # the fakes say no bye
     made: list[tuple[ControllerAgent, threading.Thread, Connection]] = []
 
@@ -276,7 +277,7 @@ def status(client: Connection) -> dict[str, Any]:
 def test_a_silent_unit_pauses_the_job_and_its_heartbeat_brings_it_back(running) -> None:
     _, jd, _, unit, client = running(60.0)
     work = unit.requests()
-    gone = wait_event(jd, "agent_unreachable")  # it never heartbeats
+    gone = wait_event(jd, "agent_unreachable", timeout_s=30)  # it never heartbeats
     assert gone["agent"] == "rollout-0" and gone["site"] == "far" and gone["requeued"] == len(work)
     paused = wait_event(jd, "job_paused")
     assert paused["sites"] == ["far"]
@@ -297,7 +298,7 @@ def test_a_silent_unit_pauses_the_job_and_its_heartbeat_brings_it_back(running) 
 def test_past_the_bound_it_is_lost_and_a_late_hello_is_told_to_stop(running) -> None:
     ctl, jd, transport, unit, _ = running(1.0)
     unit.next("generate")
-    lost = wait_event(jd, "agent_lost", timeout_s=15)
+    lost = wait_event(jd, "agent_lost", timeout_s=30)
     assert lost["agent"] == "rollout-0" and lost["reason"].startswith("unreachable for ")
     late = Fake(transport, ctl.listener.address, Hello(role="rollout", name="rollout-0", address="x", weights="y"))
     late.next("stop")
