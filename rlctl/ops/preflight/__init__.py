@@ -143,7 +143,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         out.append(
             Problem(
                 "transport.streams",
-                f"{spec.transport.streams}: the tensor RPC uses one stream per peer; valid: 1",
+                f"{spec.transport.streams}: a job's connections are one TCP stream each (the transport's striping, "
+                "TcpConfig.num_streams, is not wired to jobs: nothing measured it on a long link); valid: 1",
             )
         )
     if spec.transport.kind == "inproc":

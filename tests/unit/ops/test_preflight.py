@@ -35,6 +35,11 @@ from tests.unit.tiny_models import small_config
 LOCAL = str(ROOT / "clusters" / "local.yaml")
 GPU_CLUSTERS = [str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "h20-rollout.yaml")]
 
+STREAMS_REFUSED = (
+    "2: a job's connections are one TCP stream each (the transport's striping, TcpConfig.num_streams, is not wired "
+    "to jobs: nothing measured it on a long link); valid: 1"
+)
+
 
 def job_dict(**over: Any) -> dict[str, Any]:
     """The demo job, small, on this machine's local site (4 slots); `over` replaces whole sections."""
@@ -978,7 +983,7 @@ def test_dynamic_sampling_past_the_digits_task_s_numbering_is_refused(tmp_path: 
 # -- 4. refusals that had no test ------------------------------------------------------------------
 def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     (p,) = refused(load(tmp_path, transport={"streams": 2}), "transport.streams")
-    assert p.message == "2: the tensor RPC uses one stream per peer; valid: 1"
+    assert p.message == STREAMS_REFUSED
 
 
 def test_recomputing_on_new_weights_is_refused_for_the_embedded_engine(tmp_path: Path) -> None:
@@ -1403,7 +1408,7 @@ def test_dry_run_lists_the_refusals_and_still_renders(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stderr
     head = res.stdout.splitlines()[:3]
     assert head[0] == "# would be refused by `rlctl check` (1): a launch stops before starting anything"
-    assert head[1] == "#   transport.streams: 2: the tensor RPC uses one stream per peer; valid: 1"
+    assert head[1] == f"#   transport.streams: {STREAMS_REFUSED}"
     assert head[2].startswith("# 4 agents;") and "# ---- rollout-0 on site local" in res.stdout
     # json: stdout stays the list of agents, the refusals go to stderr
     res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
