@@ -93,12 +93,14 @@ CONTROLLER_PROBE = r"""
 import json, sys
 import hostlist
 
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import RECORDED, Site
 from rlctl.config.schedulers import SlurmScheduler
 from rlctl.launch.reach import probe_site
 out = {}
 for name, d in json.loads(sys.argv[1]).items():
-    r = probe_site(name, Site.model_validate(d), timeout_s=float(sys.argv[2]))
+    # as the operator's inventory read it: its dump writes every field (a custom GPU's default price beside the
+    # site's), which a new inventory is refused with
+    r = probe_site(name, Site.model_validate(d, context=RECORDED), timeout_s=float(sys.argv[2]))
     out[name] = {"ok": r.ok, "detail": r.detail}
 print("RLCTL_PROBE " + json.dumps(out))
 """

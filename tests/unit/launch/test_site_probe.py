@@ -267,6 +267,32 @@ def test_the_controllers_site_is_asked_whether_it_reaches_the_rollout_sites(
     assert "`rlctl scale` and the rebalance rule start rollout units from there" in line
 
 
+def test_the_controllers_site_reads_a_target_priced_by_the_site_beside_its_custom_gpu(tmp_path: Path) -> None:
+    """A target of a custom GPU priced by the site's cost_per_gpu_hour (its gpu_spec's cost_per_hour left at the
+    default, which the dump the controller's site is handed writes out) is read there as the operator's inventory
+    read it, and asked; versus refused there as giving two prices: the probe's traceback, no answer, and
+    `controller_reach_problems` silent for every target."""
+    here = {"kind": "local", "workdir": str(tmp_path)}
+    local = Site.model_validate(
+        {"datacenter": "dc", "scheduler": here, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 1}]}
+    )
+    custom = {"name": "X", "bf16_tflops": 1, "hbm_gb": 1, "hbm_tb_per_s": 1}
+    priced = Site.model_validate(
+        {
+            "datacenter": "dc",
+            "scheduler": here,
+            "gpu_spec": custom,
+            "cost_per_gpu_hour": 1.5,
+            "nodes": [{"host": "localhost", "gpus": 1}],
+        }
+    )
+    body = json.dumps({"priced": priced.model_dump(mode="json")})
+    (report,) = siteprobe.probe_site_hosts("ctl", local, timeout_s=120, script=siteprobe.CONTROLLER_PROBE,
+                                           args=[body, "3"])  # fmt: skip
+    assert report.error is None, report.error
+    assert report.facts["priced"]["ok"] is True, report.facts
+
+
 def test_check_sizes_the_trainer_sites_need_by_the_checkpoints_it_keeps(monkeypatch) -> None:
     """`check --reach`: every site needs room for the staged model; the trainer's site also for the checkpoints
     it will hold at once (all of them with checkpoint.keep 0; else keep + 1, and the keep sealed ones resumes set
