@@ -18,10 +18,13 @@ DIGEST_CHARS = 16  # of the SHA-256 hex: what `rlctl version` shows and the agen
 def code_digest() -> str:
     """SHA-256 (its first DIGEST_CHARS hex digits) over this package's .py files: each one's path below the
     package and its bytes, in path order. Compiled files, caches and the directory the package sits in do not
-    count: the same sources installed anywhere, editable or not, have one digest."""
+    count: the same sources installed anywhere, editable or not, have one digest. Nor does a name that is no file
+    (an editor's lock, `.#NAME.py`: a symlink to nothing while NAME.py has unsaved edits), versus its
+    FileNotFoundError."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+    sources = (p for p in root.rglob("*.py") if p.is_file())
+    for path in sorted(sources, key=lambda p: p.relative_to(root).as_posix()):
         name, data = path.relative_to(root).as_posix().encode(), path.read_bytes()
         h.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
     return h.hexdigest()[:DIGEST_CHARS]

@@ -43,6 +43,16 @@ def test_the_same_sources_anywhere_have_one_digest_and_an_edit_another(tmp_path:
     assert digest_of(copy) != here
 
 
+def test_an_editors_lock_beside_the_sources_is_no_source(tmp_path: Path) -> None:
+    """Emacs marks a file with unsaved edits by a symlink `.#NAME.py` to nothing: not a source (Python imports no
+    such module), counted by nothing, versus read as one: `rlctl version`, a launch and every agent's start ended in
+    a FileNotFoundError traceback while a file of the checkout was being edited."""
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(PACKAGE, copy / "rlctl", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "rlctl" / ".#buildid.py").symlink_to("someone@host.4242:1700000000")
+    assert digest_of(copy) == code_digest()
+
+
 def test_an_agent_compares_its_launchers_digest_with_its_own() -> None:
     assert code_mismatch({}) is None  # started by hand, or by an older launcher: nothing to compare
     assert code_mismatch({ENV_CODE: code_digest()}) is None
