@@ -20,7 +20,10 @@ def code_digest() -> str:
     package and its bytes, in path order. Compiled files, caches and the directory the package sits in do not
     count: the same sources installed anywhere, editable or not, have one digest. Nor does a name that is no file
     (an editor's lock, `.#NAME.py`: a symlink to nothing while NAME.py has unsaved edits), versus its
-    FileNotFoundError."""
+    FileNotFoundError. Read once, at the first call: a launcher (`launch`, `attach`) and an agent call it as they
+    start, so that sources edited while a job runs (an editable checkout) are other code than theirs: agents started
+    after the edit (a resume, `scale`, the rebalance rule) refuse to run beside them. An install with no .py files
+    (a zip app of compiled files) has the digest of none."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     sources = (p for p in root.rglob("*.py") if p.is_file())

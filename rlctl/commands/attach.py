@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rlctl.buildid import code_digest
 from rlctl.commands.launching.detached import run_detached
 from rlctl.commands.launching.launcher import be_launcher
 from rlctl.commands.status import JobArg
@@ -83,6 +84,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.refusals import refuse_if_unprepared
 
+        code_digest()  # this launcher's code as it starts, which the agents it starts must run (rlctl.buildid)
         db = JobDB()
         lock = contextlib.ExitStack()  # the launcher lock, from its checks into the run's end
         try:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from rlctl.buildid import code_digest
 from rlctl.commands.launching.detached import run_detached
 from rlctl.commands.launching.interrupts import said_if_interrupted
 from rlctl.commands.launching.launcher import be_launcher
@@ -120,6 +121,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.run import JobRun
             from rlctl.rl.dataset import keeping_rows
 
+            code_digest()  # this launcher's code as it starts, which its agents must run (rlctl.buildid)
             if resume is not None:
                 if job_file is not None or dry_run or mode is not None or job_dir is not None:
                     raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")

@@ -376,7 +376,7 @@ def launcher_state(
     where = f"pid {info.get('pid')} on {info.get('host')}"
     running = launcher_running(info)
     if running is None:
-        return f"{where} (another machine: not checked)"
+        return f"{where} (another machine or container: not checked)"
     if running:
         return f"{where}, watching" if not ended else f"{where}, finishing"
     if ended:

@@ -138,10 +138,11 @@ def test_zsh_and_fish_completion_requests_are_answered(
 def test_a_scale_count_without_its_option_is_shown_where_it_goes(cli: Callable[..., CliResult]) -> None:
     """`rlctl scale JOB +1` / `-1` (the count as scale's docs and issues write it) says where the count goes, versus
     click's 'Got unexpected extra argument(s) (+1)' / 'No such option: -1' and `--help` only."""
-    for count in ("+1", "-2", "3"):
+    for count, signed in (("+1", "+1"), ("-2", "-2"), ("3", "+3")):  # a bare 3 adds three: --rollout sets no total
         res = cli("scale", "some-job", count)
         assert res.exit_code == 2, res.stderr
-        assert res.stderr.endswith(f"(hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {count}`)\n")
+        hint = f"(hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {signed}` adds or removes units)\n"
+        assert res.stderr.endswith(hint), res.stderr
     other = cli("scale", "some-job", "more")
     assert other.exit_code == 2 and other.stderr.endswith("(hint: `rlctl scale --help`)\n"), other.stderr
 

@@ -78,7 +78,9 @@ def test_a_launcher_of_another_pid_space_under_this_host_name_is_not_checked_not
         info = detach.this_launcher() | {"pid": gone}
     assert info == {"pid": gone, "host": host, "pid_space": OTHER}
     assert detach.launcher_running(info) is None
-    assert detach.launcher_state(info, ended=False) == f"pid {gone} on {host} (another machine: not checked)"
+    assert (
+        detach.launcher_state(info, ended=False) == f"pid {gone} on {host} (another machine or container: not checked)"
+    )
     with pytest.raises(UsageError, match="on a machine this one cannot check"):
         refuse_attach("j1", row("running", info), force=False)
     assert detach.launcher_running(info | {"pid_space": procfs.pid_space()}) is False  # of this pid space: gone
