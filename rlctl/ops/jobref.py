@@ -1,8 +1,8 @@
 """Which job a command means: `rlctl status|scale|stop|logs|report [JOB]` all resolve JOB here.
 
 JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`: `JobRow.launched_s`); for a command
-                        that changes a running job (`stop`, `scale`: `resolve(..., changes=True)`) only while no
-                        other job runs: with two running, which one is the operator's to say
+                        that changes a running job (`stop`, `scale`: `resolve(..., changes=COMMAND)`) the job that
+                        runs, where one does: with two running, which one is the operator's to say
 JOB = a job directory ─▶ that job directory (a directory holding job.json, or an index row's while its launch
                         prepares it; any other is no job: a job's config folder named like it, jobs/demo/, does
                         not hide the job)
@@ -50,16 +50,21 @@ def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = N
     own = db is None
     db = db if db is not None else JobDB()
     try:
-        if ref is None and changes is not None:
-            _refuse_ambiguous(db, changes)
+        if ref is None and changes is not None and (running := _the_running_one(db, changes)) is not None:
+            return JobRef(running.name, JobDir(Path(running.job_dir)), running)
         return _resolve(ref, db)
     finally:
         if own:
             db.close()
 
 
-def _refuse_ambiguous(db: JobDB, command: str) -> None:
+def _the_running_one(db: JobDB, command: str) -> JobRow | None:
+    """The job `command` (`stop`, `scale`) means with JOB omitted: the one job of the index that runs, versus the one
+    launched last, which may have ended since (a bare `rlctl stop` said 'already ended' of it while the other ran);
+    None where none runs (the one launched last, as for the other commands). UsageError where several run."""
     live = sorted((r for r in db.list() if r.state in LIVE), key=lambda r: r.launched_s, reverse=True)
+    if len(live) == 1:
+        return live[0]
     if len(live) > 1:
         ids = ", ".join(r.name for r in live[:KNOWN_SHOWN]) + (", …" if len(live) > KNOWN_SHOWN else "")
         raise UsageError(
@@ -67,6 +72,7 @@ def _refuse_ambiguous(db: JobDB, command: str) -> None:
             hint=f"`rlctl {command} {shlex.quote(live[0].name)}` for the one launched last; "
             "`rlctl status --all` lists every job",
         )
+    return None
 
 
 def require_job_dir(ref: JobRef) -> None:

@@ -157,10 +157,15 @@ def test_a_job_file_of_a_job_never_launched_is_said_so(tmp_path: Path, db: JobDB
 def test_a_command_that_changes_a_job_needs_it_named_while_two_run(tmp_path: Path, db: JobDB) -> None:
     """`rlctl stop` / `scale` with JOB omitted while two jobs of the index run is refused in one line naming them
     (exit 2), versus the one launched last stopped: a week-long job resumed after a test job was launched went with a
-    bare `rlctl stop` meant for the test. One job running, or a command that only reads: the one launched last."""
+    bare `rlctl stop` meant for the test. One job running: that one (a bare stop said the finished job launched after it
+    had ended); none running, or a command that only reads: the one launched last."""
     db.update("ar1", state="running", info={"launched_s": 100.0})
     db.update("tiny1", state="finished", info={"launched_s": 200.0})
-    assert resolve(None, db=db, changes="stop").id == "tiny1"  # one running: the latest, as before (already ended)
+    assert resolve(None, db=db, changes="stop").id == "ar1"  # the one running, not the latest (ended)
+    assert resolve(None, db=db).id == "tiny1"  # a command that only reads: the one launched last
+    db.update("ar1", state="stopped")
+    assert resolve(None, db=db, changes="stop").id == "tiny1"  # none running: the one launched last, as before
+    db.update("ar1", state="running")
     db.update("tiny1", state="running")
     with pytest.raises(UsageError) as e:
         resolve(None, db=db, changes="stop")
