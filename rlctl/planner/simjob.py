@@ -36,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-from rlctl.planner.engine import EngineRun, EngineSpec, Group, same_engine
+from rlctl.planner.engine import EPS_S, EngineRun, EngineSpec, Group, same_engine
 from rlctl.rl.cuts import trained_count
 
 Mode = Literal["sync", "stream", "async"]
@@ -234,7 +234,9 @@ def learner_train(
     held: list[float] = []  # the rows cut but not trained (a partial last cut), in length order
     while k < n:
         now = max(t, times[-1] if whole else times[k])
-        j = bisect.bisect_right(times, now, lo=k)
+        # arrivals within EPS_S of now are now's: two units' float sums of one finish time differ in their last bits,
+        # and taking them as two events cut (and timed) the iteration otherwise than one
+        j = bisect.bisect_right(times, now + EPS_S, lo=k)
         # only the lengths matter: the trained rows' sum (in length order, as the cuts train them) and what is held
         ready = sorted(held + rows[k:j])
         k = j

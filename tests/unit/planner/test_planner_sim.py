@@ -163,6 +163,33 @@ def test_workload_matches_pat_tail_and_ranker_recall() -> None:
     assert recall_at(pred, lengths.astype(float), 0.2) == pytest.approx(0.87, abs=0.02)
 
 
+def test_arrivals_a_float_rounding_apart_are_one_event_for_the_trainer() -> None:
+    """Two units' float sums of one finish time (0.417 s: 0.41700000000000004 and 0.4170000000000001) arrive together,
+    versus as two events, the first cut alone: the job's train end moved 0.5 ms with the last bits of a sum (a
+    property test comparing two engine loops failed on it in CI; these are its arrivals)."""
+    arrivals = [
+        0.016,
+        0.055,
+        0.069,
+        0.095,
+        0.265,
+        0.304,
+        0.304,
+        0.318,
+        0.346,
+        0.41700000000000004,
+        0.4170000000000001,
+        0.45,
+    ]
+    tokens = np.array([4.0, 7.0, 4.0, 10.0, 16.0, 26.0, 26.0, 26.0, 29.0, 15.0, 12.0, 33.0])
+    together = [*arrivals[:9], arrivals[10], arrivals[10], arrivals[11]]
+    got, want = (
+        learner_train(np.array(a), tokens, 2, None, whole=False, free=0.0, s=0.001201923076923077)
+        for a in (arrivals, together)
+    )
+    assert got == want
+
+
 def test_the_trainer_cuts_what_has_arrived_whenever_it_is_free_as_its_learner_does() -> None:
     """Micro-batches as the learner cuts them (length order, ≤ size rows, ≤ max_tokens padded tokens) from
     what has arrived when the trainer is free; a partial last cut waits for more samples, everything trains
