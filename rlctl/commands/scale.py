@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -137,6 +138,11 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.operate import scale as do_scale
 
         delta = _delta(rollout)
+        if job is not None and re.fullmatch(r"\+\d+", job):  # `rlctl scale +1`: no job is named so
+            raise UsageError(
+                f"{job!r} is a count, not a job: the count goes in --rollout",
+                hint=f"`rlctl scale [JOB] --rollout {job}` adds {job[1:]} unit(s)",
+            )
         ref = resolve(job, changes="scale")
         t0 = time.monotonic()
         try:

@@ -143,6 +143,9 @@ def test_a_scale_count_without_its_option_is_shown_where_it_goes(cli: Callable[.
         assert res.exit_code == 2, res.stderr
         hint = f"(hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {signed}` adds or removes units)\n"
         assert res.stderr.endswith(hint), res.stderr
+    bare = cli("scale", "+2")  # the job omitted: +2 is no job name (they start with a letter or digit)
+    assert bare.exit_code == 2 and bare.stderr.startswith("rlctl: error: '+2' is a count, not a job"), bare.stderr
+    assert "(hint: `rlctl scale [JOB] --rollout +2` adds 2 unit(s))" in bare.stderr
     other = cli("scale", "some-job", "more")
     assert other.exit_code == 2 and other.stderr.endswith("(hint: `rlctl scale --help`)\n"), other.stderr
 
