@@ -292,21 +292,21 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
         if self.version == 3 and whole(self) and not early:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and len(early) < 6:
-                queued = [m for m in list(self.inbox.queue) if m is not None and m.kind == "samples"]
-                # (those read with iteration 3's last groups are held already: a loaded machine queues them together,
-                # and counting the inbox alone saw 2 of 6 within the deadline, in a full unit run)
+                # wherever the trainer has them: held (read with iteration 3's last groups), read by the stop check
+                # after v3's `trained` (`_early`: iteration 3 was whole before that step), or queued. A loaded machine
+                # reads late: counting the inbox alone saw 2 of 6 within the deadline, in a full unit run
+                unread = [m for m in [*self._early, *list(self.inbox.queue)] if m is not None and m.kind == "samples"]
                 held_4 = [d for d, _, _ in refs["held"].get(4, ())]
-                early[:] = held_4 + [d for m in queued for d in _delivered(m) if d.iteration == 4]
+                early[:] = held_4 + [d for m in unread for d in _delivered(m) if d.iteration == 4]
                 time.sleep(0.02)
-            rest = []
-            while not self.inbox.empty():  # its groups held now, the other messages left in their order
-                m = self.inbox.get_nowait()
+            read, self._early = self._early, []
+            while not self.inbox.empty():
+                read.append(self.inbox.get_nowait())
+            for m in read:  # its groups held now, the other messages handed out first, in their order
                 if m is not None and m.kind == "samples":
                     hold(self, m, refs["held"], Counter())
                 else:
-                    rest.append(m)
-            for m in rest:
-                self.inbox.put(m)
+                    self._early.append(m)
         return whole(self)
 
     monkeypatch.setattr(TrainerAgent, "_hold", keep_held)
