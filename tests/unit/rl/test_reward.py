@@ -859,6 +859,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 # (1 s) bound the ordinary calls too, and an ordinary call's worker run 1 s late on a loaded machine was a timeout.
 
 
+def _loaded_then_bound(pool: RewardPool, *, load_retry_s: float) -> None:
+    """The pool's first start loads the function within the pool's floor for a start (made with LOAD_RETRY_MIN_S),
+    and then the starts after it, and the pool's wait on them, get `load_retry_s`: a bound short enough to wait out
+    was the first start's deadline too, and a first import that took longer on a loaded machine failed the pool
+    (a config error: its calls cancelled) before the test began."""
+    assert pool.score("s0", "d", "a", "a").ok
+    pool.load_retry_s = load_retry_s
+
+
 def _break_the_worker_s_next_load(pool: RewardPool, tmp_path: Path) -> None:
     """The function loads no more; a call that kills its worker has it replaced, and the replacement's start fails."""
     (tmp_path / "flag").touch()
@@ -888,10 +897,11 @@ def test_workers_that_stay_unable_to_load_fail_the_pool(tmp_path: Path, caplog: 
     waiting and those to come (the controller fails the job with it) instead of scoring them `on_error`."""
     caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "flaky.py").write_text(FLAKY_FILE)
-    with RewardPool(  # 3 s: the first start's deadline too, on a loaded CI machine
-        "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=3.0
+    first_s = reward_pool.LOAD_RETRY_MIN_S
+    with RewardPool(
+        "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=first_s
     ) as pool:
-        assert pool.score("s0", "d", "a", "a").ok
+        _loaded_then_bound(pool, load_retry_s=3.0)
         _break_the_worker_s_next_load(pool, tmp_path)
         waiting = pool.submit("s1", "d", "a", "a")
         with pytest.raises(CancelledError):  # (a cancel does not wake concurrent.futures.wait: result() it is)
@@ -1034,7 +1044,7 @@ def test_a_first_start_that_does_not_finish_loading_fails_the_pool(tmp_path: Pat
         assert pool.stats.load_failures == 1
 
 
-@pytest.mark.parametrize(("passes", "load_retry_s"), [(True, 5.0), (False, 3.0)])  # ≥ 3 s: a first start on a loaded CI
+@pytest.mark.parametrize(("passes", "load_retry_s"), [(True, 5.0), (False, 3.0)])
 def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, passes: bool, load_retry_s: float
 ) -> None:
@@ -1044,10 +1054,11 @@ def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
     start after the backoff (1 s) loads within the 4 s left of `load_retry_s`."""
     caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "slow.py").write_text(HANGING_FILE)
+    first_s = reward_pool.LOAD_RETRY_MIN_S
     with RewardPool(
-        "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=load_retry_s
+        "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=30.0, on_error=-1.0, load_retry_s=first_s
     ) as pool:  # (30 s for the calls: the worker goes by a call that kills it, see _break_the_worker_s_next_load)
-        assert pool.score("s0", "d", "a", "a").ok
+        _loaded_then_bound(pool, load_retry_s=load_retry_s)
         (tmp_path / "hang").touch()
         assert pool.score("gone", "d", "die", "a").outcome == "died"  # its replacement hangs loading
         waiting = pool.submit("s1", "d", "a", "a")
