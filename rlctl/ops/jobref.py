@@ -44,9 +44,10 @@ class JobRef:
 
 def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = None) -> JobRef:
     """The job `ref` names; UsageError (exit 2) naming what is known when nothing matches. `changes`: the command
-    (`stop`, `scale`), which changes the running job it resolves to: an omitted JOB while more than one job of the
-    index runs is refused in one line naming them, versus the one launched last stopped or scaled (a week-long job
-    resumed after a test job was launched: a bare `rlctl stop` meant for the test stopped it)."""
+    (`stop`, `scale`), which changes the running job it resolves to: an omitted JOB means the one job that runs
+    (`_the_running_one`), and is refused in one line naming them while several run, versus the one launched last
+    stopped or scaled (a week-long job resumed after a test job was launched: a bare `rlctl stop` meant for the test
+    stopped it)."""
     own = db is None
     db = db if db is not None else JobDB()
     try:
