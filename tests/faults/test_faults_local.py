@@ -21,7 +21,7 @@ import pytest
 from rlctl.agents.flight import read_flight
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
-from tests.integration.ops.conftest import hf_job, job_yaml
+from tests.integration.ops.conftest import held_past_checkpoint, hf_job, job_yaml
 
 from .faultlib import (
     LOCAL,
@@ -215,7 +215,7 @@ def test_trainer_killed_mid_step_then_resumed(tmp_path: Path) -> None:
     job_dir = tmp_path / "run"
     proc = launch(str(resumable_job(tmp_path, job_dir, iterations)), "--job-dir", str(job_dir), "-o", "json")
     try:
-        wait_for("the run held past its checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+        held_past_checkpoint(tmp_path, job_dir, 3, proc)  # (`resumable_job`'s checkpoint: 3)
         os.kill(joined(job_dir)["trainer-0"]["pid"], SIGKILL)
         t_kill = time.time()
         (tmp_path / "hold").unlink()
@@ -250,7 +250,7 @@ def test_controller_killed_then_resumed_leaves_no_orphan(tmp_path: Path) -> None
     job_dir = tmp_path / "run"
     proc = launch(str(resumable_job(tmp_path, job_dir, iterations)), "--job-dir", str(job_dir), "-o", "json")
     try:
-        wait_for("the run held past its checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+        held_past_checkpoint(tmp_path, job_dir, 3, proc)  # (`resumable_job`'s checkpoint: 3)
         agents = joined(job_dir)
         controller = json.loads((job_dir / "controller.json").read_text())["pid"]
         proc.kill()

@@ -156,6 +156,20 @@ def hf_job(tmp_path: Path, *, job_dir: Path, iterations: int, every: int, **over
     return path
 
 
+def held_past_checkpoint(tmp_path: Path, job_dir: Path, every: int, proc: subprocess.Popen[str]) -> None:
+    """Wait until an `hf_job`'s reward holds the run and checkpoint `every` is complete (its `checkpoint` event): the
+    trainer writes its model part in the background, which a loaded machine finished after the hold began — the rank
+    killed then left the checkpoint half written, an auto-resume nothing to resume from, and a controller killed then
+    never sealed it (no checkpoints/latest.json)."""
+    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+    wait_for(
+        f"checkpoint v{every} complete",
+        lambda: any(e["event"] == "checkpoint" and e.get("version") == every for e in events(job_dir)),
+        120,
+        alive=proc,
+    )
+
+
 def job_yaml(
     path: Path,
     *,

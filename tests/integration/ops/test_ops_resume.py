@@ -23,7 +23,18 @@ from rlctl.rl.schedule import StepLr
 from tests.integration.agents.test_agents_megatron_job import split_model
 from tests.unit.trainers.megatron_required import require_megatron
 
-from .conftest import REPO, events, hf_job, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for, why_not_done
+from .conftest import (
+    REPO,
+    events,
+    held_past_checkpoint,
+    hf_job,
+    job_yaml,
+    metrics_rows,
+    rlctl,
+    rlctl_json,
+    wait_for,
+    why_not_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -32,19 +43,6 @@ LOCAL = str(REPO / "clusters" / "local.yaml")
 
 def pid_of(job_dir, agent: str) -> int:
     return [e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent][-1]
-
-
-def held_past_checkpoint(tmp_path, job_dir, every: int, proc) -> None:
-    """Wait until the reward holds the run and checkpoint `every` is complete (its `checkpoint` event): the trainer
-    writes its model part in the background, which a loaded machine finished after the hold began — the rank killed
-    then left the checkpoint half written, and an auto-resume nothing to resume from."""
-    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
-    wait_for(
-        f"checkpoint v{every} complete",
-        lambda: any(e["event"] == "checkpoint" and e.get("version") == every for e in events(job_dir)),
-        120,
-        alive=proc,
-    )
 
 
 def held_then_killed(tmp_path, launcher, job, job_dir, every: int) -> int:
