@@ -8,7 +8,6 @@ import bisect
 import dataclasses
 import functools
 import itertools
-import time
 from collections.abc import Callable
 
 from rlctl.agents import migration
@@ -27,9 +26,9 @@ class Migrating(UnitLoss):
         if not now and t - self._looked < self._migrate_every:
             return []
         self._looked = t
-        began = time.thread_time()
+        began = self.cpu_clock()
         out = self._migrate()
-        self._migrate_every = max(MIGRATE_EVERY_S, (time.thread_time() - began) / MIGRATE_COST_SHARE)
+        self._migrate_every = max(MIGRATE_EVERY_S, (self.cpu_clock() - began) / MIGRATE_COST_SHARE)
         return out
 
     def _migrate(self) -> list[Out]:

@@ -89,3 +89,46 @@ def test_a_costly_migration_look_is_taken_less_often(monkeypatch) -> None:
     assert gaps and all(g >= floor - 1e-9 for g in gaps), looks
     core.migrate(now=True)  # a unit joined: looked at once all the same
     assert len(looks) == len(gaps) + 2
+
+
+def test_how_often_migration_looks_follows_the_cores_cpu_clock_not_the_machines(monkeypatch) -> None:
+    """A core driven on its own clocks (the property tests) looks every MIGRATE_EVERY_S when its CPU clock says a look
+    costs nothing, whatever it cost the thread: versus the thread's CPU time, one look of which (17,586 in a
+    property run) took 0.1 s (the next look 2 s later): a replay of the same events chose otherwise and
+    hypothesis failed the test as flaky (FlakyStrategyDefinition)."""
+    now = [0.0]
+    cfg = CoreConfig(iterations=4, prompts_per_iteration=2, samples_per_prompt=2, max_new_tokens=8, mode="async", eta=1)
+
+    def prompts(it: int) -> list[PromptSpec]:
+        return [PromptSpec(f"p{it}-{j}", [1], 4) for j in range(2)]
+
+    core = ControllerCore(cfg, prompts=prompts, clock=lambda: now[0], cpu_clock=lambda: 0.0)
+    looks: list[float] = []
+
+    def costly() -> list:
+        looks.append(now[0])
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:  # 50 ms of this thread's CPU, which the core's CPU clock does not see
+            pass
+        return []
+
+    monkeypatch.setattr(core, "_migrate", costly)
+    for step in range(8):  # 1 s of the clock, a pump every 0.125 s (exact in binary)
+        now[0] = step * 0.125
+        core.migrate()
+    assert looks == [0.0, 0.25, 0.5, 0.75]  # every MIGRATE_EVERY_S (0.2 s)
+    # a look its CPU clock says cost 1/16 s: the next one 1/16 / MIGRATE_COST_SHARE = 1.25 s later, by the same clock
+    cpu = [0.0]
+
+    def counted() -> list:
+        looks.append(now[0])
+        cpu[0] += 0.0625
+        return []
+
+    core = ControllerCore(cfg, prompts=prompts, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    monkeypatch.setattr(core, "_migrate", counted)
+    looks.clear()
+    for step in range(40):
+        now[0] = step * 0.125
+        core.migrate()
+    assert looks == [0.0, 1.25, 2.5, 3.75]

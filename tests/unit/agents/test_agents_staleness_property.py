@@ -145,6 +145,7 @@ def test_no_staleness_violation_and_exactly_once(
         predict=lambda specs: [float(len(s.tokens)) for s in specs],
         refill=lambda it, j: PromptSpec(f"q{it}-{j}", [3, j], true_len=j % 5 + 1),
         clock=lambda: now[0],
+        cpu_clock=lambda: 0.0,  # looks cost nothing: the same choices whatever a look cost the machine (a replay)
     )
     bound = StalenessBound(eta)
     units: dict[str, FakeUnit] = {}

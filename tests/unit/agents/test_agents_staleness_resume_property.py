@@ -56,6 +56,7 @@ def test_a_resumed_controller_trains_every_prompt_once_within_the_bound(
             prompts=prompts_for(prompts),
             predict=lambda specs: [float(len(s.tokens)) for s in specs],
             clock=lambda: now[0],
+            cpu_clock=lambda: 0.0,  # looks cost nothing: the same choices whatever a look cost the machine (a replay)
         )
 
     core = new_core()
