@@ -5,14 +5,13 @@ or pid 0 taken for a live launcher (`kill(0, 0)` signals this process's own grou
 
 from __future__ import annotations
 
-import fcntl
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from rlctl.launch.jobdir import JobDir
+from tests.unit.lock_probe import probed_until_a_retry
 
 
 @pytest.mark.parametrize("pid", ["99999999999999999999", "0"], ids=["past-a-c-int", "zero"])
@@ -22,15 +21,7 @@ def test_a_launcher_lock_naming_an_unusable_pid_is_taken_once_let_go(
     jd = JobDir.create("demo", explicit=tmp_path / "j")
     lock = jd.path / ".launcher.lock"
     lock.write_text(f"pid {pid} on {socket.gethostname()}\n")
-    probe = lock.open("r")
-    fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe's instant
-    slept: list[float] = []
-
-    def sleep(s: float) -> None:  # the probe lets go as the launcher waits to try again
-        slept.append(s)
-        probe.close()
-
-    monkeypatch.setattr(time, "sleep", sleep)
+    probe, slept = probed_until_a_retry(lock, monkeypatch)  # a probe's instant, over as the launcher retries
     with jd.launcher_lock():
         assert lock.read_text().startswith("pid ") and f"pid {pid} " not in lock.read_text()
     assert len(slept) == 1 and probe.closed

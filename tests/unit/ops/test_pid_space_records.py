@@ -6,7 +6,6 @@ number, or as gone where none has. A record without a pid space (an older rlctl'
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import detach, operate
 from rlctl.ops.runstate import STOP_REQUESTED
+from tests.unit.lock_probe import probed_until_a_retry
 from tests.unit.ops.test_detach import row
 from tests.unit.ops.test_operate_stop import LOCAL_SITE
 
@@ -49,15 +49,7 @@ def test_a_launcher_lock_of_another_pid_space_under_this_host_name_is_tried_agai
         with jd.launcher_lock():
             assert jd.launcher_holder() == here  # said as before: its pid space is for `_runs_here` alone
     assert lock.read_text() == f"{here}\npid space {OTHER}\n"
-    probe = lock.open("r")
-    fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # the probe's instant
-    slept: list[float] = []
-
-    def sleep(s: float) -> None:  # the probe lets go as the launcher waits to try again
-        slept.append(s)
-        probe.close()
-
-    monkeypatch.setattr(time, "sleep", sleep)
+    probe, slept = probed_until_a_retry(lock, monkeypatch)  # a probe's instant, over as the launcher retries
     with jd.launcher_lock():
         assert lock.read_text() == f"{here}\npid space {procfs.pid_space()}\n"
         monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited on a launcher that runs here"))
