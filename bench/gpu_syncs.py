@@ -14,10 +14,11 @@ warning comes: the same waves run, and the filing and the verdict are tested wit
 
 from __future__ import annotations
 
+import re
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,26 +56,31 @@ def op_of(message: str, stack: list[traceback.FrameSummary]) -> str | None:
 
 
 class SyncLog:
-    """The synchronising ops of each step (`steps`), and of anything between steps (`between`)."""
+    """The synchronising ops of each step (`steps`), and of anything between steps (`between`); any other warning
+    goes on to `shown`, the `warnings.showwarning` that was in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, shown: Callable[..., None] | None = None) -> None:
         self.steps: list[StepSyncs] = []
         self.between: list[str] = []
         self.into = self.between
+        self.shown = shown if shown is not None else warnings.showwarning
 
     def warned(
-        self, message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any
+        self, message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: Any, **kw: Any
     ) -> None:
         """`warnings.showwarning`: called where the warning is raised, so the stack is the op's."""
         op = op_of(str(message), traceback.extract_stack()[:-1])
-        if op is not None:
+        if op is None:
+            self.shown(message, category, filename, lineno, *rest, **kw)
+        else:
             self.into.append(op)
 
 
 @contextmanager
 def watching(engine: EmbeddedEngine) -> Iterator[SyncLog]:
-    """Every `engine.step()` in the block files its synchronising ops in the log (sync debug mode on CUDA)."""
-    log = SyncLog()
+    """Every `engine.step()` in the block files its synchronising ops in the log (sync debug mode on CUDA). Only the
+    sync warnings are always shown (to the log); the others meet the filters and the handler in place as before."""
+    log = SyncLog(warnings.showwarning)
     step, admit = engine.step, engine._admit
 
     def counted_step() -> Any:
@@ -96,7 +102,7 @@ def watching(engine: EmbeddedEngine) -> Iterator[SyncLog]:
     cuda = engine.device.type == "cuda"
     engine.step, engine._admit = counted_step, counted_admit  # type: ignore[method-assign]
     with warnings.catch_warnings():
-        warnings.simplefilter("always")
+        warnings.filterwarnings("always", message=f".*{re.escape(SYNC_WARNING)}")
         warnings.showwarning = log.warned
         previous = torch.cuda.get_sync_debug_mode() if cuda else 0
         if cuda:

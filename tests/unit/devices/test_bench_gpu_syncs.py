@@ -103,3 +103,20 @@ def test_a_check_that_failed_exits_1_with_its_figures_printed(monkeypatch, capsy
         monkeypatch.setitem(main.BENCHES, "fake", "bench._fake")
         assert main.main(["fake", "--json"]) == (1 if failed else 0)
         assert '"x": 1' in capsys.readouterr().out
+
+
+def test_watching_passes_other_warnings_on_as_before(model: TinyGPT) -> None:
+    """Only the sync warnings are filed (and always shown): another goes to the handler that was in place, once per
+    place as its filters say, or is raised where the filters make it an error (pytest's here)."""
+    engine = EmbeddedEngine(model, max_batch_size=4, temperature=1.0)
+    shown: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, *_, **__: shown.append(str(message))
+        with watching(engine) as log:
+            for _ in range(2):
+                warnings.warn("a deprecated knob", UserWarning, stacklevel=1)
+                warnings.warn(SYNC_WARNING, UserWarning, stacklevel=1)
+    assert shown == ["a deprecated knob"] and len(log.between) == 2
+    with watching(engine) as log, pytest.raises(UserWarning, match="a deprecated knob"):
+        warnings.warn("a deprecated knob", UserWarning, stacklevel=1)
