@@ -256,6 +256,10 @@ class JobDir:
             data = json.loads(self.job_json.read_text())
         except (OSError, ValueError) as e:
             raise LaunchError(f"{self.job_json}: cannot read the resolved job: {e}") from e
+        return self.job_of(data)
+
+    def job_of(self, data: Any) -> JobFile:
+        """The job of `data`, job.json's content as read (`read_job`, or a reader that needs its other fields too)."""
         if not isinstance(data, dict) or not isinstance(data.get("job"), dict):
             raise LaunchError(f"{self.job_json}: no 'job' mapping in it", hint="was it edited?")
         try:

@@ -96,9 +96,10 @@ def older_rlctl_changes(jobdir: JobDir) -> list[str]:
     whose token past the cap was truncated there before 8d7ca57 and is left out now. A warning, not a refusal: the
     job may have been launched after 8d7ca57, and `tis` at the cap is the loss of before, one edit of job.json away
     (read as job.json has it now, as the resumed run reads it)."""
-    if VERSION in jobdir.read_json(jobdir.job_json):
+    data = jobdir.read_json(jobdir.job_json)
+    if isinstance(data, dict) and VERSION in data:
         return []
-    algo = jobdir.read_job().algorithm
+    algo = jobdir.job_of(data).algorithm
     if algo.off_policy != "decoupled" or algo.is_cap is None:
         return []
     return [

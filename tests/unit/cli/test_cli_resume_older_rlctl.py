@@ -14,7 +14,7 @@ import pytest
 import rlctl
 from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.launch.jobdir import JobDir, job_digests
-from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
+from rlctl.ops.jobchanges import launch_changes, older_rlctl_changes, refuse_fixed_edits, take_edits
 from tests.conftest import run_cli
 from tests.unit.cli.test_cli_resume_finished import ended, launched_by
 
@@ -92,3 +92,18 @@ def test_a_resume_that_computes_the_launchs_loss_says_nothing_of_it(
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 0, r.stderr
     assert launched["resume"] is True and said == []
+
+
+def test_the_older_rlctl_check_reads_job_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its version field and its job from one read (versus a read for each: a job launched by an older rlctl)."""
+    jd = stopped_job(tmp_path / "run", older=True, off_policy="decoupled", is_cap=1.5)
+    opened: list[Path] = []
+    path_open = Path.open
+
+    def counted(self: Path, *args: Any, **kwargs: Any) -> Any:
+        opened.append(self)
+        return path_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counted)
+    assert len(older_rlctl_changes(jd)) == 1
+    assert opened.count(jd.job_json) == 1
