@@ -179,18 +179,19 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
                 continue
             replace_text(job_dir / name, text)
             fetched.append(name)
+        sweep = PartSweep()  # the job dir listed once, for the parts that gone fetches left
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
-        if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
+        if fetch_appended(fs, f"{root}/{EVENTS}", mirror, sweep=sweep):
             _merge_events(job_dir / EVENTS, mirror)
             fetched.append(EVENTS)
-        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
+        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name, sweep=sweep)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
             for rel in fs.list_files(f"{root}/{tree}"):
                 dst = job_dir / tree / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 # through a name of its own, outside the tracker's dir (a reader of it sees the copy whole), then
                 # renamed: one cut short leaves the copy here as it was, versus emptied (SFTP's get opens it first)
-                part = own_part(job_dir / tree)
+                part = own_part(job_dir / tree, sweep)
                 try:
                     fs.get(f"{root}/{tree}/{rel}", part)
                     os.replace(part, dst)
@@ -319,13 +320,13 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
         log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
 
 
-def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
+def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | None = None) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
     copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
     else the whole file (a resume cut the log back). True when lines arrived. Under the fetch lock (`fetching`);
     where that goes unlocked (a filesystem with no flock), through a `.part` of its own (`own_part`), and appended
     only to a copy as long as it was read: a fetch beside it appended meanwhile (the next fetch brings the rest),
-    versus the same rows appended twice."""
+    versus the same rows appended twice. `sweep`: the fetch's (`own_part`)."""
     have = local.stat().st_size if local.exists() else 0
     probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
     if probe is None:
@@ -335,7 +336,7 @@ def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
         have = 0
     if size <= have:
         return False
-    part = own_part(local)
+    part = own_part(local, sweep)
     try:
         fs.get_range(path, part, have, size)
         whole = _whole_lines(part)  # the controller may be writing its last line
@@ -354,31 +355,48 @@ def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
     return True
 
 
-def own_part(local: Path) -> Path:
+class PartSweep:
+    """One fetch's removal of the `own_part`s that gone fetches left: each dir listed once, at the first part asked for
+    in it, and each name's parts removed at its first, versus a listing at each part (one a tracker file fetched)."""
+
+    def __init__(self) -> None:
+        self._listed: dict[Path, list[str]] = {}
+        self._swept: set[Path] = set()
+
+    def sweep(self, local: Path, here: str) -> None:
+        if local in self._swept:
+            return
+        self._swept.add(local)
+        if local.parent not in self._listed:
+            try:
+                self._listed[local.parent] = os.listdir(local.parent)
+            except OSError:
+                self._listed[local.parent] = []
+        _remove_dead_parts(local, here, self._listed[local.parent])
+
+
+def own_part(local: Path, sweep: PartSweep | None = None) -> Path:
     """A temporary name beside `local` (a log fetched; a tracker's dir, for a file of it) that is this fetch's own (its
     process, thread and a random token), versus one `NAME.part` every fetch shared: where the filesystem has no flock
     (NFS mounted `nolock`) the fetch lock goes unlocked, and a `rlctl status -w` fetching beside the launcher renamed
     or removed the `.part` under it (a FileNotFoundError that ended the launcher with its traceback). Its name says its
     pid, host and pid space (`procfs.pid_space`): the parts of `local` a fetch of this pid space left as it was killed
     (SIGKILL, no `finally` run) are removed here (`_remove_dead_parts`), versus kept in the job dir for good; where
-    there is no pid space to say (no /proc), none is."""
+    there is no pid space to say (no /proc), none is. `sweep`: the fetch's, which lists the dir once for all its
+    parts (none: a listing for this one)."""
     space = procfs.pid_space()
     here = f"{socket.gethostname()}-{space}" if space is not None else socket.gethostname()
     if space is not None:
-        _remove_dead_parts(local, here)
+        (sweep or PartSweep()).sweep(local, here)
     return local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}-{here}.part")
 
 
-def _remove_dead_parts(local: Path, here: str) -> None:
-    """Remove the `own_part`s of `local` whose fetch was a process of `here` (this host and pid space) that is gone:
-    one listing of its dir. A part of a process alive, of another host or pid space (a job dir on NFS; a container of
-    another machine with this host name, whose pids name nothing here) or with no pid space in its name (an older
-    rlctl's) stays: nothing here can tell that its fetch ended."""
+def _remove_dead_parts(local: Path, here: str, names: list[str]) -> None:
+    """Remove the `own_part`s of `local` among `names` (its dir's, as listed) whose fetch was a process of `here` (this
+    host and pid space) that is gone. A part of a process alive, of another host or pid space (a job dir on NFS; a
+    container of another machine with this host name, whose pids name nothing here) or with no pid space in its name
+    (an older rlctl's) stays: nothing here can tell that its fetch ended."""
     prefix = f".{local.name}."
-    try:
-        names = os.listdir(local.parent)
-    except OSError:
-        return
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".part")):
             continue
