@@ -221,8 +221,7 @@ def _command() -> None:
         ctx = getattr(e, "ctx", None)
         hint = f" (hint: `{ctx.command_path} --help`)" if ctx is not None else ""
         if ctx is not None and ctx.command_path == "rlctl scale" and (count := _bare_count(e.format_message())):
-            signed = count if count[0] in "+-" else f"+{count}"  # --rollout adds or removes: it sets no total
-            hint = f" (hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {signed}` adds or removes units)"
+            hint = f" (hint: {scale.count_hint(count)})"
         message = e.format_message().replace("Value error, ", "")  # pydantic's prefix, as typer passes it on
         message = re.sub(r"\n\s*", " ", message)  # click lists choices one a line ("Choose from:\n\tbash,\n\tzsh")
         sys.stderr.write(one_line(f"rlctl: error: {message}{hint}") + "\n")

@@ -35,6 +35,17 @@ def _delta(text: str) -> int:
     return n
 
 
+def count_hint(count: str) -> str:
+    """The hint for a count given without its --rollout, one text wherever the mistake is caught: as an argument after
+    the job (`rlctl scale JOB +1`, `… 3`: the parser's error, `rlctl.cli`) or in the job's place (`rlctl scale +2`)."""
+    signed = count if count[0] in "+-" else f"+{count}"  # --rollout adds or removes: it sets no total
+    n = int(signed[1:])
+    if n == 0:  # (a count that changes nothing: the option's form said, not `--rollout +0`)
+        return "the count goes in --rollout: `rlctl scale [JOB] --rollout +N` adds N rollout unit(s), -N removes N"
+    does = f"adds {n} rollout unit(s)" if signed[0] == "+" else f"drains and removes {n} rollout unit(s)"
+    return f"the count goes in --rollout: `rlctl scale [JOB] --rollout {signed}` {does}"
+
+
 def _cell(v: Any) -> Any:
     """A list or a mapping as a table's text (`rollout-2 3.0 s`), not Python's (`{'rollout-2': 3.004}`)."""
     if isinstance(v, list):
@@ -139,10 +150,7 @@ def register(app: typer.Typer) -> None:
 
         delta = _delta(rollout)
         if job is not None and re.fullmatch(r"\+\d+", job):  # `rlctl scale +1`: no job is named so
-            raise UsageError(
-                f"{job!r} is a count, not a job: the count goes in --rollout",
-                hint=f"`rlctl scale [JOB] --rollout {job}` adds {job[1:]} unit(s)",
-            )
+            raise UsageError(f"{job!r} is a count, not a job", hint=count_hint(job))
         ref = resolve(job, changes="scale")
         t0 = time.monotonic()
         try:

@@ -137,15 +137,24 @@ def test_zsh_and_fish_completion_requests_are_answered(
 
 def test_a_scale_count_without_its_option_is_shown_where_it_goes(cli: Callable[..., CliResult]) -> None:
     """`rlctl scale JOB +1` / `-1` (the count as scale's docs and issues write it) says where the count goes, versus
-    click's 'Got unexpected extra argument(s) (+1)' / 'No such option: -1' and `--help` only."""
-    for count, signed in (("+1", "+1"), ("-2", "-2"), ("3", "+3")):  # a bare 3 adds three: --rollout sets no total
+    click's 'Got unexpected extra argument(s) (+1)' / 'No such option: -1' and `--help` only; `rlctl scale +2` (the
+    job omitted) says it in the same words, versus a text of its own."""
+    said = {
+        "+1": "`rlctl scale [JOB] --rollout +1` adds 1 rollout unit(s)",
+        "-2": "`rlctl scale [JOB] --rollout -2` drains and removes 2 rollout unit(s)",
+        "3": "`rlctl scale [JOB] --rollout +3` adds 3 rollout unit(s)",  # a bare 3 adds three: --rollout sets no total
+        "0": "`rlctl scale [JOB] --rollout +N` adds N rollout unit(s), -N removes N",  # not `--rollout +0`
+    }
+    for count, how in said.items():
         res = cli("scale", "some-job", count)
         assert res.exit_code == 2, res.stderr
-        hint = f"(hint: the count goes in --rollout: `rlctl scale [JOB] --rollout {signed}` adds or removes units)\n"
-        assert res.stderr.endswith(hint), res.stderr
+        assert res.stderr.endswith(f"(hint: the count goes in --rollout: {how})\n"), res.stderr
     bare = cli("scale", "+2")  # the job omitted: +2 is no job name (they start with a letter or digit)
-    assert bare.exit_code == 2 and bare.stderr.startswith("rlctl: error: '+2' is a count, not a job"), bare.stderr
-    assert "(hint: `rlctl scale [JOB] --rollout +2` adds 2 unit(s))" in bare.stderr
+    assert bare.exit_code == 2, bare.stderr
+    assert bare.stderr == (
+        "rlctl: error: '+2' is a count, not a job "
+        "(hint: the count goes in --rollout: `rlctl scale [JOB] --rollout +2` adds 2 rollout unit(s))\n"
+    )
     other = cli("scale", "some-job", "more")
     assert other.exit_code == 2 and other.stderr.endswith("(hint: `rlctl scale --help`)\n"), other.stderr
 
