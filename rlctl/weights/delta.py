@@ -212,8 +212,8 @@ def _header(encoded: torch.Tensor) -> tuple[int, int, int, int, int]:
     magic, base, raw_len, target, eb, segments = HEADER.unpack(bytes(tensor_bytes(encoded[: HEADER.size])))
     if magic != MAGIC:
         raise ProtocolError(f"delta payload has bad magic {magic!r}")
-    if eb not in _NP:
-        raise ProtocolError(f"delta payload has element width {eb}")
+    if eb not in _NP or raw_len % eb:
+        raise ProtocolError(f"delta payload has element width {eb} for a buffer of {raw_len} bytes")
     return base, raw_len, target, eb, segments
 
 

@@ -63,6 +63,16 @@ def test_corrupted_or_truncated_payloads_are_refused():
         delta.decode(old[:-64], enc)
 
 
+def test_an_element_width_that_does_not_divide_the_buffer_is_a_protocol_error():
+    """A header's element width 2 changed to 4 (one byte) for a 6-byte buffer: refused as the rest of a bad
+    payload is (the node then fetches the version in full), not numpy's ValueError out of `decode`."""
+    old, new = torch.zeros(6, dtype=torch.uint8), torch.ones(6, dtype=torch.uint8)
+    bad = delta.encode(old, new, base_version=3)
+    bad[delta.HEADER.size - 5] ^= 6  # element_bytes (u32, big-endian): 2 → 4
+    with pytest.raises(ProtocolError, match="element width 4 for a buffer of 6 bytes"):
+        delta.decode(old, bad)
+
+
 def test_only_changed_elements_travel_in_located_segments():
     """Positions as gaps (int32) and XOR values per segment: each piece is one segment, found where it says."""
     old, new = _versions(100_000, 0.01)
