@@ -23,8 +23,13 @@ def manifest_bytes(weights_bytes: int, *, chunk_bytes: int, bucket_bytes: int = 
 
 
 def least_chunk_bytes(weights_bytes: int, *, bucket_bytes: int = BUCKET_BYTES) -> int:
-    """The smallest power-of-two chunk whose manifest fits (a bucket's worth at most)."""
+    """The smallest power-of-two chunk whose manifest (in buckets of `bucket_bytes`) fits; a bucket's worth at
+    most (`chunks.cut` takes no longer chunk), where none smaller fits."""
+
+    def fits(chunk: int) -> bool:
+        return manifest_bytes(weights_bytes, chunk_bytes=chunk, bucket_bytes=bucket_bytes) <= MANIFEST_BOUND
+
     chunk = 1 << 10
-    while chunk < bucket_bytes and manifest_bytes(weights_bytes, chunk_bytes=chunk) > MANIFEST_BOUND:
+    while chunk < bucket_bytes and not fits(chunk):
         chunk *= 2
-    return chunk
+    return min(chunk, bucket_bytes)

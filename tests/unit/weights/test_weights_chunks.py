@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.errors import ProtocolError
-from rlctl.weights import chunks
+from rlctl.weights import chunks, manifest
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -64,3 +64,16 @@ def test_checksum_detects_a_single_flipped_bit():
     flat[12345] ^= 4
     changed = [i for i, s in enumerate(chunks.chunk_checksums(flat, refs)) if s != sums[i]]
     assert changed == [12345 // (1 << 12)]
+
+
+def test_the_least_chunk_fits_the_manifest_in_the_buckets_given_and_is_no_longer_than_one():
+    """A 3 MiB bucket: the manifest counted in those buckets (2 MiB chunks leave a 1 MiB one in each: 9 MiB of
+    checksums for 1.5 TiB), not in the default 64 MiB ones (6.75 MiB); a chunk capped at the bucket, not the next
+    power of two past it (4 MiB, which `chunks.cut` refuses)."""
+    bucket = 3 << 20
+    for weights in (3 << 39, 123456789012345):
+        chunk = manifest.least_chunk_bytes(weights, bucket_bytes=bucket)
+        fits = manifest.manifest_bytes(weights, chunk_bytes=chunk, bucket_bytes=bucket) <= manifest.MANIFEST_BOUND
+        assert chunk <= bucket and (fits or chunk == bucket), (weights, chunk)
+    assert manifest.least_chunk_bytes(3 << 39, bucket_bytes=bucket) == bucket
+    assert manifest.least_chunk_bytes(1 << 40) == 2 << 20  # the default buckets: as before
