@@ -43,8 +43,9 @@ class Layout:
 
     @classmethod
     def from_wire(cls, rows: Sequence[Sequence[Any]], total_bytes: int) -> Layout:
-        """The layout a manifest announces; ProtocolError for an entry outside the buffer or whose shape
-        does not fill its bytes (unflatten would fail on it later)."""
+        """The layout a manifest announces; ProtocolError for an entry outside the buffer, whose shape does not
+        fill its bytes, or at an offset that is not a multiple of its element size (unflatten would fail on it
+        later: torch views a tensor's bytes only there)."""
         slots = []
         for name, dtype, shape, offset, nbytes in rows:
             numel = 1
@@ -52,6 +53,7 @@ class Layout:
                 numel *= d
             if (
                 dtype not in dtypes()
+                or offset % dtypes()[dtype].itemsize
                 or offset < 0
                 or nbytes < 0
                 or offset + nbytes > total_bytes

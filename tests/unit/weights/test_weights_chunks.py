@@ -40,6 +40,15 @@ def test_layout_survives_the_wire_and_bad_entries_are_refused():
         chunks.Layout.from_wire(rows, layout.total_bytes)
 
 
+def test_a_layout_entry_at_an_offset_its_elements_cannot_start_at_is_refused():
+    """A bf16 scalar at byte 1: taken, `unflatten` raised torch's RuntimeError once the version was complete
+    (a unit applying it); refused, the fetch fails as for any bad manifest."""
+    with pytest.raises(ProtocolError, match="bad layout entry 'a': bfloat16"):
+        chunks.Layout.from_wire([["a", "bfloat16", [], 1, 2]], 3)
+    ok = chunks.Layout.from_wire([["a", "bfloat16", [], 2, 2], ["b", "uint8", [3], 5, 3]], 8)
+    assert [t.shape for t in chunks.unflatten(torch.zeros(8, dtype=torch.uint8), ok).values()] == [(), (3,)]
+
+
 @pytest.mark.parametrize("total", [0, 1, 999, 4096, 10_000])
 def test_cut_covers_every_byte_once_within_buckets(total):
     refs = chunks.cut(total, bucket_bytes=3000, chunk_bytes=1024)
