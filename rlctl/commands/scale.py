@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlctl.commands import seconds_at_least
-from rlctl.commands.status import JobArg
+from rlctl.commands.status import RunningJobArg
 from rlctl.errors import RlctlError, TransportError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -129,7 +129,7 @@ def _wait_for_first_samples(
 def register(app: typer.Typer) -> None:
     @app.command()
     def scale(
-        job: JobArg = None,
+        job: RunningJobArg = None,
         rollout: Annotated[
             str, typer.Option("--rollout", help="+N adds N rollout units, -N drains and removes N", metavar="±N")
         ] = "+1",

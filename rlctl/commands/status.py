@@ -24,6 +24,15 @@ JobArg = Annotated[
         help="job name (its run launched last), id or job directory (default: the job launched or resumed last)"
     ),
 ]
+# `stop` and `scale` change a running job: none named is the one job that runs, where one does
+# (`jobref.resolve(..., changes=COMMAND)`), and is refused while several run
+RunningJobArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="job name (its run launched last), id or job directory (default: the job that runs; refused while "
+        "several run; none running: the job launched or resumed last)"
+    ),
+]
 
 
 def _f(v: Any, spec: str = ".2f") -> str:

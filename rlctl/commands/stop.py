@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from rlctl.commands import seconds_at_least
-from rlctl.commands.status import JobArg
+from rlctl.commands.status import RunningJobArg
 from rlctl.errors import PartialFailure
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -34,7 +34,7 @@ def _table(r: dict[str, Any]) -> str:
 def register(app: typer.Typer) -> None:
     @app.command()
     def stop(
-        job: JobArg = None,
+        job: RunningJobArg = None,
         grace_s: Annotated[
             float | None,
             typer.Option(

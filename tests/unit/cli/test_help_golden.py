@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import typer.main
 
 from rlctl.cli import app
 from tests.conftest import ROOT
@@ -51,3 +52,13 @@ def test_help_matches_golden(command: str) -> None:
 def test_every_golden_file_has_a_command() -> None:
     stale = {p.stem for p in GOLDEN.glob("*.txt")} - {"rlctl", *COMMANDS}
     assert not stale, f"golden files for commands that no longer exist: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("command", ["stop", "scale"])
+def test_an_omitted_job_of_stop_and_scale_is_said_to_be_the_one_that_runs(command: str) -> None:
+    """`stop` and `scale` resolve an omitted JOB to the one job that runs (`jobref.resolve(..., changes=)`); their
+    help said 'the job launched or resumed last', as the commands that read a job do."""
+    params = {p.name: p for p in typer.main.get_command(app).commands[command].params}  # type: ignore[attr-defined]
+    help_text = params["job"].help or ""
+    assert "default: the job that runs; refused while several run" in help_text
+    assert "default: the job launched or resumed last" not in help_text
