@@ -28,7 +28,8 @@ class Rollout(Strict):
     dispatch: Literal["random", "skew_aware", "oracle"] = "skew_aware"
     long_tail_fraction: Fraction = Field(
         0.2,
-        description="`rlctl plan` only: the share of units its simulated skew-aware dispatch gives the long tail; "
+        description="`rlctl plan` only: the share of a batch's samples, the predicted longest, that its simulated "
+        "skew-aware dispatch gives the long-tail units (Algorithm 2's α); "
         "launch dispatches over every unit alike, so `rlctl check` refuses another value",
     )
     threads_per_unit: PositiveInt | None = Field(
