@@ -10,11 +10,19 @@ builtins) and raw tensor frames. Who sends what:
     weights_applied  rollout → controller        WeightsApplied                 –
     weights_skipped  rollout → controller        WeightsApplied                 – (fetched, relayed, overtaken by
                                                                                  a newer version before applied)
+    partial          rollout → controller        Partial {parts: [PartialPart…]} [tokens int32, logprobs f32,
+                                                                                 versions int32] (each running
+                                                                                 sample's output since its last report)
+    withdraw         controller → rollout        Withdraw {count}               – (migration: take count requests out)
+    withdrawn        rollout → controller        Partial                        as in `partial` (each one's whole
+                                                                                 output so far)
     evaluate         controller → rollout        Evaluate (held-out prompts)    –
     evaluated        rollout → controller        Evaluated                      [outputs int32, concatenated]
     samples          controller → trainer        Samples {samples: [Delivered…]} 2 per sample, as in `sample`
     members          controller → trainer        Members {datacenter, dc_links, rollouts: –
                                                   {name: {address, weights, datacenter}}}
+    regroup          controller → trainer        Regroup                        – (groups held for a later
+                                                                                 iteration belong to the current one)
     trained          trainer → controller        Trained                        –
     checkpoint_written trainer → controller      CheckpointWritten              – (its part of iter-<version>
                                                  {version, checkpoint, error}     is on disk: the controller
