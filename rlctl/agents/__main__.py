@@ -30,6 +30,21 @@ from rlctl.errors import RlctlError
 from rlctl.exits import end_after
 from rlctl.textutil import home_expanded
 
+ENV_LOG_LEVEL = "RLCTL_LOG_LEVEL"  # an agent's log level (a site's `setup` may export it): DEBUG, INFO, WARNING, …
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # as said; logging's other names (WARN, …) are taken too
+
+
+def log_level(text: str | None) -> tuple[str, str | None]:
+    """The agent's log level from `RLCTL_LOG_LEVEL` (any case; unset or empty: INFO), and a line saying why another
+    value is not one (INFO then), versus logging's ValueError ("Unknown level: 'verbose'"): a traceback as the agent
+    started, its job not run."""
+    if not text or not text.strip():
+        return "INFO", None
+    name = text.strip().upper()
+    if name in logging.getLevelNamesMapping():
+        return name, None
+    return "INFO", f"{ENV_LOG_LEVEL}={text!r} is not a log level ({', '.join(LEVELS)}): logging at INFO"
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlctl.agents")
@@ -46,14 +61,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.replica is None:  # a SLURM task: every rank runs the same command line
         args.replica = int(os.environ.get("SLURM_PROCID", "0"))
+    level, level_problem = log_level(os.environ.get(ENV_LOG_LEVEL))
     logging.basicConfig(
-        level=os.environ.get("RLCTL_LOG_LEVEL", "INFO"),
+        level=level,
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {args.role}-{args.replica} %(name)s: %(message)s",
     )
     from rlctl.launch.agentenv import ENV_VISIBLE, code_mismatch, parallel_from_env, threads_for
 
     log = logging.getLogger("rlctl.agents")
+    if level_problem is not None:
+        log.warning("%s", level_problem)
     mismatch = code_mismatch()
     if mismatch is not None:  # before anything of the job is touched: another rlctl speaks another protocol
         log.error("on %s: %s", os.uname().nodename, mismatch)

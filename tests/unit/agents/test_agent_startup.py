@@ -142,3 +142,33 @@ def test_a_controller_whose_metrics_port_is_taken_ends_in_one_line_naming_it_tha
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     want = f": metrics.port {port}: cannot serve /metrics on 127.0.0.1:{port} (Address already in use) (set"
     assert last_error(proc.stderr).startswith(want), proc.stderr[-2000:]
+
+
+def test_an_agents_log_level_is_read_in_any_case_and_a_wrong_one_logs_at_info_with_a_line() -> None:
+    """`RLCTL_LOG_LEVEL` (an agent's log level, e.g. exported by a site's `setup`): `debug` is DEBUG; `verbose` is
+    no level, so the agent logs at INFO and says so, versus logging's ValueError as the agent started."""
+    from rlctl.agents.__main__ import log_level
+
+    assert log_level(None) == ("INFO", None) and log_level("") == ("INFO", None)
+    assert log_level(" debug ") == ("DEBUG", None) and log_level("Warn") == ("WARN", None)
+    level, problem = log_level("verbose")
+    assert level == "INFO"
+    levels = "DEBUG, INFO, WARNING, ERROR, CRITICAL"
+    assert problem == f"RLCTL_LOG_LEVEL='verbose' is not a log level ({levels}): logging at INFO"
+
+
+def test_an_agent_started_with_a_wrong_log_level_logs_its_line_and_goes_on(tmp_path: Path) -> None:
+    """Through the entry point: the agent gets as far as its job dir (none here: exit 2, one line), past the level."""
+    env = {**os.environ, "RLCTL_LOG_LEVEL": "verbose", "PYTHONPATH": str(ROOT)}
+    env.pop("RLCTL_CODE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl.agents", "controller", "--job-dir", str(tmp_path / "none")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "RLCTL_LOG_LEVEL='verbose' is not a log level" in proc.stderr
+    assert proc.returncode != 0
