@@ -41,12 +41,14 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
             written.setdefault(e["version"], None)
             if (t := _number(e.get("t"))) is not None and 0 <= t < LAST_CLOCK_S:
                 written[e["version"]] = t
+    # the logs a row at a time (`iter_lines`), only each row's figure kept: metrics.jsonl holds a row per iteration
+    # (10⁵ after weeks, each a few kB with its agents: hundreds of MB), which `read_lines` held whole, text and rows
     reward: dict[int, float] = {}
-    for r in jobdir.read_lines(jobdir.metrics):
+    for r in jobdir.iter_lines(jobdir.metrics):
         if isinstance(r.get("iteration"), int) and (x := _number(r.get("reward_mean"))) is not None:
             reward[r["iteration"]] = x
     evaluated: dict[int, dict[str, Any]] = {}
-    for r in jobdir.read_lines(jobdir.evaluations):
+    for r in jobdir.iter_lines(jobdir.evaluations):
         if isinstance(r.get("version"), int):
             evaluated[r["version"]] = {k: r[k] for k in FIGURES if _number(r.get(k)) is not None}
     summary = last_summary(jobdir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,23 @@ def test_best_of_a_job_that_evaluates_during_the_run_says_why_no_checkpoint_has_
         "--checkpoint best: no complete checkpoint of job ev has held-out figures (the run evaluates every 25 "
         "versions; none of its checkpoints (v10, v20) is one it evaluated yet); name a version instead"
     )
+
+
+def test_the_table_holds_a_reward_per_iteration_not_the_metrics_rows(tmp_path: Path) -> None:
+    # a job of weeks: 10⁵ metrics rows of a few kB each (its agents' figures), hundreds of MB that the table read
+    # whole (the text, then every row parsed) to keep one number per row
+    jd = _job(tmp_path)
+    agents = {f"rollout-{k}": {"role": "rollout", "site": "h20", "busy_s": 1.5, "state": "running"} for k in range(64)}
+    rows = ({"iteration": i, "reward_mean": 0.5, "agents": agents} for i in range(30, 630))
+    with jd.metrics.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    jd.event("checkpoint", version=630)
+    size = jd.metrics.stat().st_size
+    tracemalloc.start()
+    try:
+        rows = checkpoint_table(jd)["checkpoints"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(r["version"], r["reward_iterations"], r["reward_mean"]) for r in rows][-1] == (630, 600, 0.5)
+    assert size > 2_500_000 and peak < size // 10, (size, peak)  # was the file's size and more (~4 × it)
