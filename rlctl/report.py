@@ -19,13 +19,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, abandoned, event_time, record_text, resume_points
+from rlctl.launch.jobdir import JobDir, abandoned, event_time, open_record, record_text, resume_points
 from rlctl.ops.runstate import run_summary
 
 log = logging.getLogger(__name__)
@@ -222,17 +222,32 @@ def _read_lines(
     """The JSON lines of `path`; one that does not parse, or lacks a field the report reads (`lacks`: what the row
     lacks, None when nothing), is an RlctlError naming the file, the line and what is wrong, or (`leave_out_damaged`:
     the events, where a controller killed mid-write leaves a line cut short for good) left out with a warning.
-    `naming`: only the lines that hold one of these strings are read (the others are not parsed)."""
+    `naming`: only the lines that hold one of these strings are read (the others are not parsed). The file is read
+    a line at a time: events.jsonl of a job of weeks is hundreds of MB, held whole twice (its text and its list of
+    lines) to keep its few scale events."""
     if not path.exists():
         return []
     try:
-        text = record_text(path)
+        with open_record(path) as f:
+            return _rows(path, f, lacks=lacks, leave_out_damaged=leave_out_damaged, naming=naming)
     except OSError as e:
         raise RlctlError(f"{path}: cannot read: {e}") from e
-    lines = text.split("\n")
-    # The job may be appending right now: a last line without its newline is unfinished, not corrupt.
+
+
+def _rows(
+    path: Path,
+    lines: Iterable[str],
+    *,
+    lacks: Callable[[dict[str, Any]], str | None],
+    leave_out_damaged: bool,
+    naming: tuple[str, ...],
+) -> list[dict[str, Any]]:
+    """`_read_lines` of the file's `lines` (each with its newline)."""
     rows = []
-    for n, line in enumerate(lines[:-1], start=1):
+    for n, whole in enumerate(lines, start=1):
+        if not whole.endswith("\n"):
+            break  # the job may be appending right now: a last line without its newline is unfinished, not corrupt
+        line = whole[:-1]
         if not line.strip() or (naming and not any(name in line for name in naming)):
             continue
         try:

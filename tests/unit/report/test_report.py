@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -429,6 +430,27 @@ def test_the_report_parses_only_the_events_it_draws(tmp_path: Path) -> None:
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert [e["event"] for e in load(d).events] == ["scale", "resumed_from"]
     assert [e["agent"] for e in load(d).scales] == ["rollout-2"]
+
+
+def test_the_report_holds_a_line_of_events_at_a_time_not_the_file(tmp_path: Path) -> None:
+    # a job of weeks: a weights_applied event per version, its units' reports in it (64 units × 10⁵ versions, hundreds
+    # of MB), which the report read whole, its text and its list of lines, to keep its few scale events
+    d = make_job_dir(tmp_path)
+    units = {f"rollout-{k}": {"t": 1.5, "fetch_s": 0.25} for k in range(64)}
+    applied = {"event": "weights_applied", "source": "trainer-0", "encoding": "delta", "units": units}
+    scale = {"t": 5.0, "event": "scale", "agent": "rollout-2", "direction": "out", "iteration": 2}
+    with (d / "events.jsonl").open("w") as f:
+        f.write("".join(json.dumps({"t": 1.0, **applied, "version": v}) + "\n" for v in range(1000)))
+        f.write(json.dumps(scale) + "\n")
+    size = (d / "events.jsonl").stat().st_size
+    tracemalloc.start()
+    try:
+        scales = load(d).scales
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [e["agent"] for e in scales] == ["rollout-2"]
+    assert size > 2_500_000 and peak < size // 10, (size, peak)  # was twice the file's size and more
 
 
 @pytest.mark.parametrize(
