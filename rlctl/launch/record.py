@@ -189,17 +189,12 @@ def _fetch(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             for rel in fs.list_files(f"{root}/{tree}"):
                 dst = job_dir / tree / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                # through a name of its own, outside the tracker's dir (a reader of it sees the copy whole), then
-                # renamed: one cut short leaves the copy here as it was, versus emptied (SFTP's get opens it first)
-                part = own_part(job_dir / tree, sweep)
                 try:
-                    fs.get(f"{root}/{tree}/{rel}", part)
-                    os.replace(part, dst)
+                    if not fetch_grown(fs, f"{root}/{tree}/{rel}", dst, part=own_part(job_dir / tree, sweep)):
+                        continue
                 except LaunchError as e:  # a tracker's temporary file, removed since the listing
                     log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
                     continue
-                finally:
-                    part.unlink(missing_ok=True)
                 fetched.append(f"{tree}/{rel}")
     finally:
         fs.close()
@@ -350,6 +345,37 @@ def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | 
                 shutil.copyfileobj(src, dst)
         else:
             os.replace(part, local)
+    finally:
+        part.unlink(missing_ok=True)
+    return True
+
+
+def fetch_grown(fs: HostFiles, path: str, local: Path, *, part: Path) -> bool:
+    """Bring the local copy of a file the host writes by appending (a tracker's: TensorBoard's event file, W&B's run
+    file) up to date: nothing where the copy is the host's whole file, the bytes past it where it is a prefix of the
+    host's (as `fetch_appended` tells it), else the whole file (one written anew); True when the copy changed. Each
+    through `part` (outside the tracker's dir), so that one cut short (the site gone mid-copy, SFTP's get opening the
+    local file first) leaves the copy here as it was: the whole file renamed over it, the bytes past it appended (any
+    part of them keeps it a prefix). Versus the whole file copied at every fetch: an event file grows by a few kB an
+    iteration, hundreds of MB after weeks, copied again by every `rlctl status` of a job whose controller is done."""
+    have = local.stat().st_size if local.exists() else 0
+    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    if probe is None:
+        raise LaunchError(f"{path}: not on the site any more")
+    data, size = probe
+    grown = bool(have) and size >= have and data == _tail(local, len(data))
+    if grown and size == have:
+        return False
+    try:
+        if not grown:
+            fs.get(path, part)
+            os.replace(part, local)
+            return True
+        fs.get_range(path, part, have, size)
+        with part.open("rb") as src, local.open("ab") as dst:
+            if os.fstat(dst.fileno()).st_size != have:  # another fetch appended since (unlocked: no flock)
+                return False
+            shutil.copyfileobj(src, dst)
     finally:
         part.unlink(missing_ok=True)
     return True

@@ -282,20 +282,20 @@ def _move(src: Path, dst: Path) -> None:
 
 
 def fetch_trackers(job_dir: Path) -> list[str]:
-    """The tracker files (and the job's record) from the controller's site into the job dir here: what was copied,
-    or, when the controller's job dir is this one, the tracker files it wrote here (`pull` said "tracker files: 0"
-    of a local job whose tensorboard/ held its events). A controller's site (not the trainer's) that does not answer
-    is said (a warning) and costs the tracker files, not the policy pulled already (the pull failed, exit 1)."""
+    """The tracker files (and the job's record) from the controller's site into the job dir here, and then the
+    tracker files here (copied now, or by a fetch before: one that has not changed since is not copied again); when
+    the controller's job dir is this one, those it wrote here (`pull` said "tracker files: 0" of a local job whose
+    tensorboard/ held its events). A controller's site (not the trainer's) that does not answer is said (a warning)
+    and costs the tracker files, not the policy pulled already (the pull failed, exit 1)."""
     view = record_view(job_dir)
     if view is None:
         return []
     site, _, root = view
-    if record_is_here(site, root, job_dir):  # (as `fetch_record` tells it)
-        here = (p for tree in TRACKER_DIRS for p in sorted((job_dir / tree).rglob("*")) if p.is_file())
-        return [str(p.relative_to(job_dir)) for p in here]
-    try:
-        fetched = fetch_record(job_dir, *view)
-    except (RlctlError, OSError) as e:
-        log.warning("%s: tracker files not fetched from the controller's site: %s", JobDir(job_dir).id, e)
-        return []
-    return [name for name in fetched if name.split("/")[0] in TRACKER_DIRS]
+    if not record_is_here(site, root, job_dir):  # (as `fetch_record` tells it)
+        try:
+            fetch_record(job_dir, *view)  # (a tracker file the fetch before brought whole is not copied again)
+        except (RlctlError, OSError) as e:
+            log.warning("%s: tracker files not fetched from the controller's site: %s", JobDir(job_dir).id, e)
+            return []
+    here = (p for tree in TRACKER_DIRS for p in sorted((job_dir / tree).rglob("*")) if p.is_file())
+    return [str(p.relative_to(job_dir)) for p in here]
