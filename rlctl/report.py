@@ -19,14 +19,16 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlctl import reportrows
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, abandoned, event_time, open_record, record_text, resume_points
 from rlctl.ops.runstate import run_summary
+from rlctl.reportrows import MERGED
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,16 @@ class JobRecord:
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # held-out evaluations during the run
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `rlctl.ops.checkpoints.checkpoint_table`'s
     ended: str | None = None  # how the job ended by its record (`build_report`'s), for a run that left no summary
+
+    @property
+    def iterations(self) -> int:
+        """The metrics rows read (`rows` holds runs of them merged where they were more than `REPORT_ROWS`)."""
+        return sum(int(r.get(MERGED, 1)) for r in self.rows)
+
+    @property
+    def merged(self) -> int:
+        """How many iterations a row of `rows` stands for (1 where none was merged; the last may stand for fewer)."""
+        return max((int(r.get(MERGED, 1)) for r in self.rows), default=1)
 
     @property
     def state(self) -> str:
@@ -159,7 +171,7 @@ def load(job_dir: Path) -> JobRecord:
     return JobRecord(
         name=name,
         mode=mode,
-        rows=_read_lines(job_dir / "metrics.jsonl", lacks=_row_lacks),
+        rows=_read_lines(job_dir / "metrics.jsonl", lacks=_row_lacks, at_most=reportrows.REPORT_ROWS),
         events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True, naming=EVENTS_READ),
         summary=summary,
         evaluations=sorted(
@@ -218,18 +230,22 @@ def _read_lines(
     lacks: Callable[[dict[str, Any]], str | None],
     leave_out_damaged: bool = False,
     naming: tuple[str, ...] = (),
+    at_most: int | None = None,
 ) -> list[dict[str, Any]]:
     """The JSON lines of `path`; one that does not parse, or lacks a field the report reads (`lacks`: what the row
     lacks, None when nothing), is an RlctlError naming the file, the line and what is wrong, or (`leave_out_damaged`:
     the events, where a controller killed mid-write leaves a line cut short for good) left out with a warning.
     `naming`: only the lines that hold one of these strings are read (the others are not parsed). The file is read
     a line at a time: events.jsonl of a job of weeks is hundreds of MB, held whole twice (its text and its list of
-    lines) to keep its few scale events."""
+    lines) to keep its few scale events. `at_most` (metrics rows): a file of more lines is read as runs of k
+    consecutive rows, each merged into one (`reportrows.merged`; k: the fewest that leave at most that many)."""
     if not path.exists():
         return []
     try:
         with open_record(path) as f:
-            return _rows(path, f, lacks=lacks, leave_out_damaged=leave_out_damaged, naming=naming)
+            every = 1 if at_most is None else max(1, -(-reportrows.count_lines(path) // at_most))
+            rows = _rows(path, f, lacks=lacks, leave_out_damaged=leave_out_damaged, naming=naming)
+            return list(rows if every == 1 else reportrows.merged(rows, every))
     except OSError as e:
         raise RlctlError(f"{path}: cannot read: {e}") from e
 
@@ -241,9 +257,8 @@ def _rows(
     lacks: Callable[[dict[str, Any]], str | None],
     leave_out_damaged: bool,
     naming: tuple[str, ...],
-) -> list[dict[str, Any]]:
-    """`_read_lines` of the file's `lines` (each with its newline)."""
-    rows = []
+) -> Iterator[dict[str, Any]]:
+    """`_read_lines`' rows of the file's `lines` (each with its newline), one at a time."""
     for n, whole in enumerate(lines, start=1):
         if not whole.endswith("\n"):
             break  # the job may be appending right now: a last line without its newline is unfinished, not corrupt
@@ -260,12 +275,11 @@ def _rows(
         # (`5`, `[1, 2]`): every reader takes a row for an object
         problem = lacks(row) if isinstance(row, dict) else f"{type(row).__name__}, not a JSON object"
         if problem is None:
-            rows.append(row)
+            yield row
         elif not leave_out_damaged:
             raise RlctlError(f"{path}: line {n}: {problem}", hint="was it edited?")
         else:
             log.warning("%s: line %d: %s: left out", path, n, problem)
-    return rows
 
 
 def _lacks(
@@ -429,7 +443,8 @@ def _figure(rec: JobRecord) -> bytes:
         gridspec_kw={"height_ratios": [1.0, 1.3, 0.5 + 0.15 * max(1, n_agents)]},
     )
     state = rec.summary["state"] if rec.summary else f"{rec.ended}, no summary" if rec.ended else "no summary yet"
-    fig.suptitle(f"{rec.name} ({rec.mode}): {len(rows)} iterations, {state}", fontsize=11)
+    merged = f" (a point: {rec.merged} iterations)" if rec.merged > 1 else ""
+    fig.suptitle(f"{rec.name} ({rec.mode}): {rec.iterations} iterations{merged}, {state}", fontsize=11)
     ax_r.set_title("(a) mean reward" + (", held-out greedy" if rec.evaluations else ""), fontsize=9, loc="left")
     ax_t.set_title("(b) stage times per iteration, scale events", fontsize=9, loc="left")
     ax_b.set_title("(c) agent busy fraction per iteration (blank: absent)", fontsize=9, loc="left")
@@ -441,7 +456,7 @@ def _figure(rec: JobRecord) -> bytes:
         _scale_marks(rec, ax_t, ax_b)
         _busy(fig, ax_b, rows, its)
         # the evaluated versions too: the final policy's (version N, after iteration N − 1) was drawn past the edge
-        xs = its + [int(e["version"]) for e in rec.evaluations]
+        xs = [its[0] - int(rows[0].get(MERGED, 1)) + 1, *its] + [int(e["version"]) for e in rec.evaluations]
         ax_b.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
         ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
@@ -520,7 +535,11 @@ def _busy(fig: Any, ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None
     labels = _agent_labels(rows)
     cmap, norm = colormaps["viridis"], Normalize(0.0, 1.0)
     for y, name in enumerate(labels):
-        cells = [(it - 0.5, 1.0) for it, f in zip(its, fractions[name], strict=True) if f is not None]
+        cells = [
+            (it - n + 0.5, float(n))  # (a row of n iterations merged: their span)
+            for it, n, f in zip(its, (int(r.get(MERGED, 1)) for r in rows), fractions[name], strict=True)
+            if f is not None
+        ]
         colours = [cmap(norm(f)) for f in fractions[name] if f is not None]
         ax.broken_barh(cells, (y - 0.4, 0.8), facecolors=colours)
     ax.set_yticks(range(len(labels)), [f"{n} ({role}, {site})" for n, (role, site) in labels.items()])
@@ -568,7 +587,7 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ["job", rec.name],
         ["mode", rec.mode],
         ["state", rec.state],
-        ["iterations", str(s.get("iterations", len(rows)))],
+        ["iterations", str(s.get("iterations", rec.iterations))],
         ["reward first → last", _reward_span(s, rows)],
         ["samples/s (every iteration, across resumes)", _f(job_rate(rows, "samples_per_s"), ".2f")],
         ["wall s (job start → last iteration)", _f(wall, ".1f")],
@@ -594,9 +613,11 @@ def _reward_span(s: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "- → -"
     first, last = rows[0], rows[-1]
+    n = int(first.get(MERGED, 1))  # (rows merged: each the mean of its iterations, up to the one it names)
+    each = "one each" if n == 1 else f"the mean of {n} up to each"
     return (
         f"{_f(first.get('reward_mean'))} → {_f(last.get('reward_mean'))} (iteration {_f(first.get('iteration'), 'd')}"
-        f" → {_f(last.get('iteration'), 'd')}, one each: no summary)"
+        f" → {_f(last.get('iteration'), 'd')}, {each}: no summary)"
     )
 
 
@@ -713,6 +734,11 @@ def _html(rec: JobRecord, png: bytes) -> str:
             else []
         ),
         "<h2>Iterations</h2>",
+        *(
+            [f"<p>each row: {rec.merged} iterations up to the one it names, their means (rates: over their time)</p>"]
+            if rec.merged > 1
+            else []
+        ),
         _table(["iteration", "reward", "T_gen s", "T_train s", "δ s", "δ' s", "units"], iterations, id_="iterations")
         if iterations
         else none,
