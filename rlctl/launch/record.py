@@ -317,27 +317,35 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
 
 def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | None = None) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
-    copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
-    else the whole file (a resume cut the log back). True when lines arrived. Under the fetch lock (`fetching`);
-    where that goes unlocked (a filesystem with no flock), through a `.part` of its own (`own_part`), and appended
-    only to a copy as long as it was read: a fetch beside it appended meanwhile (the next fetch brings the rest),
-    versus the same rows appended twice. `sweep`: the fetch's (`own_part`)."""
-    have = local.stat().st_size if local.exists() else 0
+    copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset);
+    where a resume cut the log back, the copy's lines the host's file still begins with (`_kept`) and the bytes past
+    them, written anew (a new file, as a whole copy is: `eventtail` tells a site's events cut since by it), versus
+    the whole file again (the sample log: ≈ 355 bytes a sample, GBs after weeks, at the first fetch after each
+    resume); the whole file where it begins with none. True when the copy changed. Under the fetch lock
+    (`fetching`); where that goes unlocked (a filesystem with no flock), through a `.part` of its own (`own_part`),
+    and appended only to a copy as long as it was read: a fetch beside it appended meanwhile (the next fetch brings
+    the rest), versus the same rows appended twice. `sweep`: the fetch's (`own_part`)."""
+    had = have = local.stat().st_size if local.exists() else 0
     probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
     if probe is None:
         return False
     data, size = probe
     if have and (size < have or data != _tail(local, len(data))):
-        have = 0
-    if size <= have:
+        have = _kept(fs, path, local, min(have, size))
+    if size <= have == had:
         return False
     part = own_part(local, sweep)
     try:
-        fs.get_range(path, part, have, size)
+        if size > have:
+            fs.get_range(path, part, have, size)
+        else:
+            part.write_bytes(b"")
         whole = _whole_lines(part)  # the controller may be writing its last line
+        os.truncate(part, whole)
+        if have < had:  # cut back (to none: the whole file)
+            return _written_anew(local, had=had, keep=have, then=part)
         if not whole:
             return False
-        os.truncate(part, whole)
         if have:
             with part.open("rb") as src, local.open("ab") as dst:
                 if os.fstat(dst.fileno()).st_size != have:  # another fetch appended since (unlocked: no flock)
@@ -348,6 +356,61 @@ def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | 
     finally:
         part.unlink(missing_ok=True)
     return True
+
+
+def _written_anew(local: Path, *, had: int, keep: int, then: Path) -> bool:
+    """`local`'s first `keep` bytes and then the file `then`, as a new file renamed over it, where it is still `had`
+    long (another fetch unlocked may have changed it: left as it is, False)."""
+    joined = own_part(local)
+    try:
+        with local.open("rb") as src, joined.open("wb") as dst:
+            if os.fstat(src.fileno()).st_size != had:
+                return False
+            left = keep
+            while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+                dst.write(chunk)
+                left -= len(chunk)
+            with then.open("rb") as more:
+                shutil.copyfileobj(more, dst)
+        os.replace(joined, local)
+    finally:
+        joined.unlink(missing_ok=True)
+    return True
+
+
+KEPT_CHECKS = 8  # windows compared below the lines `_kept` finds, spread over them
+
+
+def _kept(fs: HostFiles, path: str, local: Path, limit: int) -> int:
+    """The length of the copy's first lines that the host's file `path` begins with too (at most `limit` bytes): a
+    resume cut the log back to a checkpoint and appended its own lines past it. The end of what they share is found
+    by halving, a window of TAIL_MATCH_BYTES ending at each offset compared (a few dozen reads of the host's, versus
+    its whole file), then taken back to the copy's last line end at or before it, and checked at KEPT_CHECKS
+    offsets spread below it; 0 (the whole file is fetched) where one differs."""
+
+    def same(end: int) -> bool:
+        n = min(end, TAIL_MATCH_BYTES)
+        got = fs.read_from(path, end - n, n)
+        return got is not None and got[0] == _read_at(local, end - n, n)
+
+    shared, differs = 0, limit + 1  # same(shared); not same(differs) (past `limit`: not compared)
+    if same(limit):
+        shared = limit
+    else:
+        differs = limit
+        while differs - shared > 1:
+            mid = (shared + differs) // 2
+            shared, differs = (mid, differs) if same(mid) else (shared, mid)
+    kept = _whole_lines(local, end=shared)
+    checks = {kept * k // KEPT_CHECKS for k in range(1, KEPT_CHECKS + 1)}
+    return kept if all(same(end) for end in sorted(checks) if end) else 0
+
+
+def _read_at(path: Path, offset: int, n: int) -> bytes:
+    """`n` bytes of the file from `offset` on."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read(n)
 
 
 def fetch_grown(fs: HostFiles, path: str, local: Path, *, part: Path) -> bool:
@@ -439,11 +502,10 @@ def _tail(path: Path, n: int) -> bytes:
         return f.read(n)
 
 
-def _whole_lines(path: Path) -> int:
-    """The length of the file's whole lines (up to and with its last newline)."""
-    size = path.stat().st_size
+def _whole_lines(path: Path, *, end: int | None = None) -> int:
+    """The length of the file's whole lines (up to and with its last newline; within its first `end` bytes)."""
     with path.open("rb") as f:
-        end = size
+        end = path.stat().st_size if end is None else end
         while end > 0:
             start = max(0, end - (1 << 20))
             f.seek(start)

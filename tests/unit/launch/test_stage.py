@@ -133,7 +133,7 @@ class RangeFiles(LocalFiles):
         super().get_range(path, local, start, end)
 
 
-def test_the_sample_log_is_fetched_by_what_it_grew_whole_lines_only_and_again_whole_after_a_cut(
+def test_the_sample_log_is_fetched_by_what_it_grew_whole_lines_only_and_from_the_lines_kept_after_a_cut(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(record, "TAIL_MATCH_BYTES", 16)  # a small window, so the prefix check compares a line's end
@@ -150,8 +150,12 @@ def test_the_sample_log_is_fetched_by_what_it_grew_whole_lines_only_and_again_wh
     n3 = len("".join(lines[:3]))
     assert fs.ranges == [(0, n3 + 7), (n3, there.stat().st_size)]  # the second fetch copied what it lacked
     assert not record.fetch_appended(fs, str(there), here) and len(fs.ranges) == 2  # nothing new: nothing copied
-    # a resume cut the log back to two lines and the run wrote others past them: the copy here is no prefix
+    # a resume cut the log back to two lines and the run wrote others past them: the copy here is no prefix, but
+    # begins with those two lines: cut to them, and only what follows them copied
     there.write_text("".join(lines[:2]) + lines[6] + lines[7] + lines[5])
+    assert record.fetch_appended(fs, str(there), here) and here.read_text() == there.read_text()
+    assert fs.ranges[-1] == (len("".join(lines[:2])), there.stat().st_size)
+    there.write_text(lines[7] + lines[6])  # a log that begins with none of the lines here: copied whole
     assert record.fetch_appended(fs, str(there), here) and here.read_text() == there.read_text()
     assert fs.ranges[-1] == (0, there.stat().st_size)
     there.write_text(lines[0])  # cut shorter than the copy here
