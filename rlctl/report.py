@@ -413,6 +413,28 @@ def _agent_labels(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     return {n: seen[n] for n in order}
 
 
+BUSY_ROWS = 40  # the busy panel's rows at most: past that many agents (units replaced and scaled for weeks), one a site
+
+
+def busy_rows(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """The busy panel's rows: label → busy fraction per row of `rows`. One per agent ("rollout-1 (rollout, h20)")
+    while the run had at most BUSY_ROWS; past that, one per role and site ("rollout on h20: 312 agents"), each row
+    the mean of its agents present then (None where none was), versus a row per agent the run ever had (hundreds
+    after weeks of units replaced and scaled: a figure of 0.25 inch each, some 600 MB of pixels)."""
+    fractions, labels = busy_fractions(rows), _agent_labels(rows)
+    if len(labels) <= BUSY_ROWS:
+        return {f"{n} ({role}, {site})": fractions[n] for n, (role, site) in labels.items() if n in fractions}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, where in labels.items():
+        if name in fractions:
+            groups.setdefault(where, []).append(name)
+    out: dict[str, list[float | None]] = {}
+    for (role, site), names in groups.items():
+        present = [[f for n in names if (f := fractions[n][i]) is not None] for i in range(len(rows))]
+        out[f"{role} on {site}: {len(names)} agents"] = [sum(fs) / len(fs) if fs else None for fs in present]
+    return out
+
+
 def _scale_label(e: dict[str, Any]) -> str:
     sign = "+" if e.get("direction") == "out" else "-"
     return f"{sign}{e.get('agent', '?')} ({e.get('reason', '?')})"
@@ -433,7 +455,8 @@ def _figure(rec: JobRecord) -> bytes:
     from matplotlib.ticker import MaxNLocator
 
     rows = rec.rows
-    n_agents = len(_agent_labels(rows))
+    panel = busy_rows(rows)
+    n_agents = len(panel)
     fig, (ax_r, ax_t, ax_b) = plt.subplots(
         3,
         1,
@@ -447,14 +470,15 @@ def _figure(rec: JobRecord) -> bytes:
     fig.suptitle(f"{rec.name} ({rec.mode}): {rec.iterations} iterations{merged}, {state}", fontsize=11)
     ax_r.set_title("(a) mean reward" + (", held-out greedy" if rec.evaluations else ""), fontsize=9, loc="left")
     ax_t.set_title("(b) stage times per iteration, scale events", fontsize=9, loc="left")
-    ax_b.set_title("(c) agent busy fraction per iteration (blank: absent)", fontsize=9, loc="left")
+    each = "agent" if len(panel) == len(_agent_labels(rows)) else "role and site: the mean of its agents"
+    ax_b.set_title(f"(c) busy fraction per iteration, per {each} (blank: absent)", fontsize=9, loc="left")
     ax_b.set_xlabel("iteration")
     if rows:
         its = [int(r["iteration"]) for r in rows]
         _reward(ax_r, rows, its, rec.evaluations)
         _stages(ax_t, rows, its)
         _scale_marks(rec, ax_t, ax_b)
-        _busy(fig, ax_b, rows, its)
+        _busy(fig, ax_b, rows, its, panel)
         # the evaluated versions too: the final policy's (version N, after iteration N − 1) was drawn past the edge
         xs = [its[0] - int(rows[0].get(MERGED, 1)) + 1, *its] + [int(e["version"]) for e in rec.evaluations]
         ax_b.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
@@ -522,29 +546,27 @@ def _scale_marks(rec: JobRecord, ax_t: Any, ax_b: Any) -> None:
         )
 
 
-def _busy(fig: Any, ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
+def _busy(fig: Any, ax: Any, rows: list[dict[str, Any]], its: list[int], panel: dict[str, list[float | None]]) -> None:
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    fractions = busy_fractions(rows)
-    if not fractions:
+    if not panel:
         ax.set_yticks([])
         _no_data(ax, "no per-agent busy time in metrics.jsonl (older run)")
         return
-    labels = _agent_labels(rows)
     cmap, norm = colormaps["viridis"], Normalize(0.0, 1.0)
-    for y, name in enumerate(labels):
+    for y, fractions in enumerate(panel.values()):
         cells = [
             (it - n + 0.5, float(n))  # (a row of n iterations merged: their span)
-            for it, n, f in zip(its, (int(r.get(MERGED, 1)) for r in rows), fractions[name], strict=True)
+            for it, n, f in zip(its, (int(r.get(MERGED, 1)) for r in rows), fractions, strict=True)
             if f is not None
         ]
-        colours = [cmap(norm(f)) for f in fractions[name] if f is not None]
+        colours = [cmap(norm(f)) for f in fractions if f is not None]
         ax.broken_barh(cells, (y - 0.4, 0.8), facecolors=colours)
-    ax.set_yticks(range(len(labels)), [f"{n} ({role}, {site})" for n, (role, site) in labels.items()])
+    ax.set_yticks(range(len(panel)), list(panel))
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_ylim(len(panel) - 0.5, -0.5)
     fig.colorbar(ScalarMappable(norm, cmap), ax=ax, label="busy fraction", fraction=0.04, pad=0.01)
 
 

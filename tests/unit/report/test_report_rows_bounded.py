@@ -5,6 +5,7 @@ rows: runs of consecutive iterations merged into one (`rlctl.report._merged`), f
 from __future__ import annotations
 
 import json
+import struct
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from rlctl import reportrows
-from rlctl.report import build_report, busy_fractions, job_rate, load
+from rlctl.report import build_report, busy_fractions, busy_rows, job_rate, load
 from tests.unit.report.fake_jobdir import make_job_dir
 
 ROWS, AGENTS = 3000, 16
@@ -53,3 +54,25 @@ def test_the_report_holds_at_most_report_rows_of_a_long_run_with_its_figures(
     page = build_report(d).html.read_text()
     assert "0.500 → 0.500 (iteration 59 → 2999, the mean of 60 up to each: no summary)" in page
     assert "each row: 60 iterations up to the one it names" in page and page.count("<tr><td>") <= 50 + 20
+
+
+def test_the_busy_panel_of_a_run_of_hundreds_of_units_has_a_row_per_site_not_per_unit(tmp_path: Path) -> None:
+    # units replaced and scaled for weeks: 122 rollout units came and went, 4 at a time, on two sites; a row per agent
+    # the run ever had made the figure 0.25 inch taller for each (hundreds after weeks)
+    d = make_job_dir(tmp_path)
+    rows = []
+    for i in range(240):
+        live = range(2 * (i // 4), 2 * (i // 4) + 4)  # each unit for 8 iterations, busy 1.5 s of each 2 s
+        since = {k: max(0, 4 * (k // 2 - 1)) for k in live}  # the iteration it joined at
+        agents = {f"rollout-{k}": {"role": "rollout", "site": f"h{k % 2}", "busy_s": 1.5 * (i - since[k] + 1),
+                                   "state": "running"} for k in live}  # fmt: skip
+        agents["trainer-0"] = {"role": "trainer", "site": "h800", "busy_s": 1.0 * (i + 1), "state": "running"}
+        rows.append({**_row(i), "agents": agents})
+    with (d / "metrics.jsonl").open("w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    panel = busy_rows(load(d).rows)
+    assert list(panel) == ["trainer on h800: 1 agents", "rollout on h0: 61 agents", "rollout on h1: 61 agents"]
+    assert {f for fs in panel.values() for f in fs[1:]} == {0.5, 0.75}
+    png = build_report(d).png.read_bytes()
+    width, height = struct.unpack(">II", png[16:24])  # the PNG's IHDR
+    assert height < 1200, (width, height)  # was 8.5 + 0.25 × 119 inches at 110 dpi: 4,207 px
