@@ -3,6 +3,7 @@ the work roots, key files and login names it gives (some not held against a job'
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
@@ -121,6 +122,70 @@ SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how 
 
 MAX_TIME_LIMIT_MIN = 366 * 24 * 60  # past any partition's MaxTime: more is a typo (2880000 for 2880)
 
+_AGENT = "rlctl sets it for each agent's job"
+_RESOURCES = "rlctl asks it from each agent's resources (the job's placement and threads, the site's nodes)"
+_ONE_JOB = "rlctl submits one job per agent and follows it itself"
+# sbatch's long options that rlctl writes itself, or that the site has a field for, or that break how rlctl submits
+# and follows a job: `sbatch_options` naming one (or an abbreviation, which sbatch takes for it) is refused, with what
+# to do instead
+SBATCH_OWN = {
+    "partition": "use scheduler.partition",
+    "account": "use scheduler.account",
+    "qos": "use scheduler.qos",
+    "time": "use scheduler.time_limit_min",
+    "constraint": "use scheduler.constraint",
+    "reservation": "use scheduler.reservation",
+    "exclusive": "use scheduler.exclusive: true",
+    "distribution": "rlctl puts each tensor-parallel group on one node by SLURM's default (block): leave it out",
+    **dict.fromkeys(("gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "gres"), "use scheduler.gpu_request"),
+    **dict.fromkeys(
+        (
+            "nodes",
+            "ntasks",
+            "ntasks-per-node",
+            "ntasks-per-core",
+            "ntasks-per-socket",
+            "ntasks-per-gpu",
+            "cpus-per-task",
+            "cpus-per-gpu",
+            "mem",
+            "mem-per-cpu",
+            "mem-per-gpu",
+            "tres-per-task",
+        ),
+        _RESOURCES + ": leave it out",
+    ),
+    **dict.fromkeys(
+        ("job-name", "output", "error", "open-mode", "chdir", "signal", "export", "export-file"),
+        _AGENT + ": leave it out",
+    ),
+    **dict.fromkeys(
+        ("array", "wrap", "dependency", "parsable", "wait", "test-only", "hold"), _ONE_JOB + ": leave it out"
+    ),
+}
+LONG_OPTION = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def sbatch_option_problem(name: str, value: str | bool, *, own: bool = True) -> str | None:
+    """Why `sbatch_options` may not pass `--name=value` (None: it may): a name that is no long option as sbatch spells
+    them, one rlctl sets itself or that the site has a field for (or an abbreviation of one: sbatch takes `--part`
+    for `--partition`; not looked for where `own` is false), a value with a line break (it would end the `#SBATCH`
+    line)."""
+    if not LONG_OPTION.fullmatch(name):
+        plain = name.lstrip("-").lower().replace("_", "-")
+        e_g = repr(plain) if LONG_OPTION.fullmatch(plain) else "'mail-type'"
+        return (
+            f"{name!r} is no long option as sbatch spells them (lower-case letters, digits and '-', without the "
+            f"leading --), e.g. {e_g}"
+        )
+    taken = sorted(o for o in SBATCH_OWN if o.startswith(name)) if own else []
+    if taken:
+        said = f"--{name}" if name in SBATCH_OWN else f"--{name} (sbatch's abbreviation of --{taken[0]})"
+        return f"{said} is not taken in sbatch_options: {SBATCH_OWN[name if name in SBATCH_OWN else taken[0]]}"
+    if isinstance(value, str) and any(c in value for c in "\n\r\0"):
+        return f"--{name}: its value {value!r} has a line break; give it on one line"
+    return None
+
 
 class SlurmScheduler(_Scheduler):
     kind: Literal["slurm"]
@@ -144,6 +209,16 @@ class SlurmScheduler(_Scheduler):
         description="how jobs ask for GPUs: per_task = --gpus-per-task=N, gres = --gres=gpu:N per node "
         "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
     )
+    constraint: str | None = Field(
+        None, min_length=1, description="every job's --constraint: the node features it needs, e.g. 'h800&ib'"
+    )
+    reservation: str | None = Field(None, min_length=1, description="every job's --reservation")
+    exclusive: bool = Field(False, description="every job's --exclusive: its nodes to itself, no other job's beside")
+    sbatch_options: dict[str, str | Literal[True]] = Field(
+        default_factory=dict,
+        description="more of sbatch's long options for every job, {name: value} (true: a flag), as --name=value; "
+        "not those rlctl sets or the site has a field for",
+    )
 
     @field_validator("partition", mode="before")
     @classmethod
@@ -153,14 +228,45 @@ class SlurmScheduler(_Scheduler):
             raise ValueError(f"{v!r} is a list; several partitions are one string, as sbatch takes them: {joined!r}")
         return v
 
-    @field_validator("partition", "account", "qos")
+    @field_validator("partition", "account", "qos", "constraint", "reservation")
     @classmethod
-    def _slurm_name(cls, v: str | None) -> str | None:
+    def _slurm_name(cls, v: str | None, info: ValidationInfo) -> str | None:
         """sbatch gets it quoted as one word: a space in it (`'gpu '`, `'high normal'`) was sbatch's 'invalid
         partition specified' (account, qos) at launch, after staging."""
         if v is not None and any(c.isspace() for c in v):
-            raise ValueError(f"{v!r} has whitespace, which no SLURM name has; several partitions are one 'a,b'")
+            several = {"partition": "several partitions are one 'a,b'", "constraint": "features join as 'a&b'"}
+            raise ValueError(
+                f"{v!r} has whitespace, which no SLURM name has; {several.get(info.field_name or '', 'give one name')}"
+            )
         return v
+
+    @field_validator("sbatch_options", mode="before")
+    @classmethod
+    def _sbatch_options(cls, v: Any, info: ValidationInfo) -> Any:
+        """Each `--name=value` reaches every sbatch script (and the probe's srun): names rlctl writes itself (or has a
+        field for) would be given twice, the later one winning in sbatch and submitit's script alike; a line break
+        in a value would end the `#SBATCH` line. A whole number is its digits (`nice: 10`)."""
+        if not isinstance(v, dict):
+            return v
+        out: dict[Any, Any] = {}
+        for name, value in v.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)
+            if value is False or value is None or value == "":
+                raise ValueError(
+                    f"--{name}: {value!r}: give its value, or true for a flag (--{name} alone); leave the option out "
+                    "to not pass it"
+                )
+            # a job's record (`RECORDED`) reads back as launched, past names refused since
+            own = not is_recorded(info)
+            if (
+                isinstance(name, str)
+                and isinstance(value, str | bool)
+                and (why := sbatch_option_problem(name, value, own=own))
+            ):
+                raise ValueError(why)
+            out[name] = value
+        return out
 
     @field_validator("slurm_conf")
     @classmethod

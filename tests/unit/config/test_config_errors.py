@@ -834,6 +834,56 @@ CASES = [
         OTHER_INV.replace("partition: p", "partition: p, qos: 'high normal'"),
         "sites.h800.scheduler.qos: 'high normal' has whitespace",
     ),
+    Case(
+        "a constraint with a space",
+        OTHER_INV.replace("partition: p", "partition: p, constraint: 'h800 ib'"),
+        "sites.h800.scheduler.constraint: 'h800 ib' has whitespace, which no SLURM name has; features join as 'a&b'",
+    ),
+    Case(
+        "an empty reservation",
+        OTHER_INV.replace("partition: p", "partition: p, reservation: ''"),
+        "reservation: String",
+    ),
+    # sbatch_options: each reaches every sbatch as --name=value; one rlctl writes itself was given twice
+    Case(
+        "sbatch_options naming the partition",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {partition: gpu}"),
+        "sites.h800.scheduler.sbatch_options: --partition is not taken in sbatch_options: use scheduler.partition",
+    ),
+    Case(  # sbatch takes an unambiguous abbreviation of a long option for it
+        "sbatch_options abbreviating a field's option",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {constr: ib}"),
+        "sites.h800.scheduler.sbatch_options: --constr (sbatch's abbreviation of --constraint) is not taken in "
+        "sbatch_options: use scheduler.constraint",
+    ),
+    Case(
+        "sbatch_options asking GPUs",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {gpus-per-node: '8'}"),
+        "sites.h800.scheduler.sbatch_options: --gpus-per-node is not taken in sbatch_options: use "
+        "scheduler.gpu_request",
+    ),
+    Case(
+        "sbatch_options setting the log",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {output: /tmp/x.log}"),
+        "sites.h800.scheduler.sbatch_options: --output is not taken in sbatch_options: rlctl sets it for each "
+        "agent's job: leave it out",
+    ),
+    Case(
+        "sbatch_options with a leading --",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {--comment: x}"),
+        "sites.h800.scheduler.sbatch_options: '--comment' is no long option as sbatch spells them (lower-case "
+        "letters, digits and '-', without the leading --), e.g. 'comment'",
+    ),
+    Case(
+        "sbatch_options value over two lines",
+        OTHER_INV.replace("partition: p", 'partition: p, sbatch_options: {comment: "a\\nhostname"}'),
+        "sites.h800.scheduler.sbatch_options: --comment: its value 'a\\nhostname' has a line break",
+    ),
+    Case(
+        "sbatch_options flag false",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {requeue: false}"),
+        "sites.h800.scheduler.sbatch_options: --requeue: False: give its value, or true for a flag",
+    ),
     # read from the directory rlctl ran in: a resume or stop from another directory looked elsewhere
     Case(
         "a local site's relative workdir",
@@ -1487,3 +1537,25 @@ def test_a_whole_number_past_2_63_in_a_list_is_found_where_it_lies() -> None:
         ("a", 1),
         f"{-(2**64)} is past the largest whole number rlctl takes, 2^63 - 1 (9223372036854775807)",
     )
+
+
+def test_sbatch_options_take_a_value_or_true_and_a_whole_number_as_its_digits() -> None:
+    """What `CASES` refuses aside, an option is passed as given: a value, true for a flag, `nice: 10` as '10'; and a
+    job's record reads back as launched, past names refused since (its stop and resume read it)."""
+    from rlctl.config.inventory import RECORDED
+    from rlctl.config.schedulers import SlurmScheduler
+
+    opts = {"comment": "rl&x y", "requeue": True, "nice": 10, "mem-bind": "local", "time-min": "60"}
+    s = SlurmScheduler.model_validate({"kind": "slurm", "partition": "p", "sbatch_options": opts})
+    assert s.sbatch_options == {
+        "comment": "rl&x y",
+        "requeue": True,
+        "nice": "10",
+        "mem-bind": "local",
+        "time-min": "60",
+    }
+    assert (s.constraint, s.reservation, s.exclusive) == (None, None, False)
+    recorded = {"kind": "slurm", "partition": "p", "sbatch_options": {"partition": "x"}}
+    assert SlurmScheduler.model_validate(recorded, context=RECORDED).sbatch_options == {"partition": "x"}
+    with pytest.raises(ValidationError, match="line break"):
+        SlurmScheduler.model_validate({**recorded, "sbatch_options": {"comment": "a\nb"}}, context=RECORDED)
