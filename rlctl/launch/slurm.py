@@ -7,7 +7,8 @@ Two ways in, chosen by the site's `submit_host`:
 
 Both scripts export the spec's environment, ask for the spec's resources (its tasks on as few nodes
 as fit, `--cpus-per-task` = its threads, GPUs per the site's `gpu_request`: `--gpus-per-task=N`,
-`--gres=gpu:N`, or none on `gpu: CPU` sites), start every rank with `srun` (rank = $SLURM_PROCID,
+`--gres=gpu:N`, or none on `gpu: CPU` sites) with the site's own options (`site_options`: its constraint,
+reservation, exclusive and sbatch_options), start every rank with `srun` (rank = $SLURM_PROCID,
 world = $SLURM_NTASKS) and ask SLURM for a TERM `grace_s` before the time limit. `render()` returns
 the exact script without submitting (`rlctl launch --dry-run`).
 
@@ -113,6 +114,17 @@ def _runner(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s
         target = _submit_target(sched, known_hosts=known_hosts, connect_timeout_s=connect_timeout_s)
         return SshRunner(target, env, setup)
     return LocalRunner(env, setup)
+
+
+def site_options(sched: SlurmScheduler) -> list[str]:
+    """The site's own long options for every job it runs (sbatch's, submitit's, the probe's srun), shell-quoted:
+    its `constraint`, `reservation`, `exclusive`, then its `sbatch_options` as given."""
+    given: list[tuple[str, str | bool]] = [
+        ("constraint", sched.constraint or ""),
+        ("reservation", sched.reservation or ""),
+    ]
+    given += [("exclusive", sched.exclusive), *sched.sbatch_options.items()]
+    return [f"--{k}" if v is True else f"--{k}={shlex.quote(v)}" for k, v in given if v]
 
 
 def gpu_request_for(site: Site) -> GpuRequest:
@@ -257,11 +269,13 @@ class SlurmBackend(LaunchBackend):
     @classmethod
     def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
         """One step on one node of the partition, with the GPU a unit would get, charged as the agents' jobs are
-        (the site's account and qos: a cluster that enforces them refuses a step without)."""
+        (the site's account and qos: a cluster that enforces them refuses a step without), on the nodes they get
+        (the site's own options, `site_options`)."""
         sched = _sched(site)
         gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(gpu_request_for(site), "")
         charge = f"--account={shlex.quote(sched.account)} " if sched.account else ""
         charge += f"--qos={shlex.quote(sched.qos)} " if sched.qos else ""
+        charge += "".join(f"{o} " for o in site_options(sched))  # the nodes and terms its jobs get
         srun = f"srun --partition={shlex.quote(sched.partition)} {charge}--nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
         return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
 
@@ -433,6 +447,7 @@ class SlurmBackend(LaunchBackend):
             f"#SBATCH --signal=B:TERM@{self.grace_s}",
         ]
         lines += [f"#SBATCH --chdir={shlex.quote(str(spec.cwd))}"] if spec.cwd else []
+        lines += [f"#SBATCH {o}" for o in site_options(s)]
         lines += ["set -u"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
         lines += site_setup(self.setup)
@@ -485,6 +500,12 @@ class SlurmBackend(LaunchBackend):
             params["additional_parameters"]["ntasks"] = res.ntasks
         params.update({"account": s.account} if s.account else {})
         params.update({"qos": s.qos} if s.qos else {})
+        # the site's own options, as the sbatch path's (`site_options`); submitit quotes each value and writes `true`
+        # as the option alone
+        params.update({"constraint": s.constraint} if s.constraint else {})
+        params.update({"exclusive": True} if s.exclusive else {})
+        params["additional_parameters"].update({"reservation": s.reservation} if s.reservation else {})
+        params["additional_parameters"].update(s.sbatch_options)
         if res.gpu_option is not None and res.gpu_request == "gres":
             params["gres"] = res.gpu_option.removeprefix("--gres=")
         elif res.gpu_option is not None:

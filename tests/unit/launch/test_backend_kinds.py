@@ -118,6 +118,13 @@ def test_probe_commands_run_where_agents_run() -> None:
     charged = site({"kind": "slurm", "partition": "gpu", "account": "proj$rl", "qos": "high"})
     [(_, _, command)] = SlurmBackend.probe_commands(charged, "true")
     assert command.startswith("srun --partition=gpu --account='proj$rl' --qos=high --nodes=1 "), command
+    # on the nodes and terms the agents' jobs get: a site whose GPU nodes need a feature or a reservation had the
+    # probe's step run elsewhere, or wait
+    opts = {"constraint": "h800&ib", "reservation": "rl", "exclusive": True, "sbatch_options": {"comment": "a b"}}
+    [(_, _, command)] = SlurmBackend.probe_commands(site({"kind": "slurm", "partition": "gpu", **opts}), "true")
+    assert command.startswith(
+        "srun --partition=gpu --constraint='h800&ib' --reservation=rl --exclusive --comment='a b' --nodes=1 "
+    ), command
 
 
 def test_agent_hooks_have_defaults_and_slurm_and_ssh_say_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

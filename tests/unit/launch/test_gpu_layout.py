@@ -438,6 +438,30 @@ def test_dry_run_on_cpu_slurm_site_requests_no_gpu(tmp_path: Path) -> None:
     assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "")  # no GPU: CPU
 
 
+def test_dry_run_shows_the_slurm_site_s_own_options_in_every_agent_s_script(tmp_path: Path) -> None:
+    sched = {
+        "kind": "slurm",
+        "partition": "sitea",
+        "submit_host": "login",
+        "constraint": "cpu&ib",
+        "exclusive": True,
+        "reservation": "rl",
+        "sbatch_options": {"comment": "rl run", "mail-type": "END"},
+    }
+    sites = {"train": {**local_site(2), "scheduler": sched, "nodes": [{"host": "sitea-[1-2]", "gpus": 2}]},
+             "gen": ssh_site("g1", 2)}  # fmt: skip
+    job = write_job(tmp_path, sites, at=(("train", 2), ("gen", 2)))
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
+    assert res.exit_code == 0, res.stderr
+    scripts = {r["agent"]: r["script"] for r in json.loads(res.stdout) if r["site"] == "train"}
+    assert sorted(scripts) == ["controller-0", "trainer-0"], scripts
+    for script in scripts.values():
+        assert (
+            "#SBATCH --constraint='cpu&ib'\n#SBATCH --reservation=rl\n#SBATCH --exclusive\n"
+            "#SBATCH --comment='rl run'\n#SBATCH --mail-type=END\nset -u\n"
+        ) in script
+
+
 @pytest.mark.parametrize(("workers", "every", "node_cpus", "cores"), [(4, 0, None, 5), (4, 10, None, 6), (4, 0, 3, 3)])
 def test_a_slurm_controller_asks_a_core_for_each_of_its_reward_workers(
     tmp_path: Path, workers: int, every: int, node_cpus: int | None, cores: int

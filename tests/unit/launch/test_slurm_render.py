@@ -147,6 +147,47 @@ def test_submitit_script_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None
     assert "#SBATCH --signal=TERM@45" in text and "#SBATCH --gpus-per-task=1" in text
 
 
+SITE_OPTIONS = {
+    "constraint": "h800&ib",
+    "reservation": "rl-week",
+    "exclusive": True,
+    "sbatch_options": {"comment": "rl test", "requeue": True, "nice": 10},
+}
+
+
+def test_the_site_s_own_options_reach_the_sbatch_script_quoted() -> None:
+    """constraint, reservation, exclusive and sbatch_options (true: the option alone) after rlctl's own lines; a
+    value the shell would read apart (`&`, a space) quoted, as sbatch splits an #SBATCH line as a shell would."""
+    text = backend(submit_host="login.h800", **SITE_OPTIONS).render(SPEC)
+    assert (
+        "#SBATCH --chdir=/shared/runs/demo\n#SBATCH --constraint='h800&ib'\n#SBATCH --reservation=rl-week\n"
+        "#SBATCH --exclusive\n#SBATCH --comment='rl test'\n#SBATCH --requeue\n#SBATCH --nice=10\nset -u\n"
+    ) in text
+    plain = backend(submit_host="login.h800").render(SPEC)
+    assert not any(o in plain for o in ("--constraint", "--reservation", "--exclusive", "--comment"))
+
+
+def test_the_site_s_own_options_reach_submitit_s_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    import submitit
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun not needed to render
+    lines = backend(**SITE_OPTIONS).render(SPEC).splitlines()
+    asked = [ln for ln in lines if ln.startswith("#SBATCH --") and ln.split("=")[0].split()[1] in OWN_OR_SITE]
+    assert asked == [
+        "#SBATCH --comment='rl test'",
+        "#SBATCH --constraint='h800&ib'",
+        "#SBATCH --exclusive",
+        "#SBATCH --nice=10",
+        "#SBATCH --requeue",
+        "#SBATCH --reservation=rl-week",
+    ]
+    plain = backend().render(SPEC)
+    assert not any(o in plain for o in ("--constraint", "--reservation", "--exclusive", "--comment"))
+
+
+OWN_OR_SITE = {"--comment", "--constraint", "--exclusive", "--nice", "--requeue", "--reservation"}
+
+
 def test_resources_place_tasks_by_gpu_slots() -> None:
     def res(tasks: int, gpus: int, request: str = "per_task") -> SlurmResources:
         return SlurmResources.for_spec(Resources(tasks, gpus, 3), slots_per_node=8, gpu_request=request)  # type: ignore[arg-type]
