@@ -116,15 +116,22 @@ def _runner(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s
     return LocalRunner(env, setup)
 
 
-def site_options(sched: SlurmScheduler) -> list[str]:
-    """The site's own long options for every job it runs (sbatch's, submitit's, the probe's srun), shell-quoted:
-    its `constraint`, `reservation`, `exclusive`, then its `sbatch_options` as given."""
+# sbatch's options srun has not: `srun: unrecognized option '--requeue'`, and no step (measured on slurm 22.05)
+SBATCH_ONLY = frozenset({"requeue", "no-requeue", "get-user-env", "ignore-pbs", "kill-on-invalid-dep", "batch"})
+
+
+def site_options(sched: SlurmScheduler, *, srun: bool = False) -> list[str]:
+    """The site's own long options for every job it runs (sbatch's, submitit's; with `srun`, the probe's step, less
+    `SBATCH_ONLY`), shell-quoted: its `constraint`, `reservation`, `exclusive`, then its `sbatch_options` as given."""
     given: list[tuple[str, str | bool]] = [
         ("constraint", sched.constraint or ""),
         ("reservation", sched.reservation or ""),
+        ("exclusive", sched.exclusive),
+        *sched.sbatch_options.items(),
     ]
-    given += [("exclusive", sched.exclusive), *sched.sbatch_options.items()]
-    return [f"--{k}" if v is True else f"--{k}={shlex.quote(v)}" for k, v in given if v]
+    return [
+        f"--{k}" if v is True else f"--{k}={shlex.quote(v)}" for k, v in given if v and not (srun and k in SBATCH_ONLY)
+    ]
 
 
 def gpu_request_for(site: Site) -> GpuRequest:
@@ -275,7 +282,7 @@ class SlurmBackend(LaunchBackend):
         gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(gpu_request_for(site), "")
         charge = f"--account={shlex.quote(sched.account)} " if sched.account else ""
         charge += f"--qos={shlex.quote(sched.qos)} " if sched.qos else ""
-        charge += "".join(f"{o} " for o in site_options(sched))  # the nodes and terms its jobs get
+        charge += "".join(f"{o} " for o in site_options(sched, srun=True))  # the nodes and terms its jobs get
         srun = f"srun --partition={shlex.quote(sched.partition)} {charge}--nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
         return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
 

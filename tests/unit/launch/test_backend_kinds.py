@@ -120,10 +120,13 @@ def test_probe_commands_run_where_agents_run() -> None:
     assert command.startswith("srun --partition=gpu --account='proj$rl' --qos=high --nodes=1 "), command
     # on the nodes and terms the agents' jobs get: a site whose GPU nodes need a feature or a reservation had the
     # probe's step run elsewhere, or wait
-    opts = {"constraint": "h800&ib", "reservation": "rl", "exclusive": True, "sbatch_options": {"comment": "a b"}}
+    # (less what srun has not: `srun: unrecognized option '--requeue'` failed the probe of a site whose jobs run)
+    sbatch = {"comment": "a b", "requeue": True, "no-requeue": True, "get-user-env": "60L", "mail-type": "END"}
+    opts = {"constraint": "h800&ib", "reservation": "rl", "exclusive": True, "sbatch_options": sbatch}
     [(_, _, command)] = SlurmBackend.probe_commands(site({"kind": "slurm", "partition": "gpu", **opts}), "true")
     assert command.startswith(
-        "srun --partition=gpu --constraint='h800&ib' --reservation=rl --exclusive --comment='a b' --nodes=1 "
+        "srun --partition=gpu --constraint='h800&ib' --reservation=rl --exclusive --comment='a b' --mail-type=END "
+        "--nodes=1 "
     ), command
 
 
