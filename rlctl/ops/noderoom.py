@@ -72,9 +72,12 @@ class _GaveUp(Exception):
     pass
 
 
-def fit(nodes: Sequence[tuple[int, int, int]], shares: Sequence[Share], *, budget: int = STEP_BUDGET) -> bool | None:
-    """Whether every share can be placed on `nodes` at once; None when the search gave up (too many shares, or
-    past `budget` steps)."""
+def fit(
+    nodes: Sequence[tuple[int, int, int]], shares: Sequence[Share], *, whole: bool = False, budget: int = STEP_BUDGET
+) -> bool | None:
+    """Whether every share can be placed on `nodes` at once (`whole`: one job's share on a node at most, as
+    sbatch's `--exclusive` gives each job its nodes); None when the search gave up (too many shares, or past
+    `budget` steps)."""
     if len(shares) > MAX_SHARES:
         return None
     order = sorted(shares, key=lambda s: s.size, reverse=True)
@@ -89,7 +92,11 @@ def fit(nodes: Sequence[tuple[int, int, int]], shares: Sequence[Share], *, budge
         s, tried = order[i], set()
         for j, room in enumerate(free):
             key = (tuple(room), frozenset(held[j]))
-            if s.job in held[j] or key in tried or any(r < w for r, w in zip(room, s.size, strict=True)):
+            if (
+                (held[j] and (whole or s.job in held[j]))
+                or key in tried
+                or any(r < w for r, w in zip(room, s.size, strict=True))
+            ):
                 continue
             tried.add(key)
             steps += 1

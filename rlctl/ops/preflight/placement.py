@@ -99,6 +99,7 @@ def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     out += shared_rollout_memory_problems(job, agents)
     out += _slurm_cores(job, agents)
     out += controller_room_problems(job, agents)
+    out += exclusive_room_problems(job, agents)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
@@ -250,6 +251,47 @@ def controller_room_problems(job: Job, agents: list[PlannedAgent]) -> list[Probl
             + fewer,
         )
     ]
+
+
+def exclusive_room_problems(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+    """A SLURM site whose `scheduler.exclusive` gives each of the job's SLURM jobs there its nodes whole, and whose
+    nodes do not hold them all at once, each on nodes of its own (`noderoom.fit`, whole nodes): every rollout unit is
+    a job of its own, so 6 units of 2 GPUs took 6 nodes of 8 GPUs, not 2, and the jobs past the site's nodes waited
+    for ever for one the others hold until the job ends. Sites where an agent has no layout: `placement` says."""
+    out = []
+    for name in sorted({a.site for a in agents}):
+        site = job.inventory.sites[name]
+        if not getattr(site.scheduler, "exclusive", False):  # (a SLURM site's key)
+            continue
+        mine = [a for a in agents if a.site == name]
+        requests = [_slurm_request(job, a) for a in mine]
+        if any(r is None for r in requests):
+            continue
+        asked = [r.nodes for r in requests if r is not None]
+        shares = [s for k, r in enumerate(requests) if r is not None for s in shares_of(k, r)]
+        nodes = node_room(site)
+        if fit(nodes, shares, whole=True) is not False:
+            continue
+        per_role = []
+        for role in ("controller", "trainer", "rollout"):
+            n = sum(k for a, k in zip(mine, asked, strict=True) if a.role == role)
+            jobs = sum(a.role == role for a in mine)
+            per_role += [f"{n} for its {jobs} rollout units" if role == "rollout" else f"{n} for the {role}"] * bool(
+                jobs
+            )
+        out.append(
+            Problem(
+                f"sites.{name}.scheduler.exclusive",
+                f"true: each of the job's {len(mine)} SLURM jobs on site {name} takes its nodes whole, "
+                f"{sum(asked)} node(s) in all ({', '.join(per_role)}), and the site's {len(nodes)} node(s) do not "
+                "hold them at once: a job past them waits for ever for a node another holds until the job ends",
+                hint="set exclusive false (the jobs then share a node's GPUs and cores), or place fewer of the job's "
+                f"agents on {name}: fewer rollout GPUs there, a larger rollout.tensor_parallel (fewer units), or the "
+                "controller elsewhere (placement.controller_site)",
+                file=job.inventory.origin[name],
+            )
+        )
+    return out
 
 
 def _node_by_node(site: Site, requests: list[SlurmResources], controller: list[int], have: list[int]) -> list[str]:
