@@ -221,6 +221,16 @@ def base_version_of(encoded: torch.Tensor) -> int:
     return _header(encoded)[0]
 
 
+def _inflate(dec: zstandard.ZstdDecompressor, frame: memoryview, nbytes: int, k: int) -> bytes:
+    """The `nbytes` that segment `k`'s zstd `frame` holds; ProtocolError where its header names another size, versus
+    decompress allocating the size named (one changed byte of the frame's descriptor reads the next bytes as a size:
+    a MemoryError, which the node does not catch, for exabytes). A frame that names none is bounded by `nbytes`."""
+    named = zstandard.frame_content_size(frame)  # (-1: none named)
+    if named not in (-1, nbytes):
+        raise ProtocolError(f"delta segment {k}: a frame of {named} bytes, where the segment holds {nbytes}")
+    return dec.decompress(frame, max_output_size=nbytes)
+
+
 def _changes(encoded: torch.Tensor, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each segment's (element positions, XOR values) of a payload for a buffer of `n` elements, checked:
     ProtocolError for a segment that does not fit the payload or the buffer, or does not decompress."""
@@ -235,10 +245,8 @@ def _changes(encoded: torch.Tensor, n: int) -> Iterator[tuple[np.ndarray, np.nda
             first, count, gap_bytes, gz, vz = SEGMENT.unpack_from(data, HEADER.size + k * SEGMENT.size)
             if gap_bytes not in (4, 8) or pos + gz + vz > len(data) or first > n or count > n - first:
                 raise ProtocolError(f"delta segment {k} does not fit the payload or the buffer")
-            gaps = _from_planes(
-                dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes), gap_bytes, count
-            )
-            values = _from_planes(dec.decompress(data[pos + gz : pos + gz + vz], max_output_size=count * eb), eb, count)
+            gaps = _from_planes(_inflate(dec, data[pos : pos + gz], count * gap_bytes, k), gap_bytes, count)
+            values = _from_planes(_inflate(dec, data[pos + gz : pos + gz + vz], count * eb, k), eb, count)
             pos += gz + vz
             idx = np.cumsum(gaps, dtype=np.int64) + first
             if count and ((gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n):

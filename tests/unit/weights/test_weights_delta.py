@@ -97,3 +97,14 @@ def test_a_segment_outside_the_buffer_is_refused():
     payload = delta.assemble([moved], base_version=1, raw_len=new.numel(), target_xxh3=0, element_bytes=2)
     with pytest.raises(ProtocolError, match=r"outside the buffer|does not fit"):
         delta.decode(old, payload)
+
+
+def test_a_frame_header_that_names_another_size_is_a_protocol_error():
+    """One changed byte of a segment's zstd frame header (its descriptor: the content size field 1 byte long made 8,
+    the next bytes read as a size of exabytes): refused as the rest of a bad payload is, not the MemoryError of
+    zstandard's decompress allocating what the header says (the node catches only ProtocolError)."""
+    old, new = torch.zeros(6, dtype=torch.uint8), torch.ones(6, dtype=torch.uint8)
+    bad = delta.encode(old, new, base_version=3)
+    bad[delta.HEADER.size + delta.SEGMENT.size + 4] ^= 192  # the gaps' frame descriptor: its size field 8 bytes long
+    with pytest.raises(ProtocolError, match="delta segment 0"):
+        delta.decode(old, bad)

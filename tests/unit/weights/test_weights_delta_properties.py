@@ -154,12 +154,16 @@ def test_decode_of_encode_is_the_new_version_bit_for_bit(v, element_bytes: int, 
 @example(
     v=("uint8", torch.zeros(6, dtype=torch.uint8), torch.ones(6, dtype=torch.uint8)), element_bytes=2, at=31, mask=6
 )
+@example(
+    v=("uint8", torch.zeros(6, dtype=torch.uint8), torch.ones(6, dtype=torch.uint8)), element_bytes=2, at=76, mask=192
+)
 def test_any_one_byte_changed_in_a_payload_decodes_bit_exact_or_raises_protocol_error(
     v, element_bytes: int, at: int, mask: int
 ) -> None:
     """`decode`'s contract: bit-exact or ProtocolError (the caller then fetches the version in full). A changed
     base_version is the caller's to check, so that byte may decode fine; anything else that decodes is `new`.
-    The example: the header's element width 2 made 4 (byte 31), which does not divide the 6-byte buffer."""
+    The examples: the header's element width 2 made 4 (byte 31), which does not divide the 6-byte buffer; the gaps'
+    zstd frame descriptor (byte 76) saying an 8-byte content size, the next bytes read as exabytes."""
     _, base, new = v
     enc = delta.encode(base, new, base_version=3, element_bytes=element_bytes)
     at %= enc.numel()
