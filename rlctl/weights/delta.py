@@ -249,7 +249,9 @@ def _changes(encoded: torch.Tensor, n: int) -> Iterator[tuple[np.ndarray, np.nda
             values = _from_planes(_inflate(dec, data[pos + gz : pos + gz + vz], count * eb, k), eb, count)
             pos += gz + vz
             idx = np.cumsum(gaps, dtype=np.int64) + first
-            if count and ((gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n):
+            # (int64 gaps past 2⁶³ in all wrap around: a position below `first` where the sum first did, or one past
+            # the buffer before it; the last alone may be in the buffer again)
+            if count and ((gaps[1:] <= 0).any() or gaps[0] < 0 or idx.min() < first or idx.max() >= n):
                 raise ProtocolError(f"delta segment {k}: positions out of order or outside the buffer")
             yield idx, values
     except zstandard.ZstdError as e:

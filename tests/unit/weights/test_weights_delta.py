@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import zstandard
 
 from rlctl.errors import ProtocolError
 from rlctl.weights import delta
@@ -108,3 +109,20 @@ def test_a_frame_header_that_names_another_size_is_a_protocol_error():
     bad[delta.HEADER.size + delta.SEGMENT.size + 4] ^= 192  # the gaps' frame descriptor: its size field 8 bytes long
     with pytest.raises(ProtocolError, match="delta segment 0"):
         delta.decode(old, bad)
+
+
+def test_positions_whose_int64_gaps_wrap_around_are_a_protocol_error():
+    """A peer's int64 gaps that sum past 2⁶³ wrap around to positions in the buffer again (gaps 0, 2⁶³−1, 2⁶³−1, 3:
+    positions 0, 2⁶³−1, −2, 1, the last inside the buffer): refused, versus numpy's IndexError out of `decode` (the
+    node catches only ProtocolError) or a negative position XORed into the buffer from its end."""
+    old = torch.zeros(64, dtype=torch.uint8)
+    zstd = zstandard.ZstdCompressor()
+    for gaps in ([0, 2**63 - 1, 2**63 - 1, 3], [5, 2**63 - 1, 2**63 - 1, 1]):
+        g = torch.tensor(gaps, dtype=torch.int64)
+        v = torch.arange(1, len(gaps) + 1, dtype=torch.int16)
+        seg = delta.Segment(
+            0, len(gaps), 8, zstd.compress(delta._planes(g).numpy().data), zstd.compress(delta._planes(v).numpy().data)
+        )
+        payload = delta.assemble([seg], base_version=0, raw_len=64, target_xxh3=0, element_bytes=2)
+        with pytest.raises(ProtocolError, match="outside the buffer"):
+            delta.decode(old, payload)
