@@ -421,12 +421,13 @@ def fetch_grown(fs: HostFiles, path: str, local: Path, *, part: Path) -> bool:
     local file first) leaves the copy here as it was: the whole file renamed over it, the bytes past it appended (any
     part of them keeps it a prefix). Versus the whole file copied at every fetch: an event file grows by a few kB an
     iteration, hundreds of MB after weeks, copied again by every `rlctl status` of a job whose controller is done."""
-    have = local.stat().st_size if local.exists() else 0
+    here = local.exists()  # (an empty copy of an empty file is its whole file too, versus copied at every fetch)
+    have = local.stat().st_size if here else 0
     probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
     if probe is None:
         raise LaunchError(f"{path}: not on the site any more")
     data, size = probe
-    grown = bool(have) and size >= have and data == _tail(local, len(data))
+    grown = here and size >= have and data == _tail(local, len(data))
     if grown and size == have:
         return False
     try:

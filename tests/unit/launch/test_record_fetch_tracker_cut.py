@@ -70,3 +70,27 @@ def test_a_tracker_file_is_copied_by_what_it_grew_and_not_at_all_when_it_did_not
     assert (src / EVENTS).read_bytes() == (root / EVENTS).read_bytes()
     size = (root / EVENTS).stat().st_size
     assert sum(copied) == size, (sum(copied), size)  # each byte once: was the whole file at every fetch (46 MB here)
+
+
+def test_an_empty_tracker_file_is_copied_once_not_at_every_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty file on the site (a tracker's file created, its first record not written yet) whose copy here is empty
+    too is the host's whole file: nothing to copy, as for any other (`fetch_grown`), versus copied whole again and
+    said fetched at every fetch."""
+    src, site, root = _controller_site(tmp_path)
+    (root / EVENTS).parent.mkdir(parents=True)
+    (root / EVENTS).write_bytes(b"")
+    assert fetch_record(src, site, "localhost", str(root)) == [str(EVENTS)]
+    copied: list[str] = []
+    get = sitefs.LocalFiles.get
+
+    def counted(self: sitefs.LocalFiles, path: str, local: Path) -> None:
+        copied.append(path)
+        get(self, path, local)
+
+    monkeypatch.setattr(sitefs.LocalFiles, "get", counted)
+    assert fetch_record(src, site, "localhost", str(root)) == [] and copied == []
+    (root / EVENTS).write_bytes(b"step 1\n")  # its first record: copied
+    assert fetch_record(src, site, "localhost", str(root)) == [str(EVENTS)]
+    assert (src / EVENTS).read_bytes() == b"step 1\n"
