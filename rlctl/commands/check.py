@@ -134,6 +134,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     from rlctl.ops import counts
     from rlctl.ops.preflight import problem_lines, problems
     from rlctl.ops.preflight.placement import partition_cores_problems
+    from rlctl.ops.preflight.slurmoptions import option_problems
 
     try:  # the plan launch runs, made once: `problems` says why where it cannot be (and the planner's note once)
         plan: dict[str, Any] | None = counts.plan_counts(job, job.spec)
@@ -162,11 +163,23 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     answered: list[HostReport] = []
     here = str(job_dir_place(spec))  # a site without a work root writes the job into the operator's job dir
     gone: set[str] = set()  # sites the probe reached no host of: one line each says so, sinfo is not asked there
+    refused: set[str] = set()  # SLURM sites whose constraint or reservation sbatch refuses (or holds): not probed
+
+    def asked(name: str) -> tuple[list[str], list[HostReport]]:
+        """A SLURM site's constraint and reservation first (sinfo, scontrol): where one is wrong, the probe's srun
+        would be refused alike (its raw error) or wait out its deadline (a reservation on other nodes): its hosts
+        are asked once they are fixed."""
+        site = job.inventory.sites[name]
+        wrong = option_problems(name, site, file=job.inventory.origin[name], timeout_s=timeout_s)
+        if wrong:
+            return problem_lines(job, wrong), []
+        return [], probe_site_hosts(name, site, timeout_s=timeout_s, here=here)
+
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:
-        reports = pool.map(
-            lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s, here=here), roles
-        )
-        for name, found in zip(roles, reports, strict=True):
+        for name, (wrong, found) in zip(roles, pool.map(asked, roles), strict=True):
+            if wrong:
+                lines += wrong
+                refused.add(name)
             for report in found:
                 answered.append(report)
                 lines += host_problems(report, job.inventory.sites[name], roles=roles[name], job=spec)
@@ -183,7 +196,8 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if controller not in gone:
         lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, cpus=cpus)
-    if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
+    # else: one line above says so (its hosts' answer, or its options, which the controller's probes would get too)
+    if controller not in refused and all("rlctl" in r.facts for r in answered if r.site == controller):
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}
         lines += controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s)
@@ -258,9 +272,11 @@ def register(app: typer.Typer) -> None:
         """
         from rlctl.config import load_inventory, load_job
         from rlctl.config.base import check_header, read_yaml
-        from rlctl.launch.reach import probe_site
+        from rlctl.launch.reach import ReachResult, probe_site
         from rlctl.ops.preflight import preflight, refuse
+        from rlctl.ops.preflight.base import Problem
         from rlctl.ops.preflight.sites import site_problems
+        from rlctl.ops.preflight.slurmoptions import option_problems
 
         what = " ".join(shlex.quote(str(f)) for f in files)
         with said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"):
@@ -302,10 +318,19 @@ def register(app: typer.Typer) -> None:
                 }
             failed: list[str] = []
             if reach:
+
+                def reached(name: str, site: Site) -> tuple[ReachResult, list[Problem]]:
+                    """The site's reach row; and, reached, a SLURM site's constraint and reservation (a job's were
+                    asked with its hosts above)."""
+                    row = probe_site(name, site, timeout_s=timeout_s)
+                    if not row.ok or job is not None:
+                        return row, []
+                    return row, option_problems(name, site, file=inv.origin[name], timeout_s=timeout_s)
+
                 with ThreadPoolExecutor(max_workers=max(1, len(inv.sites))) as pool:
-                    results = list(
-                        pool.map(lambda kv: probe_site(kv[0], kv[1], timeout_s=timeout_s), inv.sites.items())
-                    )
+                    answers = list(pool.map(lambda kv: reached(*kv), inv.sites.items()))
+                refuse(", ".join(inv.files), [p for _, wrong in answers for p in wrong])  # sbatch refuses their jobs
+                results = [row for row, _ in answers]
                 data["reach"] = [r.__dict__ for r in results]
                 failed = [r.site for r in results if not r.ok]
             emit(data, output, _table)

@@ -15,7 +15,8 @@ per concept beside it: `base` (`Problem`), `sites` (the sites' hosts and network
 `data` (the model, the task's prompts and data, the held-out evaluation), `fields` (fields the job's other choices
 leave unread, or only `rlctl plan` reads), `backends` (devices, the megatron backend, the trainer's model split and
 sharding), `placement` (the plan launch runs, laid out on the sites: SLURM cores, the controller's room),
-`memory` (the trainer's and the rollout units' memory).
+`memory` (the trainer's and the rollout units' memory), `slurmoptions` (a SLURM site's constraint and reservation
+against its cluster: `check --reach`).
 """
 
 from __future__ import annotations

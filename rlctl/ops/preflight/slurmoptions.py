@@ -1,0 +1,235 @@
+"""Whether a SLURM site's own options fit its cluster, asked where its jobs are submitted: its `constraint`'s features
+(sinfo: the features of its partition's nodes) and its `reservation` (scontrol: the reservations there, their
+nodes, users and times). sbatch refuses a feature no node of the partition has, and a reservation that is not
+there (never made, or ended and purged) or not this user's; it holds a job in a reservation on other nodes, or one
+not started yet, pending. Each said only as the launch submits its first job, after the staging.
+
+    check --reach ─▶ a SLURM site with a constraint or a reservation, through the runner its probe uses (here, or
+                     its submit host over SSH):
+                       `sinfo -h -N -p PART -o '%N|%f'`                          the partition's nodes, features
+                       `id -un`, `id -Gn`, `scontrol show reservation -o`       (a reservation) who submits, and
+                                                                                the reservations there
+                  ─▶ one Problem each, `sites.<site>.scheduler.<field>`: the value, why, what is valid there
+
+A constraint is parsed conservatively: only its plain feature names are looked for (`a&b`, `a|b`, `[a|b]`, `a*2`,
+`(a&b)|c`, `a,b`); a name after `!` is not (newer SLURM takes `!a`, and a feature no node has is then no refusal),
+nor a word of other characters. Whatever cannot be told passes: sinfo or scontrol failing (the site's reach row says
+why), a reservation's access through an account or group where the site's account or the user's groups are not
+known.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from rlctl.config.hosts import expand_hostlist
+from rlctl.config.inventory import Site
+from rlctl.config.schedulers import SlurmScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.slurm import SlurmBackend
+from rlctl.ops.preflight.base import Problem
+
+FEATURE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain feature name: the only words of a constraint looked for
+NULL = ("", "(null)", "None")
+SHOWN = 8  # reservations named as the valid ones, at most
+# who submits the site's jobs, marked (the site's setup lines may print before it)
+WHO = 'echo "rlctl-user=$(id -un)"; echo "rlctl-groups=$(id -Gn)"; '
+
+
+def constraint_features(expression: str) -> list[str]:
+    """The plain feature names of a `--constraint` expression (each once, in order), less those after `!` and words
+    that are no plain name: `[a*2&b]|!c` → a, b."""
+    if re.search(r"!\s*[(\[]", expression):  # a group negated (newer SLURM): which names must be there, unsure
+        return []
+    out = []
+    for word in re.split(r"[&|,\[\]()]", expression):
+        word = re.sub(r"\*\d+$", "", word.strip())
+        if word and not word.startswith("!") and FEATURE.fullmatch(word):
+            out.append(word)
+    return list(dict.fromkeys(out))
+
+
+def node_features(sinfo: str) -> dict[str, set[str]]:
+    """sinfo's `-N -o '%N|%f'` lines: each node's available features (`(null)`: none)."""
+    out: dict[str, set[str]] = {}
+    for line in sinfo.splitlines():
+        node, sep, said = line.strip().partition("|")
+        if node and sep:
+            out.setdefault(node, set()).update(f for f in said.split(",") if f not in NULL)
+    return out
+
+
+def reservations(scontrol: str) -> dict[str, dict[str, str]]:
+    """`scontrol show reservation -o`'s lines (one a reservation), each as its fields; `No reservations in the
+    system`: none."""
+    out = {}
+    for line in scontrol.splitlines():
+        fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", line))
+        if fields.get("ReservationName"):
+            out[fields["ReservationName"]] = fields
+    return out
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """Who submits the site's jobs (`id -un`, `id -Gn` where sbatch runs), and the account they charge (the site's;
+    None: the user's default, not known here)."""
+
+    user: str
+    groups: frozenset[str]
+    account: str | None
+
+
+def _match(value: str, mine: set[str] | None) -> bool | None:
+    """Whether a reservation's `Users=`/`Accounts=`/`Groups=` list (`-name`: all but that one) lets in one of `mine`
+    (None: the list names none, or `mine` is not known here)."""
+    words = [w for w in value.split(",") if w not in NULL]
+    if not words or mine is None:
+        return None
+    if any(w[1:] in mine for w in words if w.startswith("-")):
+        return False
+    named = {w for w in words if not w.startswith("-")}
+    return bool(named & mine) if named else True
+
+
+def _denied(fields: dict[str, str], who: Submitter) -> str | None:
+    """Why `who` may not use the reservation (None: it may, or that cannot be told). Where it names users (or groups)
+    and accounts, a job matching one of them may still be let in (SLURM's releases differ): said only where each it
+    names fails, none passes, and none is unknown here (the site's account not given)."""
+    said = {
+        "users": (fields.get("Users", ""), _match(fields.get("Users", ""), {who.user})),
+        "groups": (fields.get("Groups", ""), _match(fields.get("Groups", ""), set(who.groups) or None)),
+        "accounts": (fields.get("Accounts", ""), _match(fields.get("Accounts", ""), _one(who.account))),
+    }
+    named = {k: v for k, v in said.items() if v[0] not in NULL}
+    if not named or any(ok is not False for _, ok in named.values()):
+        return None
+    mine = {
+        "users": f"the site's jobs are submitted as {who.user}",
+        "groups": f"{who.user}'s groups are {', '.join(sorted(who.groups))}",
+        "accounts": f"the site's jobs charge {who.account} (scheduler.account)",
+    }
+    return "; ".join(f"its {k} are {v}, and {mine[k]}" for k, (v, _) in named.items())
+
+
+def _one(account: str | None) -> set[str] | None:
+    return {account} if account is not None else None
+
+
+def _said(fields: dict[str, str]) -> str:
+    """One reservation as the list of valid ones names it: `r1 (nodes g-[1-2], users rl, ends 2026-12-07T20:05)`."""
+    parts = [f"nodes {fields.get('Nodes', '?')}"]
+    parts += [f"{k.lower()} {fields[k]}" for k in ("Users", "Groups", "Accounts") if fields.get(k, "") not in NULL]
+    parts += [f"starts {fields['StartTime']}"] if fields.get("State") == "INACTIVE" else []
+    parts += [f"ends {fields.get('EndTime', '?')}"]
+    return f"{fields['ReservationName']} ({', '.join(parts)})"
+
+
+def reservation_problem(
+    name: str, sched: SlurmScheduler, said: dict[str, dict[str, str]], partition_nodes: set[str], who: Submitter | None
+) -> Problem | None:
+    """Site `name`'s `reservation` against the reservations scontrol lists (`said`), its partition's nodes and who
+    submits: not there (never made, or ended: SLURM purges a reservation at its end), for others, on nodes the
+    partition has none of, not started yet. None where it is usable, or that cannot be told."""
+    value = sched.reservation
+    assert value is not None
+    field = f"sites.{name}.scheduler.reservation"
+    others = [_said(f) for n, f in sorted(said.items()) if n != value]
+    valid = (
+        f"those there: {'; '.join(others[:SHOWN])}{'; …' if len(others) > SHOWN else ''}"
+        if others
+        else "no other is there"
+    )
+    fields = said.get(value)
+    if fields is None:
+        why = "no such reservation (scontrol show reservation): never made, or ended (SLURM removes it at its end)"
+        return Problem(field, f"{value!r}: {why}; sbatch refuses every agent's job; {valid}", _HINT)
+    if who is not None and (denied := _denied(fields, who)) is not None:
+        return Problem(field, f"{value!r} is not for the site's jobs: {denied}; sbatch refuses them; {valid}", _HINT)
+    if "FLEX" in fields.get("Flags", "").split(","):  # its jobs may start before it, on nodes outside it
+        return None
+    try:
+        nodes = set(expand_hostlist(fields.get("Nodes", "")))
+    except ValueError:
+        nodes = set()
+    if nodes and partition_nodes and not nodes & partition_nodes:
+        return Problem(
+            field,
+            f"{value!r} is on nodes {fields['Nodes']}, none of partition {sched.partition}'s (sinfo): every agent's "
+            f"job would wait for ever; {valid}",
+            "set the reservation's partition as scheduler.partition, or a reservation on its nodes",
+        )
+    if fields.get("State") == "INACTIVE":
+        return Problem(
+            field,
+            f"{value!r} starts {fields.get('StartTime', '?')} (scontrol; ends {fields.get('EndTime', '?')}): every "
+            "agent's job would wait until then",
+            "check again once it has started, or leave reservation out",
+        )
+    return None
+
+
+_HINT = "set one listed there, or leave reservation out (`scontrol show reservation` lists them)"
+
+
+def constraint_problem(name: str, sched: SlurmScheduler, features: dict[str, set[str]]) -> Problem | None:
+    """Site `name`'s `constraint` naming a feature no node of its partition has (sinfo's `features`), which sbatch
+    refuses ('Invalid feature specification'). None where each plain name is there, or sinfo named no node."""
+    value = sched.constraint
+    assert value is not None
+    have = set().union(*features.values()) if features else set()
+    missing = [f for f in constraint_features(value) if f not in have]
+    if not features or not missing:
+        return None
+    valid = f"its nodes' features: {', '.join(sorted(have))}" if have else "its nodes have no features"
+    return Problem(
+        f"sites.{name}.scheduler.constraint",
+        f"{value!r}: no node of partition {sched.partition} has {_features(missing)} (sinfo): "
+        f"sbatch refuses every agent's job; {valid}",
+        "name features the partition's nodes have, or leave constraint out",
+    )
+
+
+def _features(names: list[str]) -> str:
+    return ("feature " if len(names) == 1 else "features ") + ", ".join(map(repr, names))
+
+
+def option_problems(name: str, site: Site, *, file: str | None = None, timeout_s: float) -> list[Problem]:
+    """Site `name`'s constraint and reservation against its cluster, asked through the runner its probe uses (one
+    sinfo; scontrol only with a reservation): one Problem each, of `file` (the inventory that declares the site); []
+    on other sites, without either, or where the cluster could not be asked (the site's reach row, or its probe,
+    says why)."""
+    found = _asked(name, site, timeout_s=timeout_s)
+    return [Problem(p.field, p.message, p.hint, file=file) for p in found]
+
+
+def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
+    sched = site.scheduler
+    if not isinstance(sched, SlurmScheduler) or not (sched.constraint or sched.reservation):
+        return []
+    runner = SlurmBackend.site_runner(site)
+    out: list[Problem] = []
+    try:
+        res = runner.run(f"sinfo -h -N -p {shlex.quote(sched.partition)} -o '%N|%f'", timeout_s=timeout_s)
+        if res.exit_code != 0:
+            return []
+        features = node_features(res.stdout)
+        if sched.constraint and (p := constraint_problem(name, sched, features)) is not None:
+            out.append(p)
+        if sched.reservation:
+            res = runner.run(WHO + "scontrol show reservation -o", timeout_s=timeout_s)
+            if res.exit_code != 0:
+                return out
+            marks = dict(line.split("=", 1) for line in res.stdout.splitlines() if line.startswith("rlctl-"))
+            user = marks.get("rlctl-user", "").strip()
+            who = Submitter(user, frozenset(marks.get("rlctl-groups", "").split()), sched.account) if user else None
+            listed = reservations(res.stdout)
+            if (p := reservation_problem(name, sched, listed, set(features), who)) is not None:
+                out.append(p)
+    except LaunchError:  # (a deadline too): the site's reach row or its probe says why it could not be asked
+        return out
+    finally:
+        runner.close()
+    return out

@@ -1,0 +1,75 @@
+"""`rlctl check --reach` against the real localhost SLURM (tests/services/slurm.sh): a SLURM site whose constraint
+names a feature no node of its partition has, and whose reservation does not exist — both refused by sbatch only as
+the launch submits, after the staging. Each is one line naming the inventory file, the field, the value and what is
+valid there (the partition's features, the reservations), exit 2, for a job and for its inventory alike; fixed, the
+check passes. No reservation is made: one on the test partition's nodes would hold them from other tests' jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.slurmsite import slurm_scheduler
+
+from .conftest import job_yaml, rlctl
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+FEATURE = "rlctl-it"  # slurm.sh's nodes have no features: the fixture gives sitea's one (as test_slurm_site_options)
+
+
+@pytest.fixture(scope="module")
+def featured(services: dict[str, str]) -> None:
+    """Partition sitea's nodes offer FEATURE (added at run time; a job asking no constraint runs there as before)."""
+    env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
+    for what in ("AvailableFeatures", "ActiveFeatures"):
+        subprocess.run(
+            ["scontrol", "update", "NodeName=sitea-[1-2]", f"{what}={FEATURE}"], env=env, check=True, timeout=30
+        )
+
+
+def inventory(services: dict[str, str], path: Path, **options: Any) -> Path:
+    site = {
+        "datacenter": "dc-a",
+        "gpu": "CPU",
+        "python": sys.executable,
+        "scheduler": {**slurm_scheduler(services), **options},
+        "nodes": [{"host": "sitea-[1-2]", "gpus": 2}],
+        "network": {"bandwidth_gbps": 10, "listen_host": "auto"},
+    }
+    path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"train": site}}))
+    return path
+
+
+def test_check_reach_names_a_missing_feature_and_reservation_in_one_line_each(
+    services: dict[str, str], featured: None, tmp_path: Path
+) -> None:
+    missing = f"rlctl-none-{uuid.uuid4().hex[:8]}"
+    nothing = f"rlctl-none-{uuid.uuid4().hex[:8]}"  # never made
+    inv = inventory(services, tmp_path / "sites.yaml", constraint=f"[{FEATURE}|{missing}]", reservation=nothing)
+    job = job_yaml(tmp_path / "job.yaml", inventory=[str(inv)], trainer="train", rollout="train", iterations=2)
+
+    for checked in (job, inv):
+        res = rlctl("check", str(checked), "--reach", timeout_s=150)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert all(line.startswith(f"rlctl: error: {inv}: sites.train.scheduler.") for line in lines), lines
+        constraint = [x for x in lines if ".scheduler.constraint: " in x]
+        reservation = [x for x in lines if ".scheduler.reservation: " in x]
+        assert len(constraint) == 1 and len(reservation) == 1 and len(lines) == 2, lines
+        assert f"no node of partition sitea has feature '{missing}' (sinfo)" in constraint[0], constraint
+        assert f"its nodes' features: {FEATURE}" in constraint[0], constraint
+        assert f"'{nothing}': no such reservation (scontrol show reservation)" in reservation[0], reservation
+        assert "srun" not in res.stderr  # not the probe's raw refusal
+
+    inventory(services, inv, constraint=f"[{FEATURE}*1]")  # fixed: a feature the nodes have, no reservation
+    for checked in (job, inv):
+        res = rlctl("check", str(checked), "--reach", timeout_s=150)
+        assert res.returncode == 0, res.stderr[-2000:]

@@ -1,0 +1,225 @@
+"""A SLURM site's constraint and reservation against what sinfo and scontrol say where its jobs are submitted
+(`rlctl.ops.preflight.slurmoptions`), on their canned output (slurm 22.05's), and `check --reach` asking them before
+the probe's srun."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlctl.config.inventory import Inventory, Site
+from rlctl.config.job import Job, load_job
+from rlctl.config.schedulers import SlurmScheduler
+from rlctl.launch.remote import CommandResult
+from rlctl.launch.slurm import SlurmBackend
+from rlctl.ops.preflight.slurmoptions import (
+    Submitter,
+    constraint_features,
+    constraint_problem,
+    node_features,
+    reservation_problem,
+    reservations,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+# `sinfo -h -N -p gpu,big -o '%N|%f'`: a node of both partitions is said twice
+SINFO = "g-01|h800,ib\ng-02|h800,nvme\ng-02|h800,nvme\ng-03|(null)\n"
+# `scontrol show reservation -o` (slurm 22.05, as the test cluster prints it)
+SCONTROL = (
+    "ReservationName=later StartTime=2026-12-07T19:05:59 EndTime=2026-12-07T20:05:59 Duration=01:00:00 Nodes=g-01 "
+    "NodeCnt=1 CoreCnt=2 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=2 Users=nobody,rl "
+    "Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+    "ReservationName=theirs StartTime=2026-12-06T19:05:59 EndTime=2026-12-06T19:15:59 Duration=00:10:00 "
+    "Nodes=g-[01-02] NodeCnt=2 CoreCnt=4 Features=(null) PartitionName=(null) Flags=IGNORE_JOBS,SPEC_NODES "
+    "TRES=cpu=4 Users=nobody Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a "
+    "MaxStartDelay=(null)\n"
+    "ReservationName=elsewhere StartTime=2026-12-06T19:05:59 EndTime=2026-12-06T19:15:59 Duration=00:10:00 "
+    "Nodes=cpu-[1-4] NodeCnt=4 CoreCnt=8 Features=(null) PartitionName=cpu Flags= TRES=cpu=8 Users=(null) "
+    "Groups=(null) Accounts=ml Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+)
+RL = Submitter("rl", frozenset({"rl", "wheel"}), None)
+
+
+@pytest.mark.parametrize(
+    ("expression", "names"),
+    [
+        ("h800", ["h800"]),
+        ("h800&ib", ["h800", "ib"]),
+        ("h800|nvme", ["h800", "nvme"]),
+        ("[ib|nvme]", ["ib", "nvme"]),
+        ("h800*2", ["h800"]),
+        ("[h800*2&ib*1]", ["h800", "ib"]),
+        ("(h800&ib)|nvme", ["h800", "ib", "nvme"]),
+        ("h800,ib", ["h800", "ib"]),
+        ("!ib&h800", ["h800"]),  # newer SLURM's NOT: a feature no node has is no refusal there
+        ("h800&h800", ["h800"]),
+        ("gpu:a100&h800", ["h800"]),  # a word of other characters: not looked for
+        ("!(ib|nvme)&h800", []),  # a group negated: which names must be there is not told
+    ],
+)
+def test_only_a_constraint_s_plain_feature_names_are_looked_for(expression: str, names: list[str]) -> None:
+    assert constraint_features(expression) == names
+
+
+def test_sinfo_s_node_lines_are_each_node_s_features() -> None:
+    assert node_features(SINFO) == {"g-01": {"h800", "ib"}, "g-02": {"h800", "nvme"}, "g-03": set()}
+    assert node_features("") == {}
+
+
+def sched(**options: object) -> SlurmScheduler:
+    return SlurmScheduler.model_validate({"kind": "slurm", "partition": "gpu", **options})
+
+
+@pytest.mark.parametrize("valid", ["h800&ib", "h800|nvme", "[ib|nvme]", "h800*2", "!h100&h800", "(h800&ib)|nvme"])
+def test_a_constraint_of_features_the_partition_has_passes(valid: str) -> None:
+    assert constraint_problem("h", sched(constraint=valid), node_features(SINFO)) is None
+
+
+def test_a_constraint_naming_a_feature_no_node_has_is_one_line_with_the_partition_s_features() -> None:
+    p = constraint_problem("h", sched(constraint="[h800|h100]&ibx"), node_features(SINFO))
+    assert p is not None and p.field == "sites.h.scheduler.constraint"
+    assert p.message == (
+        "'[h800|h100]&ibx': no node of partition gpu has features 'h100', 'ibx' (sinfo): sbatch refuses every agent's "
+        "job; its nodes' features: h800, ib, nvme"
+    )
+    bare = constraint_problem("h", sched(constraint="h800"), node_features("g-01|(null)\n"))
+    assert bare is not None and bare.message.endswith("its nodes have no features")
+    assert constraint_problem("h", sched(constraint="ibx"), {}) is None  # sinfo named no node: cannot be told
+
+
+def test_scontrol_s_reservation_lines_are_their_fields() -> None:
+    said = reservations(SCONTROL)
+    assert list(said) == ["later", "theirs", "elsewhere"]
+    assert said["theirs"]["Nodes"] == "g-[01-02]" and said["theirs"]["TRES"] == "cpu=4"
+    assert said["elsewhere"]["Flags"] == "" and said["elsewhere"]["Accounts"] == "ml"
+    assert reservations("No reservations in the system\n") == {}
+
+
+PARTITION = {"g-01", "g-02", "g-03"}
+
+
+def test_a_reservation_that_is_not_there_is_one_line_naming_those_there() -> None:
+    p = reservation_problem("h", sched(reservation="gone"), reservations(SCONTROL), PARTITION, RL)
+    assert p is not None and p.field == "sites.h.scheduler.reservation"
+    assert p.message == (
+        "'gone': no such reservation (scontrol show reservation): never made, or ended (SLURM removes it at its end); "
+        "sbatch refuses every agent's job; those there: elsewhere (nodes cpu-[1-4], accounts ml, ends "
+        "2026-12-06T19:15:59); later (nodes g-01, users nobody,rl, starts 2026-12-07T19:05:59, ends "
+        "2026-12-07T20:05:59); theirs (nodes g-[01-02], users nobody, ends 2026-12-06T19:15:59)"
+    )
+    none = reservation_problem("h", sched(reservation="gone"), {}, PARTITION, RL)
+    assert none is not None and none.message.endswith("; no other is there")
+
+
+def test_a_reservation_for_other_users_or_accounts_is_named_where_that_can_be_told() -> None:
+    said = reservations(SCONTROL)
+    p = reservation_problem("h", sched(reservation="theirs"), said, PARTITION, RL)
+    assert p is not None
+    assert "'theirs' is not for the site's jobs: its users are nobody, and the site's jobs are submitted as rl" in (
+        p.message
+    )
+    # the site's account not given (the user's default, not known here): passes; given and not the reservation's: not
+    on_cpu = {"g-01", "cpu-1"}
+    assert reservation_problem("h", sched(reservation="elsewhere"), said, on_cpu, RL) is None
+    charged = Submitter("rl", frozenset(), "ml")
+    assert reservation_problem("h", sched(reservation="elsewhere", account="ml"), said, on_cpu, charged) is None
+    other = Submitter("rl", frozenset(), "cv")
+    p = reservation_problem("h", sched(reservation="elsewhere", account="cv"), said, on_cpu, other)
+    assert p is not None and "its accounts are ml, and the site's jobs charge cv (scheduler.account)" in p.message
+    # users and accounts both named: refused only where neither lets the job in (older SLURM: either does)
+    both = {"r": {**said["elsewhere"], "ReservationName": "r", "Users": "rl"}}
+    assert reservation_problem("h", sched(reservation="r", account="cv"), both, on_cpu, other) is None
+    excluded = {"r": {**said["theirs"], "ReservationName": "r", "Users": "-rl"}}
+    assert reservation_problem("h", sched(reservation="r"), excluded, PARTITION, RL) is not None
+    assert reservation_problem("h", sched(reservation="theirs"), said, PARTITION, None) is None  # who: not known
+
+
+def test_a_reservation_on_other_nodes_or_not_started_is_named() -> None:
+    said = reservations(SCONTROL)
+    cpu = Submitter("rl", frozenset(), "ml")
+    p = reservation_problem("h", sched(reservation="elsewhere", account="ml"), said, PARTITION, cpu)
+    assert p is not None and p.message.startswith(
+        "'elsewhere' is on nodes cpu-[1-4], none of partition gpu's (sinfo): every agent's job would wait for ever"
+    )
+    p = reservation_problem("h", sched(reservation="later"), said, PARTITION, RL)
+    assert p is not None and p.message == (
+        "'later' starts 2026-12-07T19:05:59 (scontrol; ends 2026-12-07T20:05:59): every agent's job would wait until "
+        "then"
+    )
+    flex = {"later": {**said["later"], "Flags": "FLEX,SPEC_NODES", "Nodes": "cpu-1"}}  # may start before, elsewhere
+    assert reservation_problem("h", sched(reservation="later"), flex, PARTITION, RL) is None
+
+
+class SubmitHost:
+    """A SLURM site's submit host: sinfo's features and node states, `id` and scontrol's reservations; the probe's
+    srun refused alike. Each command's first word put in `asked`."""
+
+    def __init__(self, asked: list[str]) -> None:
+        self.asked = asked
+
+    def run(self, command: str, *, timeout_s: float) -> CommandResult:
+        self.asked.append(command.split()[0])
+        if command.startswith("sinfo -h -N"):
+            return CommandResult(0, SINFO, "")
+        if command.endswith("scontrol show reservation -o"):  # (a setup line printing first)
+            return CommandResult(0, "module rl loaded\nrlctl-user=rl\nrlctl-groups=rl wheel\n" + SCONTROL, "")
+        if command.startswith("srun"):
+            return CommandResult(1, "", "srun: error: Unable to allocate resources: Invalid feature specification")
+        return CommandResult(0, "2 idle\n" if "%D %t" in command else "", "")
+
+    def close(self) -> None:
+        pass
+
+
+def _on_submit_host(monkeypatch: pytest.MonkeyPatch, asked: list[str]) -> None:
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost(asked)))
+
+
+SITE = {
+    "datacenter": "dc",
+    "gpu": "CPU",
+    "scheduler": {"kind": "slurm", "partition": "gpu", "constraint": "h800&ibx", "reservation": "gone"},
+    "nodes": [{"host": "g-[01-03]", "gpus": 4}],
+}
+
+
+def test_check_reach_names_a_job_s_slurm_options_before_its_probe_srun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's srun was refused on the first wrong option, its raw error one line naming no field (or, for a
+    reservation on other nodes, waited out its deadline); sinfo and scontrol now name each, and the probe is not
+    run there."""
+    from rlctl.commands import check
+
+    asked: list[str] = []
+    _on_submit_host(monkeypatch, asked)
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    job = Job(demo.spec, Inventory({"local": Site.model_validate(SITE)}, [], ["x"], {"local": "sites.yaml"}), demo.path)
+    lines, hosts = check.job_problem_lines(job, timeout_s=1.0)
+    said = [line for line in lines if line.startswith("sites.yaml: sites.local.scheduler.")]
+    assert [line.split(": ")[1:3] for line in said] == [
+        ["sites.local.scheduler.constraint", "'h800&ibx'"],
+        ["sites.local.scheduler.reservation", "'gone'"],
+    ]
+    assert not any("srun" in line for line in lines) and hosts == []
+    assert "srun" not in asked and asked[:2] == ["sinfo", "echo"]
+
+
+def test_check_reach_names_an_inventory_s_slurm_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cli) -> None:
+    asked: list[str] = []
+    _on_submit_host(monkeypatch, asked)
+    path = tmp_path / "sites.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"local": SITE}}))
+    res = cli("check", str(path), "--reach")
+    assert res.exit_code == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert [line.split(": ")[3] for line in lines] == [
+        "sites.local.scheduler.constraint",
+        "sites.local.scheduler.reservation",
+    ]
+    assert all(line.startswith(f"rlctl: error: {path}: ") for line in lines), lines
+    fixed: Callable[[dict], dict] = lambda s: {**s, "scheduler": {"kind": "slurm", "partition": "gpu"}}  # noqa: E731
+    path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"local": fixed(SITE)}}))
+    asked[:] = []
+    assert cli("check", str(path), "--reach").exit_code == 0 and asked == ["sinfo"]  # nothing more asked
