@@ -134,7 +134,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     from rlctl.ops import counts
     from rlctl.ops.preflight import problem_lines, problems
     from rlctl.ops.preflight.placement import partition_cores_problems
-    from rlctl.ops.preflight.slurmoptions import option_problems
+    from rlctl.ops.preflight.slurmoptions import option_problems, probe_refusal
 
     try:  # the plan launch runs, made once: `problems` says why where it cannot be (and the planner's note once)
         plan: dict[str, Any] | None = counts.plan_counts(job, job.spec)
@@ -163,6 +163,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     answered: list[HostReport] = []
     here = str(job_dir_place(spec))  # a site without a work root writes the job into the operator's job dir
     gone: set[str] = set()  # sites the probe reached no host of: one line each says so, sinfo is not asked there
+    origins = job.inventory.origin  # the inventory file that declares each site
     refused: set[str] = set()  # SLURM sites whose constraint or reservation sbatch refuses (or holds): not probed
 
     def asked(name: str) -> tuple[list[str], list[HostReport]]:
@@ -170,7 +171,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         would be refused alike (its raw error) or wait out its deadline (a reservation on other nodes): its hosts
         are asked once they are fixed."""
         site = job.inventory.sites[name]
-        wrong = option_problems(name, site, file=job.inventory.origin[name], timeout_s=timeout_s)
+        wrong = option_problems(name, site, file=origins[name], timeout_s=timeout_s)
         if wrong:
             return problem_lines(job, wrong), []
         return [], probe_site_hosts(name, site, timeout_s=timeout_s, here=here)
@@ -182,7 +183,12 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                 refused.add(name)
             for report in found:
                 answered.append(report)
-                lines += host_problems(report, job.inventory.sites[name], roles=roles[name], job=spec)
+                site = job.inventory.sites[name]
+                # srun refusing the probe's step for a field of the site's (an account, a qos): that field's line
+                if report.error and (no := probe_refusal(name, site, report.error, file=origins[name])) is not None:
+                    lines += problem_lines(job, [no])
+                    continue
+                lines += host_problems(report, site, roles=roles[name], job=spec)
                 need, what = (model + held * each, checkpoints) if name == trainer_site else (model, "the staged model")
                 if (disk := disk_problem(report, need_bytes=need, what=what)) is not None:
                     lines.append(disk)

@@ -15,7 +15,8 @@ A constraint is parsed conservatively: only its plain feature names are looked f
 `(a&b)|c`, `a,b`); a name after `!` is not (newer SLURM takes `!a`, and a feature no node has is then no refusal),
 nor a word of other characters. Whatever cannot be told passes: sinfo or scontrol failing (the site's reach row says
 why), a reservation's access through an account or group where the site's account or the user's groups are not
-known.
+known. What srun then refuses the probe's step for (an account or qos not the user's, a partition not there) is
+that field's line too (`probe_refusal`), not the host's raw error.
 """
 
 from __future__ import annotations
@@ -233,3 +234,41 @@ def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
     finally:
         runner.close()
     return out
+
+
+_SACCTMGR = "`sacctmgr show assoc user=$USER format=account,partition,qos` lists yours"
+# what srun says refusing the probe's step for a field of the site's (slurm 22.05's words), the field, what to do
+REFUSALS = (
+    ("Invalid account or account/partition combination specified", "account", _SACCTMGR),
+    ("Job's account not permitted to use this partition", "account", _SACCTMGR),
+    ("Invalid qos specification", "qos", _SACCTMGR),
+    ("Job's QOS not permitted to use this partition", "qos", _SACCTMGR),
+    ("invalid partition specified", "partition", "`sinfo -s` lists the partitions"),
+    ("Invalid partition name specified", "partition", "`sinfo -s` lists the partitions"),
+    ("Invalid feature specification", "constraint", "`sinfo -N -o '%N %P %f'` lists the nodes' features"),
+    ("Requested reservation is invalid", "reservation", "`scontrol show reservation` lists them"),
+    ("Access denied to requested reservation", "reservation", "`scontrol show reservation` lists them"),
+)
+
+
+def probe_refusal(name: str, site: Site, error: str, *, file: str | None = None) -> Problem | None:
+    """The probe's srun on SLURM site `name` refused its step for one of the site's fields (`error`: what the probe
+    said, srun's line in it), as one Problem naming the field, its value and srun's words; None for any other error
+    (the host's line says it as it is)."""
+    sched = site.scheduler
+    if not isinstance(sched, SlurmScheduler):
+        return None
+    for words, field, hint in REFUSALS:
+        if words.lower() in error.lower():
+            value = getattr(sched, field)
+            said = next((line for line in error.splitlines() if words.lower() in line.lower()), words)
+            said = said[said.find("srun: ") :] if "srun: " in said else said
+            given = f"{value!r}" if value is not None else "not set (the user's default)"
+            return Problem(
+                f"sites.{name}.scheduler.{field}",
+                f"{given}: srun refused the probe's step on partition {sched.partition} ({said.strip()}): sbatch "
+                "refuses every agent's job alike",
+                hint,
+                file=file,
+            )
+    return None

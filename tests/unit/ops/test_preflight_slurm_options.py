@@ -223,3 +223,50 @@ def test_check_reach_names_an_inventory_s_slurm_options(monkeypatch: pytest.Monk
     path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"local": fixed(SITE)}}))
     asked[:] = []
     assert cli("check", str(path), "--reach").exit_code == 0 and asked == ["sinfo"]  # nothing more asked
+
+
+@pytest.mark.parametrize(
+    ("said", "field", "value"),
+    [
+        ("Unable to allocate resources: Invalid account or account/partition combination specified", "account", "'ml'"),
+        ("Unable to allocate resources: Invalid qos specification", "qos", "not set (the user's default)"),
+        ("invalid partition specified: gpu", "partition", "'gpu'"),
+        ("Unable to allocate resources: Access denied to requested reservation", "reservation", "'rl-week'"),
+    ],
+)
+def test_srun_refusing_the_probe_s_step_for_a_site_field_is_that_field_s_line(
+    monkeypatch: pytest.MonkeyPatch, said: str, field: str, value: str
+) -> None:
+    """What sinfo and scontrol cannot tell (an account or qos the cluster does not associate with the user, a
+    reservation's access through an account): srun refuses the probe's step, and its raw error was the site's host
+    line, naming no field. It is now the field's line, with srun's words."""
+    from rlctl.commands import check
+
+    class Refusing(SubmitHost):
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            if command.startswith("srun"):
+                return CommandResult(1, "", f"srun: error: {said}")
+            if command.endswith("scontrol show reservation -o"):  # ml's, on the partition's nodes
+                return CommandResult(
+                    0, "rlctl-user=rl\nReservationName=rl-week Nodes=g-01 Accounts=ml State=ACTIVE", ""
+                )
+            return super().run(command, timeout_s=timeout_s)
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: Refusing([])))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    scheduler = {"kind": "slurm", "partition": "gpu", "account": "ml", "reservation": "rl-week"}
+    site = Site.model_validate({**SITE, "scheduler": scheduler})
+    job = Job(demo.spec, Inventory({"local": site}, [], ["x"], {"local": "sites.yaml"}), demo.path)
+    lines = check.job_problem_lines(job, timeout_s=1.0)[0]
+    said_there = [line for line in lines if "srun" in line]
+    assert said_there == [
+        f"sites.yaml: sites.local.scheduler.{field}: {value}: srun refused the probe's step on partition gpu (srun: "
+        f"error: {said}): sbatch refuses every agent's job alike (hint: "
+        + {
+            "account": "`sacctmgr show assoc user=$USER format=account,partition,qos` lists yours",
+            "qos": "`sacctmgr show assoc user=$USER format=account,partition,qos` lists yours",
+            "partition": "`sinfo -s` lists the partitions",
+            "reservation": "`scontrol show reservation` lists them",
+        }[field]
+        + ")"
+    ]
