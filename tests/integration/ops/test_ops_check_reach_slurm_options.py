@@ -19,7 +19,7 @@ import yaml
 
 from tests.integration.slurmsite import slurm_scheduler
 
-from .conftest import job_yaml, rlctl
+from .conftest import REPO, job_yaml, rlctl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 FEATURE = "rlctl-it"  # slurm.sh's nodes have no features: the fixture gives sitea's one (as test_slurm_site_options)
@@ -35,25 +35,29 @@ def featured(services: dict[str, str]) -> None:
         )
 
 
-def inventory(services: dict[str, str], path: Path, **options: Any) -> Path:
+def inventory(services: dict[str, str], path: Path, *, submitter: str, **options: Any) -> Path:
     site = {
         "datacenter": "dc-a",
         "gpu": "CPU",
         "python": sys.executable,
-        "scheduler": {**slurm_scheduler(services), **options},
+        "scheduler": {**slurm_scheduler(services, submitter=submitter), **options},
         "nodes": [{"host": "sitea-[1-2]", "gpus": 2}],
         "network": {"bandwidth_gbps": 10, "listen_host": "auto"},
+        # over SSH the probe gets the submit host's environment, not this one's: the tree under test
+        "setup": [f"export PYTHONPATH={REPO}"] if submitter == "sbatch-ssh" else [],
     }
     path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"train": site}}))
     return path
 
 
+@pytest.mark.parametrize("submitter", ["submitit", "sbatch-ssh"])  # sinfo and scontrol here, or on the submit host
 def test_check_reach_names_a_missing_feature_and_reservation_in_one_line_each(
-    services: dict[str, str], featured: None, tmp_path: Path
+    services: dict[str, str], featured: None, tmp_path: Path, submitter: str
 ) -> None:
     missing = f"rlctl-none-{uuid.uuid4().hex[:8]}"
     nothing = f"rlctl-none-{uuid.uuid4().hex[:8]}"  # never made
-    inv = inventory(services, tmp_path / "sites.yaml", constraint=f"[{FEATURE}|{missing}]", reservation=nothing)
+    options = {"constraint": f"[{FEATURE}|{missing}]", "reservation": nothing}
+    inv = inventory(services, tmp_path / "sites.yaml", submitter=submitter, **options)
     job = job_yaml(tmp_path / "job.yaml", inventory=[str(inv)], trainer="train", rollout="train", iterations=2)
 
     for checked in (job, inv):
@@ -69,7 +73,7 @@ def test_check_reach_names_a_missing_feature_and_reservation_in_one_line_each(
         assert f"'{nothing}': no such reservation (scontrol show reservation)" in reservation[0], reservation
         assert "srun" not in res.stderr  # not the probe's raw refusal
 
-    inventory(services, inv, constraint=f"[{FEATURE}*1]")  # fixed: a feature the nodes have, no reservation
+    inventory(services, inv, submitter=submitter, constraint=f"[{FEATURE}*1]")  # fixed: a feature there, no reservation
     for checked in (job, inv):
         res = rlctl("check", str(checked), "--reach", timeout_s=150)
         assert res.returncode == 0, res.stderr[-2000:]
