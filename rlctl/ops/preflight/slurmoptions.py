@@ -223,9 +223,10 @@ def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
             res = runner.run(WHO + "scontrol show reservation -o", timeout_s=timeout_s)
             if res.exit_code != 0:
                 return out
-            marks = dict(line.split("=", 1) for line in res.stdout.splitlines() if line.startswith("rlctl-"))
-            user = marks.get("rlctl-user", "").strip()
-            who = Submitter(user, frozenset(marks.get("rlctl-groups", "").split()), sched.account) if user else None
+            marks = [line.partition("=") for line in res.stdout.splitlines()]  # (a setup line's too: no `=` in it)
+            said = {k: v for k, eq, v in marks if eq and k in ("rlctl-user", "rlctl-groups")}
+            user = said.get("rlctl-user", "").strip()
+            who = Submitter(user, frozenset(said.get("rlctl-groups", "").split()), sched.account) if user else None
             listed = reservations(res.stdout)
             if (p := reservation_problem(name, sched, listed, set(features), who)) is not None:
                 out.append(p)

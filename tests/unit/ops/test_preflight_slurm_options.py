@@ -165,7 +165,9 @@ class SubmitHost:
         if command.startswith("sinfo -h -N"):
             return CommandResult(0, SINFO, "")
         if command.endswith("scontrol show reservation -o"):  # (a setup line printing first)
-            return CommandResult(0, "module rl loaded\nrlctl-user=rl\nrlctl-groups=rl wheel\n" + SCONTROL, "")
+            return CommandResult(
+                0, "module rl loaded\nrlctl-env ready\nrlctl-user=rl\nrlctl-groups=rl wheel\n" + SCONTROL, ""
+            )
         if command.startswith("srun"):
             return CommandResult(1, "", "srun: error: Unable to allocate resources: Invalid feature specification")
         return CommandResult(0, "2 idle\n" if "%D %t" in command else "", "")
