@@ -32,8 +32,12 @@ def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, itera
         min_units=min_units,
         **cfg,
     )
-    # a perfect predictor, so the expected split is known
-    return ControllerCore(cfg, prompts=make, predict=lambda specs: [float(s.true_len) for s in specs])
+    # a perfect predictor, so the expected split is known; a clock that stands still, so that the core looks to
+    # migrate where a test asks (`migrate(now=True)`, a join) and at its first pump only, versus the machine's: a
+    # stall of MIGRATE_EVERY_S (0.2 s) between two of a test's lines let a pump look first and ask the withdraw
+    return ControllerCore(
+        cfg, prompts=make, predict=lambda specs: [float(s.true_len) for s in specs], clock=lambda: 0.0
+    )
 
 
 def _generate(outs: list[Out]) -> dict[str, list[tuple[str, float]]]:
