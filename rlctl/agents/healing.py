@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,7 +68,7 @@ class Healer(UnitStarts):
         self.gave_up_total = 0
         self.gave_up_kept = GAVE_UP_KEPT
         self.gave_up_why: dict[str, str] = {}
-        self.t0 = time.monotonic()  # the plan's units are expected from here
+        self.t0 = self.clock()  # the plan's units are expected from here
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
         # the longest a unit of this run took to join (the plan's from t0; a replacement's from its attempt's start):

@@ -17,7 +17,6 @@ messages for the other, so every send still happens on the controller's main loo
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from rlctl.agents.coretypes import Out
@@ -170,7 +169,7 @@ class Scaler(Healer):
         count back then, its newest units drained (the launcher starts every planned unit)."""
         self.replaced = replaced
         self.restoring = units
-        self.restored_at = time.monotonic() if now is None else now
+        self.restored_at = self.clock() if now is None else now
 
     def unit_counts(self) -> dict[str, int]:
         """Rollout units per rollout site that the job runs, is starting or is replacing, or gave up replacing (those

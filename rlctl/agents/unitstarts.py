@@ -50,7 +50,7 @@ GONE_SITES_KEPT = 1024
 class Replacement:
     lost: str
     site: str
-    due: float  # time.monotonic() of the next attempt
+    due: float  # the scaler's clock at the next attempt
     attempts: int = 0
     unit: str | None = None  # the unit started for the current attempt
     started: float = 0.0  # when the current attempt began (its join bound counts from `Scaler.join_since`)
@@ -72,9 +72,13 @@ class UnitStarts:
         placement: Placement,
         metrics: JobMetrics,
         post: Post,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the controller loop's (the `now` of `tick`), which the times it reads itself are on too (when a
+        unit was asked for, its start returned, its first sample came) — a test that ticks on its own clock gives it
+        one, or a spawn thread run late on a loaded machine moved the unit's join bound by as much."""
         self.jobdir, self.cfg, self.core, self.placement = jobdir, cfg, core, placement
-        self.metrics, self.post = metrics, post
+        self.metrics, self.post, self.clock = metrics, post, clock
         specs = placement.site_specs
         self.spawner = Spawner(jobdir, specs, job=jobdir.id) if specs else None
         self.rule = RebalanceRule(cfg)
@@ -187,7 +191,7 @@ class UnitStarts:
         replica, self._next_replica = self._next_replica, self._next_replica + 1
         name = f"rollout-{replica}"
         self.placement.sites[name] = site
-        self.spawn_requested[name] = time.monotonic()
+        self.spawn_requested[name] = self.clock()
         self._forget_sites()  # (this unit's kept: asked for)
         # it takes a given-up unit's place; not a replacement, nor a resume's (`_restore_units` counted the place in
         # what the site has: taking it too counted it out twice, and a second resume came back a unit short)
@@ -230,7 +234,7 @@ class UnitStarts:
         if name in self.spawn_requested:  # started: its join bound counts from here (`tick`); a replacement's not
             # before its attempt's start (the loop's clock)
             chain = next((r for r in self.replacing.values() if r.unit == name), None)
-            self.join_since.setdefault(name, max(time.monotonic(), chain.started if chain is not None else 0.0))
+            self.join_since.setdefault(name, max(self.clock(), chain.started if chain is not None else 0.0))
         self._scale_event("out", name, site, reason)
 
     def sampled(self, name: str) -> None:
@@ -241,7 +245,7 @@ class UnitStarts:
         self.unproven.pop(name, None)  # a replacement that stands
         if name not in self.abandoned:  # (one being stopped as it sampled is a failed start still: `unjoined_stopped`)
             self._filling.pop(name, None)  # it took the given-up place for good
-        seconds = round(time.monotonic() - t0, 3)
+        seconds = round(self.clock() - t0, 3)
         keep(self.first_sample_s, name, seconds, kept=self.starts_kept)
         self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)
         self.rule.changed()  # from now on δ reflects the new unit count

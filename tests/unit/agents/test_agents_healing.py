@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlctl.agents import healing, scaling, unitstarts
+from rlctl.agents import healing, scaling
 from rlctl.agents.core import ControllerCore
 from rlctl.agents.coretypes import CoreConfig, PromptSpec
 from rlctl.agents.placement import Placement
@@ -72,8 +72,18 @@ def setup(
     plan = {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "a", "units": 2}]}
     placement = Placement(plan, {"a": site}, {"rollout-0": "a", "rollout-1": "a"})
     posted: list[Any] = []
+    # the scaler's own reads (a unit asked for, its start returned) on a clock that stands still at the controller's
+    # start: the tests' ticks (`scaler.t0 + s`) alone move time, versus the machine's (a spawn thread run 1.2 s late
+    # moved a unit's join bound past the tick that was to stop it: nothing posted within 60 s)
+    start = time.monotonic()
     scaler = Scaler(
-        jd, rebalance or Rebalance(), core=core, placement=placement, metrics=JobMetrics(), post=posted.append
+        jd,
+        rebalance or Rebalance(),
+        core=core,
+        placement=placement,
+        metrics=JobMetrics(),
+        post=posted.append,
+        clock=lambda: start,
     )
     spawner = FakeSpawner(fail)
     scaler.spawner = spawner  # type: ignore[assignment]
@@ -916,7 +926,7 @@ def test_a_unit_asked_for_whose_start_has_not_returned_is_not_stopped_for_not_jo
     time.sleep(0.2)  # (a stop runs in a thread)
     assert posted == [] and not hasattr(spawner, "stopped") and scaler.failed_starts == {}
     with monkeypatch.context() as m:  # its start returns 1850 s after the request
-        m.setattr(unitstarts.time, "monotonic", lambda: t0 + 1850.0)
+        m.setattr(scaler, "clock", lambda: t0 + 1850.0)
         scaler.spawned(name, info)
     scaler._unjoined_at = t0 + 3600.0
     scaler.tick(t0 + 3600.0)  # 29 min after its start returned
@@ -950,7 +960,7 @@ def test_a_replacement_whose_start_has_not_returned_is_not_stopped_for_not_joini
     r = scaler.replacing["rollout-1"]
     assert (r.unit, r.attempts, r.why) == ("rollout-2", 1, None)
     with monkeypatch.context() as m:  # its start returns 1850 s after the request
-        m.setattr(unitstarts.time, "monotonic", lambda: t0 + 1851.0)
+        m.setattr(scaler, "clock", lambda: t0 + 1851.0)
         scaler.spawned(name, info)
     scaler._unjoined_at = t0 + 3600.0
     scaler.tick(t0 + 3600.0)  # 29 min after its start returned
