@@ -261,8 +261,9 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--reach",
-                help="probe every site: local, SSH login, SLURM controller; with a job, also ask each site's hosts, "
-                "in the site's python, for rlctl, torch and CUDA, the job's engine and backend, and free disk",
+                help="probe every site: local, SSH login, SLURM controller (and a SLURM site's constraint and "
+                "reservation); with a job, also ask each site's hosts, in the site's python, for rlctl, torch and "
+                "CUDA, the job's engine and backend, and free disk",
             ),
         ] = False,
         timeout_s: Annotated[
