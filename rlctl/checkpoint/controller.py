@@ -99,7 +99,7 @@ def prune_controller(jobdir: JobDir, *, complete: Iterable[int], keep: int) -> l
     record no longer offers (the next prune removes them), never a version `completed_checkpoints` offers (`status
     --checkpoints`, `launch --resume --checkpoint V`) whose part is gone ('not on the controller's site'). The
     versions pruned, oldest first."""
-    going = prunable(jobdir.checkpoints, complete=complete, keep=keep)
+    going = prunable(jobdir.checkpoints, PART, complete=complete, keep=keep)
     if going:
         jobdir.event(PRUNED, versions=going, keep=keep)
     remove_parts(jobdir.checkpoints, PART, going, keep=keep)

@@ -174,20 +174,28 @@ PART_ENTRIES = {"trainer": ("model", "ranks"), "controller": ("controller",)}  #
 def prune(root: Path, part: str, *, complete: Iterable[int], keep: int) -> list[int]:
     """Remove `part` of every checkpoint under `root` older than the `keep` newest of `complete` (`prunable`). The
     versions pruned, oldest first."""
-    pruned = prunable(root, complete=complete, keep=keep)
+    pruned = prunable(root, part, complete=complete, keep=keep)
     remove_parts(root, part, pruned, keep=keep)
     return pruned
 
 
-def prunable(root: Path, *, complete: Iterable[int], keep: int) -> list[int]:
+def prunable(root: Path, part: str, *, complete: Iterable[int], keep: int) -> list[int]:
     """The versions of the checkpoints under `root` older than the `keep` newest of `complete` (the versions whose
-    every part is known written: a checkpoint `latest` moved to), oldest first; none when `keep` is 0 (everything
-    kept) or fewer than `keep` are complete, so the newest complete one is never among them."""
-    done = sorted(set(complete))
-    if keep <= 0 or len(done) < keep:
+    every part is known written: a checkpoint `latest` moved to, the one a run resumed from) and of the checkpoints
+    older than all of those whose `part` is sealed here (a resumed run's: the ones the runs before it kept), oldest
+    first; none when `keep` is 0 (everything kept) or fewer than `keep` are counted, so the newest complete one is
+    never among them. (Counting only `complete`, a run resumed with `keep` ≥ 3 held the `keep` − 1 older ones
+    until it had sealed `keep` − 1 of its own: up to 2·`keep` − 1 on disk, where `checkpoints_held` counts
+    `keep` + 1.)"""
+    done = set(complete)
+    if keep <= 0 or not done:
         return []
-    floor = done[-keep]
-    return [version for version, _ in sorted(checkpoint_dirs(root)) if version < floor]
+    on_disk = sorted(checkpoint_dirs(root))
+    done |= {version for version, ckpt in on_disk if version < min(done) and manifest_path(ckpt, part).is_file()}
+    if len(done) < keep:
+        return []
+    floor = sorted(done)[-keep]
+    return [version for version, _ in on_disk if version < floor]
 
 
 def newest_complete(complete: Iterable[int], *, keep: int) -> list[int]:

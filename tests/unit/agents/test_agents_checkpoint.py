@@ -380,6 +380,24 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_any_newer_part(tmp_path
     assert latest_complete(tmp_path) == 4
 
 
+def test_a_resumed_run_prunes_the_older_checkpoints_at_its_first_one_as_keep_says(tmp_path: Path) -> None:
+    """`checkpoint.keep: 3`, v1–v3 on disk, resumed from v3 (each side knows only v3 complete): once v4 is complete
+    the 3 newest are v2–v4 and v1 goes, versus every one kept until the run had sealed v5 itself (4 checkpoints
+    on disk after v4, 5 while v5 was written, where `checkpoints_held` counts 4; found by the property test of
+    writes, crashes and resumes)."""
+    for v in (1, 2, 3):
+        sealed(tmp_path, v, "A")
+    for part in ("controller", "trainer"):
+        set_aside_newer(tmp_path, part, resumed=3, keep=3)
+    sealed(tmp_path, 4, "B")
+    set_latest(tmp_path, 4)
+    for part in ("controller", "trainer"):
+        assert prune(tmp_path, part, complete=[3, 4], keep=3) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-2", "iter-3", "iter-4", "latest.json"]
+    assert prune(tmp_path, "trainer", complete=[4], keep=3) == []  # a part sealed is counted only below those known
+    assert latest_complete(tmp_path) == 4
+
+
 def test_a_background_checkpoint_holds_the_state_of_its_snapshot_not_of_the_steps_after(tmp_path: Path) -> None:
     model, opt = trained_model(3)
     saved_params = {k: v.clone() for k, v in model.state_dict().items()}

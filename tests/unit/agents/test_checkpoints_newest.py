@@ -20,4 +20,6 @@ def test_the_newest_complete_prune_as_every_one_did(tmp_path: Path, keep: int) -
         every.append(v)
         newest = newest_complete([*newest, v], keep=keep)
         assert len(newest) <= max(keep, 1)
-        assert prunable(tmp_path, complete=newest, keep=keep) == prunable(tmp_path, complete=every, keep=keep)
+        assert prunable(tmp_path, "trainer", complete=newest, keep=keep) == prunable(
+            tmp_path, "trainer", complete=every, keep=keep
+        )
