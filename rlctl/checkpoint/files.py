@@ -217,14 +217,14 @@ def remove_parts(root: Path, part: str, versions: list[int], *, keep: int) -> No
 def _part_paths(ckpt: Path, part: str) -> list[Path]:
     """What of checkpoint `ckpt` belongs to `part`, its manifest first: the top entries the manifest lists and the
     part's usual ones (a part whose manifest is gone or damaged still has those), and a crashed write's
-    temporaries. Only paths that exist."""
+    temporaries, its manifest's too (left there, the directory outlived every prune). Only paths that exist."""
     manifest = manifest_path(ckpt, part)
     try:
         listed = {str(f).split("/")[0] for f in json.loads(manifest.read_text()).get("files", {})}
     except (OSError, ValueError, AttributeError):
         listed = set()
     listed = {n for n in listed if n not in ("", ".", "..") and not n.startswith(("MANIFEST.", LATEST))}
-    paths = [manifest]
+    paths = [manifest, *sorted(ckpt.glob(f".{manifest.name}.tmp-*"))]
     for name in sorted(listed | set(PART_ENTRIES.get(part, ()))):
         paths += [ckpt / name, *sorted(ckpt.glob(f".{name}.tmp-*"))]
     return [p for p in paths if p.exists() or p.is_symlink()]

@@ -398,6 +398,24 @@ def test_a_resumed_run_prunes_the_older_checkpoints_at_its_first_one_as_keep_say
     assert latest_complete(tmp_path) == 4
 
 
+def test_a_manifests_temporary_a_crash_left_goes_with_its_part_and_the_directory_too(tmp_path: Path) -> None:
+    """An agent killed as it renamed its part's manifest into place leaves `.MANIFEST.<part>.json.tmp-<pid>`; the run
+    resumed after it (another pid) seals the part under its own. A prune of that checkpoint, or a resume's removal
+    of it never sealed, takes the temporary and then the directory, versus iter-N left for good with the file in it
+    (every later prune listed it again; found by the property test of writes, crashes and resumes)."""
+    for v in (1, 2):
+        sealed(tmp_path, v, "A")
+    (tmp_path / "iter-1" / ".MANIFEST.controller.json.tmp-4242").write_text('{"files": {}}')
+    (tmp_path / "iter-1" / ".MANIFEST.trainer.json.tmp-4243").write_text("{")
+    for part in ("controller", "trainer"):
+        assert prune(tmp_path, part, complete=[1, 2], keep=1) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-2"]
+    (tmp_path / "iter-3" / "controller").mkdir(parents=True)  # cut short as its manifest was renamed
+    (tmp_path / "iter-3" / ".MANIFEST.controller.json.tmp-4242").write_text('{"files": {}}')
+    assert set_aside_newer(tmp_path, "controller", resumed=2, keep=1) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-2"]
+
+
 def test_a_background_checkpoint_holds_the_state_of_its_snapshot_not_of_the_steps_after(tmp_path: Path) -> None:
     model, opt = trained_model(3)
     saved_params = {k: v.clone() for k, v in model.state_dict().items()}
