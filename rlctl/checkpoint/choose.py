@@ -124,6 +124,8 @@ def verified_manifest(
     if only is not None:
         want = {rel: w for rel, w in want.items() if only(rel)}
     have = files.states(ckpt, [*want, name])
+    if name not in have:  # there when read, gone now: the part is being rewritten or removed
+        raise ValueError(f"{name} went as it was read (the part rewritten or removed meanwhile)")
     for rel, (size, sha) in sorted(want.items()):
         got = have.get(rel)
         if got is None:

@@ -109,6 +109,35 @@ def test_the_newest_checkpoint_whose_parts_verify_on_their_own_sites_is_used(tmp
     assert not (sites.c.checkpoint(6) / "MANIFEST.trainer.json").exists()
 
 
+class Racing(LocalFiles):
+    """A site where a part of checkpoint directory `ckpt` is rewritten or removed between the launcher's reads: its
+    manifest read, then gone when the files' checksums are taken."""
+
+    def __init__(self, ckpt: Path) -> None:
+        super().__init__()
+        self.ckpt = ckpt
+
+    def states(self, root: str, names: list[str], *, stop: Any = None) -> dict[str, Any]:
+        if Path(root) == self.ckpt:
+            for name in names:
+                if name.startswith("MANIFEST."):
+                    (Path(root) / name).unlink(missing_ok=True)
+        return super().states(root, names, stop=stop)
+
+
+def test_a_manifest_gone_as_it_was_read_is_a_checkpoint_not_used(tmp_path: Path) -> None:
+    """v6's trainer manifest goes between the launcher's read of it and the checksums: v6 is not used, saying why,
+    and v3 is, versus KeyError out of `verified_manifest` (a traceback, where its callers take ValueError for a
+    part that does not verify)."""
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    point = pick_checkpoint((LocalFiles(), sites.c), (Racing(sites.t.checkpoint(6)), sites.t))
+    assert point.version == 3
+    assert point.skipped == ((6, "trainer part: MANIFEST.trainer.json went as it was read (the part rewritten or "
+                              "removed meanwhile)"),)  # fmt: skip
+
+
 def test_a_damaged_latest_pointer_is_not_read_as_start_over(tmp_path: Path) -> None:
     sites = Sites(tmp_path)
     for v in (3, 6):
