@@ -158,13 +158,14 @@ def read_manifest(ckpt: Path, part: str) -> dict[str, Any] | None:
 
 
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
-    """(version, directory) of every `iter-N` under `root`, newest first."""
+    """(version, directory) of every `iter-N` under `root` (N in ASCII digits, as the writers name it), newest first.
+    Versus every name `int` reads: `iter-1_0` was version 10, `iter- 7` 7 and `iter--3` −3, beside the launcher's
+    `stored_checkpoints`, which takes digits only."""
     out = []
     for p in root.glob(f"{PREFIX}*"):
-        try:
-            out.append((int(p.name[len(PREFIX) :]), p))
-        except ValueError:
-            continue
+        n = p.name[len(PREFIX) :]
+        if n.isascii() and n.isdigit():
+            out.append((int(n), p))
     return sorted(out, reverse=True)
 
 
