@@ -44,6 +44,7 @@ def _sites_of(plan: dict[str, Any]) -> set[str]:
     return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
 
 
+ASK_S = 30.0  # how long a SLURM site's cluster is asked about its constraint and reservation (an SSH hop included)
 PREFLIGHT_PASSED_ENV = "RLCTL_PREFLIGHT_PASSED"  # `_checked` of the job file the detaching launcher checked
 
 
@@ -118,6 +119,8 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.jobprep import prepare
             from rlctl.ops.launchdir import entries, fresh_dir, index_left, launch_dir, reserved, unmade_left, unmake
             from rlctl.ops.preflight import preflight, problems, refuse
+            from rlctl.ops.preflight.sites import job_sites
+            from rlctl.ops.preflight.slurmoptions import sites_option_problems
             from rlctl.ops.run import JobRun
             from rlctl.rl.dataset import keeping_rows
 
@@ -183,6 +186,10 @@ def register(app: typer.Typer) -> None:
                 # --detach, written to the job dir below)
                 with keeping_rows():
                     preflight(runs, plan=plan)
+                # a SLURM site's constraint and reservation, asked of its cluster as `check --reach` asks them (sinfo,
+                # scontrol): sbatch refused them at the first agent's job, after the job dir was made and staged
+                used = {n: job.inventory.sites[n] for n in job_sites(runs)}
+                refuse(str(job.path), sites_option_problems(used, files=job.inventory.origin, timeout_s=ASK_S))
             # the directory as this launch found it (None: a new one), as a launch refused as it prepares leaves it
             found = entries(path) if job_dir is not None or spec.job_dir is not None else None
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here

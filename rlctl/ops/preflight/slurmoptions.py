@@ -4,8 +4,8 @@ nodes, users and times). sbatch refuses a feature no node of the partition has, 
 there (never made, or ended and purged) or not this user's; it holds a job in a reservation on other nodes, or one
 not started yet, pending. Each said only as the launch submits its first job, after the staging.
 
-    check --reach ─▶ a SLURM site with a constraint or a reservation, through the runner its probe uses (here, or
-                     its submit host over SSH):
+    check --reach, launch (--resume), scale +N ─▶ a SLURM site with a constraint or a reservation, through the
+                     runner its probe uses (here, or its submit host over SSH):
                        `sinfo -h -N -p PART -o '%N|%f'`                          the partition's nodes, features
                        `id -un`, `id -Gn`, `scontrol show reservation -o`       (a reservation) who submits, and
                                                                                 the reservations there
@@ -16,13 +16,17 @@ A constraint is parsed conservatively: only its plain feature names are looked f
 nor a word of other characters. Whatever cannot be told passes: sinfo or scontrol failing (the site's reach row says
 why), a reservation's access through an account or group where the site's account or the user's groups are not
 known. What srun then refuses the probe's step for (an account or qos not the user's, a partition not there) is
-that field's line too (`probe_refusal`), not the host's raw error.
+that field's line too (`probe_refusal`), not the host's raw error. `launch`, `launch --resume` and `scale +N` ask
+the same (`sites_option_problems`) before they make, stage or submit anything: a site whose cluster cannot be asked
+goes on, its sbatch's own error said later, as before.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rlctl.config.hosts import expand_hostlist
@@ -206,9 +210,27 @@ def option_problems(name: str, site: Site, *, file: str | None = None, timeout_s
     return [Problem(p.field, p.message, p.hint, file=file) for p in found]
 
 
+def sites_option_problems(
+    sites: Mapping[str, Site], *, files: Mapping[str, str | None], timeout_s: float
+) -> list[Problem]:
+    """`option_problems` of each of `sites` (of the file `files` names for it), the clusters asked at once, in the
+    sites' order; no call at all where no site is a SLURM site with a constraint or a reservation."""
+    asked = [name for name, site in sites.items() if _asks(site)]
+    if not asked:
+        return []
+    with ThreadPoolExecutor(max_workers=len(asked)) as pool:
+        found = pool.map(lambda n: option_problems(n, sites[n], file=files.get(n), timeout_s=timeout_s), asked)
+        return [p for wrong in found for p in wrong]
+
+
+def _asks(site: Site) -> bool:
+    sched = site.scheduler
+    return isinstance(sched, SlurmScheduler) and bool(sched.constraint or sched.reservation)
+
+
 def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
     sched = site.scheduler
-    if not isinstance(sched, SlurmScheduler) or not (sched.constraint or sched.reservation):
+    if not isinstance(sched, SlurmScheduler) or not _asks(site):
         return []
     runner = SlurmBackend.site_runner(site)
     out: list[Problem] = []
