@@ -44,7 +44,6 @@ def _sites_of(plan: dict[str, Any]) -> set[str]:
     return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
 
 
-ASK_S = 30.0  # how long a SLURM site's cluster is asked about its constraint and reservation (an SSH hop included)
 PREFLIGHT_PASSED_ENV = "RLCTL_PREFLIGHT_PASSED"  # `_checked` of the job file the detaching launcher checked
 
 
@@ -120,7 +119,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.launchdir import entries, fresh_dir, index_left, launch_dir, reserved, unmade_left, unmake
             from rlctl.ops.preflight import preflight, problems, refuse
             from rlctl.ops.preflight.sites import job_sites
-            from rlctl.ops.preflight.slurmoptions import sites_option_problems
+            from rlctl.ops.preflight.slurmoptions import ASK_S, sites_option_problems
             from rlctl.ops.run import JobRun
             from rlctl.rl.dataset import keeping_rows
 

@@ -43,6 +43,8 @@ def resume_job(
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import JobRef, require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
+    from rlctl.ops.preflight import refuse
+    from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
@@ -94,6 +96,11 @@ def resume_job(
             refuse_if_id_live(jd, db)
         if iterations is None and not detached:
             spec = jd.read_job()
+        # a SLURM site's constraint and reservation (one ended since the launch), asked of its cluster as `check
+        # --reach` asks them, once the job is one to resume: sbatch refused them at the first agent's job, after the
+        # run was marked launching and staged (before a detach: said here, not in its launcher's log)
+        sites = [plan["controller_site"], plan["trainer"]["site"], *(g["site"] for g in plan["rollout"])]
+        refuse(str(jd.path), launched_option_problems(jd.path, sites, timeout_s=ASK_S))
     except RlctlError:
         lock.close()
         db.close()

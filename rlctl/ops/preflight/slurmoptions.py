@@ -25,20 +25,23 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlctl.config.hosts import expand_hostlist
 from rlctl.config.inventory import Site
 from rlctl.config.schedulers import SlurmScheduler
 from rlctl.errors import LaunchError
+from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.ops.preflight.base import Problem
 
 FEATURE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain feature name: the only words of a constraint looked for
 NULL = ("", "(null)", "None")
 SHOWN = 8  # reservations named as the valid ones, at most
+ASK_S = 30.0  # launch's (and scale's) bound on asking a site's cluster, an SSH hop included (check: its --timeout)
 # who submits the site's jobs, marked (the site's setup lines may print before it)
 WHO = 'echo "rlctl-user=$(id -un)"; echo "rlctl-groups=$(id -Gn)"; '
 
@@ -221,6 +224,17 @@ def sites_option_problems(
     with ThreadPoolExecutor(max_workers=len(asked)) as pool:
         found = pool.map(lambda n: option_problems(n, sites[n], file=files.get(n), timeout_s=timeout_s), asked)
         return [p for wrong in found for p in wrong]
+
+
+def launched_option_problems(job_dir: Path, names: Iterable[str], *, timeout_s: float) -> list[Problem]:
+    """`sites_option_problems` of a launched job's sites `names` as its job dir's sites.json has them (what `launch
+    --resume` and `scale` run on, whatever the inventory says now): each of that file, its hint saying so."""
+    sites = read_sites(job_dir)
+    file = str(job_dir / SITES_FILE)
+    used = {n: sites[n] for n in dict.fromkeys(names) if n in sites}
+    found = sites_option_problems(used, files=dict.fromkeys(used, file), timeout_s=timeout_s)
+    why = f"the job runs on its sites as launched ({SITES_FILE}); to run on a changed inventory, launch the job anew"
+    return [Problem(p.field, p.message, f"{p.hint}; {why}" if p.hint else why, file=file) for p in found]
 
 
 def _asks(site: Site) -> bool:

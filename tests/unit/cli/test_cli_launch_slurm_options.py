@@ -141,3 +141,40 @@ def test_a_launch_whose_slurm_site_sets_neither_asks_its_cluster_nothing(
     monkeypatch.setattr("sys.argv", ["rlctl", "launch", str(job_file(tmp_path, exclusive=False))])
     with pytest.raises(Made):
         main()
+
+
+def launched(tmp_path: Path, **scheduler: Any) -> Path:
+    """A job dir as a launch on the SLURM site left it, stopped before it ran (job.json, plan.json, sites.json)."""
+    from rlctl.config import load_job
+    from rlctl.launch.backends import write_sites
+    from rlctl.launch.jobdir import JobDir
+
+    job = load_job(job_file(tmp_path, **scheduler))
+    jd = JobDir.create("demo", explicit=tmp_path / "run")
+    jd.write_job(job.spec, source=str(tmp_path / "job.yaml"))
+    plan = {"trainer": {"site": "slurm", "ranks": 1}, "controller_site": "slurm", "rollout": []}
+    jd.write_json(jd.plan_json, {**plan, "rollout": [{"site": "slurm", "units": 1, "tp": 2}]})
+    write_sites(jd.path, dict(job.inventory.sites))
+    return jd.path
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_whose_slurm_site_names_a_missing_feature_is_refused_before_anything_is_staged(
+    tmp_path: Path, asked: list[str]
+) -> None:
+    """As launched, in its sites.json (a node's feature gone since, a reservation ended): sbatch refused the first
+    agent's job after the resume marked the job launching and staged it; now one line naming sites.json, exit 2."""
+    path = launched(tmp_path, constraint="h800&ibx")
+    before = snapshot(path)
+    res = run_cli("launch", "--resume", str(path))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(
+        f"rlctl: error: {path / 'sites.json'}: sites.slurm.scheduler.constraint: 'h800&ibx': no node of partition "
+        "gpu has feature 'ibx' (sinfo)"
+    ), res.stderr
+    assert "the job runs on its sites as launched (sites.json)" in res.stderr and res.stderr.count("\n") == 1
+    assert asked == ["sinfo"]
+    assert {k: v for k, v in snapshot(path).items() if k != ".launcher.lock"} == before
