@@ -37,7 +37,7 @@ from rlctl.launch.agentrecords import (
     readable_agents,
     readable_agents_and_run,
 )
-from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, record_text, resume_command, row_count
 from rlctl.launch.record import (
@@ -440,10 +440,25 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
             f"job {ref.id} is being prepared by its launcher (SFT warm-up, tokenizing, staging); nothing to scale yet",
             hint=f"scale it once it runs: `rlctl status {shlex.quote(ref.id)}` says when",
         )
+    if delta > 0 and (ref.jobdir.path / SITES_FILE).exists():
+        _refuse_unit_sites(ref, site)
     try:
         return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)
     except (TransportError, OSError) as e:
         raise RlctlError(f"job {ref.id}: the controller did not answer: {e}", hint="is the job running?") from e
+
+
+def _refuse_unit_sites(ref: JobRef, site: str | None) -> None:
+    """The SLURM sites a unit added may start on (`site`, else the job's rollout sites) asked about their constraint
+    and reservation (as launched: one ended since), as `check --reach` asks them: a wrong one refused in its line,
+    exit 2, before the controller is asked; versus each unit's sbatch refused after the request was taken (the
+    unit `did not start`)."""
+    from rlctl.ops.preflight import refuse
+    from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
+
+    rollout = [str(g["site"]) for g in ref.jobdir.read_plan()["rollout"]]
+    named = rollout if site is None else [s for s in rollout if s == site]  # another: the controller says why
+    refuse(str(ref.jobdir.path), launched_option_problems(ref.jobdir.path, named, timeout_s=ASK_S))
 
 
 def scale_progress(

@@ -178,3 +178,32 @@ def test_a_resume_whose_slurm_site_names_a_missing_feature_is_refused_before_any
     assert "the job runs on its sites as launched (sites.json)" in res.stderr and res.stderr.count("\n") == 1
     assert asked == ["sinfo"]
     assert {k: v for k, v in snapshot(path).items() if k != ".launcher.lock"} == before
+
+
+@pytest.mark.parametrize("site", [None, "slurm"])
+def test_a_scale_onto_a_slurm_site_whose_reservation_ended_is_refused_before_the_controller_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: list[str], site: str | None
+) -> None:
+    """Its reservation ended since the launch (SLURM purges it): each unit's sbatch was refused after the controller
+    took the request (`did not start`); now one line naming sites.json, exit 2, the controller not asked. A scale
+    down asks no cluster."""
+    from rlctl.ops import operate
+
+    path = launched(tmp_path, reservation="rl-week")
+    told: list[str] = []
+
+    def controller(ref: object, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        told.append(kind)
+        return {"removing": ["rollout-0"]}
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    res = run_cli("scale", str(path), "--rollout", "+1", *(["--site", site] if site else []))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(
+        f"rlctl: error: {path / 'sites.json'}: sites.slurm.scheduler.reservation: 'rl-week': no such reservation "
+        "(scontrol show reservation)"
+    ), res.stderr
+    assert res.stderr.count("\n") == 1 and asked == ["sinfo", "echo"] and told == []
+    asked[:] = []
+    assert run_cli("scale", str(path), "--rollout", "-1", "--no-wait").exit_code == 0
+    assert asked == [] and told == ["scale"]
