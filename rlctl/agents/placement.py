@@ -8,9 +8,12 @@ from typing import Any
 
 from rlctl.agents import migration
 from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
+from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.layout import rollout_tp
+from rlctl.launch.layout import rollout_tp, trainer_parallel
+from rlctl.launch.slurm import SlurmResources
 
 
 @dataclass
@@ -59,9 +62,10 @@ class Placement:
         site = self.site_specs.get(self.sites.get(agent, ""))
         return site.datacenter if site is not None else ""
 
-    def free_slots(self, units: list[str]) -> dict[str, int]:
+    def free_slots(self, units: list[str], *, whole: bool = True) -> dict[str, int]:
         """Rollout units each rollout site can still start next to `units` (live or pending) and the
-        trainer: GPUs left / the site's tp per unit."""
+        trainer: GPUs left / the site's tp per unit; on an exclusive SLURM site, no more than its nodes hold whole
+        (`whole_node_slots`; `whole=False`: its GPUs alone)."""
         used = dict.fromkeys(self.site_specs, 0)
         trainer = self.plan.get("trainer", {})
         if trainer.get("site") in used:
@@ -69,11 +73,76 @@ class Placement:
         for site in (self.sites.get(n, "") for n in units):
             if site in used:
                 used[site] += rollout_tp(self.plan, site)
-        return {
+        free = {
             s: (self.site_specs[s].total_gpus - used[s]) // rollout_tp(self.plan, s)
             for s in self.rollout_sites
             if s in self.site_specs
         }
+        for s, n in free.items():
+            there = sum(self.sites.get(u) == s for u in units)
+            if whole and n > 0 and (room := self.whole_node_slots(s, there, most=n)) is not None:
+                free[s] = room
+        return free
+
+    def whole_node_slots(self, site: str, units: int, *, most: int) -> int | None:
+        """Of a SLURM site whose `scheduler.exclusive` gives each of the job's SLURM jobs there its nodes whole (the
+        controller's, the trainer's, each rollout unit's), the units that fit its nodes beside the job's (its
+        controller and trainer there, `units` rollout units), at most `most`; a unit past them waits for ever for a
+        node the job's own jobs hold until it ends. None on other sites, and where it cannot be told (a layout the
+        site has none for). Other users' jobs are not known here: a unit that fits may wait for nodes they hold,
+        until they end. (Whole nodes: their GPUs alone tell what fits, as `check` tells it with `ops.noderoom`.)"""
+        spec = self.site_specs[site]
+        if not getattr(spec.scheduler, "exclusive", False):  # (a SLURM site's key)
+            return None
+        tp = rollout_tp(self.plan, site)
+        trainer = self.plan.get("trainer", {})
+        jobs = [Resources(cpus_per_task=1)] if self.plan.get("controller_site") == site else []
+        if trainer.get("site") == site:
+            group = trainer_parallel(self.plan).tp
+            jobs.append(Resources(tasks=int(trainer.get("ranks", 1)), gpus_per_task=1, group=group))
+        jobs += [Resources(gpus_per_task=tp)] * (units + most)
+        hosts = [g for _, g in spec.hosts]
+        try:
+            asked = [
+                SlurmResources.for_spec(r, slots_per_node=max(hosts), gpu_request="per_task", node_gpus=hosts)
+                for r in jobs
+            ]
+        except LaunchError:
+            return None
+        fixed = len(jobs) - most
+        low, high = 0, most  # the units more that fit: a count fits where any more does (bisected)
+        while low < high:
+            k = (low + high + 1) // 2
+            low, high = (k, high) if _whole_nodes_hold(hosts, asked[: fixed + k]) else (low, k - 1)
+        return low
+
+    def whole_nodes_said(self, site: str, units: list[str], *, room: int) -> str:
+        """Why at most `room` units more fit an exclusive SLURM site beside `units` (live or pending:
+        `whole_node_slots`): its nodes, and what of the job's takes them whole."""
+        spec = self.site_specs[site]
+        trainer = self.plan.get("trainer", {}).get("site") == site
+        held = ["the controller"] * (self.plan.get("controller_site") == site) + ["the trainer"] * trainer
+        held.append(f"{sum(self.sites.get(u) == site for u in units)} rollout unit(s)")
+        hosts = [h for h, _ in spec.hosts]
+        nodes = ", ".join(hosts[:8]) + (", …" if len(hosts) > 8 else "")
+        return (
+            f"site {site}'s scheduler.exclusive gives each of the job's SLURM jobs there its nodes whole: its "
+            f"{len(hosts)} node(s) ({nodes}) hold its {', '.join(held)} and {room} unit(s) more; a unit past them "
+            "would wait for ever for a node the job's own jobs hold until it ends"
+        )
+
+
+def _whole_nodes_hold(hosts: list[int], jobs: list[SlurmResources]) -> bool:
+    """Whether nodes of `hosts` GPUs hold `jobs` at once, each node one job's share alone (sbatch's --exclusive): a
+    share fits the nodes of at least its GPUs, so they do iff the i-th largest share fits the i-th largest node."""
+    shares = []
+    for r in jobs:  # its tasks_per_node tasks on each of its nodes, the rest on the last (`SlurmResources.for_spec`)
+        per = max(1, r.tasks_per_node)
+        shares += [per * r.gpus_per_task] * (r.ntasks // per) + [r.ntasks % per * r.gpus_per_task] * bool(
+            r.ntasks % per
+        )
+    nodes = sorted(hosts, reverse=True)
+    return len(shares) <= len(nodes) and all(s <= g for s, g in zip(sorted(shares, reverse=True), nodes, strict=False))
 
 
 def sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:

@@ -90,11 +90,23 @@ class Scaler(Healer):
             else:
                 where = site or ", ".join(rollout_sites)
                 slots = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
-                short = {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {slots or 'none'}"}
+                said = f"only {len(targets)} of {n} units fit on {where}: free slots {slots or 'none'}"
+                short = {"error": "; ".join([said, *self._held_whole(candidates)])}
             if not partial:
                 return short
         names = [self._spawn(t, reason) for t in targets]
         return {"adding": names, "sites": targets, **short}
+
+    def _held_whole(self, sites: list[str]) -> list[str]:
+        """Of `sites`, those whose nodes, each SLURM job of the job's taking its own whole (an exclusive SLURM site),
+        hold fewer units than its GPUs: why, one each (`Placement.whole_nodes_said`)."""
+        holders = self.slot_holders()
+        gpus, whole = self.placement.free_slots(holders, whole=False), self.placement.free_slots(holders)
+        return [
+            self.placement.whole_nodes_said(s, holders, room=whole.get(s, 0))
+            for s in sites
+            if whole.get(s, 0) < gpus.get(s, 0)
+        ]
 
     def _cap_reached(self, units: int) -> str | None:
         """Why the job's cap (`rebalance.max_rollout_units`, which `rlctl scale` obeys too) allows no unit beyond

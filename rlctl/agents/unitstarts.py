@@ -178,9 +178,11 @@ class UnitStarts:
         """Rollout units each rollout site can still start for this job: beside its live units, those asked for and
         the plan's that have not joined yet (the launcher starts them: a scale before they joined took their slots),
         unless their site said they exited (`not_joining`)."""
-        return self.placement.free_slots(
-            [u.name for u in self.core.units.values() if u.alive] + self.pending_units() + self._planned_unjoined()
-        )
+        return self.placement.free_slots(self.slot_holders())
+
+    def slot_holders(self) -> list[str]:
+        """The units that hold a rollout slot (`free_slots`)."""
+        return [u.name for u in self.core.units.values() if u.alive] + self.pending_units() + self._planned_unjoined()
 
     def _spawn(self, site: str, reason: str) -> str:
         """Start one rollout unit on `site` from a thread (SSH / sbatch may take seconds); its name."""

@@ -1,0 +1,90 @@
+"""`rlctl scale +N` (and the rebalance rule's scale-out) on a SLURM site with `scheduler.exclusive: true`: each unit's
+SLURM job takes its nodes whole, so the units that fit are the site's nodes the job's own jobs leave, not its GPUs
+left ÷ tp (`Placement.whole_node_slots`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlctl.agents.core import ControllerCore
+from rlctl.agents.coretypes import CoreConfig, PromptSpec
+from rlctl.agents.placement import Placement
+from rlctl.agents.scaling import Scaler
+from rlctl.config.inventory import Site
+from rlctl.config.pipeline import Rebalance
+from rlctl.launch.jobdir import JobDir
+from rlctl.metrics import JobMetrics
+
+
+class Spawner:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def first_free_replica(self) -> int:
+        return 1
+
+    def add_rollout(self, site: str, replica: int) -> None:
+        self.calls.append((site, replica))
+
+
+def site(*, exclusive: bool, hosts: str = "g-[01-02]", gpus: int = 8) -> Site:
+    scheduler = {"kind": "slurm", "partition": "gpu", "exclusive": exclusive}
+    return Site.model_validate(
+        {"datacenter": "d", "gpu": "H100", "scheduler": scheduler, "nodes": [{"host": hosts, "gpus": gpus}]}
+    )
+
+
+def scaler(tmp_path: Path, gen: Site, *, controller_site: str = "t") -> Scaler:
+    """A job whose trainer runs on site t, and one rollout unit of 2 GPUs (rollout-0) on site `gen`."""
+    cfg = CoreConfig(iterations=2, prompts_per_iteration=1, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1)
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("rollout-0", role="rollout", version=0)
+    plan: dict[str, Any] = {
+        "trainer": {"site": "t", "ranks": 1},
+        "controller_site": controller_site,
+        "rollout": [{"site": "gen", "units": 1, "tp": 2}],
+    }
+    start = time.monotonic()
+    s = Scaler(
+        JobDir.create("x", explicit=tmp_path / "job"),
+        Rebalance(),
+        core=core,
+        placement=Placement(plan, {"gen": gen}, {"rollout-0": "gen"}),
+        metrics=JobMetrics(),
+        post=lambda m: None,
+        clock=lambda: start,
+    )
+    s.spawner = Spawner()  # type: ignore[assignment]
+    return s
+
+
+def test_a_scale_onto_an_exclusive_site_whose_nodes_the_job_holds_is_refused_naming_them(tmp_path: Path) -> None:
+    """2 nodes of 8 GPUs, a unit of 2 on one: 7 units' GPUs free, and scale +2 started 2 units whose SLURM jobs took
+    the one node left and waited for ever for the other; now one fits, and +2 is refused naming the site's nodes."""
+    s = scaler(tmp_path, site(exclusive=True))
+    assert s.free_slots() == {"gen": 1}
+    reply, _ = s.scale(2, None, reason="operator")
+    nodes = "site gen's scheduler.exclusive gives each of the job's SLURM jobs there its nodes whole: its 2 node(s) "
+    ever = "a unit past them would wait for ever for a node the job's own jobs hold until it ends"
+    assert reply == {
+        "error": f"only 1 of 2 units fit on gen: free slots gen 1; {nodes}(g-01, g-02) hold its 1 rollout unit(s) "
+        f"and 1 unit(s) more; {ever}"
+    }
+    assert s.spawner.calls == []  # type: ignore[union-attr]
+    reply, _ = s.scale(1, "gen", reason="operator")
+    assert reply == {"adding": ["rollout-1"], "sites": ["gen"]}
+    assert s.free_slots() == {"gen": 0}
+    reply, _ = s.scale(1, None, reason="operator")
+    assert reply == {
+        "error": f"only 0 of 1 units fit on gen: free slots gen 0; {nodes}(g-01, g-02) hold its 2 rollout unit(s) "
+        f"and 0 unit(s) more; {ever}"
+    }
+
+
+def test_an_exclusive_site_s_controller_holds_a_node_and_a_shared_site_counts_gpus(tmp_path: Path) -> None:
+    assert scaler(tmp_path / "a", site(exclusive=True), controller_site="gen").free_slots() == {"gen": 0}
+    assert scaler(tmp_path / "b", site(exclusive=False)).free_slots() == {"gen": 7}  # GPUs left ÷ tp, as before
+    assert scaler(tmp_path / "c", site(exclusive=True, hosts="g-[01-04]")).free_slots() == {"gen": 3}
