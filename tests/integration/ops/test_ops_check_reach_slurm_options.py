@@ -77,3 +77,30 @@ def test_check_reach_names_a_missing_feature_and_reservation_in_one_line_each(
     for checked in (job, inv):
         res = rlctl("check", str(checked), "--reach", timeout_s=150)
         assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_launch_refuses_a_missing_feature_before_making_or_submitting_anything(
+    services: dict[str, str], featured: None, tmp_path: Path
+) -> None:
+    """`rlctl launch` alone (no `check --reach` first): sbatch refused the first agent's job ('Invalid feature
+    specification') after the job dir was made, indexed and staged; now check's line, exit 2, before any of it."""
+    missing = f"rlctl-none-{uuid.uuid4().hex[:8]}"
+    inv = inventory(services, tmp_path / "sites.yaml", submitter="submitit", constraint=f"{FEATURE}&{missing}")
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    job = job_yaml(tmp_path / f"{name}.yaml", inventory=[str(inv)], trainer="train", rollout="train", iterations=2)
+    home, run = tmp_path / "home", tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "rlctl", "launch", str(job), "--job-dir", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RLCTL_HOME": str(home)},
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rlctl: error: {inv}: sites.train.scheduler.constraint: "), lines
+    assert f"no node of partition sitea has feature '{missing}' (sinfo)" in lines[0], lines
+    assert not run.exists() and not home.exists()  # no job dir, no index row
+    env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
+    queued = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
+    assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout  # nothing submitted
