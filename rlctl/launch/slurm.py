@@ -530,7 +530,7 @@ class SlurmBackend(LaunchBackend):
 
     def _submit_submitit(self, spec: AgentSpec) -> str:
         import submitit
-        from submitit.core.utils import FailedSubmissionError
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         ex = self._executor(spec)
         self._submitit_folder(spec).mkdir(parents=True, exist_ok=True)
@@ -542,7 +542,9 @@ class SlurmBackend(LaunchBackend):
         try:
             with _env_overlay({"SLURM_CONF": self.sched.slurm_conf} if self.sched.slurm_conf else {}):
                 job = ex.submit(submitit.helpers.CommandFunction(argv, verbose=True))
-        except (FailedSubmissionError, OSError) as e:
+        # sbatch's refusal (its exit status non-zero) is FailedJobError: submitit raises FailedSubmissionError only
+        # where sbatch said no job id
+        except (FailedSubmissionError, FailedJobError, OSError) as e:
             raise LaunchError(f"site {self.site}: sbatch (submitit) refused {spec.name}: {e}") from e
         return str(job.job_id)
 

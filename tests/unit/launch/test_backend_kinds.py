@@ -225,3 +225,24 @@ def test_an_ssh_command_after_setup_lines_is_one_bash_c_line_any_login_shell_rea
     # what bash then runs: the setup lines (to stderr), then the command, with its env and stdin
     done = subprocess.run(["sh", "-c", line], input="in\n", capture_output=True, text=True, check=True)
     assert (done.stdout, done.stderr) == ("it's 1\nin\n", "set up\n")
+
+
+def test_sbatch_refusing_a_submitit_job_is_a_launch_error_naming_the_site_and_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit raises FailedJobError when sbatch exits non-zero (a feature no node has, a partition not there): it
+    went past the launch as a traceback, exit 1, versus the site's one line."""
+    from submitit.core.utils import FailedJobError
+
+    class Refused:
+        def submit(self, fn: Any) -> Any:
+            raise FailedJobError("sbatch: error: Batch job submission failed: Invalid feature specification")
+
+    slurm = SlurmBackend.for_site("s", SLURM, job="demo", job_dir=tmp_path)
+    monkeypatch.setattr(slurm, "_executor", lambda spec: Refused())
+    with pytest.raises(LaunchError) as e:
+        slurm.start(AgentSpec("rollout", 0, "s", ["python3"]))
+    assert str(e.value) == (
+        "site s: sbatch (submitit) refused rollout-0: sbatch: error: Batch job submission failed: Invalid feature "
+        "specification"
+    )
