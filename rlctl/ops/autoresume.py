@@ -43,6 +43,8 @@ from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobprep import StopCheck
+from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
 from rlctl.ops.run import JobRun
 from rlctl.ops.runstate import UNSTARTED, resumes, stop_requested
 
@@ -82,6 +84,14 @@ class Runs:
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
+
+    def _wrong_site_options(self) -> list[Problem]:
+        """The constraints and reservations of the run's SLURM sites (as launched) their clusters say are wrong."""
+        plan = self.plan
+        if not plan:
+            return []
+        sites = [plan["controller_site"], plan["trainer"]["site"], *(g["site"] for g in plan["rollout"])]
+        return launched_option_problems(self.jobdir.path, sites, timeout_s=ASK_S)
 
     def preparing(self, *, source: str) -> StopCheck:
         """A fresh launch's job in the index (`launching`, its launcher and job file `source`) from the moment its
@@ -217,6 +227,13 @@ class Runs:
         except UsageError as e:
             self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")
             self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
+            return False
+        # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
+        # reservation ended during the run), versus a resume spent on a run whose every sbatch is refused after staging
+        if wrong := self._wrong_site_options():
+            reason = "; ".join(f"{p.field}: {p.message}" for p in wrong)
+            self.say(f"job {name}{ended}; not resumed automatically: {self.jobdir.path / 'sites.json'}: {reason}")
+            self.jobdir.event("auto_resume_refused", after=why, reason=reason)
             return False
         # what is left of the failed run, stopped before its resume is said, spent and recorded: one whose agents may
         # still run (a site that does not answer) is not resumed over them, versus "resuming it from checkpoint vN"

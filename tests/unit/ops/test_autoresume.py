@@ -420,3 +420,43 @@ def test_a_runs_time_limit_is_asked_of_its_controller_and_trainer_rank_0():
     assert asked == ["controller-0", "trainer-0"]
     assert run(ends | {"ctl": LaunchError("squeue: cannot reach the login node")}) == run(ends)
     assert run(ends | {"train": None}) is None and asked == ["controller-0", "trainer-0"]
+
+
+def test_a_run_whose_slurm_site_reservation_ended_is_not_resumed(runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its reservation ended during the run (SLURM purges it): the automatic resume was spent on a run whose every
+    sbatch was refused after the staging; now one line naming the field, as `launch --resume` refuses it."""
+    from rlctl.config.inventory import Site
+    from rlctl.launch.backends import write_sites
+    from rlctl.launch.remote import CommandResult
+    from rlctl.launch.slurm import SlurmBackend
+
+    class SubmitHost:
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            if command.startswith("sinfo"):
+                return CommandResult(0, "g-01|(null)\n", "")
+            return CommandResult(0, "rlctl-user=rl\nrlctl-groups=rl\nNo reservations in the system\n", "")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost()))
+    site = Site.model_validate(
+        {
+            "datacenter": "d",
+            "gpu": "CPU",
+            "scheduler": {"kind": "slurm", "partition": "gpu", "reservation": "rl-week"},
+            "nodes": [{"host": "g-01", "gpus": 4}],
+        }
+    )
+    plan = {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": [{"site": "s", "units": 1}]}
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    r.plan = plan
+    write_sites(r.jobdir.path, {"s": site})
+    assert r.wait()["state"] == FAILED
+    assert ScriptedRun.started == [False] and r.resumes == 0
+    assert said[-1].startswith(
+        f"job demo {FAILED}; not resumed automatically: {r.jobdir.path / 'sites.json'}: "
+        "sites.s.scheduler.reservation: 'rl-week': no such reservation"
+    ), said[-1]
+    refused = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume_refused"]
+    assert [e["after"] for e in refused] == [FAILED]
