@@ -693,22 +693,32 @@ def test_a_hung_call_holds_only_its_own_worker(rewards_dir: Path, monkeypatch: p
         assert hung.result(timeout=10.0).outcome == "timeout"
 
 
-def test_a_cancelled_call_frees_its_worker_at_once(rewards_dir: Path) -> None:
+def _wait_held(pool: RewardPool, sample_id: str) -> None:
+    """Wait until a worker runs `sample_id`'s call (the dispatcher sent it there): a cancel then replaces that
+    worker, where before it only takes the call out of the queue."""
+    deadline = time.monotonic() + 30.0
+    while not any(w.call is not None and w.call.sample_id == sample_id for w in list(pool._workers)):
+        assert time.monotonic() < deadline, f"no worker took {sample_id}'s call within 30 s"
+        time.sleep(0.01)
+
+
+def test_a_cancelled_call_frees_its_worker_at_once(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One worker running a call that hangs and one call queued behind it: cancelling both drops the queued one
-    and replaces the worker now (not at the 30 s deadline), so the next call is answered at once."""
+    and replaces the worker now (a restart, not a timeout at the 30 s deadline), so the next call is answered."""
+    monkeypatch.setattr(reward_pool, "STUCK_FRACTION", 1.0)  # no extra worker takes the queued call (at 3 s: a stall)
     with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=30.0) as pool:
         assert pool.score("warm", "d", "a", "a").ok
         hung = pool.submit("hung", "d", "hang", "a")
         queued = pool.submit("queued", "d", "a", "a")
-        time.sleep(0.2)  # the hung call is running
-        t0 = time.monotonic()
+        _wait_held(pool, "hung")
         pool.cancel("queued")
         pool.cancel("hung")
         assert pool.score("next", "d", "a", "a").score == 1.0
-        assert time.monotonic() - t0 < 10.0 and hung.cancelled() and queued.cancelled()
-        assert pool.stats.cancelled == 2 and pool.stats.timeouts == 0
+        assert hung.cancelled() and queued.cancelled()
+        assert pool.stats.cancelled == 2 and pool.stats.restarts == 1 and pool.stats.timeouts == 0
+        assert pool.stats.extra_started == 0
         pool.cancel("next")  # finished already: nothing happens
-        assert pool.stats.cancelled == 2
+        assert pool.stats.cancelled == 2 and pool.stats.restarts == 1
 
 
 def test_a_cancel_spares_the_same_sample_submitted_after_it(rewards_dir: Path) -> None:
@@ -718,7 +728,7 @@ def test_a_cancel_spares_the_same_sample_submitted_after_it(rewards_dir: Path) -
     with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=30.0) as pool:
         assert pool.score("warm", "d", "a", "a").ok
         old = pool.submit("p7/0", "d", "hang", "a")
-        time.sleep(0.2)  # the old call is running
+        _wait_held(pool, "p7/0")  # the old call is running
         entered, go = threading.Event(), threading.Event()
         drop = pool._drop_cancelled
 
@@ -734,7 +744,7 @@ def test_a_cancel_spares_the_same_sample_submitted_after_it(rewards_dir: Path) -
         new = pool.submit("p7/0", "d", "a", "a")  # generated again, in before the cancel is carried out
         go.set()
         assert new.result(timeout=10.0).score == 1.0
-        assert old.cancelled() and pool.stats.cancelled == 1 and pool.stats.timeouts == 0
+        assert old.cancelled() and pool.stats.cancelled == 1 and pool.stats.restarts == 1 and pool.stats.timeouts == 0
 
 
 def _alive(pid: int) -> bool:
