@@ -14,6 +14,7 @@ from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import rollout_tp, trainer_parallel
 from rlctl.launch.slurm import SlurmResources
+from rlctl.launch.wholenodes import node_tasks, whole_nodes_hold
 
 
 @dataclass
@@ -90,7 +91,7 @@ class Placement:
         controller and trainer there, `units` rollout units), at most `most`; a unit past them waits for ever for a
         node the job's own jobs hold until it ends. None on other sites, and where it cannot be told (a layout the
         site has none for). Other users' jobs are not known here: a unit that fits may wait for nodes they hold,
-        until they end. (Whole nodes: their GPUs alone tell what fits, as `check` tells it with `ops.noderoom`.)"""
+        until they end. (`launch.wholenodes`, the rule `check` asks too; here their GPUs alone are compared.)"""
         spec = self.site_specs[site]
         if not getattr(spec.scheduler, "exclusive", False):  # (a SLURM site's key)
             return None
@@ -113,7 +114,8 @@ class Placement:
         low, high = 0, most  # the units more that fit: a count fits where any more does (bisected)
         while low < high:
             k = (low + high + 1) // 2
-            low, high = (k, high) if _whole_nodes_hold(hosts, asked[: fixed + k]) else (low, k - 1)
+            shares = [(n * r.gpus_per_task,) for r in asked[: fixed + k] for n in node_tasks(r)]
+            low, high = (k, high) if whole_nodes_hold([(g,) for g in hosts], shares) else (low, k - 1)
         return low
 
     def whole_nodes_said(self, site: str, units: list[str], *, room: int) -> str:
@@ -130,19 +132,6 @@ class Placement:
             f"{len(hosts)} node(s) ({nodes}) hold its {', '.join(held)} and {room} unit(s) more; a unit past them "
             "would wait for ever for a node the job's own jobs hold until it ends"
         )
-
-
-def _whole_nodes_hold(hosts: list[int], jobs: list[SlurmResources]) -> bool:
-    """Whether nodes of `hosts` GPUs hold `jobs` at once, each node one job's share alone (sbatch's --exclusive): a
-    share fits the nodes of at least its GPUs, so they do iff the i-th largest share fits the i-th largest node."""
-    shares = []
-    for r in jobs:  # its tasks_per_node tasks on each of its nodes, the rest on the last (`SlurmResources.for_spec`)
-        per = max(1, r.tasks_per_node)
-        shares += [per * r.gpus_per_task] * (r.ntasks // per) + [r.ntasks % per * r.gpus_per_task] * bool(
-            r.ntasks % per
-        )
-    nodes = sorted(hosts, reverse=True)
-    return len(shares) <= len(nodes) and all(s <= g for s, g in zip(sorted(shares, reverse=True), nodes, strict=False))
 
 
 def sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:

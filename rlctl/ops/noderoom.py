@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rlctl.config.inventory import Site
 from rlctl.launch.slurm import SlurmResources
+from rlctl.launch.wholenodes import node_tasks
 
 UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
 STEP_BUDGET = 20_000
@@ -54,8 +55,7 @@ def shares_of(job: int, res: SlurmResources) -> list[Share]:
     """The node shares of one SLURM job: `tasks_per_node` tasks on each of its nodes, the rest on the last. On a
     `gpu_request: gres` site every node is asked `--gres=gpu:gpus_per_task×tasks_per_node`, the last one too however
     few tasks it holds (counted by its tasks, a check passed a job SLURM could not place)."""
-    per, tasks = max(1, res.tasks_per_node), res.ntasks
-    counts = [per] * (tasks // per) + ([tasks % per] if tasks % per else [])
+    per = max(1, res.tasks_per_node)
     gres = res.gpu_request == "gres"
     return [
         Share(
@@ -64,7 +64,7 @@ def shares_of(job: int, res: SlurmResources) -> list[Share]:
             n * res.cpus_per_task,
             n * res.cpus_per_task * (res.mem_per_cpu_mb or 0),
         )
-        for n in counts
+        for n in node_tasks(res)
     ]
 
 
