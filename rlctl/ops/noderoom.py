@@ -5,7 +5,8 @@ that has it left, a job's shares on distinct nodes (its `--nodes`), as SLURM mus
     shares (one per job and node it takes)            ├─▶ fit() ─▶ True / False / None (gave up)
 
 An exact search: the largest shares first, each tried on every node with room, nodes alike (the same room left,
-the same jobs on them) tried once; it gives up (None) past a step budget rather than guess.
+the same jobs on them) tried once; it gives up (None) past a step budget rather than guess. Whole nodes (a site's
+`scheduler.exclusive`: one share a node) are `rlctl.launch.wholenodes`'s matching, which never gives up.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from rlctl.config.inventory import Site
 from rlctl.launch.slurm import SlurmResources
-from rlctl.launch.wholenodes import node_tasks
+from rlctl.launch.wholenodes import node_tasks, whole_nodes_hold
 
 UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
 STEP_BUDGET = 20_000
@@ -76,8 +77,10 @@ def fit(
     nodes: Sequence[tuple[int, int, int]], shares: Sequence[Share], *, whole: bool = False, budget: int = STEP_BUDGET
 ) -> bool | None:
     """Whether every share can be placed on `nodes` at once (`whole`: one job's share on a node at most, as
-    sbatch's `--exclusive` gives each job its nodes); None when the search gave up (too many shares, or past
-    `budget` steps)."""
+    sbatch's `--exclusive` gives each job its nodes: `launch.wholenodes`, the rule the controller's scale asks too,
+    exact and never given up); None when the search gave up (too many shares, or past `budget` steps)."""
+    if whole:
+        return whole_nodes_hold(nodes, [s.size for s in shares])
     if len(shares) > MAX_SHARES:
         return None
     order = sorted(shares, key=lambda s: s.size, reverse=True)
@@ -92,11 +95,7 @@ def fit(
         s, tried = order[i], set()
         for j, room in enumerate(free):
             key = (tuple(room), frozenset(held[j]))
-            if (
-                (held[j] and (whole or s.job in held[j]))
-                or key in tried
-                or any(r < w for r, w in zip(room, s.size, strict=True))
-            ):
+            if s.job in held[j] or key in tried or any(r < w for r, w in zip(room, s.size, strict=True)):
                 continue
             tried.add(key)
             steps += 1

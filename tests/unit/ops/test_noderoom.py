@@ -37,3 +37,15 @@ def test_the_search_gives_up_rather_than_guess() -> None:
     shares = [Share(k, 1, 1, 0) for k in range(13)]  # one more than there are GPUs
     assert fit(nodes, shares, budget=1000) is None
     assert fit(nodes[:3], shares[:4]) is False
+
+
+def test_whole_nodes_are_told_where_the_search_gave_up() -> None:
+    """One share a node (an exclusive site) is a matching that never gives up: the search gave up (None, and check
+    passed) on 13 shares for 12 unlike nodes past its budget, and on more than MAX_SHARES shares."""
+    nodes = [(1, 10 + k, UNBOUNDED) for k in range(12)]
+    shares = [Share(k, 1, 1, 0) for k in range(13)]
+    assert fit(nodes, shares, whole=True, budget=1000) is False
+    assert fit(nodes, shares[:12], whole=True, budget=1000) is True
+    many = [(8, 64, UNBOUNDED)] * 450
+    assert fit(many, [Share(k, 2, 8, 0) for k in range(450)], whole=True) is True
+    assert fit(many, [Share(k, 2, 8, 0) for k in range(451)], whole=True) is False
