@@ -35,7 +35,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlctl.checkpoint.background import BackgroundWriter
@@ -55,14 +55,9 @@ from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.resumepoint import pick_checkpoint
+from tests.unit.props import props
 
-PROPS = settings(
-    max_examples=60,
-    deadline=None,  # a shared, slow machine: a slow example is not a failure
-    derandomize=True,  # the same examples every run (CI reproducible)
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPS = props(60)
 CHUNK_BYTES = 16  # a file the test writes goes in chunks of this many bytes, each a step a crash may cut
 
 

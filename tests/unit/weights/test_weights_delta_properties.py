@@ -19,7 +19,7 @@ import pytest
 import torch
 import xxhash
 import zstandard
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlctl.errors import ProtocolError
@@ -29,14 +29,9 @@ from rlctl.weights import chunks, delta, delta_parts
 from rlctl.weights.encoder import DeviceEncoder, Piece
 from rlctl.weights.root import RootNode
 from rlctl.weights.versions import Subscribe, WeightSyncConfig
+from tests.unit.props import props
 
-PROPS = settings(
-    max_examples=120,
-    deadline=None,  # a shared, slow machine: a slow example is not a failure
-    derandomize=True,  # the same examples every run (CI reproducible)
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPS = props(120)
 CPU = torch.device("cpu")
 DTYPES = sorted(dtypes())  # every dtype that may travel: the codec sees their bytes
 WIDTHS = [1, 2, 4, 8]  # the element widths the codec compares in (`delta._INT`)

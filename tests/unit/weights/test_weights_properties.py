@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlctl.errors import PlanError, ProtocolError
@@ -35,14 +35,9 @@ from rlctl.weights.versions import (
     full_payload,
     payload_from_manifest,
 )
+from tests.unit.props import props
 
-PROPS = settings(
-    max_examples=150,
-    deadline=None,  # a shared, slow machine: a slow example is not a failure
-    derandomize=True,  # the same examples every run (CI reproducible)
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPS = props(150)
 DTYPES = sorted(dtypes())
 
 
