@@ -518,11 +518,28 @@ def _whole_lines(path: Path, *, end: int | None = None) -> int:
 
 
 def _merge_lines(local: Path, remote: Path) -> str:
-    """Both event logs as one, ordered by time, each event once (fetching twice adds nothing). A line that is not
-    a JSON object (an append cut short by a full disk, the next one on the same line) is left out, with a warning
-    naming the file and line, and kept in `<events>.damaged` (once: a later merge reads the site's again): the
-    merged log reads again (`rlctl status`). An object without a usable time (null, text: an older version's row or
-    an edited one) is an event all the same, at time 0 (`event_time`: before anything), as every reader takes it."""
+    """Both event logs as one: the operator's `local` (no lines where it is missing) and the site's `remote` (as
+    fetched), for the caller to write as `local`. The contract, which the tail (rlctl.launch.eventtail) keeps too:
+
+    - Lines: each file read as text (`open_record`: UTF-8, a byte that is no UTF-8 as U+FFFD; \\r\\n and \\r end a
+      line as \\n does) and split as str.splitlines splits (\\v, \\f, \\x1c-\\x1e, \\x85, U+2028, U+2029 end one too).
+      A last line without its newline (its writer mid-write, or killed) is a line as any other. A line of
+      whitespace only is left out.
+    - Each event once: a line of `remote` the same (character for character) as a line anywhere in `local` is left
+      out: fetching twice adds nothing. Nothing else is: a line repeated in `local`, or repeated in `remote` and not
+      in `local`, is kept each time.
+    - A line that is not a JSON object (an append cut short by a full disk, the next one on the same line) is left
+      out, with one warning naming the file and line of the first (and how many more), and appended to
+      `<events>.damaged` unless a line there is the same (once: a later merge reads the site's again; a line
+      repeated in one merge, each time); the merged log reads again (`rlctl status`).
+    - Order: every other line, with a newline, sorted by time (`event_time`: an object without a usable time, null
+      or text, an older version's row or an edited one, is an event at time 0, before anything, as every reader
+      takes it); at one time, `local`'s lines in their order, then `remote`'s in theirs.
+
+    So a line on one side only is kept (the merge only adds): a whole object on a last line without its newline is
+    merged, and adds nothing again once its writer ends the line; one cut short is set aside, and the whole line
+    merges once written. A resume's cut of the site's copy takes nothing away here (what earlier merges brought
+    is `local`'s now); a `local` cut back gets from `remote` the lines that it still holds."""
     mine = record_text(local).splitlines() if local.exists() else []
     seen = set(mine)
     theirs = [(remote, n, line) for n, line in enumerate(record_text(remote).splitlines(), 1) if line not in seen]
