@@ -538,9 +538,16 @@ def replace_text(path: Path, text: str) -> None:
     """Write `path` under a temporary name, then rename it: a reader sees the old file or the new, whole. The name is
     this writer's own (its process and thread), versus one `NAME.tmp` two writers at once would share (one's rename
     of the other's half-written file; the other's rename failing on a name gone); removed if the write fails."""
+    replace_lines(path, [text])
+
+
+def replace_lines(path: Path, pieces: Iterable[str]) -> None:
+    """`replace_text` of the text `pieces` make, written as they come (a file larger than memory should hold)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(text)
+        with tmp.open("w") as f:
+            for piece in pieces:
+                f.write(piece)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

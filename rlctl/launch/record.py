@@ -16,6 +16,7 @@ import secrets
 import shlex
 import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +27,10 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import JobDir, appending, event_time, record_text, replace_text
+from rlctl.launch.jobdir import JobDir, appending, event_time, open_record, record_text, replace_lines, replace_text
 from rlctl.launch.locks import flock, open_lock
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
+from rlctl.launch.spillsort import SpillSort
 from rlctl.launch.stage import Roots, read_staged
 from rlctl.launch.summary import parse_summary, read_summary, replace_damaged
 
@@ -222,7 +224,7 @@ def _merge_events(events: Path, mirror: Path) -> None:
     with appending(events) as f:  # an event appended here meanwhile would go with the file replaced
         new = eventtail.tail(events, mirror)  # the site's new lines, where they merge as such
         if new is None:
-            replace_text(events, _merge_lines(events, mirror))
+            replace_lines(events, _merge_lines(events, mirror))
         else:
             f.write(new)
             f.flush()
@@ -517,7 +519,7 @@ def _whole_lines(path: Path, *, end: int | None = None) -> int:
     return 0
 
 
-def _merge_lines(local: Path, remote: Path) -> str:
+def _merge_lines(local: Path, remote: Path) -> Iterator[str]:
     """Both event logs as one: the operator's `local` (no lines where it is missing) and the site's `remote` (as
     fetched), for the caller to write as `local`. The contract, which the tail (rlctl.launch.eventtail) keeps too:
 
@@ -539,23 +541,56 @@ def _merge_lines(local: Path, remote: Path) -> str:
     So a line on one side only is kept (the merge only adds): a whole object on a last line without its newline is
     merged, and adds nothing again once its writer ends the line; one cut short is set aside, and the whole line
     merges once written. A resume's cut of the site's copy takes nothing away here (what earlier merges brought
-    is `local`'s now); a `local` cut back gets from `remote` the lines that it still holds."""
-    mine = record_text(local).splitlines() if local.exists() else []
-    seen = set(mine)
-    theirs = [(remote, n, line) for n, line in enumerate(record_text(remote).splitlines(), 1) if line not in seen]
-    rows, bad = [], []
-    for i, (path, n, line) in enumerate([(local, n, line) for n, line in enumerate(mine, 1)] + theirs):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if isinstance(row, dict):
-            rows.append((event_time(row), i, line))
-        else:
-            bad.append((f"{path}: line {n}", line))
-    damaged = local.with_name(local.name + ".damaged")
+    is `local`'s now); a `local` cut back gets from `remote` the lines that it still holds.
+
+    Read, sorted (`SpillSort`: sorted runs in an unnamed file beside `local`) and given back a line at a time: what is
+    held is about `spillsort.BUDGET_BYTES` of rows, the lines that are no JSON object, and `local`'s lines of the time
+    being given back (events at one time are few; those without a usable time are all at 0), versus both files whole,
+    as text, as a set and parsed (3.5× them: GBs for a week-long job, at each resume of one whose controller ran on
+    another site)."""
+    bad: list[tuple[str, str]] = []  # (file and line, line)
+    mine_bad: set[str] = set()  # `local`'s lines that are no JSON object: a line of `remote` the same goes with them
+    with tempfile.TemporaryFile(dir=local.parent) as spill:  # unnamed: gone with this merge, or its process
+        merge = SpillSort(spill)
+        for side, path in enumerate((local, remote)):
+            if side == 0 and not local.exists():
+                continue
+            for n, line in enumerate(_record_lines(path), 1):
+                if not line.strip() or (side == 1 and line in mine_bad):
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    row = None
+                if isinstance(row, dict):
+                    merge.add((event_time(row), side, n, line))
+                else:
+                    bad.append((f"{path}: line {n}", line))
+                    if side == 0:
+                        mine_bad.add(line)
+        _keep_damaged(local.with_name(local.name + ".damaged"), bad)
+        # a line of `remote` the same as one of `local` has its time: among `local`'s of that time, sorted before it
+        at: float | None = None  # the time of the lines last sorted
+        mine: set[str] = set()  # `local`'s lines of that time
+        for t, side, _, line in merge.rows():
+            if t != at:
+                at, mine = t, set()
+            if side == 0:
+                mine.add(line)
+            elif line in mine:
+                continue
+            yield line + "\n"
+
+
+def _record_lines(path: Path) -> Iterator[str]:
+    """The lines of `path` as `record_text(path).splitlines()` has them, read a piece at a time."""
+    with open_record(path) as f:
+        for physical in f:
+            yield from physical.splitlines()
+
+
+def _keep_damaged(damaged: Path, bad: list[tuple[str, str]]) -> None:
+    """Append to `damaged` the `bad` lines (file and line, line) it does not hold, and say them in one warning."""
     # the site's copy keeps its damaged lines, and every merge reads them again: each is kept and said once
     kept = set(damaged.read_text().splitlines()) if damaged.exists() else set()
     bad = [(where, line) for where, line in bad if line not in kept]
@@ -564,7 +599,6 @@ def _merge_lines(local: Path, remote: Path) -> str:
             f.write("".join(line + "\n" for _, line in bad))
         more = f" (and {len(bad) - 1} more)" if bad[1:] else ""
         log.warning("%s is not a JSON event: left out of the merged events%s, kept in %s", bad[0][0], more, damaged)
-    return "".join(line + "\n" for _, _, line in sorted(rows))
 
 
 def record_view(job_dir: Path) -> tuple[Site, str, str] | None:

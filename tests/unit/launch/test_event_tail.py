@@ -44,7 +44,7 @@ def _whole_merge(src: Path, root: Path, tmp_path: Path) -> list[str]:
     (tmp_path / "whole").mkdir(exist_ok=True)
     copy = tmp_path / "whole" / "events.jsonl"
     shutil.copy(src / "events.jsonl", copy)
-    return record._merge_lines(copy, root / "events.jsonl").splitlines()
+    return "".join(record._merge_lines(copy, root / "events.jsonl")).splitlines()
 
 
 def _site_events(n: int, *, t0: float = 1000.0) -> list[dict[str, object]]:

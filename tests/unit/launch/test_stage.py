@@ -463,11 +463,11 @@ def test_an_event_appended_while_the_site_events_are_merged_is_kept(
             reached.set()
         flock(fd, how)
 
-    def merge_then_an_append(local: Path, remote: str) -> str:
-        text = merge(local, remote)  # what the merge read: the append comes after it
+    def merge_then_an_append(local: Path, remote: str) -> Iterator[str]:
+        text = "".join(merge(local, remote))  # what the merge read: the append comes after it
         appender.start()
         reached.wait()
-        return text
+        yield text
 
     monkeypatch.setattr(fcntl, "flock", locking)
     monkeypatch.setattr(record, "_merge_lines", merge_then_an_append)

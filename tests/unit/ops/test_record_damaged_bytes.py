@@ -97,6 +97,6 @@ def test_the_merge_of_the_sites_events_sets_aside_a_line_of_bytes_that_are_no_te
     here, there = tmp_path / "events.jsonl", tmp_path / "site-events.jsonl"
     here.write_bytes(b'{"t": 1, "event": "launch"}\n' + GARBAGE)
     there.write_bytes(GARBAGE + b'{"t": 2, "event": "agent_started"}\n')
-    merged = record._merge_lines(here, there)
+    merged = "".join(record._merge_lines(here, there))
     assert [json.loads(line)["event"] for line in merged.splitlines()] == ["launch", "agent_started"]
     assert (tmp_path / "events.jsonl.damaged").read_text().count("not text") == 1
