@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -38,10 +38,6 @@ class Mode(StrEnum):
     sync = "sync"
     stream = "stream"
     async_ = "async"
-
-
-def _sites_of(plan: dict[str, Any]) -> set[str]:
-    return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
 
 
 PREFLIGHT_PASSED_ENV = "RLCTL_PREFLIGHT_PASSED"  # `_checked` of the job file the detaching launcher checked
@@ -112,6 +108,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.config.job import Job, sft_steps
             from rlctl.config.model import HfModel
             from rlctl.launch.jobdir import JobDir
+            from rlctl.launch.layout import plan_sites
             from rlctl.ops.counts import plan_counts, resolve_job
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
@@ -157,7 +154,7 @@ def register(app: typer.Typer) -> None:
                     if not path.name:  # the root: no id, and its sites' job dirs would be W/jobs/, every job's
                         raise
                     sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
-                sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
+                sites = {n: job.inventory.sites[n] for n in plan_sites(plan)}
                 with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
                     job_id = db.id_for(path)
                 dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)

@@ -99,6 +99,13 @@ def unshared_trainer(
     )
 
 
+def plan_sites(plan: dict[str, Any]) -> list[str]:
+    """The sites a plan's agents run on, each once: the controller's, the trainer's, then the rollout sites."""
+    return list(
+        dict.fromkeys([plan["controller_site"], plan["trainer"]["site"], *(g["site"] for g in plan["rollout"])])
+    )
+
+
 def rollout_tp(plan: dict[str, Any], site: str) -> int:
     """GPUs per rollout unit on `site` (the plan's figure; 1 for plans written before it had one)."""
     return next((int(g.get("tp", 1)) for g in plan["rollout"] if g["site"] == site), 1)

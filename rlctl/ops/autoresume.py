@@ -39,6 +39,7 @@ from typing import Any
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, event_time, open_record, row_count
+from rlctl.launch.layout import plan_sites
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
 from rlctl.ops.jobdb import LIVE, JobDB
@@ -90,8 +91,7 @@ class Runs:
         plan = self.plan
         if not plan:
             return []
-        sites = [plan["controller_site"], plan["trainer"]["site"], *(g["site"] for g in plan["rollout"])]
-        return launched_option_problems(self.jobdir.path, sites, timeout_s=ASK_S)
+        return launched_option_problems(self.jobdir.path, plan_sites(plan), timeout_s=ASK_S)
 
     def preparing(self, *, source: str) -> StopCheck:
         """A fresh launch's job in the index (`launching`, its launcher and job file `source`) from the moment its

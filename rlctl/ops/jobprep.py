@@ -14,6 +14,7 @@ from rlctl.config.job import Job, JobFile
 from rlctl.errors import Stopped
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import plan_sites
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.runstate import stop_requested
@@ -41,7 +42,7 @@ def prepare(
     copy_inputs(jobdir, spec, job, check=check)
     if check is not None:
         check()
-    used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
+    used = set(plan_sites(plan))
     # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them
     links = [sorted(link.between) for link in job.inventory.links if set(link.between) <= used]
     jobdir.write_json(jobdir.plan_json, {**plan, "links": links})

@@ -31,6 +31,7 @@ def resume_job(
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
     from rlctl.launch.jobdir import JobDir
+    from rlctl.launch.layout import plan_sites
     from rlctl.launch.locks import LOCK_FD_ENV
     from rlctl.ops.extend import (
         completed_checkpoints,
@@ -99,8 +100,7 @@ def resume_job(
         # a SLURM site's constraint and reservation (one ended since the launch), asked of its cluster as `check
         # --reach` asks them, once the job is one to resume: sbatch refused them at the first agent's job, after the
         # run was marked launching and staged (before a detach: said here, not in its launcher's log)
-        sites = [plan["controller_site"], plan["trainer"]["site"], *(g["site"] for g in plan["rollout"])]
-        refuse(str(jd.path), launched_option_problems(jd.path, sites, timeout_s=ASK_S))
+        refuse(str(jd.path), launched_option_problems(jd.path, plan_sites(plan), timeout_s=ASK_S))
     except RlctlError:
         lock.close()
         db.close()
