@@ -36,6 +36,7 @@ from rlctl.weights.versions import (
     payload_from_manifest,
 )
 from tests.unit.props import props
+from tests.unit.weights.test_weights_plan import _descendants
 
 PROPS = props(150)
 DTYPES = sorted(dtypes())
@@ -330,15 +331,6 @@ def _hops(dcs: set[str], source: set[str], links) -> dict[str, int]:
                 dist[other] = dist[here] + 1
                 todo.append(other)
     return dist
-
-
-def _descendants(plan: BroadcastPlan, name: str) -> set[str]:
-    out, todo = set(), [name]
-    while todo:
-        for c in plan.children(todo.pop()):
-            out.add(c)
-            todo.append(c)
-    return out
 
 
 @settings(PROPS, max_examples=400)
