@@ -328,11 +328,11 @@ def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | 
     and appended only to a copy as long as it was read: a fetch beside it appended meanwhile (the next fetch brings
     the rest), versus the same rows appended twice. `sweep`: the fetch's (`own_part`)."""
     had = have = local.stat().st_size if local.exists() else 0
-    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    probe = _probe(fs, path, local, have)
     if probe is None:
         return False
-    data, size = probe
-    if have and (size < have or data != _tail(local, len(data))):
+    size, prefix = probe
+    if not prefix:
         have = _kept(fs, path, local, min(have, size))
     if size <= have == had:
         return False
@@ -349,14 +349,30 @@ def fetch_appended(fs: HostFiles, path: str, local: Path, *, sweep: PartSweep | 
         if not whole:
             return False
         if have:
-            with part.open("rb") as src, local.open("ab") as dst:
-                if os.fstat(dst.fileno()).st_size != have:  # another fetch appended since (unlocked: no flock)
-                    return False
-                shutil.copyfileobj(src, dst)
-        else:
-            os.replace(part, local)
+            return _appended(part, local, have)
+        os.replace(part, local)
     finally:
         part.unlink(missing_ok=True)
+    return True
+
+
+def _probe(fs: HostFiles, path: str, local: Path, have: int) -> tuple[int, bool] | None:
+    """The host's file `path`'s size, and whether the copy `local` (`have` bytes) is a prefix of it: its last
+    TAIL_MATCH_BYTES equal the host's at the same offset (an empty copy is); None where the host has no such file."""
+    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    if probe is None:
+        return None
+    data, size = probe
+    return size, size >= have and (not have or data == _tail(local, len(data)))
+
+
+def _appended(part: Path, local: Path, have: int) -> bool:
+    """`part` appended to `local` where `local` is still `have` bytes long; False where another fetch appended since
+    (unlocked: a filesystem with no flock), and nothing is appended."""
+    with part.open("rb") as src, local.open("ab") as dst:
+        if os.fstat(dst.fileno()).st_size != have:
+            return False
+        shutil.copyfileobj(src, dst)
     return True
 
 
@@ -425,11 +441,11 @@ def fetch_grown(fs: HostFiles, path: str, local: Path, *, part: Path) -> bool:
     iteration, hundreds of MB after weeks, copied again by every `rlctl status` of a job whose controller is done."""
     here = local.exists()  # (an empty copy of an empty file is its whole file too, versus copied at every fetch)
     have = local.stat().st_size if here else 0
-    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    probe = _probe(fs, path, local, have)
     if probe is None:
         raise LaunchError(f"{path}: not on the site any more")
-    data, size = probe
-    grown = here and size >= have and data == _tail(local, len(data))
+    size, prefix = probe
+    grown = here and prefix
     if grown and size == have:
         return False
     try:
@@ -438,13 +454,9 @@ def fetch_grown(fs: HostFiles, path: str, local: Path, *, part: Path) -> bool:
             os.replace(part, local)
             return True
         fs.get_range(path, part, have, size)
-        with part.open("rb") as src, local.open("ab") as dst:
-            if os.fstat(dst.fileno()).st_size != have:  # another fetch appended since (unlocked: no flock)
-                return False
-            shutil.copyfileobj(src, dst)
+        return _appended(part, local, have)
     finally:
         part.unlink(missing_ok=True)
-    return True
 
 
 class PartSweep:
