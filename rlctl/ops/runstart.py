@@ -76,7 +76,8 @@ def _ephemeral_low() -> int:
 
 def run_before(name: str) -> str:
     """Where a run's start sets the run before's `name` (controller.json; agents.jsonl on the controller's site)
-    aside, until the run starts (a refused resume puts it back: `RunStart._unstart`); the next start replaces it."""
+    aside, until the run starts (a refused resume puts it back: `RunStart._unstart`; a run started removes it:
+    `RunStart._drop_run_before`)."""
     return f".{name}.run-before"
 
 
@@ -312,6 +313,26 @@ class RunStart(RunBase):
             self._stop_if_asked()
             self._start(a, env, controller=address)
         self._stop_if_asked()
+        self._drop_run_before()
+
+    def _drop_run_before(self) -> None:
+        """Once every agent of the run started: the run before's files this start set aside (`run_before`), here
+        and on the controller's site, removed. Only a start refused before its controller started puts them back
+        (`_unstart`); after, nothing reads them (the units the site's agents.jsonl listed were stopped before the
+        resume started: `refuse_if_running`, `Runs`' stop of a failed run), versus a stale copy of the run before's
+        controller.json (a gone controller's address) and agents.jsonl kept beside the job's own until the next
+        start replaced them. A copy that cannot be removed stays, logged: the run has started."""
+        try:
+            if self._before_here:
+                (self.jobdir.path / run_before(self.jobdir.controller_json.name)).unlink(missing_ok=True)
+            if self._before_on_site:
+                fs, root = self._files()
+                try:
+                    fs.remove(root, [run_before(name) for name in self._before_on_site])
+                finally:
+                    fs.close()
+        except (LaunchError, OSError) as e:
+            log.warning("%s: the run before's record set aside as this run started stays: %s", self.id, e)
 
     def _stop_if_asked(self) -> None:
         if stop_requested(self.jobdir, since=self.stop_since):

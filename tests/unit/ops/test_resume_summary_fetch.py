@@ -12,6 +12,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import pytest
@@ -235,3 +236,42 @@ def test_a_resume_ended_as_its_start_takes_the_fetch_lock_is_one_that_changed_no
         run.start(resume=True)
     assert run.unstarted
     assert json.loads(jd.summary_json.read_text()) == HELD
+
+
+def test_a_started_resume_removes_the_run_befores_files_it_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume whose every agent started: the run before's controller.json (here and on the controller's site) and
+    the site's agents.jsonl, which its start set aside for a refusal to put back, are gone, versus kept beside the
+    job's own (a gone controller's address, the units stopped before the resume) until the next start; this run's
+    record is untouched."""
+    run, sites = job_run(tmp_path)
+    jd = sites.c
+    root = tmp_path / "on-the-site"
+    root.mkdir()
+    address = json.dumps({"address": "tcp://10.0.0.7:41234"})
+    (root / "summary.json").write_text(json.dumps(CONTROLLERS))
+    (root / "controller.json").write_text(address)
+    (root / "agents.jsonl").write_text(json.dumps({"name": "rollout-3", "role": "rollout"}) + "\n")
+    jd.write_json(jd.summary_json, HELD)
+    jd.controller_json.write_text(address)
+    controller = SimpleNamespace(role="controller")
+
+    def prepare(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> tuple[list[Any], bool]:
+        self._record = (self.sites["c"], "localhost", str(root))
+        self._set_run_before_aside(LocalFiles(), str(root), aside)
+        return [(controller, {})], True
+
+    def listening(self: JobRun, remote: bool) -> str:  # this run's controller writes its own controller.json
+        (root / "controller.json").write_text(json.dumps({"address": "tcp://10.0.0.8:50000"}))
+        return "tcp://10.0.0.8:50000"
+
+    monkeypatch.setattr(JobRun, "_prepare", prepare)
+    monkeypatch.setattr(JobRun, "_start", lambda self, a, env=None, *, controller=None: SimpleNamespace())
+    monkeypatch.setattr(JobRun, "_controller_address", listening)
+    monkeypatch.setattr(JobRun, "_stop_if_asked", lambda self: None)
+    run.start(resume=True)
+    assert sorted(p.name for p in jd.path.glob(".*run-before")) == []
+    assert sorted(p.name for p in root.glob(".*run-before")) == []
+    assert json.loads((root / "controller.json").read_text()) == {"address": "tcp://10.0.0.8:50000"}
+    assert (root / "agents.jsonl").read_text() == ""  # (the units this run's controller starts go here)
