@@ -121,7 +121,7 @@ def sync_logs(jobdir: JobDir) -> None:
 def load_controller(jobdir: JobDir, version: int) -> ControllerState:
     """The controller's state at checkpoint `version`; ValueError naming the checkpoint when it does not verify."""
     ckpt = jobdir.checkpoint(version)
-    manifest = read_manifest(ckpt, PART)
+    manifest = read_manifest(ckpt, PART, version=version)
     if manifest is None:
         raise ValueError(f"{ckpt}: the controller's part is missing or does not match its manifest")
     state = json.loads((ckpt / PART / "state.json").read_text())

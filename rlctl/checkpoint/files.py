@@ -21,10 +21,11 @@ that own the state, each on its own site (sites share no filesystem):
                                   directory); the `checkpoint.keep` newest are kept there (0: all)
 
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
-only after every file it lists is. A part without a manifest, or whose files do not match it (size or
-SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule,
-and the check of a manifest, are `rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the
-launcher applies on each part's site to pick the version a resumed job loads).
+only after every file it lists is. A part without a manifest, whose files do not match it (size or SHA-256),
+or whose manifest names another part or version than its own, is never used: `latest_complete` falls back to the
+newest older checkpoint that verifies (the rule, and the check of a manifest, are
+`rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the launcher applies on each part's site to
+pick the version a resumed job loads).
 A resumed run abandons the checkpoints newer than the one it resumes from; their sealed parts are moved aside
 (a part never sealed is removed: nothing can resume from it), so that `iter-*` holds one lineage: a resume that
 finds no `latest.json`, or a damaged one, takes the newest checkpoint that verifies, which then is this lineage's
@@ -148,10 +149,11 @@ def write_part(
     return file_digest(manifest_path(ckpt, part))
 
 
-def read_manifest(ckpt: Path, part: str) -> dict[str, Any] | None:
-    """The part's manifest when every file it lists is there with its size and SHA-256; else None (logged)."""
+def read_manifest(ckpt: Path, part: str, *, version: int | None = None) -> dict[str, Any] | None:
+    """The part's manifest when every file it lists is there with its size and SHA-256 (and it is of checkpoint
+    `version`, given: `verified_manifest`); else None (logged)."""
     try:
-        return verified_manifest(LocalFiles(), str(ckpt), part)
+        return verified_manifest(LocalFiles(), str(ckpt), part, version=version)
     except (OSError, ValueError) as e:
         log.warning("checkpoint %s: the %s part is not usable: %s", ckpt.name, part, e)
         return None
@@ -358,7 +360,7 @@ def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
         seen: dict[str, dict[str, Any]] = {}
         for part in wanted:
             try:
-                seen[part] = verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part)
+                seen[part] = verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part, version=version)
             except (OSError, ValueError) as e:
                 return f"{part} part: {e}"
         named = seen.get("controller", {}).get("trainer_digest")

@@ -47,7 +47,7 @@ def pick_checkpoint(
 
     def problem(version: int) -> str | None:
         try:
-            c = verified_manifest(c_fs, str(c_dir.checkpoint(version)), "controller")
+            c = verified_manifest(c_fs, str(c_dir.checkpoint(version)), "controller", version=version)
         except ValueError as e:
             return f"controller part: {e}"
         try:

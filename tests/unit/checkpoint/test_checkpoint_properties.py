@@ -509,13 +509,17 @@ def test_rank_0_seals_the_trainer_part_only_with_every_shard_there_as_its_rank_w
     xor=st.integers(1, 255),
     cut=st.booleans(),
 )
+# the controller manifest's (world 1: the first file) `version` 1 read as 3, its `part` as "bontroller": taken before
+@example(world=1, which=0, where=400, xor=2, cut=False)
+@example(world=1, which=0, where=288, xor=1, cut=False)
 def test_any_one_byte_changed_or_a_file_cut_short_is_never_used(
     world: int, which: int, where: int, xor: int, cut: bool
 ) -> None:
     """One byte of any file of a sealed checkpoint changed, or the file cut short: the launcher refuses it, and so
     does the trainer's load (rank 0 checks every file; a rank its own shard and the policy) for a trainer file. The
     controller's manifest is the one file no other names: a change there is refused, or leaves what it says (the
-    files and their SHA-256, the trainer part it names) as it was — its `part` and `version` fields."""
+    files and their SHA-256, the trainer part it names, its part and version) as it was, or leaves a field out (a
+    key's name changed: read as a manifest written before it)."""
     with tempfile.TemporaryDirectory() as d:
         sites = Sites(Path(d), shared=True, world=world)
         sites.write(run=0, version=1, steps=Steps())
@@ -531,6 +535,7 @@ def test_any_one_byte_changed_or_a_file_cut_short_is_never_used(
         elif picked is not None or alone is not None:
             after = json.loads((ckpt / "MANIFEST.controller.json").read_text(errors="replace"))
             assert after["files"] == before["files"]
+            assert after.get("part", "controller") == "controller" and after.get("version", 1) == 1
             # the launcher: the trainer part it names; `latest_complete` takes one that names none too (a manifest
             # written before the field: its key changed reads so)
             assert after.get("trainer_digest") == before["trainer_digest"] or (

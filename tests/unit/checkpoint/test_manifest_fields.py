@@ -1,0 +1,72 @@
+"""The part and version a checkpoint's manifest names (`write_part`'s "part", `save_controller`'s "version") are
+checked where it is read (`verified_manifest`): a controller manifest of another checkpoint, or of another part, in
+iter-N is refused, and a resume takes the newest older checkpoint that verifies, said once; versus those fields
+written and read by nothing (the controller's manifest is the one file no digest covers). A manifest written
+before the fields is taken as before."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from rlctl.checkpoint.controller import load_controller
+from rlctl.checkpoint.files import latest_complete, manifest_path
+from rlctl.launch.sitefs import LocalFiles
+from rlctl.ops.resumepoint import pick_checkpoint
+from tests.unit.checkpoint.test_checkpoint_properties import Sites, Steps
+
+
+def two_checkpoints(tmp_path: Path) -> Sites:
+    """v1 and v2 whole, both parts in one job dir, latest.json naming v2."""
+    sites = Sites(tmp_path, shared=True, world=1)
+    for v in (1, 2):
+        sites.write(run=0, version=v, steps=Steps())
+    return sites
+
+
+def edit_controller_manifest(sites: Sites, version: int, fields: dict[str, object]) -> None:
+    """Rewrite the controller manifest of `version` with `fields` set (None: left out), its files as they are."""
+    path = manifest_path(sites.c.checkpoint(version), "controller")
+    body = json.loads(path.read_text())
+    for k, v in fields.items():
+        if v is None:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    path.write_text(json.dumps(body, indent=1, sort_keys=True))
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"version": 3}, "MANIFEST.controller.json is of checkpoint version 3, not v2 (its directory's)"),
+        ({"version": "2"}, "MANIFEST.controller.json is of checkpoint version '2', not v2 (its directory's)"),
+        ({"part": "trainer"}, "MANIFEST.controller.json is of part 'trainer', not 'controller'"),
+    ],
+)
+def test_a_controller_manifest_of_another_checkpoint_or_part_is_not_used_the_one_before_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fields: dict[str, object], why: str
+) -> None:
+    sites = two_checkpoints(tmp_path)
+    edit_controller_manifest(sites, 2, fields)
+    fs = LocalFiles()
+    point = pick_checkpoint((fs, sites.c), (fs, sites.t))
+    assert (point.version, point.skipped) == (1, ((2, f"controller part: {why}"),))
+    with caplog.at_level(logging.WARNING, logger="rlctl.checkpoint.files"):
+        assert latest_complete(sites.c.checkpoints) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{sites.c.checkpoints}: checkpoint v2 not used: controller part: {why}"
+    ]
+    with pytest.raises(ValueError, match=r"iter-2: the controller's part is missing or does not match its manifest"):
+        load_controller(sites.c, 2)
+
+
+def test_a_manifest_written_before_the_part_and_version_fields_is_used(tmp_path: Path) -> None:
+    sites = two_checkpoints(tmp_path)
+    edit_controller_manifest(sites, 2, {"part": None, "version": None})
+    fs = LocalFiles()
+    assert pick_checkpoint((fs, sites.c), (fs, sites.t)).version == 2
+    assert latest_complete(sites.c.checkpoints) == 2
