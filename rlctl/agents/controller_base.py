@@ -101,7 +101,7 @@ class ControllerBase:
         self.ranker = LengthRanker()  # hashed token features: any vocabulary; refit online on real lengths
         if isinstance(self.task, DigitsSource):  # the demo's verifier knows lengths: bootstrap on them
             self.ranker.fit(*self.task.bootstrap(RANKER_BOOTSTRAP))
-        self.placement = Placement.read(jobdir)
+        self.placement = Placement.read(jobdir, job)
         self.sites = self.placement.sites  # agent → site; the Scaler adds the units it starts
         self.stop_requested = False
         self.stop_by = math.inf  # when `rlctl stop` kills this process if it has not ended (its grace)

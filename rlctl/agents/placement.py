@@ -8,28 +8,30 @@ from typing import Any
 
 from rlctl.agents import migration
 from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
-from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.layout import rollout_tp, trainer_parallel
-from rlctl.launch.slurm import SlurmResources
-from rlctl.launch.wholenodes import node_tasks, whole_nodes_hold
+from rlctl.launch.layout import controller_resources, resources_for, rollout_tp, trainer_job_resources, trainer_parallel
+from rlctl.launch.slurm import SlurmResources, gpu_request_for
+from rlctl.launch.wholenodes import node_room, node_shares, whole_nodes_hold
 
 
 @dataclass
 class Placement:
     """Where the job's agents run: the launch plan, the sites' specs and agent name → site (the plan's, and the units
-    the Scaler starts: those gone for good leave it, beyond the latest GONE_SITES_KEPT: `Scaler._forget_sites`)."""
+    the Scaler starts: those gone for good leave it, beyond the latest GONE_SITES_KEPT: `Scaler._forget_sites`), and
+    the job (its agents' threads and reward workers: the cores and memory their SLURM jobs ask, `layout`'s)."""
 
     plan: dict[str, Any]
     site_specs: dict[str, Site]
     sites: dict[str, str]
+    job: JobFile
 
     @classmethod
-    def read(cls, jobdir: JobDir) -> Placement:
+    def read(cls, jobdir: JobDir, job: JobFile) -> Placement:
         plan = jobdir.read_plan(as_placed=True)  # its site's copy: a damaged one said in a line, naming the field
-        return cls(plan, read_sites(jobdir.path), sites_by_agent(plan))
+        return cls(plan, read_sites(jobdir.path), sites_by_agent(plan), job)
 
     @property
     def planned_units(self) -> int:
@@ -91,31 +93,35 @@ class Placement:
         controller and trainer there, `units` rollout units), at most `most`; a unit past them waits for ever for a
         node the job's own jobs hold until it ends. None on other sites, and where it cannot be told (a layout the
         site has none for). Other users' jobs are not known here: a unit that fits may wait for nodes they hold,
-        until they end. (`launch.wholenodes`, the rule `check` asks too; here their GPUs alone are compared.)"""
+        until they end. (`launch.wholenodes`, the rule `check` asks too: each job's GPUs, cores and memory on a node,
+        as `layout` asks them, against each node's in the inventory.)"""
         spec = self.site_specs[site]
         if not getattr(spec.scheduler, "exclusive", False):  # (a SLURM site's key)
             return None
         tp = rollout_tp(self.plan, site)
         trainer = self.plan.get("trainer", {})
-        jobs = [Resources(cpus_per_task=1)] if self.plan.get("controller_site") == site else []
+        jobs = [controller_resources(self.job, spec)] if self.plan.get("controller_site") == site else []
         if trainer.get("site") == site:
-            group = trainer_parallel(self.plan).tp
-            jobs.append(Resources(tasks=int(trainer.get("ranks", 1)), gpus_per_task=1, group=group))
-        jobs += [Resources(gpus_per_task=tp)] * (units + most)
+            ranks, group = int(trainer.get("ranks", 1)), trainer_parallel(self.plan).tp
+            jobs.append(trainer_job_resources(self.job, spec, ranks=ranks, tp=group))
+        jobs += [resources_for(self.job, "rollout", spec, tasks=1, gpus=tp)] * (units + most)
         hosts = [g for _, g in spec.hosts]
         try:
             asked = [
-                SlurmResources.for_spec(r, slots_per_node=max(hosts), gpu_request="per_task", node_gpus=hosts)
+                SlurmResources.for_spec(
+                    r, slots_per_node=spec.gpus_per_node, gpu_request=gpu_request_for(spec), node_gpus=hosts, site=site
+                )
                 for r in jobs
             ]
         except LaunchError:
             return None
+        rooms = node_room(spec)
         fixed = len(jobs) - most
         low, high = 0, most  # the units more that fit: a count fits where any more does (bisected)
         while low < high:
             k = (low + high + 1) // 2
-            shares = [(n * r.gpus_per_task,) for r in asked[: fixed + k] for n in node_tasks(r)]
-            low, high = (k, high) if whole_nodes_hold([(g,) for g in hosts], shares) else (low, k - 1)
+            shares = [s for r in asked[: fixed + k] for s in node_shares(r)]
+            low, high = (k, high) if whole_nodes_hold(rooms, shares) else (low, k - 1)
         return low
 
     def whole_nodes_said(self, site: str, units: list[str], *, room: int) -> str:

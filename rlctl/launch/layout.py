@@ -130,8 +130,7 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
         res = resources_for(job, "trainer", sites[t_site], tasks=1, gpus=1)
         out += [PlannedAgent("trainer", r, t_site, res, _with(par, rank=r), s) for r, s in enumerate(slices)]
     else:  # SLURM: one job, its tasks are the ranks
-        # its tp groups each on one node: as many ranks on every node (`hostfill.slurm_layout`)
-        res = dataclasses.replace(resources_for(job, "trainer", sites[t_site], tasks=ranks), group=par.tp)
+        res = trainer_job_resources(job, sites[t_site], ranks=ranks, tp=par.tp)
         out.append(PlannedAgent("trainer", 0, t_site, res, par))
     n = 0
     for group in plan["rollout"]:
@@ -189,6 +188,12 @@ def resources_for(job: JobFile, role: str, site: Site, *, tasks: int, gpus: int 
     mem = site.memory_per_slot_gb()
     # the inventory says GB (10^9 bytes, as preflight reads it); SLURM counts memory in MiB
     return Resources(tasks, gpus, threads, None if mem is None else int(mem * gpus * 1e9 / 2**20))
+
+
+def trainer_job_resources(job: JobFile, site: Site, *, ranks: int, tp: int) -> Resources:
+    """What the trainer asks a SLURM site for: one job, its tasks its `ranks`, its `tp` groups each on one node (as
+    many ranks on every node: `hostfill.slurm_layout`)."""
+    return dataclasses.replace(resources_for(job, "trainer", site, tasks=ranks), group=tp)
 
 
 def rollout_agent(

@@ -1,12 +1,12 @@
 """Whether SLURM jobs that take their nodes whole (sbatch's `--exclusive`: a site's `scheduler.exclusive`) fit a
 site's nodes at once: each job's share of a node on a node of its own with room for it in every figure compared.
 
-    rooms  (one per node: GPUs, or GPUs, cores, MiB) ─┐
-    shares (one per job and node it takes)           ├─▶ whole_nodes_hold() ─▶ True / False
+    rooms  (node_room: GPUs, cores, MiB per host)        ─┐
+    shares (node_shares: one per job and node it takes) ├─▶ whole_nodes_hold() ─▶ True / False
 
-The one rule `check` (`rlctl.ops.noderoom.fit(whole=True)`: GPUs, cores and memory) and the controller's scale
-(`rlctl.agents.placement.Placement.whole_node_slots`: GPUs alone) ask; here, below both (the agents may not import
-the operator side). Each caller gives the figures it compares.
+The one rule `check` (`rlctl.ops.noderoom.fit(whole=True)`) and the controller's scale
+(`rlctl.agents.placement.Placement.whole_node_slots`) ask, both with the figures of `node_room` and `node_shares`
+(GPUs, cores and memory); here, below both (the agents may not import the operator side).
 
 A bipartite matching (shares to nodes), exact and never given up: shares alike and nodes alike are counted together,
 and a share with no node left moves shares already placed to other nodes that fit them (an augmenting path), so a
@@ -18,7 +18,25 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from rlctl.config.inventory import Site
 from rlctl.launch.slurm import SlurmResources
+
+UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
+
+
+def node_room(site: Site) -> list[tuple[int, int, int]]:
+    """Each host's (GPUs, cores, MiB); a figure some node leaves out is unbounded on all (not compared)."""
+    cpus = all(n.cpus is not None for n in site.nodes)
+    mem = all(n.memory_gb is not None for n in site.nodes)
+    return [
+        (
+            n.gpus,
+            n.cpus if cpus and n.cpus is not None else UNBOUNDED,
+            int(n.memory_gb * 1e9 / 2**20) if mem and n.memory_gb is not None else UNBOUNDED,
+        )
+        for n in site.nodes
+        for _ in n.hosts
+    ]
 
 
 def node_tasks(res: SlurmResources) -> list[int]:
@@ -26,6 +44,22 @@ def node_tasks(res: SlurmResources) -> list[int]:
     `SlurmResources.for_spec` lays them out, SLURM's block distribution)."""
     per, tasks = max(1, res.tasks_per_node), res.ntasks
     return [per] * (tasks // per) + ([tasks % per] if tasks % per else [])
+
+
+def node_shares(res: SlurmResources) -> list[tuple[int, int, int]]:
+    """What one SLURM job takes of each of its nodes (GPUs, cores, MiB; `node_tasks`). On a `gpu_request: gres`
+    site every node is asked `--gres=gpu:gpus_per_task×tasks_per_node`, the last one too however few tasks it holds
+    (counted by its tasks, a check passed a job SLURM could not place)."""
+    per = max(1, res.tasks_per_node)
+    gres = res.gpu_request == "gres"
+    return [
+        (
+            (per if gres else n) * res.gpus_per_task,
+            n * res.cpus_per_task,
+            n * res.cpus_per_task * (res.mem_per_cpu_mb or 0),
+        )
+        for n in node_tasks(res)
+    ]
 
 
 def whole_nodes_hold(rooms: Sequence[Sequence[int]], shares: Sequence[Sequence[int]]) -> bool:

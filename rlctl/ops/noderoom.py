@@ -1,8 +1,8 @@
 """Whether SLURM jobs fit a site's nodes together: each job's share of a node (GPUs, cores, memory) on a node
 that has it left, a job's shares on distinct nodes (its `--nodes`), as SLURM must place them to run them at once.
 
-    nodes (inventory: gpus, cpus, memory_gb per host) ─┐
-    shares (one per job and node it takes)            ├─▶ fit() ─▶ True / False / None (gave up)
+    nodes (wholenodes.node_room: the inventory's gpus, cpus, memory_gb per host) ─┐
+    shares (shares_of: one per job and node it takes)                           ├─▶ fit() ─▶ True / False / None
 
 An exact search: the largest shares first, each tried on every node with room, nodes alike (the same room left,
 the same jobs on them) tried once; it gives up (None) past a step budget rather than guess. Whole nodes (a site's
@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlctl.config.inventory import Site
 from rlctl.launch.slurm import SlurmResources
-from rlctl.launch.wholenodes import node_tasks, whole_nodes_hold
+from rlctl.launch.wholenodes import node_shares, whole_nodes_hold
 
-UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
 STEP_BUDGET = 20_000
 MAX_SHARES = 400  # deeper than this the search (one frame a share) is not tried
 
@@ -37,36 +35,9 @@ class Share:
         return (self.gpus, self.cores, self.mem_mib)
 
 
-def node_room(site: Site) -> list[tuple[int, int, int]]:
-    """Each host's (GPUs, cores, MiB); a figure some node leaves out is unbounded on all (not compared)."""
-    cpus = all(n.cpus is not None for n in site.nodes)
-    mem = all(n.memory_gb is not None for n in site.nodes)
-    return [
-        (
-            n.gpus,
-            n.cpus if cpus and n.cpus is not None else UNBOUNDED,
-            int(n.memory_gb * 1e9 / 2**20) if mem and n.memory_gb is not None else UNBOUNDED,
-        )
-        for n in site.nodes
-        for _ in n.hosts
-    ]
-
-
 def shares_of(job: int, res: SlurmResources) -> list[Share]:
-    """The node shares of one SLURM job: `tasks_per_node` tasks on each of its nodes, the rest on the last. On a
-    `gpu_request: gres` site every node is asked `--gres=gpu:gpus_per_task×tasks_per_node`, the last one too however
-    few tasks it holds (counted by its tasks, a check passed a job SLURM could not place)."""
-    per = max(1, res.tasks_per_node)
-    gres = res.gpu_request == "gres"
-    return [
-        Share(
-            job,
-            (per if gres else n) * res.gpus_per_task,
-            n * res.cpus_per_task,
-            n * res.cpus_per_task * (res.mem_per_cpu_mb or 0),
-        )
-        for n in node_tasks(res)
-    ]
+    """The node shares of one SLURM job (`launch.wholenodes.node_shares`: its tasks on each of its nodes)."""
+    return [Share(job, *size) for size in node_shares(res)]
 
 
 class _GaveUp(Exception):

@@ -18,7 +18,8 @@ from rlctl.errors import ConfigError, LaunchError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.slurm import SlurmResources, gpu_request_for
-from rlctl.ops.noderoom import UNBOUNDED, fit, node_room, shares_of
+from rlctl.launch.wholenodes import UNBOUNDED, node_room
+from rlctl.ops.noderoom import fit, shares_of
 from rlctl.ops.preflight.backends import sharding_problems
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.memory import shared_rollout_memory_problems, trainer_memory_problems

@@ -24,6 +24,7 @@ from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
+from tests.unit.controller_harness import small_job
 
 
 class FakeSpawner:
@@ -70,7 +71,7 @@ def setup(
         {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": 3}]}
     )
     plan = {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "a", "units": 2}]}
-    placement = Placement(plan, {"a": site}, {"rollout-0": "a", "rollout-1": "a"})
+    placement = Placement(plan, {"a": site}, {"rollout-0": "a", "rollout-1": "a"}, small_job("heal", iterations=2))
     posted: list[Any] = []
     # the scaler's own reads (a unit asked for, its start returned) on a clock that stands still at the controller's
     # start: the tests' ticks (`scaler.t0 + s`) alone move time, versus the machine's (a spawn thread run 1.2 s late
@@ -287,7 +288,7 @@ def test_past_the_restore_wait_the_planned_units_not_joined_yet_are_not_started_
 
 
 def test_the_controller_keeps_its_units_per_site_in_each_checkpoint(tmp_path) -> None:
-    from tests.unit.controller_harness import HandledController, small_job
+    from tests.unit.controller_harness import HandledController
 
     h = HandledController(tmp_path, small_job("units", iterations=6), listen="inproc://units-per-site")
     try:

@@ -1,6 +1,6 @@
 """`rlctl scale +N` (and the rebalance rule's scale-out) on a SLURM site with `scheduler.exclusive: true`: each unit's
 SLURM job takes its nodes whole, so the units that fit are the site's nodes the job's own jobs leave, not its GPUs
-left ÷ tp (`Placement.whole_node_slots`)."""
+left ÷ tp (`Placement.whole_node_slots`): nodes with the GPUs, cores and memory each job asks, as `check` compares."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from rlctl.agents.coretypes import CoreConfig, PromptSpec
 from rlctl.agents.placement import Placement
 from rlctl.agents.scaling import Scaler
 from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
 from rlctl.config.pipeline import Rebalance
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
+from tests.unit.controller_harness import small_job
 
 
 class Spawner:
@@ -29,14 +31,15 @@ class Spawner:
         self.calls.append((site, replica))
 
 
-def site(*, exclusive: bool, hosts: str = "g-[01-02]", gpus: int = 8) -> Site:
+def site(
+    *, exclusive: bool, hosts: str = "g-[01-02]", gpus: int = 8, nodes: list[dict[str, Any]] | None = None
+) -> Site:
     scheduler = {"kind": "slurm", "partition": "gpu", "exclusive": exclusive}
-    return Site.model_validate(
-        {"datacenter": "d", "gpu": "H100", "scheduler": scheduler, "nodes": [{"host": hosts, "gpus": gpus}]}
-    )
+    nodes = nodes or [{"host": hosts, "gpus": gpus}]
+    return Site.model_validate({"datacenter": "d", "gpu": "H100", "scheduler": scheduler, "nodes": nodes})
 
 
-def scaler(tmp_path: Path, gen: Site, *, controller_site: str = "t") -> Scaler:
+def scaler(tmp_path: Path, gen: Site, *, controller_site: str = "t", job: JobFile | None = None) -> Scaler:
     """A job whose trainer runs on site t, and one rollout unit of 2 GPUs (rollout-0) on site `gen`."""
     cfg = CoreConfig(iterations=2, prompts_per_iteration=1, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1)
     core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
@@ -52,7 +55,7 @@ def scaler(tmp_path: Path, gen: Site, *, controller_site: str = "t") -> Scaler:
         JobDir.create("x", explicit=tmp_path / "job"),
         Rebalance(),
         core=core,
-        placement=Placement(plan, {"gen": gen}, {"rollout-0": "gen"}),
+        placement=Placement(plan, {"gen": gen}, {"rollout-0": "gen"}, job or small_job("x", iterations=2)),
         metrics=JobMetrics(),
         post=lambda m: None,
         clock=lambda: start,
@@ -88,3 +91,16 @@ def test_an_exclusive_site_s_controller_holds_a_node_and_a_shared_site_counts_gp
     assert scaler(tmp_path / "a", site(exclusive=True), controller_site="gen").free_slots() == {"gen": 0}
     assert scaler(tmp_path / "b", site(exclusive=False)).free_slots() == {"gen": 7}  # GPUs left ÷ tp, as before
     assert scaler(tmp_path / "c", site(exclusive=True, hosts="g-[01-04]")).free_slots() == {"gen": 3}
+
+
+def test_a_unit_is_counted_only_on_a_node_with_the_cores_it_asks(tmp_path: Path) -> None:
+    """2 nodes of 8 GPUs, one of 64 cores and one of 8, units of 16 threads: rollout-0's job holds the one node with
+    16 cores, and a unit more (its GPUs alone compared, scale +1 started one) waits for ever; `check` compares cores
+    and memory too (`noderoom.fit(whole=True)`), and scale now does."""
+    job = small_job("x", iterations=2)
+    job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"threads_per_unit": 16})})
+    nodes = [{"host": "g-01", "gpus": 8, "cpus": 64}, {"host": "g-02", "gpus": 8, "cpus": 8}]
+    s = scaler(tmp_path / "a", site(exclusive=True, nodes=nodes), job=job)
+    assert s.free_slots() == {"gen": 0}
+    nodes = [{"host": "g-01", "gpus": 8, "cpus": 64}, {"host": "g-02", "gpus": 8, "cpus": 16}]
+    assert scaler(tmp_path / "b", site(exclusive=True, nodes=nodes), job=job).free_slots() == {"gen": 1}

@@ -381,7 +381,7 @@ def _site(gpus: int) -> Site:
 
 def test_free_slots_count_the_trainer_live_and_pending_units_per_tp():
     plan = {"trainer": {"site": "a", "ranks": 1}, "rollout": [{"site": "a", "units": 1}, {"site": "b", "units": 1}]}
-    p = Placement(plan, {"a": _site(4), "b": _site(4)}, {"rollout-0": "a", "rollout-1": "b"})
+    p = Placement(plan, {"a": _site(4), "b": _site(4)}, {"rollout-0": "a", "rollout-1": "b"}, _job())
     assert p.free_slots(["rollout-0", "rollout-1"]) == {"a": 2, "b": 3}
     p.plan["rollout"][1]["tp"] = 2
     assert p.free_slots(["rollout-0", "rollout-1"]) == {"a": 2, "b": 1}
@@ -404,10 +404,10 @@ def test_a_damaged_plan_the_controller_starts_on_is_one_line_naming_the_file_and
     jd = JobDir.create("views", explicit=tmp_path / "job")
     jd.write_json(jd.plan_json, plan)
     with pytest.raises(LaunchError) as refused:
-        Placement.read(jd)
+        Placement.read(jd, _job())
     assert str(refused.value) == f"{jd.plan_json}: {said}"
     jd.write_json(jd.plan_json, {"trainer": {"site": "a"}, "rollout": [{"site": "a", "units": 2}]})  # ranks: 1
-    assert Placement.read(jd).sites == {"trainer-0": "a", "rollout-0": "a", "rollout-1": "a"}
+    assert Placement.read(jd, _job()).sites == {"trainer-0": "a", "rollout-0": "a", "rollout-1": "a"}
 
 
 def test_the_inventory_links_reach_the_trainer_as_datacenter_pairs():
@@ -421,9 +421,9 @@ def test_the_inventory_links_reach_the_trainer_as_datacenter_pairs():
 
     specs = {"a": site("dc-a"), "a2": site("dc-a"), "b": site("dc-b"), "c": site("dc-c")}
     links = [["a", "b"], ["b", "c"], ["a", "a2"], ["a2", "b"], ["a", "gone"]]
-    p = Placement({"rollout": [], "links": links}, specs, {})
+    p = Placement({"rollout": [], "links": links}, specs, {}, _job())
     assert p.dc_links == [["dc-a", "dc-b"], ["dc-b", "dc-c"]]  # one pair per datacenters, none inside one
-    assert Placement({"rollout": []}, specs, {}).dc_links is None  # no links recorded: every pair counts
+    assert Placement({"rollout": []}, specs, {}, _job()).dc_links is None  # no links recorded: every pair counts
 
     cfg = replace(_core(Clock()).cfg, dc_links=p.dc_links)
     core = ControllerCore(
@@ -445,7 +445,7 @@ def _scaler(tmp_path, units: int) -> tuple[Scaler, ControllerCore, JobDir, list[
     for i in range(units):
         core.join(f"rollout-{i}", role="rollout", version=0)
     plan = {"rollout": [{"site": "a", "units": units}]}
-    placement = Placement(plan, {}, {f"rollout-{i}": "a" for i in range(units)})
+    placement = Placement(plan, {}, {f"rollout-{i}": "a" for i in range(units)}, _job())
     posted: list[Any] = []
     scaler = Scaler(jd, _job().rebalance, core=core, placement=placement, metrics=JobMetrics(), post=posted.append)
     return scaler, core, jd, posted

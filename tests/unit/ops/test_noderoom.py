@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rlctl.launch.slurm import SlurmResources
-from rlctl.ops.noderoom import UNBOUNDED, Share, fit, shares_of
+from rlctl.launch.wholenodes import UNBOUNDED
+from rlctl.ops.noderoom import Share, fit, shares_of
 
 
 def test_a_jobs_shares_take_distinct_nodes_and_the_rest_goes_on_its_last() -> None:
