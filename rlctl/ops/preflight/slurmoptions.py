@@ -1,8 +1,9 @@
 """Whether a SLURM site's own options fit its cluster, asked where its jobs are submitted: its `constraint`'s features
 (sinfo: the features of its partition's nodes) and its `reservation` (scontrol: the reservations there, their
-nodes, users and times). sbatch refuses a feature no node of the partition has, and a reservation that is not
-there (never made, or ended and purged) or not this user's; it holds a job in a reservation on other nodes, or one
-not started yet, pending. Each said only as the launch submits its first job, after the staging.
+nodes, users and times). sbatch refuses a feature no node of the partition has (or features no one node has all
+of), and a reservation that is not there (never made, or ended and purged) or not this user's; it holds a job in a
+reservation on other nodes, or one not started yet, pending. Each said only as the launch submits its first job,
+after the staging.
 
     check --reach, launch (--resume), scale +N ─▶ a SLURM site with a constraint or a reservation, through the
                      runner its probe uses (here, or its submit host over SSH):
@@ -11,20 +12,22 @@ not started yet, pending. Each said only as the launch submits its first job, af
                                                                                 the reservations there
                   ─▶ one Problem each, `sites.<site>.scheduler.<field>`: the value, why, what is valid there
 
-A constraint is parsed conservatively: only its plain feature names are looked for (`a&b`, `a|b`, `[a|b]`, `a*2`,
+A constraint is read conservatively: its plain feature names are looked for (`a&b`, `a|b`, `[a|b]`, `a*2`,
 `(a&b)|c`, `a,b`); a name after `!` is not (newer SLURM takes `!a`, and a feature no node has is then no refusal),
-nor a word of other characters. Whatever cannot be told passes: sinfo or scontrol failing (the site's reach row says
-why), a reservation's access through an account or group where the site's account or the user's groups are not
-known. What srun then refuses the probe's step for (an account or qos not the user's, a partition not there) is
-that field's line too (`probe_refusal`), not the host's raw error. `launch`, `launch --resume` and `scale +N` ask
-the same (`sites_option_problems`) before they make, stage or submit anything: a site whose cluster cannot be asked
-goes on, its sbatch's own error said later, as before.
+nor a word of other characters. Where each is there, the expression is evaluated on each node's features
+(`slurmconstraint`: names, AND, OR, parentheses; brackets, counts and NOT are not, and pass). Whatever cannot be
+told passes: sinfo or scontrol failing (the site's reach row says why), a reservation's access through an account or
+group where the site's account or the user's groups are not known. What srun then refuses the probe's step for (an
+account or qos not the user's, a partition not there) is that field's line too (`probe_refusal`), not the host's raw
+error. `launch`, `launch --resume` and `scale +N` ask the same (`sites_option_problems`) before they make, stage or
+submit anything: a site whose cluster cannot be asked goes on, its sbatch's own error said later, as before.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.slurmconstraint import parse_constraint, satisfies
 
 FEATURE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain feature name: the only words of a constraint looked for
 NULL = ("", "(null)", "None")
@@ -184,20 +188,45 @@ _HINT = "set one listed there, or leave reservation out (`scontrol show reservat
 
 def constraint_problem(name: str, sched: SlurmScheduler, features: dict[str, set[str]]) -> Problem | None:
     """Site `name`'s `constraint` naming a feature no node of its partition has (sinfo's `features`), which sbatch
-    refuses ('Invalid feature specification'). None where each plain name is there, or sinfo named no node."""
+    refuses ('Invalid feature specification'), or one that each feature is there for but no single node satisfies
+    (`a&b`, a on some nodes and b on others: 'Requested node configuration is not available'). None where each plain
+    name is there and a node satisfies it, where it is a form not evaluated (`slurmconstraint`: brackets, counts,
+    NOT), or where sinfo named no node."""
     value = sched.constraint
     assert value is not None
-    have = set().union(*features.values()) if features else set()
-    missing = [f for f in constraint_features(value) if f not in have]
-    if not features or not missing:
+    if not features:
         return None
-    valid = f"its nodes' features: {', '.join(sorted(have))}" if have else "its nodes have no features"
+    field = f"sites.{name}.scheduler.constraint"
+    hint = "name features the partition's nodes have, or leave constraint out"
+    have = set().union(*features.values())
+    missing = [f for f in constraint_features(value) if f not in have]
+    if missing:
+        valid = f"its nodes' features: {', '.join(sorted(have))}" if have else "its nodes have no features"
+        return Problem(
+            field,
+            f"{value!r}: no node of partition {sched.partition} has {_features(missing)} (sinfo): "
+            f"sbatch refuses every agent's job; {valid}",
+            hint,
+        )
+    expr = parse_constraint(value)
+    if expr is None or any(satisfies(expr, f) for f in features.values()):
+        return None
     return Problem(
-        f"sites.{name}.scheduler.constraint",
-        f"{value!r}: no node of partition {sched.partition} has {_features(missing)} (sinfo): "
-        f"sbatch refuses every agent's job; {valid}",
-        "name features the partition's nodes have, or leave constraint out",
+        field,
+        f"{value!r}: no node of partition {sched.partition} has all it asks, its features each on some node (sinfo): "
+        f"sbatch refuses every agent's job ('Requested node configuration is not available'); its nodes' features: "
+        f"{_feature_sets(features)}",
+        hint,
     )
+
+
+def _feature_sets(features: dict[str, set[str]]) -> str:
+    """The nodes' distinct feature sets, the most nodes' first: `h800,nvme (2 nodes); h800,ib (1 node); none (1
+    node)`, at most SHOWN."""
+    counts = Counter(",".join(sorted(f)) or "none" for f in features.values())
+    sets = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    said = [f"{k} ({n} node{'s' * (n > 1)})" for k, n in sets[:SHOWN]]
+    return "; ".join(said) + ("; …" if len(sets) > SHOWN else "")
 
 
 def _features(names: list[str]) -> str:

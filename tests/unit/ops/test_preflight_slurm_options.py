@@ -20,6 +20,7 @@ from rlctl.ops.preflight.slurmoptions import (
     constraint_features,
     constraint_problem,
     node_features,
+    option_problems,
     reservation_problem,
     reservations,
 )
@@ -88,6 +89,43 @@ def test_a_constraint_naming_a_feature_no_node_has_is_one_line_with_the_partitio
     bare = constraint_problem("h", sched(constraint="h800"), node_features("g-01|(null)\n"))
     assert bare is not None and bare.message.endswith("its nodes have no features")
     assert constraint_problem("h", sched(constraint="ibx"), {}) is None  # sinfo named no node: cannot be told
+
+
+SPREAD = (
+    "its features each on some node (sinfo): sbatch refuses every agent's job ('Requested node configuration is not "
+    "available'); its nodes' features: h800,ib (1 node); h800,nvme (1 node); none (1 node)"
+)
+
+
+@pytest.mark.parametrize("spread", ["ib&nvme", "ib,nvme", "(ib|h800)&nvme&ib", "(h800&ib&nvme)|(ib&nvme)"])
+def test_a_constraint_no_one_node_satisfies_is_one_line_with_the_nodes_feature_sets(spread: str) -> None:
+    """Each feature on some node of the partition, none on one node with all of them: it passed, and srun refused
+    the probe's step ('Requested node configuration is not available', naming no field) or sbatch every job."""
+    p = constraint_problem("h", sched(constraint=spread), node_features(SINFO))
+    assert p is not None and p.field == "sites.h.scheduler.constraint"
+    assert p.message == f"{spread!r}: no node of partition gpu has all it asks, {SPREAD}"
+
+
+@pytest.mark.parametrize("untold", ["[ib&nvme]", "[ib*1&nvme*1]", "ib*2&nvme", "ib&!nvme", "ib|h800&nvme"])
+def test_a_constraint_of_a_form_not_evaluated_passes(untold: str) -> None:
+    assert constraint_problem("h", sched(constraint=untold), node_features(SINFO)) is None
+
+
+def test_option_problems_names_a_constraint_no_one_node_satisfies(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    _on_submit_host(monkeypatch, asked)
+    site = Site.model_validate({**SITE, "scheduler": {"kind": "slurm", "partition": "gpu", "constraint": "ib&nvme"}})
+    found = option_problems("local", site, file="sites.yaml", timeout_s=1.0)
+    assert [(p.file, p.field, p.message) for p in found] == [
+        (
+            "sites.yaml",
+            "sites.local.scheduler.constraint",
+            f"'ib&nvme': no node of partition gpu has all it asks, {SPREAD}",
+        )
+    ]
+    assert asked == ["sinfo"]
+    site = Site.model_validate({**SITE, "scheduler": {"kind": "slurm", "partition": "gpu", "constraint": "h800&ib"}})
+    assert option_problems("local", site, file="sites.yaml", timeout_s=1.0) == []  # g-01 has both
 
 
 def test_scontrol_s_reservation_lines_are_their_fields() -> None:
