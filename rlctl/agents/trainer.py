@@ -176,6 +176,7 @@ class TrainerAgent:
                 modules=self.modules,
                 split=self.split,
                 data_parallel=self.data_parallel,
+                version=resumed,
             )
             self.version = int(counters["version"])
             self.learner.resume_at(self.version)

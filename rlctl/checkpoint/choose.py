@@ -117,10 +117,11 @@ def verified_manifest(
     """The manifest of one part of checkpoint directory `ckpt` (as `files` sees it) when every file it lists is
     there with its size and SHA-256 (`only`: the listed files it accepts, by path relative to `ckpt`), plus
     "digest": the manifest's own SHA-256. ValueError saying what is wrong. The part and the version its writer
-    names in it (`write_part`, `save_controller`) must be `part` and, given, `version` (the N of its iter-N): a
-    manifest of another part or checkpoint copied or renamed there, or one byte of those fields changed (the
-    controller's manifest is the one file no digest covers), is refused, versus those fields read by nothing and
-    such a part taken; a manifest that names neither (written before them) is taken."""
+    names in it (`write_part`; the controller's "version", `save_controller`; the trainer's counters' "version",
+    the one its ranks resume at) must be `part` and, given, `version` (the N of its iter-N): a manifest of another
+    part or checkpoint copied or renamed there, or one byte of those fields changed (the controller's manifest is
+    the one file no digest covers), is refused, versus those fields read by nothing and such a part taken; a
+    manifest that names neither (written before them) is taken."""
     name = manifest_name(part)
     text = files.read_text(f"{ckpt}/{name}")
     if text is None:
@@ -128,11 +129,11 @@ def verified_manifest(
     try:
         body = json.loads(text)
         want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
+        named = body.get("version", body.get("counters", {}).get("version", version))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
     if "part" in body and body["part"] != part:
         raise ValueError(f"{name} is of part {body['part']!r}, not {part!r}")
-    named = body.get("version", version)
     if version is not None and (type(named) is not int or named != version):
         raise ValueError(f"{name} is of checkpoint version {named!r}, not v{version} (its directory's)")
     if only is not None:

@@ -51,7 +51,7 @@ def pick_checkpoint(
         except ValueError as e:
             return f"controller part: {e}"
         try:
-            t = verified_manifest(t_fs, str(t_dir.checkpoint(version)), "trainer")
+            t = verified_manifest(t_fs, str(t_dir.checkpoint(version)), "trainer", version=version)
         except ValueError as e:
             return f"trainer part: {e}"
         if c.get("trainer_digest") != t["digest"]:

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlctl.checkpoint.controller import load_controller
-from rlctl.checkpoint.files import latest_complete, manifest_path
+from rlctl.checkpoint.files import file_digest, latest_complete, manifest_path
+from rlctl.checkpoint.trainer import CheckpointError, load_trainer
+from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.resumepoint import pick_checkpoint
-from tests.unit.checkpoint.test_checkpoint_properties import Sites, Steps
+from rlctl.trainers.base import DataParallel
+from tests.unit.checkpoint.test_checkpoint_properties import Sites, Steps, write_controller
+from tests.unit.tiny_models import small_config
 
 
 def two_checkpoints(tmp_path: Path) -> Sites:
@@ -70,3 +78,33 @@ def test_a_manifest_written_before_the_part_and_version_fields_is_used(tmp_path:
     fs = LocalFiles()
     assert pick_checkpoint((fs, sites.c), (fs, sites.t)).version == 2
     assert latest_complete(sites.c.checkpoints) == 2
+
+
+def test_a_trainer_part_whose_counters_name_another_version_is_not_chosen_nor_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """iter-1's trainer part in iter-2, beside a controller part that names it (a controller manifest written
+    before its "version" field, or one byte of it changed with the digest): the counters its ranks would resume at
+    are v1's, in a directory the launcher calls v2, versus chosen and loaded (the trainer at version 1, the
+    controller at 2)."""
+    sites = two_checkpoints(tmp_path)
+    one, two = sites.t.checkpoint(1), sites.t.checkpoint(2)
+    for name in ("model", "ranks"):
+        shutil.rmtree(two / name)
+        shutil.copytree(one / name, two / name)
+    shutil.copy(manifest_path(one, "trainer"), manifest_path(two, "trainer"))
+    write_controller(sites.c, run=0, version=2, trainer_digest=file_digest(manifest_path(two, "trainer")))
+    why = "MANIFEST.trainer.json is of checkpoint version 1, not v2 (its directory's)"
+    fs = LocalFiles()
+    point = pick_checkpoint((fs, sites.c), (fs, sites.t))
+    assert (point.version, point.skipped) == (1, ((2, f"trainer part: {why}"),))
+    with caplog.at_level(logging.WARNING, logger="rlctl.checkpoint.files"):
+        assert latest_complete(sites.c.checkpoints) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{sites.c.checkpoints}: checkpoint v2 not used: trainer part: {why}"
+    ]
+    model = TinyGPT(small_config())
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(CheckpointError, match=re.escape(f"iter-2: the trainer's part is not usable: {why}")):
+        split, alone = ParallelConfig("trainer"), DataParallel()
+        load_trainer(two, model=model, optimizers={"policy": opt}, split=split, data_parallel=alone, version=2)
