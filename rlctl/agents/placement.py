@@ -14,7 +14,7 @@ from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import controller_resources, resources_for, rollout_tp, trainer_job_resources, trainer_parallel
 from rlctl.launch.slurm import SlurmResources, gpu_request_for
-from rlctl.launch.wholenodes import node_room, node_shares, whole_nodes_hold
+from rlctl.launch.wholenodes import FIGURES, figures_short, node_room, node_shares, whole_nodes_hold
 
 
 @dataclass
@@ -95,6 +95,24 @@ class Placement:
         site has none for). Other users' jobs are not known here: a unit that fits may wait for nodes they hold,
         until they end. (`launch.wholenodes`, the rule `check` asks too: each job's GPUs, cores and memory on a node,
         as `layout` asks them, against each node's in the inventory.)"""
+        held = self._whole_jobs(site, units, more=most)
+        if held is None:
+            return None
+        rooms, asked = held
+        fixed = len(asked) - most
+        low, high = 0, most  # the units more that fit: a count fits where any more does (bisected)
+        while low < high:
+            k = (low + high + 1) // 2
+            shares = [s for r in asked[: fixed + k] for s in node_shares(r)]
+            low, high = (k, high) if whole_nodes_hold(rooms, shares) else (low, k - 1)
+        return low
+
+    def _whole_jobs(
+        self, site: str, units: int, *, more: int
+    ) -> tuple[list[tuple[int, int, int]], list[SlurmResources]] | None:
+        """Of an exclusive SLURM site (`whole_node_slots`): its nodes' room (`node_room`) and the SLURM resources of
+        the job's jobs there (its controller, its trainer, `units` rollout units) and of `more` units more, last;
+        None on other sites and where a layout cannot be told."""
         spec = self.site_specs[site]
         if not getattr(spec.scheduler, "exclusive", False):  # (a SLURM site's key)
             return None
@@ -104,7 +122,7 @@ class Placement:
         if trainer.get("site") == site:
             ranks, group = int(trainer.get("ranks", 1)), trainer_parallel(self.plan).tp
             jobs.append(trainer_job_resources(self.job, spec, ranks=ranks, tp=group))
-        jobs += [resources_for(self.job, "rollout", spec, tasks=1, gpus=tp)] * (units + most)
+        jobs += [resources_for(self.job, "rollout", spec, tasks=1, gpus=tp)] * (units + more)
         hosts = [g for _, g in spec.hosts]
         try:
             asked = [
@@ -115,29 +133,46 @@ class Placement:
             ]
         except LaunchError:
             return None
-        rooms = node_room(spec)
-        fixed = len(jobs) - most
-        low, high = 0, most  # the units more that fit: a count fits where any more does (bisected)
-        while low < high:
-            k = (low + high + 1) // 2
-            shares = [s for r in asked[: fixed + k] for s in node_shares(r)]
-            low, high = (k, high) if whole_nodes_hold(rooms, shares) else (low, k - 1)
-        return low
+        return node_room(spec), asked
 
     def whole_nodes_said(self, site: str, units: list[str], *, room: int) -> str:
         """Why at most `room` units more fit an exclusive SLURM site beside `units` (live or pending:
-        `whole_node_slots`): its nodes, and what of the job's takes them whole."""
+        `whole_node_slots`): its nodes, what of the job's takes them whole, and what of theirs stops one more
+        (`figures_short`: their GPUs, cores or memory, or their count)."""
         spec = self.site_specs[site]
         trainer = self.plan.get("trainer", {}).get("site") == site
+        there = sum(self.sites.get(u) == site for u in units)
         held = ["the controller"] * (self.plan.get("controller_site") == site) + ["the trainer"] * trainer
-        held.append(f"{sum(self.sites.get(u) == site for u in units)} rollout unit(s)")
+        held.append(f"{there} rollout unit(s)")
         hosts = [h for h, _ in spec.hosts]
         nodes = ", ".join(hosts[:8]) + (", …" if len(hosts) > 8 else "")
         return (
             f"site {site}'s scheduler.exclusive gives each of the job's SLURM jobs there its nodes whole: its "
-            f"{len(hosts)} node(s) ({nodes}) hold its {', '.join(held)} and {room} unit(s) more; a unit past them "
-            "would wait for ever for a node the job's own jobs hold until it ends"
+            f"{len(hosts)} node(s) ({nodes}) hold its {', '.join(held)} and {room} unit(s) more"
+            f"{self._stops_another(site, there, room=room)}; a unit past them would wait for ever for a node the "
+            "job's own jobs hold until it ends"
         )
+
+    def _stops_another(self, site: str, units: int, *, room: int) -> str:
+        """': their cores stop another (a unit asks 16 cores of a node; the nodes have 64 cores, 8 cores)', or ': each
+        holds one job, and none is left for another': what of the site's nodes keeps a unit past `room` (what
+        `whole_node_slots` found) out."""
+        held = self._whole_jobs(site, units, more=room + 1)
+        assert held is not None, (site, "not an exclusive SLURM site whose jobs can be told")
+        rooms, asked = held
+        short = figures_short(rooms, [s for r in asked for s in node_shares(r)])
+        if short is None:
+            return ": each holds one job, and none is left for another"
+        assert short, (site, room, "one unit more fits: not what whole_node_slots said")
+        named = sorted({i for out in short for i in out})
+
+        def said(figures: tuple[int, ...]) -> str:
+            return " and ".join(f"{figures[i]:,} {FIGURES[i]}" for i in named)
+
+        ask = said(node_shares(asked[-1])[0])
+        have = ", ".join(said(r) for r in sorted({tuple(r) for r in rooms}, reverse=True))
+        which = " or ".join(" and ".join(FIGURES[i] for i in out) for out in short)
+        return f": their {which} stop another (a unit asks {ask} of a node; the nodes have {have})"
 
 
 def sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:

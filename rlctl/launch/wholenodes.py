@@ -6,7 +6,9 @@ site's nodes at once: each job's share of a node on a node of its own with room 
 
 The one rule `check` (`rlctl.ops.noderoom.fit(whole=True)`) and the controller's scale
 (`rlctl.agents.placement.Placement.whole_node_slots`) ask, both with the figures of `node_room` and `node_shares`
-(GPUs, cores and memory); here, below both (the agents may not import the operator side).
+(GPUs, cores and memory); here, below both (the agents may not import the operator side). Where they do not fit,
+`figures_short` says which figures keep them out (by the same rule, those figures left out): scale's refusal names
+them.
 
 A bipartite matching (shares to nodes), exact and never given up: shares alike and nodes alike are counted together,
 and a share with no node left moves shares already placed to other nodes that fit them (an augmenting path), so a
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import combinations
 
 from rlctl.config.inventory import Site
 from rlctl.launch.slurm import SlurmResources
 
 UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
+FIGURES = ("GPUs", "cores", "MiB")  # what node_room and node_shares give, in their order
 
 
 def node_room(site: Site) -> list[tuple[int, int, int]]:
@@ -98,3 +102,22 @@ def whole_nodes_hold(rooms: Sequence[Sequence[int]], shares: Sequence[Sequence[i
                 return False
             on[a][b] += 1
     return True
+
+
+def figures_short(rooms: Sequence[Sequence[int]], shares: Sequence[Sequence[int]]) -> list[tuple[int, ...]] | None:
+    """Which of the figures `whole_nodes_hold` compares keep `shares` from fitting `rooms`: the smallest sets of them
+    (indexes, as in FIGURES) each of which, left out of the comparison, lets them fit (cores alone: [(1,)]; GPUs
+    or cores, no node left with both: [(0,), (1,)]); [] where they fit; None where nothing left out does (more
+    shares than nodes: each takes a node of its own)."""
+    if whole_nodes_hold(rooms, shares):
+        return []
+    width = len(rooms[0]) if rooms else 0
+    for size in range(1, width + 1):
+        found = []
+        for out in combinations(range(width), size):
+            keep = [i for i in range(width) if i not in out]
+            if whole_nodes_hold([[r[i] for i in keep] for r in rooms], [[s[i] for i in keep] for s in shares]):
+                found.append(out)
+        if found:
+            return found
+    return None

@@ -74,7 +74,7 @@ def test_a_scale_onto_an_exclusive_site_whose_nodes_the_job_holds_is_refused_nam
     ever = "a unit past them would wait for ever for a node the job's own jobs hold until it ends"
     assert reply == {
         "error": f"only 1 of 2 units fit on gen: free slots gen 1; {nodes}(g-01, g-02) hold its 1 rollout unit(s) "
-        f"and 1 unit(s) more; {ever}"
+        f"and 1 unit(s) more: each holds one job, and none is left for another; {ever}"
     }
     assert s.spawner.calls == []  # type: ignore[union-attr]
     reply, _ = s.scale(1, "gen", reason="operator")
@@ -83,7 +83,7 @@ def test_a_scale_onto_an_exclusive_site_whose_nodes_the_job_holds_is_refused_nam
     reply, _ = s.scale(1, None, reason="operator")
     assert reply == {
         "error": f"only 0 of 1 units fit on gen: free slots gen 0; {nodes}(g-01, g-02) hold its 2 rollout unit(s) "
-        f"and 0 unit(s) more; {ever}"
+        f"and 0 unit(s) more: each holds one job, and none is left for another; {ever}"
     }
 
 
@@ -104,3 +104,26 @@ def test_a_unit_is_counted_only_on_a_node_with_the_cores_it_asks(tmp_path: Path)
     assert s.free_slots() == {"gen": 0}
     nodes = [{"host": "g-01", "gpus": 8, "cpus": 64}, {"host": "g-02", "gpus": 8, "cpus": 16}]
     assert scaler(tmp_path / "b", site(exclusive=True, nodes=nodes), job=job).free_slots() == {"gen": 1}
+
+
+def test_the_refusal_says_which_of_the_nodes_figures_stops_another_unit(tmp_path: Path) -> None:
+    """rollout-0 (2 GPUs, 16 threads) holds g-01 whole; the nodes left lack a unit's cores, its GPUs, or one each,
+    and the line names what (`wholenodes.figures_short`, the rule `whole_node_slots` asks), versus the site's nodes
+    alone said (the operator left to find that a node had 8 cores)."""
+    job = small_job("x", iterations=2)
+    job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"threads_per_unit": 16})})
+    first = {"host": "g-01", "gpus": 8, "cpus": 64}
+    cases = {
+        "cores": ([first, {"host": "g-02", "gpus": 8, "cpus": 8}], "16 cores", "64 cores, 8 cores"),
+        "GPUs": ([first, {"host": "g-02", "gpus": 1, "cpus": 64}], "2 GPUs", "8 GPUs, 1 GPUs"),
+        "GPUs or cores": (
+            [first, {"host": "g-02", "gpus": 1, "cpus": 64}, {"host": "g-03", "gpus": 8, "cpus": 8}],
+            "2 GPUs and 16 cores",
+            "8 GPUs and 64 cores, 8 GPUs and 8 cores, 1 GPUs and 64 cores",
+        ),
+    }
+    for i, (which, (nodes, ask, have)) in enumerate(cases.items()):
+        s = scaler(tmp_path / str(i), site(exclusive=True, nodes=nodes), job=job)
+        reply, _ = s.scale(1, "gen", reason="operator")
+        said = f"their {which} stop another (a unit asks {ask} of a node; the nodes have {have}); a unit past them"
+        assert f"1 rollout unit(s) and 0 unit(s) more: {said}" in reply["error"], which
