@@ -11,6 +11,7 @@ import logging
 import random
 import secrets
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -199,11 +200,13 @@ class RunStart(RunBase):
         asked until this run's controller listened), versus the site's controller.json emptied after staging with no
         lock held and the copy here removed only as the run started. `fs`: a view of the controller's site job dir
         `root`."""
-        with fetching(self.jobdir.path):
+        with fetching(self.jobdir.path), tempfile.TemporaryDirectory(prefix="rlctl-empty-") as tmp:
+            empty = Path(tmp) / "empty"  # what each is emptied from: not a file of the job dir's
+            empty.write_text("")
             for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id: aside first
                 if fs.move(f"{root}/{name}", f"{root}/{run_before(name)}"):  # (a refused resume puts them back)
                     self._before_on_site += (name,)
-                fs.put(self._empty(), f"{root}/{name}")
+                fs.put(empty, f"{root}/{name}")
             self.jobdir.controller_json.unlink(missing_ok=True)
             if fs.move(f"{root}/summary.json", f"{root}/{aside}"):
                 with summary_lock(self.jobdir.path):
@@ -379,11 +382,6 @@ class RunStart(RunBase):
         self.run_id = current_run(self.jobdir)
         if self.db is not None:
             self.db.update(self.id, info={"launcher": this_launcher()})
-
-    def _empty(self) -> Path:
-        p = self.jobdir.path / ".empty"
-        p.write_text("")
-        return p
 
     def _controller_host(self, c: PlannedAgent) -> str | None:
         """The host view the controller runs in: an SSH site places it like any spec without a slice."""

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from rlctl.launch.record import fetch_record
+from rlctl.launch.record import FETCH_LOCK, fetch_record
+from rlctl.launch.sitefs import LocalFiles
 from rlctl.launch.stage import STAGED_FILE
 from rlctl.ops import runstart
 from tests.unit.ops.test_resume_point import job_run
@@ -48,3 +49,23 @@ def test_a_fetch_as_the_run_stages_leaves_no_controller_json_of_the_run_before(
     assert (root / "controller.json").read_text() == ""  # until this run's controller writes it
     fetch_record(jd.path, site, "localhost", str(root))  # a `rlctl status -w` as the controller starts
     assert not jd.controller_json.exists()
+
+
+def test_emptying_the_run_befores_record_on_the_controllers_site_leaves_no_file_in_the_job_dir(tmp_path: Path) -> None:
+    """The controller's site's controller.json and agents.jsonl are set aside and emptied (each put from an empty
+    file), versus that empty file written as `.empty` in the job dir on every start whose controller ran on another
+    site, and left there."""
+    run, sites = job_run(tmp_path)
+    root = tmp_path / "on-the-site"
+    root.mkdir()
+    (root / "controller.json").write_text(json.dumps(BEFORE))
+    (root / "agents.jsonl").write_text('{"name": "rollout-0"}\n')
+    here = {p.name for p in sites.c.path.iterdir()}
+    run._set_run_before_aside(LocalFiles(), str(root), "summary.1.json")
+    assert {p.name: p.read_text() for p in root.iterdir()} == {
+        "controller.json": "",
+        "agents.jsonl": "",
+        ".controller.json.run-before": json.dumps(BEFORE),
+        ".agents.jsonl.run-before": '{"name": "rollout-0"}\n',
+    }
+    assert {p.name for p in sites.c.path.iterdir()} == here | {FETCH_LOCK}  # (the lock the fetches share stays)
