@@ -149,6 +149,7 @@ def _case(cfg: TinyGPTConfig, root: Path, *, repeats: int) -> dict[str, Any]:
             optimizers={"policy": other_opt},
             split=ONE,
             data_parallel=ALONE,
+            version=1,
         )
         restored_exact &= optimizer_digest({"policy": other_opt}) == digest
     params = sum(p.numel() for p in model.parameters())

@@ -435,10 +435,10 @@ def _tensor_bytes(body: Any) -> int:
     return 0
 
 
-def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int | None = None) -> dict[str, Any]:
+def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str, Any]:
     """The trainer part's manifest once the files this rank reads match it: the policy and the shard of rank
-    `shard_of`; on rank 0 every shard (it answers for the whole part); of checkpoint `version`, given (its counters
-    name it: `verified_manifest`). CheckpointError naming what is wrong."""
+    `shard_of`; on rank 0 every shard (it answers for the whole part); of checkpoint `version` (its counters name
+    it: `verified_manifest`). CheckpointError naming what is wrong."""
 
     def common(rel: str) -> bool:
         return not rel.startswith(f"{RANKS}/")
@@ -464,13 +464,13 @@ def load_trainer(
     modules: dict[str, torch.nn.Module] | None = None,
     split: ParallelConfig,
     data_parallel: DataParallel,
-    version: int | None = None,
+    version: int,
 ) -> tuple[dict[str, Any], str]:
     """Restore into this rank's objects what `save_trainer` and `save_shard` wrote: the policy, then the shard
     of replica 0's rank at this rank's (tp, pp) position (its own on replica 0); (counters, manifest digest).
     No collective: every rank loads on its own. CheckpointError (naming the checkpoint, and the rank for a
-    shard) when the files do not verify, the checkpoint was written at another split than `split`, or (`version`
-    given: the N of the iter-N a resume loads) its counters name another version."""
+    shard) when the files do not verify, the checkpoint was written at another split than `split`, or its counters
+    name another version than `version` (the N of the iter-N a resume loads)."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]

@@ -305,7 +305,7 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
 
     other, other_opt = trained_model(5)  # a different state, restored into
     counters, got = load_trainer(
-        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE
+        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE, version=3
     )
     assert counters == {"version": 3} and got == digest
     assert all(torch.equal(other.state_dict()[k], v) for k, v in saved_params.items())
@@ -337,7 +337,9 @@ def test_a_damaged_trainer_part_is_refused_with_the_checkpoint_named(tmp_path: P
     shard = next((tmp_path / "iter-1" / "model").glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
     with pytest.raises(CheckpointError, match=r"iter-1: the trainer's part is not usable: model/.* does not match"):
-        load_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
+        load_trainer(
+            tmp_path / "iter-1", model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE, version=1
+        )
 
 
 def test_a_damaged_or_missing_rank_shard_and_another_split_are_refused_naming_the_rank(tmp_path: Path) -> None:
@@ -347,16 +349,21 @@ def test_a_damaged_or_missing_rank_shard_and_another_split_are_refused_naming_th
     with pytest.raises(CheckpointError, match=r"iter-1: written by a trainer at tp 1 pp 1 dp 1, which this trainer "
                        r"\(tp 2 pp 1 dp 1\) cannot load"):  # fmt: skip
         load_trainer(
-            ckpt, model=model, optimizers={"policy": opt}, split=ParallelConfig("trainer", tp=2), data_parallel=ALONE
+            ckpt,
+            model=model,
+            optimizers={"policy": opt},
+            split=ParallelConfig("trainer", tp=2),
+            data_parallel=ALONE,
+            version=1,
         )
     shard = ckpt / "ranks" / "rank-0.pt"
     body = shard.read_bytes()
     shard.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one flipped bit
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt does not match"):
-        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
+        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE, version=1)
     shard.unlink()
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt is missing"):
-        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
+        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE, version=1)
     assert read_manifest(ckpt, "trainer") is None  # nor does the launcher pick it (verified_manifest)
 
 
@@ -436,7 +443,7 @@ def test_a_background_checkpoint_holds_the_state_of_its_snapshot_not_of_the_step
     writer.wait()
     other, other_opt = trained_model(4)
     _, digest = load_trainer(
-        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE
+        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE, version=3
     )
     manifest = read_manifest(tmp_path / "iter-3", "trainer")
     assert manifest is not None and digest == manifest["digest"]

@@ -77,7 +77,9 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         return full
 
     if phase == "resume":
-        load_trainer(ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp)
+        load_trainer(
+            ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp, version=2
+        )
     pub.publish(state["version"], gathered(), params=backend.tensors())  # the start: a full copy
     todo = [1, 2, 3] if phase == "run" else [3]
     if rank > 0:

@@ -74,11 +74,13 @@ def main(
         other = ParallelConfig("trainer", split.tp, split.pp, dp=dp.size + 1)  # another split
         for where, as_split in ((job / "iter-2-damaged", split), (ckpt, other)):
             try:
-                load_trainer(where, model=backend, optimizers=opts, modules=modules, split=as_split, data_parallel=dp)
+                load_trainer(
+                    where, model=backend, optimizers=opts, modules=modules, split=as_split, data_parallel=dp, version=2
+                )
             except CheckpointError as e:
                 result["errors"].append(str(e))
         result["counters"], _ = load_trainer(
-            ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp
+            ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
         )
         result["rng"] = rng_state()
     todo = [0, 1, 2] if phase == "run" else [2]
