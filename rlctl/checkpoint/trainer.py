@@ -438,7 +438,10 @@ def _tensor_bytes(body: Any) -> int:
 def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str, Any]:
     """The trainer part's manifest once the files this rank reads match it: the policy and the shard of rank
     `shard_of`; on rank 0 every shard (it answers for the whole part); of checkpoint `version` (its counters name
-    it: `verified_manifest`). CheckpointError naming what is wrong."""
+    it: `verified_manifest`). Each shard is checked against the manifest read again, which must be the one read
+    first (its SHA-256) and of `version` too: a manifest swapped between the reads (another version's part, another
+    run's) is refused, versus its shards taken as the new one listed them beside the first one's counters and
+    optimizer digests. CheckpointError naming what is wrong."""
 
     def common(rel: str) -> bool:
         return not rel.startswith(f"{RANKS}/")
@@ -450,9 +453,14 @@ def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str
     shards = [s for s in manifest.get("ranks", []) if rank == 0 or s["rank"] == shard_of]
     for s in shards:
         try:
-            verified_manifest(LocalFiles(), str(ckpt), "trainer", only=str(s["file"]).__eq__)
+            again = verified_manifest(LocalFiles(), str(ckpt), "trainer", version=version, only=str(s["file"]).__eq__)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{ckpt}: rank {s['rank']}'s shard is not usable: {e}") from e
+        if again["digest"] != manifest["digest"]:
+            raise CheckpointError(
+                f"{ckpt}: the trainer's part is not usable: MANIFEST.trainer.json changed as rank {rank} read it "
+                "(the part rewritten meanwhile)"
+            )
     return manifest
 
 

@@ -11,19 +11,21 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from rlctl.checkpoint import trainer
 from rlctl.checkpoint.controller import load_controller
 from rlctl.checkpoint.files import file_digest, latest_complete, manifest_path
-from rlctl.checkpoint.trainer import CheckpointError, load_trainer
+from rlctl.checkpoint.trainer import CheckpointError, _verified, load_trainer
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.resumepoint import pick_checkpoint
 from rlctl.trainers.base import DataParallel
-from tests.unit.checkpoint.test_checkpoint_properties import Sites, Steps, write_controller
+from tests.unit.checkpoint.test_checkpoint_properties import Sites, Steps, write_controller, write_trainer
 from tests.unit.tiny_models import small_config
 
 
@@ -108,3 +110,51 @@ def test_a_trainer_part_whose_counters_name_another_version_is_not_chosen_nor_lo
     with pytest.raises(CheckpointError, match=re.escape(f"iter-2: the trainer's part is not usable: {why}")):
         split, alone = ParallelConfig("trainer"), DataParallel()
         load_trainer(two, model=model, optimizers={"policy": opt}, split=split, data_parallel=alone, version=2)
+
+
+def swap_trainer_part(src: Path, dst: Path) -> None:
+    """The trainer part of `src` (its policy, shards and manifest) in `dst`, in place of `dst`'s own."""
+    for name in ("model", "ranks"):
+        shutil.rmtree(dst / name)
+        shutil.copytree(src / name, dst / name)
+    shutil.copy(manifest_path(src, "trainer"), manifest_path(dst, "trainer"))
+
+
+@pytest.mark.parametrize(
+    ("other", "why"),
+    [
+        (
+            "v1",
+            "rank 1's shard is not usable: MANIFEST.trainer.json is of checkpoint version 1, not v2 (its directory's)",
+        ),
+        ("another run's v2", "the trainer's part is not usable: MANIFEST.trainer.json changed as rank 1 read it"),
+    ],
+)
+def test_a_trainer_manifest_swapped_between_a_ranks_reads_of_it_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str, why: str
+) -> None:
+    """iter-2's trainer part replaced whole (v1's part, another run's v2) after a rank's first read of its manifest
+    (the policy, the version its counters name) and before its re-read for the shard it restores: refused, versus
+    the shard taken as the new manifest listed it, beside the first one's counters and optimizer digest."""
+    sites = Sites(tmp_path / "job", shared=True, world=2)
+    for v in (1, 2):
+        sites.write(run=0, version=v, steps=Steps())
+    two = sites.t.checkpoint(2)
+    src = sites.t.checkpoint(1)
+    if other != "v1":
+        src = tmp_path / "other" / "iter-2"
+        write_trainer(src, world=2, run=1, version=2, steps=Steps())
+    reads = []
+    real = trainer.verified_manifest
+
+    def swapped_after_the_first(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        got = real(*args, **kwargs)
+        if not reads:
+            swap_trainer_part(src, two)
+        reads.append(got["digest"])
+        return got
+
+    monkeypatch.setattr(trainer, "verified_manifest", swapped_after_the_first)
+    with pytest.raises(CheckpointError, match=re.escape(f"iter-2: {why}")):
+        _verified(two, rank=1, shard_of=1, version=2)
+    assert len(reads) == (2 if other != "v1" else 1)
