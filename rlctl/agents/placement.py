@@ -14,7 +14,7 @@ from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import controller_resources, resources_for, rollout_tp, trainer_job_resources, trainer_parallel
 from rlctl.launch.slurm import SlurmResources, gpu_request_for
-from rlctl.launch.wholenodes import FIGURES, figures_short, node_room, node_shares, whole_nodes_hold
+from rlctl.launch.wholenodes import FIGURES, figure_said, figures_short, node_room, node_shares, whole_nodes_hold
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Placement:
         )
 
     def _stops_another(self, site: str, units: int, *, room: int) -> str:
-        """': their cores stop another (a unit asks 16 cores of a node; the nodes have 64 cores, 8 cores)', or ': each
+        """': their cores stop another (a unit asks 16 cores of a node; the nodes have 64 cores, 1 core)', or ': each
         holds one job, and none is left for another': what of the site's nodes keeps a unit past `room` (what
         `whole_node_slots` found) out."""
         held = self._whole_jobs(site, units, more=room + 1)
@@ -167,7 +167,7 @@ class Placement:
         named = sorted({i for out in short for i in out})
 
         def said(figures: tuple[int, ...]) -> str:
-            return " and ".join(f"{figures[i]:,} {FIGURES[i]}" for i in named)
+            return " and ".join(figure_said(figures[i], i) for i in named)
 
         ask = said(node_shares(asked[-1])[0])
         have = ", ".join(said(r) for r in sorted({tuple(r) for r in rooms}, reverse=True))

@@ -26,6 +26,13 @@ from rlctl.launch.slurm import SlurmResources
 
 UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
 FIGURES = ("GPUs", "cores", "MiB")  # what node_room and node_shares give, in their order
+FIGURE = ("GPU", "core", "MiB")  # one of each
+
+
+def figure_said(count: int, index: int) -> str:
+    """`count` of figure `index` (as in FIGURES), its noun as the count asks: '1 GPU', '8 GPUs', '1 core',
+    '2,048 MiB'."""
+    return f"{count:,} {(FIGURE if count == 1 else FIGURES)[index]}"
 
 
 def node_room(site: Site) -> list[tuple[int, int, int]]:

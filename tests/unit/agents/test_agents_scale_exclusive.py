@@ -109,17 +109,23 @@ def test_a_unit_is_counted_only_on_a_node_with_the_cores_it_asks(tmp_path: Path)
 def test_the_refusal_says_which_of_the_nodes_figures_stops_another_unit(tmp_path: Path) -> None:
     """rollout-0 (2 GPUs, 16 threads) holds g-01 whole; the nodes left lack a unit's cores, its GPUs, or one each,
     and the line names what (`wholenodes.figures_short`, the rule `whole_node_slots` asks), versus the site's nodes
-    alone said (the operator left to find that a node had 8 cores)."""
+    alone said (the operator left to find that a node had 8 cores); a figure of 1 is said '1 GPU', '1 core', versus
+    '1 GPUs', '1 cores'."""
     job = small_job("x", iterations=2)
     job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"threads_per_unit": 16})})
     first = {"host": "g-01", "gpus": 8, "cpus": 64}
     cases = {
         "cores": ([first, {"host": "g-02", "gpus": 8, "cpus": 8}], "16 cores", "64 cores, 8 cores"),
-        "GPUs": ([first, {"host": "g-02", "gpus": 1, "cpus": 64}], "2 GPUs", "8 GPUs, 1 GPUs"),
+        "GPUs": ([first, {"host": "g-02", "gpus": 1, "cpus": 64}], "2 GPUs", "8 GPUs, 1 GPU"),
         "GPUs or cores": (
             [first, {"host": "g-02", "gpus": 1, "cpus": 64}, {"host": "g-03", "gpus": 8, "cpus": 8}],
             "2 GPUs and 16 cores",
-            "8 GPUs and 64 cores, 8 GPUs and 8 cores, 1 GPUs and 64 cores",
+            "8 GPUs and 64 cores, 8 GPUs and 8 cores, 1 GPU and 64 cores",
+        ),
+        "GPUs and cores": (
+            [first, {"host": "g-02", "gpus": 1, "cpus": 1}],
+            "2 GPUs and 16 cores",
+            "8 GPUs and 64 cores, 1 GPU and 1 core",
         ),
     }
     for i, (which, (nodes, ask, have)) in enumerate(cases.items()):
