@@ -222,12 +222,10 @@ def _summary_fetched(here: Path, text: str, *, source: str) -> bool:
 def _merge_events(events: Path, mirror: Path) -> None:
     """The site's events as fetched (`mirror`) merged into the operator's `events`."""
     with appending(events) as f:  # an event appended here meanwhile would go with the file replaced
-        new = eventtail.tail(events, mirror)  # the site's new lines, where they merge as such
-        if new is None:
-            replace_lines(events, _merge_lines(events, mirror))
-        else:
-            f.write(new)
+        if eventtail.tail(events, mirror, f):  # the site's new lines appended, where they merge as such
             f.flush()
+        else:
+            replace_lines(events, _merge_lines(events, mirror))
         eventtail.mark(events, mirror)
 
 
