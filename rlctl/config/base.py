@@ -270,7 +270,13 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     given = err.get("input")
-    if err["type"] == "string_type" and isinstance(given, int | float) and not isinstance(given, bool):
+    if err["type"] == "string_type" and isinstance(given, bool):
+        # (`user: off`, `host: no`: YAML 1.1 reads these words unquoted as booleans; said 'a valid string (got False)')
+        msg = (
+            f"YAML reads this value as the boolean {given!r} (an unquoted yes/no, on/off or true/false), not a "
+            "string: write it in quotes, as you mean it"
+        )
+    elif err["type"] == "string_type" and isinstance(given, int | float):
         # (`name: 123`, `partition: 0123`: a string of digits is valid there, and YAML made it a number, 0123 83)
         msg = f"YAML reads this value as the number {given!r}, not a string: write it in quotes, as you mean it"
     if err["type"] not in {"missing", "unknown_key"} and not isinstance(given, dict | list) and repr(given) not in msg:

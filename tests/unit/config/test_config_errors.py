@@ -823,6 +823,19 @@ CASES = [
         OTHER_INV.replace("partition: p", "partition: 12"),
         "sites.h800.scheduler.partition: YAML reads this value as the number 12, not a string: write it in quotes",
     ),
+    Case(  # 'Input should be a valid string (got False)': YAML 1.1 reads an unquoted off, no or yes as a boolean
+        "a user YAML reads as a boolean",
+        site_with("user: rl}", "user: off}"),
+        "sites.h20.scheduler.user: YAML reads this value as the boolean False (an unquoted yes/no, on/off or "
+        "true/false), not a string: write it in quotes, as you mean it",
+    ),
+    Case(
+        "job: a name YAML reads as a boolean",
+        JOB.replace("name: j1", "name: yes"),
+        "job.yaml: name: YAML reads this value as the boolean True",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(  # 'Input should be a valid string': not what is
         "partitions as a list",
         OTHER_INV.replace("partition: p", "partition: [gpu, gpu-long]"),
