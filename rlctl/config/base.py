@@ -250,7 +250,9 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     why = next((e for e in members if e is not words), None)
     if words is not None and why is not None:
         err = {**why, "msg": f"{why['msg']}; or {words['ctx']['expected']}"}
-        loc = tuple(err["loc"])
+        # the field's own path: the member's tag is pydantic's (`str` of `str | Literal[True]` was said as a key of
+        # the file: `sbatch_options.mail-type.str`)
+        loc = tuple(err["loc"][:-1])
     if err["type"] == "unknown_key":
         loc = (*loc, err["ctx"]["key"])
     elif err["type"] == "bool_for_number":  # found before the field's own validation: its key and the item's path

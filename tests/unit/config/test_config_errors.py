@@ -892,6 +892,11 @@ CASES = [
         OTHER_INV.replace("partition: p", 'partition: p, sbatch_options: {comment: "a\\nhostname"}'),
         "sites.h800.scheduler.sbatch_options: --comment: its value 'a\\nhostname' has a line break",
     ),
+    Case(  # the union's member was said as a key: 'sbatch_options.mail-type.str: Input should be a valid string'
+        "sbatch_options value a list",
+        OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {mail-type: [END, FAIL]}"),
+        "sites.h800.scheduler.sbatch_options.mail-type: Input should be a valid string; or True",
+    ),
     Case(
         "sbatch_options flag false",
         OTHER_INV.replace("partition: p", "partition: p, sbatch_options: {requeue: false}"),
