@@ -243,8 +243,13 @@ def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
     """UsageError, one line, when `path` is a file that holds something other than a profile (a job file, an
     inventory, a dataset): the profile written there replaced it, and the user's file was lost (`rlctl profile ...
     -o jobs/demo.yaml` wrote over the job). An empty file, or an earlier profile (`kind: Profile`), is written over;
-    a directory or a path not there is `save_profile`'s to say or make. The file is streamed, never held whole
-    (`_kind_of_file`), and a file larger than any profile is refused unread."""
+    a path not there is `save_profile`'s to make. A directory, or a path below a file, is refused too: `save_profile`
+    said so only after a measured profile's minutes. The file is streamed, never held whole (`_kind_of_file`), and a
+    file larger than any profile is refused unread."""
+    if path.is_dir():
+        raise UsageError(f"{named_by} {path}: is a directory", hint=f"give a file name, e.g. {path / 'profile.yaml'}")
+    if (above := next((p for p in path.parents if p.exists()), None)) is not None and not above.is_dir():
+        raise UsageError(f"{named_by} {path}: {above} is a file, not a directory", hint="name a file in a directory")
     if not path.is_file():
         return
     try:

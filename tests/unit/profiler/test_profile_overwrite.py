@@ -72,6 +72,19 @@ def test_a_dataset_past_64_kib_whose_first_row_reads_as_a_profile_is_not_written
     assert path.read_text() == text
 
 
+def test_a_directory_or_a_path_below_a_file_is_refused_before_profiling(tmp_path: Path) -> None:
+    """`-o profiles/` (a directory) was refused by save_profile, after a measured profile's minutes, as
+    'cannot write profile: [Errno 21] Is a directory', naming no option."""
+    with pytest.raises(UsageError, match=r"^-o .*: is a directory") as e:
+        refuse_overwriting(tmp_path)
+    assert e.value.hint == f"give a file name, e.g. {tmp_path / 'profile.yaml'}"
+    job = tmp_path / "demo.yaml"
+    job.write_text("kind: Job\n")
+    with pytest.raises(UsageError, match=rf"^-o {job}/p/x.yaml: {job} is a file, not a directory"):
+        refuse_overwriting(job / "p" / "x.yaml")
+    refuse_overwriting(tmp_path / "new" / "p.yaml")  # a folder not made yet: save_profile makes it
+
+
 def _yaml(data: object) -> str:
     import yaml
 
