@@ -66,7 +66,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         mode: Annotated[Mode | None, typer.Option("--mode", help="override the pipeline mode")] = None,
         job_dir: Annotated[
-            Path | None, typer.Option("--job-dir", help="job directory (default runs/<name>-<time>)")
+            Path | None,
+            typer.Option(
+                "--job-dir",
+                help="job directory (default: the job file's job_dir, else runs/<name>-<time> here, or under "
+                "$RLCTL_HOME where it is set)",
+            ),
         ] = None,
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="print every agent's exact sbatch script / SSH command; start nothing")

@@ -62,3 +62,12 @@ def test_an_omitted_job_of_stop_and_scale_is_said_to_be_the_one_that_runs(comman
     help_text = params["job"].help or ""
     assert "default: the job that runs; refused while several run" in help_text
     assert "default: the job launched or resumed last" not in help_text
+
+
+def test_launch_s_job_dir_default_is_the_job_file_s_then_rlctl_home_s() -> None:
+    """A launch without --job-dir goes to the job file's `job_dir`, else runs/<name>-<time> under $RLCTL_HOME where it
+    is set (`launch_dir`, `JobDir.create`); the help said 'default runs/<name>-<time>' alone."""
+    params = {p.name: p for p in typer.main.get_command(app).commands["launch"].params}  # type: ignore[attr-defined]
+    help_text = params["job_dir"].help or ""
+    assert "the job file's job_dir" in help_text
+    assert "$RLCTL_HOME" in help_text
