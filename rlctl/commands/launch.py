@@ -100,8 +100,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--detach",
                 "-d",
-                help="return once the job runs: a launcher in the background watches it to its end "
-                "(JOB_DIR/logs/launcher.log; `rlctl status -w JOB` follows it)",
+                help="return once the job runs: a launcher in the background watches it to its end, its log "
+                "JOB_DIR/logs/launcher.log (`rlctl status -w JOB` follows it)",
             ),
         ] = False,
         output: OutputOpt = OutputFormat.table,

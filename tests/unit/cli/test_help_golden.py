@@ -71,3 +71,21 @@ def test_launch_s_job_dir_default_is_the_job_file_s_then_rlctl_home_s() -> None:
     help_text = params["job_dir"].help or ""
     assert "the job file's job_dir" in help_text
     assert "$RLCTL_HOME" in help_text
+
+
+@pytest.mark.parametrize("command", ["rlctl", *COMMANDS])
+def test_no_help_text_is_cut_short_in_an_80_column_terminal(command: str) -> None:
+    """A word longer than its column is cut with an ellipsis: `launch --detach` said
+    '(JOB_DIR/logs/launcher.lo…' in an 80-column terminal (the golden files are 100 columns wide)."""
+    args = () if command == "rlctl" else (command,)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl", *args, "--help"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "80"},
+        cwd=ROOT,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout, proc.stdout
