@@ -50,6 +50,12 @@ def job_relative(path: str | PurePath) -> str:
     return " (relative to the job file)" if is_job_relative(path) else ""
 
 
+def not_a_file(path: str | PurePath) -> str:
+    """What a file the user named that is no file is: `not a file` where the path is there (a directory: it was said
+    to be `no such file`, as if missing), else `no such file`. The one rule of every line that refuses such a path."""
+    return "not a file" if Path(path).exists() else "no such file"
+
+
 def undecodable_at(raw: bytes, start: int) -> str:
     """Where `raw` stops being UTF-8 (`start`: a UnicodeDecodeError's), as an editor counts it: the byte, its line and
     column (in characters: the line's bytes before it decode, é is 2 bytes and 1 column)."""

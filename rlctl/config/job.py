@@ -36,7 +36,7 @@ from rlctl.config.runtime import Metrics, Rollout, Trainer, Transport, WeightSyn
 from rlctl.config.task import DatasetTask, DigitsTask, Task
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, home_expanded, job_relative, one_of
+from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_of
 
 # A job's iterations: a billion is decades at one a second. Past 2^64 the controller's first message failed (msgpack
 # takes no larger int: `OverflowError`, the job failed at its start), and iteration × samples must stay in an int64.
@@ -193,11 +193,10 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     if (profile := spec.planning.profile) is not None:  # resolved against the job file, as model.path
         where = Path(os.path.normpath(path.absolute().parent / _home(path, "planning.profile", profile)))
         if profile_must_exist and not where.is_file():
-            why = "not a file" if where.exists() else "no such file"
             raise ConfigError(
                 str(path),
                 "planning.profile",
-                f"{why} {str(where)!r}{job_relative(profile)}",
+                f"{not_a_file(where)} {str(where)!r}{job_relative(profile)}",
                 hint=f"write it with `rlctl profile --job {shlex.quote(str(path))} -o {shlex.quote(str(where))}`",
             )
         spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})

@@ -26,7 +26,7 @@ from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
-from rlctl.textutil import job_relative
+from rlctl.textutil import job_relative, not_a_file
 
 
 def _go_on() -> None:
@@ -75,7 +75,7 @@ def _refuse_missing_data(job: Job) -> None:
     for field, path in named.items():
         if not (job.path.parent / path).is_file():
             where = str(job.path.parent / path)
-            raise ConfigError(str(job.path), field, f"no such file {where!r}{job_relative(path)}")
+            raise ConfigError(str(job.path), field, f"{not_a_file(where)} {where!r}{job_relative(path)}")
 
 
 def _reward_file(job: Job) -> Path | None:
@@ -89,7 +89,8 @@ def _reward_file(job: Job) -> Path | None:
         return None
     named = job.path.parent / target
     if not named.resolve().is_file():
-        raise ConfigError(str(job.path), "task.reward", f"no such file {str(named.resolve())!r}{job_relative(target)}")
+        shown = str(named.resolve())
+        raise ConfigError(str(job.path), "task.reward", f"{not_a_file(shown)} {shown!r}{job_relative(target)}")
     return named
 
 

@@ -39,7 +39,7 @@ from rlctl.rl.reward import RewardResult
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
-from rlctl.textutil import is_job_relative, job_relative, one_of
+from rlctl.textutil import is_job_relative, job_relative, not_a_file, one_of
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def prepare_dataset(
     if not data_path.is_file():
         field = "evaluation.path" if heldout else "task.path"
         read = " is relative to the job file" if is_job_relative(cfg.path) else ""  # absolute or `~/…`: as written
-        raise ConfigError(str(data_path), None, f"no such file ({field}{read})")
+        raise ConfigError(str(data_path), None, f"{not_a_file(data_path)} ({field}{read})")
     refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)
     kept = _kept.pop(str(data_path), None)
@@ -679,7 +679,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
     base = job_file.parent
     data = base / cfg.path
     if not data.is_file():
-        raise ConfigError(str(job_file), "task.path", f"no such file {str(data)!r}{job_relative(cfg.path)}")
+        raise ConfigError(str(job_file), "task.path", f"{not_a_file(data)} {str(data)!r}{job_relative(cfg.path)}")
     try:  # in a reward worker, within its deadline: never the user's module's import in this process
         _check_reward_loads(cfg, base)
     except ValueError as e:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
 from rlctl.rl.reward_scope import ImportScope
-from rlctl.textutil import did_you_mean, home_expanded, job_relative, one_of
+from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_of
 
 RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
@@ -53,7 +53,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_m
 
 def _from_file(file: Path, shown: str, fn: str, *, own_process: bool) -> Any:
     if not file.is_file():
-        raise ValueError(f"{shown}: no such file{job_relative(shown)}")
+        raise ValueError(f"{shown}: {not_a_file(file)}{job_relative(shown)}")
     digest = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]
     mod_name = f"rlctl_reward_{file.stem}_{digest}"
     if mod_name in sys.modules:

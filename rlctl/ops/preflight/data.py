@@ -19,7 +19,7 @@ from rlctl.ops.preflight.base import Problem
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
 from rlctl.rl.tasks import DigitsTask as Digits
-from rlctl.textutil import job_relative
+from rlctl.textutil import job_relative, not_a_file
 from rlctl.weights import manifest
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,8 @@ def evaluation_problems(job: Job) -> list[Problem]:
         path = spec.evaluation.path
         if path is None:
             out.append(Problem("evaluation.path", "a dataset task's held-out prompts come from a file: name it"))
-        elif not (job.path.parent / path).is_file():
-            out.append(Problem("evaluation.path", f"no such file {str(job.path.parent / path)!r}{job_relative(path)}"))
+        elif not (named := job.path.parent / path).is_file():
+            out.append(Problem("evaluation.path", f"{not_a_file(named)} {str(named)!r}{job_relative(path)}"))
         else:
             _same_as_training(job, task, path)
             if isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():

@@ -17,7 +17,7 @@ from rlctl.config.schedulers import SlurmScheduler, SshScheduler
 from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
-from rlctl.textutil import home_path
+from rlctl.textutil import home_path, not_a_file
 
 
 def _job_hosts(job: Job) -> set[str]:
@@ -193,7 +193,7 @@ def key_file_problems(job: Job) -> list[Problem]:
     return [
         Problem(
             f"sites.{name}.scheduler.{field}",
-            f"{_not_a_file(path)} {str(path)!r} on this machine: rlctl logs in to site {name!r} with it",
+            f"{not_a_file(path)} {str(path)!r} on this machine: rlctl logs in to site {name!r} with it",
             hint=f"give the private key you log in with, or leave {field} out: your own keys and ssh agent are tried",
             file=job.inventory.origin[name],
         )
@@ -210,10 +210,6 @@ def _site_files(job: Job, fields: tuple[str, ...]) -> Iterator[tuple[str, str, P
             written = getattr(scheduler, field, None)
             if written is not None:  # (the inventory refused a home this machine does not know: no error here)
                 yield name, field, home_path(written, named=field)
-
-
-def _not_a_file(path: Path) -> str:
-    return "not a file" if path.exists() else "no such file"
 
 
 KNOWN_HOSTS_FIELDS = ("known_hosts", "ssh_known_hosts")  # the host keys trusted: an SSH site's, a submit host's
@@ -234,7 +230,7 @@ def known_hosts_problems(job: Job) -> list[Problem]:
         out.append(
             Problem(
                 f"sites.{name}.scheduler.{field}",
-                f"{_not_a_file(path)} {str(path)!r} on this machine: rlctl checks the host keys of site {name!r} "
+                f"{not_a_file(path)} {str(path)!r} on this machine: rlctl checks the host keys of site {name!r} "
                 "against it alone (strict host-key checking) and would refuse every host",
                 hint=f"add the hosts' keys to it (ssh-keyscan -p {port} {host} >> {path}, after checking them), "
                 f"or leave {field} out: ~/.ssh/known_hosts is trusted",

@@ -2045,6 +2045,33 @@ def test_a_launch_whose_data_file_is_missing_is_refused_before_it_builds_the_sta
     assert not (into / "model").exists()
 
 
+@pytest.mark.parametrize("field", ["task.path", "evaluation.path", "task.reward"])
+def test_a_data_or_reward_file_that_is_a_directory_is_said_to_be_no_file(tmp_path: Path, field: str) -> None:
+    """A directory where the job names its data, held-out or reward file was said to be 'no such file', by `rlctl
+    check` and by the launch, as if nothing were there."""
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = yaml.safe_load(job.path.read_text())
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "ho", "ground_truth": "y"}) + "\n")
+    spec["evaluation"] = {"heldout_prompts": 1, "path": "held.jsonl"}
+    named = tmp_path / ("rewards.py" if field == "task.reward" else "rows.jsonl")
+    named.mkdir()
+    if field == "task.reward":
+        spec["task"]["reward"] = "rewards.py:f"
+    else:
+        spec["task" if field == "task.path" else "evaluation"]["path"] = named.name
+    job.path.write_text(yaml.safe_dump(spec))
+    job = load_job(job.path)
+    with pytest.raises(ConfigError) as e:
+        copy_inputs(JobDir(tmp_path / "run"), resolve_inputs(job.spec, job), job)
+    assert str(e.value) == f"{job.path}: {field}: not a file {str(named)!r} (relative to the job file)"
+    shown = "rewards.py: not a file" if field == "task.reward" else f"not a file {str(named)!r}"
+    line = only_line(run_cli("check", str(job.path)))
+    assert line == f"rlctl: error: {job.path}: {field}: {shown} (relative to the job file)"
+
+
 def test_a_missing_file_named_by_an_absolute_path_is_said_as_written(tmp_path: Path) -> None:
     """'(relative to the job file)' was said of an absolute path too, which is read as written."""
     from rlctl.errors import ConfigError
