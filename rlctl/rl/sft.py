@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -199,12 +200,30 @@ def warmup(
     with one_thread():
         figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg, check=check)
     if use_cache:
-        tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+        _cache(model, figures, where)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _cache(model: TinyGPT, figures: dict[str, float], where: Path) -> None:
+    """Keep a warm-up's result at `where` for the next launch. The cache only saves time: one that cannot be written
+    (a cache directory that is a file, not writable, a full disk) is said and skipped, versus the OSError that failed
+    the launch after the warm-up had trained (a traceback, exit 1)."""
+    tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+    try:
         model.save_pretrained(tmp)
         (tmp / "sft.json").write_text(json.dumps(figures) + "\n")
-        try:
-            tmp.replace(where)
-        except OSError:  # another process cached the same key first; keep theirs
-            log.info("SFT cache %s already written by another process", where)
-        log.info("SFT warm-up: %d steps in %.0f s, cached at %s", figures["steps"], figures["seconds"], where)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning(
+            "SFT warm-up: not cached at %s (%s); the next launch trains it again (set %s to a directory this user "
+            "can write)",
+            where,
+            e,
+            CACHE_ENV,
+        )
+        return
+    try:
+        tmp.replace(where)
+    except OSError:  # another process cached the same key first; keep theirs
+        log.info("SFT cache %s already written by another process", where)
+    log.info("SFT warm-up: %d steps in %.0f s, cached at %s", figures["steps"], figures["seconds"], where)

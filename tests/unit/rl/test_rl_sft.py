@@ -32,6 +32,22 @@ def test_warmup_is_cached_by_config(tmp_path, monkeypatch) -> None:
         sft.warmup(task, steps=3, seed=0, model_cfg=TINY, cfg=cfg)  # another budget is another key
 
 
+def test_a_cache_that_cannot_be_written_is_skipped_and_said(tmp_path, monkeypatch, caplog) -> None:
+    """RLCTL_CACHE_DIR naming a file (or a directory this user cannot write): the warm-up trained, then its cache's
+    NotADirectoryError failed the launch (a traceback, exit 1). The warm-up's weights are used, uncached."""
+    taken = tmp_path / "cache"
+    taken.write_text("a file\n")
+    monkeypatch.setenv(sft.CACHE_ENV, str(taken))
+    cfg = sft.SftConfig(batch_size=4, warmup_steps=1, buckets=1)
+    with caplog.at_level("WARNING", logger=sft.__name__):
+        state = sft.warmup(DigitsTask(), steps=1, seed=0, model_cfg=TINY, cfg=cfg)
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+    (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said.startswith(f"SFT warm-up: not cached at {taken / 'sft'}/")
+    assert said.endswith(f"the next launch trains it again (set {sft.CACHE_ENV} to a directory this user can write)")
+    assert taken.read_text() == "a file\n"
+
+
 def test_training_lowers_the_loss() -> None:
     from rlctl.models.tinygpt import TinyGPT
 
