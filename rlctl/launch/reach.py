@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from rlctl.config.inventory import Site
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.backends import kind_of
 
 
@@ -29,6 +29,8 @@ def probe_site(name: str, site: Site, *, timeout_s: float = 10.0) -> ReachResult
     try:
         detail = kind_of(site).reach(site, timeout_s=timeout_s)
         ok = True
+    except UsageError:  # the operator's command or environment (RLCTL_SSH_HOST_KEY_CHECKING=bogus), not the site's: one
+        raise  # line, exit 2, versus every site's row 'FAILED  UsageError: …' and exit 3 (unreachable site(s))
     except FileNotFoundError as e:  # fault-tolerance point: one row per site, never a crash
         ok, detail = False, f"command not found: {e.filename}"
     except Exception as e:  # noqa: BLE001 - fault-tolerance point, see docstring

@@ -112,6 +112,26 @@ def test_a_bad_opt_out_value_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -
         hostkeys.mode()
 
 
+def test_a_bad_opt_out_value_is_check_reach_s_usage_error_not_each_site_s_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl check --reach` of an SSH site with RLCTL_SSH_HOST_KEY_CHECKING=no said each site 'FAILED  UsageError:
+    …' in its reach table and exited 3 (`unreachable site(s): …`), as if the sites were down."""
+    from tests.conftest import run_cli
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "apiVersion: rlctl/v1\nkind: Inventory\nsites:\n  b:\n    datacenter: b\n    scheduler: {kind: ssh}\n"
+        "    gpu: CPU\n    nodes: [{host: 127.0.0.1, gpus: 1}]\n"
+    )
+    monkeypatch.setenv(hostkeys.ENV, "no")
+    res = run_cli("check", str(inv), "--reach", "--timeout", "3")
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == (
+        "rlctl: error: RLCTL_SSH_HOST_KEY_CHECKING='no' is not valid; valid: strict, off (default strict)\n"
+    )
+
+
 def test_rendered_command_lines_follow_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     site = Site.model_validate(
         {
