@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 
 from rlctl.config.algorithm import Algorithm, GrpoAlgorithm
-from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, validate
+from rlctl.config.base import KINDS, NAME_RE, Strict, check_header, read_yaml, validate
 from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.config.lifecycle import DEMO_SFT_STEPS, Checkpoint, Evaluation, Warmup
 from rlctl.config.model import HfModel, Model
@@ -144,6 +144,24 @@ def _home_expanded(path: Path, spec: JobFile) -> JobFile:
     return spec.model_copy(update={"task": task, "evaluation": evaluation})
 
 
+def _inventories(path: Path, spec: JobFile, inv_paths: list[Path]) -> Inventory:
+    """The job's inventories; one that is a file of another kind of rlctl's (a job file, a profile) is refused naming
+    the job's field, versus in the inventory file's own line `kind: must be 'Inventory' for this command, got 'Job'`
+    (of `rlctl check JOB`, which reads job files)."""
+    try:
+        return load_inventory(inv_paths)
+    except ConfigError as e:
+        i = next((i for i, p in enumerate(inv_paths) if str(p) == e.file), None)
+        if e.field != "kind" or i is None or (kind := read_yaml(inv_paths[i]).get("kind")) not in KINDS:
+            raise
+        raise ConfigError(
+            str(path),
+            f"inventory[{i}]",
+            f"{e.file!r} is a file of kind {kind!r}, not an inventory; give an inventory file (kind: Inventory)"
+            + job_relative(spec.inventory[i]),
+        ) from e
+
+
 def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     """The job file at `path`, validated, with the inventories it names; its paths resolved against it.
     `profile_must_exist=False`: a `planning.profile` not written yet is resolved but not refused (`rlctl profile` is
@@ -175,7 +193,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
                 f"inventory[{i}]",
                 f"{str(p)!r} is inventory[{same}] too; list each inventory file once",
             )
-    inventory = load_inventory(inv_paths)
+    inventory = _inventories(path, spec, inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
         from rlctl.models.hf import check_hf_dir
 

@@ -1214,6 +1214,21 @@ def test_a_job_s_inventory_entry_linked_to_another_entry_s_file_names_the_job_s_
     )
 
 
+@pytest.mark.parametrize("kind", ["Job", "Profile"])
+def test_a_job_s_inventory_entry_naming_another_kind_of_file_names_the_job_s_field(tmp_path: Path, kind: str) -> None:
+    """`inventory: [inv.yaml]`, inv.yaml a job file (or a profile): it said 'inv.yaml: kind: must be 'Inventory' for
+    this command, got 'Job'' to `rlctl check job.yaml`, a command that reads job files, naming neither the job file
+    nor its field."""
+    (tmp_path / "inv.yaml").write_text(JOB if kind == "Job" else "apiVersion: rlctl/v1\nkind: Profile\n")
+    (tmp_path / "job.yaml").write_text(JOB)
+    res = run_cli("check", str(tmp_path / "job.yaml"))
+    assert (res.exit_code, res.stderr) == (
+        2,
+        f"rlctl: error: {tmp_path}/job.yaml: inventory[0]: '{tmp_path}/inv.yaml' is a file of kind {kind!r}, not an "
+        "inventory; give an inventory file (kind: Inventory) (relative to the job file)\n",
+    )
+
+
 @pytest.mark.parametrize("absolute", [False, True])
 def test_a_missing_path_of_the_job_s_is_said_relative_to_the_job_file_only_where_written_relative(
     tmp_path: Path, absolute: bool
