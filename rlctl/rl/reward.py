@@ -155,7 +155,8 @@ def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> Rewa
         has = f"defined: {one_of(defined)}" if defined else "it defines no functions"
         raise ValueError(f"{where}: no function {name!r}{did_you_mean(name, defined)}; {has}")
     if not callable(fn):
-        raise ValueError(f"{where}: {name!r} is a {type(fn).__name__}, not a function")
+        # (its type's name after no article: it said "'X' is a int")
+        raise ValueError(f"{where}: {name!r} is not a function: it is of type {type(fn).__name__}")
     _check_signature(fn, f"{target}:{name}")
     return fn
 

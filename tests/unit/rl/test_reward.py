@@ -257,7 +257,7 @@ def test_a_reward_file_importing_its_own_package_is_told_what_to_do(rewards_dir:
         ("exact", "unknown built-in reward 'exact'; built-ins: digits, exact_match"),
         ("rewards/nope.py:f", "rewards/nope.py: no such file"),
         ("rewards/mine.py:compute_scor", "no function 'compute_scor' (did you mean 'compute_score'?)"),
-        ("rewards/mine.py:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
+        ("rewards/mine.py:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is not a function: it is of type int"),
         ("rewards/mine.py:too_few", "rewards/mine.py:too_few(solution_str): cannot be called as compute_score("),
         ("no_such_pkg_xyz.mod:f", "no module named 'no_such_pkg_xyz'"),
         ("rewards/syntax.py:f", "rewards/syntax.py: cannot import: SyntaxError"),
