@@ -113,6 +113,8 @@ class ControllerCore(Migrating):
         """Take a rollout unit out of dispatch; it is told to stop once its in-flight samples are in."""
         unit = self.units[name]
         unit.draining = True
+        if not self.started:  # (a resume's scale-in again, before the trainer joined): the start waits for one fewer
+            self.cfg.min_units = max(1, self.cfg.min_units - 1)
         return self._retire_drained()
 
     def weights_applied(self, name: str, version: int) -> list[Out]:

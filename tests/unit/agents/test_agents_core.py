@@ -63,6 +63,18 @@ def test_skew_aware_balances_predicted_tokens_longest_first():
     assert gen == {"r0": [("p0-0/0", 50.0), ("p0-1/0", 10.0)], "r1": [("p0-2/0", 30.0), ("p0-3/0", 20.0)]}
 
 
+def test_a_unit_drained_before_the_first_dispatch_is_not_waited_for():
+    """A resumed run drains again a unit its checkpoint's run had scaled in (`scale -1`), before the trainer joined
+    (it restores its checkpoint first): the start waited for the planned 2 units with 1 left in dispatch, and the job
+    stood at its checkpoint's iteration for START_WAIT_S (90 s), then said `start_with_fewer_units`."""
+    core = _core(min_units=2)
+    core.join("r0", role="rollout", version=0)
+    core.join("r1", role="rollout", version=0)
+    core.drain("r1")
+    gen = _generate(core.join("trainer-0", role="trainer", version=0))
+    assert core.started and set(gen) == {"r0"} and len(gen["r0"]) == 4
+
+
 def test_random_dispatch_ignores_lengths():
     core = _core(dispatch="random", min_units=2)
     core.join("trainer-0", role="trainer", version=0)
