@@ -98,12 +98,18 @@ def best_checkpoint(jobdir: JobDir, *, named: str | None = None) -> tuple[int, d
         when = f"`rlctl status {named} --checkpoints` says when the first comes"
         raise UsageError(f"--checkpoint best: job {jobdir.id} completed no checkpoint yet", hint=when)
     if not rows:
-        every = jobdir.read_job().evaluation.every_iterations
+        evaluation = jobdir.read_job().evaluation
+        every = evaluation.every_iterations
         versions = ", ".join(f"v{r['version']}" for r in table)
+        # (it said "set evaluation.heldout_prompts and every_iterations" of a job that set the one: which
+        # every_iterations, the checkpoint's or the evaluation's, left to guess)
         why = (
             f"the run evaluates every {every} versions; none of its checkpoints ({versions}) is one it evaluated yet"
             if every
-            else "set evaluation.heldout_prompts and every_iterations to evaluate during the run"
+            else "the job evaluates its final checkpoint only, once its last iteration is done; set "
+            "evaluation.every_iterations to evaluate during the run"
+            if evaluation.heldout_prompts
+            else "set evaluation.heldout_prompts and evaluation.every_iterations to evaluate during the run"
         )
         raise UsageError(
             f"--checkpoint best: no complete checkpoint of job {jobdir.id} has held-out figures ({why}); name a "

@@ -185,6 +185,33 @@ def test_best_of_a_job_that_evaluates_during_the_run_says_why_no_checkpoint_has_
     )
 
 
+@pytest.mark.parametrize(
+    ("heldout_prompts", "why"),
+    [
+        (512, "the job evaluates its final checkpoint only, once its last iteration is done; set "
+              "evaluation.every_iterations to evaluate during the run"),
+        (0, "set evaluation.heldout_prompts and evaluation.every_iterations to evaluate during the run"),
+    ],
+)  # fmt: skip
+def test_best_of_a_job_that_evaluates_after_the_run_only_names_the_evaluations_fields(
+    heldout_prompts: int, why: str, tmp_path: Path
+) -> None:
+    # a job stopped before its end (the demo's held-out prompts, no every_iterations): it said "set
+    # evaluation.heldout_prompts and every_iterations", of a job that sets the one, naming the other as the
+    # checkpoint's field is named (checkpoint.every_iterations)
+    jd = _job(tmp_path)
+    spec = jd.read_job()
+    jd.write_job(
+        spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"heldout_prompts": heldout_prompts})}),
+        source="x",
+    )
+    with pytest.raises(UsageError) as e:
+        best_checkpoint(jd)
+    assert str(e.value) == (
+        f"--checkpoint best: no complete checkpoint of job ck has held-out figures ({why}); name a version instead"
+    )
+
+
 def test_the_table_holds_a_reward_per_iteration_not_the_metrics_rows(tmp_path: Path) -> None:
     # a job of weeks: 10⁵ metrics rows of a few kB each (its agents' figures), hundreds of MB that the table read
     # whole (the text, then every row parsed) to keep one number per row
