@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         lines = ONE_AGENT_LINES if lines is None else lines
         h = handles.get(name)
         if h is not None:  # recorded: where its log was looked for
-            where = h.spec.log_path if h.spec.log_path is not None else log_dir / f"{name}.log"
+            where = agentlogs.looked_for_at(ref.jobdir.path, h)
             no_log = UsageError(f"job {ref.id}: {name} has no log at {where} (removed?)")
         elif name == LAUNCHER:
             no_log = UsageError(

@@ -64,10 +64,10 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     closes them."""
     h = handles.get(name)
     path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
-    if h is not None and not path.is_relative_to(job_dir):  # recorded under another dir: this one's own log first
+    if h is not None and not path.is_relative_to(job_dir):  # recorded under another dir: this one's own log
         moved = _moved_here(job_dir, h)
-        if moved is not None and moved.exists():  # a moved or copied job dir: never its original's, still there
-            return AgentLog(name, LocalFiles(), str(moved), h)
+        if moved is not None:  # a moved or copied job dir: its own log or none, never its original's, still there
+            return AgentLog(name, LocalFiles(), str(moved), h) if moved.exists() else None
     if path.exists():
         return AgentLog(name, LocalFiles(), str(path), h)
     if h is None or h.spec.log_path is None:
@@ -81,6 +81,13 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     if (h.spec.site, host) not in views:
         views[(h.spec.site, host)] = host_files(site, host)
     return AgentLog(name, views[(h.spec.site, host)], str(h.spec.log_path), h, shared=True)
+
+
+def looked_for_at(job_dir: Path, h: AgentHandle) -> Path:
+    """Where `locate` looks for recorded agent `h`'s log on this filesystem: the path its record names, or, in a job
+    dir moved or copied since, that path in this one (`_moved_here`)."""
+    path = h.spec.log_path if h.spec.log_path is not None else job_dir / "logs" / f"{h.spec.name}.log"
+    return path if path.is_relative_to(job_dir) else _moved_here(job_dir, h) or path
 
 
 def _moved_here(job_dir: Path, h: AgentHandle) -> Path | None:

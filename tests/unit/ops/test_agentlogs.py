@@ -266,6 +266,29 @@ def test_a_copied_job_dir_of_a_local_site_reads_its_own_logs_not_its_originals(t
     assert found is not None and found.path == str(copy / "logs" / "trainer-0.log")
 
 
+def test_a_copied_job_dir_without_an_agents_log_has_none_not_its_originals(tmp_path):
+    # `cp -r runs/x backup/x`, then the copy's logs/ cleaned (or that one log removed), the original resumed: `rlctl
+    # logs backup/x trainer/0` (and `rlctl logs backup/x`) printed the original's log, growing, under the copy's name
+    from rlctl.ops import agentlogs
+
+    site = Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "localhost", "gpus": 2}]}
+    )
+    original, copy = tmp_path / "runs" / "x", tmp_path / "backup" / "x"
+    (original / "logs").mkdir(parents=True)
+    (original / "logs" / "trainer-0.log").write_text("original 1\noriginal 2\n")
+    copy.mkdir(parents=True)
+    for d in (original, copy):
+        write_sites(d, {"local": site})
+        write_staged(d, {"local": {"roots": {"localhost": str(original)}}})
+    spec = AgentSpec("trainer", 0, "local", [], log_path=original / "logs" / "trainer-0.log")
+    handles = {"trainer-0": AgentHandle(spec, {"pid": 1}, "local")}
+    assert tail(copy, handles, "trainer-0", 1) is None
+    assert agentlogs.tail_all(copy, handles, ["trainer-0"], 1) == [["(no log)"]]
+    assert agentlogs.looked_for_at(copy, handles["trainer-0"]) == copy / "logs" / "trainer-0.log"  # the CLI's line
+    assert tail(original, handles, "trainer-0", 1) == ["original 2"]
+
+
 def test_the_logs_of_a_detached_launch_leave_out_its_hidden_start_log(tmp_path, monkeypatch):
     # `rlctl logs JOB` while a `launch -d` prepared it showed `==> .launcher.start-12367-60407749078471 <==` beside
     # `==> launcher <==`, the same lines twice, and named it among the known logs
