@@ -125,9 +125,11 @@ def tail(
 def tail_or_why(
     job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int, *, views: Views | None = None
 ) -> list[str]:
-    """An agent's last lines; a site that does not answer says so in one line (the every-agent view)."""
+    """An agent's last lines; a site that does not answer, no log, or an empty one says so in one line (the
+    every-agent view). `lines` 0: none, as `tail -n 0` (it said "(no log)" of each agent's)."""
     try:
-        return tail(job_dir, handles, name, lines, views=views) or ["(no log)"]
+        got = tail(job_dir, handles, name, lines, views=views)
+        return ["(no log)"] if got is None else got if got or not lines else ["(empty)"]
     except RlctlError as e:
         h = handles.get(name)
         return [f"(log on site {h.spec.site if h is not None else '?'} unreadable: {e})"]

@@ -289,6 +289,19 @@ def test_a_copied_job_dir_without_an_agents_log_has_none_not_its_originals(tmp_p
     assert tail(original, handles, "trainer-0", 1) == ["original 2"]
 
 
+def test_the_every_agent_view_of_no_lines_shows_none_and_an_empty_log_says_so(tmp_path):
+    # `rlctl logs JOB -n 0` said "(no log)" under every agent's name, of logs that are there (an empty list read as
+    # none), and so did an agent's log still empty
+    from rlctl.ops import agentlogs
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "trainer-0.log").write_text("t1\nt2\n")
+    (tmp_path / "logs" / "rollout-0.log").write_text("")
+    names = ["trainer-0", "rollout-0", "rollout-1"]
+    assert agentlogs.tail_all(tmp_path, {}, names, 0) == [[], [], ["(no log)"]]
+    assert agentlogs.tail_all(tmp_path, {}, names, 1) == [["t2"], ["(empty)"], ["(no log)"]]
+
+
 def test_the_logs_of_a_detached_launch_leave_out_its_hidden_start_log(tmp_path, monkeypatch):
     # `rlctl logs JOB` while a `launch -d` prepared it showed `==> .launcher.start-12367-60407749078471 <==` beside
     # `==> launcher <==`, the same lines twice, and named it among the known logs
