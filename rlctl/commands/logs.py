@@ -49,6 +49,17 @@ def _log_names(log_dir: Path) -> list[str]:
     return [p.stem for p in log_dir.glob("*.log") if not p.name.startswith(".")]
 
 
+def _in_order(names: set[str]) -> list[str]:
+    """Agents by role, then replica as a number: rollout-2 before rollout-10 (a string's order put rollout-10 and
+    rollout-11 between rollout-1 and rollout-2)."""
+
+    def key(name: str) -> tuple[str, int]:
+        role, _, n = name.rpartition("-")
+        return (role, int(n)) if role and n.isascii() and n.isdigit() else (name, -1)
+
+    return sorted(names, key=key)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def logs(
@@ -81,7 +92,7 @@ def register(app: typer.Typer) -> None:
         if agent is None:
             if follow:
                 raise UsageError("--follow needs one agent, e.g. `rlctl logs JOB rollout/0 -f`")
-            names = sorted({*handles, *_log_names(log_dir)})
+            names = _in_order({*handles, *_log_names(log_dir)})
             if not names:
                 raise UsageError(
                     f"job {ref.id}: no logs yet: none of its agents has started (no {log_dir}/*.log)",
@@ -104,7 +115,7 @@ def register(app: typer.Typer) -> None:
                 "terminal (`launch --detach`, `attach --detach`, or after a SIGHUP)"
             )
         else:
-            known = sorted({*handles, *_log_names(log_dir)})
+            known = _in_order({*handles, *_log_names(log_dir)})
             no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(known) or 'none'}")
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:

@@ -302,6 +302,24 @@ def test_the_every_agent_view_of_no_lines_shows_none_and_an_empty_log_says_so(tm
     assert agentlogs.tail_all(tmp_path, {}, names, 1) == [["t2"], ["(empty)"], ["(no log)"]]
 
 
+def test_the_logs_of_every_agent_and_the_known_ones_are_in_replica_order(tmp_path, monkeypatch):
+    # a job scaled past 10 units: `==> rollout-10 <==` and `rollout-11` came between rollout-1 and rollout-2, as text
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import run_cli
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("many", explicit=tmp_path / "many-1")
+    indexed_row("many-1", jd.path, job="many")
+    names = ["controller-0", "launcher", "rollout-0", "rollout-1", "rollout-2", "rollout-10", "rollout-11", "trainer-0"]
+    for name in names:
+        (jd.path / "logs" / f"{name}.log").write_text(f"{name} ran\n")
+    r = run_cli("logs", "many-1", "-n", "0")
+    assert r.exit_code == 0 and r.stdout == "".join(f"==> {n} <==\n" for n in names), r.stdout
+    r = run_cli("logs", "many-1", "rollout/3")
+    assert r.exit_code == 2 and r.stderr.rstrip().endswith(f"no log for rollout-3; known: {', '.join(names)}"), r.stderr
+
+
 def test_the_logs_of_a_detached_launch_leave_out_its_hidden_start_log(tmp_path, monkeypatch):
     # `rlctl logs JOB` while a `launch -d` prepared it showed `==> .launcher.start-12367-60407749078471 <==` beside
     # `==> launcher <==`, the same lines twice, and named it among the known logs
