@@ -139,6 +139,18 @@ def _per_site(counts: dict[str, Any]) -> str:
     return ", ".join(f"{k} {n}" for k, n in counts.items()) or "-"
 
 
+ROLE_ORDER = {"controller": 0, "trainer": 1, "rollout": 2}
+
+
+def _agent_order(a: dict[str, Any]) -> tuple[int, str, int, str]:
+    """The live table's agents as the job dir's table has them: the trainer, then the rollout units by replica as a
+    number, versus the order they joined in (after a resume or a scale, rollout-1 above the trainer, rollout-10
+    above rollout-2)."""
+    prefix, _, n = str(a["name"]).rpartition("-")
+    replica = int(n) if n.isascii() and n.isdigit() else -1
+    return ROLE_ORDER.get(a["role"], len(ROLE_ORDER)), prefix, replica, str(a["name"])
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -179,7 +191,7 @@ def _live_table(s: dict[str, Any]) -> str:
             f"{a['phase']} {a['phase_s']:.1f} s" if a.get("phase") else "-",
             a["inflight"],
         ]
-        for a in v["agents"]
+        for a in sorted(v["agents"], key=_agent_order)
     ]
     head = grid(rows, ["", ""], f"Job {s['id']} (live from the controller, {s['controller_latency_s']:.2f} s)")
     body = grid(

@@ -759,6 +759,22 @@ def test_the_live_status_says_how_many_reward_calls_failed_and_the_first():
     assert "reward failures" not in _table({**page, "live": quiet})
 
 
+def test_the_live_status_table_lists_the_trainer_then_the_units_by_replica():
+    # the table listed the agents in the order they joined: after a resume and a scale, `rollout-1, rollout-0,
+    # trainer-0, rollout-10, rollout-2`: a unit of 64 looked for down the whole table
+    from rlctl.commands.status import _table
+
+    core, _, _ = _one_iteration()
+    live = status(_snapshot(core, []), now=110.0)
+    one = live["agents"][0]
+    joined = [("rollout-1", "rollout"), ("rollout-0", "rollout"), ("trainer-0", "trainer"), ("rollout-10", "rollout"),
+              ("rollout-2", "rollout")]  # fmt: skip
+    live["agents"] = [{**one, "name": name, "role": role} for name, role in joined]
+    page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    listed = [line.split()[0] for line in _table(page).splitlines() if line.startswith(("rollout-", "trainer-"))]
+    assert listed == ["trainer-0", "rollout-0", "rollout-1", "rollout-2", "rollout-10"]
+
+
 def test_a_resume_passes_over_a_kept_row_whose_t_or_wall_s_is_null():
     # float(r["t"]) − float(r["wall_s"]) raised TypeError on a kept row with null there, as the resumed controller
     # started; such a row is skipped for that figure, as event_time reads one
