@@ -155,8 +155,12 @@ def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
     led = v["ledger"]
+    res = v.get("resilience") or {}
     rows = [
         ["state", f"{v['state']}  ({v['mode']}, η={v['eta']})"],
+        # why a paused job waits, and units replaced or given up on (docs/runtime.md: the table left both out, the
+        # state said `paused` and nothing of which site since when)
+        *([["paused", str(res["paused"]).removeprefix("paused: ")]] if res.get("paused") else []),
         ["iteration", f"{v['iteration']}/{v['iterations']}  (figures {_f(s.get('figures_age_s'), '.1f')} s old)"],
         ["time", time_line(v)],
         ["checkpoint", checkpoint_line(v.get("checkpoint"))],
@@ -168,6 +172,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {_per_site(v['free_slots'])}"],
+        *([["resilience", res["note"]]] if res.get("note") else []),
         # the agents that went: the table below lists one until the next iteration's metrics row
         *([["agents gone", gone_line(v["agents_gone"])]] if any(v.get("agents_gone", {}).values()) else []),
         ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],

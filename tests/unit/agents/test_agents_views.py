@@ -775,6 +775,26 @@ def test_the_live_status_table_lists_the_trainer_then_the_units_by_replica():
     assert listed == ["trainer-0", "rollout-0", "rollout-1", "rollout-2", "rollout-10"]
 
 
+def test_the_live_status_table_says_why_a_paused_job_waits_and_what_its_units_losses_left():
+    # the table said `state  paused` and nothing more: which site since when (resilience.paused) and a note of units
+    # given up on or being replaced were in `-o json` only, though docs/runtime.md names both as status's
+    from rlctl.commands.status import _table
+
+    core, _, _ = _one_iteration()
+    paused = "paused: site gen unreachable since 12:03:04 (20 s; the job waits up to 300 s)"
+    note = "replacing rollout-3 (last attempt: lost before its first sample)"
+    live = status(_snapshot(core, [], resilience={"resumes": 0, "paused": paused, "note": note}), now=110.0)
+    page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    lines = _table(page).splitlines()
+    assert [line.split(None, 1) for line in lines if line.startswith(("state", "paused", "resilience"))] == [
+        ["state", "paused  (stream, η=0)"],
+        ["paused", "site gen unreachable since 12:03:04 (20 s; the job waits up to 300 s)"],
+        ["resilience", note],
+    ]
+    quiet = status(_snapshot(core, []), now=110.0)
+    assert not [line for line in _table({**page, "live": quiet}).splitlines() if line.startswith(("paused", "resil"))]
+
+
 def test_a_resume_passes_over_a_kept_row_whose_t_or_wall_s_is_null():
     # float(r["t"]) − float(r["wall_s"]) raised TypeError on a kept row with null there, as the resumed controller
     # started; such a row is skipped for that figure, as event_time reads one
