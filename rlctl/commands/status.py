@@ -45,7 +45,8 @@ def _f(v: Any, spec: str = ".2f") -> str:
 
 def _weights_line(w: dict[str, Any]) -> str:
     """Newest version; the last delivered one: seconds until the last unit had it, bytes, inter-DC copies."""
-    line = f"v{w.get('version')} ({w.get('sync')}), {w.get('units_at_version')} units at it"
+    n = w.get("units_at_version")
+    line = f"v{w.get('version')} ({w.get('sync')}), {n} unit{'' if n == 1 else 's'} at it"  # ('1 units at it')
     done = [r for r in w.get("versions", []) if r.get("seconds_to_last_unit") is not None]
     if done:
         r = done[-1]

@@ -795,6 +795,14 @@ def test_the_live_status_table_says_why_a_paused_job_waits_and_what_its_units_lo
     assert not [line for line in _table({**page, "live": quiet}).splitlines() if line.startswith(("paused", "resil"))]
 
 
+def test_the_live_status_weights_row_counts_one_unit_as_one():
+    # `weights  v60 (full), 1 units at it` of a job with one unit (scaled in to one, or planned so)
+    from rlctl.commands.status import _weights_line
+
+    assert _weights_line({"version": 60, "sync": "full", "units_at_version": 1}) == "v60 (full), 1 unit at it"
+    assert _weights_line({"version": 60, "sync": "full", "units_at_version": 2}) == "v60 (full), 2 units at it"
+
+
 def test_a_resume_passes_over_a_kept_row_whose_t_or_wall_s_is_null():
     # float(r["t"]) − float(r["wall_s"]) raised TypeError on a kept row with null there, as the resumed controller
     # started; such a row is skipped for that figure, as event_time reads one
