@@ -140,6 +140,12 @@ def _per_site(counts: dict[str, Any]) -> str:
     return ", ".join(f"{k} {n}" for k, n in counts.items()) or "-"
 
 
+def _figures_age(age_s: Any) -> str:
+    """How old the live view's figures are: none trained by this run yet (a fresh start, or a resumed run showing its
+    checkpoint's last row) says so, versus 'figures - s old'."""
+    return "no iteration trained by this run yet" if age_s is None else f"figures {_f(age_s, '.1f')} s old"
+
+
 ROLE_ORDER = {"controller": 0, "trainer": 1, "rollout": 2}
 
 
@@ -162,7 +168,7 @@ def _live_table(s: dict[str, Any]) -> str:
         # why a paused job waits, and units replaced or given up on (docs/runtime.md: the table left both out, the
         # state said `paused` and nothing of which site since when)
         *([["paused", str(res["paused"]).removeprefix("paused: ")]] if res.get("paused") else []),
-        ["iteration", f"{v['iteration']}/{v['iterations']}  (figures {_f(s.get('figures_age_s'), '.1f')} s old)"],
+        ["iteration", f"{v['iteration']}/{v['iterations']}  ({_figures_age(s.get('figures_age_s'))})"],
         ["time", time_line(v)],
         ["checkpoint", checkpoint_line(v.get("checkpoint"))],
         ["reward", _f(v.get("reward"), ".3f")],

@@ -835,6 +835,14 @@ def test_the_live_status_of_a_resumed_run_shows_a_kept_rows_text_figure_as_it_is
     page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
     lines = _table(page).splitlines()
     assert [line.split()[1:] for line in lines if line.startswith("reward ")] == [["x"]]
+    # its figures are the kept row's: 'figures - s old' said of them
+    assert next(line for line in lines if line.startswith("iteration")).endswith(
+        "(no iteration trained by this run yet)"
+    )
+    aged = {**page, "figures_age_s": 0.5}  # (operate's page: the live reply's own)
+    assert next(line for line in _table(aged).splitlines() if line.startswith("iteration")).endswith(
+        "(figures 0.5 s old)"
+    )
     assert next(line for line in lines if "T_gen / T_train" in line).endswith("- / 1.00 s")
     assert training_line(live["training"]).startswith("lr high  grad norm -")
 
