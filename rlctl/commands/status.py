@@ -86,10 +86,11 @@ def evaluations_line(h: dict[str, Any] | None) -> str:
 
 def time_line(v: dict[str, Any]) -> str:
     """'running 3 d 04 h; ≈ 1 d 02 h left at 41.2 s an iteration (last 20)' from a live status; a resumed job's
-    'running 2 h 00 min (this run; job 3 d 04 h)', versus 'running 2 h 00 min' read as the job's."""
+    'running 2 h 00 min (this run; 3 d 04 h since the job's first start)', versus 'running 2 h 00 min' read as the job's
+    (and '(this run; job 3 d 04 h)', read as the job's running time, of a job stopped for days between its runs)."""
     out = f"running {duration(v['elapsed_s'])}" if v.get("elapsed_s") is not None else "running"
     if v.get("elapsed_s") is not None and v.get("job_elapsed_s") is not None:
-        out += f" (this run; job {duration(v['job_elapsed_s'])})"
+        out += f" (this run; {duration(v['job_elapsed_s'])} since the job's first start)"
     if v["iteration"] >= v["iterations"]:
         return out + "; no iteration left"
     if v.get("pace_s") is None or v.get("eta_s") is None:

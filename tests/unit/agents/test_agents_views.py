@@ -278,7 +278,8 @@ def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint()
     assert checkpoint_line(resumed["checkpoint"]) == "v1 (resumed from) (every 20 iterations)"
     # a resumed job, its first controller started 3 d before this one: 'running 10 s' read as the job's
     since_first = status(_snapshot(core, rows[:2], rows_kept=1, wall_offset_s=3 * 86400.0), now=110.0)
-    assert time_line(since_first).startswith("running 10 s (this run; job 3 d 00 h); ")
+    # (said 'job 3 d 00 h': a job stopped for days between its runs read as one that ran them)
+    assert time_line(since_first).startswith("running 10 s (this run; 3 d 00 h since the job's first start); ")
     assert "(this run" not in time_line(resumed)  # a job that was never resumed (no offset): its one run
     assert (
         checkpoint_line({"version": None, "age_s": None, "every_iterations": 0})
