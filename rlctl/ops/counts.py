@@ -76,10 +76,9 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
             ) from e
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
-        # line: said once, there, not in a warning line before it; an inventory's (e.g. no link between the
-        # trainer's datacenter and a rollout site's: the weights then route as if every pair were linked) it does
-        # not: a warning, by check and launch alike, where `rlctl plan` refuses the job
-        said = noted or (isinstance(e, ConfigError) and e.file == str(job.path))
+        # line: said once, there, not in a warning line before it; so the inventory's `links` that join no path
+        # from the trainer's datacenter to a rollout site's (`preflight.sites.link_problems`, in plan's line)
+        said = noted or (isinstance(e, ConfigError) and (e.file == str(job.path) or e.field == "links"))
         log.log(logging.DEBUG if said else logging.WARNING, "%s", note)
     alloc = planned["allocation"] if planned is not None else []
     planned_tp = {a["site"]: int(a["config"]["tp"]) for a in alloc if a["role"] == "rollout" and a.get("config")}

@@ -32,7 +32,7 @@ def slowest_weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int =
         if x == 0:
             continue
         local = site_node_bytes_per_s(inv.sites[s])
-        link_bps, lat = (local, 0.0) if s == t_site else _route(inv, t_site, s)
+        link_bps, lat = (local, 0.0) if s == t_site else weight_route(inv, t_site, s)
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
         hosts = rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
         hops = hosts_spanned(hosts, x) - 1
@@ -57,12 +57,13 @@ def slowest_weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int =
     return worst
 
 
-def _route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
+def weight_route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
     """Bytes per second and latency (s) of the weights' way from site `a` to site `b` as the broadcast routes them
     (`rlctl.weights.plan`: datacenters joined by the declared links, one copy into each): a link declared between
     the two sites; else, in one datacenter, the slower of the two sites' networks (no inter-DC link crossed); else
     the fewest-hop path of datacenters over the declared links, at its slowest hop's rate (each hop the fastest link
-    between its two datacenters) and the sum of its hops' latencies. ConfigError when no path joins them."""
+    between its two datacenters) and the sum of its hops' latencies. ConfigError when no path joins them (the
+    inventory's `links`: `rlctl check` refuses such a job in the same line, `preflight.sites.link_problems`)."""
     link = inv.link(a, b)
     if link is not None:
         return link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3

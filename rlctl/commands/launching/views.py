@@ -212,11 +212,13 @@ def staging_table(staging: list[dict[str, Any]]) -> str:
 
 
 def refused_lines(found: list[Problem]) -> list[str]:
-    """What `rlctl check` (and a launch) refuses in the job, for `--dry-run`: a marked section, one line each."""
+    """What `rlctl check` (and a launch) refuses in the job, for `--dry-run`: a marked section, one line each; a
+    problem of another file (a site's, the links of an inventory file) names that file, as check's line does."""
     if not found:
         return []
     return [f"# would be refused by `rlctl check` ({len(found)}): a launch stops before starting anything"] + [
-        f"#   {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in found
+        f"#   {p.file + ': ' if p.file else ''}{p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "")
+        for p in found
     ]
 
 

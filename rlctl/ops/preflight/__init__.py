@@ -49,6 +49,7 @@ from rlctl.ops.preflight.sites import (
     job_sites,
     key_file_problems,
     known_hosts_problems,
+    link_problems,
     listen_address_problems,
     metrics_port_problems,
     one_host_address_problems,
@@ -96,6 +97,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     if spec.job_dir is not None and (why := why_not_made(Path(spec.job_dir))) is not None:
         out.append(Problem("job_dir", why, "choose another job_dir"))
     out += site_problems(job.inventory, job_sites(job))
+    out += link_problems(job)
     out += key_file_problems(job)
     out += known_hosts_problems(job)
     out += device_problems(job)

@@ -40,8 +40,7 @@ def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
         from rlctl.ops import counts
 
         # (the planner's advisory note, explicit counts beside a planner that failed, is logged there as launch's
-        # is: a warning where nothing here refuses the job, e.g. no link from the trainer's datacenter to a rollout
-        # site's, which check said nothing of while `rlctl plan` refused the job)
+        # is: a warning where nothing here refuses the job)
         try:
             plan = counts.plan_counts(job, spec)
         except PlanError as e:
@@ -49,6 +48,8 @@ def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
         except ConfigError as e:  # a job field the planner refuses, in check's words (`problems` says each once)
             if spec.planning.profile is not None and e.file == str(Path(spec.planning.profile)):
                 return [Problem("planning.profile", str(e), e.hint)]  # the profile the job names: not this job's
+            if e.field == "links" and e.file != str(job.path):
+                return []  # the inventory's links join no path to a rollout site: `link_problems` says it, once
             if e.file != str(job.path) or e.field is None:  # a profile file's
                 return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e}", e.hint)]
             return [Problem(e.field, e.detail, e.hint)]

@@ -14,9 +14,11 @@ from rlctl.config.hosts import loopback
 from rlctl.config.inventory import Inventory, Site
 from rlctl.config.job import Job
 from rlctl.config.schedulers import SlurmScheduler, SshScheduler
+from rlctl.errors import ConfigError
 from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
+from rlctl.planner.weightsync import weight_route
 from rlctl.textutil import home_path, not_a_file
 
 
@@ -257,3 +259,18 @@ def site_problems(inventory: Inventory, names: Iterable[str]) -> list[Problem]:
         for name in names
         for p in kind_of(inventory.sites[name]).site_problems(inventory.sites[name])
     ]
+
+
+def link_problems(job: Job) -> list[Problem]:
+    """A rollout site in another datacenter than the trainer's that no declared link, nor a path of links, joins to
+    it: `rlctl plan` cannot price the weights' way there and refuses the job, and the weight plane would route as if
+    every pair of datacenters were linked; refused here in plan's line (`weightsync.weight_route`), naming the
+    inventory's `links` and the link to add, versus a warning while check passed and launch started the job."""
+    trainer = job.spec.placement.trainer.site
+    out = []
+    for site in dict.fromkeys(r.site for r in job.spec.placement.rollout if r.site != trainer):
+        try:
+            weight_route(job.inventory, trainer, site)
+        except ConfigError as e:
+            out.append(Problem(e.field or "links", e.detail, e.hint, file=e.file))
+    return out

@@ -444,23 +444,47 @@ def _two_datacenters(tmp_path: Path) -> Job:
     )
 
 
-def test_two_datacenters_without_a_link_are_said_by_check_as_by_launch(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_two_datacenters_without_a_link_are_refused_by_check_plan_and_launch_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Explicit counts on a trainer site and a rollout site in two datacenters no declared link joins: the job runs
-    (the weights route as if every pair were linked), `rlctl plan` cannot price the way and refuses it (exit 2), and
-    launch warns of it. `rlctl check` passed it without a word (the planner's note dropped), versus the same warning
-    line as launch's, once (exit 0: it runs)."""
+    """Explicit counts on a trainer site and a rollout site in two datacenters no declared link joins: `rlctl plan`
+    cannot price the weights' way and refuses the job, and check and launch refuse it in the same line (the
+    inventory file, `links`, the link to add), launch before anything is made; --dry-run shows it refused. Versus
+    check passing it (exit 0) and launch starting it with a 'planner unavailable' warning, the weight plane then
+    routing as if every pair of datacenters were linked."""
     job = _two_datacenters(tmp_path)
-    plan = run_cli("plan", str(job.path))
-    assert plan.exit_code == 2 and UNLINKED in plan.stderr, plan.stderr
-    for args in (["check"], ["launch", "--dry-run"]):
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            r = run_cli(*args, str(job.path))
-        assert r.exit_code == 0, (args, r.stderr)
-        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(warned) == 1 and UNLINKED in warned[0], (args, warned)
+    line = (
+        f"rlctl: error: {tmp_path / 'two.yaml'}: {UNLINKED}: the trainer's weights reach the rollout over them "
+        "(hint: add {between: [a, b], bandwidth_gbps: N, latency_ms: N} under 'links:')"
+    )
+
+    def past_preflight(*_: Any) -> None:
+        raise AssertionError("launch went past preflight")
+
+    monkeypatch.setattr(launchdir, "launch_dir", past_preflight)
+    with caplog.at_level(logging.WARNING):
+        assert only_line(run_cli("plan", str(job.path))) == line
+        assert only_line(run_cli("check", str(job.path))) == line
+        assert only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run"))) == line
+        dry = run_cli("launch", str(job.path), "--dry-run")
+    assert not (tmp_path / "run").exists()
+    assert line.removeprefix("rlctl: error: ") in dry.stdout + dry.stderr, (dry.stdout, dry.stderr)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [], warned  # the refusal is the one line: no 'planner unavailable' warning before it
+
+
+def test_a_gpus_auto_job_across_unlinked_datacenters_is_refused_in_the_same_one_line(tmp_path: Path) -> None:
+    """`gpus: auto` needs the planner, which refuses the route: check says the inventory's line once, not beside
+    "'auto' needs the planner, which failed: …" of the same."""
+    job = _two_datacenters(tmp_path)
+    raw = yaml.safe_load(job.path.read_text())
+    raw["placement"]["rollout"][0]["gpus"] = "auto"
+    job.path.write_text(yaml.safe_dump(raw))
+    check = only_line(run_cli("check", str(job.path)))
+    assert check.startswith(f"rlctl: error: {tmp_path / 'two.yaml'}: {UNLINKED}"), check
+
+
+NOT_PLANNED = "the planner cannot price this job"
 
 
 def test_launch_detach_says_the_planner_s_note_once(
@@ -470,9 +494,15 @@ def test_launch_detach_says_the_planner_s_note_once(
     the launch's terminal, which shows the launcher's lines until the job runs, had the warning twice. The launcher
     started for the same job file, unchanged (its preflight stamp), says it at DEBUG."""
     from rlctl.commands import launch
+    from rlctl.errors import PlanError
+    from rlctl.planner import plan as planner
 
+    def unavailable(*_: Any, **__: Any) -> None:
+        raise PlanError(NOT_PLANNED)
+
+    monkeypatch.setattr(planner, "make_plan", unavailable)  # explicit counts beside a planner that fails: a note
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    job = _two_datacenters(tmp_path)
+    job = load(tmp_path)
     started: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env, **_: started.append((args, env)))
 
@@ -490,7 +520,7 @@ def test_launch_detach_says_the_planner_s_note_once(
         with pytest.raises(Built):
             run_cli(*args)  # the launcher in the background, in this process
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warned) == 1 and UNLINKED in warned[0], warned
+    assert len(warned) == 1 and NOT_PLANNED in warned[0], warned
 
 
 def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:

@@ -128,18 +128,23 @@ def test_missing_link_is_a_config_error_naming_the_inventory(tmp_path: Path) -> 
     assert e.value.exit_code == 2 and "between: [trn, r20]" in str(e.value.hint)
 
 
-def test_missing_link_beside_fixed_counts_is_still_a_warning_at_launch(
+def test_missing_link_beside_fixed_counts_is_check_s_refusal_not_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The planner is advisory there: launch's warning (and check's, the same) is the one line that says it (the
-    weights then route as if every datacenter were linked)."""
+    """The planner is advisory there, and check (launch's preflight) refuses the job in plan's line, naming the
+    inventory's links: the planner's note is not said again in a warning before it (logged at DEBUG), versus a
+    warning while check passed the job and launch started it (the weights routed as if every datacenter were
+    linked)."""
     from rlctl.ops.counts import plan_counts
+    from rlctl.ops.preflight import problems
 
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}], links=[], trainer_gpus=8))
-    with caplog.at_level("WARNING", logger="rlctl.ops.counts"):
+    with caplog.at_level("DEBUG", logger="rlctl.ops.counts"):
         counts = plan_counts(job, job.spec)
     assert counts["source"] == "job" and "links: no link declared" in counts["note"]
-    assert [r.levelname for r in caplog.records] == ["WARNING"], caplog.text
+    assert [r.levelname for r in caplog.records] == ["DEBUG"], caplog.text
+    said = [(p.file, p.field) for p in problems(job, plan=counts) if "no link declared" in p.message]
+    assert said == [(str(tmp_path / "inv.yaml"), "links")]
 
 
 def test_launch_and_check_run_the_allocation_rlctl_plan_prints(tmp_path: Path) -> None:
