@@ -110,12 +110,12 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         with said_if_interrupted(job_file, resume) as made:  # (`made`: the job dir, once made)
             from rlctl.config import load_job
-            from rlctl.config.job import Job, sft_steps
+            from rlctl.config.job import Job
             from rlctl.config.model import HfModel
             from rlctl.launch.jobdir import JobDir
             from rlctl.launch.layout import plan_sites
             from rlctl.ops.counts import plan_counts, resolve_job
-            from rlctl.ops.inputs import prepare_data, refuse_users_dirs
+            from rlctl.ops.inputs import prepare_data, refuse_users_dirs, warmup_line
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.jobprep import prepare
             from rlctl.ops.launchdir import entries, fresh_dir, index_left, launch_dir, reserved, unmade_left, unmake
@@ -238,8 +238,8 @@ def register(app: typer.Typer) -> None:
                 # in the index from here: `rlctl stop` finds it; its job file absolute, as the hints that name it (a
                 # launch stopped here: `rlctl launch FILE` anew) are read from any directory
                 check = runs.preparing(source=str(job_file.absolute()))
-                if steps := sft_steps(spec):
-                    say(f"SFT warm-up: {steps} steps (cached after the first run)")
+                if (warming := warmup_line(spec)) is not None:
+                    say(warming)
                 try:
                     prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
                 except (ConfigError, UsageError):  # its inputs refused (`copy_inputs`): nothing left, as a check's

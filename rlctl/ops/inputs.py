@@ -165,6 +165,20 @@ def prepare_data(
         )
 
 
+def warmup_line(spec: JobFile) -> str | None:
+    """The launch's line before the job's SFT warm-up (None: it has none): '(cached after the first run)' only where
+    the warm-up's result is in the cache or the cache can be written, versus said before the warning that it was not
+    cached (RLCTL_CACHE_DIR a file, a cache directory this user cannot write)."""
+    steps = sft_steps(spec)
+    if not steps or not isinstance(spec.task, DigitsTask):
+        return None
+    from rlctl.rl import sft
+    from rlctl.rl.tasks import DigitsTask as Digits
+
+    cached = sft.will_be_cached(Digits(spec.task), steps=steps, seed=spec.seed)
+    return f"SFT warm-up: {steps} steps" + (" (cached after the first run)" if cached else "")
+
+
 def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None] = _go_on) -> None:
     if isinstance(spec.model, HfModel):
         src = Path(spec.model.path)

@@ -191,7 +191,7 @@ def warmup(
     model_cfg = model_cfg or TinyGPTConfig()
     cfg = cfg or SftConfig()
     budget: dict[str, float] = {"steps": steps} if steps is not None else {"seconds": seconds or 0.0}
-    where = cache_dir() / _key(task, model_cfg, cfg, budget, seed)
+    where = _cached_at(task, model_cfg, cfg, budget, seed)
     if use_cache and (where / "config.json").exists():
         log.info("SFT warm-up: cached %s", where)
         return load_state_dict(where)
@@ -202,6 +202,23 @@ def warmup(
     if use_cache:
         _cache(model, figures, where)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _cached_at(task: DigitsTask, model_cfg: TinyGPTConfig, cfg: SftConfig, budget: dict[str, float], seed: int) -> Path:
+    return cache_dir() / _key(task, model_cfg, cfg, budget, seed)
+
+
+def will_be_cached(task: DigitsTask, *, steps: int, seed: int) -> bool:
+    """Whether `warmup(task, steps=steps, seed=seed)` finds its result in the cache or can keep it there: the cache
+    directory, or the nearest of its parents that exists, a directory this user can write (RLCTL_CACHE_DIR naming a
+    file, or a directory of another user's, is not). A disk that fills as the warm-up writes is said by `_cache`."""
+    where = _cached_at(task, TinyGPTConfig(), SftConfig(), {"steps": steps}, seed)
+    if (where / "config.json").exists():
+        return True
+    here = where.parent
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    return here.is_dir() and os.access(here, os.W_OK | os.X_OK)
 
 
 def _cache(model: TinyGPT, figures: dict[str, float], where: Path) -> None:

@@ -48,6 +48,41 @@ def test_a_cache_that_cannot_be_written_is_skipped_and_said(tmp_path, monkeypatc
     assert taken.read_text() == "a file\n"
 
 
+def test_the_launch_s_warm_up_line_says_cached_only_where_it_will_be(tmp_path, monkeypatch) -> None:
+    """The launch said 'SFT warm-up: N steps (cached after the first run)' and then, with RLCTL_CACHE_DIR a file,
+    warned that the warm-up was not cached: the line says 'cached' only where the cache holds the warm-up or can be
+    written (a directory to be made below one this user can write)."""
+    from rlctl.config import load_job
+    from rlctl.config.job import sft_steps
+    from rlctl.ops.inputs import warmup_line
+    from tests.conftest import ROOT
+
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    steps = sft_steps(spec)
+    assert steps > 0
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    monkeypatch.setenv(sft.CACHE_ENV, str(taken))
+    assert warmup_line(spec) == f"SFT warm-up: {steps} steps"
+    monkeypatch.setenv(sft.CACHE_ENV, str(taken / "below"))
+    assert warmup_line(spec) == f"SFT warm-up: {steps} steps"
+    monkeypatch.setenv(sft.CACHE_ENV, str(tmp_path / "new" / "cache"))
+    assert warmup_line(spec) == f"SFT warm-up: {steps} steps (cached after the first run)"
+    assert warmup_line(spec.model_copy(update={"warmup": spec.warmup.model_copy(update={"sft_steps": 0})})) is None
+
+
+def test_a_warm_up_in_the_cache_is_cached_where_the_cache_is_no_longer_writable(tmp_path, monkeypatch) -> None:
+    """`will_be_cached` finds the warm-up where `warmup` kept it (the same key): a cache this user can no longer
+    write still holds it."""
+    monkeypatch.setenv(sft.CACHE_ENV, str(tmp_path))
+    task = DigitsTask()
+    assert sft.will_be_cached(task, steps=1, seed=0)
+    sft.warmup(task, steps=1, seed=0, cfg=sft.SftConfig())
+    monkeypatch.setattr(sft.os, "access", lambda *_: False)  # root writes anything: the refusal is made here
+    assert sft.will_be_cached(task, steps=1, seed=0)
+    assert not sft.will_be_cached(task, steps=2, seed=0)
+
+
 def test_training_lowers_the_loss() -> None:
     from rlctl.models.tinygpt import TinyGPT
 
