@@ -125,8 +125,10 @@ def build_report(job_dir: Path, *, out: Path | None = None, ended: str | None = 
         files.png.write_bytes(png)
         files.html.write_text(page, encoding="utf-8")
     except OSError as e:
-        where = f"--out {out}: " if out is not None else ""
-        raise RlctlError(f"{where}cannot write the report: {e.strerror or e}: {e.filename or files.png}") from e
+        said = f"cannot write the report: {e.strerror or e}: {e.filename or files.png}"
+        if out is not None:  # the operator's path (below a file, a folder not theirs): exit 2, as the option's others
+            raise UsageError(f"--out {out}: {said}", hint="write elsewhere") from e
+        raise RlctlError(said) from e
     return files
 
 

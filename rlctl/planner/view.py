@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import UsageError
 from rlctl.render import grid
 
 
@@ -218,7 +218,7 @@ def plan_plot(p: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise RlctlError(f"--plot {path}: cannot write: {e.strerror or e}") from e
+    except OSError as e:  # the operator's path (a folder not theirs, a file system that refuses it): exit 2
+        raise UsageError(f"--plot {path}: cannot write: {e.strerror or e}", hint="write elsewhere") from e
     finally:
         plt.close(fig)

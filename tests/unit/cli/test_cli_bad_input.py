@@ -462,6 +462,24 @@ def test_plan_plot_paths_are_checked_before_planning_and_the_written_one_is_name
     assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plan_plot_a_path_the_write_is_refused_at_is_the_option_s_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --plot path that passes the checks before planning and is refused as the PNG is written (a folder not this
+    user's: root writes anything, so the refusal is made here): the operator's path, exit 2 as --plot's other lines
+    and profile -o's, pull --to's, versus exit 1."""
+    from matplotlib.figure import Figure
+
+    def refused(self: Figure, path: object, **_: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Figure, "savefig", refused)
+    png = tmp_path / "x.png"
+    r = run_cli("plan", str(DEMO), "--plot", str(png))
+    line = f"rlctl: error: --plot {png}: cannot write: Permission denied (hint: write elsewhere)\n"
+    assert (r.exit_code, r.stderr) == (2, line), r
+
+
 @pytest.mark.parametrize(
     ("plan", "says"),
     [

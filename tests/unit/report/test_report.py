@@ -185,8 +185,10 @@ def test_out_a_directory_names_the_option_and_what_is_valid(tmp_path: Path, monk
         r = run_cli("report", str(d), "--out", str(tmp_path / out))
         hint = " (hint: the sibling with the other suffix is written too)"
         assert r.exit_code == 2 and r.stderr == f"rlctl: error: {line}{hint}\n", r.stderr
-    r = run_cli("report", str(d), "--out", str(tmp_path / "file" / "r.png"))  # what the write met: named too
-    assert r.exit_code == 1 and r.stderr.startswith(f"rlctl: error: --out {tmp_path / 'file' / 'r.png'}: "), r.stderr
+    # what the write met: named too, the operator's path (exit 2, as the option's other lines), versus exit 1
+    r = run_cli("report", str(d), "--out", str(tmp_path / "file" / "r.png"))
+    assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: --out {tmp_path / 'file' / 'r.png'}: "), r.stderr
+    assert r.stderr.endswith(" (hint: write elsewhere)\n") and len(r.stderr.splitlines()) == 1, r.stderr
     long = tmp_path / ("a" * 300 + ".png")  # asking whether it is a directory fails: a traceback (review of c4ec59d)
     r = run_cli("report", str(d), "--out", str(long))
     assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: --out {long}: File name too long"), r.stderr
