@@ -269,7 +269,10 @@ def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
     )
 
 
-def save_profile(profile: ProfileFile, path: Path) -> None:
+def save_profile(profile: ProfileFile, path: Path, *, named_by: str = "-o") -> None:
+    """Write `profile` to `path` (its folder made). A write refused there (a folder not this user's, a file system
+    that refuses it) is the operator's path: UsageError, one line naming `named_by` (`rlctl profile`'s -o), exit 2 as
+    `refuse_overwriting`'s lines, versus 'PATH: cannot write profile: [Errno 13] …' naming no option."""
     data = profile.model_dump(by_alias=True, mode="json")
     data = {
         "apiVersion": API_VERSION,
@@ -284,4 +287,7 @@ def save_profile(profile: ProfileFile, path: Path) -> None:
             text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160)
         path.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise ConfigError(str(path), None, f"cannot write profile: {e}") from e
+        said = e.strerror or str(e)
+        if e.filename is not None and str(e.filename) != str(path):  # its folder, made first
+            said += f": {e.filename}"
+        raise UsageError(f"{named_by} {path}: cannot write the profile: {said}", hint="write elsewhere") from e

@@ -85,6 +85,26 @@ def test_a_directory_or_a_path_below_a_file_is_refused_before_profiling(tmp_path
     refuse_overwriting(tmp_path / "new" / "p.yaml")  # a folder not made yet: save_profile makes it
 
 
+def test_a_profile_the_write_is_refused_at_is_o_s_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path that passes refuse_overwriting and is refused as the profile is written (a folder not this user's: root
+    writes anything, so the refusal is made here): -o's one line, exit 2, versus 'PATH: cannot write profile: [Errno
+    13] Permission denied: 'PATH'', naming no option."""
+    from tests.conftest import ROOT, run_cli
+
+    out = tmp_path / "p.yaml"
+    write_text = Path.write_text
+
+    def refused(self: Path, *args: object, **kwargs: object) -> int:
+        if self == out:
+            raise PermissionError(13, "Permission denied", str(self))
+        return write_text(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", refused)
+    r = run_cli("profile", "-c", str(ROOT / "clusters" / "local.yaml"), "-m", "tiny-demo", "-o", str(out))
+    line = f"rlctl: error: -o {out}: cannot write the profile: Permission denied (hint: write elsewhere)\n"
+    assert (r.exit_code, r.stderr) == (2, line), r
+
+
 def _yaml(data: object) -> str:
     import yaml
 
