@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
         from rlctl.config import load_job
+        from rlctl.errors import ConfigError, UsageError
         from rlctl.ops.counts import job_profile
         from rlctl.planner.plan import make_plan
         from rlctl.planner.view import plan_plot, plan_table, plot_path
@@ -40,7 +41,12 @@ def register(app: typer.Typer) -> None:
         ):
             png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
             j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten
-            prof, prof_file = job_profile(j, profile)
+            try:
+                prof, prof_file = job_profile(j, profile)
+            except ConfigError as e:  # a --profile not there (or not readable): the option's line, as --plot's
+                if profile is None or e.file != str(profile) or not isinstance(e.__cause__, OSError):
+                    raise
+                raise UsageError(f"--profile {profile}: {e.detail}", hint=e.hint) from e
             result = make_plan(j, prof, profile_file=prof_file)
             if prof is not None:  # which file priced it (--profile, else the job's planning.profile)
                 result["profile_file"] = prof_file

@@ -462,6 +462,18 @@ def test_plan_plot_paths_are_checked_before_planning_and_the_written_one_is_name
     assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plan_profile_not_there_is_the_option_s_one_line(tmp_path: Path) -> None:
+    """`plan --profile nope.yaml` said 'nope.yaml: no such file', naming no option (the job's planning.profile is
+    said alike, with its field): '--profile nope.yaml: no such file', as --plot's lines; a directory alike."""
+    nope = tmp_path / "nope.yaml"
+    r = run_cli("plan", str(DEMO), "--profile", str(nope))
+    assert (r.exit_code, r.stderr) == (2, f"rlctl: error: --profile {nope}: no such file\n"), r
+    r = run_cli("plan", str(DEMO), "--profile", str(tmp_path))
+    assert (r.exit_code, r.stderr) == (2, f"rlctl: error: --profile {tmp_path}: is a directory, expected a YAML file\n")
+    r = run_cli("plan", str(DEMO), "--profile", str(DEMO))  # a file there, of another kind: the file's own line
+    assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: {DEMO}: kind: must be 'Profile'"), r.stderr
+
+
 def test_plan_plot_a_path_the_write_is_refused_at_is_the_option_s_one_line_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
