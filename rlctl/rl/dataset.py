@@ -138,7 +138,7 @@ def _lookup(row: dict[str, Any], key: str) -> Any:
 
 
 def _not_json(value: Any, key: str) -> str | None:
-    """None when `value` (the row's field `key`) is JSON, else where it is not: `meta.when is a date` (a parquet
+    """None when `value` (the row's field `key`) is JSON, else where it is not: `meta.when is of type date` (a parquet
     date inside a struct said `not JSON-serialisable (dict)`, the struct's type)."""
     try:
         json.dumps(value)
@@ -150,7 +150,7 @@ def _not_json(value: Any, key: str) -> str | None:
     for k, v in inner:
         if (where := _not_json(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")) is not None:
             return where
-    return f"{key} is a {type(value).__name__}"
+    return f"{key} is of type {type(value).__name__}"  # (no article before it: it would say "is a int64")
 
 
 # what a NoChatTemplate says before the row that needs one (`rlctl check` says the task's and the held-out file's once)

@@ -716,15 +716,25 @@ def test_a_value_json_cannot_hold_is_named_by_its_path_in_the_row(tmp_path: Path
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert (
         str(e.value)
-        == f"{path}: 1 of 2 rows are bad: row 0: extra_info: not JSON-serialisable: extra_info.when is a date"
+        == f"{path}: 1 of 2 rows are bad: row 0: extra_info: not JSON-serialisable: extra_info.when is of type date"
     )
     path = write_parquet(tmp_path / "dates.parquet", [{**verl_row(0), "reward_model": {"ground_truth": [day]}}])
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     # (the default key read verl's nested field: named as it is in the row, versus `ground_truth`, which it has not)
     assert str(e.value) == (
-        f"{path}: its one row: reward_model.ground_truth: not JSON-serialisable: reward_model.ground_truth[0] is a date"
+        f"{path}: its one row: reward_model.ground_truth: not JSON-serialisable: "
+        "reward_model.ground_truth[0] is of type date"
     )
+
+
+def test_a_value_json_cannot_hold_is_said_of_its_type_without_an_article() -> None:
+    """As the reward's line: 'is of type int64', versus 'is a int64' (a NumPy scalar a row's list held)."""
+    import numpy as np
+
+    from rlctl.rl.dataset import _not_json
+
+    assert _not_json({"ids": [1, np.int64(2)]}, "extra_info") == "extra_info.ids[1] is of type int64"
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_every_row(tmp_path: Path, tok: HFTokenizer) -> None:
