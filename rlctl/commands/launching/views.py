@@ -206,9 +206,10 @@ DRY_RUN_MASTER_PORT = 29500  # a real launch picks a free port on the trainer's 
 
 
 def staging_table(staging: list[dict[str, Any]]) -> str:
-    """Where `launch` copies the job's files on each site (sites share no filesystem)."""
+    """Where `launch` copies the job's files on each site (sites share no filesystem), and how (each column headed:
+    the last, the staging's checks or 'no copy', had none)."""
     rows = [[s["site"], ", ".join(s["hosts"]), s["job_dir"], " ".join(s["files"]) or "-", s["note"]] for s in staging]
-    return grid(rows, ["site", "hosts", "job dir on the site", "staged there", ""], "Staging")
+    return grid(rows, ["site", "hosts", "job dir on the site", "staged there", "how"], "Staging")
 
 
 def refused_lines(found: list[Problem]) -> list[str]:

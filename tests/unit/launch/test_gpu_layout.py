@@ -609,3 +609,17 @@ def test_layout_orders_the_rollout_by_the_plans_trainer_tp_where_the_job_leaves_
     assert {a.gpu_slice.host for a in agents if a.role == "trainer" and a.gpu_slice} == {"t-2"}
     assert [a.gpu_slice.host for a in agents if a.role == "rollout" and a.gpu_slice] == ["t-3", "t-3", "t-1", "t-1"]
     assert_disjoint(agents)
+
+
+def test_the_dry_run_s_staging_table_heads_every_column() -> None:
+    """Its last column (the staging's checks, or 'no copy' in the operator's job dir) had no header."""
+    import re
+
+    from rlctl.commands.launching.views import staging_table
+
+    note = "the operator's job dir: no copy"
+    table = staging_table([{"site": "s", "hosts": ["h"], "job_dir": "~/j", "files": [], "note": note}])
+    title, head, rule = table.splitlines()[:3]
+    assert title == "Staging"
+    columns = [head[m.start() : m.end()].strip() for m in re.finditer(r"-+", rule)]
+    assert columns == ["site", "hosts", "job dir on the site", "staged there", "how"], columns
