@@ -151,7 +151,7 @@ def pull(
             ckpt = f"{root}/checkpoints/iter-{version}"
             try:
                 into = (to or job_dir / "pulled" / f"v{version}").resolve()
-                got = _pull_one(fs, ckpt, version, into, f"{site}:{fs.where}")
+                got = _pull_one(fs, ckpt, version, into, f"{site}:{fs.where}", named_by="--to" if to else None)
             except ValueError as e:
                 problems.append(f"v{version}: {e}")
                 if version != candidates[-1]:  # the error below says the last one
@@ -205,9 +205,11 @@ def _stored(fs: HostFiles, root: str) -> list[int]:
     return [v for v, complete in _checkpoints(fs.list_files(f"{root}/checkpoints")).items() if complete]
 
 
-def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> Pulled:
+def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str, *, named_by: str | None = None) -> Pulled:
     """The model/ files the trainer part's manifest lists, each verified here after the copy; ValueError naming
-    what is missing or does not match."""
+    what is missing or does not match. `named_by`: the option that named `to` (`--to`), which a `to` it cannot write
+    names, as the option's other lines do; None for the job's own pulled/vN."""
+    where = f"{named_by} {to}" if named_by else str(to)
     text = fs.read_text(f"{ckpt}/{manifest_name('trainer')}")
     if text is None:
         raise ValueError(f"no {manifest_name('trainer')} (not written, or the part is incomplete)")
@@ -230,7 +232,7 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
             shutil.rmtree(left, ignore_errors=True)
         staging.mkdir()
     except OSError as e:
-        raise UsageError(f"{to}: cannot pull into it: {e.strerror or e}") from e
+        raise UsageError(f"{where}: cannot pull into it: {e.strerror or e}") from e
     total, done = 0, False
     try:
         for rel, (size, sha) in sorted(model.items()):
@@ -251,7 +253,7 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
                 (to / name).parent.mkdir(parents=True, exist_ok=True)
                 _move(staging / name, to / name)
         except OSError as e:
-            raise UsageError(f"{to}: cannot pull into it: {e.strerror or e}") from e
+            raise UsageError(f"{where}: cannot pull into it: {e.strerror or e}") from e
         done = True
     finally:
         shutil.rmtree(staging if done or not created else to, ignore_errors=True)

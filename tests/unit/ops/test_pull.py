@@ -247,19 +247,21 @@ def test_pull_to_another_filesystem_copies_where_a_rename_cannot(
 
 
 def test_pull_to_a_place_it_cannot_write_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each line names --to, as its 'not a directory' and 'not empty' do, versus the path alone where the write was
+    refused."""
     jd, _ = job_dir(tmp_path)
     (tmp_path / "afile").write_text("hi")
     with pytest.raises(UsageError, match=rf"^--to {tmp_path}/afile: not a directory$") as e:
         pull(jd.path, to=tmp_path / "afile")
     assert e.value.exit_code == 2 and (tmp_path / "afile").read_text() == "hi"
-    with pytest.raises(UsageError, match=rf"^{tmp_path}/afile/sub: cannot pull into it: Not a directory$"):
+    with pytest.raises(UsageError, match=rf"^--to {tmp_path}/afile/sub: cannot pull into it: Not a directory$"):
         pull(jd.path, to=tmp_path / "afile" / "sub")
 
     def read_only(src: object, dst: object) -> None:  # root writes through a chmod: the error as such a place gives
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(pull_mod.os, "replace", read_only)
-    with pytest.raises(UsageError, match=rf"^{tmp_path}/ro: cannot pull into it: Read-only file system$"):
+    with pytest.raises(UsageError, match=rf"^--to {tmp_path}/ro: cannot pull into it: Read-only file system$"):
         pull(jd.path, to=tmp_path / "ro")
     assert not (tmp_path / "ro").exists()  # nothing of it left
 
