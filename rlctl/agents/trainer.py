@@ -21,8 +21,8 @@ full weights over the group (the same bytes on every rank); rank 0 checkpoints t
       writer thread ◀──── gather over the checkpoint ──── writer thread: the shard on disk
                           group: on disk
       the HF policy, the manifest ──checkpoint_written(v, digest)──▶ controller: its part, `latest`
-    `launch --resume`: every rank restores the HF policy (its shard) and the shard of its (tp, pp) position,
-                       at the same split (`rlctl.checkpoint.trainer`)
+    `launch --resume`: every rank restores the HF policy (its shard) and the shard of its (tp, pp) position
+                       (`rlctl.checkpoint.trainer`); at another split its state rebuilt from the old shards
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.

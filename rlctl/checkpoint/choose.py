@@ -155,21 +155,31 @@ def verified_manifest(
 
 def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | None:
     """Why a trainer split as `trainer` (tp × pp × dp) cannot load the trainer part whose manifest this is, or
-    None: each of its ranks restores the shard of its (tp, pp) position, which data-parallel replica 0 wrote at
-    the part's split (`ParallelConfig.first_replica_ranks`), so the split must be the same."""
+    None. Data-parallel replica 0 wrote a shard per (tp, pp) position at the part's split
+    (`ParallelConfig.first_replica_ranks`); a trainer at another tp × pp × dp rebuilds each rank's optimizer
+    state from them (`rlctl.checkpoint.resplit`). Not built: FSDP's sharded state (each rank its own part of
+    the replica) at another split, or from or into a split that is not sharded."""
     split = manifest.get("split")
     if not isinstance(split, dict) or "ranks" not in manifest:
         return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
     have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
     sharded = bool(split.get("fsdp"))
+    if not sharded and not trainer.fsdp:
+        return None
     if have == (trainer.tp, trainer.pp, trainer.dp) and sharded == bool(trainer.fsdp):
         return None
-    fsdp = " fsdp" if sharded else ""
+    return written_at(manifest, trainer) + ": each rank restores its own part of the sharded state at that split"
+
+
+def written_at(manifest: dict[str, Any], trainer: ParallelConfig) -> str:
+    """ "written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) cannot load": the start of
+    the line that refuses a trainer part at another split (the reason follows)."""
+    split = manifest["split"]
+    have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
+    fsdp = " fsdp" if split.get("fsdp") else ""
     return (
         f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}{fsdp}, which this trainer "
-        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}{' fsdp' if trainer.fsdp else ''}) cannot load: each rank "
-        "restores the shard of its (tp, pp) position at that split"
-        + (", its own part of the sharded state" if sharded or trainer.fsdp else "")
+        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}{' fsdp' if trainer.fsdp else ''}) cannot load"
     )
 
 

@@ -19,9 +19,13 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
       writer, its optimizer digest and the ranks that restore it
 
     load_trainer on every rank: the manifest verifies (rank 0: every file; the others: what they read), the
-    split is the checkpoint's, the policy through the backend (this rank's shard of the HF tensors), then the
-    shard of its (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError
-    (one line).
+    policy through the backend (this rank's shard of the HF tensors), then the shard of its (tp, pp) position:
+    optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line).
+    At another split (`rlctl.checkpoint.resplit`): another dp, the shard of its position at the checkpoint's
+    split, exactly; another tp × pp (megatron), its AdamW state rebuilt from the old shards its new shard
+    overlaps, gathered whole per parameter and split for its position as the weights are. Refused in one line:
+    FSDP's sharded state at another split, other modules' state (a PPO critic's) at another tp × pp, a shard
+    that does not hold this model's parameters.
 
 RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
 trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
@@ -50,7 +54,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.checkpoint.choose import split_problem, verified_manifest
+from rlctl.checkpoint import resplit
+from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig
@@ -435,10 +440,11 @@ def _tensor_bytes(body: Any) -> int:
     return 0
 
 
-def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str, Any]:
-    """The trainer part's manifest once the files this rank reads match it: the policy and the shard of rank
-    `shard_of`; on rank 0 every shard (it answers for the whole part); of checkpoint `version` (its counters name
-    it: `verified_manifest`). Each shard is checked against the manifest read again, which must be the one read
+def _verified(ckpt: Path, *, rank: int, reads: Callable[[dict[str, Any]], list[int]], version: int) -> dict[str, Any]:
+    """The trainer part's manifest once the files this rank reads match it: the policy and the shards of the
+    ranks `reads(manifest)` names (the one of its position; at another split, those its new shard overlaps); on
+    rank 0 every shard (it answers for the whole part); of checkpoint `version` (its counters name it:
+    `verified_manifest`). Each shard is checked against the manifest read again, which must be the one read
     first (its SHA-256) and of `version` too: a manifest swapped between the reads (another version's part, another
     run's) is refused, versus its shards taken as the new one listed them beside the first one's counters and
     optimizer digests. CheckpointError naming what is wrong."""
@@ -450,7 +456,8 @@ def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str
         manifest = verified_manifest(LocalFiles(), str(ckpt), "trainer", version=version, only=common)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt}: the trainer's part is not usable: {e}") from e
-    shards = [s for s in manifest.get("ranks", []) if rank == 0 or s["rank"] == shard_of]
+    mine = reads(manifest) if "ranks" in manifest else []
+    shards = [s for s in manifest.get("ranks", []) if rank == 0 or s["rank"] in mine]
     for s in shards:
         try:
             again = verified_manifest(LocalFiles(), str(ckpt), "trainer", version=version, only=str(s["file"]).__eq__)
@@ -462,6 +469,29 @@ def _verified(ckpt: Path, *, rank: int, shard_of: int, version: int) -> dict[str
                 "(the part rewritten meanwhile)"
             )
     return manifest
+
+
+def written_split(manifest: dict[str, Any]) -> ParallelConfig:
+    """The split a trainer part was written at (its manifest's)."""
+    split = manifest["split"]
+    return ParallelConfig("trainer", int(split["tp"]), int(split["pp"]), dp=int(split["dp"]), fsdp=split.get("fsdp"))
+
+
+def _shards_read(manifest: dict[str, Any], *, model: Any, split: ParallelConfig, shard_of: int) -> list[int]:
+    """The writers of the shards this rank restores from: replica 0's at its (tp, pp) position at the
+    checkpoint's split (`shard_of` itself at the same split); at another tp × pp those of the old positions its
+    new shard overlaps (`resplit.stages_read`, every old tp rank of them)."""
+    if split_problem(manifest, split) is not None:
+        return [shard_of]
+    was = written_split(manifest)
+    t, p = resplit.position(shard_of, split)
+    if (was.tp, was.pp) == (split.tp, split.pp):
+        return [resplit.writer(t, p, was)]
+    policy: Any = getattr(model, "model", None)
+    if not hasattr(policy, "stage"):  # not megatron's: refused in load_trainer
+        return []
+    stages = resplit.stages_read(policy.config, policy.stage, was.pp)
+    return [resplit.writer(t0, s0, was) for s0 in stages for t0 in range(was.tp)]
 
 
 def load_trainer(
@@ -476,18 +506,37 @@ def load_trainer(
 ) -> tuple[dict[str, Any], str]:
     """Restore into this rank's objects what `save_trainer` and `save_shard` wrote: the policy, then the shard
     of replica 0's rank at this rank's (tp, pp) position (its own on replica 0); (counters, manifest digest).
-    No collective: every rank loads on its own. CheckpointError (naming the checkpoint, and the rank for a
-    shard) when the files do not verify, the checkpoint was written at another split than `split`, or its counters
-    name another version than `version` (the N of the iter-N a resume loads)."""
+    No collective: every rank loads on its own. At another split than the checkpoint's, see the module's docstring
+    (one line logs both splits). CheckpointError (naming the checkpoint, and the rank for a shard) when the files
+    do not verify, the checkpoint was written at a split this rank cannot rebuild its state at (`split_problem`,
+    `_load_resplit`), or its counters name another version than `version` (the N of the iter-N a resume loads)."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]
-    manifest = _verified(ckpt, rank=rank, shard_of=shard_of, version=version)
+
+    def reads(manifest: dict[str, Any]) -> list[int]:
+        return _shards_read(manifest, model=model, split=split, shard_of=shard_of)
+
+    manifest = _verified(ckpt, rank=rank, reads=reads, version=version)
     why = split_problem(manifest, split)
     if why is not None:
         raise CheckpointError(f"{ckpt}: {why}")
+    was = written_split(manifest)
+    if (was.tp, was.pp) != (split.tp, split.pp):
+        return _load_resplit(
+            ckpt,
+            manifest,
+            model=model,
+            optimizers=optimizers,
+            modules=modules or {},
+            split=split,
+            reads=reads(manifest),
+        )
+    if was.dp != split.dp:  # the writer of this rank's position at that split: the same state (the module's docstring)
+        log.info("checkpoint %s was written at %s and is resumed at %s", ckpt.name, was.short(), split.short())
+        shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
-    assert rank in entry.get("restored_by", replicas), (ckpt, entry, rank)  # (written when every rank wrote: none)
+    assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
     loaded = TinyGPT.from_pretrained(ckpt / MODEL)
     model.load_state_dict(loaded.state_dict())
     shard = torch.load(ckpt / entry["file"], weights_only=True)
@@ -510,5 +559,68 @@ def load_trainer(
         rank,
         shard_of,
         split.short(),
+    )
+    return dict(manifest["counters"]), str(manifest["digest"])
+
+
+def _load_resplit(
+    ckpt: Path,
+    manifest: dict[str, Any],
+    *,
+    model: TinyGPT | TrainerBackend,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module],
+    split: ParallelConfig,
+    reads: list[int],
+) -> tuple[dict[str, Any], str]:
+    """`load_trainer` of a part written at another tp × pp than `split`: the policy (this rank's shard of the HF
+    tensors), then its AdamW state rebuilt from the old shards `reads` (`rlctl.checkpoint.resplit`), the RNG of
+    the first. Megatron's policy optimizer alone: CheckpointError for other modules' state (a PPO critic's) or
+    another backend."""
+    was = written_split(manifest)
+    refused = f"{ckpt}: {written_at(manifest, split)}"
+    policy: Any = getattr(model, "model", None)
+    if not hasattr(policy, "stage") or not reads:
+        raise CheckpointError(f"{refused}: only megatron's shards are rebuilt at another tp × pp")
+    if modules or sorted(optimizers) != ["policy"]:
+        raise CheckpointError(
+            f"{refused}: rebuilding {', '.join(sorted(set(modules) | set(optimizers) - {'policy'}))}'s state at "
+            f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
+        )
+    rank, _ = _rank_world()
+    loaded = TinyGPT.from_pretrained(ckpt / MODEL)
+    model.load_state_dict(loaded.state_dict())
+    files = {s["rank"]: s["file"] for s in manifest["ranks"]}
+    shards = {resplit.position(r, was): torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads}
+    opt = optimizers["policy"]
+    by_id = {id(p): n.removeprefix("gpt.") for n, p in policy.named_parameters()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    index_names = {i: by_id[id(p)] for i, p in enumerate(params)}
+    t = rank % split.tp  # this rank's tp rank (megatron's order: tp fastest)
+    try:
+        state = resplit.rebuilt_state(
+            policy.config,
+            old=was,
+            states={k: v["optimizer.policy"] for k, v in shards.items()},
+            now_tp=split.tp,
+            t=t,
+            stage=policy.stage,
+            current=opt.state_dict(),
+            index_names=index_names,
+        )
+    except ValueError as e:
+        raise CheckpointError(f"{refused}: {e}") from e
+    opt.load_state_dict(state)
+    first = min(shards, key=lambda k: (k[1], k[0] != t % was.tp))
+    set_rng_state(shards[first]["rng"])  # nothing on the trainer draws from it (the module's docstring)
+    log.info(
+        "checkpoint %s was written at %s and is resumed at %s: rank %d rebuilt its optimizer state from ranks %s' "
+        "shards (sha256 %s)",
+        ckpt.name,
+        was.short(),
+        split.short(),
+        rank,
+        ",".join(map(str, reads)),
+        optimizer_digest(optimizers),
     )
     return dict(manifest["counters"]), str(manifest["digest"])

@@ -31,16 +31,15 @@ def pick_checkpoint(
     only: int | None = None,
     start_over: str = "rlctl launch JOB.yaml",
 ) -> ResumePoint:
-    """The checkpoint a resume continues from (choose_resume), each part read through its own site's
-    view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
-    trainer's part on the trainer's; the trainer part must be the one the controller part names (its
-    manifest's SHA-256). The checkpoints whose controller manifest is there (the controller writes its part
-    last) are tried, newest first: those on disk, not those the job's `checkpoint.every_iterations` makes now (a
-    count edited in job.json since left the ones written before out). `split`: the trainer's tp × pp × dp, which
-    must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
-    else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named).
-    RlctlError where none verifies, naming the directories its parts were read in and, in its hint, the command
-    `start_over` that launches the job anew."""
+    """The checkpoint a resume continues from (choose_resume), each part read through its own site's view of that site's
+    job dir: the controller's part and `latest.json` on the controller's site, the trainer's part on the trainer's; the
+    trainer part must be the one the controller part names (its manifest's SHA-256). The checkpoints whose controller
+    manifest is there (the controller writes its part last) are tried, newest first: those on disk, not those the job's
+    `checkpoint.every_iterations` makes now (a count edited in job.json since left the ones written before out).
+    `split`: the trainer's tp × pp × dp, which may be another than the checkpoint's (each rank rebuilds its state:
+    `rlctl.checkpoint.resplit`) unless the state is sharded by FSDP (`split_problem`), else UsageError. `only`: that
+    checkpoint or a UsageError saying why not (a roll-back the operator named). RlctlError where none verifies, naming
+    the directories its parts were read in and, in its hint, the command `start_over` that launches the job anew."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     on_disk = stored_checkpoints(c_fs, c_dir)

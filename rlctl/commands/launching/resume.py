@@ -25,11 +25,11 @@ def resume_job(
     iterations: int | None = None,
     checkpoint: str | None = None,
 ) -> None:
-    """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
-    complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
-    another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
-    `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
-    one it continues from instead of the latest (a roll-back)."""
+    """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest complete
+    checkpoint (every trainer rank the shard of its (tp, pp) position; written at another tp × pp × dp, its state
+    rebuilt from the old shards: `rlctl.checkpoint.resplit`), every prompt it had not trained is generated again, the
+    curves continue. `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to;
+    `checkpoint`: the one it continues from instead of the latest (a roll-back)."""
     from rlctl.launch.jobdir import JobDir
     from rlctl.launch.layout import plan_sites
     from rlctl.launch.locks import LOCK_FD_ENV

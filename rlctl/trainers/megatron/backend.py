@@ -37,7 +37,8 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and
 megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus the optimizer shard of
-each rank of data-parallel replica 0, resumed at the split it was written at only.
+each rank of data-parallel replica 0; resumed at another tp × pp, each rank rebuilds its AdamW state from the
+old shards (`rlctl.checkpoint.resplit`; not a PPO critic's: refused).
 On a GPU (tp = pp = 1): the GPTModel's fp32 parameters and AdamW state on the rank's device, the passes under
 bf16 autocast (the agent's `Compute`, as the torch backend), gradients summed by the learner over the trainer's
 group (NCCL); a rank of a tp or pp split stops at start (`MEGATRON_GPU_SPLIT`). gpu-check's `megatron` piece

@@ -199,17 +199,6 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_
     assert manifest["split"] == {"tp": 2, "pp": 1, "dp": 1, "world": 2}
     assert [r["file"] for r in manifest["ranks"]] == ["ranks/rank-0.pt", "ranks/rank-1.pt"]
 
-    plan_json = job_dir / "plan.json"  # a plan split otherwise than the checkpoint: refused, nothing starts
-    plan = plan_json.read_text()
-    other = json.loads(plan)
-    assert other["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 1}
-    other["trainer"]["parallel"] = {"tp": 1, "pp": 2, "dp": 1}
-    plan_json.write_text(json.dumps(other))
-    refused = rlctl("launch", "--resume", str(job_dir), timeout_s=120)
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.count("\n") == 1 and "which this trainer (tp 1 pp 2 dp 1) cannot load" in refused.stderr
-    plan_json.write_text(plan)
-
     code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=400)
     assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))

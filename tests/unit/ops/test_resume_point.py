@@ -71,6 +71,7 @@ def sharded_meta(split: dict[str, int]) -> dict[str, Any]:
 
 ONE_RANK = {"tp": 1, "pp": 1, "dp": 1, "world": 1}
 TP2 = {"tp": 2, "pp": 1, "dp": 1, "world": 2}
+FSDP_DP2 = {"tp": 1, "pp": 1, "dp": 2, "world": 2, "fsdp": True}
 
 
 class Sites:
@@ -329,23 +330,26 @@ def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
     return files_part(ckpt, "trainer", "{}", meta=sharded_meta(split))
 
 
-def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: Path) -> None:
-    """Every trainer rank restores the shard of its (tp, pp) position: the trainer must be split as when the
-    checkpoint was written (the plan is re-used, so this guards a plan.json that changed). One line, exit 2;
-    an older checkpoint is not tried instead (it would not fit either)."""
+def test_a_checkpoint_written_at_another_split_is_picked_and_a_sharded_one_refused_not_skipped(tmp_path: Path) -> None:
+    """A trainer at another tp × pp × dp rebuilds each rank's state from the shards (`rlctl.checkpoint.resplit`):
+    the checkpoint is picked. FSDP's sharded state is not rebuilt at another split: one line, exit 2; an older
+    checkpoint is not tried instead (it would not fit either)."""
     sites = Sites(tmp_path)
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), TP2)
         files_part(sites.c.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
     set_latest(sites.c.path / "checkpoints", 6)
     fs = LocalFiles()
-    same = ParallelConfig("trainer", tp=2, pp=1, dp=1)
-    assert pick_checkpoint((fs, sites.c), (fs, sites.t), split=same).version == 6
+    for split in (ParallelConfig("trainer", tp=2, pp=1, dp=1), ParallelConfig("trainer", tp=1, pp=2, dp=1)):
+        assert pick_checkpoint((fs, sites.c), (fs, sites.t), split=split).version == 6
+    for v in (3, 6):
+        digest = sharded_part(sites.t.checkpoint(v), FSDP_DP2)
+        files_part(sites.c.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
     with pytest.raises(UsageError) as e:
         pick_checkpoint((fs, sites.c), (fs, sites.t), split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
-        f"{sites.t.checkpoint(6)}: written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) "
-        "cannot load: each rank restores the shard of its (tp, pp) position at that split"
+        f"{sites.t.checkpoint(6)}: written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer (tp 1 pp 2 dp 1) "
+        "cannot load: each rank restores its own part of the sharded state at that split"
     )
     assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
     old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest
@@ -364,18 +368,18 @@ def test_launch_resume_refuses_another_split_in_one_line_before_any_agent_starts
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("resume", explicit=tmp_path / "job")
     jd.write_job(spec(), source="test")
-    split = {"tp": 1, "pp": 2, "dp": 1}  # the plan says pp 2; the checkpoint was written at tp 2
+    split = {"tp": 1, "pp": 2, "dp": 1}  # the plan says pp 2; the checkpoint was written sharded by FSDP at dp 2
     plan = {"trainer": {"site": "t", "ranks": 2, "parallel": split}, "rollout": [{"site": "c", "units": 1}],
             "controller_site": "c"}  # fmt: skip
     jd.write_json(jd.plan_json, plan)
     write_sites(jd.path, {"c": local_site(), "t": local_site()})
-    digest = sharded_part(jd.checkpoint(3), TP2)
+    digest = sharded_part(jd.checkpoint(3), FSDP_DP2)
     files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
     set_latest(jd.path / "checkpoints", 3)
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
-    assert "written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) cannot load" in r.stderr
+    assert "written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer (tp 1 pp 2 dp 1) cannot load" in r.stderr
     assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()  # nothing started
 
 

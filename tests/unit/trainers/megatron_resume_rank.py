@@ -12,14 +12,19 @@ the weights after each step. SAMPLES.pt holds three iterations of samples.
   PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, announced through the
                    learner; the followers `save_shard` from `follow`: data-parallel replica 0's write a shard);
                    iteration 3.
-  PHASE "resume":  fresh ranks: try JOB/iter-2-damaged and JOB/iter-2 at another split (each error is kept),
+  PHASE "resume":  fresh ranks: try JOB/iter-2-damaged and JOB/iter-2 at a split they cannot rebuild their state
+                   at (GRPO: sharded by FSDP; PPO: tp and pp swapped, the critic's state) (each error is kept),
                    then restore JOB/iter-2 (the HF policy, the optimizer shard and RNG of this rank's (tp, pp)
                    position); iteration 3.
+  PHASE "resplit": fresh ranks at another split than the run's restore JOB/iter-2 (their AdamW state rebuilt
+                   from the old shards); iteration 3.
 
 OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it (each
 optimizer's: "policy", PPO's "critic"), "modules": the state of the learner's other modules after it (PPO's
 critic: this rank's shard of its trunk, and its head), "errors": the CheckpointErrors of the resume phase,
-"counters": the counters restored, "rng": this rank's RNG states right after the restore (resume phase)}.
+"counters": the counters restored, "rng": this rank's RNG states right after the restore (resume phase),
+"at_checkpoint" (run) / "restored" (resplit): this rank's policy AdamW state by parameter name when the
+checkpoint was written / right after the restore, "restored_weights" (resplit): the full HF weights then}.
 """
 
 from __future__ import annotations
@@ -71,7 +76,12 @@ def main(
     opts, modules, ckpt = learner.optimizers(), learner.modules(), job / "iter-2"
     result: dict[str, Any] = {"errors": [], "counters": None}
     if phase == "resume":
-        other = ParallelConfig("trainer", split.tp, split.pp, dp=dp.size + 1)  # another split
+        # a split no rank can rebuild its state at: FSDP's sharded state (GRPO's), a PPO critic's at another tp × pp
+        other = (
+            ParallelConfig("trainer", split.tp, split.pp, dp=dp.size, fsdp=True)
+            if algorithm == "grpo"
+            else ParallelConfig("trainer", split.pp, split.tp, dp=dp.size)
+        )
         for where, as_split in ((job / "iter-2-damaged", split), (ckpt, other)):
             try:
                 load_trainer(
@@ -83,6 +93,20 @@ def main(
             ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
         )
         result["rng"] = rng_state()
+    if phase == "resplit":
+        result["counters"], _ = load_trainer(
+            ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
+        )
+        result["restored"] = named_state(backend.model, opts["policy"])
+        result["restored_weights"] = {k: v.clone() for k, v in backend.weights().items()}
+
+    def checkpointed() -> None:
+        result["at_checkpoint"] = named_state(backend.model, opts["policy"])
+
+    def on_checkpoint(version: int) -> None:
+        checkpointed()
+        save_shard(job / f"iter-{version}", optimizers=opts, modules=modules, split=split, data_parallel=dp)
+
     todo = [0, 1, 2] if phase == "run" else [2]
     published: list[dict[str, torch.Tensor]] = []
     if rank == 0:
@@ -93,6 +117,7 @@ def main(
             learner.step()
             published.append(backend.weights())  # every rank publishes each version (a collective at tp, pp > 1)
             if i == 1:
+                checkpointed()
                 save_trainer(
                     ckpt,
                     model=backend,
@@ -107,9 +132,7 @@ def main(
     else:
         learner.follow(
             on_step=lambda: published.append(backend.weights()),
-            on_checkpoint=lambda version: save_shard(
-                job / f"iter-{version}", optimizers=opts, modules=modules, split=split, data_parallel=dp
-            ),
+            on_checkpoint=on_checkpoint,
         )
     assert len(published) == len(todo)
     result["weights"] = {k: v.clone() for k, v in published[-1].items()}
@@ -119,6 +142,15 @@ def main(
     }
     torch.save(result, out)
     dist.destroy_process_group()
+
+
+def named_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
+    """`opt`'s state of each parameter of `model`, by its name (copies)."""
+    return {
+        n: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+        for n, p in model.named_parameters()
+        if p in opt.state
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""A trainer checkpoint resumed at another split (tp × pp × dp) than it was written at: which shards a rank reads,
+and its AdamW state rebuilt for its new shard from them.
+
+Same tp × pp, another dp: the rank at position (t, p) restores the shard replica 0's rank at (t, p) wrote, as at
+the same split (the replicas hold the same state); the position's writer is another global rank
+(`ParallelConfig.first_replica_ranks`). A `torch` trainer that is not sharded is always there (tp = pp = 1).
+
+Another tp or pp (`megatron`): a moment of AdamW (exp_avg, exp_avg_sq) has its parameter's shape and layout, so
+the rule that splits the weights splits it (`rlctl.trainers.megatron.names`):
+
+    old shard (t0, s0): moments by megatron name ──to_hf──▶ HF-layout parts ──gather_hf over t0, union over s0──▶
+    whole HF moments of the layers this rank's stage holds ──to_megatron(t, stage)──▶ this rank's moments
+
+A rank reads the shards of the old stages its layers overlap (and the embedding's and the final norm's), every
+old tp rank of them, mapped (`mmap`): a tensor is read from disk as it is used. It then holds the whole HF moments
+of those stages at once (two per parameter of them), not one tensor at a time. The step count is one
+value (every parameter steps together) and is carried; the hyper-parameters are the old shard's. A shard
+holds its optimizer's state by index: the old rank's megatron names in GPTModel's order (`param_order`), grouped
+as `rlctl.rl.schedule.policy_optimizer` groups them, name the indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rlctl.launch.agentenv import ParallelConfig
+from rlctl.models.hf import TinyGPTConfig, expected_shapes
+from rlctl.trainers.megatron import names
+from rlctl.trainers.megatron.names import Stage
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def position(shard_of: int, split: ParallelConfig) -> tuple[int, int]:
+    """The (tp rank, pp stage) of replica 0's global rank `shard_of` at `split` (megatron's order: tp fastest,
+    then dp, then pp)."""
+    return shard_of % split.tp, shard_of // (split.tp * split.dp)
+
+
+def writer(t: int, p: int, split: ParallelConfig) -> int:
+    """The global rank of replica 0 at position (t, p) of `split`: the rank that wrote its shard."""
+    return t + split.tp * split.dp * p
+
+
+def stages_read(c: TinyGPTConfig, stage: Stage, old_pp: int) -> list[int]:
+    """The stages of a `old_pp`-stage split whose shards a rank at `stage` reads: those holding its layers, the
+    first (the embedding; at the last stage, tied, its copy), the last (the final norm, lm_head)."""
+    per = c.num_hidden_layers // old_pp
+    out = {n // per for n in stage.layers(c)}
+    if stage.first or (stage.last and c.tie_word_embeddings):
+        out.add(0)
+    if stage.last:
+        out.add(old_pp - 1)
+    return sorted(out)
+
+
+def param_order(c: TinyGPTConfig, stage: Stage, layer: list[str]) -> list[str]:
+    """The megatron names of a GPTModel stage's parameters in their order (`named_parameters`): the embedding, each
+    layer's (`layer`: the suffixes of one, in order), the final norm, the output layer (tied: the last stage's
+    copy at pp > 1)."""
+    out = ["embedding.word_embeddings.weight"] if stage.first else []
+    for i in range(len(stage.layers(c))):
+        out += [f"decoder.layers.{i}.{s}" for s in layer]
+    if stage.last:
+        out.append("decoder.final_layernorm.weight")
+        if not c.tie_word_embeddings or not stage.first:
+            out.append("output_layer.weight")
+    return out
+
+
+def layer_suffixes(mg_names: list[str]) -> list[str]:
+    """The suffixes of layer 0's parameters (every stage holds a layer 0), in order."""
+    head = "decoder.layers.0."
+    return [n.removeprefix(head) for n in mg_names if n.startswith(head)]
+
+
+def shard_shapes(c: TinyGPTConfig, *, tp: int, t: int, stage: Stage) -> dict[str, tuple[int, ...]]:
+    """The shape of each megatron parameter of tp rank `t` at `stage` of a `tp` split (the split of meta tensors)."""
+    meta = {k: torch.empty(shape, device="meta") for k, shape in expected_shapes(c).items()}
+    return {k: tuple(v.shape) for k, v in names.to_megatron(meta, c, tp=tp, rank=t, stage=stage).items()}
+
+
+def indexed_names(
+    order: list[str], shapes: Mapping[str, tuple[int, ...]], groups: list[dict[str, Any]]
+) -> dict[int, str]:
+    """The name of each index of an optimizer state dict whose `groups` hold the parameters `order` names:
+    one group in model order, or two as `policy_optimizer` splits them (matrices and embeddings, then the rest).
+    ValueError when the groups do not hold as many parameters."""
+    split = (
+        [order]
+        if len(groups) == 1
+        else [[n for n in order if len(shapes[n]) >= 2], [n for n in order if len(shapes[n]) < 2]]
+    )
+    if len(split) != len(groups) or [len(g) for g in split] != [len(g["params"]) for g in groups]:
+        raise ValueError(
+            f"its optimizer holds {[len(g['params']) for g in groups]} parameters per group, this model's shard "
+            f"{[len(g) for g in split]}"
+        )
+    return {i: n for g, ns in zip(groups, split, strict=True) for i, n in zip(g["params"], ns, strict=True)}
+
+
+def whole_moments(
+    c: TinyGPTConfig, old: ParallelConfig, states: Mapping[tuple[int, int], dict[str, Any]], layer: list[str]
+) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
+    """Whole HF-layout moments ({"exp_avg": {HF name: tensor}, …}) of the stages `states` holds (the optimizer state
+    dict of old position (t0, s0), every t0 of each stage), and the step count. ValueError when a shard does not
+    hold this model's parameters (another model, another optimizer)."""
+    parts: dict[int, list[dict[str, dict[str, torch.Tensor]]]] = {}
+    steps: list[torch.Tensor] = []
+    for (t0, s0), sd in sorted(states.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        stage = Stage(s0, old.pp)
+        shapes = shard_shapes(c, tp=old.tp, t=t0, stage=stage)
+        order = param_order(c, stage, layer)
+        if sorted(order) != sorted(shapes):
+            raise ValueError(f"this model's names and megatron's order disagree: {sorted(set(order) ^ set(shapes))}")
+        named = indexed_names(order, shapes, sd["param_groups"])
+        by_moment: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
+        for i, name in named.items():
+            st = sd["state"][i]
+            for m in MOMENTS:
+                if tuple(st[m].shape) != shapes[name]:
+                    raise ValueError(f"{name}'s {m} is {tuple(st[m].shape)}, this model's part {shapes[name]}")
+                by_moment[m][name] = st[m]
+            steps.append(torch.as_tensor(st["step"]))
+        parts.setdefault(s0, []).append({m: names.to_hf(v, c, tp=old.tp, stage=stage) for m, v in by_moment.items()})
+    if len({float(s) for s in steps}) != 1:
+        raise ValueError(f"its parameters took different numbers of steps: {sorted({float(s) for s in steps})}")
+    out: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
+    for s0 in sorted(parts):
+        for m in MOMENTS:
+            out[m] |= names.gather_hf([p[m] for p in parts[s0]])
+    return out, steps[0]
+
+
+def rebuilt_state(
+    c: TinyGPTConfig,
+    *,
+    old: ParallelConfig,
+    states: Mapping[tuple[int, int], dict[str, Any]],
+    now_tp: int,
+    t: int,
+    stage: Stage,
+    current: dict[str, Any],
+    index_names: Mapping[int, str],
+) -> dict[str, Any]:
+    """The optimizer state dict of tp rank `t` at `stage` of a `now_tp` split, rebuilt from the old shards `states`
+    (`whole_moments`): `current` is this rank's optimizer's state dict (its groups' indices), `index_names` the
+    megatron name of each of its indices. The hyper-parameters of each group are the old shards'."""
+    mg_names = list(index_names.values())
+    whole, step = whole_moments(c, old, states, layer_suffixes(mg_names))
+    mine = {m: names.to_megatron(whole[m], c, tp=now_tp, rank=t, stage=stage) for m in MOMENTS}
+    old_groups = next(iter(states.values()))["param_groups"]
+    if len(old_groups) != len(current["param_groups"]):
+        raise ValueError(
+            f"its optimizer has {len(old_groups)} parameter groups, this trainer's {len(current['param_groups'])}"
+        )
+    groups = [g | {"params": list(now["params"])} for g, now in zip(old_groups, current["param_groups"], strict=True)]
+    state = {
+        i: {"step": step.clone(), **{m: mine[m][name].clone() for m in MOMENTS}} for i, name in index_names.items()
+    }
+    return {"state": state, "param_groups": groups}

@@ -1,0 +1,89 @@
+"""A trainer checkpoint resumes at another split than it was written at: Megatron written at tp 2 and resumed at
+tp 1, at pp 2 → tp 2, at tp 1 → tp 2, at tp 2 × pp 2 → tp 1, at pp 2 × dp 2 → pp 2 (each rank the shard of its
+position, another rank's at dp 2), and the torch backend at dp 2 → dp 1. The ranks train two iterations,
+checkpoint, a third → W_a (megatron_resume_rank.py's "run"); fresh ranks at the other split restore the checkpoint
+("resplit": each rank's AdamW state rebuilt from the old shards) and train that third iteration → W_b. Gathered
+whole (the HF layout, by the rule that splits the weights: `names.to_hf`, `gather_hf`), the resumed ranks' weights
+and AdamW moments are the checkpoint's bit for bit, and the step count carried; W_b is W_a within float error (a
+split sums gradients and logits in another order)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.trainers.megatron import names
+from rlctl.trainers.megatron.names import Stage
+from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.test_megatron_backend import rollouts
+from tests.unit.trainers.test_megatron_resume import run_phase
+
+pytest.importorskip("transformers")
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def whole_moments(ranks: list[dict], key: str, *, backend: str, tp: int, pp: int, dp: int, model: Path) -> dict:
+    """{moment: {HF name: whole tensor}} from the policy AdamW state by parameter name of each rank (`key`) of a
+    tp × pp × dp split: replica 0's ranks, each stage's tp parts joined."""
+    if backend == "torch":
+        return {m: {n: st[m] for n, st in ranks[0][key].items()} for m in MOMENTS}
+    c = TinyGPT.from_pretrained(model).config
+    out: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
+    for p in range(pp):
+        replica0 = [ranks[t + tp * dp * p][key] for t in range(tp)]
+        for m in MOMENTS:
+            parts = [{n.removeprefix("gpt."): st[m] for n, st in r.items()} for r in replica0]
+            out[m] |= names.gather_hf([names.to_hf(part, c, tp=tp, stage=Stage(p, pp)) for part in parts])
+    return out
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    "backend,was,now",
+    [
+        ("megatron", (2, 1, 1), (1, 1, 1)),
+        ("megatron", (1, 2, 1), (2, 1, 1)),
+        ("megatron", (1, 1, 1), (2, 1, 1)),
+        ("megatron", (2, 2, 1), (1, 1, 1)),
+        ("megatron", (1, 2, 2), (1, 2, 1)),
+        ("torch", (1, 1, 2), (1, 1, 1)),
+    ],
+    ids=["tp2-to-tp1", "pp2-to-tp2", "tp1-to-tp2", "tp2-pp2-to-tp1", "pp2-dp2-to-pp2", "torch-dp2-to-dp1"],
+)
+def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
+    tmp_path: Path, backend: str, was: tuple[int, int, int], now: tuple[int, int, int]
+) -> None:
+    if backend == "megatron":
+        require_megatron()
+    write_checkpoint("llama-bias-tied", tmp_path / "model")  # tied and vocab-parallel at both ends; 2 layers
+    model = TinyGPT.from_pretrained(tmp_path / "model")
+    torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
+    tp, pp, dp = was
+    ran = run_phase(tmp_path, "run", backend=backend, algorithm="grpo", tp=tp, pp=pp, dp=dp)
+    ckpt = tmp_path / "job" / "iter-2"
+    manifest = json.loads((ckpt / "MANIFEST.trainer.json").read_text())
+    assert manifest["split"] == {"tp": tp, "pp": pp, "dp": dp, "world": tp * pp * dp}
+
+    ntp, npp, ndp = now
+    resumed = run_phase(tmp_path, "resplit", backend=backend, algorithm="grpo", tp=ntp, pp=npp, dp=ndp)
+    saved = TinyGPT.from_pretrained(ckpt / "model").state_dict()
+    for rank, b in enumerate(resumed):
+        assert b["counters"] == {"version": 2}
+        assert all(torch.equal(b["restored_weights"][k], v) for k, v in saved.items()), rank
+        assert {float(st["step"]) for st in b["restored"].values()} == {2.0}, rank  # two steps, carried
+    checkpointed = whole_moments(ran, "at_checkpoint", backend=backend, tp=tp, pp=pp, dp=dp, model=ckpt / "model")
+    restored = whole_moments(resumed, "restored", backend=backend, tp=ntp, pp=npp, dp=ndp, model=ckpt / "model")
+    for m in MOMENTS:
+        assert sorted(restored[m]) == sorted(checkpointed[m])
+        different = [n for n, t in checkpointed[m].items() if not torch.equal(t, restored[m][n])]
+        assert different == [], (m, different)  # bit for bit, gathered whole
+    w_a, w_b = ran[0]["weights"], resumed[0]["weights"]
+    assert not all(torch.equal(w_b[k], saved[k]) for k in saved)  # the third step moved it
+    for k in w_a:
+        torch.testing.assert_close(w_b[k], w_a[k], rtol=1e-4, atol=1e-5, msg=k)
