@@ -74,7 +74,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         dry_run: Annotated[
-            bool, typer.Option("--dry-run", help="print every agent's exact sbatch script / SSH command; start nothing")
+            bool,
+            typer.Option(
+                "--dry-run",
+                help="print every agent's exact sbatch script / SSH command; start nothing (with --resume JOB "
+                "--trainer-split: that split checked and shown)",
+            ),
         ] = False,
         resume: Annotated[
             str | None,
@@ -92,6 +97,17 @@ def register(app: typer.Typer) -> None:
                 metavar="V",
                 help="with --resume: continue from checkpoint V (20 or v20) instead of the latest, setting the "
                 "newer ones aside (a roll-back)",
+                show_default=False,
+            ),
+        ] = None,
+        trainer_split: Annotated[
+            str | None,
+            typer.Option(
+                "--trainer-split",
+                metavar="tp=T,pp=P[,dp=D]",
+                help="with --resume: the trainer's new split on its site (ranks = tp × pp × dp; a part left out keeps "
+                "the plan's), checked as a launch checks one and written to plan.json; the checkpoint's state is "
+                "rebuilt for it (megatron; torch dp). With --dry-run: checked and shown, nothing written",
                 show_default=False,
             ),
         ] = None,
@@ -127,10 +143,25 @@ def register(app: typer.Typer) -> None:
 
             code_digest()  # this launcher's code as it starts, which its agents must run (rlctl.buildid)
             if resume is not None:
-                if job_file is not None or dry_run or mode is not None or job_dir is not None:
-                    raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")
-                resume_job(resume, output, detached=detach_, iterations=iterations, checkpoint=checkpoint)
+                if job_file is not None or mode is not None or job_dir is not None:
+                    raise UsageError("--resume JOB takes no job file, --mode or --job-dir")
+                if dry_run and (trainer_split is None or detach_ or iterations is not None or checkpoint is not None):
+                    raise UsageError(
+                        "--resume JOB --dry-run shows a --trainer-split alone: it takes no --iterations, --checkpoint "
+                        "or --detach, and needs --trainer-split"
+                    )
+                resume_job(
+                    resume,
+                    output,
+                    detached=detach_,
+                    iterations=iterations,
+                    checkpoint=checkpoint,
+                    trainer_split=trainer_split,
+                    dry_run=dry_run,
+                )
                 return
+            if trainer_split is not None:
+                raise UsageError("--trainer-split changes a resumed job's split: give it with --resume JOB")
             if checkpoint is not None:
                 raise UsageError("--checkpoint names where a resume continues from: give it with --resume JOB")
             if job_file is None:

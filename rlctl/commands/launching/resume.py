@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlctl.commands.launching.detached import run_detached
 from rlctl.commands.launching.launcher import be_launcher
 from rlctl.errors import RlctlError, UsageError
-from rlctl.render import OutputFormat
+from rlctl.render import OutputFormat, emit
 
 if TYPE_CHECKING:
+    from rlctl.launch.jobdir import JobDir
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.run import JobRun
 
@@ -24,14 +25,18 @@ def resume_job(
     detached: bool = False,
     iterations: int | None = None,
     checkpoint: str | None = None,
+    trainer_split: str | None = None,
+    dry_run: bool = False,
 ) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest complete
     checkpoint (every trainer rank the shard of its (tp, pp) position; written at another tp × pp × dp, its state
     rebuilt from the old shards: `rlctl.checkpoint.resplit`), every prompt it had not trained is generated again, the
     curves continue. `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to;
-    `checkpoint`: the one it continues from instead of the latest (a roll-back)."""
-    from rlctl.launch.jobdir import JobDir
-    from rlctl.launch.layout import plan_sites
+    `checkpoint`: the one it continues from instead of the latest (a roll-back). `trainer_split`: `--trainer-split`'s
+    text, the trainer's new tp × pp × dp (`rlctl.ops.trainersplit`), checked before anything is written and written to
+    plan.json as the run starts; `dry_run`: that split checked and shown, nothing written or started."""
+    from rlctl.launch.jobdir import JobDir, replace_text
+    from rlctl.launch.layout import plan_sites, trainer_parallel
     from rlctl.launch.locks import LOCK_FD_ENV
     from rlctl.ops.extend import (
         completed_checkpoints,
@@ -47,7 +52,9 @@ def resume_job(
     from rlctl.ops.preflight import refuse
     from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
+    from rlctl.ops.trainersplit import parse_split, said
 
+    asked = parse_split(trainer_split) if trainer_split is not None else None  # a bad value: one line, first
     db = JobDB()
     ref_ = resolve(ref, db=db)
     old = db.moved_here(ref_.jobdir.path) if ref_.row is None else None
@@ -64,6 +71,18 @@ def resume_job(
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
+        if dry_run:  # (`launch` takes --dry-run with --resume only beside --trainer-split)
+            assert asked is not None
+            shown = _resplit(jd, plan, asked) or plan
+            same = f"the plan's trainer split already: {trainer_parallel(plan).short()}; plan.json stays"
+            line = (
+                f"{said(plan, shown)}: the resume writes it to plan.json (dry run: nothing written)"
+                if shown is not plan
+                else same
+            )
+            emit({"trainer": shown["trainer"], "was": plan["trainer"]}, output, lambda _: line)
+            db.close()
+            return
         # this process as the job's launcher from here (`JobDir.launcher_lock`, held into `be_launcher`): a job
         # another launcher holds is refused before anything below fetches the controller site's record into the job
         # dir that launcher works in (a --checkpoint is only checked here, `rollback_to`: the run's agents set the
@@ -101,6 +120,9 @@ def resume_job(
         # --reach` asks them, once the job is one to resume: sbatch refused them at the first agent's job, after the
         # run was marked launching and staged (before a detach: said here, not in its launcher's log)
         refuse(str(jd.path), launched_option_problems(jd.path, plan_sites(plan), timeout_s=ASK_S))
+        # the trainer's new split, checked as a launch checks one (the model, the site's room): refused here, before a
+        # detach and before anything is written; plan.json is rewritten as the run starts (`begin`)
+        resplit = _resplit(jd, plan, asked) if asked is not None else None
     except RlctlError:
         lock.close()
         db.close()
@@ -116,6 +138,7 @@ def resume_job(
         db.close()
         again = ["--iterations", str(iterations)] if iterations is not None else []
         again += ["--checkpoint", str(back)] if back is not None else []
+        again += ["--trainer-split", trainer_split] if trainer_split is not None else []
         with lock:  # (its own copy let go once that launcher said the job runs, or ended)
             run_detached(
                 ["launch", "--resume", str(jd.path), *again],
@@ -141,15 +164,23 @@ def resume_job(
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)
+        plan_was = jd.plan_json.read_text() if resplit is not None else None
+        if resplit is not None:  # what the run's agents are laid out by, and the controller's copy is staged from
+            jd.write_json(jd.plan_json, resplit)
         if counted is not None:
             say(f"job {spec.name}: {counted}")
+        if resplit is not None:
+            say(f"job {spec.name}: {said(plan, resplit)}, written to plan.json")
         for line in sources:
             say(f"job {spec.name}: {line}")
         try:
             run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
-            if was is not None and runs.run is not None and runs.run.unstarted:  # as it was, as the run put back
+            unstarted = runs.run is not None and runs.run.unstarted
+            if was is not None and unstarted:  # as it was, as the run put back
                 replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
+            if plan_was is not None and unstarted:  # and plan.json: the split takes effect only with a run of it
+                replace_text(jd.plan_json, plan_was)
             raise
         # job.json edited since: said once the run started on it, versus before, where a run that then refused the
         # edit (`JobRun._prepare`: a checkpoint its events miss) said it "runs the job as edited" and then that it
@@ -159,4 +190,18 @@ def resume_job(
         return run
 
     with lock:  # taken above, held to the run's end
-        be_launcher(jd, spec, plan, db, begin, output, locked=True)
+        be_launcher(jd, spec, resplit if resplit is not None else plan, db, begin, output, locked=True)
+
+
+def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[str, Any] | None:
+    """The job's plan with the trainer split as `--trainer-split` asks (`rlctl.ops.trainersplit.resplit_plan`), judged
+    by the job as launched (job.json), its sites (sites.json) and its model's architecture; None: the plan's split."""
+    from rlctl.config.model import HfModel
+    from rlctl.launch.backends import read_sites
+    from rlctl.models.hf import check_hf_dir
+    from rlctl.ops.trainersplit import resplit_plan
+
+    job = jd.read_job()
+    # an HF model's figures from the job dir's copy (the path it was launched from may be gone)
+    arch = check_hf_dir(jd.init_model, name=job.model.name).arch if isinstance(job.model, HfModel) else job.model.arch
+    return resplit_plan(plan, asked, spec=job, sites=read_sites(jd.path, required=True), arch=arch)

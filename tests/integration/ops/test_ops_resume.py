@@ -215,6 +215,53 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_
     print(f"\nmegatron tp 2 resumed from v{latest}; both ranks restored their own optimizer shard")
 
 
+def test_a_megatron_tp2_trainer_killed_then_resumed_at_tp1_pp2_by_trainer_split_trains_every_prompt_exactly_once(
+    tmp_path, launcher
+):
+    """The trainer moved to another split on resume: `launch --resume JOB --trainer-split tp=1,pp=2` (shown first by
+    --dry-run, nothing written) rewrites plan.json's trainer section, and each rank rebuilds its optimizer state from
+    the tp 2 shards (`rlctl.checkpoint.resplit`); the job finishes with every prompt trained once. Versus a resume
+    that always ran the plan's split (plan.json edited by hand was the only way to another)."""
+    require_megatron()
+    iterations, prompts, job_dir = 6, 4, tmp_path / "run"
+    job = hf_job(
+        tmp_path,
+        job_dir=job_dir,
+        iterations=iterations,
+        every=3,
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer={"backend": "megatron", "tensor_parallel": 2},
+    )
+    split_model(tmp_path / "model", tp=2, pp=2)  # 2 heads, an even vocabulary and 2 layers: tp 2 and pp 2 split them
+    latest = held_then_killed(tmp_path, launcher, job, job_dir, every=3)
+    plan_json = job_dir / "plan.json"
+    assert json.loads(plan_json.read_text())["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 1}
+
+    dry = rlctl("launch", "--resume", str(job_dir), "--trainer-split", "tp=1,pp=2", "--dry-run", timeout_s=120)
+    assert dry.returncode == 0 and "tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp1 (2 ranks)" in dry.stdout, dry.stderr
+    assert json.loads(plan_json.read_text())["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 1}
+    bad = rlctl("launch", "--resume", str(job_dir), "--trainer-split", "tp=3", timeout_s=120)  # 2 heads
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--trainer-split tp=3: tp 3" in bad.stderr, bad
+
+    code, s = rlctl_json("launch", "--resume", str(job_dir), "--trainer-split", "tp=1,pp=2", timeout_s=400)
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
+    assert json.loads(plan_json.read_text())["trainer"] == {
+        "site": "local",
+        "ranks": 2,
+        "parallel": {"tp": 1, "pp": 2, "dp": 1},
+    }
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
+    samples = sample_rows(JobDir(job_dir), iterations)
+    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    for rank in (0, 1):  # each pipeline stage rebuilt its optimizer state from both tp 2 shards of its layers
+        log = next(job_dir.glob(f"**/trainer-{rank}*.log")).read_text()
+        rebuilt = f"checkpoint iter-{latest} was written at tp2 pp1 dp1 and is resumed at tp1 pp2 dp1: rank {rank} "
+        assert rebuilt in log, log[-2000:]
+
+
 def test_a_rollout_unit_killed_mid_generation_is_replaced(tmp_path, launcher):
     job = job_yaml(
         tmp_path / "heal.yaml",

@@ -754,3 +754,159 @@ def test_a_resume_interrupted_as_it_compares_the_job_file_leaves_the_count_itera
     r = run_cli("launch", "--resume", str(jd.path), "--iterations", "30")
     assert r.exit_code != 0, r.stderr
     assert jd.job_json.read_text() == job_json
+
+
+def split_job(tmp_path: Path, *, algorithm: str = "grpo", gpus: int = 2) -> JobDir:
+    """A megatron job launched at tp 2 on a local site of `gpus` GPUs (a model that tp 1, 2, 4 and pp 1, 2 split; not
+    tp 3 or pp 3), its checkpoint v3 written at tp 2."""
+    job = spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
+    job["model"] = {"kind": "arch", "name": "m", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 4, "vocab": 64,
+                    "intermediate": 128, "params": 1e5}  # fmt: skip
+    job["trainer"] = {"backend": "megatron", "tensor_parallel": 2}
+    job["placement"]["trainer"]["gpus"] = 2
+    job["algorithm"] = {"kind": algorithm}
+    jd = JobDir.create("resume", explicit=tmp_path / "job")
+    jd.write_job(JobFile.model_validate(job), source="test")
+    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {"tp": 2, "pp": 1, "dp": 1}},
+            "rollout": [{"site": "c", "units": 1}], "controller_site": "c"}  # fmt: skip
+    jd.write_json(jd.plan_json, plan)
+    t = Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": gpus}]}
+    )
+    write_sites(jd.path, {"c": local_site(), "t": t})
+    digest = sharded_part(jd.checkpoint(3), TP2)
+    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    set_latest(jd.path / "checkpoints", 3)
+    return jd
+
+
+def test_launch_resume_trainer_split_is_checked_and_shown_by_dry_run_and_written_to_the_plan_as_the_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--trainer-split tp=1,pp=2`: the trainer's section of plan.json recomputed on its site (ranks tp × pp × dp, the
+    plan's dp kept), shown by --dry-run with nothing written, and written as the run starts: its agents are laid out
+    by it (the checkpoint written at tp 2 is rebuilt for it, `rlctl.checkpoint.resplit`). Before, a resume always
+    ran the plan's split: the loader's resplit was reached only by editing plan.json by hand."""
+    from rlctl.commands.launching import resume as resume_mod
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4)
+    before = jd.plan_json.read_text()
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,pp=2", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.strip() == (
+        "trainer on site t: tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp1 (2 ranks): the resume writes it to plan.json (dry "
+        "run: nothing written)"
+    )
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,dp=4", "--dry-run", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["trainer"] == {"site": "t", "ranks": 4, "parallel": {"tp": 1, "pp": 1, "dp": 4}}
+    assert jd.plan_json.read_text() == before  # nothing written
+
+    started: list[dict[str, Any]] = []
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        runs = SimpleNamespace(start=lambda **kw: started.append(jd_.read_plan()) or "run", run=None)
+        begin(runs, lambda line: said.append(line))
+        assert plan == jd_.read_plan()  # the run's plan object is the one written
+
+    said: list[str] = []
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,pp=2")
+    assert r.exit_code == 0, r.stderr
+    assert [p["trainer"] for p in started] == [{"site": "t", "ranks": 2, "parallel": {"tp": 1, "pp": 2, "dp": 1}}]
+    assert "job resume: trainer on site t: tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp1 (2 ranks), written to plan.json" in said
+
+
+@pytest.mark.parametrize(
+    "args,algorithm,said",
+    [
+        (
+            ["tp=3"],
+            "grpo",
+            "--trainer-split tp=3: tp 3 does not divide the model's num_attention_heads 4; use a divisor",
+        ),
+        (
+            ["pp=3"],
+            "grpo",
+            "--trainer-split pp=3: pp 3 does not divide the model's num_hidden_layers 4 (every stage "
+            "holds as many); use a divisor",
+        ),
+        (
+            ["tp=2,dp=4"],
+            "grpo",
+            "--trainer-split tp=2,dp=4: site t: trainer 8 rank(s) need 8 GPU(s); the inventory gives it 4 (h: 4)",
+        ),
+        (
+            ["tp=1,pp=2"],
+            "ppo",
+            "--trainer-split tp=1,pp=2: a PPO critic's state is not rebuilt at another tp × pp (the plan's tp 2 pp 1)",
+        ),
+        (
+            ["tp=two"],
+            "grpo",
+            "--trainer-split 'tp=two': 'tp=two' is not one of tp=, pp=, dp= with a count of 1 or "
+            "more; use tp=T,pp=P[,dp=D]",
+        ),
+        (["tp=1", "--dry-run", "--detach"], "grpo", "--resume JOB --dry-run shows a --trainer-split alone"),
+    ],
+)
+def test_launch_resume_trainer_split_a_launch_would_refuse_is_one_line_exit_2_and_the_plan_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], algorithm: str, said: str
+) -> None:
+    """The checks a launch makes of a split (the model's heads and layers: `planner.split.split_refusals`, what
+    `rlctl check` says of trainer.tensor_parallel; the site's room, as the run lays the agents out) and what the
+    checkpoint loader cannot rebuild (a PPO critic at another tp × pp): one line naming the option, exit 2, plan.json
+    as it was, nothing started."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, algorithm=algorithm, gpus=4)
+    before = jd.plan_json.read_text()
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", *args)
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+    assert jd.plan_json.read_text() == before
+    assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()
+
+
+def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) -> None:
+    """FSDP's sharded state is not rebuilt at another split (`checkpoint.choose.split_problem`): refused at the
+    option, before the plan is judged further."""
+    from rlctl.models.catalog import BUILTIN_MODELS
+    from rlctl.ops.trainersplit import resplit_plan
+
+    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}},
+            "rollout": [], "controller_site": "t"}  # fmt: skip
+    with pytest.raises(UsageError) as e:
+        resplit_plan(plan, {"dp": 1}, spec=spec(), sites={"t": local_site()}, arch=BUILTIN_MODELS["tiny-demo"])
+    assert str(e.value) == (
+        "--trainer-split dp=1: the trainer's state is sharded by FSDP (trainer.shard 'auto', the plan at tp1 pp1 dp2 "
+        "fsdp), which a resume does not rebuild at another split"
+    )
+    assert e.value.exit_code == 2
+
+
+def test_a_resume_at_another_trainer_split_whose_staging_fails_leaves_the_plan_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split takes effect only with a run of it: a resume refused as it stages (a site unreachable) puts plan.json
+    back, as it puts back the count --iterations wrote, so the next plain resume runs the plan's split."""
+    from rlctl.ops import runstart
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4)
+    jd.event("checkpoint", version=3)
+    before = jd.plan_json.read_text()
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise LaunchError("site t: cannot reach host h: connection refused")
+
+    monkeypatch.setattr(runstart, "stage_all", unreachable)
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "pp=2")
+    assert r.exit_code == 1 and "cannot reach host h" in r.stderr, r.stderr
+    assert "trainer on site t: tp2 pp1 dp1 (2 ranks) → tp2 pp2 dp1 (4 ranks), written to plan.json" in r.stderr
+    assert jd.plan_json.read_text() == before

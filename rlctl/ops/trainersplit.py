@@ -1,0 +1,110 @@
+"""`launch --resume JOB --trainer-split tp=T,pp=P[,dp=D]`: a job resumed with its trainer split otherwise than its
+plan.json says (the trainer moved to another GPU count), checked as a launch checks the split, before plan.json is
+rewritten.
+
+    --trainer-split text ─▶ parse_split ─▶ resplit_plan(plan.json, job.json, sites.json) ─▶ the new plan, or one line
+                                              │ the model's heads / layers divide (`planner.split.split_refusals`,
+                                              │   what `rlctl check` says of trainer.tensor_parallel)
+                                              │ the site holds tp × pp × dp ranks (`agentplan.planned_agents`, as the
+                                              │   run places them; a SLURM site's nodes each tp group, `hostfill`)
+                                              │ the resumed ranks share the job dir (`refuse_unshared_trainer`)
+                                              ▼
+                          `launch --resume` writes it to plan.json as its run starts (put back if none starts)
+
+The trainer keeps its site; only its section of the plan changes (`ranks` = tp × pp × dp, `parallel`). A part not
+given keeps the plan's value: `tp=1` alone keeps its pp and dp, so the GPU count follows the split (dp is the number
+of replicas, which the operator chooses, not the site's free GPUs). job.json keeps the launch's fields: the run reads
+the split from the plan (`launch.layout.trainer_parallel`), and the checkpoint's state is rebuilt for it
+(`rlctl.checkpoint.resplit`). What that loader does not rebuild is refused here, at the option: FSDP's sharded
+state, and a PPO critic's at another tp × pp.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError, UsageError
+from rlctl.launch.backends import kind_of
+from rlctl.launch.layout import checkpoint_writers, trainer_parallel
+from rlctl.models.catalog import ModelArch
+from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
+from rlctl.planner.split import split_refusals
+
+OPTION = "--trainer-split"
+SYNTAX = "tp=T,pp=P[,dp=D]"
+_KEYS = ("tp", "pp", "dp")
+_PART_OF = {"trainer.tensor_parallel": "tp", "trainer.pipeline_parallel": "pp"}
+
+
+def parse_split(text: str) -> dict[str, int]:
+    """The parts `text` gives ("tp=1,pp=2" → {"tp": 1, "pp": 2}); UsageError, one line naming the option, for
+    anything else."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        key = key.strip()
+        if not eq or key not in _KEYS or key in out or not value.strip().isdigit() or int(value) < 1:
+            raise UsageError(
+                f"{OPTION} {text!r}: {part.strip()!r} is not one of tp=, pp=, dp= with a count of 1 or more; use "
+                f"{SYNTAX} (a part left out keeps the plan's)",
+                hint=f"e.g. `rlctl launch --resume JOB {OPTION} tp=1,pp=2`",
+            )
+        out[key] = int(value)
+    return out
+
+
+def resplit_plan(
+    plan: dict[str, Any], asked: dict[str, int], *, spec: JobFile, sites: dict[str, Site], arch: ModelArch
+) -> dict[str, Any] | None:
+    """`plan` with its trainer split as `asked` (`parse_split`; the parts not given the plan's), or None where that is
+    the plan's split already; UsageError, one line naming the option, where a launch would refuse the split (the
+    model, the site's room) or the checkpoint loader cannot rebuild the trainer's state at it."""
+    was = trainer_parallel(plan)
+    tp, pp, dp = (asked.get(k, getattr(was, k)) for k in _KEYS)
+    given = f"{OPTION} {','.join(f'{k}={v}' for k, v in asked.items())}"
+    if (tp, pp, dp) == (was.tp, was.pp, was.dp):
+        return None
+    if was.fsdp or (spec.trainer.shard == "fsdp" and dp > 1):
+        raise UsageError(
+            f"{given}: the trainer's state is sharded by FSDP (trainer.shard {spec.trainer.shard!r}, the plan at "
+            f"{was.short()}), which a resume does not rebuild at another split",
+            hint="resume at the plan's split, or launch the job anew at this one",
+        )
+    if spec.algorithm.kind == "ppo" and (tp, pp) != (was.tp, was.pp):
+        raise UsageError(
+            f"{given}: a PPO critic's state is not rebuilt at another tp × pp (the plan's tp {was.tp} pp {was.pp})",
+            hint="keep tp and pp (dp may change), or launch the job anew at this split",
+        )
+    refused = split_refusals(arch, spec.trainer.backend, tp=tp, pp=pp)  # what `rlctl check` says of the job's split
+    if refused:
+        field, why = refused[0]
+        raise UsageError(f"{given}: {_PART_OF[field]} {why}", hint=f"use {SYNTAX} with a split the model divides by")
+    new = copy.deepcopy(plan)
+    t = new["trainer"]
+    t["ranks"], t["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
+    site = sites.get(str(t["site"]))
+    if site is not None and not kind_of(site).slices_gpus:  # SLURM places the ranks: each tp group on one node
+        why_not = placement_error(str(t["site"]), [g for _, g in site.hosts], t["ranks"], tp=tp, slurm=True)
+        if why_not is not None:
+            raise UsageError(f"{given}: {why_not}", hint=PLACEMENT_HINT)
+    try:  # the agents as the run lays them out: the site's room, every tp group on one host
+        agents = [a for a, _ in planned_agents(new, sites, spec, master_port=0)]
+        trainers = [a for a in agents if a.role == "trainer"]
+        refuse_unshared_trainer(
+            trainers[0].site, sites[trainers[0].site], trainers, writers=checkpoint_writers(new, spec), resume=True
+        )
+    except (LaunchError, UsageError) as e:
+        raise UsageError(f"{given}: {e}", hint=e.hint) from e
+    return new
+
+
+def said(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What a resume says of the change: "trainer on site t: tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp1 (2 ranks)"."""
+    return (
+        f"trainer on site {new['trainer']['site']}: {trainer_parallel(old).short()} ({old['trainer']['ranks']} "
+        f"ranks) → {trainer_parallel(new).short()} ({new['trainer']['ranks']} ranks)"
+    )
