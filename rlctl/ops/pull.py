@@ -3,7 +3,8 @@ sites that wrote them to this machine.
 
     job dir here ─ plan.json, staged.json, agents.jsonl ─▶ the trainer's site, the host of its rank 0, its job dir
         ─▶ which checkpoint: N, or `latest` (the controller's latest.json, read on its site; if that one's trainer
-           part does not verify, the next older of the job's checkpoints)
+           part does not verify, the next older of the job's checkpoints; a damaged latest.json: the newest that
+           verifies, the rule a resume takes, `rlctl.checkpoint.choose.choose_resume`)
         ─▶ MANIFEST.trainer.json of iter-N ─▶ each model/ file: copied (SFTP or a local copy) to a temporary
            name, its size and SHA-256 checked against the manifest, renamed into place
     controller's site ─▶ tensorboard/, wandb/ ─▶ the job dir here (also when a job ends or stops:
@@ -25,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl import procfs
-from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, named_version, parse_latest
+from rlctl.checkpoint.choose import (
+    LATEST_POINTER,
+    checkpoint_versions,
+    choose_resume,
+    manifest_name,
+    named_version,
+    parse_latest,
+)
 from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
@@ -77,20 +85,15 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     return site_name, host_files(site, view), here_root(site, root_for(staged[site_name]["roots"], view), job_dir)
 
 
-def _latest(job_dir: Path) -> int | None:
-    """The version the controller's latest.json names (read on the controller's site), None without one."""
+def _latest(job_dir: Path) -> tuple[str, str | None]:
+    """(where the controller's latest.json is, its text: None without one), read on the controller's site."""
     view = record_view(job_dir)
     fs, root = (host_files(view[0], view[1]), view[2]) if view is not None else (LocalFiles(), str(job_dir))
+    where = f"{root}/checkpoints/{LATEST_POINTER}"
     try:
-        text = fs.read_text(f"{root}/checkpoints/{LATEST_POINTER}")
+        return where, fs.read_text(where)
     finally:
         fs.close()
-    if text is None:
-        return None
-    try:
-        return parse_latest(text)
-    except ValueError as e:
-        raise LaunchError(f"{root}/checkpoints/{LATEST_POINTER}: {e}; name a version with --checkpoint N") from e
 
 
 def pull(
@@ -127,38 +130,64 @@ def pull(
         fetch_trackers(job_dir)
         number, figures = best_checkpoint(JobDir(job_dir), named=named)
         log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
-    newest = None
+    pointer: str | None = None
     if checkpoint == "latest":
-        newest = _latest(job_dir)
-        if newest is None:
+        where, pointer = _latest(job_dir)
+        if pointer is None:
             raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
+        try:
+            parse_latest(pointer)
+        except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
+            log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
     elif number is None:
         raise UsageError(
             f"--checkpoint {checkpoint!r}: 'latest', 'best' or a version, e.g. {versions[-1]} or v{versions[-1]}"
         )
     site, fs, root = _trainer_view(job_dir)
     try:
-        if newest is not None:
-            # the one latest.json names first, a version of the job or not (a count changed in job.json by hand
-            # since), then the older ones on the site (those of an every_iterations changed since too)
-            candidates = sorted({newest, *(v for v in _stored(fs, root) if v <= newest)} - {0}, reverse=True)
-        else:
-            assert number is not None
+        if number is not None:
             _have(fs, root, number, named=checkpoint)
-            candidates = [number]
-        problems = []
-        for version in candidates:
-            ckpt = f"{root}/checkpoints/iter-{version}"
+        # `latest`: the rule a resume takes (choose_resume): the one latest.json names first, a version of the job or
+        # not (a count changed in job.json by hand since), then the older ones on the site (those of an
+        # every_iterations changed since too); every one on the site, newest first, where latest.json is damaged
+        stored = sorted({v for v in _stored(fs, root) if v}, reverse=True) if number is None else [number]
+        problems: list[str] = []
+        pulled: list[Pulled] = []
+
+        def problem(version: int) -> str | None:
             try:
                 into = (to or job_dir / "pulled" / f"v{version}").resolve()
-                got = _pull_one(fs, ckpt, version, into, f"{site}:{fs.where}", named_by="--to" if to else None)
+                pulled.append(
+                    _pull_one(
+                        fs,
+                        f"{root}/checkpoints/iter-{version}",
+                        version,
+                        into,
+                        f"{site}:{fs.where}",
+                        named_by="--to" if to else None,
+                    )
+                )
+                return None
             except ValueError as e:
                 problems.append(f"v{version}: {e}")
-                if version != candidates[-1]:  # the error below says the last one
+                if any(v < version for v in stored):  # the error below says the last one
                     log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, e)
-                continue
-            policy_in(got)
+                return str(e)
+
+        if number is not None:
+            problem(number)
+        else:
+            try:
+                choose_resume(pointer, stored, problem)
+            except RlctlError as e:  # none verifies: said below, as the pull found it
+                if type(e) is not RlctlError:  # the pull's own (a --to it cannot write), out of `problem`
+                    raise
+        if pulled:
+            policy_in(pulled[0])
+            got = pulled[0]
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
+        if not problems:  # latest.json names v0 and no checkpoint is on the site
+            raise UsageError(f"{job_dir}: no checkpoint is complete yet ({LATEST_POINTER} names none)")
         job_id = JobDir(job_dir).id
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
     finally:

@@ -441,3 +441,25 @@ def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
     monkeypatch.setattr(pull_mod, "record_view", lambda job_dir: (site, "localhost", str(far.path)))
     got = pull(jd.path, checkpoint="best")
     assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+
+
+def test_pull_of_a_job_whose_latest_json_is_damaged_takes_the_newest_checkpoint_that_verifies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """latest.json cut short (a disk that filled, a copy of the job dir): the pull refused, 'name a version with
+    --checkpoint N', versus the rule `launch --resume` takes (choose_resume): the newest checkpoint that verifies,
+    the damaged pointer said once."""
+    jd, models = job_dir(tmp_path)
+    (jd.checkpoints / "latest.json").write_text('{"vers')
+    got = pull(jd.path)
+    assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
+    damaged = [r.getMessage() for r in caplog.records if "latest.json" in r.getMessage()]
+    assert len(damaged) == 1 and "is damaged" in damaged[0] and "newest checkpoint that verifies" in damaged[0]
+    caplog.clear()
+    (jd.checkpoint(2) / "MANIFEST.trainer.json").write_text("{")  # the newest one's manifest damaged too: v1
+    got = pull(jd.path, to=tmp_path / "out")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(tmp_path / "out"), models[1])
+    assert sum("latest.json" in r.getMessage() for r in caplog.records) == 1
+    (jd.checkpoint(1) / "MANIFEST.trainer.json").write_text("{")  # none verifies: the pull's own one line
+    with pytest.raises(LaunchError, match=r"^no checkpoint of .* could be pulled from site local: v2: .*; v1: "):
+        pull(jd.path, to=tmp_path / "none")
