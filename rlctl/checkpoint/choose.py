@@ -106,6 +106,29 @@ def checkpoints_set_aside(job: JobFile) -> int:
     return job.checkpoint.keep
 
 
+def parsed_manifest(
+    files: HostFiles, ckpt: str, part: str, *, version: int | None = None
+) -> tuple[dict[str, Any], dict[str, tuple[int, str]]]:
+    """(the manifest, every file it lists: its bytes and SHA-256) of one part of checkpoint directory `ckpt`, read and
+    checked as `verified_manifest` checks it before any file it lists (it parses; it names `part` and, given,
+    `version`, where it names them); ValueError saying what is wrong."""
+    name = manifest_name(part)
+    text = files.read_text(f"{ckpt}/{name}")
+    if text is None:
+        raise ValueError(f"no {name}")
+    try:
+        body = json.loads(text)
+        want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
+        named = body.get("version", body.get("counters", {}).get("version", version))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
+    if "part" in body and body["part"] != part:
+        raise ValueError(f"{name} is of part {body['part']!r}, not {part!r}")
+    if version is not None and (type(named) is not int or named != version):
+        raise ValueError(f"{name} is of checkpoint version {named!r}, not v{version} (its directory's)")
+    return body, want
+
+
 def verified_manifest(
     files: HostFiles,
     ckpt: str,
@@ -123,19 +146,7 @@ def verified_manifest(
     the one file no digest covers), is refused, versus those fields read by nothing and such a part taken; a
     manifest that names neither (written before them) is taken."""
     name = manifest_name(part)
-    text = files.read_text(f"{ckpt}/{name}")
-    if text is None:
-        raise ValueError(f"no {name}")
-    try:
-        body = json.loads(text)
-        want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
-        named = body.get("version", body.get("counters", {}).get("version", version))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
-    if "part" in body and body["part"] != part:
-        raise ValueError(f"{name} is of part {body['part']!r}, not {part!r}")
-    if version is not None and (type(named) is not int or named != version):
-        raise ValueError(f"{name} is of checkpoint version {named!r}, not v{version} (its directory's)")
+    body, want = parsed_manifest(files, ckpt, part, version=version)
     if only is not None:
         want = {rel: w for rel, w in want.items() if only(rel)}
     have = files.states(ckpt, [*want, name])

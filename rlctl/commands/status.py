@@ -328,22 +328,34 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
             f"{r['iterations'][0]}–{r['iterations'][1]}",
             _f(r["reward_mean"], ".3f"),
             heldout_cell(r["heldout"]),
-            "latest" if r["latest"] else "",
+            "latest" if r["latest"] else f"damaged: {r['damaged']}" if r.get("damaged") else "",
         ]
         for r in c["checkpoints"]
     ]
     n = len(rows)
     title = f"Job {c['id']}: {n} complete checkpoint{'s' if n != 1 else ''}"
+    if bad := sum(1 for r in c["checkpoints"] if r.get("damaged")):
+        title += f" ({bad} of them damaged since)"
     if c["heldout_start"]:
         title += f"; the starting policy held out: {heldout_cell(c['heldout_start'])}"
     if not rows:
         return (
             f"{title}\n(none yet: `checkpoint.every_iterations` in {c['job_dir']}/job.json says when the first comes)"
         )
-    table = grid(rows, ["checkpoint", "written", "iterations", "sampled reward", "held-out (greedy)", ""], title)
+    table = grid(rows, ["checkpoint", "written", "iterations", "sampled reward", "held-out (greedy)", "state"], title)
+    # the cheap check of each part's manifest where its site's files are on this machine (rlctl.ops.checkpoints.sound)
+    checked = c.get("manifests_checked", [])
+    unchecked = [p for p in ("trainer", "controller") if p not in checked]
+    parts = " and ".join(unchecked) + (" parts'" if len(unchecked) > 1 else " part's")
+    note = (
+        f"\nthe {parts} manifests not checked here (their site's files are not on this machine): a pull or a resume "
+        "verifies every file"
+        if unchecked
+        else ""
+    )
     return (
-        f"{table}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its model "
-        "here"
+        f"{table}{note}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its "
+        "model here"
     )
 
 
@@ -437,6 +449,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.checkpoints import checkpoint_table
             from rlctl.ops.jobref import require_job_dir
             from rlctl.ops.operate import fetch_job_record
+            from rlctl.ops.pull import checkpoints_here
 
             require_job_dir(ref)
             if not ref.jobdir.job_json.exists():  # still prepared by its launcher, or never: said so (exit 2), versus
@@ -447,7 +460,8 @@ def register(app: typer.Typer) -> None:
                 refuse_if_unprepared(ref.jobdir, source=source, nothing="no checkpoints to list")
             fetch_job_record(ref)  # a controller on another site: its events and metrics, brought here
             name = ref.id if ref.row is not None else str(ref.jobdir.path)
-            data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir)}
+            here = checkpoints_here(ref.jobdir.path)  # each part's manifests checked where on this machine
+            data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir, parts_here=here)}
             data |= {"resume": resume_command(name), "pull": f"rlctl pull {shlex.quote(name)}"}
             emit(data, output, _checkpoints_table)
             return

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 import shlex
+from pathlib import Path
 from typing import Any
 
+from rlctl.checkpoint.files import PREFIX, sized_manifest
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.extend import completed_checkpoints, last_summary
@@ -30,11 +32,17 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
-def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
+def checkpoint_table(jobdir: JobDir, *, parts_here: dict[str, Path] | None = None) -> dict[str, Any]:
     """The job's complete checkpoints, oldest first, each with when it was written, the mean sampled reward of the
     iterations that made it, and its held-out figures where the job evaluated that version; and the starting
-    policy's held-out figures."""
+    policy's held-out figures. `parts_here`: the checkpoints/ directory of each part on this machine
+    (`rlctl.ops.pull.checkpoints_here`), whose manifests are checked (`sound`); "latest" is the newest checkpoint
+    that passes, versus the newest the events name (a damaged one listed as the latest, which a pull passed over)."""
     versions = completed_checkpoints(jobdir)
+    checked = {part: d for part, d in (parts_here or {}).items() if d.is_dir()}  # (a shared filesystem not mounted
+    # here: nothing to check there, not every checkpoint missing)
+    damaged = {v: why for v in versions if (why := sound(checked, v)) is not None}
+    latest = max((v for v in versions if v not in damaged), default=None)
     written: dict[int, float | None] = {}
     for e in jobdir.read_events("checkpoint"):  # the last write of a version (a roll-back writes it again)
         if isinstance(e.get("version"), int):
@@ -74,10 +82,28 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
                 "reward_mean": round(sum(got) / len(got), 4) if got else None,
                 "reward_iterations": len(got),
                 "heldout": evaluated.get(v),
-                "latest": v == versions[-1],
+                "latest": v == latest,
+                "damaged": damaged.get(v),
             }
         )
-    return {"checkpoints": rows, "heldout_start": evaluated.get(0)}
+    return {"checkpoints": rows, "heldout_start": evaluated.get(0), "manifests_checked": sorted(checked)}
+
+
+def sound(parts: dict[str, Path], version: int) -> str | None:
+    """Why checkpoint `version`'s parts in `parts` (part → its checkpoints/ directory) do not pass the cheap check
+    (`sized_manifest`: each manifest parses and names its part and version, each file it lists is there at its
+    size; the controller's names the trainer's), or None. No file's SHA-256 is taken: a status reads a few small
+    manifests, not a model's gigabytes; a pull or a resume verifies every byte of what it takes."""
+    seen: dict[str, dict[str, Any]] = {}
+    for part, d in sorted(parts.items(), key=lambda kv: kv[0] != "trainer"):
+        try:
+            seen[part] = sized_manifest(d / f"{PREFIX}{version}", part, version=version)
+        except ValueError as e:
+            return f"{part} part: {e}"
+    named = seen.get("controller", {}).get("trainer_digest")
+    if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
+        return "its trainer part is not the one its controller part was written with"
+    return None
 
 
 def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:

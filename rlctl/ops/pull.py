@@ -35,11 +35,12 @@ from rlctl.checkpoint.choose import (
     parse_latest,
 )
 from rlctl.checkpoint.files import ABANDONED, file_digest
+from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, record_text, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
 from rlctl.launch.stage import read_staged, root_for
 from rlctl.ops.checkpoints import best_checkpoint
 from rlctl.ops.extend import earlier_iterations
@@ -61,6 +62,13 @@ class Pulled:
 
 def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     """(site name, its files on the host of trainer rank 0, the site job dir there)."""
+    site_name, site, view, root = trainer_site(job_dir)
+    return site_name, host_files(site, view), root
+
+
+def trainer_site(job_dir: Path) -> tuple[str, Site, str, str]:
+    """(site name, the site, the host view of trainer rank 0 there, the site job dir in that view): where the
+    trainer's part of each checkpoint is. UsageError for a job never launched or staged there."""
     jd = JobDir(job_dir)
     plan = jd.read_plan_or_none()
     if plan is None:
@@ -82,7 +90,25 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     say_once(skipped)
     host = next((h.ident.get("host") for h in rows if h.spec.name == "trainer-0"), None)
     view = agent_view(site, host)
-    return site_name, host_files(site, view), here_root(site, root_for(staged[site_name]["roots"], view), job_dir)
+    return site_name, site, view, here_root(site, root_for(staged[site_name]["roots"], view), job_dir)
+
+
+def checkpoints_here(job_dir: Path) -> dict[str, Path]:
+    """Each checkpoint part's checkpoints/ directory where the site that writes it keeps its files on this machine
+    (a local site, a SLURM site's shared filesystem: not one reached over SSH), for a check that costs no connection
+    (`rlctl status --checkpoints`); {} for a job whose record does not say where its trainer is (never launched or
+    staged: said by what reads it)."""
+    out: dict[str, Path] = {}
+    try:
+        _, site, _, root = trainer_site(job_dir)
+    except (UsageError, LaunchError):
+        return out
+    if not is_remote(site):
+        out["trainer"] = Path(root) / "checkpoints"
+    view = record_view(job_dir)
+    if view is not None and not is_remote(view[0]):
+        out["controller"] = Path(view[2]) / "checkpoints"
+    return out
 
 
 def _latest(job_dir: Path) -> tuple[str, str | None]:

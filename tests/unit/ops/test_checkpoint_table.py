@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.checkpoint.files import write_part
 from rlctl.config import load_job
+from rlctl.config.inventory import Site
 from rlctl.errors import UsageError
+from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.stage import write_staged
 from rlctl.ops.checkpoints import best_checkpoint, checkpoint_table
 from rlctl.ops.extend import completed_checkpoints, rollback_to
 from rlctl.ops.jobdb import JobDB
@@ -230,3 +234,65 @@ def test_the_table_holds_a_reward_per_iteration_not_the_metrics_rows(tmp_path: P
         tracemalloc.stop()
     assert [(r["version"], r["reward_iterations"], r["reward_mean"]) for r in rows][-1] == (630, 600, 0.5)
     assert size > 2_500_000 and peak < size // 10, (size, peak)  # was the file's size and more (~4 × it)
+
+
+def _parts(jd: JobDir) -> None:
+    """`_job`'s checkpoints written by a local launch: both parts of each, on the local site, in the job dir."""
+    site = {"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}]}
+    site["scheduler"] = {"kind": "local"}
+    jd.write_json(jd.plan_json, {"trainer": {"site": "local", "ranks": 1}, "controller_site": "local", "rollout": []})
+    write_sites(jd.path, {"local": Site.model_validate(site)})
+    write_staged(jd.path, {"local": {"roots": {"localhost": str(jd.path)}, "files": []}})
+    for v in (10, 20, 30):
+        weights = {"model": lambda p, v=v: p.mkdir() or (p / "w.bin").write_bytes(bytes(v))}
+        digest = write_part(jd.checkpoint(v), "trainer", weights, meta={"counters": {"version": v}})
+        state = {"controller": lambda p: p.mkdir() or (p / "state.json").write_text("{}")}
+        write_part(jd.checkpoint(v), "controller", state, meta={"version": v, "trainer_digest": digest})
+
+
+def test_status_checkpoints_marks_one_whose_manifest_is_damaged_and_does_not_call_it_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v30's MANIFEST.trainer.json cut short: the table, which read the events alone, listed v30 as 'latest' (under a
+    column without a header), and the pull then warned and fell back; its manifests are read here (a local site),
+    not its weights hashed: v30 damaged, v20 the latest."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job(tmp_path)
+    _parts(jd)
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert [(c["version"], c["latest"], c["damaged"]) for c in data["checkpoints"]] == [
+        (10, False, None), (20, False, None), (30, True, None),
+    ]  # fmt: skip
+    assert data["manifests_checked"] == ["controller", "trainer"]
+    manifest = jd.checkpoint(30) / "MANIFEST.trainer.json"
+    manifest.write_text(manifest.read_text()[:20])
+    (jd.checkpoint(10) / "model" / "w.bin").write_bytes(b"")  # a weights file cut short: its size tells it
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"Job {jd.path.name}: 3 complete checkpoints (2 of them damaged since)"
+    assert lines[1].split()[-3:] == ["held-out", "(greedy)", "state"]  # the last column has a header
+    rows = {line.split()[0]: line for line in lines if line.startswith("v")}
+    assert rows["v10"].endswith(
+        "damaged: trainer part: model/w.bin does not match MANIFEST.trainer.json: 0 bytes, 10 listed"
+    )
+    assert rows["v20"].endswith(" latest")
+    assert "damaged: trainer part: MANIFEST.trainer.json does not parse (JSONDecodeError" in rows["v30"]
+    assert "latest" not in rows["v30"] and "not checked" not in r.stdout
+    # the controller's part names another trainer part than the one there (a part copied in from another run)
+    manifest.write_text(json.dumps({"part": "trainer", "files": {}, "counters": {"version": 30}}))
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert data["checkpoints"][-1]["damaged"] == "its trainer part is not the one its controller part was written with"
+
+
+def test_status_checkpoints_says_which_parts_it_did_not_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose record does not say where its parts are (here: never launched), or whose site is reached over SSH:
+    the events' checkpoints as they are, and one line saying the manifests were not checked."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job(tmp_path)
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "the trainer and controller parts' manifests not checked here (their site's files are not on this machine): "
+        "a pull or a resume verifies every file"
+    ) in r.stdout.splitlines()
