@@ -12,6 +12,7 @@ import typer
 from rlctl.commands import seconds_at_least
 from rlctl.commands.status import RunningJobArg
 from rlctl.errors import RlctlError, TransportError, UsageError
+from rlctl.ops.operate import SCALE_ANSWER_S
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:
@@ -139,7 +140,13 @@ def register(app: typer.Typer) -> None:
         ] = True,
         timeout_s: Annotated[
             float,
-            typer.Option("--timeout", min=1.0, help="how long --wait waits, seconds", callback=seconds_at_least(1.0)),
+            typer.Option(
+                "--timeout",
+                min=1.0,
+                help=f"how long --wait waits, seconds; the controller's answer to the request is waited for as long, "
+                f"at most {SCALE_ANSWER_S:.0f} s",
+                callback=seconds_at_least(1.0),
+            ),
         ] = 300.0,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
@@ -154,7 +161,7 @@ def register(app: typer.Typer) -> None:
         ref = resolve(job, changes="scale")
         t0 = time.monotonic()
         try:
-            reply = do_scale(ref, delta, site=site)
+            reply = do_scale(ref, delta, site=site, timeout_s=min(timeout_s, SCALE_ANSWER_S))
         except KeyboardInterrupt:  # the request may have reached the controller: said, else a scale run again to make
             # up for one read as undone changes as many units more (typer ends a Ctrl-C with exit 130 and no word)
             what = "adding" if delta > 0 else "removing"

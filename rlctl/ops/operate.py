@@ -30,7 +30,7 @@ from typing import Any
 from rlctl import procfs
 from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.checkpoint.choose import LATEST_POINTER
-from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
+from rlctl.errors import LaunchError, PeerTimeout, RlctlError, TransportError, UsageError
 from rlctl.launch.agentrecords import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -68,6 +68,9 @@ from rlctl.transport import Message
 log = logging.getLogger(__name__)
 
 STATUS_DEADLINE_S = 5.0
+# the longest a scale waits for the controller's answer (`rlctl scale --timeout`, when shorter): it answers at once, its
+# units started in the background
+SCALE_ANSWER_S = 30.0
 
 
 REQUEST_FLOOR_S = 2.0  # the shortest wait for the controller's answer to a stop's shutdown request
@@ -419,7 +422,8 @@ def fetch_job_record(ref: JobRef) -> list[str]:
         return []
 
 
-def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
+def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = SCALE_ANSWER_S) -> dict[str, Any]:
+    """The controller's answer to a request to add (`delta` > 0) or drain rollout units, waited for `timeout_s`."""
     if delta == 0:
         raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
     require_job_dir(ref)  # its index row outlived it: said so, versus `launch it anew: rlctl launch JOB.yaml`
@@ -445,7 +449,13 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
     try:
         return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)
     except (TransportError, OSError) as e:
-        raise RlctlError(f"job {ref.id}: the controller did not answer: {e}", hint="is the job running?") from e
+        # (it hinted "is the job running?" of a job `rlctl status` said ran: a controller stuck, or cut off from here)
+        within = f" within {timeout_s:.0f} s" if isinstance(e, PeerTimeout) else ""
+        raise RlctlError(
+            f"job {ref.id}: the controller did not answer the scale request{within} ({e})",
+            hint=f"`rlctl status {ref.arg}` says whether the job runs; if it does, its controller may be stuck: "
+            f"`rlctl logs {ref.arg} controller` shows its log",
+        ) from e
 
 
 def _refuse_unit_sites(ref: JobRef, site: str | None) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rlctl.config import load_job
-from rlctl.errors import TransportError, UsageError
+from rlctl.errors import PeerTimeout, TransportError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.jobref import JobRef
@@ -260,3 +260,29 @@ def test_a_scale_of_a_job_its_launcher_prepares_says_so(tmp_path: Path, monkeypa
         "job prep1 is being prepared by its launcher (SFT warm-up, tokenizing, staging); nothing to scale yet"
     )
     assert e.value.exit_code == 2 and e.value.hint == "scale it once it runs: `rlctl status prep1` says when"
+
+
+@pytest.mark.parametrize(("timeout", "waited"), [("5", 5.0), ("300", 30.0)])
+def test_a_scale_whose_controller_does_not_answer_waits_its_timeout_and_says_what_to_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: str, waited: float
+) -> None:
+    """A controller that takes the connection and answers nothing (stuck): the request waited a fixed 30 s whatever
+    --timeout said, then 'the controller did not answer: …' with the hint 'is the job running?', of a job that
+    `rlctl status` says runs. It waits --timeout, at most SCALE_ANSWER_S (the controller answers a scale at once: its
+    units start in the background), says how long it waited and what to look at."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+    asked: list[float] = []
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        asked.append(timeout_s)
+        raise PeerTimeout(f"tcp://10.0.0.1:5000: no message within {timeout_s}s")
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--timeout", timeout)
+    assert r.exit_code == 1 and asked == [waited], (asked, r.stderr)
+    assert r.stderr == (
+        f"rlctl: error: job far: the controller did not answer the scale request within {waited:.0f} s "
+        f"(tcp://10.0.0.1:5000: no message within {waited}s) (hint: `rlctl status {jd.path}` says whether the job "
+        f"runs; if it does, its controller may be stuck: `rlctl logs {jd.path} controller` shows its log)\n"
+    )
