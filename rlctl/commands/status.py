@@ -85,7 +85,8 @@ def evaluations_line(h: dict[str, Any] | None) -> str:
 
 
 def time_line(v: dict[str, Any]) -> str:
-    """'running 3 d 04 h; ≈ 1 d 02 h left at 41.2 s an iteration (last 20)' from a live status; a resumed job's
+    """'running 3 d 04 h; ≈ 1 d 02 h left at 41.2 s an iteration (last 20)' from a live status ('paused: …' of a
+    paused job, versus an estimate at the pace from before the pause); a resumed job's
     'running 2 h 00 min (this run; 3 d 04 h since the job's first start)', versus 'running 2 h 00 min' read as the job's
     (and '(this run; job 3 d 04 h)', read as the job's running time, of a job stopped for days between its runs)."""
     out = f"running {duration(v['elapsed_s'])}" if v.get("elapsed_s") is not None else "running"
@@ -93,6 +94,8 @@ def time_line(v: dict[str, Any]) -> str:
         out += f" (this run; {duration(v['job_elapsed_s'])} since the job's first start)"
     if v["iteration"] >= v["iterations"]:
         return out + "; no iteration left"
+    if v.get("state") == "paused":  # it trains nothing while it waits: the pace from before is no estimate
+        return out + "; paused: no time left estimated while it waits (the paused row says why)"
     if v.get("pace_s") is None or v.get("eta_s") is None:
         return out + f"; time left: known after {v.get('pace_after_iterations', 4)} iterations of this run"
     return out + f"; ≈ {duration(v['eta_s'])} left at {v['pace_s']:.1f} s an iteration (last {v['pace_iterations']})"

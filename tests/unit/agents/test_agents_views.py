@@ -287,6 +287,19 @@ def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint()
     )
 
 
+def test_a_paused_job_s_time_row_says_paused_not_an_estimate_at_the_old_pace():
+    """A job paused for an unreachable site trains nothing while it waits: its time row said '≈ 50 s left at 12.5 s
+    an iteration (last 3)', the pace from before the pause, as if it went on."""
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    rows = [{**row, "t": 1000.0 + 12.5 * i} for i in range(5)]
+    paused = {"resumes": 0, "paused": "paused: site gen unreachable since 12:03:04 (20 s; the job waits up to 300 s)"}
+    st = status(_snapshot(core, rows, job=_job(iterations=5), resilience=paused), now=110.0)
+    assert st["state"] == "paused" and st["eta_s"] is not None  # (-o json keeps the figures the pace gives)
+    assert time_line(st) == "running 10 s; paused: no time left estimated while it waits (the paused row says why)"
+    assert time_line({**st, "iteration": 5}) == "running 10 s; no iteration left"
+
+
 def test_no_time_left_from_one_interval_after_a_resume_nor_across_the_resume():
     """Right after a resume the first iterations train what the units had queued, back to back: one interval of
     0.01 s gave "≈ 12 s left at 0.0 s an iteration (last 1)" with 376 left. A few intervals of this run first; and a
