@@ -101,6 +101,14 @@ def time_line(v: dict[str, Any]) -> str:
     return out + f"; ≈ {duration(v['eta_s'])} left at {v['pace_s']:.1f} s an iteration (last {v['pace_iterations']})"
 
 
+def rebalance_line(r: dict[str, Any]) -> str:
+    """`auto: δ < δ'` from the rule's last reading; before its first (no iteration trained yet) what it waits for,
+    versus 'manual: -'."""
+    if r.get("why"):
+        return f"{'auto' if r['auto'] else 'manual'}: {r['why']}"
+    return "auto: measuring from the first trained iteration" if r["auto"] else "manual: automatic rebalancing is off"
+
+
 def checkpoint_line(c: dict[str, Any] | None) -> str:
     """'v120, 4 min 10 s ago (every 20 iterations)' / 'none complete yet (…)' / '… (only at the end)'."""
     if c is None:
@@ -181,7 +189,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["last step", training_line(v.get("training", {}))],
         ["held-out", evaluations_line(v.get("heldout"))],
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
-        ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
+        ["rebalance", rebalance_line(v["rebalance"])],
         ["rollout units", f"{v['rollout_units']}  free slots {_per_site(v['free_slots'])}"],
         *([["resilience", res["note"]]] if res.get("note") else []),
         # the agents that went: the table below lists one until the next iteration's metrics row

@@ -809,6 +809,21 @@ def test_the_live_status_table_says_why_a_paused_job_waits_and_what_its_units_lo
     assert not [line for line in _table({**page, "live": quiet}).splitlines() if line.startswith(("paused", "resil"))]
 
 
+@pytest.mark.parametrize(("auto", "says"), [(False, "manual: automatic rebalancing is off"),
+                                             (True, "auto: measuring from the first trained iteration")])  # fmt: skip
+def test_the_live_status_rebalance_row_before_the_first_reading_says_what_it_waits_for(auto: bool, says: str):
+    # before the rule's first reading (no iteration trained yet) the row read `rebalance  manual: -`
+    from rlctl.commands.status import _table
+
+    core, _, _ = _one_iteration()
+    job = _job()
+    job = job.model_copy(update={"rebalance": job.rebalance.model_copy(update={"auto": auto})})
+    live = status(_snapshot(core, [], job=job), now=110.0)
+    page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    (row,) = [line.split(None, 1)[1] for line in _table(page).splitlines() if line.startswith("rebalance")]
+    assert row == says
+
+
 def test_the_live_status_weights_row_counts_one_unit_as_one():
     # `weights  v60 (full), 1 units at it` of a job with one unit (scaled in to one, or planned so)
     from rlctl.commands.status import _weights_line
