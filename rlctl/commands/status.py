@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import shlex
 import sys
 import time
@@ -373,7 +374,11 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
 GONE = " (gone: removed, or not mounted on this machine)"  # a job dir an index row outlived
 
 
-def _jobs_table(rows: list[dict[str, Any]]) -> str:
+def _jobs_table(rows: list[dict[str, Any]], *, index: Path) -> str:
+    """`status --all`: a row a job of the index in `index`; one line where it lists none, versus a table's header and
+    rule with nothing under them."""
+    if not rows:
+        return f"no jobs (the job index in {index} lists none)"
     return grid(
         [
             [r["id"], r["name"], r["state"], r["job_dir"] + (GONE if r["job_dir_gone"] else ""), r["launcher"] or "-"]
@@ -453,7 +458,7 @@ def register(app: typer.Typer) -> None:
                 ]
             finally:
                 db.close()
-            emit(rows, output, _jobs_table)
+            emit(rows, output, functools.partial(_jobs_table, index=db.path.parent))
             return
         ref = resolve(job)
         if checkpoints:

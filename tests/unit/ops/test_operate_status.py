@@ -495,3 +495,14 @@ def test_status_watch_follows_a_done_job_until_its_launcher_lets_go_of_it(
     assert slept == [0.2] and r.stdout.count("held-out (end)") == 1, r.stdout
     last = r.stdout.rpartition("held-out (end)")[2]  # the last frame: the index's end, read after the launcher's
     assert [line.split(None, 2)[2] for line in last.splitlines() if line.startswith("job index ")] == ["finished"]
+
+
+def test_status_all_of_an_empty_index_says_no_jobs_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # it printed a table's header and rule with no row under them
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    r = run_cli("status", "--all")
+    assert (r.exit_code, r.stdout) == (0, f"no jobs (the job index in {tmp_path / 'home'} lists none)\n"), r.stderr
+    r = run_cli("status", "--all", "-o", "json")
+    assert (r.exit_code, r.stdout.strip()) == (0, "[]")
