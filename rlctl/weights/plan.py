@@ -7,7 +7,8 @@
 
 Rules (StreamRL §6 "Weights transmission"):
 - datacenters form a tree rooted at the trainer's datacenter(s) over the declared inter-DC
-  links (breadth-first, so the fewest links are crossed); exactly one copy crosses each link used,
+  links (breadth-first, so the fewest links are crossed; neighbours in name order), through datacenters
+  that hold units only (no agent runs in any other to relay); exactly one copy crosses each link used,
   to a designated receiver, which re-broadcasts inside its datacenter over `dc_chains` chains (a slow
   unit holds back only its own chain);
 - one copy goes into each host (the host its endpoints' addresses name): its first unit relays it to the
@@ -64,18 +65,28 @@ class BroadcastPlan:
         return d
 
 
-def _dc_tree(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] | None) -> dict[str, str]:
-    """Parent datacenter of every non-source datacenter, in BFS order (over links; None = all connected)."""
+def dc_parents(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] | None) -> dict[str, str]:
+    """Parent datacenter of each datacenter of `dcs` the sources reach, in BFS order over `links` (None = every pair
+    linked), only through datacenters of `dcs`: a datacenter the job has no unit in holds no one to relay a copy on,
+    so a path of links through it is not one the weights take. Neighbours are taken in name order, so the tree is
+    the same whatever order the units joined in, versus one of two equally short routes chosen by which units
+    came first."""
     parent: dict[str, str] = {}
     seen, todo = set(source_dcs), deque(source_dcs)
     while todo:
         here = todo.popleft()
-        for other in dcs:
+        for other in sorted(dcs):
             if other not in seen and (links is None or frozenset((here, other)) in links):
                 seen.add(other)
                 parent[other] = here
                 todo.append(other)
-    missing = [d for d in dcs if d not in seen]
+    return parent
+
+
+def _dc_tree(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] | None) -> dict[str, str]:
+    """`dc_parents`; PlanError where a datacenter of `dcs` is not reached."""
+    parent = dc_parents(source_dcs, dcs, links)
+    missing = [d for d in dcs if d not in parent and d not in source_dcs]
     if missing:
         raise PlanError(f"no inter-DC link path from the trainer datacenter(s) to {', '.join(missing)}")
     return parent

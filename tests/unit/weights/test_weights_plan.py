@@ -207,3 +207,14 @@ def test_random_plans_take_one_copy_into_each_host_and_one_across_each_link():
             frozenset((plan.endpoint(p).datacenter, plan.endpoint(c).datacenter)) for p, c in plan.inter_dc_edges()
         )
         assert max(used.values(), default=0) <= 1, used
+
+
+def test_of_two_equally_short_datacenter_routes_the_tree_takes_one_whatever_order_the_units_joined_in():
+    """A reaches D over B or over C (two links each): D's copy comes through B (neighbours in name order), the route
+    `planner.weightsync.weight_route` prices, whichever datacenter's units come first in the plan; versus through
+    whichever of B and C was listed first (units in D, C, B order: through C)."""
+    links = {frozenset(p) for p in ("AB", "AC", "BD", "CD")}
+    root = [Endpoint("r", "A")]
+    for order in ("DCB", "BCD", "CDB"):
+        plan = plan_broadcast(root, [Endpoint(f"u{dc}", dc) for dc in order], dc_links=links)
+        assert plan.parent["uD"] == "uB", order
