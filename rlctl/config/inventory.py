@@ -18,6 +18,7 @@ Several files are merged (sites must not repeat); links are checked against the 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -289,6 +290,14 @@ class Inventory:
             if set(link.between) == {a, b}:
                 return link
         return None
+
+    def links_among(self, sites: Iterable[str]) -> list[Link]:
+        """The declared links both of whose sites are among `sites` (a job's: its controller's, trainer's and rollout
+        sites): the only links a job's weights cross. The job dir records them (`ops.jobprep.prepare`), the weight
+        plane routes over them and `planner.weightsync.weight_route` prices the same route; a link from a site the
+        job does not use is not one of them, even where that site shares a datacenter with one it does."""
+        used = set(sites)
+        return [link for link in self.links if set(link.between) <= used]
 
     def site(self, name: str) -> Site:
         return self.sites[name]

@@ -43,8 +43,9 @@ def prepare(
     if check is not None:
         check()
     used = set(plan_sites(plan))
-    # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them
-    links = [sorted(link.between) for link in job.inventory.links if set(link.between) <= used]
+    # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them,
+    # the ones the planner and `rlctl check` price the route over (`Inventory.links_among`)
+    links = [sorted(link.between) for link in job.inventory.links_among(used)]
     jobdir.write_json(jobdir.plan_json, {**plan, "links": links})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.write_job(spec, source=source, mapping=job.mapping if Path(source) == job.path else None)

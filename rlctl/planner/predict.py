@@ -4,6 +4,7 @@ cache (`SimCache`) a search that simulates many allocations keeps."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -106,7 +107,9 @@ def simulate_modes(
         # the works are the batches' (by `key`) with this trainer step, and the job's eta and drain
         done = (key, w_s, train_s, at_step_s, m)
         t = cache.iterations.get(done)
-        if t is None:
+        if math.isinf(w_s):  # no route the weight plane takes reaches a site of this allocation: none it can run
+            t = math.inf
+        elif t is None:
             run = simulate_job(works, mode=m, weight_sync_s=w_s, eta=eta if m == "async" else 0, drain=drain)
             t = cache.iterations[done] = run.iteration_s()
         iteration[m] = t

@@ -70,7 +70,7 @@ def dc_parents(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]]
     linked), only through datacenters of `dcs`: a datacenter the job has no unit in holds no one to relay a copy on,
     so a path of links through it is not one the weights take. Neighbours are taken in name order, so the tree is
     the same whatever order the units joined in, versus one of two equally short routes chosen by which units
-    came first."""
+    came first. `planner.weightsync.weight_route` prices the path this gives (it calls it)."""
     parent: dict[str, str] = {}
     seen, todo = set(source_dcs), deque(source_dcs)
     while todo:

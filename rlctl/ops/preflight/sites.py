@@ -18,7 +18,7 @@ from rlctl.errors import ConfigError
 from rlctl.launch import hostkeys
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
-from rlctl.planner.weightsync import weight_route
+from rlctl.planner.weightsync import weight_route, weight_sites
 from rlctl.textutil import home_path, not_a_file
 
 
@@ -265,12 +265,15 @@ def link_problems(job: Job) -> list[Problem]:
     """A rollout site in another datacenter than the trainer's that no declared link, nor a path of links, joins to
     it: `rlctl plan` cannot price the weights' way there and refuses the job, and the weight plane would route as if
     every pair of datacenters were linked; refused here in plan's line (`weightsync.weight_route`), naming the
-    inventory's `links` and the link to add, versus a warning while check passed and launch started the job."""
+    inventory's `links` and the link to add, versus a warning while check passed and launch started the job. The
+    route is the weight plane's: over the links between the job's sites, through datacenters it has rollout in."""
     trainer = job.spec.placement.trainer.site
+    rollout = [r.site for r in job.spec.placement.rollout]
+    job_sites, unit_sites = weight_sites(job, rollout)
     out = []
-    for site in dict.fromkeys(r.site for r in job.spec.placement.rollout if r.site != trainer):
+    for site in dict.fromkeys(s for s in rollout if s != trainer):
         try:
-            weight_route(job.inventory, trainer, site)
+            weight_route(job.inventory, trainer, site, job_sites=job_sites, unit_sites=unit_sites)
         except ConfigError as e:
             out.append(Problem(e.field or "links", e.detail, e.hint, file=e.file))
     return out

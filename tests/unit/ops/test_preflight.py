@@ -23,6 +23,7 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, launchdir
 from rlctl.ops.preflight import problems
 from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.sites import link_problems
 from rlctl.planner.inputs import PlanOptions
 from rlctl.planner.plan import make_plan
 from rlctl.planner.view import plan_table
@@ -482,6 +483,42 @@ def test_a_gpus_auto_job_across_unlinked_datacenters_is_refused_in_the_same_one_
     job.path.write_text(yaml.safe_dump(raw))
     check = only_line(run_cli("check", str(job.path)))
     assert check.startswith(f"rlctl: error: {tmp_path / 'two.yaml'}: {UNLINKED}"), check
+
+
+def _datacenters(tmp_path: Path, sites: dict[str, str], links: list[list[str]], rollout: list[str]) -> Job:
+    """Explicit counts: a trainer on site 'a', rollout on `rollout`; `sites`: name → datacenter."""
+    site = {"scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}]}
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {n: {"datacenter": dc, **site} for n, dc in sites.items()},
+        "links": [{"between": pair, "bandwidth_gbps": 10} for pair in links],
+    }
+    (tmp_path / "dcs.yaml").write_text(yaml.safe_dump(inv))
+    return load(
+        tmp_path,
+        inventory=[str(tmp_path / "dcs.yaml")],
+        placement={"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": r, "gpus": 1} for r in rollout]},
+    )
+
+
+def test_check_refuses_a_route_of_links_the_weight_plane_does_not_take(tmp_path: Path) -> None:
+    """Links a–m and m–b, rollout on b alone: datacenter dc-m holds no unit to relay the copy, so check refuses it
+    in plan's line naming dc-m; the same with rollout on m too passes. And a link a–b2 does not join b, in b2's
+    datacenter, for a job that does not use b2. Versus check passing both, the weight plane then routing as if
+    every pair of datacenters were linked (the job dir records only links between the job's sites)."""
+    dcs = {"a": "dc-a", "m": "dc-m", "b": "dc-b", "b2": "dc-b"}
+    job = _datacenters(tmp_path, dcs, [["a", "m"], ["m", "b"]], ["b"])
+    check = only_line(run_cli("check", str(job.path)))
+    assert check.startswith(
+        f"rlctl: error: {tmp_path / 'dcs.yaml'}: links: no link declared between sites 'a' and 'b', nor a path of "
+        "links from datacenter 'dc-a' to 'dc-b' (the path through datacenter 'dc-m' is not one: the job has no "
+        "rollout there to relay the copy)"
+    ), check
+    assert link_problems(_datacenters(tmp_path, dcs, [["a", "m"], ["m", "b"]], ["b", "m"])) == []
+    unused = link_problems(_datacenters(tmp_path, dcs, [["a", "b2"]], ["b"]))
+    assert [p.field for p in unused] == ["links"] and "a site the job does not use" in unused[0].message, unused
+    assert link_problems(_datacenters(tmp_path, dcs, [["a", "b2"]], ["b", "b2"])) == []
 
 
 NOT_PLANNED = "the planner cannot price this job"

@@ -858,3 +858,66 @@ def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
     steady = plan_predict.MIN_SIM_ITERATIONS
     assert (n, kw["eta"], kw["drain"]) == (2 * steady, steady, steady)
     assert plan["predicted"] == ref["predicted"]
+
+
+def _relabel(tmp: Path, datacenters: dict[str, str], *, extra: dict[str, str] | None = None) -> None:
+    """inv.yaml's sites moved into `datacenters`; `extra`: new sites (name → datacenter), each a copy of r20."""
+    inv = yaml.safe_load((tmp / "inv.yaml").read_text())
+    for site, dc in (extra or {}).items():
+        inv["sites"][site] = {**inv["sites"]["r20"], "datacenter": dc, "nodes": [{"host": f"{site}-1", "gpus": 8}]}
+    for site, dc in datacenters.items():
+        inv["sites"][site]["datacenter"] = dc
+    (tmp / "inv.yaml").write_text(yaml.safe_dump(inv))
+
+
+def test_a_route_through_a_datacenter_the_job_has_no_rollout_in_is_refused_as_the_weight_plane_cannot_take_it(
+    tmp_path: Path,
+) -> None:
+    """Rollout on r100 (datacenter c) alone, links trn–r20 and r20–r100: datacenter b holds no unit of the job to
+    relay the copy (`weights.plan.dc_parents`), so plan refuses it in the inventory's `links` line, naming b; versus
+    pricing a → b → c while the weight plane routed as if a and c were linked (an unpriced direct link)."""
+    links = [LINKS[0], {"between": ["r20", "r100"], "bandwidth_gbps": 40}]
+    job = load_job(write_job(tmp_path, rollout=[{"site": "r100", "gpus": 8}], links=links, trainer_gpus=8))
+    with pytest.raises(ConfigError, match="path through datacenter 'b' is not one: the job has no rollout") as e:
+        make_plan(job, options=OPTS)
+    assert (e.value.file, e.value.field) == (str(tmp_path / "inv.yaml"), "links")
+
+
+def test_a_link_from_a_site_the_job_does_not_use_is_not_priced(tmp_path: Path) -> None:
+    """r20 and r100 share datacenter b, the job's rollout is on r20, the one link is trn–r100: the job dir records
+    no link (`Inventory.links_among`: both sites the job's), so plan refuses it, versus pricing trn–r100 for r20."""
+    path = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=[LINKS[1]], trainer_gpus=8)
+    _relabel(tmp_path, {"r100": "b"})
+    with pytest.raises(ConfigError, match="a link from a site the job does not use is not one"):
+        make_plan(load_job(path), options=OPTS)
+
+
+def test_of_two_equally_short_routes_plan_prices_the_one_the_broadcast_tree_takes(tmp_path: Path) -> None:
+    """a reaches d over b (a–b 80, b–d 10 Gb/s) or over c (80, 80): the weight plane's tree goes through b, first
+    by name (`dc_parents`), and plan prices that 10 Gb/s hop; versus the route through c (the first declared)."""
+    links = [
+        {"between": ["trn", "r100"], "bandwidth_gbps": 80},
+        {"between": ["r100", "rd"], "bandwidth_gbps": 80},
+        {"between": ["trn", "r20"], "bandwidth_gbps": 80},
+        {"between": ["r20", "rd"], "bandwidth_gbps": 10, "latency_ms": 3},
+    ]
+    rollout = [{"site": s, "gpus": 8} for s in ("r20", "r100", "rd")]
+    path = write_job(tmp_path, rollout=rollout, links=links, trainer_gpus=8)
+    _relabel(tmp_path, {}, extra={"rd": "d"})
+    job = load_job(path)
+    sites, units = plan_weightsync.weight_sites(job, ["r20", "r100", "rd"])
+    route = plan_weightsync.weight_route(job.inventory, "trn", "rd", job_sites=sites, unit_sites=units)
+    assert route == (10e9 / 8, 0.004)
+
+
+def test_an_allocation_that_leaves_the_relay_datacenter_empty_is_priced_out(tmp_path: Path) -> None:
+    """Links trn–r20 and r20–r100: 8 GPUs on r100 and none on r20 leave no unit in b to relay the copy to c, a
+    weight sync the search passes over (inf, none of its iterations run), versus priced a → b → c; with units on
+    r20 too it is the path's. The auto plan still chooses an allocation that holds both."""
+    links = [LINKS[0], {"between": ["r20", "r100"], "bandwidth_gbps": 40}]
+    job = load_job(write_job(tmp_path, rollout=[{"site": "r20"}, {"site": "r100"}], links=links, trainer_gpus=8))
+    assert plan_weightsync.slowest_weight_sync_s(job, {"r20": 0, "r100": 8}) == math.inf
+    assert 0 < plan_weightsync.slowest_weight_sync_s(job, {"r20": 8, "r100": 8}) < math.inf
+    plan = make_plan(job, options=OPTS)
+    assert 0 < plan["predicted"]["weight_sync_s"] < math.inf
+    assert {a["site"] for a in plan["allocation"] if a["role"] == "rollout" and a["gpus_used"]} >= {"r20"}
