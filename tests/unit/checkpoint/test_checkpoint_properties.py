@@ -546,9 +546,9 @@ def test_any_one_byte_changed_or_a_file_cut_short_is_never_used(
                 reads = name == f"ranks/rank-{r}.pt" or not name.startswith("ranks/")
                 if r == 0 or reads:
                     with pytest.raises(CheckpointError):
-                        _verified(ckpt, rank=r, shard_of=r, version=1)
+                        _verified(ckpt, rank=r, reads=lambda _m, r=r: [r], version=1)
                 else:
-                    assert _verified(ckpt, rank=r, shard_of=r, version=1)["counters"] == {"version": 1}
+                    assert _verified(ckpt, rank=r, reads=lambda _m, r=r: [r], version=1)["counters"] == {"version": 1}
 
 
 # -- a reader at every moment of a write ---------------------------------------------------------------------------
