@@ -259,6 +259,7 @@ class WeightPublisher:
         self._roots = [self.node.address]
         self._datacenter = ""
         self._dc_links: set[frozenset[str]] | None = None
+        self._fell_back = -1  # the last version planned as if every pair of datacenters were linked (logged once)
         self._conns: dict[str, tuple[str, Connection]] = {}
         self._targets: dict[str, Target] = {}
         self._told: dict[str, int] = {}
@@ -424,11 +425,21 @@ class WeightPublisher:
 
         try:
             plan = planned(links)
-        except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
-            if links is not None:
-                log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
-                with self._lock:
-                    self._dc_links = None
+        except PlanError as e:
+            # the declared links leave a datacenter unreached through datacenters with live units (its relay
+            # datacenter's units are gone, or have not joined yet): this version only is routed as if every pair
+            # were linked, and `self._dc_links` is left alone, so the next plan takes the declared links again (and
+            # a members message that lands meanwhile keeps the links it brought)
+            if links is None:
+                raise
+            if self._fell_back != version:  # one line per version, however often it is re-announced
+                self._fell_back = version
+                log.warning(
+                    "weights v%d: %s; this version is routed as if every pair of datacenters were linked "
+                    "(the next plans over the declared links again)",
+                    version,
+                    e,
+                )
             plan = planned(None)
         self.plan = plan
         for name in plan.order:  # parents before children: relays start first

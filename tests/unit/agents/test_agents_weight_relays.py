@@ -1,7 +1,8 @@
 """Relays of the job's weight plane stay put across membership changes: a unit that joins attaches below
 its datacenter's units (no second copy across the inter-DC link, even for the version in flight), a lost
-relay is replaced by the next unit, names sort numerically, the inventory's links shape the tree, and a
-delta-mode node keeps the versions an on-demand delta for a unit one version behind needs."""
+relay is replaced by the next unit, names sort numerically, the inventory's links shape the tree (a version
+they cannot carry is routed around them alone, said once), and a delta-mode node keeps the versions an
+on-demand delta for a unit one version behind needs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from rlctl.agents.weights import Target, WeightPublisher, natural_key, plan_version, weight_node
 from rlctl.config.runtime import WeightSync
+from rlctl.errors import PlanError
 from rlctl.transport import Connection, InprocTransport, Listener, Transport
 from rlctl.weights.plan import BroadcastPlan
 
@@ -177,6 +179,88 @@ def test_links_that_leave_a_datacenter_unreached_do_not_stop_the_publisher(caplo
             pub.publish(1, {"w": torch.zeros(100)})
             assert [u.told()[0] for u in units.values()] == [1, 1]
         assert "no inter-DC link path from the trainer datacenter(s) to dc-c" in caplog.text
+    finally:
+        pub.close()
+        for u in units.values():
+            u.listener.close()
+
+
+LINKS_ABC = {frozenset(("dc-a", "dc-b")), frozenset(("dc-b", "dc-c"))}  # dc-c only through dc-b
+
+
+def test_a_relay_datacenter_empty_for_one_version_then_back_routes_the_next_over_the_declared_links(monkeypatch):
+    """dc-c is linked through dc-b only. dc-b's unit is lost and v2 is published: v2 cannot go through dc-b, so it
+    alone goes to dc-c straight from the trainer. dc-b's replacement joins while v2 is being planned (the members
+    message lands on the trainer's thread meanwhile): v3 goes trainer → dc-b → dc-c again, versus every later
+    version routed as if every pair of datacenters were linked (trainer → dc-c, a link the job did not declare)."""
+    transport = InprocTransport(secret=b"k" * 16)
+    pub = WeightPublisher(transport, listen="inproc://", sync=WeightSync(mode="full", chunk_bytes=4096), timeout_s=10)
+    spec = {"rollout-0": ("dc-b", "h1"), "rollout-1": ("dc-c", "h2"), "rollout-2": ("dc-b", "h3")}
+    units = {n: _Unit(transport, n, dc, h) for n, (dc, h) in spec.items()}
+    by_weights = {u.target.weights: n for n, u in units.items()} | {pub.node.address: "trainer"}
+    real_plan = plan_version
+    joined: list[str] = []
+
+    def tell(names: list[str]) -> None:
+        pub.set_targets({n: units[n].target for n in names}, datacenter="dc-a", dc_links=LINKS_ABC)
+
+    def plan_while_the_relay_joins(*args, **kwargs):  # rollout-2 (dc-b) joins as the first plan of v2 fails
+        try:
+            return real_plan(*args, **kwargs)
+        except PlanError:
+            if not joined:
+                joined.append("rollout-2")
+                tell(["rollout-1", "rollout-2"])
+            raise
+
+    def told(name: str, version: int) -> str:
+        v, holder = units[name].told()
+        assert v == version, (name, v)
+        return by_weights[holder]
+
+    try:
+        tell(["rollout-0", "rollout-1"])
+        pub.publish(1, {"w": torch.zeros(100)})
+        assert (told("rollout-0", 1), told("rollout-1", 1)) == ("trainer", "rollout-0")
+        tell(["rollout-1"])  # dc-b's only unit is lost
+        monkeypatch.setattr("rlctl.agents.weights.plan_version", plan_while_the_relay_joins)
+        pub.publish(2, {"w": torch.ones(100)})
+        assert told("rollout-1", 2) == "trainer"  # this version only: dc-b has no one to relay it
+        assert joined == ["rollout-2"] and told("rollout-2", 2) == "trainer"
+        pub.publish(3, {"w": torch.full((100,), 2.0)})
+        assert (told("rollout-2", 3), told("rollout-1", 3)) == ("trainer", "rollout-2")
+        assert pub.plan is not None and pub.plan.inter_dc_edges() == [
+            ("trainer-0", "rollout-2"),
+            ("rollout-2", "rollout-1"),
+        ]
+    finally:
+        pub.close()
+        for u in units.values():
+            u.listener.close()
+
+
+def test_a_datacenter_unreached_over_the_declared_links_is_said_once_per_version(caplog):
+    """While dc-b has no unit, every version dc-c gets is routed around it, and each is said in one line however
+    often it is re-announced (a unit joining dc-c re-plans it), versus a line for the first version only."""
+    transport = InprocTransport(secret=b"k" * 16)
+    pub = WeightPublisher(transport, listen="inproc://", sync=WeightSync(mode="full", chunk_bytes=4096), timeout_s=10)
+    units = {n: _Unit(transport, n, "dc-c", h) for n, h in (("rollout-1", "h2"), ("rollout-3", "h4"))}
+
+    def tell(names: list[str]) -> None:
+        pub.set_targets({n: units[n].target for n in names}, datacenter="dc-a", dc_links=LINKS_ABC)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlctl.agents.weights"):
+            tell(["rollout-1"])
+            pub.publish(2, {"w": torch.zeros(100)})
+            assert units["rollout-1"].told()[0] == 2
+            tell(["rollout-1", "rollout-3"])  # joins while v2 is the newest: v2 is planned again
+            assert units["rollout-3"].told()[0] == 2
+            pub.publish(3, {"w": torch.ones(100)})
+            assert [u.told()[0] for u in units.values()] == [3, 3]
+        lines = [r.getMessage() for r in caplog.records if "as if every pair" in r.getMessage()]
+        assert [line.split(":")[0] for line in lines] == ["weights v2", "weights v3"]
+        assert "no inter-DC link path from the trainer datacenter(s) to dc-c" in lines[0]
     finally:
         pub.close()
         for u in units.values():
