@@ -5,6 +5,8 @@ rewritten.
     --trainer-split text ─▶ parse_split ─▶ resplit_plan(plan.json, job.json, sites.json) ─▶ the new plan, or one line
                                               │ the model's heads / layers divide (`planner.split.split_refusals`,
                                               │   what `rlctl check` says of trainer.tensor_parallel)
+                                              │ a rank fits the site's GPU memory (`preflight.memory.
+                                              │   trainer_memory_refusal`, what `rlctl check` says of the plan's)
                                               │ the site holds tp × pp × dp ranks (`agentplan.planned_agents`, as the
                                               │   run places them; a SLURM site's nodes each tp group, `hostfill`)
                                               │ the resumed ranks share the job dir (`refuse_unshared_trainer`)
@@ -28,10 +30,12 @@ from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, UsageError
+from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import checkpoint_writers, trainer_parallel
 from rlctl.models.catalog import ModelArch
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
+from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.planner.split import split_refusals
 
 OPTION = "--trainer-split"
@@ -62,7 +66,8 @@ def resplit_plan(
 ) -> dict[str, Any] | None:
     """`plan` with its trainer split as `asked` (`parse_split`; the parts not given the plan's), or None where that is
     the plan's split already; UsageError, one line naming the option, where a launch would refuse the split (the
-    model, the site's room) or the checkpoint loader cannot rebuild the trainer's state at it."""
+    model, a rank's memory on the site's GPUs, the site's room) or the checkpoint loader cannot rebuild the trainer's
+    state at it."""
     was = trainer_parallel(plan)
     tp, pp, dp = (asked.get(k, getattr(was, k)) for k in _KEYS)
     given = f"{OPTION} {','.join(f'{k}={v}' for k, v in asked.items())}"
@@ -83,12 +88,16 @@ def resplit_plan(
     if refused:
         field, why = refused[0]
         raise UsageError(f"{given}: {_PART_OF[field]} {why}", hint=f"use {SYNTAX} with a split the model divides by")
+    name = str(plan["trainer"]["site"])
+    site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
+    split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp)
+    if site is not None and (why_not := trainer_memory_refusal(spec, name, site, split, arch=arch)) is not None:
+        raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(spec, name, site, arch=arch, was=was, dp=dp))
     new = copy.deepcopy(plan)
     t = new["trainer"]
     t["ranks"], t["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
-    site = sites.get(str(t["site"]))
     if site is not None and not kind_of(site).slices_gpus:  # SLURM places the ranks: each tp group on one node
-        why_not = placement_error(str(t["site"]), [g for _, g in site.hosts], t["ranks"], tp=tp, slurm=True)
+        why_not = placement_error(name, [g for _, g in site.hosts], t["ranks"], tp=tp, slurm=True)
         if why_not is not None:
             raise UsageError(f"{given}: {why_not}", hint=PLACEMENT_HINT)
     try:  # the agents as the run lays them out: the site's room, every tp group on one host
@@ -100,6 +109,26 @@ def resplit_plan(
     except (LaunchError, UsageError) as e:
         raise UsageError(f"{given}: {e}", hint=e.hint) from e
     return new
+
+
+def _fitting_hint(spec: JobFile, name: str, site: Site, *, arch: ModelArch, was: ParallelConfig, dp: int) -> str:
+    """What a refused split's line suggests: the fewest GPUs a replica at `dp` replicas fits in (tp before pp, tp
+    within a node: `trainer_memory_refusal`, the model's divisors, the site's GPUs), else the plan's split."""
+    fits = [
+        (tp, pp)
+        for tp in range(1, site.gpus_per_node + 1)
+        for pp in range(1, site.total_gpus // (tp * dp) + 1)
+        if not split_refusals(arch, spec.trainer.backend, tp=tp, pp=pp)
+        and (spec.algorithm.kind != "ppo" or (tp, pp) == (was.tp, was.pp))  # a critic keeps its tp × pp (above)
+        and trainer_memory_refusal(spec, name, site, ParallelConfig("trainer", tp=tp, pp=pp, dp=dp), arch=arch) is None
+    ]
+    if fits:
+        tp, pp = min(fits, key=lambda s: (s[0] * s[1], s[1]))
+        return f"use {OPTION} tp={tp},pp={pp},dp={dp}, the fewest GPUs a replica fits in"
+    return (
+        f"no tp × pp of site {name!r}'s GPUs at dp {dp} fits: resume at the plan's split ({was.short()}), or launch "
+        "the job anew on more or bigger GPUs"
+    )
 
 
 def said(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -8,11 +8,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.job import Job
+from rlctl.config.inventory import Site
+from rlctl.config.job import Job, JobFile
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.devices import kind_for
+from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.backends import kind_of
-from rlctl.launch.layout import PlannedAgent
+from rlctl.launch.layout import PlannedAgent, trainer_parallel
+from rlctl.models.catalog import ModelArch
 from rlctl.models.hf import DTYPE_BYTES
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config, longest_request
@@ -20,36 +23,53 @@ from rlctl.rl.tasks import MAX_DIGITS
 
 
 def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
-    """A trainer placement whose ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`: weights,
-    gradients and the optimizer state, all divided over dp where the plan shards it with FSDP2) exceeds what a GPU
-    of its site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
-    where the inventory does not say)."""
+    """The plan's trainer placement where its ranks do not fit its site's GPUs (`trainer_memory_refusal`), with the
+    job fields that change it."""
+    spec, name = job.spec, str(plan["trainer"]["site"])
+    why = trainer_memory_refusal(spec, name, job.inventory.sites[name], trainer_parallel(plan))
+    if why is None:
+        return []
+    hint = (
+        "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
+        if spec.trainer.backend == "megatron"
+        else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
+    )
+    return [Problem("placement.trainer.gpus", why, hint=hint)]
+
+
+def trainer_memory_refusal(
+    spec: JobFile, site_name: str, site: Site, split: ParallelConfig, *, arch: ModelArch | None = None
+) -> str | None:
+    """Why the trainer of `spec` at `split` (its tp × pp × dp ranks, FSDP2 where `split.fsdp`) does not fit site
+    `site_name`, one line with the figures: its ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`:
+    weights, gradients and the optimizer state, all divided over dp where FSDP2 shards it) exceeds what a GPU of the
+    site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked where the
+    inventory does not say). None where it fits. `rlctl check` judges the plan's split by it, `launch --resume
+    --trainer-split` the split it asks (`rlctl.ops.trainersplit`); `arch`: the model's figures where they are not read
+    from the job file (a resume's from the job dir's copy of an HF model)."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
     from rlctl.profiler.traincost import passes_for
 
-    spec, t = job.spec, plan["trainer"]
-    name = str(t["site"])
-    site = job.inventory.sites[name]
-    par = t.get("parallel") or {}
-    tp, pp, dp = int(par.get("tp", 1)), int(par.get("pp", 1)), int(par.get("dp", t["ranks"]))
+    tp, pp, dp = split.tp, split.pp, split.dp
     gpu = site.spec
     if kind_for(gpu.name) == "cuda":
         have_gb, what = gpu.hbm_gb, f"a {gpu.name} holds {gpu.hbm_gb:g} GB"
     elif (slot := site.memory_per_slot_gb()) is not None:
-        have_gb, what = slot, f"a slot of site {name!r} gets {slot:g} GB of its nodes' memory_gb"
+        have_gb, what = slot, f"a slot of site {site_name!r} gets {slot:g} GB of its nodes' memory_gb"
     else:
-        return []
+        return None
+    arch = arch if arch is not None else spec.model.arch
     # with a KL term (kl_coef > 0) the reference policy's weights too, as the planner counts them
     passes = passes_for(spec.algorithm)
-    entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
+    entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
-    shards = dp if par.get("fsdp") else 1
-    gathered = fsdp_gathered_bytes(spec.model.arch) if shards > 1 else 0.0
+    shards = dp if split.fsdp else 1
+    gathered = fsdp_gathered_bytes(arch) if shards > 1 else 0.0
     need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
-        return []
+        return None
     if shards > 1:
         state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
         state = "weights, gradients" + (
@@ -63,18 +83,10 @@ def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
             "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
         )
         parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
-    return [
-        Problem(
-            "placement.trainer.gpus",
-            f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
-            f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)",
-            hint=(
-                "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
-                if spec.trainer.backend == "megatron"
-                else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
-            ),
-        )
-    ]
+    return (
+        f"the trainer's {tp * pp * dp} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
+        f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)"
+    )
 
 
 ROLLOUT_MEM_FRACTION = 0.9  # of a GPU's or a slot's memory, as the trainer's (`TRAIN_MEM_FRACTION`)

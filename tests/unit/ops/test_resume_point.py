@@ -756,12 +756,14 @@ def test_a_resume_interrupted_as_it_compares_the_job_file_leaves_the_count_itera
     assert jd.job_json.read_text() == job_json
 
 
-def split_job(tmp_path: Path, *, algorithm: str = "grpo", gpus: int = 2) -> JobDir:
-    """A megatron job launched at tp 2 on a local site of `gpus` GPUs (a model that tp 1, 2, 4 and pp 1, 2 split; not
-    tp 3 or pp 3), its checkpoint v3 written at tp 2."""
+def split_job(
+    tmp_path: Path, *, algorithm: str = "grpo", gpus: int = 2, model: dict[str, Any] | None = None, gpu: str = "CPU"
+) -> JobDir:
+    """A megatron job launched at tp 2 on a local site of `gpus` GPUs (`gpu`; a model that tp 1, 2, 4 and pp 1, 2
+    split; not tp 3 or pp 3, or `model`), its checkpoint v3 written at tp 2."""
     job = spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
-    job["model"] = {"kind": "arch", "name": "m", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 4, "vocab": 64,
-                    "intermediate": 128, "params": 1e5}  # fmt: skip
+    job["model"] = model or {"kind": "arch", "name": "m", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 4,
+                             "vocab": 64, "intermediate": 128, "params": 1e5}  # fmt: skip
     job["trainer"] = {"backend": "megatron", "tensor_parallel": 2}
     job["placement"]["trainer"]["gpus"] = 2
     job["algorithm"] = {"kind": algorithm}
@@ -771,7 +773,7 @@ def split_job(tmp_path: Path, *, algorithm: str = "grpo", gpus: int = 2) -> JobD
             "rollout": [{"site": "c", "units": 1}], "controller_site": "c"}  # fmt: skip
     jd.write_json(jd.plan_json, plan)
     t = Site.model_validate(
-        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": gpus}]}
+        {"datacenter": "d", "gpu": gpu, "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": gpus}]}
     )
     write_sites(jd.path, {"c": local_site(), "t": t})
     digest = sharded_part(jd.checkpoint(3), TP2)
@@ -870,6 +872,32 @@ def test_launch_resume_trainer_split_a_launch_would_refuse_is_one_line_exit_2_an
     assert r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
     assert jd.plan_json.read_text() == before
     assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()
+
+
+def test_launch_resume_trainer_split_a_rank_of_which_does_not_fit_the_sites_gpus_is_refused_with_the_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A megatron 7B trainer launched at tp 2 on 4 H100s (62 GB a rank), resumed at tp 1: each rank would hold the
+    whole model's weights, gradients and AdamW state (123.9 GB; megatron has no distributed optimizer), and an H100
+    80 GB. Refused as `rlctl check` refuses such a plan (`preflight.memory.trainer_memory_refusal`, its figures),
+    naming the option and the fewest GPUs a replica fits in at the asked dp; before, the split was written and the
+    trainer ran out of memory as it loaded. A split that fits (dp 2 at tp 2) passes."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100")
+    before = jd.plan_json.read_text()
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,dp=2", "--dry-run")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr == (
+        "rlctl: error: --trainer-split tp=1,dp=2: the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 123.9 GB each "
+        "(weights and gradients 32.5 GB, optimizer state 91.4 GB), and a H100 holds 80 GB (90% usable) (hint: use "
+        "--trainer-split tp=2,pp=1,dp=2, the fewest GPUs a replica fits in)\n"
+    )
+    assert jd.plan_json.read_text() == before
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "dp=2", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert "tp2 pp1 dp1 (2 ranks) → tp2 pp1 dp2 (4 ranks)" in r.stdout
 
 
 def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) -> None:
