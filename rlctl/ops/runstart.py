@@ -348,10 +348,11 @@ class RunStart(RunBase):
         self.stop()
         hint = f"continue it with `{self.resume_command()}`"
         if not started and self.resumed is not None:  # a resume stopped as it staged: `start` puts the job back as
-            # it was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept)
+            # it was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept;
+            # a --trainer-split's plan.json put back)
             hint = (
                 f"the job is as it was before this resume: continue it with `{self.resume_command()}` (and the "
-                "resume's --iterations / --checkpoint, where it had them)"
+                "resume's --iterations / --checkpoint / --trainer-split, where it had them)"
             )
         raise Stopped(
             f"job {self.id} was stopped (`rlctl stop`) while its launcher started a run; "

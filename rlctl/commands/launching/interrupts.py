@@ -63,10 +63,12 @@ def interrupted_line(
         )
     how = run.resume_command() if run is not None else resume_command(jd.path)
     if run is not None and run.unstarted:  # a resume stopped while it staged: no agent ran, the job put back as it
-        # was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept)
+        # was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept; a
+        # --trainer-split's plan.json put back: a plain resume runs the plan's split)
         return (
             f"rlctl: {why}: the resume of job {jd.id} stopped before any agent of it started; the job is as it "
-            f"was before it: continue it with `{how}` (and the resume's --iterations / --checkpoint, where it had them)"
+            f"was before it: continue it with `{how}` (and the resume's --iterations / --checkpoint / "
+            "--trainer-split, where it had them)"
         )
     if not stopped:  # (an agent on a site the stop could not reach may still run)
         return f"rlctl: {why}: job {jd.id}: its stop failed (the warning above); continue it with `{how}`"

@@ -588,7 +588,8 @@ def test_the_table_says_what_each_time_covers_and_that_the_job_resumed() -> None
 
 def test_a_resume_ctrl_c_before_any_agent_started_says_the_job_is_as_it_was(tmp_path: Path) -> None:
     # Ctrl-C while a `--resume --iterations 200` of a finished job staged: its start put the job back as it was
-    # (finished), and the line said it `stopped (every agent)`, to be continued with a plain resume, which refuses it
+    # (finished), and the line said it `stopped (every agent)`, to be continued with a plain resume, which refuses it.
+    # A --trainer-split is named too: its plan.json was put back, and a plain resume runs the plan's split
     from rlctl.commands.launching.interrupts import interrupted_line
 
     jd = JobDir.create("demo", explicit=tmp_path / "demo-3")
@@ -596,8 +597,8 @@ def test_a_resume_ctrl_c_before_any_agent_started_says_the_job_is_as_it_was(tmp_
     line = interrupted_line(jd, run)  # type: ignore[arg-type]
     assert line == (
         "rlctl: interrupted: the resume of job demo-3 stopped before any agent of it started; the job is as it was "
-        "before it: continue it with `rlctl launch --resume demo-3` (and the resume's --iterations / --checkpoint, "
-        "where it had them)"
+        "before it: continue it with `rlctl launch --resume demo-3` (and the resume's --iterations / --checkpoint / "
+        "--trainer-split, where it had them)"
     )
 
 

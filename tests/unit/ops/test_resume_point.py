@@ -660,7 +660,7 @@ def test_a_resume_stopped_while_it_staged_says_the_job_is_as_it_was(tmp_path: Pa
         run._stop_if_asked()  # as `_prepare` asks once its staging is done, before any agent starts
     assert e.value.hint == (
         f"the job is as it was before this resume: continue it with `rlctl launch --resume {sites.c.path}` (and the "
-        "resume's --iterations / --checkpoint, where it had them)"
+        "resume's --iterations / --checkpoint / --trainer-split, where it had them)"
     )
 
 
