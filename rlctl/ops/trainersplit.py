@@ -10,6 +10,7 @@ rewritten.
                                               │ the site holds tp × pp × dp ranks (`agentplan.planned_agents`, as the
                                               │   run places them; a SLURM site's nodes each tp group, `hostfill`)
                                               │ the resumed ranks share the job dir (`refuse_unshared_trainer`)
+                                              │ an exclusive SLURM site's nodes hold every job (`preflight.placement`)
                                               ▼
                           `launch --resume` writes it to plan.json as its run starts (put back if none starts)
 
@@ -24,18 +25,20 @@ state, and a PPO critic's at another tp × pp.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
-from rlctl.config.inventory import Site
-from rlctl.config.job import JobFile
+from rlctl.config.inventory import Inventory, Site
+from rlctl.config.job import Job, JobFile
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.agentenv import ParallelConfig
-from rlctl.launch.backends import kind_of
+from rlctl.launch.backends import SITES_FILE, kind_of
 from rlctl.launch.layout import checkpoint_writers, trainer_parallel
 from rlctl.models.catalog import ModelArch
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
 from rlctl.ops.preflight.memory import trainer_memory_refusal
+from rlctl.ops.preflight.placement import exclusive_room_problems
 from rlctl.planner.split import split_refusals
 
 OPTION = "--trainer-split"
@@ -66,8 +69,8 @@ def resplit_plan(
 ) -> dict[str, Any] | None:
     """`plan` with its trainer split as `asked` (`parse_split`; the parts not given the plan's), or None where that is
     the plan's split already; UsageError, one line naming the option, where a launch would refuse the split (the
-    model, a rank's memory on the site's GPUs, the site's room) or the checkpoint loader cannot rebuild the trainer's
-    state at it."""
+    model, the site's room, each rank's memory, an exclusive SLURM site's nodes) or the checkpoint loader cannot
+    rebuild the trainer's state at it."""
     was = trainer_parallel(plan)
     tp, pp, dp = (asked.get(k, getattr(was, k)) for k in _KEYS)
     given = f"{OPTION} {','.join(f'{k}={v}' for k, v in asked.items())}"
@@ -108,6 +111,15 @@ def resplit_plan(
         )
     except (LaunchError, UsageError) as e:
         raise UsageError(f"{given}: {e}", hint=e.hint) from e
+    # a SLURM site giving each of the job's SLURM jobs its nodes whole (`scheduler.exclusive`): the trainer's job on
+    # more nodes leaves fewer for the controller's and the rollout units' there, and one past the site's nodes waits
+    # for ever, though the site's GPUs hold them all (what `rlctl check` asks of a launch's agents)
+    job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+    if crowded := exclusive_room_problems(job, agents):
+        raise UsageError(
+            f"{given}: {crowded[0].field} {crowded[0].message}",
+            hint=f"use {SYNTAX} with fewer ranks, or resume at the plan's split",
+        )
     return new
 
 

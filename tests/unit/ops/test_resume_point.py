@@ -917,6 +917,39 @@ def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) 
     assert e.value.exit_code == 2
 
 
+def test_trainer_split_past_an_exclusive_slurm_sites_nodes_is_refused_at_the_option(tmp_path: Path) -> None:
+    """4 nodes of 8 GPUs whose scheduler gives each SLURM job its nodes whole: the controller, the trainer on 8 GPUs
+    and 2 rollout units of tp 2 take the 4. At dp 16 the trainer takes 2 nodes, 5 in all: the site's GPUs hold them
+    (20 of 32) and the split was written, and a unit past the nodes waited for ever; refused at the option in check's
+    line (`exclusive_room_problems`). dp 4 fits (one node)."""
+    import yaml
+
+    from rlctl.config import load_job
+    from rlctl.ops import counts
+    from rlctl.ops.trainersplit import resplit_plan
+    from tests.unit.ops.test_preflight_controller_room import h800_job
+
+    tiny = {"kind": "builtin", "name": "tiny-demo"}
+    h800_job(tmp_path, trainer_gpus=8, node={"gpus": 8}, hosts="h800-[001-004]", rollout_at=("h800", 4), model=tiny)
+    inv = yaml.safe_load((tmp_path / "h800.yaml").read_text())
+    inv["sites"]["h800"]["scheduler"]["exclusive"] = True
+    (tmp_path / "h800.yaml").write_text(yaml.safe_dump(inv))
+    job = load_job(tmp_path / "job.yaml")
+    plan = counts.plan_counts(job, job.spec)
+    sites = {"h800": job.inventory.sites["h800"]}
+    with pytest.raises(UsageError) as e:
+        resplit_plan(plan, {"dp": 16}, spec=job.spec, sites=sites, arch=job.spec.model.arch)
+    assert str(e.value) == (
+        "--trainer-split dp=16: sites.h800.scheduler.exclusive true: each of the job's 4 SLURM jobs on site h800 takes "
+        "its nodes whole, 5 node(s) in all (1 for the controller, 2 for the trainer, 2 for its 2 rollout units), and "
+        "the site's 4 node(s) do not hold them at once: a job past them waits for ever for a node another holds until "
+        "the job ends"
+    )
+    assert e.value.exit_code == 2
+    fits = resplit_plan(plan, {"dp": 4}, spec=job.spec, sites=sites, arch=job.spec.model.arch)
+    assert fits is not None and fits["trainer"] == {"site": "h800", "ranks": 4, "parallel": {"tp": 1, "pp": 1, "dp": 4}}
+
+
 def test_a_resume_at_another_trainer_split_whose_staging_fails_leaves_the_plan_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
