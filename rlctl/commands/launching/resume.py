@@ -165,21 +165,23 @@ def resume_job(
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)
         plan_was = jd.plan_json.read_text() if resplit is not None else None
-        if resplit is not None:  # what the run's agents are laid out by, and the controller's copy is staged from
-            jd.write_json(jd.plan_json, resplit)
-        if counted is not None:
-            say(f"job {spec.name}: {counted}")
-        if resplit is not None:
-            say(f"job {spec.name}: {said(plan, resplit)}, written to plan.json")
-        for line in sources:
-            say(f"job {spec.name}: {line}")
         try:
+            if resplit is not None:  # what the run's agents are laid out by, and the controller's copy is staged from
+                jd.write_json(jd.plan_json, resplit)
+            if counted is not None:
+                say(f"job {spec.name}: {counted}")
+            if resplit is not None:
+                say(f"job {spec.name}: {said(plan, resplit)}, written to plan.json")
+            for line in sources:
+                say(f"job {spec.name}: {line}")
             run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
             unstarted = runs.run is not None and runs.run.unstarted
             if was is not None and unstarted:  # as it was, as the run put back
                 replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
-            if plan_was is not None and unstarted:  # and plan.json: the split takes effect only with a run of it
+            # and plan.json: the split takes effect only with a run of it; put back too where no run was made (an
+            # error or Ctrl-C after it was written, before `runs.start` made one), versus left at the new split
+            if plan_was is not None and (runs.run is None or runs.run.unstarted):
                 replace_text(jd.plan_json, plan_was)
             raise
         # job.json edited since: said once the run started on it, versus before, where a run that then refused the

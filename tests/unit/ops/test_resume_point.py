@@ -950,6 +950,36 @@ def test_trainer_split_past_an_exclusive_slurm_sites_nodes_is_refused_at_the_opt
     assert fits is not None and fits["trainer"] == {"site": "h800", "ranks": 4, "parallel": {"tp": 1, "pp": 1, "dp": 4}}
 
 
+@pytest.mark.parametrize("where", ["say", "start"])
+def test_a_resume_at_another_trainer_split_ended_before_a_run_was_made_leaves_the_plan_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """plan.json is written as the run starts; a Ctrl-C as the launcher says so (`say`), or a start that fails before
+    it made a run (`start`: none to say it is unstarted), puts it back, versus leaving the new split in plan.json with
+    no run of it (the next plain resume then ran a split the operator had not kept)."""
+    from rlctl.commands.launching import resume as resume_mod
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4)
+    before = jd.plan_json.read_text()
+
+    def start(**_: Any) -> None:
+        raise LaunchError("the run could not be made")
+
+    def say(line: str) -> None:
+        if where == "say" and "written to plan.json" in line:
+            raise KeyboardInterrupt
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        begin(SimpleNamespace(start=start, run=None), say)
+
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,pp=2")
+    assert r.exit_code != 0
+    assert jd.plan_json.read_text() == before
+
+
 def test_a_resume_at_another_trainer_split_whose_staging_fails_leaves_the_plan_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
