@@ -157,6 +157,7 @@ def pull(
         number, figures = best_checkpoint(JobDir(job_dir), named=named)
         log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
     pointer: str | None = None
+    damaged: str | None = None  # why latest.json does not parse
     if checkpoint == "latest":
         where, pointer = _latest(job_dir)
         if pointer is None:
@@ -164,6 +165,7 @@ def pull(
         try:
             parse_latest(pointer)
         except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
+            damaged = str(e)
             log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
     elif number is None:
         raise UsageError(
@@ -212,8 +214,9 @@ def pull(
             policy_in(pulled[0])
             got = pulled[0]
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
-        if not problems:  # latest.json names v0 and no checkpoint is on the site
-            raise UsageError(f"{job_dir}: no checkpoint is complete yet ({LATEST_POINTER} names none)")
+        if not problems:  # latest.json names v0, or is damaged, and no checkpoint is on the site
+            said = "names none" if damaged is None else f"is damaged ({damaged}), and site {site} holds none"
+            raise UsageError(f"{job_dir}: no checkpoint is complete yet ({LATEST_POINTER} {said})")
         job_id = JobDir(job_dir).id
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
     finally:

@@ -463,3 +463,11 @@ def test_pull_of_a_job_whose_latest_json_is_damaged_takes_the_newest_checkpoint_
     (jd.checkpoint(1) / "MANIFEST.trainer.json").write_text("{")  # none verifies: the pull's own one line
     with pytest.raises(LaunchError, match=r"^no checkpoint of .* could be pulled from site local: v2: .*; v1: "):
         pull(jd.path, to=tmp_path / "none")
+    # none on the site at all: said as a damaged latest.json, versus 'latest.json names none' (of a pointer that does
+    # not parse)
+    for v in (1, 2):
+        shutil.rmtree(jd.checkpoint(v))
+    with pytest.raises(UsageError) as e:
+        pull(jd.path, to=tmp_path / "none")
+    assert str(e.value).startswith(f"{jd.path}: no checkpoint is complete yet (latest.json is damaged ("), str(e.value)
+    assert str(e.value).endswith("), and site local holds none)"), str(e.value)
