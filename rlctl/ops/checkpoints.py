@@ -112,11 +112,16 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
     return out | ({"prompts": heldout["prompts"]} if _number(heldout.get("prompts")) is not None else {})
 
 
-def best_checkpoint(jobdir: JobDir, *, named: str | None = None) -> tuple[int, dict[str, Any]]:
+def best_checkpoint(
+    jobdir: JobDir, *, named: str | None = None, parts_here: dict[str, Path] | None = None
+) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
     """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
-    equal ones), and its figures; UsageError naming what to do where it evaluated none. `named`: how a command names
-    the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id."""
-    table = checkpoint_table(jobdir)["checkpoints"]
+    equal ones) and that pass the check `status --checkpoints` makes (`sound`, of the parts in `parts_here`), its
+    figures, and the rows of those better by their figures that it passed over as damaged (best first), versus the
+    best by figures alone (a damaged one, which the pull then refused instead of taking the best sound one);
+    UsageError naming what to do where it evaluated none, or every one it evaluated is damaged. `named`: how a command
+    names the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id."""
+    table = checkpoint_table(jobdir, parts_here=parts_here)["checkpoints"]
     rows = [r for r in table if (r["heldout"] or {}).get("greedy_reward") is not None]
     named = named or shlex.quote(jobdir.id)
     hint = f"`rlctl status {named} --checkpoints` lists them"
@@ -142,5 +147,13 @@ def best_checkpoint(jobdir: JobDir, *, named: str | None = None) -> tuple[int, d
             "version instead",
             hint=hint,
         )
-    best = max(rows, key=lambda r: (r["heldout"]["greedy_reward"], r["version"]))
-    return int(best["version"]), dict(best["heldout"])
+    ranked = sorted(rows, key=lambda r: (r["heldout"]["greedy_reward"], r["version"]), reverse=True)
+    best = next((r for r in ranked if not r["damaged"]), None)
+    if best is None:
+        damaged = "; ".join(f"v{r['version']}: {r['damaged']}" for r in ranked)
+        raise UsageError(
+            f"--checkpoint best: every checkpoint of job {jobdir.id} with held-out figures is damaged ({damaged}); "
+            "name another version instead",
+            hint=hint,
+        )
+    return int(best["version"]), dict(best["heldout"]), ranked[: ranked.index(best)]  # (each of them damaged)

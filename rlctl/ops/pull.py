@@ -154,8 +154,19 @@ def pull(
         # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
         # --checkpoints` lists them
         fetch_trackers(job_dir)
-        number, figures = best_checkpoint(JobDir(job_dir), named=named)
-        log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
+        # among those whose trainer part (the policy, all a pull copies) passes the check `status --checkpoints`
+        # makes, where its site's files are on this machine (over SSH: the pull's own verification refuses a damaged
+        # one, and says why), versus the best by figures alone, damaged or not
+        here = {part: d for part, d in checkpoints_here(job_dir).items() if part == "trainer"}
+        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts_here=here)
+        took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
+        if passed:  # one line: what it took, and the better ones by their figures it passed over, each with why
+            damaged = "; ".join(
+                f"v{r['version']} ({r['heldout']['greedy_reward']:.4f}): {r['damaged']}" for r in passed
+            )
+            log.warning("%s, the best sound one; passed over as damaged: %s", took, damaged)
+        else:
+            log.info("%s", took)
     pointer: str | None = None
     damaged: str | None = None  # why latest.json does not parse
     if checkpoint == "latest":

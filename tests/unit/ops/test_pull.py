@@ -424,6 +424,33 @@ def test_pull_best_takes_the_checkpoint_with_the_highest_held_out_reward(tmp_pat
     assert r.exit_code == 2 and "'latest', 'best' or a version" in r.stderr, r.stderr
 
 
+def test_pull_best_passes_over_a_damaged_checkpoint_for_the_best_sound_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The best by held-out figures (v2) has its MANIFEST.trainer.json cut short: `best` chose it by the figures alone
+    and the pull then refused it ('no checkpoint of job could be pulled ... v2: ...'), versus the best of those that
+    pass the check `status --checkpoints` makes (v1), the one passed over said in one line with why."""
+    jd, models = job_dir(tmp_path)
+    for v, reward in ((1, 0.4), (2, 0.6)):
+        jd.event("checkpoint", version=v)
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    manifest = jd.checkpoint(2) / "MANIFEST.trainer.json"
+    manifest.write_text(manifest.read_text()[:20])
+    got = pull(jd.path, checkpoint="best")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+    said = [r.getMessage() for r in caplog.records if "--checkpoint best" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        "--checkpoint best: v1 (held-out greedy reward 0.4000), the best sound one; passed over as damaged: v2 "
+        "(0.6000): trainer part: MANIFEST.trainer.json does not parse (JSONDecodeError"
+    ), said
+    manifest = jd.checkpoint(1) / "MANIFEST.trainer.json"  # none sound: one line naming each, and what to do
+    manifest.write_text("{")
+    every = r"^--checkpoint best: every checkpoint of job job with held-out figures is damaged \(v2: trainer part: "
+    with pytest.raises(UsageError, match=every + r".*; v1: trainer part: .*\); name another version instead$"):
+        pull(jd.path, checkpoint="best")
+
+
 def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
