@@ -52,6 +52,7 @@ class JobRecord:
     summary: dict[str, Any] | None
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # held-out evaluations during the run
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `rlctl.ops.checkpoints.checkpoint_table`'s
+    manifests_checked: list[str] = field(default_factory=list)  # the parts whose manifests it checked (its own)
     ended: str | None = None  # how the job ended by its record (`build_report`'s), for a run that left no summary
 
     @property
@@ -180,7 +181,7 @@ def load(job_dir: Path) -> JobRecord:
             _read_lines(job_dir / "evaluations.jsonl", lacks=_evaluation_lacks),
             key=lambda r: int(r["version"]),
         ),
-        checkpoints=_checkpoints(job_dir),
+        **_checkpoints(job_dir),
     )
 
 
@@ -205,16 +206,26 @@ def _field(path: Path, record: Any, dotted: str) -> Any:
     return record
 
 
-def _checkpoints(job_dir: Path) -> list[dict[str, Any]]:
-    """The job's complete checkpoints with the reward that made each and its held-out figures; none where its
-    job.json is not one this rlctl reads in full (a job of an older rlctl: the rest of the report still is)."""
+def _checkpoints(job_dir: Path) -> dict[str, Any]:
+    """JobRecord's checkpoints: the job's complete checkpoints with the reward that made each and its held-out
+    figures, each part's manifests checked where its site's files are on this machine, as `status --checkpoints`
+    checks them (`rlctl.ops.checkpoints.sound`: a stat per file, no connection, no weights hashed), a damaged one so
+    marked and not the latest, versus every one listed as sound and the newest as the latest; none where its job.json
+    is not one this rlctl reads in full (a job of an older rlctl: the rest of the report still is)."""
     from rlctl.ops.checkpoints import checkpoint_table
+    from rlctl.ops.pull import checkpoints_here
 
     try:
-        return list(checkpoint_table(JobDir(job_dir))["checkpoints"])
+        here = checkpoints_here(job_dir)
+    except RlctlError as e:  # (where its parts are does not read: none checked, said under the table)
+        log.info("report: checkpoints' manifests not checked: %s", e)
+        here = {}
+    try:
+        table = checkpoint_table(JobDir(job_dir), parts_here=here)
     except RlctlError as e:
         log.info("report: no checkpoints table: %s", e)
-        return []
+        return {}
+    return {"checkpoints": list(table["checkpoints"]), "manifests_checked": list(table["manifests_checked"])}
 
 
 def _read_json(path: Path) -> Any:
@@ -691,7 +702,8 @@ def _checkpoint_rows(rec: JobRecord) -> list[list[str]]:
 
     return [
         [
-            f"v{c['version']}" + (" (latest)" if c["latest"] else ""),
+            f"v{c['version']}"
+            + (" (latest)" if c["latest"] else f" (damaged: {c['damaged']})" if c.get("damaged") else ""),
             "-" if c["written_at"] is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["written_at"])),
             f"{c['iterations'][0]}–{c['iterations'][1]}",
             _f(c["reward_mean"], ".4f"),
@@ -718,6 +730,8 @@ def _evaluation_rows(rec: JobRecord) -> list[list[str]]:
 
 
 def _html(rec: JobRecord, png: bytes) -> str:
+    from rlctl.ops.checkpoints import unchecked_line
+
     title = html.escape(f"rlctl report: {rec.name}")
     none = f'<p class="none">{NO_DATA}</p>'
     scales = _scale_rows(rec)
@@ -752,6 +766,11 @@ def _html(rec: JobRecord, png: bytes) -> str:
                     ["checkpoint", "written", "iterations", "sampled reward", "held-out greedy reward", "exact"],
                     _checkpoint_rows(rec),
                     id_="checkpoints",
+                ),
+                *(
+                    [f'<p class="none">{html.escape(note)}</p>']
+                    if (note := unchecked_line(rec.manifests_checked))
+                    else []
                 ),
             ]
             if rec.checkpoints

@@ -356,15 +356,9 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
         )
     table = grid(rows, ["checkpoint", "written", "iterations", "sampled reward", "held-out (greedy)", "state"], title)
     # the cheap check of each part's manifest where its site's files are on this machine (rlctl.ops.checkpoints.sound)
-    checked = c.get("manifests_checked", [])
-    unchecked = [p for p in ("trainer", "controller") if p not in checked]
-    parts = " and ".join(unchecked) + (" parts'" if len(unchecked) > 1 else " part's")
-    note = (
-        f"\nthe {parts} manifests not checked here (their site's files are not on this machine): a pull or a resume "
-        "verifies every file"
-        if unchecked
-        else ""
-    )
+    from rlctl.ops.checkpoints import unchecked_line
+
+    note = f"\n{line}" if (line := unchecked_line(c.get("manifests_checked", []))) else ""
     return (
         f"{table}{note}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its "
         "model here"

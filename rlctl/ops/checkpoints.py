@@ -106,6 +106,19 @@ def sound(parts: dict[str, Path], version: int) -> str | None:
     return None
 
 
+def unchecked_line(checked: list[str]) -> str | None:
+    """The line under a checkpoints table (`status --checkpoints`, `report`) naming the parts whose manifests were
+    not checked (`checkpoint_table`'s "manifests_checked" lacks them), or None where both were."""
+    unchecked = [p for p in ("trainer", "controller") if p not in checked]
+    if not unchecked:
+        return None
+    parts = " and ".join(unchecked) + (" parts'" if len(unchecked) > 1 else " part's")
+    return (
+        f"the {parts} manifests not checked here (their site's files are not on this machine): a pull or a resume "
+        "verifies every file"
+    )
+
+
 def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
     """One policy's figures of the evaluation after the job (`summary.json` `heldout`: `greedy_reward_first`, …)."""
     out = {k: heldout[f"{k}_{which}"] for k in FIGURES[:2] if _number(heldout.get(f"{k}_{which}")) is not None}

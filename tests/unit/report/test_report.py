@@ -487,6 +487,48 @@ def test_the_checkpoints_get_a_table_with_the_reward_that_made_each(tmp_path: Pa
     assert "<td>v12 (latest)</td>" in page and "<td>7–12</td><td>0.5250</td>" in page
 
 
+def test_the_checkpoints_table_marks_a_damaged_checkpoint_as_status_does(tmp_path: Path) -> None:
+    """v12's MANIFEST.trainer.json cut short, on a local site (its files on this machine): the report listed it as
+    'v12 (latest)', sound, versus 'damaged: …' and v6 the latest, the check `status --checkpoints` makes (a stat per
+    file, no weights hashed); a job whose parts' files are not here says under the table that none was checked."""
+    from rlctl.checkpoint.files import write_part
+    from rlctl.config import load_job
+    from rlctl.config.inventory import Site
+    from rlctl.launch.backends import write_sites
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.launch.stage import write_staged
+    from tests.conftest import ROOT
+
+    d = make_job_dir(tmp_path)
+    jd = JobDir(d)
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="jobs/demo.yaml")
+    for v in (6, 12):
+        jd.event("checkpoint", version=v)
+    unchecked = "the trainer and controller parts&#x27; manifests not checked here"
+    assert unchecked in build_report(d).html.read_text()  # never launched: where its parts are is unknown
+    site = {
+        "datacenter": "a",
+        "gpu": "CPU",
+        "nodes": [{"host": "localhost", "gpus": 2}],
+        "scheduler": {"kind": "local"},
+    }
+    jd.write_json(jd.plan_json, {"trainer": {"site": "local", "ranks": 1}, "controller_site": "local", "rollout": []})
+    write_sites(d, {"local": Site.model_validate(site)})
+    write_staged(d, {"local": {"roots": {"localhost": str(d)}, "files": []}})
+    for v in (6, 12):
+        weights = {"model": lambda p, v=v: p.mkdir() or (p / "w.bin").write_bytes(bytes(v))}
+        digest = write_part(jd.checkpoint(v), "trainer", weights, meta={"counters": {"version": v}})
+        state = {"controller": lambda p: p.mkdir() or (p / "state.json").write_text("{}")}
+        write_part(jd.checkpoint(v), "controller", state, meta={"version": v, "trainer_digest": digest})
+    page = build_report(d).html.read_text()
+    assert "<td>v12 (latest)</td>" in page and "not checked here" not in page
+    manifest = jd.checkpoint(12) / "MANIFEST.trainer.json"
+    manifest.write_text(manifest.read_text()[:20])
+    page = build_report(d).html.read_text()
+    assert "<td>v6 (latest)</td>" in page, page
+    assert "<td>v12 (damaged: trainer part: MANIFEST.trainer.json does not parse (JSONDecodeError" in page
+
+
 def test_the_reward_first_to_last_says_over_which_iterations(tmp_path: Path) -> None:
     # the summary's means over its first/last `reward_window` iterations and the first/last rows' own (no summary)
     # both read `0.150 → 0.700` under one label, the window unsaid
