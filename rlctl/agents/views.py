@@ -231,7 +231,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "elapsed_s": round(now - s.t_start, 2),  # this run's (a resumed job's controller started anew)
         # the job's, from its first controller start, where this run is a resume whose offset is known; else None
         "job_elapsed_s": round(now - s.t_start + s.wall_offset_s, 2) if s.wall_offset_s >= 1.0 else None,
-        **progress_view(s, now=now),
+        # paused: no time left (it trains nothing while it waits; `state` and resilience.paused say why), versus the
+        # estimate at the pace from before the pause that status's time row no longer showed
+        **progress_view(s, now=now, paused=state == "paused"),
         "metrics_port": s.metrics_port,
         # where Prometheus scrapes: bound where the controller listens; a port of its own only with metrics.port
         "metrics": {
@@ -273,10 +275,11 @@ def gone_counts(s: Snapshot) -> dict[str, int]:
 PACE_MIN_INTERVALS = 3
 
 
-def progress_view(s: Snapshot, *, now: float) -> dict[str, Any]:
+def progress_view(s: Snapshot, *, now: float, paused: bool = False) -> dict[str, Any]:
     """How far a long run is: seconds an iteration over this run's last PACE_ROWS iterations (their metrics rows'
-    wall times; none before PACE_MIN_INTERVALS of them), the time left at that pace, and the latest complete
-    checkpoint (version, age, how often)."""
+    wall times; none before PACE_MIN_INTERVALS of them), the time left at that pace (none while `paused`: the pace
+    measured before the pause estimates nothing of a job that waits), and the latest complete checkpoint (version,
+    age, how often)."""
     times = [r["t"] for r in s.rows.pace]
     pace = (times[-1] - times[0]) / (len(times) - 1) if len(times) > PACE_MIN_INTERVALS else None
     left = max(0, s.job.iterations - s.core.trainer_version)
@@ -285,7 +288,7 @@ def progress_view(s: Snapshot, *, now: float) -> dict[str, Any]:
         "pace_s": None if pace is None else round(pace, 3),
         "pace_iterations": max(0, len(times) - 1),
         "pace_after_iterations": PACE_MIN_INTERVALS + 1,  # this run's rows before a pace is estimated
-        "eta_s": 0.0 if left == 0 else None if pace is None else round(left * pace, 1),
+        "eta_s": 0.0 if left == 0 else None if pace is None or paused else round(left * pace, 1),
         "checkpoint": {
             "version": version,
             "age_s": None if at is None else round(now - at, 1),

@@ -295,9 +295,15 @@ def test_a_paused_job_s_time_row_says_paused_not_an_estimate_at_the_old_pace():
     rows = [{**row, "t": 1000.0 + 12.5 * i} for i in range(5)]
     paused = {"resumes": 0, "paused": "paused: site gen unreachable since 12:03:04 (20 s; the job waits up to 300 s)"}
     st = status(_snapshot(core, rows, job=_job(iterations=5), resilience=paused), now=110.0)
-    assert st["state"] == "paused" and st["eta_s"] is not None  # (-o json keeps the figures the pace gives)
+    assert st["state"] == "paused" and st["resilience"]["paused"] == paused["paused"]
+    # -o json and `launch`'s line per iteration: no time left while it waits (they kept '≈ 50 s left', the estimate
+    # at the pace from before the pause, which the time row no longer showed); the pace itself is as measured
+    assert st["eta_s"] is None and st["pace_s"] == 12.5
+    assert progress_line(st).startswith("iter 1/5  reward ")
     assert time_line(st) == "running 10 s; paused: no time left estimated while it waits (the paused row says why)"
     assert time_line({**st, "iteration": 5}) == "running 10 s; no iteration left"
+    st = status(_snapshot(core, rows, job=_job(iterations=5), resilience={**paused, "paused": None}), now=110.0)
+    assert st["state"] == "running" and st["eta_s"] == 50.0  # resumed: the estimate again
 
 
 def test_no_time_left_from_one_interval_after_a_resume_nor_across_the_resume():
