@@ -161,10 +161,8 @@ def pull(
         number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts_here=here)
         took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
         if passed:  # one line: what it took, and the better ones by their figures it passed over, each with why
-            damaged = "; ".join(
-                f"v{r['version']} ({r['heldout']['greedy_reward']:.4f}): {r['damaged']}" for r in passed
-            )
-            log.warning("%s, the best sound one; passed over as damaged: %s", took, damaged)
+            over = "; ".join(f"v{r['version']} ({r['heldout']['greedy_reward']:.4f}): {r['damaged']}" for r in passed)
+            log.warning("%s, the best sound one; passed over as damaged: %s", took, over)
         else:
             log.info("%s", took)
     pointer: str | None = None
