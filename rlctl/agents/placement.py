@@ -43,8 +43,12 @@ class Placement:
 
     @property
     def dc_links(self) -> list[list[str]] | None:
-        """The inter-datacenter links of the job's sites (pairs of datacenters), None when the plan names no
-        links (a job written before links were recorded, or one datacenter): every pair counts as linked."""
+        """The inter-datacenter links of the job (pairs of datacenters: plan.json's `dc_links`, `ops.jobprep`), None
+        when the plan names none (a job written before links were recorded, or one datacenter): every pair counts
+        as linked. A job dir written before `dc_links` (2026-12-06) has its links' site pairs alone (`links`), each
+        between two of its sites: their datacenters (sites.json's)."""
+        if "dc_links" in self.plan:
+            return sorted(sorted(p) for p in {frozenset(p) for p in self.plan["dc_links"]} if len(p) == 2) or None
         dcs = {n: s.datacenter for n, s in self.site_specs.items()}
         pairs = {
             frozenset((dcs[a], dcs[b]))

@@ -292,12 +292,29 @@ class Inventory:
         return None
 
     def links_among(self, sites: Iterable[str]) -> list[Link]:
-        """The declared links both of whose sites are among `sites` (a job's: its controller's, trainer's and rollout
-        sites): the only links a job's weights cross. The job dir records them (`ops.jobprep.prepare`), the weight
-        plane routes over them and `planner.weightsync.weight_route` prices the same route; a link from a site the
-        job does not use is not one of them, even where that site shares a datacenter with one it does."""
-        used = set(sites)
-        return [link for link in self.links if set(link.between) <= used]
+        """The declared links that count for a job on `sites` (its controller's, trainer's and rollout sites): those
+        whose two sites' datacenters both hold a site of the job. A link is physically between datacenters, and an
+        inventory often declares a datacenter's uplink from one of its sites: a link a2–r joins the datacenters of
+        a2 and r for a job on t (a2's datacenter) and r, whether or not it uses a2, versus (2026-12-06) only links
+        both of whose sites the job used, which refused such a job. The planner and `rlctl check` price the
+        weights' route over them (`planner.weightsync.weight_route`), and `dc_links_among` picks each pair of
+        datacenters' link from them, the pairs the job dir records and the weight plane routes over."""
+        dcs = {self.sites[s].datacenter for s in sites}
+        return [ln for ln in self.links if {self.sites[s].datacenter for s in ln.between} <= dcs]
+
+    def dc_links_among(self, sites: Iterable[str]) -> dict[frozenset[str], Link]:
+        """Each pair of datacenters that the links counting for a job on `sites` join (`links_among`), with the link
+        a copy crossing between them is priced over: of two such links between the same two datacenters that
+        disagree, the fastest (the first declared of equals), as the weight plane sends one copy per pair of
+        datacenters and not over a link of its choosing; a link declared between the two sites themselves is taken
+        before it (`weight_route`). The one function behind the planner's route, `rlctl check`'s, the datacenter
+        pairs `ops.jobprep` records in plan.json (`dc_links`) and the weight plane's tree over them."""
+        out: dict[frozenset[str], Link] = {}
+        for ln in self.links_among(sites):
+            key = frozenset(self.sites[s].datacenter for s in ln.between)
+            if len(key) == 2 and (key not in out or ln.bandwidth_gbps > out[key].bandwidth_gbps):
+                out[key] = ln
+        return out
 
     def site(self, name: str) -> Site:
         return self.sites[name]

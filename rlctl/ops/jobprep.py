@@ -43,10 +43,13 @@ def prepare(
     if check is not None:
         check()
     used = set(plan_sites(plan))
-    # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them,
-    # the ones the planner and `rlctl check` price the route over (`Inventory.links_among`)
+    # the inventory's links between the job's datacenters (from whichever of their sites, used or not: a link is
+    # between datacenters) and the pairs of datacenters they join, the ones the planner and `rlctl check` price the
+    # route over (`Inventory.dc_links_among`): the weight plane routes each version's inter-DC copy on `dc_links`
+    # (`agents.placement.Placement.dc_links`; a job dir written before it has site pairs alone, `links`)
     links = [sorted(link.between) for link in job.inventory.links_among(used)]
-    jobdir.write_json(jobdir.plan_json, {**plan, "links": links})
+    dc_links = sorted(sorted(pair) for pair in job.inventory.dc_links_among(used))
+    jobdir.write_json(jobdir.plan_json, {**plan, "links": links, "dc_links": dc_links})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.write_job(spec, source=source, mapping=job.mapping if Path(source) == job.path else None)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 
-from rlctl.config.inventory import Inventory, Link
+from rlctl.config.inventory import Inventory
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError
 from rlctl.planner.placement import hosts_spanned, rollout_hosts, site_node_bytes_per_s
@@ -88,11 +88,12 @@ def weight_route(
     inv: Inventory, a: str, b: str, *, job_sites: Collection[str], unit_sites: Collection[str]
 ) -> tuple[float, float]:
     """Bytes per second and latency (s) of the weights' way from site `a` to site `b` as the broadcast routes them
-    (`rlctl.weights.plan`: datacenters joined by the links among `job_sites`, `Inventory.links_among`, the links the
-    job dir records; a tree through the datacenters of `unit_sites` alone, `dc_parents`; one copy into each): a
-    link declared between the two sites; else, in one datacenter, the slower of the two sites' networks (no inter-DC
-    link crossed); else the tree's path of datacenters, at its slowest hop's rate (each hop the fastest of the job's
-    links between its two datacenters) and the sum of its hops' latencies. ConfigError when no such path joins them
+    (`rlctl.weights.plan`: datacenters joined by the links that count for a job on `job_sites`, those between two
+    of its datacenters from whichever of their sites, `Inventory.dc_links_among`, the pairs the job dir records; a
+    tree through the datacenters of `unit_sites` alone, `dc_parents`; one copy into each): a link declared between
+    the two sites; else, in one datacenter, the slower of the two sites' networks (no inter-DC link crossed); else
+    the tree's path of datacenters, at its slowest hop's rate (each hop the fastest of the job's links between its
+    two datacenters) and the sum of its hops' latencies. ConfigError when no such path joins them
     (the inventory's `links`: `rlctl check` refuses such a job in the same line, `preflight.sites.link_problems`),
     versus a path through any datacenter over any declared link, which the weight plane does not take (it routed as
     if every pair of datacenters were linked)."""
@@ -103,11 +104,7 @@ def weight_route(
     dc_a, dc_b = inv.sites[a].datacenter, inv.sites[b].datacenter
     if dc_a == dc_b:
         return min(site_node_bytes_per_s(inv.sites[a]), site_node_bytes_per_s(inv.sites[b])), 0.0
-    fastest: dict[frozenset[str], Link] = {}  # between each pair of datacenters
-    for ln in links:
-        key = frozenset(inv.sites[s].datacenter for s in ln.between)
-        if len(key) == 2 and (key not in fastest or ln.bandwidth_gbps > fastest[key].bandwidth_gbps):
-            fastest[key] = ln
+    fastest = inv.dc_links_among(job_sites)  # between each pair of datacenters: the pairs the job dir records
     dcs = list(dict.fromkeys(inv.sites[s].datacenter for s in [a, b, *unit_sites]))
     came = dc_parents([dc_a], dcs, set(fastest))
     if dc_b not in came:  # the inventory's omission: named in its files, exit 2
@@ -122,8 +119,6 @@ def weight_route(
         if set(through) - relays:
             empty = ", ".join(repr(d) for d in reversed(through) if d not in relays)
             why = f" (the path through datacenter {empty} is not one: the job has no rollout there to relay the copy)"
-        elif dc_b in other:
-            why = " (a link from a site the job does not use is not one: its weights cross the job's sites' links)"
         raise ConfigError(
             ", ".join(dict.fromkeys((inv.origin[a], inv.origin[b]))),
             "links",

@@ -504,9 +504,10 @@ def _datacenters(tmp_path: Path, sites: dict[str, str], links: list[list[str]], 
 
 def test_check_refuses_a_route_of_links_the_weight_plane_does_not_take(tmp_path: Path) -> None:
     """Links a–m and m–b, rollout on b alone: datacenter dc-m holds no unit to relay the copy, so check refuses it
-    in plan's line naming dc-m; the same with rollout on m too passes. And a link a–b2 does not join b, in b2's
-    datacenter, for a job that does not use b2. Versus check passing both, the weight plane then routing as if
-    every pair of datacenters were linked (the job dir records only links between the job's sites)."""
+    in plan's line naming dc-m; the same with rollout on m too passes, versus check passing it, the weight plane
+    then routing as if every pair of datacenters were linked. A link a–b2 joins dc-a and dc-b, b2's datacenter,
+    for a job that does not use b2 too (a link is between datacenters), versus refused from 2026-12-06; one from a
+    datacenter the job has no site in (x–b) does not."""
     dcs = {"a": "dc-a", "m": "dc-m", "b": "dc-b", "b2": "dc-b"}
     job = _datacenters(tmp_path, dcs, [["a", "m"], ["m", "b"]], ["b"])
     check = only_line(run_cli("check", str(job.path)))
@@ -516,9 +517,21 @@ def test_check_refuses_a_route_of_links_the_weight_plane_does_not_take(tmp_path:
         "rollout there to relay the copy)"
     ), check
     assert link_problems(_datacenters(tmp_path, dcs, [["a", "m"], ["m", "b"]], ["b", "m"])) == []
-    unused = link_problems(_datacenters(tmp_path, dcs, [["a", "b2"]], ["b"]))
-    assert [p.field for p in unused] == ["links"] and "a site the job does not use" in unused[0].message, unused
+    assert link_problems(_datacenters(tmp_path, dcs, [["a", "b2"]], ["b"])) == []
     assert link_problems(_datacenters(tmp_path, dcs, [["a", "b2"]], ["b", "b2"])) == []
+    other = link_problems(_datacenters(tmp_path, {**dcs, "x": "dc-x"}, [["a", "x"], ["x", "b"]], ["b"]))
+    assert [p.field for p in other] == ["links"] and "through datacenter 'dc-x'" in other[0].message, other
+
+
+def test_check_passes_a_job_whose_datacenters_link_is_declared_from_a_site_it_does_not_use(tmp_path: Path) -> None:
+    """Trainer on t (datacenter A), rollout on r (B), the one link a2–r, a2 another site of A the job does not use:
+    `rlctl check` passes the job (exit 0), as before 2026-12-06, versus refusing it in the links line ('a link from
+    a site the job does not use is not one') where the weight plane routes A → B over that link."""
+    dcs = {"a": "A", "a2": "A", "r": "B"}
+    job = _datacenters(tmp_path, dcs, [["a2", "r"]], ["r"])
+    assert link_problems(job) == []
+    res = run_cli("check", str(job.path))
+    assert (res.exit_code, res.stderr) == (0, ""), res.stderr
 
 
 NOT_PLANNED = "the planner cannot price this job"

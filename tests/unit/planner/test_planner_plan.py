@@ -883,13 +883,42 @@ def test_a_route_through_a_datacenter_the_job_has_no_rollout_in_is_refused_as_th
     assert (e.value.file, e.value.field) == (str(tmp_path / "inv.yaml"), "links")
 
 
-def test_a_link_from_a_site_the_job_does_not_use_is_not_priced(tmp_path: Path) -> None:
-    """r20 and r100 share datacenter b, the job's rollout is on r20, the one link is trn–r100: the job dir records
-    no link (`Inventory.links_among`: both sites the job's), so plan refuses it, versus pricing trn–r100 for r20."""
-    path = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=[LINKS[1]], trainer_gpus=8)
+def test_a_link_from_a_site_the_job_does_not_use_joins_its_datacenters_and_is_priced(tmp_path: Path) -> None:
+    """r20 and r100 share datacenter b, the job's rollout is on r20, the one link is trn–r100 (b's uplink declared
+    from r100): it joins a and b (`Inventory.links_among`: a link is between datacenters), so plan prices r20's copy
+    over it (40 Gb/s, 1 ms), the same as with the link declared from r20, versus refusing the job ('a link from a
+    site the job does not use is not one') that passed before 2026-12-06."""
+    rollout = [{"site": "r20", "gpus": 8}]
+    path = write_job(tmp_path, rollout=rollout, links=[LINKS[1]], trainer_gpus=8)
     _relabel(tmp_path, {"r100": "b"})
-    with pytest.raises(ConfigError, match="a link from a site the job does not use is not one"):
-        make_plan(load_job(path), options=OPTS)
+    job = load_job(path)
+    sites, units = plan_weightsync.weight_sites(job, ["r20"])
+    assert sites == ["trn", "r20"]
+    assert plan_weightsync.weight_route(job.inventory, "trn", "r20", job_sites=sites, unit_sites=units) == (
+        40e9 / 8,
+        0.001,
+    )
+    priced = make_plan(job, options=OPTS)["predicted"]["weight_sync_s"]
+    own = write_job(tmp_path, rollout=rollout, links=[{**LINKS[1], "between": ["trn", "r20"]}], trainer_gpus=8)
+    _relabel(tmp_path, {"r100": "b"})
+    assert 0 < priced == make_plan(load_job(own), options=OPTS)["predicted"]["weight_sync_s"] < math.inf
+
+
+def test_of_two_links_between_the_same_datacenters_the_route_takes_the_fastest(tmp_path: Path) -> None:
+    """trn–r100 (40 Gb/s) and trn2–r100 (80 Gb/s, 3 ms), neither from r20 nor trn2 a site of the job, both join a
+    and b: r20's copy is priced over the fastest (`Inventory.dc_links_among`), its latency with it; a link declared
+    between the two sites themselves (trn–r100 for r100) is taken before it."""
+    links = [LINKS[1], {"between": ["trn2", "r100"], "bandwidth_gbps": 80, "latency_ms": 3}]
+    path = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=links, trainer_gpus=8)
+    _relabel(tmp_path, {"r100": "b"}, extra={"trn2": "a"})
+    job = load_job(path)
+    sites, units = plan_weightsync.weight_sites(job, ["r20"])
+    route = plan_weightsync.weight_route(job.inventory, "trn", "r20", job_sites=sites, unit_sites=units)
+    assert route == (80e9 / 8, 0.003)
+    assert plan_weightsync.weight_route(job.inventory, "trn", "r100", job_sites=sites, unit_sites=units) == (
+        40e9 / 8,
+        0.001,
+    )
 
 
 def test_of_two_equally_short_routes_plan_prices_the_one_the_broadcast_tree_takes(tmp_path: Path) -> None:
