@@ -8,12 +8,15 @@ the same split (the replicas hold the same state); the position's writer is anot
 Another tp or pp (`megatron`): a moment of AdamW (exp_avg, exp_avg_sq) has its parameter's shape and layout, so
 the rule that splits the weights splits it (`rlctl.trainers.megatron.names`):
 
-    old shard (t0, s0): moments by megatron name ──to_hf──▶ HF-layout parts ──gather_hf over t0, union over s0──▶
-    whole HF moments of the layers this rank's stage holds ──to_megatron(t, stage)──▶ this rank's moments
+    for each new parameter P of this rank, for each moment:
+      HF tensors P is made of (q, k, v of a fused qkv; gate, up of fc1; else one), each:
+        old shard (t0, stage_of) ──to_hf(only it)──▶ its part ──gather_hf over t0──▶ whole
+      ──to_megatron(t, stage, only P)──▶ this rank's part of P (a copy); the whole ones freed before the next
 
 A rank reads the shards of the old stages its layers overlap (and the embedding's and the final norm's), every
-old tp rank of them, mapped (`mmap`): a tensor is read from disk as it is used. It then holds the whole HF moments
-of those stages at once (two per parameter of them), not one tensor at a time. The step count is one
+old tp rank of them, mapped (`mmap`): a tensor is read from disk as it is used. It holds one parameter's whole
+HF tensors of one moment at a time beside the state it has rebuilt (its own shard's moments), not a stage's
+(70B at pp 1: ~560 GB a rank, every rank of a node at once). The step count is one
 value (every parameter steps together) and is carried; the hyper-parameters are the old shard's. A shard
 holds its optimizer's state by index: the old rank's megatron names in GPTModel's order (`param_order`), grouped
 as `rlctl.rl.schedule.policy_optimizer` groups them, name the indices.
@@ -21,7 +24,7 @@ as `rlctl.rl.schedule.policy_optimizer` groups them, name the indices.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -102,13 +105,14 @@ def indexed_names(
     return {i: n for g, ns in zip(groups, split, strict=True) for i, n in zip(g["params"], ns, strict=True)}
 
 
-def whole_moments(
+def shard_moments(
     c: TinyGPTConfig, old: ParallelConfig, states: Mapping[tuple[int, int], dict[str, Any]], layer: list[str]
-) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
-    """Whole HF-layout moments ({"exp_avg": {HF name: tensor}, …}) of the stages `states` holds (the optimizer state
-    dict of old position (t0, s0), every t0 of each stage), and the step count. ValueError when a shard does not
-    hold this model's parameters (another model, another optimizer)."""
-    parts: dict[int, list[dict[str, dict[str, torch.Tensor]]]] = {}
+) -> tuple[dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]], torch.Tensor]:
+    """Each old shard's moments by megatron name ({(t0, s0): {"exp_avg": {name: tensor}, …}}) of `states` (the
+    optimizer state dict of old position (t0, s0), every t0 of each stage), as loaded (mapped: nothing read but
+    the step counts), and the step count. ValueError when a shard does not hold this model's parameters (another
+    model, another optimizer)."""
+    out: dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]] = {}
     steps: list[torch.Tensor] = []
     for (t0, s0), sd in sorted(states.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         stage = Stage(s0, old.pp)
@@ -125,14 +129,39 @@ def whole_moments(
                     raise ValueError(f"{name}'s {m} is {tuple(st[m].shape)}, this model's part {shapes[name]}")
                 by_moment[m][name] = st[m]
             steps.append(torch.as_tensor(st["step"]))
-        parts.setdefault(s0, []).append({m: names.to_hf(v, c, tp=old.tp, stage=stage) for m, v in by_moment.items()})
+        out[(t0, s0)] = by_moment
     if len({float(s) for s in steps}) != 1:
         raise ValueError(f"its parameters took different numbers of steps: {sorted({float(s) for s in steps})}")
-    out: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
-    for s0 in sorted(parts):
-        for m in MOMENTS:
-            out[m] |= names.gather_hf([p[m] for p in parts[s0]])
     return out, steps[0]
+
+
+class WholeMoment(Mapping[str, torch.Tensor]):
+    """One moment's whole HF tensors, each gathered from the old shards when it is read and not kept: the tp parts
+    of its stage's shards (`to_hf` of that name alone), joined (`gather_hf`)."""
+
+    def __init__(
+        self,
+        c: TinyGPTConfig,
+        old: ParallelConfig,
+        shards: Mapping[tuple[int, int], dict[str, dict[str, torch.Tensor]]],
+        moment: str,
+    ) -> None:
+        self.c, self.old, self.shards, self.moment = c, old, shards, moment
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        s0 = names.stage_of(name, self.c, self.old.pp)
+        stage = Stage(s0, self.old.pp)
+        parts = [
+            names.to_hf(self.shards[(t0, s0)][self.moment], self.c, tp=self.old.tp, stage=stage, only={name})
+            for t0 in range(self.old.tp)
+        ]
+        return names.gather_hf(parts)[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(expected_shapes(self.c))
+
+    def __len__(self) -> int:
+        return len(expected_shapes(self.c))
 
 
 def rebuilt_state(
@@ -147,18 +176,22 @@ def rebuilt_state(
     index_names: Mapping[int, str],
 ) -> dict[str, Any]:
     """The optimizer state dict of tp rank `t` at `stage` of a `now_tp` split, rebuilt from the old shards `states`
-    (`whole_moments`): `current` is this rank's optimizer's state dict (its groups' indices), `index_names` the
-    megatron name of each of its indices. The hyper-parameters of each group are the old shards'."""
+    one parameter and moment at a time (`WholeMoment`): `current` is this rank's optimizer's state dict (its
+    groups' indices), `index_names` the megatron name of each of its indices. The hyper-parameters of each group
+    are the old shards'."""
     mg_names = list(index_names.values())
-    whole, step = whole_moments(c, old, states, layer_suffixes(mg_names))
-    mine = {m: names.to_megatron(whole[m], c, tp=now_tp, rank=t, stage=stage) for m in MOMENTS}
+    shards, step = shard_moments(c, old, states, layer_suffixes(mg_names))
     old_groups = next(iter(states.values()))["param_groups"]
     if len(old_groups) != len(current["param_groups"]):
         raise ValueError(
             f"its optimizer has {len(old_groups)} parameter groups, this trainer's {len(current['param_groups'])}"
         )
     groups = [g | {"params": list(now["params"])} for g, now in zip(old_groups, current["param_groups"], strict=True)]
-    state = {
-        i: {"step": step.clone(), **{m: mine[m][name].clone() for m in MOMENTS}} for i, name in index_names.items()
-    }
+    whole = {m: WholeMoment(c, old, shards, m) for m in MOMENTS}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for i, name in index_names.items():
+        state[i] = {"step": step.clone()}
+        for m in MOMENTS:  # the whole tensors this part is cut from go as the call returns
+            part = names.to_megatron(whole[m], c, tp=now_tp, rank=t, stage=stage, only={name})[name]
+            state[i][m] = part.clone()
     return {"state": state, "param_groups": groups}

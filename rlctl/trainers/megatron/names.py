@@ -34,7 +34,7 @@ own shard. Only slicing and concatenation happen here, so HF → Megatron → HF
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,46 +134,64 @@ def _split(t: torch.Tensor, dim: int | None, *, tp: int, rank: int) -> torch.Ten
 
 
 def to_megatron(
-    hf: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, rank: int = 0, stage: Stage = Stage()
+    hf: Mapping[str, torch.Tensor],
+    c: TinyGPTConfig,
+    *,
+    tp: int = 1,
+    rank: int = 0,
+    stage: Stage = Stage(),
+    only: Collection[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The GPTModel state dict of tensor parallel rank `rank` in pipeline stage `stage` from full HF tensors (a
-    checkpoint of `c`)."""
+    checkpoint of `c`); `only`: just those megatron names, reading just the HF tensors they are made of."""
     check_split(c, tp, stage.count)
     want = expected_shapes(c)
+    keep = (lambda _: True) if only is None else only.__contains__
     pairs = _one_to_one(c, stage)
-    out = {mg: _split(hf[name], shard_dim(name), tp=tp, rank=rank) for name, mg in pairs if name in want}
-    if c.tie_word_embeddings and stage.last and not stage.first:  # the shared embedding's copy
+    out = {mg: _split(hf[name], shard_dim(name), tp=tp, rank=rank) for name, mg in pairs if name in want and keep(mg)}
+    if c.tie_word_embeddings and stage.last and not stage.first and keep("output_layer.weight"):  # the shared copy
         out["output_layer.weight"] = _split(hf["model.embed_tokens.weight"], 0, tp=tp, rank=rank)
     g, per, d = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
     for _, hp, mp in _prefixes(c, stage):
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
+            if not keep(f"{mp}self_attention.linear_qkv.{kind}"):
+                continue
             q, k, v = (hf[f"{hp}self_attn.{p}_proj.{kind}"] for p in "qkv")
             rest = q.shape[1:]
             fused = torch.cat([q.reshape(g, per * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1)
             out[f"{mp}self_attention.linear_qkv.{kind}"] = fused.chunk(tp, dim=0)[rank].reshape(-1, *rest)
-        gate, up = (_split(hf[f"{hp}mlp.{p}_proj.weight"], 0, tp=tp, rank=rank) for p in ("gate", "up"))
-        out[f"{mp}mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+        if keep(f"{mp}mlp.linear_fc1.weight"):
+            gate, up = (_split(hf[f"{hp}mlp.{p}_proj.weight"], 0, tp=tp, rank=rank) for p in ("gate", "up"))
+            out[f"{mp}mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
     return out
 
 
 def to_hf(
-    mg: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, stage: Stage = Stage()
+    mg: Mapping[str, torch.Tensor],
+    c: TinyGPTConfig,
+    *,
+    tp: int = 1,
+    stage: Stage = Stage(),
+    only: Collection[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's HF-layout shard (HF names, no lm_head when tied) from its GPTModel state dict `mg`: the
     tensors of its pipeline `stage`, each its tp part; with tp = pp = 1 the full checkpoint. `gather_hf`
-    joins the tp shards of one stage."""
-    want = _stage_names(c, stage)
+    joins the tp shards of one stage. `only`: just those HF names, reading just the megatron tensors they are in."""
+    want = {k: v for k, v in _stage_names(c, stage).items() if only is None or k in only}
     out = {name: mg[m] for name, m in _one_to_one(c, stage) if name in want}
     g, per, d = c.num_key_value_heads // tp, c.num_attention_heads // c.num_key_value_heads, c.head_dim
     for _, hp, mp in _prefixes(c, stage):
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
+            if not any(f"{hp}self_attn.{p}_proj.{kind}" in want for p in "qkv"):
+                continue
             fused = mg[f"{mp}self_attention.linear_qkv.{kind}"]
             rest = fused.shape[1:]
             q, k, v = fused.reshape(g, (per + 2) * d, *rest).split([per * d, d, d], dim=1)
             for p, t in zip("qkv", (q, k, v), strict=True):
                 out[f"{hp}self_attn.{p}_proj.{kind}"] = t.reshape(-1, *rest)
-        gate, up = mg[f"{mp}mlp.linear_fc1.weight"].chunk(2, dim=0)
-        out[f"{hp}mlp.gate_proj.weight"], out[f"{hp}mlp.up_proj.weight"] = gate, up
+        if f"{hp}mlp.gate_proj.weight" in want or f"{hp}mlp.up_proj.weight" in want:
+            gate, up = mg[f"{mp}mlp.linear_fc1.weight"].chunk(2, dim=0)
+            out[f"{hp}mlp.gate_proj.weight"], out[f"{hp}mlp.up_proj.weight"] = gate, up
     return {name: out[name].detach().contiguous() for name in want}  # HF order
 
 

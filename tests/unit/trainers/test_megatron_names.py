@@ -132,3 +132,34 @@ def test_pipeline_stages_hold_their_layers_under_local_numbers_and_export_each_t
 def test_a_pp_that_splits_the_layers_unevenly_is_refused() -> None:
     with pytest.raises(ValueError, match="pipeline parallel 2 does not divide num_hidden_layers 1"):
         check_split(LLAMA_BIAS, 1, 2)
+
+
+class Reads(dict):
+    """A state dict that records the names read from it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+
+@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS], ids=["qwen2-gqa-tied", "llama-bias"])
+def test_only_one_name_is_that_tensor_of_the_whole_conversion_reading_just_its_sources(c: TinyGPTConfig) -> None:
+    hf = checkpoint(c)
+    stage = Stage(1, 2) if c.num_hidden_layers == 2 else Stage()
+    sources = {"self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"), "mlp.linear_fc1": ("gate_proj", "up_proj")}
+    mg = to_megatron(hf, c, tp=2, rank=1, stage=stage)
+    for name, whole in mg.items():
+        reads = Reads(hf)
+        assert to_megatron(reads, c, tp=2, rank=1, stage=stage, only={name}).keys() == {name}
+        assert torch.equal(to_megatron(hf, c, tp=2, rank=1, stage=stage, only={name})[name], whole)
+        fused = next((v for k, v in sources.items() if k in name), None)
+        assert len(reads.read) == (len(fused) if fused else 1), (name, reads.read)
+    exported = to_hf(mg, c, tp=2, stage=stage)
+    for name, part in exported.items():
+        reads = Reads(mg)
+        assert torch.equal(to_hf(reads, c, tp=2, stage=stage, only={name})[name], part)
+        assert len(reads.read) == 1, (name, reads.read)
