@@ -176,12 +176,13 @@ def resume_job(
                 say(f"job {spec.name}: {line}")
             run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
-            unstarted = runs.run is not None and runs.run.unstarted
-            if was is not None and unstarted:  # as it was, as the run put back
-                replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
-            # and plan.json: the split takes effect only with a run of it; put back too where no run was made (an
-            # error or Ctrl-C after it was written, before `runs.start` made one), versus left at the new split
-            if plan_was is not None and (runs.run is None or runs.run.unstarted):
+            # and plan.json as they were, where no run was made (an error or Ctrl-C after they were written, before
+            # `runs.start` made one) or the run put the job back; versus job.json's --iterations count kept where no
+            # run was made, while plan.json was put back and the interrupt said 'the job is as it was'
+            unstarted = runs.run is None or runs.run.unstarted
+            if was is not None and unstarted:  # as the run put back its summary and index row (`JobRun._unstart`)
+                replace_job_json(jd, was)
+            if plan_was is not None and unstarted:  # the split takes effect only with a run of it
                 replace_text(jd.plan_json, plan_was)
             raise
         # job.json edited since: said once the run started on it, versus before, where a run that then refused the

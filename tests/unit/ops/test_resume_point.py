@@ -980,6 +980,37 @@ def test_a_resume_at_another_trainer_split_ended_before_a_run_was_made_leaves_th
     assert jd.plan_json.read_text() == before
 
 
+@pytest.mark.parametrize("where", ["say", "start"])
+def test_a_resume_with_iterations_ended_before_a_run_was_made_leaves_job_json_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """`--iterations` writes job.json's count before the run is made: a Ctrl-C as the launcher says the count, or a
+    start that fails before it made a run, puts job.json back as it puts plan.json back, versus the new count left
+    there with the split put back (and the interrupt saying the job is as it was)."""
+    from rlctl.commands.launching import resume as resume_mod
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4)
+    job_before, plan_before = jd.job_json.read_text(), jd.plan_json.read_text()
+
+    def start(**_: Any) -> None:
+        raise LaunchError("the run could not be made")
+
+    def say(line: str) -> None:
+        if where == "say" and "written to plan.json" in line:
+            raise KeyboardInterrupt
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        begin(SimpleNamespace(start=start, run=None), say)
+
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12", "--trainer-split", "tp=1,pp=2")
+    assert r.exit_code != 0
+    assert jd.plan_json.read_text() == plan_before
+    assert jd.job_json.read_text() == job_before
+
+
 def test_a_resume_at_another_trainer_split_whose_staging_fails_leaves_the_plan_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
