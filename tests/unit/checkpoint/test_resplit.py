@@ -115,8 +115,10 @@ def test_the_rebuild_holds_one_parameters_whole_tensors_at_a_time_not_an_old_sta
     kept: list[dict[str, Any]] = []
     peak, held = peak_and_held_bytes(lambda: kept.append(rebuild(shards, old, tp=1, t=0, stage=Stage())[0]))
     moments = sum(st[m].nbytes for st in kept[0]["state"].values() for m in resplit.MOMENTS)
-    assert held >= moments  # the rebuilt state, which the profiler saw allocated
     largest = max(torch.Size(s).numel() for s in expected_shapes(CONFIG).values()) * 4  # one moment, fp32
+    # what it holds at the end is the rebuilt state (and the step counts): the profiler saw it allocated and saw the
+    # rest freed, versus a profiler that records no frees (held = peak: the bound below then passes whatever it held)
+    assert moments <= held <= moments + largest, (held, moments)
     stage = sum(torch.Size(s).numel() for s in expected_shapes(CONFIG).values()) * 4 * 2
     assert stage > 10 * largest  # what gathering the stage whole would hold beside the state
     assert peak - held <= 4 * largest, (peak - held, largest)
