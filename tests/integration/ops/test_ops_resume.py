@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import yaml
@@ -179,34 +180,50 @@ def test_a_failed_run_resumes_by_itself_with_auto_resume(tmp_path, launcher):
     assert code == 0 and next(r["state"] for r in rows if r["id"] == JobDir(job_dir).id) == "finished", rows
 
 
-def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):
-    """Two trainer ranks holding half of the model each (megatron tp 2 over gloo): both write their optimizer
-    shard into every checkpoint; trainer-0 is SIGKILLed after one; `launch --resume` restores each rank's own
-    shard (the digest the manifest records for it) and the job finishes with every prompt trained once."""
+MEGATRON_ITERATIONS, MEGATRON_PROMPTS = 6, 4  # the megatron resume tests' job: 6 iterations of 4 prompts
+
+
+def megatron_tp2_killed(tmp_path: Path, launcher, job_dir: Path, *, pp: int) -> int:
+    """A megatron job of two trainer ranks at tp 2 (its model split so that tp 2 and `pp` divide it: 2 heads, an even
+    vocabulary, `pp` layers) run to a checkpoint and its trainer-0 SIGKILLed; the checkpoint's version."""
     require_megatron()
-    iterations, prompts, job_dir = 6, 4, tmp_path / "run"
     job = hf_job(
         tmp_path,
         job_dir=job_dir,
-        iterations=iterations,
+        iterations=MEGATRON_ITERATIONS,
         every=3,
         placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
         trainer={"backend": "megatron", "tensor_parallel": 2},
     )
-    split_model(tmp_path / "model", tp=2, pp=1)  # 2 heads and an even vocabulary: tp 2 splits them
-    latest = held_then_killed(tmp_path, launcher, job, job_dir, every=3)
+    split_model(tmp_path / "model", tp=2, pp=pp)
+    return held_then_killed(tmp_path, launcher, job, job_dir, every=3)
+
+
+def trained_every_prompt_once(job_dir: Path, s: dict) -> None:
+    """The resumed megatron job (`megatron_tp2_killed`) trained each of its iterations, every prompt once: its
+    metrics, its sample log up to the last checkpoint, and its ledger."""
+    iterations, prompts = MEGATRON_ITERATIONS, MEGATRON_PROMPTS
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
+    samples = sample_rows(JobDir(job_dir), iterations)
+    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+
+
+def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):
+    """Two trainer ranks holding half of the model each (megatron tp 2 over gloo): both write their optimizer
+    shard into every checkpoint; trainer-0 is SIGKILLed after one; `launch --resume` restores each rank's own
+    shard (the digest the manifest records for it) and the job finishes with every prompt trained once."""
+    job_dir = tmp_path / "run"
+    latest = megatron_tp2_killed(tmp_path, launcher, job_dir, pp=1)
     manifest = json.loads((job_dir / "checkpoints" / f"iter-{latest}" / "MANIFEST.trainer.json").read_text())
     assert manifest["split"] == {"tp": 2, "pp": 1, "dp": 1, "world": 2}
     assert [r["file"] for r in manifest["ranks"]] == ["ranks/rank-0.pt", "ranks/rank-1.pt"]
 
     code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=400)
     assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
-    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
-    samples = sample_rows(JobDir(job_dir), iterations)  # the sample log up to the last checkpoint, and its ledger
-    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
-    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
-    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
-    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    trained_every_prompt_once(job_dir, s)
     assert s["resilience"]["resumes"] == 1
     for rank in (0, 1):  # each rank restored its own shard, the optimizer state it saved
         log = next(job_dir.glob(f"**/trainer-{rank}*.log")).read_text()
@@ -222,18 +239,8 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_at_tp1_pp2_by_trainer_split_
     --dry-run, nothing written) rewrites plan.json's trainer section, and each rank rebuilds its optimizer state from
     the tp 2 shards (`rlctl.checkpoint.resplit`); the job finishes with every prompt trained once. Versus a resume
     that always ran the plan's split (plan.json edited by hand was the only way to another)."""
-    require_megatron()
-    iterations, prompts, job_dir = 6, 4, tmp_path / "run"
-    job = hf_job(
-        tmp_path,
-        job_dir=job_dir,
-        iterations=iterations,
-        every=3,
-        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
-        trainer={"backend": "megatron", "tensor_parallel": 2},
-    )
-    split_model(tmp_path / "model", tp=2, pp=2)  # 2 heads, an even vocabulary and 2 layers: tp 2 and pp 2 split them
-    latest = held_then_killed(tmp_path, launcher, job, job_dir, every=3)
+    job_dir = tmp_path / "run"
+    latest = megatron_tp2_killed(tmp_path, launcher, job_dir, pp=2)
     plan_json = job_dir / "plan.json"
     assert json.loads(plan_json.read_text())["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 1}
 
@@ -250,12 +257,7 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_at_tp1_pp2_by_trainer_split_
         "ranks": 2,
         "parallel": {"tp": 1, "pp": 2, "dp": 1},
     }
-    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
-    samples = sample_rows(JobDir(job_dir), iterations)
-    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
-    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
-    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
-    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    trained_every_prompt_once(job_dir, s)
     for rank in (0, 1):  # each pipeline stage rebuilt its optimizer state from both tp 2 shards of its layers
         log = next(job_dir.glob(f"**/trainer-{rank}*.log")).read_text()
         rebuilt = f"checkpoint iter-{latest} was written at tp2 pp1 dp1 and is resumed at tp1 pp2 dp1: rank {rank} "
