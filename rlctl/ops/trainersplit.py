@@ -11,6 +11,8 @@ rewritten.
                                               │   run places them; a SLURM site's nodes each tp group, `hostfill`)
                                               │ the resumed ranks share the job dir (`refuse_unshared_trainer`)
                                               │ an exclusive SLURM site's nodes hold every job (`preflight.placement`)
+                                              │ (a split refused for memory: the hint names the fewest GPUs that fit
+                                              │   and that these room checks, `_check_room`, pass)
                                               ▼
                           `launch --resume` writes it to plan.json as its run starts (put back if none starts)
 
@@ -95,37 +97,59 @@ def resplit_plan(
     site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
     split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp)
     if site is not None and (why_not := trainer_memory_refusal(spec, name, site, split, arch=arch)) is not None:
-        raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(spec, name, site, arch=arch, was=was, dp=dp))
+        raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(plan, spec, sites, arch=arch, was=was, dp=dp))
+    new = _with_split(plan, tp=tp, pp=pp, dp=dp)
+    try:
+        _check_room(new, spec=spec, sites=sites)
+    except (LaunchError, UsageError) as e:
+        raise UsageError(f"{given}: {e}", hint=e.hint) from e
+    return new
+
+
+def _with_split(plan: dict[str, Any], *, tp: int, pp: int, dp: int) -> dict[str, Any]:
+    """A copy of `plan` with its trainer at tp × pp × dp (`ranks`, `parallel`)."""
     new = copy.deepcopy(plan)
+    new["trainer"]["ranks"], new["trainer"]["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
+    return new
+
+
+def _check_room(new: dict[str, Any], *, spec: JobFile, sites: dict[str, Site]) -> None:
+    """LaunchError or UsageError (its line and hint) where the trainer's site does not hold plan `new`'s split as the
+    run lays it out: each tp group on one SLURM node, the site's room, the resumed ranks sharing the job dir, an
+    exclusive SLURM site's nodes holding every job; what `resplit_plan` refuses, and `_fitting_hint` suggests none
+    of."""
     t = new["trainer"]
-    t["ranks"], t["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
+    name, tp = str(t["site"]), int(t["parallel"]["tp"])
+    site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
     if site is not None and not kind_of(site).slices_gpus:  # SLURM places the ranks: each tp group on one node
         why_not = placement_error(name, [g for _, g in site.hosts], t["ranks"], tp=tp, slurm=True)
         if why_not is not None:
-            raise UsageError(f"{given}: {why_not}", hint=PLACEMENT_HINT)
-    try:  # the agents as the run lays them out: the site's room, every tp group on one host
-        agents = [a for a, _ in planned_agents(new, sites, spec, master_port=0)]
-        trainers = [a for a in agents if a.role == "trainer"]
-        refuse_unshared_trainer(
-            trainers[0].site, sites[trainers[0].site], trainers, writers=checkpoint_writers(new, spec), resume=True
-        )
-    except (LaunchError, UsageError) as e:
-        raise UsageError(f"{given}: {e}", hint=e.hint) from e
+            raise UsageError(why_not, hint=PLACEMENT_HINT)
+    # the agents as the run lays them out: the site's room, every tp group on one host
+    agents = [a for a, _ in planned_agents(new, sites, spec, master_port=0)]
+    trainers = [a for a in agents if a.role == "trainer"]
+    refuse_unshared_trainer(
+        trainers[0].site, sites[trainers[0].site], trainers, writers=checkpoint_writers(new, spec), resume=True
+    )
     # a SLURM site giving each of the job's SLURM jobs its nodes whole (`scheduler.exclusive`): the trainer's job on
     # more nodes leaves fewer for the controller's and the rollout units' there, and one past the site's nodes waits
     # for ever, though the site's GPUs hold them all (what `rlctl check` asks of a launch's agents)
     job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
     if crowded := exclusive_room_problems(job, agents):
         raise UsageError(
-            f"{given}: {crowded[0].field} {crowded[0].message}",
+            f"{crowded[0].field} {crowded[0].message}",
             hint=f"use {SYNTAX} with fewer ranks, or resume at the plan's split",
         )
-    return new
 
 
-def _fitting_hint(spec: JobFile, name: str, site: Site, *, arch: ModelArch, was: ParallelConfig, dp: int) -> str:
+def _fitting_hint(
+    plan: dict[str, Any], spec: JobFile, sites: dict[str, Site], *, arch: ModelArch, was: ParallelConfig, dp: int
+) -> str:
     """What a refused split's line suggests: the fewest GPUs a replica at `dp` replicas fits in (tp before pp, tp
-    within a node: `trainer_memory_refusal`, the model's divisors, the site's GPUs), else the plan's split."""
+    within a node: `trainer_memory_refusal`, the model's divisors, the site's GPUs) that the site's room holds
+    (`_check_room`, as the next try judges it), else the plan's split."""
+    name = str(plan["trainer"]["site"])
+    site = sites[name]
     fits = [
         (tp, pp)
         for tp in range(1, site.gpus_per_node + 1)
@@ -134,8 +158,11 @@ def _fitting_hint(spec: JobFile, name: str, site: Site, *, arch: ModelArch, was:
         and (spec.algorithm.kind != "ppo" or (tp, pp) == (was.tp, was.pp))  # a critic keeps its tp × pp (above)
         and trainer_memory_refusal(spec, name, site, ParallelConfig("trainer", tp=tp, pp=pp, dp=dp), arch=arch) is None
     ]
-    if fits:
-        tp, pp = min(fits, key=lambda s: (s[0] * s[1], s[1]))
+    for tp, pp in sorted(fits, key=lambda s: (s[0] * s[1], s[1])):
+        try:
+            _check_room(_with_split(plan, tp=tp, pp=pp, dp=dp), spec=spec, sites=sites)
+        except (LaunchError, UsageError):
+            continue  # the next try would be refused for the site's room: not suggested
         return f"use {OPTION} tp={tp},pp={pp},dp={dp}, the fewest GPUs a replica fits in"
     return (
         f"no tp × pp of site {name!r}'s GPUs at dp {dp} fits: resume at the plan's split ({was.short()}), or launch "

@@ -900,6 +900,31 @@ def test_launch_resume_trainer_split_a_rank_of_which_does_not_fit_the_sites_gpus
     assert "tp2 pp1 dp1 (2 ranks) → tp2 pp1 dp2 (4 ranks)" in r.stdout
 
 
+def test_trainer_split_refused_for_memory_suggests_only_a_split_the_sites_room_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 7B trainer above on H100s on hosts of 2, 1 and 1 GPUs, asked tp 1 at dp 2 (refused: 123.9 GB a rank). The
+    fewest GPUs a replica fits in by memory is tp 2, but dp 2 at tp 2 is two tp groups of 2 and one host holds 2: the
+    hint named it, and the try it suggested was refused for room. It names tp 1 pp 2, which the site's hosts hold and
+    the next try passes."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=2, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100")
+    nodes = [{"host": "h1", "gpus": 2}, {"host": "h2", "gpus": 1}, {"host": "h3", "gpus": 1}]
+    t = Site.model_validate({"datacenter": "d", "gpu": "H100", "scheduler": {"kind": "local"}, "nodes": nodes})
+    write_sites(jd.path, {"c": local_site(), "t": t})
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,dp=2", "--dry-run")
+    assert r.exit_code == 2, r.stderr
+    hint = "(hint: use --trainer-split tp=1,pp=2,dp=2, the fewest GPUs a replica fits in)\n"
+    assert r.stderr.endswith(hint), r.stderr
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=2,pp=1,dp=2", "--dry-run")
+    assert r.exit_code == 2 and "room for 1 group(s)" in r.stderr, r.stderr  # what the old hint named
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,pp=2,dp=2", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert "tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp2 (4 ranks)" in r.stdout
+
+
 def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) -> None:
     """FSDP's sharded state is not rebuilt at another split (`checkpoint.choose.split_problem`): refused at the
     option, before the plan is judged further."""
