@@ -290,6 +290,9 @@ class JobDir:
           job dir of its own, with no sites.json: rlctl's tests) runs it on a plan of rollout groups alone; there it
           has no Spawner (`UnitStarts`), the one reader at the controller that needs the launch's shape.
 
+        Under both, `links` and `dc_links` where given (`ops.jobprep`; a job dir written before them lacks them):
+        each a list of pairs of two names, which the controller's Placement routes the weights by.
+
         The controller's copy is its site's, which may differ from the one the launch checked: edited there during
         the run, or staged again by an automatic resume from the operator's copy edited since. For a plan that may
         not be written yet, and of which a command reads a field or two, see `read_plan_or_none` and `plan_site`:
@@ -300,6 +303,7 @@ class JobDir:
         if not as_placed or "trainer" in plan:
             self._check_trainer(plan, ranks_default=1 if as_placed else None)
         self._check_rollout(plan)
+        self._check_links(plan)
         if not as_placed:
             self.plan_site(plan, "controller_site")
         return plan
@@ -323,6 +327,19 @@ class JobDir:
                 raise self._plan_error(f"rollout[{i}]", "no object with a site name")
             self._count(g.get("units"), f"rollout[{i}].units", 0)
             self._count(g.get("tp", 1), f"rollout[{i}].tp", 1)
+
+    def _check_links(self, plan: dict[str, Any]) -> None:
+        # `links` (site pairs) and `dc_links` (datacenter pairs), which `ops.jobprep` writes and the controller's
+        # Placement routes the weights by; either absent in a job dir written before it. An edited entry stopped the
+        # controller on a TypeError, and a string of two characters was read as a pair ('ab': datacenters a and b).
+        for key, names in (("links", "site"), ("dc_links", "datacenter")):
+            if key not in plan:
+                continue
+            if not isinstance(plan[key], list):
+                raise self._plan_error(key, f"no list of {names} pairs")
+            for i, pair in enumerate(plan[key]):
+                if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(n, str) for n in pair):
+                    raise self._plan_error(f"{key}[{i}]", f"{pair!r} is not a pair of {names} names")
 
     def _count(self, value: Any, field: str, least: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:

@@ -121,3 +121,37 @@ def test_a_damaged_rollout_or_trainer_is_the_same_line_through_both_rules(tmp_pa
         assert str(placed.value) == str(launch.value) == f"{jd.plan_json}: {says}"
     jd.write_json(jd.plan_json, GOOD)
     assert jd.read_plan(as_placed=True) == jd.read_plan() == GOOD
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"dc_links": [5]}, "dc_links[0]: 5 is not a pair of datacenter names"),
+        ({"dc_links": ["ab"]}, "dc_links[0]: 'ab' is not a pair of datacenter names"),
+        ({"dc_links": [["a", "b"], ["a", 1]]}, "dc_links[1]: ['a', 1] is not a pair of datacenter names"),
+        ({"dc_links": {"a": "b"}}, "dc_links: no list of datacenter pairs"),
+        ({"links": [["local"]]}, "links[0]: ['local'] is not a pair of site names"),
+        ({"links": "local-far"}, "links: no list of site pairs"),
+    ],
+)
+def test_a_damaged_link_is_one_line_through_both_rules_not_a_crash_or_a_pair_read_from_a_string(
+    tmp_path: Path, fields: dict[str, Any], says: str
+) -> None:
+    """plan.json's `links` and `dc_links` (`ops.jobprep`), which the controller's Placement routes the weights by
+    (`Placement.dc_links`): an entry edited into another shape stopped it on a TypeError or ValueError, and a string
+    of two characters ('ab') was read as the datacenters a and b. Refused as read, naming the field; as a launch
+    wrote them they read."""
+    from rlctl.agents.placement import Placement
+
+    jd = JobDir(tmp_path)
+    jd.write_json(jd.plan_json, damaged(**fields))
+    with pytest.raises(LaunchError) as placed:
+        jd.read_plan(as_placed=True)
+    with pytest.raises(LaunchError) as launch:
+        jd.read_plan()
+    assert str(placed.value) == str(launch.value) == f"{jd.plan_json}: {says}"
+    assert launch.value.hint == "was it edited? put back its launch's"
+    good = damaged(links=[["far", "local"]], dc_links=[["a", "b"]])
+    jd.write_json(jd.plan_json, good)
+    assert jd.read_plan(as_placed=True) == jd.read_plan() == good
+    assert Placement(jd.read_plan(as_placed=True), {}, {}, None).dc_links == [["a", "b"]]  # type: ignore[arg-type]
