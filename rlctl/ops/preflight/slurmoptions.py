@@ -63,27 +63,6 @@ def constraint_features(expression: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def required_features(expression: str) -> list[str]:
-    """The plain feature names every node that runs a job asking `expression` must have: its top level's parts
-    (outside parentheses and brackets) joined by AND (`&`, `,`) that are a name (a count `*N` allowed), where the top
-    level has no OR: `[a|b]&c*2` → c; `a|b`, `(a&b)|c` → none (a node with the other may run it)."""
-    if re.search(r"!\s*[(\[]", expression):
-        return []
-    depth, parts, part = 0, [], ""
-    for ch in expression:
-        depth += (ch in "([") - (ch in ")]")
-        if depth == 0 and ch in "&,|":
-            if ch == "|":
-                return []
-            parts.append(part)
-            part = ""
-        else:
-            part += ch
-    parts.append(part)
-    names = (re.sub(r"\*\d+$", "", p.strip()) for p in parts)
-    return list(dict.fromkeys(n for n in names if FEATURE.fullmatch(n)))
-
-
 def node_features(sinfo: str) -> dict[str, set[str]]:
     """sinfo's `-N -o '%N|%f'` lines: each node's available features (`(null)`: none)."""
     out: dict[str, set[str]] = {}
@@ -208,12 +187,11 @@ _HINT = "set one listed there, or leave reservation out (`scontrol show reservat
 
 
 def constraint_problem(name: str, sched: SlurmScheduler, features: dict[str, set[str]]) -> Problem | None:
-    """Site `name`'s `constraint` that no node of its partition satisfies (sinfo's `features`), which sbatch refuses:
-    naming the features no node has where it needs them ('Invalid feature specification'), else saying no single node
-    has all it asks (`a&b`, a on some nodes and b on others: 'Requested node configuration is not available'). None
-    where a node satisfies it (`h800|a100` with no a100 node: a node with h800 runs it, versus refused for naming
-    a100), where sinfo named no node, and for a form not evaluated (`slurmconstraint`: brackets, counts, NOT) unless
-    its top level asks, by AND alone, a feature no node has (`required_features`: `[a|b]&c`, no c)."""
+    """Site `name`'s `constraint` naming a feature no node of its partition has (sinfo's `features`), which sbatch
+    refuses ('Invalid feature specification'), or one that each feature is there for but no single node satisfies
+    (`a&b`, a on some nodes and b on others: 'Requested node configuration is not available'). None where each plain
+    name is there and a node satisfies it, where it is a form not evaluated (`slurmconstraint`: brackets, counts,
+    NOT), or where sinfo named no node."""
     value = sched.constraint
     assert value is not None
     if not features:
@@ -221,10 +199,7 @@ def constraint_problem(name: str, sched: SlurmScheduler, features: dict[str, set
     field = f"sites.{name}.scheduler.constraint"
     hint = "name features the partition's nodes have, or leave constraint out"
     have = set().union(*features.values())
-    expr = parse_constraint(value)
-    if expr is not None and any(satisfies(expr, f) for f in features.values()):
-        return None  # a name no node has on a side of an OR another node satisfies: sbatch takes it (`h800|a100`)
-    missing = [f for f in (constraint_features if expr is not None else required_features)(value) if f not in have]
+    missing = [f for f in constraint_features(value) if f not in have]
     if missing:
         valid = f"its nodes' features: {', '.join(sorted(have))}" if have else "its nodes have no features"
         return Problem(
@@ -233,7 +208,8 @@ def constraint_problem(name: str, sched: SlurmScheduler, features: dict[str, set
             f"sbatch refuses every agent's job; {valid}",
             hint,
         )
-    if expr is None:
+    expr = parse_constraint(value)
+    if expr is None or any(satisfies(expr, f) for f in features.values()):
         return None
     return Problem(
         field,
