@@ -975,19 +975,17 @@ def test_trainer_split_past_an_exclusive_slurm_sites_nodes_is_refused_at_the_opt
     assert fits is not None and fits["trainer"] == {"site": "h800", "ranks": 4, "parallel": {"tp": 1, "pp": 1, "dp": 4}}
 
 
-@pytest.mark.parametrize("where", ["say", "start"])
-def test_a_resume_at_another_trainer_split_ended_before_a_run_was_made_leaves_the_plan_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
-    """plan.json is written as the run starts; a Ctrl-C as the launcher says so (`say`), or a start that fails before
-    it made a run (`start`: none to say it is unstarted), puts it back, versus leaving the new split in plan.json with
-    no run of it (the next plain resume then ran a split the operator had not kept)."""
+def resume_ended_before_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, *args: str
+) -> tuple[JobDir, str]:
+    """A job of `split_job` resumed at tp 1 pp 2 (with `args` besides) whose launcher ends before it made a run: a
+    Ctrl-C as it says the split is written (`say`), or a start that fails (`start`: none to say it is unstarted);
+    its job dir and its job.json from before the resume. plan.json is as it was."""
     from rlctl.commands.launching import resume as resume_mod
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = split_job(tmp_path, gpus=4)
-    before = jd.plan_json.read_text()
 
     def start(**_: Any) -> None:
         raise LaunchError("the run could not be made")
@@ -1000,9 +998,21 @@ def test_a_resume_at_another_trainer_split_ended_before_a_run_was_made_leaves_th
         begin(SimpleNamespace(start=start, run=None), say)
 
     monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
-    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,pp=2")
+    before = jd.job_json.read_text(), jd.plan_json.read_text()
+    r = run_cli("launch", "--resume", str(jd.path), *args, "--trainer-split", "tp=1,pp=2")
     assert r.exit_code != 0
-    assert jd.plan_json.read_text() == before
+    assert jd.plan_json.read_text() == before[1]
+    return jd, before[0]
+
+
+@pytest.mark.parametrize("where", ["say", "start"])
+def test_a_resume_at_another_trainer_split_ended_before_a_run_was_made_leaves_the_plan_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """plan.json is written as the run starts; a Ctrl-C as the launcher says so (`say`), or a start that fails before
+    it made a run (`start`: none to say it is unstarted), puts it back, versus leaving the new split in plan.json with
+    no run of it (the next plain resume then ran a split the operator had not kept)."""
+    resume_ended_before_a_run(tmp_path, monkeypatch, where)
 
 
 @pytest.mark.parametrize("where", ["say", "start"])
@@ -1012,27 +1022,7 @@ def test_a_resume_with_iterations_ended_before_a_run_was_made_leaves_job_json_as
     """`--iterations` writes job.json's count before the run is made: a Ctrl-C as the launcher says the count, or a
     start that fails before it made a run, puts job.json back as it puts plan.json back, versus the new count left
     there with the split put back (and the interrupt saying the job is as it was)."""
-    from rlctl.commands.launching import resume as resume_mod
-    from tests.conftest import run_cli
-
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = split_job(tmp_path, gpus=4)
-    job_before, plan_before = jd.job_json.read_text(), jd.plan_json.read_text()
-
-    def start(**_: Any) -> None:
-        raise LaunchError("the run could not be made")
-
-    def say(line: str) -> None:
-        if where == "say" and "written to plan.json" in line:
-            raise KeyboardInterrupt
-
-    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
-        begin(SimpleNamespace(start=start, run=None), say)
-
-    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
-    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12", "--trainer-split", "tp=1,pp=2")
-    assert r.exit_code != 0
-    assert jd.plan_json.read_text() == plan_before
+    jd, job_before = resume_ended_before_a_run(tmp_path, monkeypatch, where, "--iterations", "12")
     assert jd.job_json.read_text() == job_before
 
 
