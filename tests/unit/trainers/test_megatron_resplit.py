@@ -9,7 +9,6 @@ split sums gradients and logits in another order)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -19,10 +18,8 @@ import torch
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.names import Stage
-from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
-from tests.unit.trainers.test_megatron_backend import rollouts
-from tests.unit.trainers.test_megatron_resume import run_phase
+from tests.unit.trainers.test_megatron_resume import model_and_samples, run_phase
 
 pytest.importorskip("transformers")
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -61,9 +58,7 @@ def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
 ) -> None:
     if backend == "megatron":
         require_megatron()
-    write_checkpoint("llama-bias-tied", tmp_path / "model")  # tied and vocab-parallel at both ends; 2 layers
-    model = TinyGPT.from_pretrained(tmp_path / "model")
-    torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
+    model_and_samples(tmp_path)
     tp, pp, dp = was
     ran = run_phase(tmp_path, "run", backend=backend, algorithm="grpo", tp=tp, pp=pp, dp=dp)
     ckpt = tmp_path / "job" / "iter-2"

@@ -70,6 +70,14 @@ def same_rng(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.timeout(400)
+def model_and_samples(tmp_path: Path) -> None:
+    """The tests' model (`tmp_path/model`: tied and vocab-parallel at both ends, 2 layers) and three batches of its
+    rollouts (`tmp_path/samples.pt`) that `run_phase` trains on."""
+    write_checkpoint("llama-bias-tied", tmp_path / "model")
+    model = TinyGPT.from_pretrained(tmp_path / "model")
+    torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
+
+
 @pytest.mark.parametrize(
     "backend,algorithm,tp,pp,dp",
     [
@@ -88,9 +96,7 @@ def test_a_resumed_sharded_trainer_trains_on_bit_for_bit(
 ) -> None:
     if backend == "megatron":
         require_megatron()
-    write_checkpoint("llama-bias-tied", tmp_path / "model")  # tied and vocab-parallel at both ends; 2 layers
-    model = TinyGPT.from_pretrained(tmp_path / "model")
-    torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
+    model_and_samples(tmp_path)
 
     ran = run_phase(tmp_path, "run", backend=backend, algorithm=algorithm, tp=tp, pp=pp, dp=dp)
     ckpt = tmp_path / "job" / "iter-2"
