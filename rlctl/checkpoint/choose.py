@@ -129,6 +129,23 @@ def parsed_manifest(
     return body, want
 
 
+def parts_problem(parts: Iterable[str], read: Callable[[str], dict[str, Any]]) -> str | None:
+    """Why one checkpoint's `parts` (in this order) are not usable together, or None: the first whose manifest `read`
+    refuses (ValueError or OSError naming what is wrong; else its manifest, with "digest"), or a controller part that
+    names another trainer part (`trainer_digest`) than the one there. The rule a resume's `latest_complete` applies
+    with every byte verified and `status --checkpoints` with sizes alone."""
+    seen: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        try:
+            seen[part] = read(part)
+        except (OSError, ValueError) as e:
+            return f"{part} part: {e}"
+    named = seen.get("controller", {}).get("trainer_digest")
+    if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
+        return "its trainer part is not the one its controller part was written with"  # as pick_checkpoint
+    return None
+
+
 def verified_manifest(
     files: HostFiles,
     ckpt: str,

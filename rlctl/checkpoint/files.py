@@ -49,7 +49,7 @@ from typing import Any
 
 from rlctl.checkpoint.choose import CHECKPOINT_PARTS as PARTS
 from rlctl.checkpoint.choose import LATEST_POINTER as LATEST
-from rlctl.checkpoint.choose import choose_resume, manifest_name, parsed_manifest, verified_manifest
+from rlctl.checkpoint.choose import choose_resume, manifest_name, parsed_manifest, parts_problem, verified_manifest
 from rlctl.errors import RlctlError
 from rlctl.launch.sitefs import LocalFiles
 
@@ -384,16 +384,8 @@ def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
     wanted = tuple(parts)
 
     def problem(version: int) -> str | None:
-        seen: dict[str, dict[str, Any]] = {}
-        for part in wanted:
-            try:
-                seen[part] = verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part, version=version)
-            except (OSError, ValueError) as e:
-                return f"{part} part: {e}"
-        named = seen.get("controller", {}).get("trainer_digest")
-        if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
-            return "its trainer part is not the one its controller part was written with"  # as pick_checkpoint
-        return None
+        ckpt = str(root / f"{PREFIX}{version}")
+        return parts_problem(wanted, lambda part: verified_manifest(LocalFiles(), ckpt, part, version=version))
 
     pointer = root / LATEST
     try:

@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rlctl.checkpoint.choose import parts_problem
 from rlctl.checkpoint.files import PREFIX, sized_manifest
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
@@ -94,16 +95,8 @@ def sound(parts: dict[str, Path], version: int) -> str | None:
     (`sized_manifest`: each manifest parses and names its part and version, each file it lists is there at its
     size; the controller's names the trainer's), or None. No file's SHA-256 is taken: a status reads a few small
     manifests, not a model's gigabytes; a pull or a resume verifies every byte of what it takes."""
-    seen: dict[str, dict[str, Any]] = {}
-    for part, d in sorted(parts.items(), key=lambda kv: kv[0] != "trainer"):
-        try:
-            seen[part] = sized_manifest(d / f"{PREFIX}{version}", part, version=version)
-        except ValueError as e:
-            return f"{part} part: {e}"
-    named = seen.get("controller", {}).get("trainer_digest")
-    if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
-        return "its trainer part is not the one its controller part was written with"
-    return None
+    order = sorted(parts, key=lambda part: part != "trainer")
+    return parts_problem(order, lambda part: sized_manifest(parts[part] / f"{PREFIX}{version}", part, version=version))
 
 
 def unchecked_line(checked: list[str]) -> str | None:
