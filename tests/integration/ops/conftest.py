@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from rlctl.agents.appliedlog import unit_rows
+from tests.conftest import RLCTL_AT_A_TERMINAL
 from tests.integration.hfdemo import build_hf_demo
 
 REPO = Path(__file__).resolve().parents[3]
@@ -204,12 +205,15 @@ def job_yaml(
 
 @pytest.fixture
 def launcher():
-    """Start `rlctl launch …` in the background; every launcher still running at the end is killed
-    (its own `finally` stops the agents)."""
+    """Start `rlctl launch …` in the background, as a terminal starts it (a SIGINT is Ctrl-C, also where the tests
+    run with SIGINT ignored); every launcher still running at the end is killed (its own `finally` stops the
+    agents)."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen([*RLCTL, "launch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [*RLCTL_AT_A_TERMINAL, "launch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         procs.append(p)
         return p
 
