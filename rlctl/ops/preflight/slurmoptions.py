@@ -3,13 +3,15 @@
 nodes, users and times). sbatch refuses a feature no node of the partition has (or features no one node has all
 of), and a reservation that is not there (never made, or ended and purged) or not this user's; it holds a job in a
 reservation on other nodes, or one not started yet, pending. Each said only as the launch submits its first job,
-after the staging.
+after the staging. A reservation that ends before the site's `time_limit_min` is refused by none: the job starts
+(its end shown at its full limit), and SLURM ends it at the reservation's end (slurm.conf's `ResvOverRun`, by default
+0), every agent's job killed short of the limit asked for, the reservation then gone for a resume.
 
     check --reach, launch (--resume), scale +N ─▶ a SLURM site with a constraint or a reservation, through the
                      runner its probe uses (here, or its submit host over SSH):
                        `sinfo -h -N -p PART -o '%N|%f'`                          the partition's nodes, features
-                       `id -un`, `id -Gn`, `scontrol show reservation -o`       (a reservation) who submits, and
-                                                                                the reservations there
+                       `id -un`, `id -Gn`, `date`, `scontrol show reservation -o` (a reservation) who submits,
+                                                                                its clock, the reservations there
                   ─▶ one Problem each, `sites.<site>.scheduler.<field>`: the value, why, what is valid there
 
 A constraint is read conservatively: its plain feature names are looked for (`a&b`, `a|b`, `[a|b]`, `a*2`,
@@ -17,10 +19,19 @@ A constraint is read conservatively: its plain feature names are looked for (`a&
 nor a word of other characters. Where each is there, the expression is evaluated on each node's features
 (`slurmconstraint`: names, AND, OR, parentheses; brackets, counts and NOT are not, and pass). Whatever cannot be
 told passes: sinfo or scontrol failing (the site's reach row says why), a reservation's access through an account or
-group where the site's account or the user's groups are not known. What srun then refuses the probe's step for (an
-account or qos not the user's, a partition not there) is that field's line too (`probe_refusal`), not the host's raw
-error. `launch`, `launch --resume` and `scale +N` ask the same (`sites_option_problems`) before they make, stage or
-submit anything: a site whose cluster cannot be asked goes on, its sbatch's own error said later, as before.
+group where the site's account or the user's groups are not known, an end time not in scontrol's default form.
+
+An active reservation's end (`EndTime`) is compared with the submit host's clock, `date` asked there in the same
+command, in scontrol's form: local time without a zone (`2026-12-07T00:59:07`), of the host and zone scontrol prints
+in, not this machine's (an hour off where a daylight-saving change falls between). A `time_limit_min` past the
+minutes left is one line on that field, naming the reservation, its end and those minutes. `ResvOverRun` is not
+asked (`scontrol show config`, one more call): taken as 0, a cluster that lets jobs run on past a reservation's end
+gets the line too. A FLEX reservation's jobs may run past its end: not said.
+
+What srun then refuses the probe's step for (an account or qos not the user's, a partition not there) is that field's
+line too (`probe_refusal`), not the host's raw error. `launch`, `launch --resume` and `scale +N` ask the same
+(`sites_option_problems`) before they make, stage or submit anything: a site whose cluster cannot be asked goes on,
+its sbatch's own error said later, as before.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from rlctl.config.hosts import expand_hostlist
@@ -48,6 +60,9 @@ SHOWN = 8  # reservations named as the valid ones, at most
 ASK_S = 30.0  # launch's (and scale's) bound on asking a site's cluster, an SSH hop included (check: its --timeout)
 # who submits the site's jobs, marked (the site's setup lines may print before it)
 WHO = 'echo "rlctl-user=$(id -un)"; echo "rlctl-groups=$(id -Gn)"; '
+# the submit host's clock, in scontrol's form and zone (its default SLURM_TIME_FORMAT, local time without a zone)
+NOW = 'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; '
+SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
 
 
 def constraint_features(expression: str) -> list[str]:
@@ -140,11 +155,18 @@ def _said(fields: dict[str, str]) -> str:
 
 
 def reservation_problem(
-    name: str, sched: SlurmScheduler, said: dict[str, dict[str, str]], partition_nodes: set[str], who: Submitter | None
+    name: str,
+    sched: SlurmScheduler,
+    said: dict[str, dict[str, str]],
+    partition_nodes: set[str],
+    who: Submitter | None,
+    *,
+    now: str | None = None,
 ) -> Problem | None:
     """Site `name`'s `reservation` against the reservations scontrol lists (`said`), its partition's nodes and who
     submits: not there (never made, or ended: SLURM purges a reservation at its end), for others, on nodes the
-    partition has none of, not started yet. None where it is usable, or that cannot be told."""
+    partition has none of, not started yet, or ending before the site's `time_limit_min` from `now` (the submit
+    host's clock, as `date` prints it there in scontrol's form). None where it is usable, or that cannot be told."""
     value = sched.reservation
     assert value is not None
     field = f"sites.{name}.scheduler.reservation"
@@ -180,7 +202,35 @@ def reservation_problem(
             "agent's job would wait until then",
             "check again once it has started, or leave reservation out",
         )
+    if fields.get("State") == "ACTIVE":
+        return _ends_first(name, sched, fields, now)
     return None
+
+
+def _ends_first(name: str, sched: SlurmScheduler, fields: dict[str, str], now: str | None) -> Problem | None:
+    """The site's `time_limit_min` past the end of its active reservation (`fields`), `now` being the submit host's
+    clock: SLURM ends a job running in a reservation at its end (`ResvOverRun`, not asked: taken as its default, 0;
+    FLEX aside). None where it ends no sooner, or where either time does not parse."""
+    try:
+        end = datetime.strptime(fields.get("EndTime", ""), SLURM_TIME)
+        left_s = (end - datetime.strptime(now or "", SLURM_TIME)).total_seconds()
+    except ValueError:
+        return None
+    limit = sched.time_limit_min
+    if limit * 60 <= left_s:
+        return None
+    left = max(0, int(left_s // 60))
+    given = "" if "time_limit_min" in sched.model_fields_set else " (the default)"
+    return Problem(
+        f"sites.{name}.scheduler.time_limit_min",
+        f"{limit}{given} is past the end of reservation {fields['ReservationName']!r} (scheduler.reservation): it "
+        f"ends {fields['EndTime']}, {left} min from now on the submit host's clock (scontrol, date): SLURM ends every "
+        f"agent's job at its end (ResvOverRun, taken as its default 0): at most {left} min in, not {limit}, the "
+        "reservation then gone for a resume",
+        f"set scheduler.time_limit_min ≤ {left}, or a reservation that ends later"
+        if left
+        else "set a reservation that ends later, or leave reservation out",
+    )
 
 
 _HINT = "set one listed there, or leave reservation out (`scontrol show reservation` lists them)"
@@ -285,15 +335,16 @@ def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
         if sched.constraint and (p := constraint_problem(name, sched, features)) is not None:
             out.append(p)
         if sched.reservation:
-            res = runner.run(WHO + "scontrol show reservation -o", timeout_s=timeout_s)
+            res = runner.run(WHO + NOW + "scontrol show reservation -o", timeout_s=timeout_s)
             if res.exit_code != 0:
                 return out
             marks = [line.partition("=") for line in res.stdout.splitlines()]  # (a setup line's too: no `=` in it)
-            said = {k: v for k, eq, v in marks if eq and k in ("rlctl-user", "rlctl-groups")}
+            said = {k: v for k, eq, v in marks if eq and k in ("rlctl-user", "rlctl-groups", "rlctl-now")}
             user = said.get("rlctl-user", "").strip()
             who = Submitter(user, frozenset(said.get("rlctl-groups", "").split()), sched.account) if user else None
             listed = reservations(res.stdout)
-            if (p := reservation_problem(name, sched, listed, set(features), who)) is not None:
+            now = said.get("rlctl-now", "").strip() or None
+            if (p := reservation_problem(name, sched, listed, set(features), who, now=now)) is not None:
                 out.append(p)
     except LaunchError:  # (a deadline too): the site's reach row or its probe says why it could not be asked
         return out

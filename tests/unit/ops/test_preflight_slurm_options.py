@@ -191,6 +191,76 @@ def test_a_reservation_on_other_nodes_or_not_started_is_named() -> None:
     assert reservation_problem("h", sched(reservation="later"), flex, PARTITION, RL) is None
 
 
+# an active 5-minute reservation (slurm 22.05's line, measured): a job with --time=60 starts there, and SLURM ends it
+# at the reservation's end (ResvOverRun = 0, its default)
+R_TEST = (
+    "ReservationName=r_test StartTime=2026-12-07T00:54:07 EndTime=2026-12-07T00:59:07 Duration=00:05:00 "
+    "Nodes=sitea-[1-2],siteb-[1-2] NodeCnt=4 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES,ALL_NODES "
+    "TRES=cpu=8 Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a "
+    "MaxStartDelay=(null)\n"
+)
+SITEA = {"sitea-1", "sitea-2"}
+ROOT = Submitter("root", frozenset({"root"}), None)
+NOW = "2026-12-07T00:54:40"  # the submit host's clock (`date`), 4 min 27 s before the reservation's end
+
+
+def test_a_reservation_ending_before_the_site_s_time_limit_is_one_line_with_its_end_and_the_minutes_left() -> None:
+    """The job started, its end shown at its full limit, and SLURM ended every agent's job at the reservation's end,
+    minutes into a 60-minute (or the default week's) limit; auto-resume then found the reservation gone."""
+    said = reservations(R_TEST)
+    p = reservation_problem("a", sched(reservation="r_test", time_limit_min=60), said, SITEA, ROOT, now=NOW)
+    assert p is not None and p.field == "sites.a.scheduler.time_limit_min"
+    assert p.message == (
+        "60 is past the end of reservation 'r_test' (scheduler.reservation): it ends 2026-12-07T00:59:07, 4 min from "
+        "now on the submit host's clock (scontrol, date): SLURM ends every agent's job at its end (ResvOverRun, taken "
+        "as its default 0): at most 4 min in, not 60, the reservation then gone for a resume"
+    )
+    assert p.hint == "set scheduler.time_limit_min ≤ 4, or a reservation that ends later"
+    five = reservation_problem("a", sched(reservation="r_test", time_limit_min=5), said, SITEA, ROOT, now=NOW)
+    assert five is not None and five.hint == p.hint  # 5 min of the 4 min 27 s left
+    default = reservation_problem("a", sched(reservation="r_test"), said, SITEA, ROOT, now=NOW)
+    assert default is not None and default.message.startswith("10080 (the default) is past the end of reservation")
+    last = reservation_problem("a", sched(reservation="r_test"), said, SITEA, ROOT, now="2026-12-07T00:58:30")
+    assert last is not None and last.hint == "set a reservation that ends later, or leave reservation out"
+
+
+def test_a_reservation_ending_after_the_time_limit_flex_or_whose_end_cannot_be_told_passes() -> None:
+    said = reservations(R_TEST)
+    for limit in (1, 4):  # 4 min of the 4 min 27 s left
+        fits = sched(reservation="r_test", time_limit_min=limit)
+        assert reservation_problem("a", fits, said, SITEA, ROOT, now=NOW) is None
+    flex = {"r_test": {**said["r_test"], "Flags": "FLEX,SPEC_NODES"}}  # its jobs may run past its end
+    assert reservation_problem("a", sched(reservation="r_test"), flex, SITEA, ROOT, now=NOW) is None
+    for end in ("Tomorr 00:59", "12/07-00:59:07", "(null)", ""):  # another SLURM_TIME_FORMAT, or none said
+        other = {"r_test": {**said["r_test"], "EndTime": end}}
+        assert reservation_problem("a", sched(reservation="r_test"), other, SITEA, ROOT, now=NOW) is None
+    for now in (None, "", "Mon Dec  7 00:54:40 UTC 2026"):  # the host's clock not said, or not in scontrol's form
+        assert reservation_problem("a", sched(reservation="r_test"), said, SITEA, ROOT, now=now) is None
+
+
+def test_option_problems_asks_the_submit_host_s_clock_with_its_reservations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`date` in the one command that asks who submits and the reservations: the host's clock, not this machine's."""
+    sent: list[str] = []
+
+    class Host(SubmitHost):
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            sent.append(command)
+            if command.endswith("scontrol show reservation -o"):
+                return CommandResult(0, f"rlctl-user=root\nrlctl-groups=root\nrlctl-now={NOW}\n{R_TEST}", "")
+            return CommandResult(0, "sitea-1|(null)\nsitea-2|(null)\n", "")
+
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: Host([])))
+    scheduler = {"kind": "slurm", "partition": "gpu", "reservation": "r_test", "time_limit_min": 30}
+    site = Site.model_validate({**SITE, "scheduler": scheduler})
+    found = option_problems("a", site, file="sites.yaml", timeout_s=1.0)
+    assert [(p.field, p.hint) for p in found] == [
+        ("sites.a.scheduler.time_limit_min", "set scheduler.time_limit_min ≤ 4, or a reservation that ends later")
+    ]
+    assert len(sent) == 2 and 'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; scontrol show reservation -o' in sent[1]
+    site = Site.model_validate({**SITE, "scheduler": {**scheduler, "time_limit_min": 4}})
+    assert option_problems("a", site, file="sites.yaml", timeout_s=1.0) == []
+
+
 class SubmitHost:
     """A SLURM site's submit host: sinfo's features and node states, `id` and scontrol's reservations; the probe's
     srun refused alike. Each command's first word put in `asked`."""
