@@ -10,8 +10,9 @@ after the staging. A reservation that ends before the site's `time_limit_min` is
     check --reach, launch (--resume), scale +N ─▶ a SLURM site with a constraint or a reservation, through the
                      runner its probe uses (here, or its submit host over SSH):
                        `sinfo -h -N -p PART -o '%N|%f'`                          the partition's nodes, features
-                       `id -un`, `id -Gn`, `date`, `scontrol show reservation -o` (a reservation) who submits,
-                                                                                its clock, the reservations there
+                       `id -un`, `id -Gn`, `date`, `scontrol show config`,     (a reservation) who submits,
+                       `scontrol show reservation -o`                             its clock and ResvOverRun, the
+                                                                                reservations there
                   ─▶ one Problem each, `sites.<site>.scheduler.<field>`: the value, why, what is valid there
 
 A constraint is read conservatively: its plain feature names are looked for (`a&b`, `a|b`, `[a|b]`, `a*2`,
@@ -24,9 +25,10 @@ group where the site's account or the user's groups are not known, an end time n
 An active reservation's end (`EndTime`) is compared with the submit host's clock, `date` asked there in the same
 command, in scontrol's form: local time without a zone (`2026-12-07T00:59:07`), of the host and zone scontrol prints
 in, not this machine's (an hour off where a daylight-saving change falls between). A `time_limit_min` past the
-minutes left is one line on that field, naming the reservation, its end and those minutes. `ResvOverRun` is not
-asked (`scontrol show config`, one more call): taken as 0, a cluster that lets jobs run on past a reservation's end
-gets the line too. A FLEX reservation's jobs may run past its end: not said.
+minutes left (and the cluster's `ResvOverRun`, asked in the same command: `N min`; 0 where not said) is one line on
+that field, naming the reservation, its end and those minutes. A FLEX reservation's jobs may run past its end, and so
+may every job where `ResvOverRun` is UNLIMITED: not said. Nor is it of a launched job (`launched_option_problems`: a
+resume, scale), which runs as launched, as far as the reservation lets it.
 
 What srun then refuses the probe's step for (an account or qos not the user's, a partition not there) is that field's
 line too (`probe_refusal`), not the host's raw error. `launch`, `launch --resume` and `scale +N` ask the same
@@ -60,9 +62,14 @@ SHOWN = 8  # reservations named as the valid ones, at most
 ASK_S = 30.0  # launch's (and scale's) bound on asking a site's cluster, an SSH hop included (check: its --timeout)
 # who submits the site's jobs, marked (the site's setup lines may print before it)
 WHO = 'echo "rlctl-user=$(id -un)"; echo "rlctl-groups=$(id -Gn)"; '
-# the submit host's clock, in scontrol's form and zone (its default SLURM_TIME_FORMAT, local time without a zone)
-NOW = 'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; '
+# the submit host's clock, in scontrol's form and zone (its default SLURM_TIME_FORMAT, local time without a zone), and
+# how long SLURM lets a job run on past its reservation's end (slurm.conf's ResvOverRun: `0 min`, `UNLIMITED`)
+NOW = (
+    'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; '
+    "scontrol show config 2>/dev/null | sed -n 's/^ResvOverRun *= */rlctl-overrun=/p'; "
+)
 SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
+OVERRUN = "rlctl-overrun"
 
 
 def constraint_features(expression: str) -> list[str]:
@@ -162,11 +169,13 @@ def reservation_problem(
     who: Submitter | None,
     *,
     now: str | None = None,
+    overrun: str | None = None,
 ) -> Problem | None:
     """Site `name`'s `reservation` against the reservations scontrol lists (`said`), its partition's nodes and who
     submits: not there (never made, or ended: SLURM purges a reservation at its end), for others, on nodes the
     partition has none of, not started yet, or ending before the site's `time_limit_min` from `now` (the submit
-    host's clock, as `date` prints it there in scontrol's form). None where it is usable, or that cannot be told."""
+    host's clock, as `date` prints it there in scontrol's form) and its `overrun` (ResvOverRun as scontrol's config
+    says it; 0 where not said). None where it is usable, or that cannot be told."""
     value = sched.reservation
     assert value is not None
     field = f"sites.{name}.scheduler.reservation"
@@ -203,32 +212,39 @@ def reservation_problem(
             "check again once it has started, or leave reservation out",
         )
     if fields.get("State") == "ACTIVE":
-        return _ends_first(name, sched, fields, now)
+        return _ends_first(name, sched, fields, now, overrun)
     return None
 
 
-def _ends_first(name: str, sched: SlurmScheduler, fields: dict[str, str], now: str | None) -> Problem | None:
-    """The site's `time_limit_min` past the end of its active reservation (`fields`), `now` being the submit host's
-    clock: SLURM ends a job running in a reservation at its end (`ResvOverRun`, not asked: taken as its default, 0;
-    FLEX aside). None where it ends no sooner, or where either time does not parse."""
+def _ends_first(
+    name: str, sched: SlurmScheduler, fields: dict[str, str], now: str | None, overrun: str | None
+) -> Problem | None:
+    """The site's `time_limit_min` past the end of its active reservation (`fields`) and the `overrun` SLURM allows
+    (`ResvOverRun`: `N min`; not said, its default 0), `now` being the submit host's clock: SLURM ends a job running
+    in a reservation then (FLEX aside). None where it ends no sooner, the overrun is UNLIMITED, or a time does not
+    parse."""
+    over = (overrun or "0 min").strip().split()
+    if len(over) != 2 or over[1] != "min" or not over[0].isdigit():  # UNLIMITED, or a form not known: no end told
+        return None
     try:
         end = datetime.strptime(fields.get("EndTime", ""), SLURM_TIME)
-        left_s = (end - datetime.strptime(now or "", SLURM_TIME)).total_seconds()
+        to_end_s = (end - datetime.strptime(now or "", SLURM_TIME)).total_seconds()
     except ValueError:
         return None
-    limit = sched.time_limit_min
-    if limit * 60 <= left_s:
+    limit, past = sched.time_limit_min, int(over[0])
+    if limit * 60 <= to_end_s + 60 * past:
         return None
-    left = max(0, int(left_s // 60))
+    to_end, most = max(0, int(to_end_s // 60)), max(0, int((to_end_s + 60 * past) // 60))
+    after = f" and {past} min past it (ResvOverRun)" if past else " (ResvOverRun 0)"
     given = "" if "time_limit_min" in sched.model_fields_set else " (the default)"
     return Problem(
         f"sites.{name}.scheduler.time_limit_min",
         f"{limit}{given} is past the end of reservation {fields['ReservationName']!r} (scheduler.reservation): it "
-        f"ends {fields['EndTime']}, {left} min from now on the submit host's clock (scontrol, date): SLURM ends every "
-        f"agent's job at its end (ResvOverRun, taken as its default 0): at most {left} min in, not {limit}, the "
-        "reservation then gone for a resume",
-        f"set scheduler.time_limit_min ≤ {left}, or a reservation that ends later"
-        if left
+        f"ends {fields['EndTime']}, {to_end} min from now on the submit host's clock (scontrol, date): SLURM ends "
+        f"every agent's job at its end{after}: at most {most} min in, not {limit}, the reservation then gone for a "
+        "resume",
+        f"set scheduler.time_limit_min ≤ {most}, or a reservation that ends later"
+        if most
         else "set a reservation that ends later, or leave reservation out",
     )
 
@@ -283,17 +299,19 @@ def _features(names: list[str]) -> str:
     return ("feature " if len(names) == 1 else "features ") + ", ".join(map(repr, names))
 
 
-def option_problems(name: str, site: Site, *, file: str | None = None, timeout_s: float) -> list[Problem]:
+def option_problems(
+    name: str, site: Site, *, file: str | None = None, timeout_s: float, ends: bool = True
+) -> list[Problem]:
     """Site `name`'s constraint and reservation against its cluster, asked through the runner its probe uses (one
     sinfo; scontrol only with a reservation): one Problem each, of `file` (the inventory that declares the site); []
     on other sites, without either, or where the cluster could not be asked (the site's reach row, or its probe,
-    says why)."""
-    found = _asked(name, site, timeout_s=timeout_s)
+    says why). `ends`: a time limit past the reservation's end said too (a new job's, not a launched one's)."""
+    found = _asked(name, site, timeout_s=timeout_s, ends=ends)
     return [Problem(p.field, p.message, p.hint, file=file) for p in found]
 
 
 def sites_option_problems(
-    sites: Mapping[str, Site], *, files: Mapping[str, str | None], timeout_s: float
+    sites: Mapping[str, Site], *, files: Mapping[str, str | None], timeout_s: float, ends: bool = True
 ) -> list[Problem]:
     """`option_problems` of each of `sites` (of the file `files` names for it), the clusters asked at once, in the
     sites' order; no call at all where no site is a SLURM site with a constraint or a reservation."""
@@ -301,7 +319,9 @@ def sites_option_problems(
     if not asked:
         return []
     with ThreadPoolExecutor(max_workers=len(asked)) as pool:
-        found = pool.map(lambda n: option_problems(n, sites[n], file=files.get(n), timeout_s=timeout_s), asked)
+        found = pool.map(
+            lambda n: option_problems(n, sites[n], file=files.get(n), timeout_s=timeout_s, ends=ends), asked
+        )
         return [p for wrong in found for p in wrong]
 
 
@@ -311,7 +331,9 @@ def launched_option_problems(job_dir: Path, names: Iterable[str], *, timeout_s: 
     sites = read_sites(job_dir)
     file = str(job_dir / SITES_FILE)
     used = {n: sites[n] for n in dict.fromkeys(names) if n in sites}
-    found = sites_option_problems(used, files=dict.fromkeys(used, file), timeout_s=timeout_s)
+    # a launched job's time limit past its reservation's end is not said: it runs as launched (sites.json's limit),
+    # as far as the reservation lets it, its checkpoints kept, versus a resume refused for a limit it cannot change
+    found = sites_option_problems(used, files=dict.fromkeys(used, file), timeout_s=timeout_s, ends=False)
     why = f"the job runs on its sites as launched ({SITES_FILE}); to run on a changed inventory, launch the job anew"
     return [Problem(p.field, p.message, f"{p.hint}; {why}" if p.hint else why, file=file) for p in found]
 
@@ -321,7 +343,7 @@ def _asks(site: Site) -> bool:
     return isinstance(sched, SlurmScheduler) and bool(sched.constraint or sched.reservation)
 
 
-def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
+def _asked(name: str, site: Site, *, timeout_s: float, ends: bool) -> list[Problem]:
     sched = site.scheduler
     if not isinstance(sched, SlurmScheduler) or not _asks(site):
         return []
@@ -339,12 +361,15 @@ def _asked(name: str, site: Site, *, timeout_s: float) -> list[Problem]:
             if res.exit_code != 0:
                 return out
             marks = [line.partition("=") for line in res.stdout.splitlines()]  # (a setup line's too: no `=` in it)
-            said = {k: v for k, eq, v in marks if eq and k in ("rlctl-user", "rlctl-groups", "rlctl-now")}
+            said = {k: v for k, eq, v in marks if eq and k in ("rlctl-user", "rlctl-groups", "rlctl-now", OVERRUN)}
             user = said.get("rlctl-user", "").strip()
             who = Submitter(user, frozenset(said.get("rlctl-groups", "").split()), sched.account) if user else None
             listed = reservations(res.stdout)
-            now = said.get("rlctl-now", "").strip() or None
-            if (p := reservation_problem(name, sched, listed, set(features), who, now=now)) is not None:
+            now = (said.get("rlctl-now", "").strip() or None) if ends else None  # no clock: no end told
+            overrun = said.get(OVERRUN)
+            if (
+                p := reservation_problem(name, sched, listed, set(features), who, now=now, overrun=overrun)
+            ) is not None:
                 out.append(p)
     except LaunchError:  # (a deadline too): the site's reach row or its probe says why it could not be asked
         return out

@@ -212,9 +212,13 @@ def test_a_reservation_ending_before_the_site_s_time_limit_is_one_line_with_its_
     assert p is not None and p.field == "sites.a.scheduler.time_limit_min"
     assert p.message == (
         "60 is past the end of reservation 'r_test' (scheduler.reservation): it ends 2026-12-07T00:59:07, 4 min from "
-        "now on the submit host's clock (scontrol, date): SLURM ends every agent's job at its end (ResvOverRun, taken "
-        "as its default 0): at most 4 min in, not 60, the reservation then gone for a resume"
+        "now on the submit host's clock (scontrol, date): SLURM ends every agent's job at its end (ResvOverRun 0): at "
+        "most 4 min in, not 60, the reservation then gone for a resume"
     )
+    ten = reservation_problem(
+        "a", sched(reservation="r_test", time_limit_min=60), said, SITEA, ROOT, now=NOW, overrun="10 min"
+    )
+    assert ten is not None and "at its end and 10 min past it (ResvOverRun): at most 14 min in, not 60" in ten.message
     assert p.hint == "set scheduler.time_limit_min ≤ 4, or a reservation that ends later"
     five = reservation_problem("a", sched(reservation="r_test", time_limit_min=5), said, SITEA, ROOT, now=NOW)
     assert five is not None and five.hint == p.hint  # 5 min of the 4 min 27 s left
@@ -236,17 +240,25 @@ def test_a_reservation_ending_after_the_time_limit_flex_or_whose_end_cannot_be_t
         assert reservation_problem("a", sched(reservation="r_test"), other, SITEA, ROOT, now=NOW) is None
     for now in (None, "", "Mon Dec  7 00:54:40 UTC 2026"):  # the host's clock not said, or not in scontrol's form
         assert reservation_problem("a", sched(reservation="r_test"), said, SITEA, ROOT, now=now) is None
+    fits = sched(reservation="r_test", time_limit_min=14)  # 4 min 27 s to its end, and 10 min past it
+    assert reservation_problem("a", fits, said, SITEA, ROOT, now=NOW, overrun="10 min") is None
+    for overrun in ("UNLIMITED", "unlimited", "10 hours"):  # jobs run on past its end, or a form not known
+        assert (
+            reservation_problem("a", sched(reservation="r_test"), said, SITEA, ROOT, now=NOW, overrun=overrun) is None
+        )
 
 
 def test_option_problems_asks_the_submit_host_s_clock_with_its_reservations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`date` in the one command that asks who submits and the reservations: the host's clock, not this machine's."""
+    """`date` and ResvOverRun in the one command that asks who submits and the reservations: the host's clock and its
+    cluster's overrun, not this machine's; not said of a launched job (a resume, scale), which runs as launched."""
     sent: list[str] = []
+    overrun = "rlctl-overrun=0 min"
 
     class Host(SubmitHost):
         def run(self, command: str, *, timeout_s: float) -> CommandResult:
             sent.append(command)
             if command.endswith("scontrol show reservation -o"):
-                return CommandResult(0, f"rlctl-user=root\nrlctl-groups=root\nrlctl-now={NOW}\n{R_TEST}", "")
+                return CommandResult(0, f"rlctl-user=root\nrlctl-groups=root\nrlctl-now={NOW}\n{overrun}\n{R_TEST}", "")
             return CommandResult(0, "sitea-1|(null)\nsitea-2|(null)\n", "")
 
     monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: Host([])))
@@ -256,7 +268,11 @@ def test_option_problems_asks_the_submit_host_s_clock_with_its_reservations(monk
     assert [(p.field, p.hint) for p in found] == [
         ("sites.a.scheduler.time_limit_min", "set scheduler.time_limit_min ≤ 4, or a reservation that ends later")
     ]
-    assert len(sent) == 2 and 'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; scontrol show reservation -o' in sent[1]
+    assert len(sent) == 2 and 'echo "rlctl-now=$(date +%Y-%m-%dT%H:%M:%S)"; scontrol show config' in sent[1]
+    assert option_problems("a", site, file="sites.yaml", timeout_s=1.0, ends=False) == []
+    overrun = "rlctl-overrun=UNLIMITED"
+    assert option_problems("a", site, file="sites.yaml", timeout_s=1.0) == []
+    overrun = "rlctl-overrun=0 min"
     site = Site.model_validate({**SITE, "scheduler": {**scheduler, "time_limit_min": 4}})
     assert option_problems("a", site, file="sites.yaml", timeout_s=1.0) == []
 
