@@ -2,7 +2,8 @@
 names a feature no node of its partition has, and whose reservation does not exist — both refused by sbatch only as
 the launch submits, after the staging. Each is one line naming the inventory file, the field, the value and what is
 valid there (the partition's features, the reservations), exit 2, for a job and for its inventory alike; fixed, the
-check passes. No reservation is made: one on the test partition's nodes would hold them from other tests' jobs.
+check passes. One reservation is made, of one core for five minutes, deleted as its test ends: one on the test
+partition's nodes would hold them from other tests' jobs.
 """
 
 from __future__ import annotations
@@ -104,3 +105,27 @@ def test_launch_refuses_a_missing_feature_before_making_or_submitting_anything(
     env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
     queued = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
     assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout  # nothing submitted
+
+
+def test_check_reach_says_a_time_limit_past_the_reservation_s_end(services: dict[str, str], tmp_path: Path) -> None:
+    """sbatch starts a job with --time=60 in a reservation that ends in five minutes, and SLURM ends it then
+    (ResvOverRun 0, slurm.sh's default): one line on time_limit_min with the minutes left by the cluster's clock; a
+    limit within them passes, the probe's step run in the reservation."""
+    env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
+    name = f"rlctl-it-{uuid.uuid4().hex[:8]}"
+    made = ["scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now", "Duration=5"]
+    made += ["Users=root", "Nodes=sitea-1", "CoreCnt=1"]  # one core: other tests' jobs still fit
+    subprocess.run(made, env=env, check=True, timeout=30, capture_output=True)
+    try:
+        inv = inventory(services, tmp_path / "sites.yaml", submitter="submitit", reservation=name, time_limit_min=60)
+        res = rlctl("check", str(inv), "--reach", timeout_s=150)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+        assert lines[0].startswith(f"rlctl: error: {inv}: sites.train.scheduler.time_limit_min: 60 is past the end of "
+                                   f"reservation '{name}'"), lines  # fmt: skip
+        assert "(ResvOverRun 0): at most 4 min in, not 60" in lines[0] or "at most 5 min in" in lines[0], lines
+        inventory(services, inv, submitter="submitit", reservation=name, time_limit_min=3)
+        res = rlctl("check", str(inv), "--reach", timeout_s=150)
+        assert res.returncode == 0, res.stderr[-2000:]
+    finally:
+        subprocess.run(["scontrol", "delete", f"reservation={name}"], env=env, timeout=30, capture_output=True)
