@@ -59,11 +59,7 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
     note = ""
     profile, profile_file = job_profile(job)  # the one the job names: a bad one is refused, not an advisory note
     try:
-        from rlctl.planner.inputs import PlanOptions
-        from rlctl.planner.plan import make_plan
-
-        # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
-        planned = make_plan(job, profile, options=PlanOptions(curves_in_output=False), profile_file=profile_file)
+        planned = launch_plan(job, profile, profile_file=profile_file)
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         if isinstance(e, ConfigError) and profile is not None and e.file == profile_file:
             raise  # the profile the job names cannot price it (another model, GPU, algorithm): refused, not a note
@@ -126,7 +122,24 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
     if profile is not None:
         out["profile"] = profile_file  # what priced the plan (the analytical profile of the GPU specs when absent)
     if planned is not None:
-        out["planner"] = {k: planned.get(k) for k in ("allocation", "predicted", "rebalance") if k in planned}
+        out["planner"] = planner_section(planned)
     if note:
         out["note"] = note
     return out
+
+
+def launch_plan(job: Job, profile: ProfileFile | None, *, profile_file: str) -> dict[str, Any]:
+    """The planner's plan of `job` as a launch (and a resume at another trainer split, `ops.trainersplit`) makes it:
+    `rlctl plan`'s options, its stage curves left out."""
+    from rlctl.planner.inputs import PlanOptions
+    from rlctl.planner.plan import make_plan
+
+    # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
+    return make_plan(job, profile, options=PlanOptions(curves_in_output=False), profile_file=profile_file)
+
+
+def planner_section(planned: dict[str, Any]) -> dict[str, Any]:
+    """What plan.json keeps of the planner's plan (its `planner` section): the allocation rows (the controller reads
+    a rollout site's decode cost there, `agents.placement.Placement.decode_cost`), the predicted times and the
+    rebalance advice."""
+    return {k: planned.get(k) for k in ("allocation", "predicted", "rebalance") if k in planned}

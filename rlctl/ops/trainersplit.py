@@ -16,7 +16,9 @@ rewritten.
                                               ▼
                           `launch --resume` writes it to plan.json as its run starts (put back if none starts)
 
-The trainer keeps its site; only its section of the plan changes (`ranks` = tp × pp × dp, `parallel`). A part not
+The trainer keeps its site; its section of the plan changes (`ranks` = tp × pp × dp, `parallel`), and the planner's
+figures for it (`planner`: its allocation row, predicted times, rebalance advice) are made again for the new split
+(`_repriced`), or dropped where they cannot be. A part not
 given keeps the plan's value: `tp=1` alone keeps its pp and dp, so the GPU count follows the split (dp is the number
 of replicas, which the operator chooses, not the site's free GPUs). job.json keeps the launch's fields: the run reads
 the split from the plan (`launch.layout.trainer_parallel`), and the checkpoint's state is rebuilt for it
@@ -27,6 +29,7 @@ state, and a PPO critic's at another tp × pp.
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,8 @@ OPTION = "--trainer-split"
 SYNTAX = "tp=T,pp=P[,dp=D]"
 _KEYS = ("tp", "pp", "dp")
 _PART_OF = {"trainer.tensor_parallel": "tp", "trainer.pipeline_parallel": "pp"}
+
+log = logging.getLogger(__name__)
 
 
 def parse_split(text: str) -> dict[str, int]:
@@ -103,7 +108,54 @@ def resplit_plan(
         _check_room(new, spec=spec, sites=sites)
     except (LaunchError, UsageError) as e:
         raise UsageError(f"{given}: {e}", hint=e.hint) from e
+    if "planner" in new:  # (a plan made without the planner has none to redo)
+        new["planner"] = _repriced(new, spec=spec, sites=sites)
     return new
+
+
+def _repriced(new: dict[str, Any], *, spec: JobFile, sites: dict[str, Site]) -> dict[str, Any]:
+    """Plan `new`'s planner section made for its trainer split: the planner's plan of the job with every count pinned
+    to the run's (the trainer's ranks at its tp × pp, each rollout site's units × tp) on the sites as launched, priced
+    by the profile the launch's plan was (`counts.job_profile`: the job's `planning.profile`, else the analytical one
+    of the sites' GPUs). Where it cannot be made (the profile gone, or without an entry at this split; an HF model's
+    folder gone; a planner error) the section keeps its rollout rows and the trainer row's config and GPUs, its
+    figures dropped (the trainer row's predicted_s, `predicted`, `rebalance`), said in one line; versus the old
+    split's figures kept beside the new split."""
+    from rlctl.ops.counts import job_profile, launch_plan, planner_section
+
+    t = new["trainer"]
+    tp, pp = int(t["parallel"]["tp"]), int(t["parallel"]["pp"])
+    units = {str(g["site"]): int(g["units"]) * int(g.get("tp", 1)) for g in new["rollout"]}
+    placement = spec.placement.model_copy(
+        update={
+            "trainer": spec.placement.trainer.model_copy(update={"gpus": int(t["ranks"])}),
+            # an `auto` count at the plan's (a count the job gives is the one its plan priced already)
+            "rollout": [
+                r if r.gpus != "auto" else r.model_copy(update={"gpus": units[r.site]}) for r in spec.placement.rollout
+            ],
+        }
+    )
+    trainer = spec.trainer.model_copy(update={"tensor_parallel": tp, "pipeline_parallel": pp})
+    pinned = spec.model_copy(update={"placement": placement, "trainer": trainer})
+    job = Job(pinned, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+    try:
+        profile, profile_file = job_profile(job)
+        return planner_section(launch_plan(job, profile, profile_file=profile_file))
+    except Exception as e:  # noqa: BLE001 - the predictions are advisory, as `counts.plan_counts` holds the planner
+        log.warning(
+            "the plan's predictions were not redone for the trainer at %s (%s: %s): its trainer figures are dropped "
+            "from plan.json",
+            trainer_parallel(new).short(),
+            type(e).__name__,
+            e,
+        )
+    rows = [
+        {k: v for k, v in a.items() if k != "predicted_s"} | {"config": dict(t["parallel"]), "gpus_used": t["ranks"]}
+        if a.get("role") == "trainer"
+        else a
+        for a in new["planner"].get("allocation", [])
+    ]
+    return {"allocation": rows}
 
 
 def _with_split(plan: dict[str, Any], *, tp: int, pp: int, dp: int) -> dict[str, Any]:
@@ -176,3 +228,24 @@ def said(old: dict[str, Any], new: dict[str, Any]) -> str:
         f"trainer on site {new['trainer']['site']}: {trainer_parallel(old).short()} ({old['trainer']['ranks']} "
         f"ranks) → {trainer_parallel(new).short()} ({new['trainer']['ranks']} ranks)"
     )
+
+
+def predicted_iteration(old: dict[str, Any], new: dict[str, Any], *, mode: str) -> dict[str, Any] | None:
+    """The plan's predicted iteration time in the job's pipeline `mode` at the old split and at the new one (its
+    planner section's: None where the new split's was not redone, `_repriced`), as `launch --resume --trainer-split
+    --dry-run -o json` shows it; None where the plan has no prediction (no planner section)."""
+    was = old.get("planner", {}).get("predicted", {}).get("iteration_s", {}).get(mode)
+    if was is None:
+        return None
+    now = new.get("planner", {}).get("predicted", {}).get("iteration_s", {}).get(mode)
+    return {"mode": mode, "was_s": was, "now_s": now}
+
+
+def predicted_said(predicted: dict[str, Any]) -> str:
+    """`predicted_iteration`'s figures in the dry run's line: "predicted iteration (async) 25.5 s → 25.3 s"."""
+    now = (
+        "not predicted (plan.json's figures are dropped)"
+        if predicted["now_s"] is None
+        else f"{predicted['now_s']:.1f} s"
+    )
+    return f"predicted iteration ({predicted['mode']}) {predicted['was_s']:.1f} s → {now}"

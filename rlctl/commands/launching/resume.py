@@ -52,7 +52,7 @@ def resume_job(
     from rlctl.ops.preflight import refuse
     from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
-    from rlctl.ops.trainersplit import parse_split, said
+    from rlctl.ops.trainersplit import parse_split, predicted_iteration, predicted_said, said
 
     asked = parse_split(trainer_split) if trainer_split is not None else None  # a bad value: one line, first
     db = JobDB()
@@ -80,7 +80,11 @@ def resume_job(
                 if shown is not plan
                 else same
             )
-            emit({"trainer": shown["trainer"], "was": plan["trainer"]}, output, lambda _: line)
+            shown_json = {"trainer": shown["trainer"], "was": plan["trainer"]}
+            if shown is not plan and (pred := predicted_iteration(plan, shown, mode=jd.read_job().pipeline.mode)):
+                line += f"; {predicted_said(pred)}"
+                shown_json["predicted_iteration"] = pred
+            emit(shown_json, output, lambda _: line)
             db.close()
             return
         # this process as the job's launcher from here (`JobDir.launcher_lock`, held into `be_launcher`): a job

@@ -1,0 +1,139 @@
+"""A resume at another trainer split (`launch --resume --trainer-split`) and plan.json's planner section: made for the
+new split by the planner, or its trainer figures dropped where they cannot be (`ops.trainersplit._repriced`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlctl.agents.placement import Placement, sites_by_agent
+from rlctl.config import load_job
+from rlctl.config.job import Job
+from rlctl.launch.backends import write_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops import counts
+from rlctl.ops.trainersplit import resplit_plan
+from rlctl.planner.plan import make_plan
+
+
+def megatron_job(tmp_path: Path, *, tp: int = 2, gpus: int = 4, name: str = "job.yaml") -> Job:
+    """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r (one datacenter)."""
+    site = {"datacenter": "d", "gpu": "H100", "scheduler": {"kind": "ssh"}}
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {
+            "t": {**site, "nodes": [{"host": "ht", "gpus": 8}]},
+            "r": {**site, "nodes": [{"host": "hr", "gpus": 8}]},
+        },
+    }
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "split",
+        "inventory": ["inv.yaml"],
+        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "task": {"kind": "lengths", "prompt_tokens": 256, "median_output_tokens": 1000, "max_output_tokens": 4000},
+        "batch": {"prompts_per_iteration": 16, "samples_per_prompt": 4},
+        "placement": {"trainer": {"site": "t", "gpus": gpus}, "rollout": [{"site": "r", "gpus": 4}]},
+        "rollout": {"tensor_parallel": 1},
+        "trainer": {"backend": "megatron", "tensor_parallel": tp},
+        "warmup": {"sft_steps": 0},
+    }
+    (tmp_path / name).write_text(yaml.safe_dump(job))
+    return load_job(tmp_path / name)
+
+
+def resplit(job: Job, plan: dict[str, Any], asked: dict[str, int]) -> dict[str, Any]:
+    new = resplit_plan(plan, asked, spec=job.spec, sites=job.inventory.sites, arch=job.spec.model.arch)
+    assert new is not None
+    return new
+
+
+def test_a_resplit_plans_predictions_are_the_planners_for_the_new_split(tmp_path: Path) -> None:
+    """tp 2 dp 2 resumed at tp 4 dp 1: plan.json's planner section is the planner's plan of the job at tp 4 on 4 GPUs
+    (its trainer row, predicted times, rebalance advice: what `rlctl plan` says of the job file asking that split),
+    versus the launch's rows for tp 2 kept beside the new split (its t_train_s, iteration and δ, δ')."""
+    job = megatron_job(tmp_path)
+    plan = counts.plan_counts(job, job.spec)
+    new = resplit(job, plan, {"tp": 4, "dp": 1})
+    section = new["planner"]
+    row = next(a for a in section["allocation"] if a["role"] == "trainer")
+    assert (row["config"], row["gpus_used"]) == ({"tp": 4, "pp": 1, "dp": 1}, 4)
+
+    direct = make_plan(megatron_job(tmp_path, tp=4, name="tp4.yaml"))  # the planner's own figures for tp 4 on 4 GPUs
+    pred = section["predicted"]
+    assert pred["t_train_s"] == pytest.approx(direct["predicted"]["t_train_s"], rel=1e-12)
+    assert row["predicted_s"] == pytest.approx(pred["t_train_s"], rel=1e-12)
+    assert pred["t_train_s"] != pytest.approx(plan["planner"]["predicted"]["t_train_s"], rel=1e-3)  # tp 2's
+    assert section == counts.planner_section(direct)
+    rb = section["rebalance"]  # δ of the new split's iteration and trainer step (async at η > 0: simulated)
+    assert rb["basis"] == "simulated_async"
+    assert rb["delta_s"] == pytest.approx(pred["iteration_s"]["async"] - pred["t_train_s"], rel=1e-12)
+    assert rb != plan["planner"]["rebalance"]
+
+
+def test_a_resplit_whose_profile_cannot_be_had_drops_the_trainer_figures_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job's planning.profile gone since the launch: the planner section keeps the rollout rows (the controller's
+    decode costs: `Placement.decode_cost` reads them as before) and the trainer row at the new config and GPUs, its
+    figures (predicted_s, `predicted`, `rebalance`) dropped, said in one line; versus tp 2's figures kept."""
+    job = megatron_job(tmp_path)
+    plan = counts.plan_counts(job, job.spec)
+    gone = str(tmp_path / "gone.json")
+    spec = job.spec.model_copy(update={"planning": job.spec.planning.model_copy(update={"profile": gone})})
+    with caplog.at_level(logging.WARNING, logger="rlctl.ops.trainersplit"):
+        new = resplit_plan(plan, {"tp": 4, "dp": 1}, spec=spec, sites=job.inventory.sites, arch=job.spec.model.arch)
+    assert new is not None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(
+        "the plan's predictions were not redone for the trainer at tp4 pp1 dp1"
+    )
+    assert "gone.json" in said[0]
+    old_rows = plan["planner"]["allocation"]
+    trainer = {k: v for k, v in old_rows[0].items() if k != "predicted_s"} | {
+        "config": {"tp": 4, "pp": 1, "dp": 1},
+        "gpus_used": 4,
+    }
+    assert new["planner"] == {"allocation": [trainer, *old_rows[1:]]}
+    placed = Placement(new, job.inventory.sites, sites_by_agent(new), spec)
+    unit = next(a for a, s in placed.sites.items() if s == "r")
+    assert placed.decode_cost(unit) is not None
+
+
+def test_a_resplit_dry_run_shows_the_predicted_iteration_at_the_old_split_and_the_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --resume --trainer-split tp=4 --dry-run`: its line and `-o json` give the plan's predicted
+    iteration in the job's mode at tp 2 and at tp 4 (the planner's, `_repriced`), nothing written."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = megatron_job(tmp_path)
+    plan = counts.plan_counts(job, job.spec)
+    jd = JobDir.create("split", explicit=tmp_path / "jobdir")
+    jd.write_job(job.spec, source=str(job.path))
+    jd.write_json(jd.plan_json, plan)
+    write_sites(jd.path, job.inventory.sites)
+    before = jd.plan_json.read_text()
+    now = resplit(job, plan, {"tp": 4})["planner"]["predicted"]["iteration_s"]["async"]
+    was = plan["planner"]["predicted"]["iteration_s"]["async"]
+    assert f"{now:.1f}" != f"{was:.1f}"  # (the line tells them apart)
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.strip() == (
+        "trainer on site t: tp2 pp1 dp2 (4 ranks) → tp4 pp1 dp2 (8 ranks): the resume writes it to plan.json (dry "
+        f"run: nothing written); predicted iteration (async) {was:.1f} s → {now:.1f} s"
+    )
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["predicted_iteration"] == {"mode": "async", "was_s": was, "now_s": pytest.approx(now, rel=1e-12)}
+    assert jd.plan_json.read_text() == before
