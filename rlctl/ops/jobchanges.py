@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.base import read_yaml
-from rlctl.config.inventory import load_inventory
+from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.jobdir import (
@@ -245,12 +245,8 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     """One line when the inventory files the job names (relative to the job file it was launched from) now say
     something else of its sites than the job's sites.json (as launched), which the resume runs on: the fields
     that differ, `sites.<name>.nodes`. Nothing when they cannot be read (moved, removed, broken)."""
-    files = job.get("inventory") if isinstance(job, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return []
-    named = [_job_path(source, f) for f in files]
-    paths = [Path(os.path.normpath(p)) for p in named if p is not None]
-    if len(paths) < len(named):
+    paths = _inventory_paths(job, source)
+    if paths is None:
         return []
     try:
         now = load_inventory(paths).sites
@@ -270,6 +266,42 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
         f"the inventory ({', '.join(map(str, paths))}) changed since the launch ({', '.join(changed)}); the resume "
         f"runs on the sites as launched (its {SITES_FILE}): to run on the changed inventory, launch the job anew"
     ]
+
+
+def launched_inventory(jobdir: JobDir, plan: dict[str, Any]) -> Inventory:
+    """The job's sites as launched (sites.json) with the links its plan.json records (`links`: pairs of sites,
+    `ops.jobprep`), their figures (bandwidth, latency) and the sites they name that the job does not use (their
+    datacenters) from the inventory files the job names, read now as `site_changes` reads them: what the planner
+    prices the weights' route over, a resume at another trainer split's (`ops.trainersplit`). Without links where
+    those files cannot be read (moved, removed, broken), as the job dir keeps the links' pairs alone."""
+    sites = read_sites(jobdir.path, required=True)
+    bare = Inventory(sites, [], [SITES_FILE])
+    data = jobdir.read_json(jobdir.job_json)
+    source = data.get("source_file")
+    if not isinstance(source, dict) or not isinstance(source.get("path"), str):
+        return bare
+    paths = _inventory_paths(data.get("job"), Path(source["path"]))
+    try:
+        now = load_inventory(paths) if paths else None
+    except RlctlError:
+        now = None
+    if now is None:
+        return bare
+    pairs = {frozenset(p) for p in plan.get("links", [])}
+    links = [ln for ln in now.links if frozenset(ln.between) in pairs]
+    named = {s: now.sites[s] for ln in links for s in ln.between if s not in sites}
+    return Inventory(named | sites, links, [SITES_FILE, *map(str, paths or [])])
+
+
+def _inventory_paths(job: Any, source: Path) -> list[Path] | None:
+    """The inventory files job.json's `job` names, each as `load_job` read it relative to the job file `source`;
+    None where it names none, or one whose home this machine does not know."""
+    files = job.get("inventory") if isinstance(job, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    named = [_job_path(source, f) for f in files]
+    paths = [Path(os.path.normpath(p)) for p in named if p is not None]
+    return paths if len(paths) == len(named) else None
 
 
 def _job_path(source: Path, written: str) -> Path | None:

@@ -72,12 +72,19 @@ def parse_split(text: str) -> dict[str, int]:
 
 
 def resplit_plan(
-    plan: dict[str, Any], asked: dict[str, int], *, spec: JobFile, sites: dict[str, Site], arch: ModelArch
+    plan: dict[str, Any],
+    asked: dict[str, int],
+    *,
+    spec: JobFile,
+    sites: dict[str, Site],
+    arch: ModelArch,
+    inventory: Inventory | None = None,
 ) -> dict[str, Any] | None:
     """`plan` with its trainer split as `asked` (`parse_split`; the parts not given the plan's), or None where that is
     the plan's split already; UsageError, one line naming the option, where a launch would refuse the split (the
     model, the site's room, each rank's memory, an exclusive SLURM site's nodes) or the checkpoint loader cannot
-    rebuild the trainer's state at it."""
+    rebuild the trainer's state at it. `inventory`: the sites and links the plan's predictions are made again on
+    (`jobchanges.launched_inventory`); default `sites` without links (a job in one datacenter)."""
     was = trainer_parallel(plan)
     tp, pp, dp = (asked.get(k, getattr(was, k)) for k in _KEYS)
     given = f"{OPTION} {','.join(f'{k}={v}' for k, v in asked.items())}"
@@ -109,18 +116,18 @@ def resplit_plan(
     except (LaunchError, UsageError) as e:
         raise UsageError(f"{given}: {e}", hint=e.hint) from e
     if "planner" in new:  # (a plan made without the planner has none to redo)
-        new["planner"] = _repriced(new, spec=spec, sites=sites)
+        new["planner"] = _repriced(new, spec=spec, inventory=inventory or Inventory(sites, [], [SITES_FILE]))
     return new
 
 
-def _repriced(new: dict[str, Any], *, spec: JobFile, sites: dict[str, Site]) -> dict[str, Any]:
+def _repriced(new: dict[str, Any], *, spec: JobFile, inventory: Inventory) -> dict[str, Any]:
     """Plan `new`'s planner section made for its trainer split: the planner's plan of the job with every count pinned
-    to the run's (the trainer's ranks at its tp × pp, each rollout site's units × tp) on the sites as launched, priced
+    to the run's (the trainer's ranks at its tp × pp, each rollout site's units × tp) on `inventory`, priced
     by the profile the launch's plan was (`counts.job_profile`: the job's `planning.profile`, else the analytical one
     of the sites' GPUs). Where it cannot be made (the profile gone, or without an entry at this split; an HF model's
-    folder gone; a planner error) the section keeps its rollout rows and the trainer row's config and GPUs, its
-    figures dropped (the trainer row's predicted_s, `predicted`, `rebalance`), said in one line; versus the old
-    split's figures kept beside the new split."""
+    folder gone; a job across datacenters whose links `inventory` lacks; a planner error) the section keeps its
+    rollout rows and the trainer row's config and GPUs, its figures dropped (the trainer row's predicted_s,
+    `predicted`, `rebalance`), said in one line; versus the old split's figures kept beside the new split."""
     from rlctl.ops.counts import job_profile, launch_plan, planner_section
 
     t = new["trainer"]
@@ -137,7 +144,7 @@ def _repriced(new: dict[str, Any], *, spec: JobFile, sites: dict[str, Site]) -> 
     )
     trainer = spec.trainer.model_copy(update={"tensor_parallel": tp, "pipeline_parallel": pp})
     pinned = spec.model_copy(update={"placement": placement, "trainer": trainer})
-    job = Job(pinned, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+    job = Job(pinned, inventory, Path(SITES_FILE))
     try:
         profile, profile_file = job_profile(job)
         return planner_section(launch_plan(job, profile, profile_file=profile_file))

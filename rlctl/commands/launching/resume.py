@@ -206,9 +206,11 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
     from rlctl.config.model import HfModel
     from rlctl.launch.backends import read_sites
     from rlctl.models.hf import check_hf_dir
+    from rlctl.ops.jobchanges import launched_inventory
     from rlctl.ops.trainersplit import resplit_plan
 
     job = jd.read_job()
     # an HF model's figures from the job dir's copy (the path it was launched from may be gone)
     arch = check_hf_dir(jd.init_model, name=job.model.name).arch if isinstance(job.model, HfModel) else job.model.arch
-    return resplit_plan(plan, asked, spec=job, sites=read_sites(jd.path, required=True), arch=arch)
+    sites, inventory = read_sites(jd.path, required=True), launched_inventory(jd, plan)
+    return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)

@@ -21,16 +21,18 @@ from rlctl.ops.trainersplit import resplit_plan
 from rlctl.planner.plan import make_plan
 
 
-def megatron_job(tmp_path: Path, *, tp: int = 2, gpus: int = 4, name: str = "job.yaml") -> Job:
-    """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r (one datacenter)."""
-    site = {"datacenter": "d", "gpu": "H100", "scheduler": {"kind": "ssh"}}
+def megatron_job(tmp_path: Path, *, tp: int = 2, gpus: int = 4, name: str = "job.yaml", across: bool = False) -> Job:
+    """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r: one datacenter, or
+    (`across`) t in datacenter a, r in b, joined by a 10 Gbps link."""
+    site = {"gpu": "H100", "scheduler": {"kind": "ssh"}}
     inv = {
         "apiVersion": "rlctl/v1",
         "kind": "Inventory",
         "sites": {
-            "t": {**site, "nodes": [{"host": "ht", "gpus": 8}]},
-            "r": {**site, "nodes": [{"host": "hr", "gpus": 8}]},
+            "t": {**site, "datacenter": "a" if across else "d", "nodes": [{"host": "ht", "gpus": 8}]},
+            "r": {**site, "datacenter": "b" if across else "d", "nodes": [{"host": "hr", "gpus": 8}]},
         },
+        "links": [{"between": ["t", "r"], "bandwidth_gbps": 10}] if across else [],
     }
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
     job = {
@@ -108,6 +110,18 @@ def test_a_resplit_whose_profile_cannot_be_had_drops_the_trainer_figures_in_one_
     assert placed.decode_cost(unit) is not None
 
 
+def launched(tmp_path: Path, job: Job) -> JobDir:
+    """`job`'s dir as its launch writes it (`ops.jobprep.prepare`): job.json naming its job file, plan.json with the
+    links' pairs, sites.json."""
+    plan = counts.plan_counts(job, job.spec)
+    jd = JobDir.create("split", explicit=tmp_path / "jobdir")
+    jd.write_job(job.spec, source=str(job.path))
+    links = [sorted(ln.between) for ln in job.inventory.links_among(job.inventory.sites)]
+    jd.write_json(jd.plan_json, {**plan, "links": links})
+    write_sites(jd.path, job.inventory.sites)
+    return jd
+
+
 def test_a_resplit_dry_run_shows_the_predicted_iteration_at_the_old_split_and_the_new(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,11 +131,8 @@ def test_a_resplit_dry_run_shows_the_predicted_iteration_at_the_old_split_and_th
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     job = megatron_job(tmp_path)
-    plan = counts.plan_counts(job, job.spec)
-    jd = JobDir.create("split", explicit=tmp_path / "jobdir")
-    jd.write_job(job.spec, source=str(job.path))
-    jd.write_json(jd.plan_json, plan)
-    write_sites(jd.path, job.inventory.sites)
+    jd = launched(tmp_path, job)
+    plan = jd.read_plan()
     before = jd.plan_json.read_text()
     now = resplit(job, plan, {"tp": 4})["planner"]["predicted"]["iteration_s"]["async"]
     was = plan["planner"]["predicted"]["iteration_s"]["async"]
@@ -137,3 +148,30 @@ def test_a_resplit_dry_run_shows_the_predicted_iteration_at_the_old_split_and_th
     shown = json.loads(r.stdout)
     assert shown["predicted_iteration"] == {"mode": "async", "was_s": was, "now_s": pytest.approx(now, rel=1e-12)}
     assert jd.plan_json.read_text() == before
+
+
+def test_a_resplit_of_a_job_across_datacenters_prices_the_weights_route_over_its_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trainer and rollout in two datacenters, joined by a link the inventory declares and plan.json records as a
+    pair of sites: the resume's predictions are made over that link's figures, read from the inventory file the job
+    names (`jobchanges.launched_inventory`): the planner's for the job file at tp 4, versus no route between the
+    datacenters (sites.json alone), the figures dropped. The inventory file gone: dropped, in one line."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = launched(tmp_path, megatron_job(tmp_path, across=True))
+    direct = make_plan(megatron_job(tmp_path, tp=4, gpus=8, name="tp4.yaml", across=True))["predicted"]
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert not [m for m in caplog.messages if "not redone" in m]
+    now = json.loads(r.stdout)["predicted_iteration"]["now_s"]
+    assert now == pytest.approx(direct["iteration_s"]["async"], rel=1e-12)
+    (tmp_path / "inv.yaml").unlink()
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["predicted_iteration"]["now_s"] is None
+    said = [m for m in caplog.messages if "not redone" in m]
+    assert len(said) == 1 and said[0].startswith(
+        "the plan's predictions were not redone for the trainer at tp4 pp1 dp2"
+    )
