@@ -154,17 +154,21 @@ def pull(
         # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
         # --checkpoints` lists them
         fetch_trackers(job_dir)
-        # among those whose trainer part (the policy, all a pull copies) passes the check `status --checkpoints`
-        # makes, where its site's files are on this machine (over SSH: the pull's own verification refuses a damaged
-        # one, and says why), versus the best by figures alone, damaged or not
-        here = {part: d for part, d in checkpoints_here(job_dir).items() if part == "trainer"}
-        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts_here=here)
+        # among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
+        # manifests, the controller's naming the trainer's), where their site's files are on this machine, versus the
+        # trainer part alone (a controller part that status marks damaged taken; over SSH: the pull's own
+        # verification refuses a damaged trainer part, and says why)
+        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts_here=checkpoints_here(job_dir))
+        for r in passed:  # a line each: the better ones by their figures it passed over, with why; then its own
+            reward = r["heldout"]["greedy_reward"]
+            log.warning(
+                "--checkpoint best: v%d (held-out greedy reward %.4f) passed over as damaged: %s",
+                r["version"],
+                reward,
+                r["damaged"],
+            )
         took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
-        if passed:  # one line: what it took, and the better ones by their figures it passed over, each with why
-            over = "; ".join(f"v{r['version']} ({r['heldout']['greedy_reward']:.4f}): {r['damaged']}" for r in passed)
-            log.warning("%s, the best sound one; passed over as damaged: %s", took, over)
-        else:
-            log.info("%s", took)
+        log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
     pointer: str | None = None
     damaged: str | None = None  # why latest.json does not parse
     if checkpoint == "latest":

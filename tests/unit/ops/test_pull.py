@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.checkpoint.files import set_latest
+from rlctl.checkpoint.files import set_latest, write_part
 from rlctl.checkpoint.trainer import save_trainer
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
@@ -51,10 +51,22 @@ def job_dir(tmp_path: Path) -> tuple[JobDir, dict[int, TinyGPT]]:
         torch.manual_seed(v)
         models[v] = TinyGPT(small_config())
         opt = torch.optim.AdamW(models[v].parameters())
-        save_trainer(jd.checkpoint(v), model=models[v], optimizers={"policy": opt}, counters={"version": v},
-                     split=ParallelConfig("trainer"), data_parallel=DataParallel())  # fmt: skip
+        digest = save_trainer(jd.checkpoint(v), model=models[v], optimizers={"policy": opt}, counters={"version": v},
+                              split=ParallelConfig("trainer"), data_parallel=DataParallel())  # fmt: skip
+        controller_part(jd, v, digest)
     set_latest(jd.checkpoints, 2)
     return jd, models
+
+
+def controller_part(jd: JobDir, version: int, trainer_digest: str) -> None:
+    """The controller's part of checkpoint `version`, naming the trainer part whose manifest has `trainer_digest`."""
+
+    def fill(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "state.json").write_text(json.dumps({"version": version}))
+
+    write_part(jd.checkpoint(version), "controller", {"controller": fill}, meta={"version": version,
+               "trainer_digest": trainer_digest})  # fmt: skip
 
 
 def same(a: TinyGPT, b: TinyGPT) -> bool:
@@ -439,16 +451,45 @@ def test_pull_best_passes_over_a_damaged_checkpoint_for_the_best_sound_one(
     got = pull(jd.path, checkpoint="best")
     assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
     said = [r.getMessage() for r in caplog.records if "--checkpoint best" in r.getMessage()]
-    assert len(said) == 1, said
+    assert len(said) == 2, said
     assert said[0].startswith(
-        "--checkpoint best: v1 (held-out greedy reward 0.4000), the best sound one; passed over as damaged: v2 "
-        "(0.6000): trainer part: MANIFEST.trainer.json does not parse (JSONDecodeError"
+        "--checkpoint best: v2 (held-out greedy reward 0.6000) passed over as damaged: trainer part: "
+        "MANIFEST.trainer.json does not parse (JSONDecodeError"
     ), said
+    assert said[1] == "--checkpoint best: v1 (held-out greedy reward 0.4000), the best sound one", said
     manifest = jd.checkpoint(1) / "MANIFEST.trainer.json"  # none sound: one line naming each, and what to do
     manifest.write_text("{")
     every = r"^--checkpoint best: every checkpoint of job job with held-out figures is damaged \(v2: trainer part: "
     with pytest.raises(UsageError, match=every + r".*; v1: trainer part: .*\); name another version instead$"):
         pull(jd.path, checkpoint="best")
+
+
+@pytest.mark.parametrize("damage", ["cut short", "another trainer part"])
+def test_pull_best_passes_over_a_checkpoint_whose_controller_part_is_damaged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """The best by held-out figures (v2) has a sound trainer part, but its controller part is damaged (its manifest
+    cut short, or naming another trainer part than the one there): `status --checkpoints` marks it damaged
+    (`parts_problem`), and `best` took it all the same (it checked the trainer part alone), versus the best sound one
+    (v1), with one line for each checkpoint passed over saying why, and one for the one taken."""
+    jd, models = job_dir(tmp_path)
+    for v, reward in ((1, 0.4), (2, 0.6)):
+        jd.event("checkpoint", version=v)
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    manifest = jd.checkpoint(2) / "MANIFEST.controller.json"
+    if damage == "cut short":
+        manifest.write_text(manifest.read_text()[:20])
+        why = "controller part: MANIFEST.controller.json does not parse (JSONDecodeError"
+    else:
+        controller_part(jd, 2, "0" * 64)
+        why = "its trainer part is not the one its controller part was written with"
+    table = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)["checkpoints"]
+    assert table[-1]["damaged"].startswith(why)  # the rule `best` follows
+    got = pull(jd.path, checkpoint="best")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+    said = [r.getMessage() for r in caplog.records if "--checkpoint best" in r.getMessage()]
+    assert said[0].startswith(f"--checkpoint best: v2 (held-out greedy reward 0.6000) passed over as damaged: {why}")
+    assert said[1:] == ["--checkpoint best: v1 (held-out greedy reward 0.4000), the best sound one"], said
 
 
 def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
