@@ -213,15 +213,15 @@ def _checkpoints(job_dir: Path) -> dict[str, Any]:
     marked and not the latest, versus every one listed as sound and the newest as the latest; none where its job.json
     is not one this rlctl reads in full (a job of an older rlctl: the rest of the report still is)."""
     from rlctl.ops.checkpoints import checkpoint_table
-    from rlctl.ops.pull import checkpoints_here
+    from rlctl.ops.pull import checkpoint_parts
 
     try:
-        here = checkpoints_here(job_dir)
+        here = checkpoint_parts(job_dir, remote=False)
     except RlctlError as e:  # (where its parts are does not read: none checked, said under the table)
         log.info("report: checkpoints' manifests not checked: %s", e)
         here = {}
     try:
-        table = checkpoint_table(JobDir(job_dir), parts_here=here)
+        table = checkpoint_table(JobDir(job_dir), parts=here)
     except RlctlError as e:
         log.info("report: no checkpoints table: %s", e)
         return {}

@@ -112,8 +112,14 @@ def parsed_manifest(
     """(the manifest, every file it lists: its bytes and SHA-256) of one part of checkpoint directory `ckpt`, read and
     checked as `verified_manifest` checks it before any file it lists (it parses; it names `part` and, given,
     `version`, where it names them); ValueError saying what is wrong."""
+    return manifest_fields(files.read_text(f"{ckpt}/{manifest_name(part)}"), part, version=version)
+
+
+def manifest_fields(
+    text: str | None, part: str, *, version: int | None = None
+) -> tuple[dict[str, Any], dict[str, tuple[int, str]]]:
+    """`parsed_manifest` of the text of one part's manifest (None: there is none), however it was read."""
     name = manifest_name(part)
-    text = files.read_text(f"{ckpt}/{name}")
     if text is None:
         raise ValueError(f"no {name}")
     try:

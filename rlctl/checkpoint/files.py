@@ -49,9 +49,15 @@ from typing import Any
 
 from rlctl.checkpoint.choose import CHECKPOINT_PARTS as PARTS
 from rlctl.checkpoint.choose import LATEST_POINTER as LATEST
-from rlctl.checkpoint.choose import choose_resume, manifest_name, parsed_manifest, parts_problem, verified_manifest
+from rlctl.checkpoint.choose import (
+    choose_resume,
+    manifest_fields,
+    manifest_name,
+    parts_problem,
+    verified_manifest,
+)
 from rlctl.errors import RlctlError
-from rlctl.launch.sitefs import LocalFiles
+from rlctl.launch.sitefs import LocalFiles, Survey
 
 log = logging.getLogger(__name__)
 
@@ -344,30 +350,26 @@ def _bound_abandoned(aside: Path, part: str, *, keep: int) -> list[str]:
     return gone
 
 
-def sized_manifest(ckpt: Path, part: str, *, version: int) -> dict[str, Any]:
-    """The manifest of one part of the checkpoint directory `ckpt` on this machine, checked without reading any file
-    it lists: `parsed_manifest`, and every file it lists there at its size. Cheap (one stat per file: no SHA-256 of
-    a model's gigabytes), so it misses a file changed in place at the same size, which only `verified_manifest` finds
-    (a resume, a pull). Plus "digest": the manifest's own SHA-256, as `verified_manifest` gives it (a small file).
+def sized_manifest(seen: Survey, ckpt: str, part: str, *, version: int) -> dict[str, Any]:
+    """The manifest of one part of checkpoint directory `ckpt` (relative to the directory `seen` looked at:
+    `HostFiles.survey`, here or on a site's host over SSH, one look for every checkpoint), checked without reading any
+    file it lists: `manifest_fields`, and every file it lists there at its size. Cheap (sizes only: no SHA-256 of a
+    model's gigabytes), so it misses a file changed in place at the same size, which only `verified_manifest` finds (a
+    resume, a pull). Plus "digest": the manifest's own SHA-256, as `verified_manifest` gives it (a small file).
     ValueError saying what is wrong."""
-    try:
-        body, want = parsed_manifest(LocalFiles(), str(ckpt), part, version=version)
-    except OSError as e:  # (a manifest this user cannot read)
-        raise ValueError(f"{manifest_name(part)} cannot be read: {e.strerror or e}") from e
     name = manifest_name(part)
+    raw = seen.texts.get(f"{ckpt}/{name}")
+    if raw is None and f"{ckpt}/{name}" in seen.sizes:  # (a manifest this user cannot read)
+        raise ValueError(f"{name} cannot be read")
+    body, want = manifest_fields(None if raw is None else raw.decode(errors="replace"), part, version=version)
     for rel, (size, _) in sorted(want.items()):
-        try:
-            got = (ckpt / rel).stat().st_size
-        except FileNotFoundError:
-            raise ValueError(f"{rel} is missing") from None
-        except OSError as e:
-            raise ValueError(f"{rel} cannot be read: {e.strerror or e}") from e
+        got = seen.sizes.get(f"{ckpt}/{rel}")
+        if got is None:
+            raise ValueError(f"{rel} is missing")
         if got != size:
             raise ValueError(f"{rel} does not match {name}: {got} bytes, {size} listed")
-    try:
-        body["digest"] = file_digest(ckpt / name)
-    except OSError as e:  # there when read, gone now: the part is being rewritten or removed
-        raise ValueError(f"{name} went as it was read ({e.strerror or e})") from e
+    assert raw is not None  # (manifest_fields refused none)
+    body["digest"] = hashlib.sha256(raw).hexdigest()
     return dict(body)
 
 

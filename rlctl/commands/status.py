@@ -355,10 +355,11 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
             f"{title}\n(none yet: `checkpoint.every_iterations` in {c['job_dir']}/job.json says when the first comes)"
         )
     table = grid(rows, ["checkpoint", "written", "iterations", "sampled reward", "held-out (greedy)", "state"], title)
-    # the cheap check of each part's manifest where its site's files are on this machine (rlctl.ops.checkpoints.sound)
+    # the cheap check of each part's manifests on its site (rlctl.ops.checkpoints.sound), and the parts not checked
     from rlctl.ops.checkpoints import unchecked_line
 
-    note = f"\n{line}" if (line := unchecked_line(c.get("manifests_checked", []))) else ""
+    line = unchecked_line(c.get("manifests_checked", []), c.get("manifests_unchecked"))
+    note = f"\n{line}" if line else ""
     return (
         f"{table}{note}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its "
         "model here"
@@ -459,7 +460,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.checkpoints import checkpoint_table
             from rlctl.ops.jobref import require_job_dir
             from rlctl.ops.operate import fetch_job_record
-            from rlctl.ops.pull import checkpoints_here
+            from rlctl.ops.pull import checkpoint_parts
 
             require_job_dir(ref)
             if not ref.jobdir.job_json.exists():  # still prepared by its launcher, or never: said so (exit 2), versus
@@ -470,8 +471,8 @@ def register(app: typer.Typer) -> None:
                 refuse_if_unprepared(ref.jobdir, source=source, nothing="no checkpoints to list")
             fetch_job_record(ref)  # a controller on another site: its events and metrics, brought here
             name = ref.id if ref.row is not None else str(ref.jobdir.path)
-            here = checkpoints_here(ref.jobdir.path)  # each part's manifests checked where on this machine
-            data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir, parts_here=here)}
+            parts = checkpoint_parts(ref.jobdir.path, remote=True)  # each part's manifests checked on its site
+            data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir, parts=parts)}
             data |= {"resume": resume_command(name), "pull": f"rlctl pull {shlex.quote(name)}"}
             emit(data, output, _checkpoints_table)
             return

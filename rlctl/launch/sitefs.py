@@ -18,11 +18,14 @@ one per host, since its hosts need not share storage either).
 from __future__ import annotations
 
 import base64
+import contextlib
+import fnmatch
 import hashlib
 import os
 import re
 import shlex
 import shutil
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -72,6 +75,16 @@ class FileState:
     mode: int
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What `HostFiles.survey` saw under a directory in one look: whether the directory is there, each file's size in
+    bytes and the bytes of those it was asked to read, by path relative to it."""
+
+    found: bool
+    sizes: dict[str, int]
+    texts: dict[str, bytes]
+
+
 class StagingStopped(Exception):
     """Raised in a staging thread once its launch is stopping (`stop` set): a copy at its next chunk, a checksum
     at its next MiB here, or at once on an SSH host (its command is killed there)."""
@@ -105,6 +118,13 @@ class HostFiles(ABC):
     def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
         """Size, checksum and mode of each of `names` (relative to root) that exists there. Once `stop` is set (the
         launch is stopping) the checksums end soon, with StagingStopped: a model's take minutes."""
+
+    @abstractmethod
+    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
+        """Every file under each of `dirs` (relative to `root`; one not there holds none) with its size, and the bytes
+        of those whose name matches the glob `read` (a few small files: manifests), in one look — one command on an
+        SSH host, whatever the number of files — and no file's checksum. A file whose bytes cannot be read is listed
+        with its size alone; links are followed."""
 
     @abstractmethod
     def remove(self, root: str, names: list[str]) -> None:
@@ -209,6 +229,27 @@ class LocalFiles(HostFiles):
 
     def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
         return {n: file_state(Path(root) / n, stop=stop) for n in names if (Path(root) / n).is_file()}
+
+    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
+        base = Path(root)
+        if not base.is_dir():
+            return Survey(False, {}, {})
+        sizes: dict[str, int] = {}
+        texts: dict[str, bytes] = {}
+        for d in dirs:
+            for p in (base / d).rglob("*") if (base / d).is_dir() else ():
+                try:
+                    st = p.stat()
+                except OSError:  # gone as it was listed, a dangling link
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                rel = p.relative_to(base).as_posix()
+                sizes[rel] = st.st_size
+                if fnmatch.fnmatchcase(p.name, read):
+                    with contextlib.suppress(OSError):
+                        texts[rel] = p.read_bytes()
+        return Survey(True, sizes, texts)
 
     def remove(self, root: str, names: list[str]) -> None:
         for n in names:
@@ -368,6 +409,37 @@ class SshFiles(HostFiles):
                 if name in sizes:
                     out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
+
+    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
+        """One command: `find` prints each file's size, then each file matching `read` goes as base64; records end in
+        NUL (a name may hold a newline)."""
+        script = (
+            f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
+            "printf 'R\\0'\n"  # the directory is there
+            f"set --; for d in {' '.join(shlex.quote(d) for d in dirs)}; do\n"
+            '  [ -d "$d" ] && set -- "$@" "$d"\n'
+            "done\n"
+            '[ "$#" -gt 0 ] || exit 0\n'
+            "find -L \"$@\" -type f -printf 'S%s %p\\0' || exit\n"
+            f"find -L \"$@\" -type f -name {shlex.quote(read)} -print0 | while IFS= read -r -d '' f; do\n"
+            '  b=$(base64 -w 0 -- "$f") && printf \'T%s\\0%s\\0\' "$f" "$b"\n'
+            "done\n"
+            "exit 0\n"
+        )
+        fields = self._run(script).split("\0")
+        sizes: dict[str, int] = {}
+        texts: dict[str, bytes] = {}
+        i = 1
+        while i < len(fields):
+            field = fields[i]
+            if field.startswith("S"):
+                size, _, rel = field[1:].partition(" ")
+                sizes[rel] = int(size)
+            elif field.startswith("T") and i + 1 < len(fields):
+                texts[field[1:]] = base64.b64decode(fields[i + 1])
+                i += 1
+            i += 1
+        return Survey(fields[0] == "R", sizes, texts)
 
     def remove(self, root: str, names: list[str]) -> None:
         if names:

@@ -11,16 +11,22 @@ metrics' rows v_prev … v − 1), where v_prev is the checkpoint written before
 
 from __future__ import annotations
 
+import logging
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.checkpoint.choose import parts_problem
+from rlctl.checkpoint.choose import CHECKPOINT_PARTS, manifest_name, parts_problem
 from rlctl.checkpoint.files import PREFIX, sized_manifest
-from rlctl.errors import UsageError
+from rlctl.config.inventory import Site
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.sitefs import Survey, host_files, is_remote
 from rlctl.ops.extend import completed_checkpoints, last_summary
+
+log = logging.getLogger(__name__)
 
 FIGURES = ("greedy_exact", "greedy_reward", "prompts")
 LAST_CLOCK_S = 253_402_300_800  # 10000-01-01: a time past it (edited by hand) is none; localtime raised on 1e20
@@ -33,15 +39,59 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
-def checkpoint_table(jobdir: JobDir, *, parts_here: dict[str, Path] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PartDir:
+    """Where one part of a job's checkpoints is: its site, the view of it (a host) that holds them, and the
+    checkpoints/ directory in that view."""
+
+    site_name: str
+    site: Site
+    view: str
+    dir: str
+
+
+def surveyed(parts: dict[str, PartDir], versions: list[int]) -> tuple[dict[str, Survey], dict[str, str]]:
+    """Each part's checkpoint directories of `versions` looked at (`HostFiles.survey`: the files' sizes and the
+    manifests' bytes), once per site view and directory (both parts in one job dir: one look) — over SSH one
+    command, whatever the number of checkpoints and files, versus one per file or none; and why a part on a site
+    that did not answer was not (the table is listed all the same, said under it). A checkpoints/ directory not here
+    (a shared filesystem not mounted on this machine, a site job dir removed) is not looked in: nothing to check
+    there, not every checkpoint missing."""
+    dirs = [f"{PREFIX}{v}" for v in versions]
+    seen: dict[str, Survey] = {}
+    why: dict[str, str] = {}
+    places: dict[tuple[str, str, str], list[str]] = {}
+    for part, at in parts.items():
+        places.setdefault((at.site_name, at.view, at.dir), []).append(part)
+    for (site_name, view, root), group in places.items():
+        site = parts[group[0]].site
+        if not is_remote(site) and not Path(root).is_dir():
+            continue
+        fs = host_files(site, view)
+        try:
+            got = fs.survey(root, dirs, read=manifest_name("*"))
+        except (RlctlError, OSError) as e:  # a site that does not answer: its parts not checked, said why
+            log.info("checkpoints' manifests on site %s (%s) not checked: %s", site_name, view, e)
+            why |= dict.fromkeys(group, f"site {site_name} did not answer: {e}")
+            continue
+        finally:
+            fs.close()
+        if got.found:
+            seen |= dict.fromkeys(group, got)
+        elif is_remote(site):
+            why |= dict.fromkeys(group, f"site {site_name} holds no {root} on {view}")
+    return seen, why
+
+
+def checkpoint_table(jobdir: JobDir, *, parts: dict[str, PartDir] | None = None) -> dict[str, Any]:
     """The job's complete checkpoints, oldest first, each with when it was written, the mean sampled reward of the
     iterations that made it, and its held-out figures where the job evaluated that version; and the starting
-    policy's held-out figures. `parts_here`: the checkpoints/ directory of each part on this machine
-    (`rlctl.ops.pull.checkpoints_here`), whose manifests are checked (`sound`); "latest" is the newest checkpoint
-    that passes, versus the newest the events name (a damaged one listed as the latest, which a pull passed over)."""
+    policy's held-out figures. `parts`: where each part's checkpoints are (`rlctl.ops.pull.checkpoint_parts`),
+    whose manifests are checked there (`surveyed`, `sound`); "latest" is the newest checkpoint that passes, versus
+    the newest the events name (a damaged one listed as the latest, which a pull passed over). A part not checked is
+    left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why."""
     versions = completed_checkpoints(jobdir)
-    checked = {part: d for part, d in (parts_here or {}).items() if d.is_dir()}  # (a shared filesystem not mounted
-    # here: nothing to check there, not every checkpoint missing)
+    checked, unchecked = surveyed(parts or {}, versions)
     damaged = {v: why for v in versions if (why := sound(checked, v)) is not None}
     latest = max((v for v in versions if v not in damaged), default=None)
     written: dict[int, float | None] = {}
@@ -87,29 +137,41 @@ def checkpoint_table(jobdir: JobDir, *, parts_here: dict[str, Path] | None = Non
                 "damaged": damaged.get(v),
             }
         )
-    return {"checkpoints": rows, "heldout_start": evaluated.get(0), "manifests_checked": sorted(checked)}
+    return {
+        "checkpoints": rows,
+        "heldout_start": evaluated.get(0),
+        "manifests_checked": sorted(checked),
+        "manifests_unchecked": unchecked,
+    }
 
 
-def sound(parts: dict[str, Path], version: int) -> str | None:
-    """Why checkpoint `version`'s parts in `parts` (part → its checkpoints/ directory) do not pass the cheap check
-    (`sized_manifest`: each manifest parses and names its part and version, each file it lists is there at its
-    size; the controller's names the trainer's), or None. No file's SHA-256 is taken: a status reads a few small
-    manifests, not a model's gigabytes; a pull or a resume verifies every byte of what it takes."""
+def sound(parts: dict[str, Survey], version: int) -> str | None:
+    """Why checkpoint `version`'s parts in `parts` (part → what a look at its checkpoints/ directory saw: `surveyed`)
+    do not pass the cheap check (`sized_manifest`: each manifest parses and names its part and version, each file it
+    lists is there at its size; the controller's names the trainer's), or None. No file's SHA-256 is taken: a status
+    reads a few small manifests, not a model's gigabytes; a pull or a resume verifies every byte of what it takes."""
     order = sorted(parts, key=lambda part: part != "trainer")
-    return parts_problem(order, lambda part: sized_manifest(parts[part] / f"{PREFIX}{version}", part, version=version))
+    return parts_problem(order, lambda part: sized_manifest(parts[part], f"{PREFIX}{version}", part, version=version))
 
 
-def unchecked_line(checked: list[str]) -> str | None:
-    """The line under a checkpoints table (`status --checkpoints`, `report`) naming the parts whose manifests were
-    not checked (`checkpoint_table`'s "manifests_checked" lacks them), or None where both were."""
-    unchecked = [p for p in ("trainer", "controller") if p not in checked]
-    if not unchecked:
-        return None
-    parts = " and ".join(unchecked) + (" parts'" if len(unchecked) > 1 else " part's")
-    return (
-        f"the {parts} manifests not checked here (their site's files are not on this machine): a pull or a resume "
-        "verifies every file"
-    )
+def unchecked_line(checked: list[str], why: dict[str, str] | None = None) -> str | None:
+    """The lines under a checkpoints table (`status --checkpoints`, `report`) naming the parts whose manifests were
+    not checked (`checkpoint_table`'s "manifests_checked" lacks them): why, where a site did not answer (its
+    "manifests_unchecked"), else as not on this machine; None where both were."""
+    why = why or {}
+    unchecked = [p for p in CHECKPOINT_PARTS if p not in checked and p not in why]
+    lines = [
+        f"the {p} part's manifests not checked ({why[p]}): a pull or a resume verifies every file"
+        for p in CHECKPOINT_PARTS
+        if p in why
+    ]
+    if unchecked:
+        parts = " and ".join(unchecked) + (" parts'" if len(unchecked) > 1 else " part's")
+        lines.append(
+            f"the {parts} manifests not checked here (their site's files are not on this machine): a pull or a resume "
+            "verifies every file"
+        )
+    return "\n".join(lines) or None
 
 
 def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
@@ -119,15 +181,15 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
 
 
 def best_checkpoint(
-    jobdir: JobDir, *, named: str | None = None, parts_here: dict[str, Path] | None = None
+    jobdir: JobDir, *, named: str | None = None, parts: dict[str, PartDir] | None = None
 ) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
     """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
-    equal ones) and that pass the check `status --checkpoints` makes (`sound`, of the parts in `parts_here`), its
+    equal ones) and that pass the check `status --checkpoints` makes (`sound`, of the parts in `parts`), its
     figures, and the rows of those better by their figures that it passed over as damaged (best first), versus the
     best by figures alone (a damaged one, which the pull then refused instead of taking the best sound one);
     UsageError naming what to do where it evaluated none, or every one it evaluated is damaged. `named`: how a command
     names the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id."""
-    table = checkpoint_table(jobdir, parts_here=parts_here)["checkpoints"]
+    table = checkpoint_table(jobdir, parts=parts)["checkpoints"]
     rows = [r for r in table if (r["heldout"] or {}).get("greedy_reward") is not None]
     named = named or shlex.quote(jobdir.id)
     hint = f"`rlctl status {named} --checkpoints` lists them"

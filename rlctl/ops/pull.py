@@ -42,7 +42,7 @@ from rlctl.launch.jobdir import JobDir, record_text, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
 from rlctl.launch.stage import read_staged, root_for
-from rlctl.ops.checkpoints import best_checkpoint
+from rlctl.ops.checkpoints import PartDir, best_checkpoint
 from rlctl.ops.extend import earlier_iterations
 
 log = logging.getLogger(__name__)
@@ -93,21 +93,26 @@ def trainer_site(job_dir: Path) -> tuple[str, Site, str, str]:
     return site_name, site, view, here_root(site, root_for(staged[site_name]["roots"], view), job_dir)
 
 
-def checkpoints_here(job_dir: Path) -> dict[str, Path]:
-    """Each checkpoint part's checkpoints/ directory where the site that writes it keeps its files on this machine
-    (a local site, a SLURM site's shared filesystem: not one reached over SSH), for a check that costs no connection
-    (`rlctl status --checkpoints`); {} for a job whose record does not say where its trainer is (never launched or
+def checkpoint_parts(job_dir: Path, *, remote: bool) -> dict[str, PartDir]:
+    """Where each checkpoint part's checkpoints/ directory is: the trainer's on the host of its rank 0, the
+    controller's where it keeps the job's record; with `remote` False only where the site keeps its files on this
+    machine (a local site, a SLURM site's shared filesystem: not one reached over SSH), for a check that costs no
+    connection (`rlctl report`). {} for a job whose record does not say where its trainer is (never launched or
     staged: said by what reads it)."""
-    out: dict[str, Path] = {}
+    out: dict[str, PartDir] = {}
     try:
-        _, site, _, root = trainer_site(job_dir)
+        site_name, site, view, root = trainer_site(job_dir)
     except (UsageError, LaunchError):
         return out
-    if not is_remote(site):
-        out["trainer"] = Path(root) / "checkpoints"
-    view = record_view(job_dir)
-    if view is not None and not is_remote(view[0]):
-        out["controller"] = Path(view[2]) / "checkpoints"
+    if remote or not is_remote(site):
+        out["trainer"] = PartDir(site_name, site, view, f"{root}/checkpoints")
+    record = record_view(job_dir)
+    if record is not None and (remote or not is_remote(record[0])):
+        jd = JobDir(job_dir)
+        plan = jd.read_plan_or_none()
+        assert plan is not None  # (record_view read it)
+        name = jd.plan_site(plan, "controller_site")
+        out["controller"] = PartDir(name, record[0], record[1], f"{record[2]}/checkpoints")
     return out
 
 
@@ -155,10 +160,10 @@ def pull(
         # --checkpoints` lists them
         fetch_trackers(job_dir)
         # among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
-        # manifests, the controller's naming the trainer's), where their site's files are on this machine, versus the
-        # trainer part alone (a controller part that status marks damaged taken; over SSH: the pull's own
-        # verification refuses a damaged trainer part, and says why)
-        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts_here=checkpoints_here(job_dir))
+        # manifests, the controller's naming the trainer's, on its own site), versus the trainer part alone (a
+        # controller part that status marks damaged taken)
+        parts = checkpoint_parts(job_dir, remote=True)
+        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts=parts)
         for r in passed:  # a line each: the better ones by their figures it passed over, with why; then its own
             reward = r["heldout"]["greedy_reward"]
             log.warning(

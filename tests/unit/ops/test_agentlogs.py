@@ -8,7 +8,7 @@ from pathlib import Path
 from rlctl.config.inventory import Site
 from rlctl.launch.backends import write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
-from rlctl.launch.sitefs import FileState, HostFiles
+from rlctl.launch.sitefs import FileState, HostFiles, Survey
 from rlctl.launch.stage import write_staged
 from rlctl.ops.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
 
@@ -36,6 +36,9 @@ class FakeFiles(HostFiles):
         raise NotImplementedError
 
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        raise NotImplementedError
+
+    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
         raise NotImplementedError
 
     def remove(self, root: str, names: list[str]) -> None:

@@ -286,8 +286,9 @@ def test_status_checkpoints_marks_one_whose_manifest_is_damaged_and_does_not_cal
 
 
 def test_status_checkpoints_says_which_parts_it_did_not_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A job whose record does not say where its parts are (here: never launched), or whose site is reached over SSH:
-    the events' checkpoints as they are, and one line saying the manifests were not checked."""
+    """A job whose record does not say where its parts are (here: never launched): the events' checkpoints as they
+    are, and one line saying the manifests were not checked (a site reached over SSH is checked there:
+    test_checkpoint_table_remote.py)."""
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job(tmp_path)
     r = run_cli("status", str(jd.path), "--checkpoints")

@@ -1,0 +1,52 @@
+"""`HostFiles.survey`: the SSH view's one command (run with bash here in place of the connection) sees what the local
+view sees — every file's size under the directories asked, the bytes of those named, odd names included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlctl.launch import sitefs
+from rlctl.launch.localrunner import LocalRunner
+from rlctl.launch.sitefs import LocalFiles, Survey
+
+
+def ssh_view() -> sitefs.SshFiles:
+    fs = object.__new__(sitefs.SshFiles)
+    fs.runner, fs.where = LocalRunner(), "test-host"  # type: ignore[assignment]
+    return fs
+
+
+def test_the_ssh_view_surveys_as_the_local_one_in_one_command(tmp_path: Path) -> None:
+    files = {
+        "iter-1/MANIFEST.trainer.json": b'{"files": {}}',
+        "iter-1/model/a b.safetensors": b"x" * 100,
+        "iter-1/model/new\nline": b"y",
+        "iter-1/model/back\\slash": b"",
+        "iter-2/MANIFEST.controller.json": b"\xff\x00not utf-8",
+        "iter-2/MANIFEST.empty.json": b"",
+        "iter-3/w.bin": b"z" * 7,  # not asked for
+        "other": b"1",
+    }
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    (tmp_path / "iter-2" / "linked").symlink_to(tmp_path / "iter-1" / "model" / "a b.safetensors")
+    (tmp_path / "iter-2" / "dangling").symlink_to(tmp_path / "nowhere")
+    dirs = ["iter-1", "iter-2", "iter-9"]
+    want = Survey(
+        True,
+        {rel: len(data) for rel, data in files.items() if rel.split("/")[0] in dirs} | {"iter-2/linked": 100},
+        {rel: data for rel, data in files.items() if "/MANIFEST." in rel},
+    )
+    commands: list[str] = []
+    fs = ssh_view()
+    run = fs.runner.run
+    fs.runner.run = lambda command, **kw: commands.append(command) or run(command, **kw)  # type: ignore[method-assign]
+    assert LocalFiles().survey(str(tmp_path), dirs, read="MANIFEST.*.json") == want
+    assert fs.survey(str(tmp_path), dirs, read="MANIFEST.*.json") == want
+    assert len(commands) == 1
+    missing = Survey(False, {}, {})
+    assert LocalFiles().survey(str(tmp_path / "gone"), dirs, read="*") == missing
+    assert ssh_view().survey(str(tmp_path / "gone"), dirs, read="*") == missing
+    assert ssh_view().survey(str(tmp_path), ["iter-9"], read="*") == Survey(True, {}, {})
+    assert ssh_view().survey(str(tmp_path), [], read="*") == Survey(True, {}, {})

@@ -1,0 +1,130 @@
+"""`rlctl status JOB --checkpoints` of a job whose trainer's site is reached over SSH: its parts' manifests checked
+there (sizes, no checksum) in one command per site, that command run by the real SSH view (`SshFiles`) with bash
+here in place of the SSH connection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from rlctl.checkpoint.files import write_part
+from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
+from rlctl.launch import sitefs
+from rlctl.launch.backends import write_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.localrunner import LocalRunner
+from rlctl.launch.remote import CommandResult, SshTarget
+from rlctl.launch.stage import write_staged
+from rlctl.ops.checkpoints import best_checkpoint
+from rlctl.ops.pull import checkpoint_parts
+from tests.conftest import run_cli
+from tests.unit.ops.test_checkpoint_table import _job
+
+LOCAL = {"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}], "scheduler": {"kind": "local"}}
+FAR = {"datacenter": "b", "gpu": "CPU", "nodes": [{"host": "g1", "gpus": 2}], "scheduler": {"kind": "ssh"}}
+
+
+class BashHere(LocalRunner):
+    """An SSH host's runner whose commands run with bash here, each recorded (host, its first line)."""
+
+    commands: ClassVar[list[tuple[str, str]]] = []
+
+    def __init__(self, target: SshTarget) -> None:
+        super().__init__()
+        self.host = target.host
+
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None, **_: Any) -> CommandResult:
+        BashHere.commands.append((self.host, command.splitlines()[0]))
+        return super().run(command, timeout_s=timeout_s, stdin=stdin)
+
+
+def far_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, Path]:
+    """`_job`'s checkpoints v10, v20, v30 of a job whose controller runs here and whose trainer runs on SSH site
+    `far` (host g1; its site job dir, here under tmp_path, reached through `BashHere`)."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sitefs, "SshRunner", BashHere)
+    monkeypatch.setattr(BashHere, "commands", [])
+    jd = _job(tmp_path)
+    far = tmp_path / "g1" / "jobs" / jd.id
+    jd.write_json(jd.plan_json, {"trainer": {"site": "far", "ranks": 1}, "controller_site": "local", "rollout": []})
+    write_sites(jd.path, {"local": Site.model_validate(LOCAL), "far": Site.model_validate(FAR)})
+    write_staged(jd.path, {"local": {"roots": {"localhost": str(jd.path)}, "files": []},
+                           "far": {"roots": {"g1": str(far)}, "files": []}})  # fmt: skip
+    for v in (10, 20, 30):
+        weights = {"model": lambda p, v=v: p.mkdir() or (p / "w.bin").write_bytes(bytes(v))}
+        digest = write_part(far / "checkpoints" / f"iter-{v}", "trainer", weights, meta={"counters": {"version": v}})
+        state = {"controller": lambda p: p.mkdir() or (p / "state.json").write_text("{}")}
+        write_part(jd.checkpoint(v), "controller", state, meta={"version": v, "trainer_digest": digest})
+    return jd, far / "checkpoints"
+
+
+def test_status_checkpoints_checks_the_manifests_on_the_trainers_ssh_site_in_one_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's site is reached over SSH: its manifests were not read (the table listed v10 sound and v30 the
+    latest, a line saying the trainer part was not checked), versus read there with every listed file's size, in one
+    command to that host whatever the number of checkpoints and files."""
+    jd, far = far_job(tmp_path, monkeypatch)
+    (far / "iter-10" / "model" / "w.bin").write_bytes(b"")  # a weights file cut short: its size tells it
+    manifest = far / "iter-30" / "MANIFEST.trainer.json"
+    manifest.write_text(manifest.read_text()[:20])
+    r = run_cli("status", str(jd.path), "--checkpoints", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["manifests_checked"] == ["controller", "trainer"]
+    got = [(c["version"], c["latest"], c["damaged"]) for c in data["checkpoints"]]
+    assert got[0] == (10, False, "trainer part: model/w.bin does not match MANIFEST.trainer.json: 0 bytes, 10 listed")
+    assert got[1] == (20, True, None)
+    assert got[2][:2] == (30, False) and got[2][2].startswith(
+        "trainer part: MANIFEST.trainer.json does not parse (JSONDecodeError"
+    )
+    assert [host for host, _ in BashHere.commands] == ["g1"]  # one command there, not one per file or checkpoint
+    # the controller part here names another trainer part than the one there (a part copied in from another run)
+    manifest.write_text(json.dumps({"part": "trainer", "files": {}, "counters": {"version": 30}}))
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert data["checkpoints"][-1]["damaged"] == "its trainer part is not the one its controller part was written with"
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0 and "not checked" not in r.stdout, r.stdout
+
+
+def test_a_trainer_site_that_does_not_answer_leaves_the_table_listed_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SSH host does not answer: the table as the events and the controller's part have it, and one line under it
+    naming the part not checked and why, versus a status that failed with the connection."""
+    jd, _ = far_job(tmp_path, monkeypatch)
+
+    def unreachable(self: BashHere, command: str, **_: Any) -> CommandResult:
+        raise LaunchError("ssh g1: cannot connect: [Errno 113] No route to host")
+
+    monkeypatch.setattr(BashHere, "run", unreachable)
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "the trainer part's manifests not checked (site far did not answer: ssh g1: cannot connect: [Errno 113] No "
+        "route to host): a pull or a resume verifies every file"
+    ) in r.stdout.splitlines(), r.stdout
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert data["manifests_checked"] == ["controller"] and list(data["manifests_unchecked"]) == ["trainer"]
+    assert [(c["version"], c["latest"], c["damaged"]) for c in data["checkpoints"]][-1] == (30, True, None)
+
+
+def test_best_passes_over_a_checkpoint_whose_trainer_part_on_an_ssh_site_is_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pull --checkpoint best` judges by the parts `status --checkpoints` checks, the trainer's over SSH among them:
+    the best by its figures (v30) has a weights file cut short there, and is passed over for v20."""
+    jd, far = far_job(tmp_path, monkeypatch)
+    for v, reward in ((10, 0.1), (20, 0.5), (30, 0.6)):
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    (far / "iter-30" / "model" / "w.bin").write_bytes(b"")
+    version, _, passed = best_checkpoint(jd, parts=checkpoint_parts(jd.path, remote=True))
+    assert version == 20
+    assert [(r["version"], r["damaged"]) for r in passed] == [
+        (30, "trainer part: model/w.bin does not match MANIFEST.trainer.json: 0 bytes, 30 listed")
+    ]
+    assert [host for host, _ in BashHere.commands] == ["g1"]
