@@ -44,6 +44,7 @@ COMMAND_TIMEOUT_S = 60.0
 # follows its size (COMMAND_TIMEOUT_S plus the time to read it at HASH_FLOOR_BYTES_PER_S, a slow disk)
 HASH_BATCH_BYTES = 4 << 30
 HASH_FLOOR_BYTES_PER_S = 50e6
+SURVEYED = "rlctl-survey"  # printed where a survey's directory is there, its records after it
 
 
 def site_root(site: Site, job_id: str, *, here: Path) -> str:
@@ -412,10 +413,11 @@ class SshFiles(HostFiles):
 
     def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
         """One command: `find` prints each file's size, then each file matching `read` goes as base64; records end in
-        NUL (a name may hold a newline)."""
+        NUL (a name may hold a newline), read from the mark that the directory is there on (what the site's login or
+        setup lines print before it is not a record)."""
         script = (
             f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
-            "printf 'R\\0'\n"  # the directory is there
+            f"printf '{SURVEYED}\\0'\n"  # the directory is there
             f"set --; for d in {' '.join(shlex.quote(d) for d in dirs)}; do\n"
             '  [ -d "$d" ] && set -- "$@" "$d"\n'
             "done\n"
@@ -426,10 +428,11 @@ class SshFiles(HostFiles):
             "done\n"
             "exit 0\n"
         )
-        fields = self._run(script).split("\0")
+        _, there, records = self._run(script).partition(f"{SURVEYED}\0")
+        fields = records.split("\0")
         sizes: dict[str, int] = {}
         texts: dict[str, bytes] = {}
-        i = 1
+        i = 0
         while i < len(fields):
             field = fields[i]
             if field.startswith("S"):
@@ -439,7 +442,7 @@ class SshFiles(HostFiles):
                 texts[field[1:]] = base64.b64decode(fields[i + 1])
                 i += 1
             i += 1
-        return Survey(fields[0] == "R", sizes, texts)
+        return Survey(bool(there), sizes, texts)
 
     def remove(self, root: str, names: list[str]) -> None:
         if names:

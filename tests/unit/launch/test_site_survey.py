@@ -50,3 +50,15 @@ def test_the_ssh_view_surveys_as_the_local_one_in_one_command(tmp_path: Path) ->
     assert ssh_view().survey(str(tmp_path / "gone"), dirs, read="*") == missing
     assert ssh_view().survey(str(tmp_path), ["iter-9"], read="*") == Survey(True, {}, {})
     assert ssh_view().survey(str(tmp_path), [], read="*") == Survey(True, {}, {})
+
+
+def test_what_the_site_prints_before_the_survey_is_not_read_as_a_record(tmp_path: Path) -> None:
+    """A login or setup line (`module load` saying so, a banner) before the survey's output: the records are read
+    from its mark on, versus the directory taken as missing and a record lost."""
+    (tmp_path / "iter-1").mkdir()
+    (tmp_path / "iter-1" / "MANIFEST.trainer.json").write_bytes(b"{}")
+    fs = ssh_view()
+    run = fs.runner.run
+    fs.runner.run = lambda command, **kw: run("echo 'Loading cuda/12.4'; printf 'S9 x\\0'\n" + command, **kw)  # type: ignore[method-assign]
+    want = Survey(True, {"iter-1/MANIFEST.trainer.json": 2}, {"iter-1/MANIFEST.trainer.json": b"{}"})
+    assert fs.survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json") == want
