@@ -54,3 +54,17 @@ def test_pull_brings_the_checkpoint_from_the_namespaced_site_and_transformers_lo
     bad = rlctl("pull", str(job_dir), "--checkpoint", "1")  # never written (every 2): one usage line
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr == "rlctl: error: --checkpoint 1: no such checkpoint; this job has v2, v3\n"
+
+    # status --checkpoints reads the trainer part's manifests on its site over SSH (one command): both sound; a
+    # weights file cut short there marks v3 damaged, v2 the latest (versus listed sound, its part not checked)
+    code, st = rlctl_json("status", str(job_dir), "--checkpoints", timeout_s=120)
+    assert code == 0, st
+    assert [(c["version"], c["latest"], c["damaged"]) for c in st["checkpoints"]] == [(2, False, None), (3, True, None)]
+    cut = on_site(
+        services, f"f=$(find {site_ckpt} -name '*.safetensors' | head -1) && truncate -s 10 \"$f\" && echo $f"
+    )
+    assert cut.returncode == 0 and cut.stdout.strip(), cut.stderr
+    code, st = rlctl_json("status", str(job_dir), "--checkpoints", timeout_s=120)
+    rows = [(c["version"], c["latest"], c["damaged"]) for c in st["checkpoints"]]
+    assert code == 0 and rows[0] == (2, True, None) and rows[1][:2] == (3, False), rows
+    assert "does not match MANIFEST.trainer.json" in (rows[1][2] or ""), rows
