@@ -61,7 +61,7 @@ def parse_split(text: str) -> dict[str, int]:
     for part in text.split(","):
         key, eq, value = part.strip().partition("=")
         key = key.strip()
-        if not eq or key not in _KEYS or key in out or not value.strip().isdigit() or int(value) < 1:
+        if not eq or key not in _KEYS or key in out or not value.strip().isdecimal() or int(value) < 1:
             raise UsageError(
                 f"{OPTION} {text!r}: {part.strip()!r} is not one of tp=, pp=, dp= with a count of 1 or more; use "
                 f"{SYNTAX} (a part left out keeps the plan's)",

@@ -852,6 +852,11 @@ def test_launch_resume_trainer_split_is_checked_and_shown_by_dry_run_and_written
             "--trainer-split 'tp=two': 'tp=two' is not one of tp=, pp=, dp= with a count of 1 or "
             "more; use tp=T,pp=P[,dp=D]",
         ),
+        (  # a digit int() does not read (isdigit, not isdecimal): a ValueError's traceback, versus this line
+            ["tp=\u00b2"],
+            "grpo",
+            "--trainer-split 'tp=\u00b2': 'tp=\u00b2' is not one of tp=, pp=, dp= with a count of 1 or more",
+        ),
         (["tp=1", "--dry-run", "--detach"], "grpo", "--resume JOB --dry-run shows a --trainer-split alone"),
     ],
 )
