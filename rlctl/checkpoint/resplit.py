@@ -107,13 +107,15 @@ def indexed_names(
 
 def shard_moments(
     c: TinyGPTConfig, old: ParallelConfig, states: Mapping[tuple[int, int], dict[str, Any]], layer: list[str]
-) -> tuple[dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]], torch.Tensor]:
+) -> tuple[dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]], torch.Tensor | None]:
     """Each old shard's moments by megatron name ({(t0, s0): {"exp_avg": {name: tensor}, …}}) of `states` (the
     optimizer state dict of old position (t0, s0), every t0 of each stage), as loaded (mapped: nothing read but
-    the step counts), and the step count. ValueError when a shard does not hold this model's parameters (another
-    model, another optimizer)."""
+    the step counts), and the step count: None where no parameter has a state yet (every step before the checkpoint
+    skipped as non-finite: `rl.schedule.finite_step`). ValueError when a shard does not hold this model's parameters
+    (another model, another optimizer)."""
     out: dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]] = {}
     steps: list[torch.Tensor] = []
+    unstepped: list[str] = []
     for (t0, s0), sd in sorted(states.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         stage = Stage(s0, old.pp)
         shapes = shard_shapes(c, tp=old.tp, t=t0, stage=stage)
@@ -123,16 +125,23 @@ def shard_moments(
         named = indexed_names(order, shapes, sd["param_groups"])
         by_moment: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
         for i, name in named.items():
-            st = sd["state"][i]
+            st = sd["state"].get(i)
+            if st is None:  # (a torch optimizer has a parameter's state once it stepped it)
+                unstepped.append(name)
+                continue
             for m in MOMENTS:
                 if tuple(st[m].shape) != shapes[name]:
                     raise ValueError(f"{name}'s {m} is {tuple(st[m].shape)}, this model's part {shapes[name]}")
                 by_moment[m][name] = st[m]
             steps.append(torch.as_tensor(st["step"]))
         out[(t0, s0)] = by_moment
-    if len({float(s) for s in steps}) != 1:
+    if steps and unstepped:
+        raise ValueError(
+            f"{unstepped[0]} has no optimizer state, and the other parameters took {float(steps[0]):g} steps"
+        )
+    if len({float(s) for s in steps}) > 1:
         raise ValueError(f"its parameters took different numbers of steps: {sorted({float(s) for s in steps})}")
-    return out, steps[0]
+    return out, steps[0] if steps else None
 
 
 class WholeMoment(Mapping[str, torch.Tensor]):
@@ -187,8 +196,10 @@ def rebuilt_state(
             f"its optimizer has {len(old_groups)} parameter groups, this trainer's {len(current['param_groups'])}"
         )
     groups = [g | {"params": list(now["params"])} for g, now in zip(old_groups, current["param_groups"], strict=True)]
-    whole = {m: WholeMoment(c, old, shards, m) for m in MOMENTS}
     state: dict[int, dict[str, torch.Tensor]] = {}
+    if step is None:  # no step taken before the checkpoint: nothing to rebuild, as an optimizer not yet stepped
+        return {"state": state, "param_groups": groups}
+    whole = {m: WholeMoment(c, old, shards, m) for m in MOMENTS}
     for i, name in index_names.items():
         state[i] = {"step": step.clone()}
         for m in MOMENTS:  # the whole tensors this part is cut from go as the call returns

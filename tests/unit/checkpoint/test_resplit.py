@@ -122,3 +122,33 @@ def test_the_rebuild_holds_one_parameters_whole_tensors_at_a_time_not_an_old_sta
     stage = sum(torch.Size(s).numel() for s in expected_shapes(CONFIG).values()) * 4 * 2
     assert stage > 10 * largest  # what gathering the stage whole would hold beside the state
     assert peak - held <= 4 * largest, (peak - held, largest)
+
+
+def test_a_checkpoint_whose_optimizer_never_stepped_rebuilds_an_empty_state(tmp_path: Path) -> None:
+    """Every step before the checkpoint skipped as non-finite (`trainer.skip_nonfinite`): AdamW holds no parameter's
+    state yet, and the rebuild at another split is that empty state with the old groups, as a resume at the same
+    split loads it; versus a KeyError's traceback on every rank (the first index looked up in an empty state)."""
+    old = split(2, 1)
+    order = resplit.param_order(CONFIG, Stage(), layer_suffixes())
+    groups = [{"lr": 1e-3, "params": list(range(len(order)))}]
+    for t0 in range(old.tp):
+        torch.save({"state": {}, "param_groups": groups}, tmp_path / f"{t0}.pt")
+    shards = {(t0, 0): torch.load(tmp_path / f"{t0}.pt", weights_only=True, mmap=True) for t0 in range(old.tp)}
+    current = {"state": {}, "param_groups": [{"lr": 1e-4, "params": list(range(len(order)))}]}
+    state = resplit.rebuilt_state(
+        CONFIG,
+        old=old,
+        states=shards,
+        now_tp=1,
+        t=0,
+        stage=Stage(),
+        current=current,
+        index_names=dict(enumerate(order)),
+    )
+    assert state == {"state": {}, "param_groups": groups}
+    shape = resplit.shard_shapes(CONFIG, tp=2, t=1, stage=Stage())[order[0]]
+    moments = {m: torch.zeros(shape) for m in resplit.MOMENTS}
+    stepped = {"state": {0: {"step": torch.tensor(1.0), **moments}}, "param_groups": groups}
+    mixed = {(0, 0): shards[(0, 0)], (1, 0): stepped}
+    with pytest.raises(ValueError, match="has no optimizer state"):  # one shard stepped, the other not: not rebuilt
+        resplit.shard_moments(CONFIG, old, mixed, layer_suffixes())
