@@ -226,10 +226,17 @@ def _cache(model: TinyGPT, figures: dict[str, float], where: Path) -> None:
     (a cache directory that is a file, not writable, a full disk) is said and skipped, versus the OSError that failed
     the launch after the warm-up had trained (a traceback, exit 1)."""
     tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+    unwritable: tuple[type[Exception], ...] = (OSError,)
+    try:  # a full disk as the weights are written: safetensors says so with its own error (os error 28), no OSError
+        from safetensors import SafetensorError
+
+        unwritable = (OSError, SafetensorError)
+    except ImportError:  # (the weights go through torch.save: an OSError)
+        pass
     try:
         model.save_pretrained(tmp)
         (tmp / "sft.json").write_text(json.dumps(figures) + "\n")
-    except OSError as e:
+    except unwritable as e:
         shutil.rmtree(tmp, ignore_errors=True)
         log.warning(
             "SFT warm-up: not cached at %s (%s); the next launch trains it again (set %s to a directory this user "

@@ -48,6 +48,26 @@ def test_a_cache_that_cannot_be_written_is_skipped_and_said(tmp_path, monkeypatc
     assert taken.read_text() == "a file\n"
 
 
+def test_a_cache_on_a_full_disk_is_skipped_and_said(tmp_path, monkeypatch, caplog) -> None:
+    """The cache's disk fills as the warm-up's weights are written: safetensors says so with a SafetensorError (os
+    error 28), no OSError, which failed the launch after the warm-up had trained (a traceback, exit 1). The warm-up's
+    weights are used, uncached, and nothing is left under a temporary name."""
+    from safetensors import SafetensorError
+
+    def full(*_: object, **__: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setenv(sft.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    cfg = sft.SftConfig(batch_size=4, warmup_steps=1, buckets=1)
+    with caplog.at_level("WARNING", logger=sft.__name__):
+        state = sft.warmup(DigitsTask(), steps=1, seed=0, model_cfg=TINY, cfg=cfg)
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+    (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said.startswith(f"SFT warm-up: not cached at {tmp_path / 'sft'}/") and "os error 28" in said, said
+    assert list((tmp_path / "sft").iterdir()) == []
+
+
 def test_the_launch_s_warm_up_line_says_cached_only_where_it_will_be(tmp_path, monkeypatch) -> None:
     """The launch said 'SFT warm-up: N steps (cached after the first run)' and then, with RLCTL_CACHE_DIR a file,
     warned that the warm-up was not cached: the line says 'cached' only where the cache holds the warm-up or can be
