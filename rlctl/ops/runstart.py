@@ -296,8 +296,9 @@ class RunStart(RunBase):
         if resume and self.db is not None:
             with contextlib.suppress(RlctlError):
                 before = self.db.get(self.id)
-        self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
-        try:
+        try:  # (the row as the first step of it: one the index refuses, or a Ctrl-C as it is written, leaves the job
+            # as it was too, versus a run taken as started: the summary set aside, a --trainer-split's plan.json kept)
+            self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
             agents, remote = self._prepare(aside, resume=resume, checkpoint=checkpoint)
         except BaseException:  # (a site short of slots, staging that failed, a checkpoint refused, Ctrl-C)
             if resume:  # no agent of the run started: the job as it was, its summary and index row, for its next resume

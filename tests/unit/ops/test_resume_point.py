@@ -1052,3 +1052,33 @@ def test_a_resume_at_another_trainer_split_whose_staging_fails_leaves_the_plan_a
     assert r.exit_code == 1 and "cannot reach host h" in r.stderr, r.stderr
     assert "trainer on site t: tp2 pp1 dp1 (2 ranks) → tp2 pp2 dp1 (4 ranks), written to plan.json" in r.stderr
     assert jd.plan_json.read_text() == before
+
+
+def test_a_resume_at_another_trainer_split_whose_index_row_cannot_be_written_leaves_the_job_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's `launching` row refused by the job index (its database locked, its disk full; or a Ctrl-C as it is
+    written), after the run before's summary was set aside and before any agent started: the job as it was, plan.json
+    at the plan's split and the summary back in place, as a resume refused as it stages leaves it, versus the split
+    left in plan.json with no run of it and the summary set aside as summary.1.json (the run taken as started)."""
+    from rlctl.ops.runbase import RunBase
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4)
+    jd.event("checkpoint", version=3)
+    summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
+    jd.summary_json.write_text(summary)
+    before = jd.plan_json.read_text()
+    register = RunBase._register
+
+    def locked(self: RunBase, state: str, **info: Any) -> None:
+        if state == "launching":
+            raise RlctlError("the job index is locked")
+        register(self, state, **info)
+
+    monkeypatch.setattr(RunBase, "_register", locked)
+    r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "pp=2")
+    assert r.exit_code == 1 and "the job index is locked" in r.stderr, r.stderr
+    assert jd.plan_json.read_text() == before
+    assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
