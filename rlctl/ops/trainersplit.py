@@ -124,10 +124,11 @@ def _repriced(new: dict[str, Any], *, spec: JobFile, inventory: Inventory) -> di
     """Plan `new`'s planner section made for its trainer split: the planner's plan of the job with every count pinned
     to the run's (the trainer's ranks at its tp × pp, each rollout site's units × tp) on `inventory`, priced
     by the profile the launch's plan was (`counts.job_profile`: the job's `planning.profile`, else the analytical one
-    of the sites' GPUs). Where it cannot be made (the profile gone, or without an entry at this split; an HF model's
-    folder gone; a job across datacenters whose links `inventory` lacks; a planner error) the section keeps its
-    rollout rows and the trainer row's config and GPUs, its figures dropped (the trainer row's predicted_s,
-    `predicted`, `rebalance`), said in one line; versus the old split's figures kept beside the new split."""
+    of the sites' GPUs), for `spec`'s model (an HF model's: the job dir's copy, `launching.resume._resplit`). Where it
+    cannot be made (the profile gone, or without an entry at this split; a job across datacenters whose links
+    `inventory` lacks; a planner error) the section keeps its rollout rows and the trainer row's config and GPUs,
+    its figures dropped (the trainer row's predicted_s, `predicted`, `rebalance`), said in one line; versus the old
+    split's figures kept beside the new split."""
     from rlctl.ops.counts import job_profile, launch_plan, planner_section
 
     t = new["trainer"]

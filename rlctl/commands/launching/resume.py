@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.commands.launching.detached import run_detached
@@ -205,12 +206,18 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
     by the job as launched (job.json), its sites (sites.json) and its model's architecture; None: the plan's split."""
     from rlctl.config.model import HfModel
     from rlctl.launch.backends import read_sites
-    from rlctl.models.hf import check_hf_dir
     from rlctl.ops.jobchanges import launched_inventory
     from rlctl.ops.trainersplit import resplit_plan
 
     job = jd.read_job()
-    # an HF model's figures from the job dir's copy (the path it was launched from may be gone)
-    arch = check_hf_dir(jd.init_model, name=job.model.name).arch if isinstance(job.model, HfModel) else job.model.arch
+    if isinstance(job.model, HfModel):
+        # the job dir's copy, the model the run trains, for the split's checks and the planner's figures alike,
+        # under the name the launch's plan gave it (the folder's, which a named profile is matched by); versus the
+        # planner reading the folder the job was launched from, gone since (its figures dropped) or holding another
+        # model (priced for that one)
+        name = job.model.name or Path(job.model.path).resolve().name
+        copy = job.model.model_copy(update={"path": str(jd.init_model), "name": name})
+        job = job.model_copy(update={"model": copy})
+    arch = job.model.arch
     sites, inventory = read_sites(jd.path, required=True), launched_inventory(jd, plan)
     return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,26 @@ import yaml
 from rlctl.agents.placement import Placement, sites_by_agent
 from rlctl.config import load_job
 from rlctl.config.job import Job
+from rlctl.config.model import HfModel
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.ops import counts
 from rlctl.ops.trainersplit import resplit_plan
 from rlctl.planner.plan import make_plan
 
 
-def megatron_job(tmp_path: Path, *, tp: int = 2, gpus: int = 4, name: str = "job.yaml", across: bool = False) -> Job:
+def megatron_job(
+    tmp_path: Path,
+    *,
+    tp: int = 2,
+    gpus: int = 4,
+    name: str = "job.yaml",
+    across: bool = False,
+    model: dict[str, Any] | None = None,
+) -> Job:
     """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r: one datacenter, or
-    (`across`) t in datacenter a, r in b, joined by a 10 Gbps link."""
+    (`across`) t in datacenter a, r in b, joined by a 10 Gbps link. `model`: another than the 7B."""
     site = {"gpu": "H100", "scheduler": {"kind": "ssh"}}
     inv = {
         "apiVersion": "rlctl/v1",
@@ -40,7 +51,7 @@ def megatron_job(tmp_path: Path, *, tp: int = 2, gpus: int = 4, name: str = "job
         "kind": "Job",
         "name": "split",
         "inventory": ["inv.yaml"],
-        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "model": model or {"kind": "builtin", "name": "qwen2.5-7b"},
         "task": {"kind": "lengths", "prompt_tokens": 256, "median_output_tokens": 1000, "max_output_tokens": 4000},
         "batch": {"prompts_per_iteration": 16, "samples_per_prompt": 4},
         "placement": {"trainer": {"site": "t", "gpus": gpus}, "rollout": [{"site": "r", "gpus": 4}]},
@@ -112,9 +123,11 @@ def test_a_resplit_whose_profile_cannot_be_had_drops_the_trainer_figures_in_one_
 
 def launched(tmp_path: Path, job: Job) -> JobDir:
     """`job`'s dir as its launch writes it (`ops.jobprep.prepare`): job.json naming its job file, plan.json with the
-    links' pairs, sites.json."""
+    links' pairs, sites.json; an HF model's copy in model/init (`ops.inputs.copy_inputs`)."""
     plan = counts.plan_counts(job, job.spec)
     jd = JobDir.create("split", explicit=tmp_path / "jobdir")
+    if isinstance(job.spec.model, HfModel):
+        shutil.copytree(job.spec.model.path, jd.init_model)
     jd.write_job(job.spec, source=str(job.path))
     links = [sorted(ln.between) for ln in job.inventory.links_among(job.inventory.sites)]
     jd.write_json(jd.plan_json, {**plan, "links": links})
@@ -175,3 +188,47 @@ def test_a_resplit_of_a_job_across_datacenters_prices_the_weights_route_over_its
     assert len(said) == 1 and said[0].startswith(
         "the plan's predictions were not redone for the trainer at tp4 pp1 dp2"
     )
+
+
+def test_a_resplit_prices_the_job_dirs_copy_of_an_hf_model_not_the_folder_it_was_launched_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An HF model's folder holding another (bigger) model since the launch, then deleted: the resume's planner
+    figures are made for the job dir's copy (model/init, the one the run trains), the same both times and the
+    planner's for the model as launched at tp 4; versus the folder's model priced (another model's figures), then
+    the figures dropped ('no such directory')."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+
+    def save(heads: int, hidden: int) -> None:
+        shutil.rmtree(tmp_path / "hf", ignore_errors=True)
+        c = TinyGPTConfig(
+            vocab_size=64,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=4,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=64,
+        )
+        TinyGPT(c).save_pretrained(tmp_path / "hf")
+
+    save(4, 64)
+    model = {"kind": "hf", "path": "hf"}
+    jd = launched(tmp_path, megatron_job(tmp_path, model=model))
+    direct = make_plan(megatron_job(tmp_path, tp=4, gpus=8, name="tp4.yaml", model=model))["predicted"]
+    expected = direct["iteration_s"]["async"]
+
+    def now_s() -> Any:
+        r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
+        assert r.exit_code == 0, r.stderr
+        return json.loads(r.stdout)["predicted_iteration"]["now_s"]
+
+    save(8, 256)  # another model in the folder since
+    bigger = make_plan(megatron_job(tmp_path, tp=4, gpus=8, name="tp4.yaml", model=model))["predicted"]
+    assert bigger["iteration_s"]["async"] != pytest.approx(expected, rel=1e-6)  # (the two models' figures differ)
+    assert now_s() == pytest.approx(expected, rel=1e-12)
+    shutil.rmtree(tmp_path / "hf")  # and gone
+    assert now_s() == pytest.approx(expected, rel=1e-12)
+    assert not [m for m in caplog.messages if "not redone" in m]
