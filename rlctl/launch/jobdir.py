@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from rlctl import __version__
 from rlctl.config.base import first_error, read_yaml
-from rlctl.config.inventory import RECORDED
+from rlctl.config.inventory import RECORDED, Link
 from rlctl.config.job import JobFile
 from rlctl.errors import ConfigError, LaunchError, UsageError
 from rlctl.launch.locks import flock, launcher_holder, launcher_lock
@@ -291,7 +291,11 @@ class JobDir:
           has no Spawner (`UnitStarts`), the one reader at the controller that needs the launch's shape.
 
         Under both, `links` and `dc_links` where given (`ops.jobprep`; a job dir written before them lacks them):
-        each a list of pairs of two names, which the controller's Placement routes the weights by.
+        each a list of pairs of two names, which the controller's Placement routes the weights by; and
+        `link_figures` where given (a job dir written before 2026-12-07 lacks it): one entry per entry of `links`, its
+        pair (`between`), its sites' `datacenters` (a pair of names) and the link's `bandwidth_gbps` and `latency_ms`
+        as an inventory's link takes them, which a resume at another trainer split prices the weights' route over
+        (`ops.jobchanges.launched_inventory`).
 
         The controller's copy is its site's, which may differ from the one the launch checked: edited there during
         the run, or staged again by an automatic resume from the operator's copy edited since. For a plan that may
@@ -338,8 +342,32 @@ class JobDir:
             if not isinstance(plan[key], list):
                 raise self._plan_error(key, f"no list of {names} pairs")
             for i, pair in enumerate(plan[key]):
-                if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(n, str) for n in pair):
+                if not _names_pair(pair):
                     raise self._plan_error(f"{key}[{i}]", f"{pair!r} is not a pair of {names} names")
+        if "link_figures" in plan:
+            self._check_link_figures(plan["link_figures"], plan.get("links"))
+
+    def _check_link_figures(self, figures: Any, links: Any) -> None:
+        # `link_figures` (`ops.jobprep`): each link's figures, which a resume at another trainer split reads as an
+        # inventory's link (`ops.jobchanges.launched_inventory`): an edited entry, unchecked, would stop it on a
+        # KeyError or a pydantic traceback, or price the route over a link that `links` does not name
+        if not isinstance(figures, list) or not isinstance(links, list) or len(figures) != len(links):
+            raise self._plan_error("link_figures", "no list of one entry per entry of links (its figures)")
+        for i, (entry, pair) in enumerate(zip(figures, links, strict=True)):
+            where = f"link_figures[{i}]"
+            if not isinstance(entry, dict) or entry.get("between") != pair:
+                raise self._plan_error(where, f"no object of links[{i}]'s figures, whose between is {pair!r}")
+            if not _names_pair(dcs := entry.get("datacenters")):
+                raise self._plan_error(f"{where}.datacenters", f"{dcs!r} is not a pair of datacenter names")
+            if missing := [k for k in ("bandwidth_gbps", "latency_ms") if k not in entry]:  # (not Link's default)
+                raise self._plan_error(f"{where}.{missing[0]}", "required field is missing")
+            try:  # as the inventory's link was taken, a launched job's figures as launched (`RECORDED`)
+                Link.model_validate(
+                    {k: entry[k] for k in ("between", "bandwidth_gbps", "latency_ms")}, context=RECORDED
+                )
+            except ValidationError as e:
+                field, msg = first_error(e)
+                raise self._plan_error(f"{where}.{field}", msg) from e
 
     def _count(self, value: Any, field: str, least: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -540,6 +568,11 @@ def row_count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return int(value)
+
+
+def _names_pair(value: Any) -> bool:
+    """Whether `value` is a pair of names as plan.json writes one (a list of two strings; 'ab' is not)."""
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(n, str) for n in value)
 
 
 def say_once(lines: list[str]) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.base import read_yaml
-from rlctl.config.inventory import Inventory, load_inventory
+from rlctl.config.inventory import RECORDED, Inventory, Link, Site, load_inventory
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.jobdir import (
@@ -270,11 +270,16 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
 
 def launched_inventory(jobdir: JobDir, plan: dict[str, Any]) -> Inventory:
     """The job's sites as launched (sites.json) with the links its plan.json records (`links`: pairs of sites,
-    `ops.jobprep`), their figures (bandwidth, latency) and the sites they name that the job does not use (their
-    datacenters) from the inventory files the job names, read now as `site_changes` reads them: what the planner
-    prices the weights' route over, a resume at another trainer split's (`ops.trainersplit`). Without links where
-    those files cannot be read (moved, removed, broken), as the job dir keeps the links' pairs alone."""
+    `ops.jobprep`), with the figures (bandwidth, latency) and datacenters the launch recorded of them
+    (`link_figures`, checked by `JobDir.read_plan`): what the planner prices the weights' route over, a resume at
+    another trainer split's (`ops.trainersplit`). A job dir written before them (2026-12-07) keeps the links' pairs
+    alone: their figures and the sites they name that the job does not use (their datacenters) from the inventory
+    files the job names, read now as `site_changes` reads them, and no links where those cannot be read (moved,
+    removed, broken); versus the files as they are now for every job, their links' figures since edited (priced
+    over another link than the run's) or the files gone (the predictions dropped)."""
     sites = read_sites(jobdir.path, required=True)
+    if "link_figures" in plan:
+        return _recorded_inventory(sites, plan["link_figures"])
     bare = Inventory(sites, [], [SITES_FILE])
     data = jobdir.read_json(jobdir.job_json)
     source = data.get("source_file")
@@ -291,6 +296,24 @@ def launched_inventory(jobdir: JobDir, plan: dict[str, Any]) -> Inventory:
     links = [ln for ln in now.links if frozenset(ln.between) in pairs]
     named = {s: now.sites[s] for ln in links for s in ln.between if s not in sites}
     return Inventory(named | sites, links, [SITES_FILE, *map(str, paths or [])])
+
+
+def _recorded_inventory(sites: dict[str, Site], figures: list[dict[str, Any]]) -> Inventory:
+    """`sites` with plan.json's links as its launch recorded them (`link_figures`: each link's two sites, their
+    datacenters, bandwidth and latency). A site of a link that the job does not use (an uplink declared from another
+    site of one of the job's datacenters: `Inventory.links_among`) stands in as a copy of one of the job's sites with
+    the datacenter recorded: the route reads nothing else of it (`planner.weightsync.weight_route`)."""
+    links = [
+        Link.model_validate({k: f[k] for k in ("between", "bandwidth_gbps", "latency_ms")}, context=RECORDED)
+        for f in figures
+    ]
+    stand_ins = {
+        name: next(iter(sites.values())).model_copy(update={"datacenter": dc})
+        for f in figures
+        for name, dc in zip(f["between"], f["datacenters"], strict=True)
+        if name not in sites
+    }
+    return Inventory(sites | stand_ins, links, [SITES_FILE, "plan.json"])
 
 
 def _inventory_paths(job: Any, source: Path) -> list[Path] | None:

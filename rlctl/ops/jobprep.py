@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlctl.config.inventory import Inventory
 from rlctl.config.job import Job, JobFile
 from rlctl.errors import Stopped
 from rlctl.launch.backends import write_sites
@@ -43,15 +44,35 @@ def prepare(
     if check is not None:
         check()
     used = set(plan_sites(plan))
-    # the inventory's links between the job's datacenters (from whichever of their sites, used or not: a link is
-    # between datacenters) and the pairs of datacenters they join, the ones the planner and `rlctl check` price the
-    # route over (`Inventory.dc_links_among`): the weight plane routes each version's inter-DC copy on `dc_links`
-    # (`agents.placement.Placement.dc_links`; a job dir written before it has site pairs alone, `links`)
-    links = [sorted(link.between) for link in job.inventory.links_among(used)]
-    dc_links = sorted(sorted(pair) for pair in job.inventory.dc_links_among(used))
-    jobdir.write_json(jobdir.plan_json, {**plan, "links": links, "dc_links": dc_links})
+    jobdir.write_json(jobdir.plan_json, {**plan, **recorded_links(job.inventory, used)})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.write_job(spec, source=source, mapping=job.mapping if Path(source) == job.path else None)
+
+
+def recorded_links(inventory: Inventory, used: set[str]) -> dict[str, Any]:
+    """What plan.json records of the inventory's links for a job on sites `used` (`prepare`):
+
+    - `links`: the links between the job's datacenters, from whichever of their sites, used or not (a link is between
+      datacenters: `Inventory.links_among`), the ones the planner and `rlctl check` price the weights' route over;
+    - `dc_links`: the pairs of datacenters they join (`Inventory.dc_links_among`), which the weight plane routes each
+      version's inter-DC copy on (`agents.placement.Placement.dc_links`; a job dir written before it has `links`);
+    - `link_figures`: one entry per entry of `links`, its sites' datacenters, bandwidth and latency as this launch
+      priced them (those of `dc_links` follow: `dc_links_among` of these), which a resume at another trainer split
+      makes its predictions over (`jobchanges.launched_inventory`), versus the inventory files as they are by then,
+      edited or gone since (a job dir written before them has none: `JobDir.read_plan`)."""
+    counted = inventory.links_among(used)
+    links = [sorted(link.between) for link in counted]
+    figures = [
+        {
+            "between": pair,
+            "datacenters": [inventory.sites[s].datacenter for s in pair],
+            "bandwidth_gbps": link.bandwidth_gbps,
+            "latency_ms": link.latency_ms,
+        }
+        for pair, link in zip(links, counted, strict=True)
+    ]
+    dc_links = sorted(sorted(pair) for pair in inventory.dc_links_among(used))
+    return {"links": links, "dc_links": dc_links, "link_figures": figures}
 
 
 class StopCheck:

@@ -23,6 +23,9 @@ GOOD = {
 }
 
 
+FIGURES = {"between": ["far", "local"], "datacenters": ["b", "a"], "bandwidth_gbps": 10.0, "latency_ms": 1.0}
+
+
 def damaged(**fields: Any) -> dict[str, Any]:
     return {**GOOD, **fields}
 
@@ -132,6 +135,35 @@ def test_a_damaged_rollout_or_trainer_is_the_same_line_through_both_rules(tmp_pa
         ({"dc_links": {"a": "b"}}, "dc_links: no list of datacenter pairs"),
         ({"links": [["local"]]}, "links[0]: ['local'] is not a pair of site names"),
         ({"links": "local-far"}, "links: no list of site pairs"),
+        *(
+            ({"links": [["far", "local"]], "link_figures": figures}, says)
+            for figures, says in [
+                ({"far": 10}, "link_figures: no list of one entry per entry of links (its figures)"),
+                ([], "link_figures: no list of one entry per entry of links (its figures)"),
+                ([5], "link_figures[0]: no object of links[0]'s figures, whose between is ['far', 'local']"),
+                (
+                    [{**FIGURES, "between": ["local", "far"]}],
+                    "link_figures[0]: no object of links[0]'s figures, whose between is ['far', 'local']",
+                ),
+                (
+                    [{**FIGURES, "datacenters": "ab"}],
+                    "link_figures[0].datacenters: 'ab' is not a pair of datacenter names",
+                ),
+                ([{**FIGURES, "bandwidth_gbps": 0}], "link_figures[0].bandwidth_gbps: Input should be greater than 0"),
+                (
+                    [{**FIGURES, "bandwidth_gbps": True}],
+                    "link_figures[0].bandwidth_gbps: Input should be a valid number, not a boolean (got True)",
+                ),
+                (
+                    [{k: v for k, v in FIGURES.items() if k != "latency_ms"}],
+                    "link_figures[0].latency_ms: required field is missing",
+                ),
+            ]
+        ),
+        (
+            {"link_figures": [FIGURES]},  # without `links`
+            "link_figures: no list of one entry per entry of links (its figures)",
+        ),
     ],
 )
 def test_a_damaged_link_is_one_line_through_both_rules_not_a_crash_or_a_pair_read_from_a_string(
@@ -139,8 +171,9 @@ def test_a_damaged_link_is_one_line_through_both_rules_not_a_crash_or_a_pair_rea
 ) -> None:
     """plan.json's `links` and `dc_links` (`ops.jobprep`), which the controller's Placement routes the weights by
     (`Placement.dc_links`): an entry edited into another shape stopped it on a TypeError or ValueError, and a string
-    of two characters ('ab') was read as the datacenters a and b. Refused as read, naming the field; as a launch
-    wrote them they read."""
+    of two characters ('ab') was read as the datacenters a and b; and `link_figures`, their figures, which a resume
+    at another trainer split prices the route over (`jobchanges.launched_inventory`: read unchecked, a KeyError or
+    a pydantic traceback). Refused as read, naming the field; as a launch wrote them they read."""
     from rlctl.agents.placement import Placement
 
     jd = JobDir(tmp_path)
@@ -151,7 +184,7 @@ def test_a_damaged_link_is_one_line_through_both_rules_not_a_crash_or_a_pair_rea
         jd.read_plan()
     assert str(placed.value) == str(launch.value) == f"{jd.plan_json}: {says}"
     assert launch.value.hint == "was it edited? put back its launch's"
-    good = damaged(links=[["far", "local"]], dc_links=[["a", "b"]])
+    good = damaged(links=[["far", "local"]], dc_links=[["a", "b"]], link_figures=[FIGURES])
     jd.write_json(jd.plan_json, good)
     assert jd.read_plan(as_placed=True) == jd.read_plan() == good
     assert Placement(jd.read_plan(as_placed=True), {}, {}, None).dc_links == [["a", "b"]]  # type: ignore[arg-type]

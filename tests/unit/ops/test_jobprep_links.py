@@ -84,15 +84,19 @@ def test_a_link_declared_from_a_site_the_job_does_not_use_joins_its_datacenters_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Trainer on t (datacenter A), rollout on r (B), the one link a2–r, a2 another site of A the job does not use:
-    check passes, the route is priced over that link, plan.json records it and the pair A–B, and the weight plane's
-    tree sends the copy A → B over it. Versus (2026-12-06) check and plan refusing the job ('a link from a site the
-    job does not use is not one') and the job dir recording no link."""
+    check passes, the route is priced over that link, plan.json records it, its figures and the pair A–B, and the
+    weight plane's tree sends the copy A → B over it. Versus (2026-12-06) check and plan refusing the job ('a link
+    from a site the job does not use is not one') and the job dir recording no link."""
     job = _job(tmp_path, [["a2", "r"]], ["r"], {"t": "A", "a2": "A", "r": "B"})
     assert link_problems(job) == []
     sites, units = weight_sites(job, ["r"])
     assert weight_route(job.inventory, "t", "r", job_sites=sites, unit_sites=units) == (10e9 / 8, 0.001)
     recorded = _prepare(tmp_path, job, ["r"], monkeypatch).read_plan()
     assert (recorded["links"], recorded["dc_links"]) == ([["a2", "r"]], [["A", "B"]])
+    # and its figures, a2's datacenter with them (sites.json has t and r alone): a resume's predictions read them
+    assert recorded["link_figures"] == [
+        {"between": ["a2", "r"], "datacenters": ["A", "B"], "bandwidth_gbps": 10.0, "latency_ms": 1.0}
+    ]
     assert set(read_sites(tmp_path / "run")) == {"t", "r"}  # sites.json: still the job's sites alone
     dc_links = Placement(recorded, read_sites(tmp_path / "run"), {}, job.spec).dc_links
     assert dc_links == [["A", "B"]]

@@ -18,8 +18,10 @@ from rlctl.config.job import Job
 from rlctl.config.model import HfModel
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import plan_sites
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.ops import counts
+from rlctl.ops.jobprep import recorded_links
 from rlctl.ops.trainersplit import resplit_plan
 from rlctl.planner.plan import make_plan
 
@@ -32,9 +34,12 @@ def megatron_job(
     name: str = "job.yaml",
     across: bool = False,
     model: dict[str, Any] | None = None,
+    gbps: float = 10,
+    uplink: bool = False,
 ) -> Job:
     """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r: one datacenter, or
-    (`across`) t in datacenter a, r in b, joined by a 10 Gbps link. `model`: another than the 7B."""
+    (`across`) t in datacenter a, r in b, joined by a `gbps` link between t and r, or (`uplink`) between r and a2,
+    another site of a that the job does not use. `model`: another than the 7B."""
     site = {"gpu": "H100", "scheduler": {"kind": "ssh"}}
     inv = {
         "apiVersion": "rlctl/v1",
@@ -42,8 +47,11 @@ def megatron_job(
         "sites": {
             "t": {**site, "datacenter": "a" if across else "d", "nodes": [{"host": "ht", "gpus": 8}]},
             "r": {**site, "datacenter": "b" if across else "d", "nodes": [{"host": "hr", "gpus": 8}]},
+            **({"a2": {**site, "datacenter": "a", "nodes": [{"host": "ha2", "gpus": 8}]}} if uplink else {}),
         },
-        "links": [{"between": ["t", "r"], "bandwidth_gbps": 10}] if across else [],
+        "links": [{"between": ["a2" if uplink else "t", "r"], "bandwidth_gbps": gbps, "latency_ms": 2}]
+        if across
+        else [],
     }
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
     job = {
@@ -121,17 +129,21 @@ def test_a_resplit_whose_profile_cannot_be_had_drops_the_trainer_figures_in_one_
     assert placed.decode_cost(unit) is not None
 
 
-def launched(tmp_path: Path, job: Job) -> JobDir:
+def launched(tmp_path: Path, job: Job, *, figures: bool = True) -> JobDir:
     """`job`'s dir as its launch writes it (`ops.jobprep.prepare`): job.json naming its job file, plan.json with the
-    links' pairs, sites.json; an HF model's copy in model/init (`ops.inputs.copy_inputs`)."""
+    links (`jobprep.recorded_links`; `figures` False: without their figures, as a launch before 2026-12-07 wrote
+    it), sites.json; an HF model's copy in model/init (`ops.inputs.copy_inputs`)."""
     plan = counts.plan_counts(job, job.spec)
     jd = JobDir.create("split", explicit=tmp_path / "jobdir")
     if isinstance(job.spec.model, HfModel):
         shutil.copytree(job.spec.model.path, jd.init_model)
     jd.write_job(job.spec, source=str(job.path))
-    links = [sorted(ln.between) for ln in job.inventory.links_among(job.inventory.sites)]
-    jd.write_json(jd.plan_json, {**plan, "links": links})
-    write_sites(jd.path, job.inventory.sites)
+    used = set(plan_sites(plan))
+    links = recorded_links(job.inventory, used)
+    if not figures:
+        del links["link_figures"]
+    jd.write_json(jd.plan_json, {**plan, **links})
+    write_sites(jd.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     return jd
 
 
@@ -163,17 +175,19 @@ def test_a_resplit_dry_run_shows_the_predicted_iteration_at_the_old_split_and_th
     assert jd.plan_json.read_text() == before
 
 
-def test_a_resplit_of_a_job_across_datacenters_prices_the_weights_route_over_its_links(
+def test_a_resplit_of_a_job_across_datacenters_launched_before_link_figures_prices_its_links_from_the_inventory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Trainer and rollout in two datacenters, joined by a link the inventory declares and plan.json records as a
-    pair of sites: the resume's predictions are made over that link's figures, read from the inventory file the job
-    names (`jobchanges.launched_inventory`): the planner's for the job file at tp 4, versus no route between the
-    datacenters (sites.json alone), the figures dropped. The inventory file gone: dropped, in one line."""
+    pair of sites alone (a job dir written before `link_figures`): the resume's predictions are made over that
+    link's figures, read from the inventory file the job names (`jobchanges.launched_inventory`): the planner's for
+    the job file at tp 4, versus no route between the datacenters (sites.json alone), the figures dropped. The
+    inventory file gone: dropped, in one line."""
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = launched(tmp_path, megatron_job(tmp_path, across=True))
+    jd = launched(tmp_path, megatron_job(tmp_path, across=True), figures=False)
+    assert "link_figures" not in jd.read_plan()
     direct = make_plan(megatron_job(tmp_path, tp=4, gpus=8, name="tp4.yaml", across=True))["predicted"]
     r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
     assert r.exit_code == 0, r.stderr
@@ -231,4 +245,38 @@ def test_a_resplit_prices_the_job_dirs_copy_of_an_hf_model_not_the_folder_it_was
     assert now_s() == pytest.approx(expected, rel=1e-12)
     shutil.rmtree(tmp_path / "hf")  # and gone
     assert now_s() == pytest.approx(expected, rel=1e-12)
+    assert not [m for m in caplog.messages if "not redone" in m]
+
+
+@pytest.mark.parametrize("uplink", [False, True])
+def test_a_resplit_of_a_job_across_datacenters_prices_its_links_as_launched_not_as_the_inventory_says_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, uplink: bool
+) -> None:
+    """The link between the trainer's datacenter and the rollout's (between their sites, or from a2, a site the job
+    does not use: its datacenter recorded too) at 10 Gbps at the launch, which plan.json records (`link_figures`):
+    the inventory's link slowed to 1 Gbps since, then the file gone, the resume's predictions are the planner's at
+    tp 4 over the launch's 10 Gbps both times; versus the inventory files as they are now (priced at 1 Gbps, then the
+    figures dropped)."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = launched(tmp_path, megatron_job(tmp_path, across=True, uplink=uplink))
+    pair, dcs = (["a2", "r"], ["a", "b"]) if uplink else (["r", "t"], ["b", "a"])
+    assert jd.read_plan()["link_figures"] == [
+        {"between": pair, "datacenters": dcs, "bandwidth_gbps": 10.0, "latency_ms": 2.0}
+    ]
+    tp4 = {"tp": 4, "gpus": 8, "name": "tp4.yaml", "across": True, "uplink": uplink}
+    slow = make_plan(megatron_job(tmp_path, **tp4, gbps=1))["predicted"]["iteration_s"]["async"]
+    launch = make_plan(megatron_job(tmp_path, **tp4))["predicted"]["iteration_s"]["async"]
+    assert slow != pytest.approx(launch, rel=1e-3)  # (the link's figures count)
+    megatron_job(tmp_path, across=True, uplink=uplink, gbps=1)  # the job's inventory file now: 1 Gbps
+
+    def now_s() -> Any:
+        r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=4", "--dry-run", "-o", "json")
+        assert r.exit_code == 0, r.stderr
+        return json.loads(r.stdout)["predicted_iteration"]["now_s"]
+
+    assert now_s() == pytest.approx(launch, rel=1e-12)
+    (tmp_path / "inv.yaml").unlink()
+    assert now_s() == pytest.approx(launch, rel=1e-12)
     assert not [m for m in caplog.messages if "not redone" in m]
