@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from rlctl.checkpoint.files import PREFIX, sized_manifest
 from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import Survey, host_files, is_remote
+from rlctl.launch.sitefs import HostFiles, Survey, host_files, is_remote
 from rlctl.ops.extend import completed_checkpoints, last_summary
 
 log = logging.getLogger(__name__)
@@ -50,13 +51,16 @@ class PartDir:
     dir: str
 
 
-def surveyed(parts: dict[str, PartDir], versions: list[int]) -> tuple[dict[str, Survey], dict[str, str]]:
+def surveyed(
+    parts: dict[str, PartDir], versions: list[int], *, views: Mapping[tuple[str, str], HostFiles] | None = None
+) -> tuple[dict[str, Survey], dict[str, str]]:
     """Each part's checkpoint directories of `versions` looked at (`HostFiles.survey`: the files' sizes and the
     manifests' bytes), once per site view and directory (both parts in one job dir: one look) — over SSH one
     command, whatever the number of checkpoints and files, versus one per file or none; and why a part on a site
     that did not answer was not (the table is listed all the same, said under it). A checkpoints/ directory not here
     (a shared filesystem not mounted on this machine, a site job dir removed) is not looked in: nothing to check
-    there, not every checkpoint missing."""
+    there, not every checkpoint missing. `views`: (site name, view) → that view open already, the caller's (a pull's
+    on the trainer's site: its one connection there, left open), versus one opened and closed here."""
     dirs = [f"{PREFIX}{v}" for v in versions]
     seen: dict[str, Survey] = {}
     why: dict[str, str] = {}
@@ -67,7 +71,8 @@ def surveyed(parts: dict[str, PartDir], versions: list[int]) -> tuple[dict[str, 
         site = parts[group[0]].site
         if not is_remote(site) and not Path(root).is_dir():
             continue
-        fs = host_files(site, view)
+        opened = (views or {}).get((site_name, view))
+        fs = opened or host_files(site, view)
         try:
             got = fs.survey(root, dirs, read=manifest_name("*"))
         except (RlctlError, OSError) as e:  # a site that does not answer: its parts not checked, said why
@@ -75,7 +80,8 @@ def surveyed(parts: dict[str, PartDir], versions: list[int]) -> tuple[dict[str, 
             why |= dict.fromkeys(group, f"site {site_name} did not answer: {e}")
             continue
         finally:
-            fs.close()
+            if opened is None:
+                fs.close()
         if got.found:
             seen |= dict.fromkeys(group, got)
         elif is_remote(site):
@@ -83,15 +89,21 @@ def surveyed(parts: dict[str, PartDir], versions: list[int]) -> tuple[dict[str, 
     return seen, why
 
 
-def checkpoint_table(jobdir: JobDir, *, parts: dict[str, PartDir] | None = None) -> dict[str, Any]:
+def checkpoint_table(
+    jobdir: JobDir,
+    *,
+    parts: dict[str, PartDir] | None = None,
+    views: Mapping[tuple[str, str], HostFiles] | None = None,
+) -> dict[str, Any]:
     """The job's complete checkpoints, oldest first, each with when it was written, the mean sampled reward of the
     iterations that made it, and its held-out figures where the job evaluated that version; and the starting
     policy's held-out figures. `parts`: where each part's checkpoints are (`rlctl.ops.pull.checkpoint_parts`),
     whose manifests are checked there (`surveyed`, `sound`); "latest" is the newest checkpoint that passes, versus
     the newest the events name (a damaged one listed as the latest, which a pull passed over). A part not checked is
-    left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why."""
+    left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why. `views`: as
+    `surveyed` takes them."""
     versions = completed_checkpoints(jobdir)
-    checked, unchecked = surveyed(parts or {}, versions)
+    checked, unchecked = surveyed(parts or {}, versions, views=views)
     damaged = {v: why for v in versions if (why := sound(checked, v)) is not None}
     latest = max((v for v in versions if v not in damaged), default=None)
     written: dict[int, float | None] = {}
@@ -181,15 +193,20 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
 
 
 def best_checkpoint(
-    jobdir: JobDir, *, named: str | None = None, parts: dict[str, PartDir] | None = None
+    jobdir: JobDir,
+    *,
+    named: str | None = None,
+    parts: dict[str, PartDir] | None = None,
+    views: Mapping[tuple[str, str], HostFiles] | None = None,
 ) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
     """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
     equal ones) and that pass the check `status --checkpoints` makes (`sound`, of the parts in `parts`), its
     figures, and the rows of those better by their figures that it passed over as damaged (best first), versus the
     best by figures alone (a damaged one, which the pull then refused instead of taking the best sound one);
     UsageError naming what to do where it evaluated none, or every one it evaluated is damaged. `named`: how a command
-    names the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id."""
-    table = checkpoint_table(jobdir, parts=parts)["checkpoints"]
+    names the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id. `views`: as
+    `surveyed` takes them."""
+    table = checkpoint_table(jobdir, parts=parts, views=views)["checkpoints"]
     rows = [r for r in table if (r["heldout"] or {}).get("greedy_reward") is not None]
     named = named or shlex.quote(jobdir.id)
     hint = f"`rlctl status {named} --checkpoints` lists them"

@@ -60,12 +60,6 @@ class Pulled:
     trackers: list[str]  # the tracker files in the job dir here (copied now, or written here by its controller)
 
 
-def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
-    """(site name, its files on the host of trainer rank 0, the site job dir there)."""
-    site_name, site, view, root = trainer_site(job_dir)
-    return site_name, host_files(site, view), root
-
-
 def trainer_site(job_dir: Path) -> tuple[str, Site, str, str]:
     """(site name, the site, the host view of trainer rank 0 there, the site job dir in that view): where the
     trainer's part of each checkpoint is. UsageError for a job never launched or staged there."""
@@ -154,43 +148,48 @@ def pull(
             raise UsageError(f"--to {to}: {e.strerror or e}") from e
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
-    number = None if checkpoint == "latest" else named_version(checkpoint)
-    if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated: its evaluations and
-        # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
-        # --checkpoints` lists them
-        fetch_trackers(job_dir)
-        # among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
-        # manifests, the controller's naming the trainer's, on its own site), versus the trainer part alone (a
-        # controller part that status marks damaged taken)
-        parts = checkpoint_parts(job_dir, remote=True)
-        number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts=parts)
-        for r in passed:  # a line each: the better ones by their figures it passed over, with why; then its own
-            reward = r["heldout"]["greedy_reward"]
-            log.warning(
-                "--checkpoint best: v%d (held-out greedy reward %.4f) passed over as damaged: %s",
-                r["version"],
-                reward,
-                r["damaged"],
-            )
-        took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
-        log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
-    pointer: str | None = None
-    damaged: str | None = None  # why latest.json does not parse
-    if checkpoint == "latest":
-        where, pointer = _latest(job_dir)
-        if pointer is None:
-            raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
-        try:
-            parse_latest(pointer)
-        except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
-            damaged = str(e)
-            log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
-    elif number is None:
+    number = None if checkpoint in ("latest", "best") else named_version(checkpoint)
+    if checkpoint not in ("latest", "best") and number is None:
         raise UsageError(
             f"--checkpoint {checkpoint!r}: 'latest', 'best' or a version, e.g. {versions[-1]} or v{versions[-1]}"
         )
-    site, fs, root = _trainer_view(job_dir)
+    # one view of the trainer's site for all that follows: over SSH one connection for a `best`'s look at the
+    # checkpoints' manifests and the copy, versus one each
+    site, site_spec, view, root = trainer_site(job_dir)
+    fs = host_files(site_spec, view)
     try:
+        if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated: its evaluations and
+            # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
+            # --checkpoints` lists them
+            fetch_trackers(job_dir)
+            # among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
+            # manifests, the controller's naming the trainer's, on its own site), versus the trainer part alone (a
+            # controller part that status marks damaged taken)
+            parts = checkpoint_parts(job_dir, remote=True)
+            number, figures, passed = best_checkpoint(
+                JobDir(job_dir), named=named, parts=parts, views={(site, view): fs}
+            )
+            for r in passed:  # a line each: the better ones by their figures it passed over, with why; then its own
+                reward = r["heldout"]["greedy_reward"]
+                log.warning(
+                    "--checkpoint best: v%d (held-out greedy reward %.4f) passed over as damaged: %s",
+                    r["version"],
+                    reward,
+                    r["damaged"],
+                )
+            took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
+            log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
+        pointer: str | None = None
+        damaged: str | None = None  # why latest.json does not parse
+        if checkpoint == "latest":
+            where, pointer = _latest(job_dir)
+            if pointer is None:
+                raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
+            try:
+                parse_latest(pointer)
+            except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
+                damaged = str(e)
+                log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
         if number is not None:
             _have(fs, root, number, named=checkpoint)
         # `latest`: the rule a resume takes (choose_resume): the one latest.json names first, a version of the job or

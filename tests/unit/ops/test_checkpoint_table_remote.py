@@ -5,6 +5,7 @@ here in place of the SSH connection."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,7 +21,7 @@ from rlctl.launch.localrunner import LocalRunner
 from rlctl.launch.remote import CommandResult, SshTarget
 from rlctl.launch.stage import write_staged
 from rlctl.ops.checkpoints import best_checkpoint
-from rlctl.ops.pull import checkpoint_parts
+from rlctl.ops.pull import checkpoint_parts, pull
 from tests.conftest import run_cli
 from tests.unit.ops.test_checkpoint_table import _job
 
@@ -29,17 +30,23 @@ FAR = {"datacenter": "b", "gpu": "CPU", "nodes": [{"host": "g1", "gpus": 2}], "s
 
 
 class BashHere(LocalRunner):
-    """An SSH host's runner whose commands run with bash here, each recorded (host, its first line)."""
+    """An SSH host's runner whose commands run with bash here, each recorded (host, its first line), as is each
+    connection it stands for (its host); its SFTP copies are copies here."""
 
     commands: ClassVar[list[tuple[str, str]]] = []
+    connections: ClassVar[list[str]] = []
 
     def __init__(self, target: SshTarget) -> None:
         super().__init__()
         self.host = target.host
+        BashHere.connections.append(self.host)
 
     def run(self, command: str, *, timeout_s: float, stdin: str | None = None, **_: Any) -> CommandResult:
         BashHere.commands.append((self.host, command.splitlines()[0]))
         return super().run(command, timeout_s=timeout_s, stdin=stdin)
+
+    def get(self, remote: str, local: Path) -> None:
+        shutil.copyfile(remote, local)
 
 
 def far_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, Path]:
@@ -48,6 +55,7 @@ def far_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, Pa
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(sitefs, "SshRunner", BashHere)
     monkeypatch.setattr(BashHere, "commands", [])
+    monkeypatch.setattr(BashHere, "connections", [])
     jd = _job(tmp_path)
     far = tmp_path / "g1" / "jobs" / jd.id
     jd.write_json(jd.plan_json, {"trainer": {"site": "far", "ranks": 1}, "controller_site": "local", "rollout": []})
@@ -128,3 +136,15 @@ def test_best_passes_over_a_checkpoint_whose_trainer_part_on_an_ssh_site_is_dama
         (30, "trainer part: model/w.bin does not match MANIFEST.trainer.json: 0 bytes, 30 listed")
     ]
     assert [host for host, _ in BashHere.commands] == ["g1"]
+
+
+def test_pull_best_of_a_job_on_an_ssh_site_connects_there_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pull --checkpoint best` looks at the checkpoints' manifests on the trainer's SSH site, then copies the best
+    one's policy from there: one connection for both (the pull's view handed to the survey), versus one each."""
+    jd, far = far_job(tmp_path, monkeypatch)
+    for v, reward in ((10, 0.1), (20, 0.5), (30, 0.6)):
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    (far / "iter-30" / "model" / "w.bin").write_bytes(b"")
+    got = pull(jd.path, checkpoint="best", to=tmp_path / "out")
+    assert got.version == 20 and (tmp_path / "out" / "w.bin").read_bytes() == bytes(20)
+    assert BashHere.connections == ["g1"], BashHere.connections
