@@ -23,8 +23,9 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--checkpoint",
                 "-c",
-                help="'latest' (the newest complete one), 'best' (the highest held-out greedy reward of those the "
-                "run evaluated: `rlctl status JOB --checkpoints`) or a version",
+                help="'latest' (the newest sound one: the latest of `rlctl status JOB --checkpoints`), 'best' (the "
+                "highest held-out greedy reward of those the run evaluated: `rlctl status JOB --checkpoints`) or a "
+                "version",
             ),
         ] = "latest",
         to: Annotated[

@@ -2,9 +2,10 @@
 sites that wrote them to this machine.
 
     job dir here ─ plan.json, staged.json, agents.jsonl ─▶ the trainer's site, the host of its rank 0, its job dir
-        ─▶ which checkpoint: N, or `latest` (the controller's latest.json, read on its site; if that one's trainer
-           part does not verify, the next older of the job's checkpoints; a damaged latest.json: the newest that
-           verifies, the rule a resume takes, `rlctl.checkpoint.choose.choose_resume`)
+        ─▶ which checkpoint: N, or `latest` (the controller's latest.json, read on its site; if that one's parts
+           fail the check `status --checkpoints` makes, `rlctl.ops.checkpoints.sound`, or its trainer part does not
+           verify, the next older of the job's checkpoints; a damaged latest.json: the newest that verifies, the
+           rule a resume takes, `rlctl.checkpoint.choose.choose_resume`)
         ─▶ MANIFEST.trainer.json of iter-N ─▶ each model/ file: copied (SFTP or a local copy) to a temporary
            name, its size and SHA-256 checked against the manifest, renamed into place
     controller's site ─▶ tensorboard/, wandb/ ─▶ the job dir here (also when a job ends or stops:
@@ -40,9 +41,9 @@ from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, record_text, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
+from rlctl.launch.sitefs import HostFiles, LocalFiles, Survey, agent_view, host_files, is_remote
 from rlctl.launch.stage import read_staged, root_for
-from rlctl.ops.checkpoints import PartDir, best_checkpoint
+from rlctl.ops.checkpoints import PartDir, best_checkpoint, sound, surveyed
 from rlctl.ops.extend import earlier_iterations
 
 log = logging.getLogger(__name__)
@@ -180,13 +181,14 @@ def pull(
             took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
             log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
         pointer: str | None = None
+        pointed: list[int] = []  # the version latest.json names
         damaged: str | None = None  # why latest.json does not parse
         if checkpoint == "latest":
             where, pointer = _latest(job_dir)
             if pointer is None:
                 raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
             try:
-                parse_latest(pointer)
+                pointed.append(parse_latest(pointer))
             except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
                 damaged = str(e)
                 log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
@@ -196,28 +198,39 @@ def pull(
         # not (a count changed in job.json by hand since), then the older ones on the site (those of an
         # every_iterations changed since too); every one on the site, newest first, where latest.json is damaged
         stored = sorted({v for v in _stored(fs, root) if v}, reverse=True) if number is None else [number]
+        # each one judged first as `status --checkpoints` judges it (`sound` of what `surveyed` saw: every part's
+        # manifests on its own site, the controller's naming the trainer's; one look a site), then its policy copied
+        # and every byte verified: `latest` is the newest that status calls sound (its latest), versus the trainer
+        # part alone (one whose controller part status marks damaged pulled as the latest)
+        seen: dict[str, Survey] = {}
+        if number is None:
+            candidates = sorted({*stored, *pointed})
+            seen, _ = surveyed(checkpoint_parts(job_dir, remote=True), candidates, views={(site, view): fs})
         problems: list[str] = []
         pulled: list[Pulled] = []
 
         def problem(version: int) -> str | None:
-            try:
-                into = (to or job_dir / "pulled" / f"v{version}").resolve()
-                pulled.append(
-                    _pull_one(
-                        fs,
-                        f"{root}/checkpoints/iter-{version}",
-                        version,
-                        into,
-                        f"{site}:{fs.where}",
-                        named_by="--to" if to else None,
+            why = sound(seen, version)
+            if why is None:
+                try:
+                    into = (to or job_dir / "pulled" / f"v{version}").resolve()
+                    pulled.append(
+                        _pull_one(
+                            fs,
+                            f"{root}/checkpoints/iter-{version}",
+                            version,
+                            into,
+                            f"{site}:{fs.where}",
+                            named_by="--to" if to else None,
+                        )
                     )
-                )
-                return None
-            except ValueError as e:
-                problems.append(f"v{version}: {e}")
-                if any(v < version for v in stored):  # the error below says the last one
-                    log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, e)
-                return str(e)
+                    return None
+                except ValueError as e:
+                    why = str(e)
+            problems.append(f"v{version}: {why}")
+            if any(v < version for v in stored):  # the error below says the last one
+                log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, why)
+            return why
 
         if number is not None:
             problem(number)

@@ -69,6 +69,18 @@ def controller_part(jd: JobDir, version: int, trainer_digest: str) -> None:
                "trainer_digest": trainer_digest})  # fmt: skip
 
 
+def damage_controller_part(jd: JobDir, version: int, damage: str) -> str:
+    """Checkpoint `version`'s controller part damaged: its manifest "cut short", or written anew naming "another
+    trainer part" than the one there; the start of the line `status --checkpoints` marks it with."""
+    if damage == "cut short":
+        manifest = jd.checkpoint(version) / "MANIFEST.controller.json"
+        manifest.write_text(manifest.read_text()[:20])
+        return "controller part: MANIFEST.controller.json does not parse (JSONDecodeError"
+    assert damage == "another trainer part"
+    controller_part(jd, version, "0" * 64)
+    return "its trainer part is not the one its controller part was written with"
+
+
 def same(a: TinyGPT, b: TinyGPT) -> bool:
     return all(torch.equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
 
@@ -119,9 +131,8 @@ def test_a_pulled_checkpoint_is_said_when_the_controllers_site_does_not_answer(
     def unreachable(*args: object) -> list[str]:
         raise LaunchError("ssh ctl-host: connect failed: [Errno 113] No route to host")
 
-    far = tmp_path / "far" / "checkpoints"  # the controller's job dir, another one (its latest.json read there)
-    far.mkdir(parents=True)
-    shutil.copy(jd.checkpoints / "latest.json", far)
+    far = tmp_path / "far" / "checkpoints"  # the controller's job dir, another one (its latest.json and its part of
+    shutil.copytree(jd.checkpoints, far)  # each checkpoint there)
     monkeypatch.setattr(pull_mod, "record_view", lambda job_dir: (site, "ctl-host", str(tmp_path / "far")))
     monkeypatch.setattr(pull_mod, "fetch_record", unreachable)
     got = pull(jd.path)
@@ -476,13 +487,7 @@ def test_pull_best_passes_over_a_checkpoint_whose_controller_part_is_damaged(
     for v, reward in ((1, 0.4), (2, 0.6)):
         jd.event("checkpoint", version=v)
         jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
-    manifest = jd.checkpoint(2) / "MANIFEST.controller.json"
-    if damage == "cut short":
-        manifest.write_text(manifest.read_text()[:20])
-        why = "controller part: MANIFEST.controller.json does not parse (JSONDecodeError"
-    else:
-        controller_part(jd, 2, "0" * 64)
-        why = "its trainer part is not the one its controller part was written with"
+    why = damage_controller_part(jd, 2, damage)
     table = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)["checkpoints"]
     assert table[-1]["damaged"].startswith(why)  # the rule `best` follows
     got = pull(jd.path, checkpoint="best")
@@ -490,6 +495,28 @@ def test_pull_best_passes_over_a_checkpoint_whose_controller_part_is_damaged(
     said = [r.getMessage() for r in caplog.records if "--checkpoint best" in r.getMessage()]
     assert said[0].startswith(f"--checkpoint best: v2 (held-out greedy reward 0.6000) passed over as damaged: {why}")
     assert said[1:] == ["--checkpoint best: v1 (held-out greedy reward 0.4000), the best sound one"], said
+
+
+@pytest.mark.parametrize("damage", ["cut short", "another trainer part"])
+def test_pull_latest_is_the_checkpoint_status_calls_the_latest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """v2, the one latest.json names, has a sound trainer part and a damaged controller part: `status --checkpoints`
+    marks it damaged and calls v1 the latest, and `pull` took v2 (it judged the trainer part alone), versus v1, by the
+    same rule (`sound`), v2 passed over in a line saying why."""
+    jd, models = job_dir(tmp_path)
+    for v in (1, 2):
+        jd.event("checkpoint", version=v)
+    why = damage_controller_part(jd, 2, damage)
+    table = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)["checkpoints"]
+    assert [(r["version"], r["latest"]) for r in table] == [(1, True), (2, False)] and table[1]["damaged"].startswith(
+        why
+    )
+    got = pull(jd.path)
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+    assert [m for m in caplog.messages if "not pulled" in m] == [
+        f"checkpoint v2 on site local not pulled: {table[1]['damaged']}; trying an older one"
+    ]
 
 
 def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
