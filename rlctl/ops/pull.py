@@ -5,7 +5,9 @@ sites that wrote them to this machine.
         ─▶ which checkpoint: N, or `latest` (the controller's latest.json, read on its site; if that one's parts
            fail the check `status --checkpoints` makes, `rlctl.ops.checkpoints.sound`, or its trainer part does not
            verify, the next older of the job's checkpoints; a damaged latest.json: the newest that verifies, the
-           rule a resume takes, `rlctl.checkpoint.choose.choose_resume`)
+           rule a resume takes, `rlctl.checkpoint.choose.choose_resume`); N judged by the same check before any
+           copy (`_judge_named`: refused where its trainer part fails it or its controller part names another,
+           pulled with a warning where only its controller part fails it)
         ─▶ MANIFEST.trainer.json of iter-N ─▶ each model/ file: copied (SFTP or a local copy) to a temporary
            name, its size and SHA-256 checked against the manifest, renamed into place
     controller's site ─▶ tensorboard/, wandb/ ─▶ the job dir here (also when a job ends or stops:
@@ -21,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,25 +195,30 @@ def pull(
             except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
                 damaged = str(e)
                 log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
+        listed = fs.list_files(f"{root}/checkpoints")
         if number is not None:
-            _have(fs, root, number, named=checkpoint)
+            _have(listed, root, number, named=checkpoint)
         # `latest`: the rule a resume takes (choose_resume): the one latest.json names first, a version of the job or
         # not (a count changed in job.json by hand since), then the older ones on the site (those of an
         # every_iterations changed since too); every one on the site, newest first, where latest.json is damaged
-        stored = sorted({v for v in _stored(fs, root) if v}, reverse=True) if number is None else [number]
+        on_site = sorted({v for v, complete in _checkpoints(listed).items() if complete and v}, reverse=True)
+        stored = on_site if number is None else [number]
         # each one judged first as `status --checkpoints` judges it (`sound` of what `surveyed` saw: every part's
         # manifests on its own site, the controller's naming the trainer's; one look a site), then its policy copied
         # and every byte verified: `latest` is the newest that status calls sound (its latest), versus the trainer
-        # part alone (one whose controller part status marks damaged pulled as the latest)
+        # part alone (one whose controller part status marks damaged pulled as the latest); a version named is judged
+        # by the same look (`_judge_named`), versus its trainer part alone, as it was copied; `best` was judged so
         seen: dict[str, Survey] = {}
-        if number is None:
-            candidates = sorted({*stored, *pointed})
+        if checkpoint != "best":
+            candidates = sorted({*on_site, *pointed, *([number] if number is not None else [])})
             seen, _ = surveyed(checkpoint_parts(job_dir, remote=True), candidates, views={(site, view): fs})
+        if number is not None and checkpoint != "best":
+            _judge_named(seen, number, on_site, named=checkpoint, job=named or shlex.quote(JobDir(job_dir).id))
         problems: list[str] = []
         pulled: list[Pulled] = []
 
         def problem(version: int) -> str | None:
-            why = sound(seen, version)
+            why = sound(seen, version) if number is None else None  # (a version named: `_judge_named`)
             if why is None:
                 try:
                     into = (to or job_dir / "pulled" / f"v{version}").resolve()
@@ -253,11 +261,42 @@ def pull(
         fs.close()
 
 
-def _have(fs: HostFiles, root: str, version: int, *, named: str) -> None:
+def _judge_named(seen: dict[str, Survey], version: int, on_site: list[int], *, named: str, job: str) -> None:
+    """A version named on the command line (`named`: `v20`, `20`), judged by what `status --checkpoints` checks
+    (`sound` of `seen`) before any file is copied. Damaged in its trainer part (the policy a pull copies), or its two
+    parts each sound alone but the controller's naming another trainer part (the weights there are not the ones the
+    job's record of that version, its held-out figures among them, was written with): UsageError naming the damage
+    and the versions on the site that are sound. Damaged in its controller part alone (its manifest cut short or
+    missing, a file it lists gone: a controller that died as it wrote it): the policy is still that version's
+    whole, which is what a pull is for — pulled, every byte verified against the trainer's manifest as ever, the
+    damage said in a warning (a resume refuses that checkpoint)."""
+    why = sound(seen, version)
+    if why is None:
+        return
+    trainer = {part: s for part, s in seen.items() if part == "trainer"}
+    others = {part: s for part, s in seen.items() if part != "trainer"}
+    if sound(trainer, version) is None and sound(others, version) is not None:
+        log.warning(
+            "--checkpoint %s: v%d is not sound (%s); its trainer part, the policy, is: pulled, every file verified "
+            "(a resume cannot start from v%d)",
+            named,
+            version,
+            why,
+            version,
+        )
+        return
+    good = [f"v{v}" for v in sorted(on_site) if v != version and sound(seen, v) is None]
+    these = f"the sound ones: {', '.join(good)}" if good else "none on the site is sound"
+    raise UsageError(
+        f"--checkpoint {named}: v{version} is not sound ({why}); {these}",
+        hint=f"`rlctl status {job} --checkpoints` lists them",
+    )
+
+
+def _have(files: list[str], root: str, version: int, *, named: str) -> None:
     """UsageError listing the job's checkpoints when `version` (`named` so on the command line: `v20`, `20`) is none
     of them (its folder holds no file), and naming it where a resume set it aside
-    (checkpoints/abandoned/iter-N.<key>)."""
-    files = fs.list_files(f"{root}/checkpoints")
+    (checkpoints/abandoned/iter-N.<key>). `files`: every file under the site job dir `root`'s checkpoints/."""
     found = _checkpoints(files)
     aside: set[str] = set()
     for rel in files:
@@ -286,11 +325,6 @@ def _checkpoints(files: list[str]) -> dict[int, bool]:
             v = int(top[5:])
             found[v] = found.get(v, False) or rest == manifest_name("trainer")
     return found
-
-
-def _stored(fs: HostFiles, root: str) -> list[int]:
-    """The versions of the complete checkpoints in the site job dir `root` (as `fs` sees it)."""
-    return [v for v, complete in _checkpoints(fs.list_files(f"{root}/checkpoints")).items() if complete]
 
 
 def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str, *, named_by: str | None = None) -> Pulled:

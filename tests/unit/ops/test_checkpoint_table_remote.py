@@ -13,7 +13,7 @@ import pytest
 
 from rlctl.checkpoint.files import write_part
 from rlctl.config.inventory import Site
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, UsageError
 from rlctl.launch import sitefs
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
@@ -148,3 +148,24 @@ def test_pull_best_of_a_job_on_an_ssh_site_connects_there_once(tmp_path: Path, m
     got = pull(jd.path, checkpoint="best", to=tmp_path / "out")
     assert got.version == 20 and (tmp_path / "out" / "w.bin").read_bytes() == bytes(20)
     assert BashHere.connections == ["g1"], BashHere.connections
+
+
+def test_pull_latest_and_a_version_named_are_judged_on_the_trainers_ssh_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's part of v30, the latest, cut short on the SSH site: `pull` takes v20, as `status --checkpoints`
+    calls it the latest, and `--checkpoint 30` is refused before any copy naming the sound ones; each over one
+    connection to the host (the look at the manifests and the copy)."""
+    jd, far = far_job(tmp_path, monkeypatch)
+    jd.write_json(jd.checkpoints / "latest.json", {"version": 30})
+    (far / "iter-30" / "model" / "w.bin").write_bytes(b"")
+    got = pull(jd.path, to=tmp_path / "out")
+    assert got.version == 20 and (tmp_path / "out" / "w.bin").read_bytes() == bytes(20)
+    assert BashHere.connections == ["g1"], BashHere.connections
+    with pytest.raises(UsageError) as e:
+        pull(jd.path, checkpoint="30", to=tmp_path / "v30")
+    assert str(e.value) == (
+        "--checkpoint 30: v30 is not sound (trainer part: model/w.bin does not match MANIFEST.trainer.json: 0 bytes, "
+        "30 listed); the sound ones: v10, v20"
+    )
+    assert BashHere.connections == ["g1", "g1"] and not (tmp_path / "v30").exists()

@@ -335,7 +335,9 @@ def test_pull_of_a_checkpoint_that_is_not_there_lists_those_that_are(
     for named in ("v3", "V3", "03"):  # as typed: `-c v3` was said back as `--checkpoint 3`
         with pytest.raises(UsageError, match=rf"^--checkpoint {named}: no such checkpoint; this job has v1$"):
             pull(jd.path, checkpoint=named)
-    with pytest.raises(LaunchError, match=r"v2: no MANIFEST.trainer.json \(not written, or the part is incomplete\)$"):
+    with pytest.raises(
+        UsageError, match=r"^--checkpoint 2: v2 is not sound \(trainer part: no MANIFEST.trainer.json\)"
+    ):
         pull(jd.path, checkpoint="2")
     assert not caplog.records  # one line: the error
 
@@ -517,6 +519,43 @@ def test_pull_latest_is_the_checkpoint_status_calls_the_latest(
     assert [m for m in caplog.messages if "not pulled" in m] == [
         f"checkpoint v2 on site local not pulled: {table[1]['damaged']}; trying an older one"
     ]
+
+
+@pytest.mark.parametrize("damage", ["trainer part cut short", "another trainer part", "cut short"])
+def test_pull_of_a_version_named_that_is_not_sound_is_refused_unless_only_its_controller_part_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """`--checkpoint 2` of a v2 that `status --checkpoints` marks damaged was judged by its trainer part alone: one cut
+    short was refused as the copy found it (exit 1, no word of the sound ones), and one beside a controller part that
+    names another trainer part was pulled as v2. Refused before any copy where the policy is not v2's whole or not the
+    one the job's record of v2 was written with (one line: the damage, the sound versions; exit 2); pulled, with a
+    warning, where only the controller part is damaged (the policy is whole and verified: what a pull is for)."""
+    jd, models = job_dir(tmp_path)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "rlctl-home"))
+    for v in (1, 2):
+        jd.event("checkpoint", version=v)
+    if damage == "trainer part cut short":
+        shard = next(jd.checkpoint(2).glob("model/*.safetensors"))
+        shard.write_bytes(shard.read_bytes()[:-1])
+    else:
+        damage_controller_part(jd, 2, damage)
+    table = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)["checkpoints"]
+    why = table[1]["damaged"]
+    to = tmp_path / "v2"
+    r = run_cli("pull", str(jd.path), "--checkpoint", "v2", "--to", str(to))
+    if damage == "cut short":
+        assert r.exit_code == 0, r.stderr
+        assert same(TinyGPT.from_pretrained(to), models[2])
+        assert [m for m in caplog.messages if m.startswith("--checkpoint")] == [
+            f"--checkpoint v2: v2 is not sound ({why}); its trainer part, the policy, is: pulled, every file verified "
+            "(a resume cannot start from v2)"
+        ]
+        return
+    assert r.exit_code == 2 and not to.exists(), r.stderr
+    assert r.stderr == (
+        f"rlctl: error: --checkpoint v2: v2 is not sound ({why}); the sound ones: v1 (hint: `rlctl status {jd.path} "
+        "--checkpoints` lists them)\n"
+    )
 
 
 def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
