@@ -3,7 +3,9 @@ unlocked), a lock file that cannot be opened said in one line (`open_lock`), and
 job.
 
     launcher_lock (.launcher.lock, exclusive, not waited for)    a launch, a `launch --resume`, an `attach`: the
-                                                                 job's one launcher; `launcher_holder` probes it
+                                                                 job's one launcher; `launcher_holder` probes it;
+                                                                 its lines name the holder and its job dir, which
+                                                                 a copy of the dir keeps (`refuse_copy_of_running`)
     fetching (.record-fetch.lock, exclusive, waited for)         rlctl.launch.record: one fetch of the record here
     summary_lock (.summary.lock, exclusive, waited for)          rlctl.launch.record: one read-change-write of
                                                                  summary.json (taken inside `fetching`, never before)
@@ -81,7 +83,8 @@ def launcher_lock(job: JobDir) -> Iterator[int]:
     filesystem has no flock (NFS mounted `nolock`) it goes on unlocked, said once, as `appending` and the record's
     fetch do: refused there, no launch, resume or attach of a job in that dir could run at all. A lock file that
     cannot be opened (another user's job dir, a read-only mount) is one line, versus a traceback (a resume takes the
-    lock before its refusals: a finished job's `nothing to resume` said so before)."""
+    lock before its refusals: a finished job's `nothing to resume` said so before). A copy of the job dir whose
+    original's launcher runs the job is refused too (`refuse_copy_of_running`: the lines the copy kept name it)."""
     path = job.path / LAUNCHER_LOCK
     f = _handed_lock(path) or open_lock(
         path, what="the job's launcher lock", why="a launcher writes in the job dir", error=UsageError
@@ -95,9 +98,16 @@ def launcher_lock(job: JobDir) -> Iterator[int]:
                 hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
             )
         f.seek(0)
+        refuse_copy_of_running(job, recorded=f.read())
+        f.seek(0)
         f.truncate()
         space = procfs.pid_space()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n" + (f"pid space {space}\n" if space else ""))
+        here = str(job.path.absolute())
+        f.write(
+            f"pid {os.getpid()} on {socket.gethostname()}\n"
+            + (f"pid space {space}\n" if space else "")
+            + (f"dir {here}\n" if "\n" not in here else "")
+        )
         f.flush()
         yield f.fileno()
     finally:
@@ -127,6 +137,43 @@ def launcher_holder(job: JobDir) -> str | None:
             return _shown(f.read())
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return None
+
+
+def refuse_copy_of_running(job: JobDir, *, recorded: str) -> None:
+    """UsageError (exit 2) naming where the job runs when the job dir is a copy (`cp -r`, rsync) of one whose launcher
+    runs it: the lock file's lines, as copied (`recorded`: its "dir" line, the job dir the launcher that wrote them
+    held it in), name another directory of this machine, that holds this job (the same secret) and whose launcher
+    lock is held. The copy's own lock is another file, never held: a `launch --resume` or `attach` of the copy passed
+    it and started a second run of the job over the same sites' job dirs (`W/jobs/<id>`, the id the copy shares), its
+    controller's record and checkpoints. A dir moved after its job ended (the one named is gone), or named by an
+    older rlctl's lock file (no "dir" line), passes."""
+    there = _recorded_dir(recorded)
+    if there is None:
+        return
+    try:
+        if os.path.samefile(there, job.path) or (there / "secret").read_bytes() != (job.path / "secret").read_bytes():
+            return
+    except OSError:  # gone (moved, or a directory of another machine), or no job's: another job by now, or none
+        return
+    from rlctl.launch.jobdir import JobDir  # (jobdir imports this module: its appends take `flock`)
+
+    holder = launcher_holder(JobDir(there))
+    if holder is None:
+        return
+    watch = shlex.quote(str(there))
+    raise UsageError(
+        f"job {job.id} runs from {there} (its launcher: {holder}), of which {job.path} is a copy; a launcher here "
+        "would run the job a second time over the same sites' job dirs and checkpoints",
+        hint=f"watch it with `rlctl status {watch}`; `rlctl stop {watch}` ends it; the copy resumes once it ended",
+    )
+
+
+def _recorded_dir(recorded: str) -> Path | None:
+    """The job dir a launcher lock file's lines name (its "dir" line: `launcher_lock` writes it), None for none."""
+    for line in recorded.splitlines():
+        if line.startswith("dir /"):
+            return Path(line[len("dir ") :])
+    return None
 
 
 def _handed_lock(path: Path) -> TextIO | None:
@@ -197,5 +244,5 @@ def _runs_here(holder: str) -> bool:
     of that gone launcher). A pid no process can have (a hand-edited file: 0, which `kill` takes for its own process
     group; one past a C int, its OverflowError) is none, versus the OverflowError's traceback or pid 0 taken for a
     live launcher."""
-    m = re.fullmatch(r"pid (\d+) on (\S+)(?:\npid space (\S+))?", holder.strip())
+    m = re.fullmatch(r"pid (\d+) on (\S+)(?:\npid space (\S+))?(?:\ndir /.*)?", holder.strip())
     return m is not None and procfs.pids_here(m[2], m[3]) and procfs.alive(int(m[1]))

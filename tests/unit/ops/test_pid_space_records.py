@@ -48,10 +48,10 @@ def test_a_launcher_lock_of_another_pid_space_under_this_host_name_is_tried_agai
         m.setattr(procfs, "pid_space", lambda: OTHER)
         with jd.launcher_lock():
             assert jd.launcher_holder() == here  # said as before: its pid space is for `_runs_here` alone
-    assert lock.read_text() == f"{here}\npid space {OTHER}\n"
+    assert lock.read_text() == f"{here}\npid space {OTHER}\ndir {jd.path}\n"
     probe, slept = probed_until_a_retry(lock, monkeypatch)  # a probe's instant, over as the launcher retries
     with jd.launcher_lock():
-        assert lock.read_text() == f"{here}\npid space {procfs.pid_space()}\n"
+        assert lock.read_text() == f"{here}\npid space {procfs.pid_space()}\ndir {jd.path}\n"
         monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited on a launcher that runs here"))
         with pytest.raises(UsageError) as e, jd.launcher_lock():  # a launcher of this pid space: at once, as before
             pass

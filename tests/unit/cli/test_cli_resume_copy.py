@@ -1,0 +1,70 @@
+"""A copy of a job dir (`cp -r`, rsync) made while its launcher runs the job: a `launch --resume` of the copy is
+refused in one line naming the dir the job runs from and its launcher, versus passing the copy's own launcher lock
+(another file, never held) and starting a second run of the job over the same sites' job dirs. A dir moved after its
+job ended, or a copy of a job no launcher runs, resumes as before. (`attach` refuses a copy already: it is in no
+job index.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.unit.cli.test_cli_bad_input import home, one_error, prepared
+
+__all__ = ["home"]  # (the fixture: RLCTL_HOME under tmp_path)
+
+
+@pytest.fixture
+def began(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The job dirs a resume went on to run (`be_launcher`, past every refusal), recorded instead of run."""
+    from rlctl.commands.launching import resume
+
+    ran: list[Path] = []
+    monkeypatch.setattr(resume, "be_launcher", lambda jd, _s, _p, db, *_a, **_k: (ran.append(jd.path), db.close()))
+    return ran
+
+
+@pytest.mark.parametrize("name", ["run", "run-backup"])  # the same id, or another one (the same job: its secret)
+def test_a_resume_of_a_copy_of_a_job_dir_whose_launcher_runs_it_names_where_it_runs(
+    tmp_path: Path, began: list[Path], name: str
+) -> None:
+    jd = prepared(tmp_path / "run")
+    jd.secret()
+    with jd.launcher_lock():  # (this process holds it, as the job's running launcher would)
+        copy = tmp_path / "backup" / name
+        shutil.copytree(jd.path, copy)
+        line = one_error(run_cli("launch", "--resume", str(copy)))
+        assert line.startswith(
+            f"rlctl: error: job {copy.name} runs from {jd.path} (its launcher: pid {os.getpid()} on "
+            f"{socket.gethostname()}), of which {copy} is a copy; a launcher here would run the job a second time"
+        ), line
+        assert f"(hint: watch it with `rlctl status {jd.path}`; `rlctl stop {jd.path}` ends it;" in line
+    assert began == []
+    assert run_cli("launch", "--resume", str(copy)).exit_code == 0  # once it ended: the copy is the job's to resume
+    assert began == [copy]
+
+
+def test_a_job_dir_moved_after_its_job_ended_and_a_copy_of_another_job_resume_as_before(
+    tmp_path: Path, began: list[Path]
+) -> None:
+    jd = prepared(tmp_path / "run")
+    jd.secret()
+    with jd.launcher_lock():
+        pass
+    moved = tmp_path / "kept" / "run"
+    moved.parent.mkdir()
+    os.rename(jd.path, moved)  # its lock file names the dir it left
+    lines = (moved / ".launcher.lock").read_text()
+    assert f"dir {jd.path}" in lines
+    assert run_cli("launch", "--resume", str(moved)).exit_code == 0
+    (moved / ".launcher.lock").write_text(lines)  # (as the move left it: the resume wrote its own)
+    other = prepared(tmp_path / "run")  # another job launched where it was, its launcher running
+    other.secret()
+    with other.launcher_lock():
+        assert run_cli("launch", "--resume", str(moved)).exit_code == 0  # not this job: its secret is another
+    assert began == [moved, moved]
