@@ -9,6 +9,7 @@ iterations since the last checkpoint, not the night:
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
+                     ├─ another run's controller answers on the job's sites (`controller_elsewhere`) ─▶ that failure
                      ├─ what is left of the run cannot be stopped (a site that does not answer) ─▶ that failure
                      └─ else: say the resume and what changed since the launch (`launch_changes`, as `launch
                         --resume` does), `start(resume=True)` ─▶ wait …
@@ -46,6 +47,7 @@ from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobprep import StopCheck
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
+from rlctl.ops.refusals import controller_elsewhere
 from rlctl.ops.run import JobRun
 from rlctl.ops.runstate import UNSTARTED, resumes, stop_requested
 
@@ -233,6 +235,18 @@ class Runs:
         if wrong := self._wrong_site_options():
             reason = "; ".join(f"{p.field}: {p.message}" for p in wrong)
             self.say(f"job {name}{ended}; not resumed automatically: {self.jobdir.path / 'sites.json'}: {reason}")
+            self.jobdir.event("auto_resume_refused", after=why, reason=reason)
+            return False
+        # another run of the job answering on its sites (a copy of the job dir resumed from another machine, where
+        # this run's controller did not answer, stopped this run's agents and started its own over the same site
+        # job dirs): not resumed over it, versus stopping that run's agents (the site's agents.jsonl is its now) and
+        # starting a second controller in its site job dir, each launcher then resuming over the other
+        if (other := controller_elsewhere(self.jobdir, own=self.run.address)) is not None:
+            reason = f"another run of the job is live: its controller answers at {other}, not this run's"
+            self.say(
+                f"job {name}{ended}; not resumed automatically: {reason} (a copy of the job dir resumed elsewhere?); "
+                f"`rlctl status {self.jobdir.path}` shows it"
+            )
             self.jobdir.event("auto_resume_refused", after=why, reason=reason)
             return False
         # what is left of the failed run, stopped before its resume is said, spent and recorded: one whose agents may

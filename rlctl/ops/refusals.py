@@ -12,7 +12,7 @@ from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentrecords import all_recorded_agents
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.client import connect_client
+from rlctl.ops.client import connect_client, controller_address
 from rlctl.ops.extend import trained_iterations
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobprep import launch_again
@@ -89,6 +89,24 @@ def refuse_if_id_live(jobdir: JobDir, db: JobDB) -> None:
         "a resume would take that job's index row and its sites' job dirs",
         hint=f"resume it once that job has ended (`rlctl status {shlex.quote(jobdir.id)}`), or stop it first",
     )
+
+
+def controller_elsewhere(jobdir: JobDir, *, own: str | None) -> str | None:
+    """The address of a controller of the job that answers and is not `own` (this launcher's run's, whose run
+    failed): another run of the job on its sites (a copy of the job dir resumed from another machine, its controller
+    now the one the site's controller.json names); None where none answers, or the one named is this run's."""
+    try:
+        address = controller_address(jobdir)
+    except (LaunchError, OSError, ValueError):
+        return None
+    if address == own:
+        return None
+    try:
+        conn = connect_client(jobdir, timeout_s=3.0, name="resume")
+    except (RlctlError, OSError, ValueError, KeyError):  # none answers
+        return None
+    conn.close()
+    return address
 
 
 def refuse_if_running(jobdir: JobDir, *, arg: str | None = None) -> None:

@@ -62,6 +62,7 @@ class RunBase:
         self.handles: list[AgentHandle] = []
         self._starting = True  # `wait` watches the trainer ranks until the trainer joins (not after `attach`)
         self.controller: AgentHandle | None = None
+        self.address: str | None = None  # this run's controller's, once it listens (`start`) or as attached
         self.staged: dict[str, Any] = {}
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None

@@ -307,7 +307,7 @@ class RunStart(RunBase):
             raise
         c = agents[0][0]
         self.controller = self._start(c)
-        address = self._controller_address(remote)
+        address = self.address = self._controller_address(remote)
         # never over an operator's `stopped`: only a row still `launching` becomes `running`
         if self.db is not None and not self.db.update(
             self.id, state="running", controller=address, only_from=("launching",)
@@ -370,6 +370,8 @@ class RunStart(RunBase):
             raise LaunchError(f"{self.jobdir.path}: no controller recorded in {AGENTS_FILE}: the job never started")
         self.handles = [h for h in handles if h.spec.name in names]
         self.controller = next(h for h in self.handles if h.spec.role == "controller")
+        with contextlib.suppress(LaunchError, OSError):  # none yet: it has not listened (its `wait` says so)
+            self.address = controller_address(self.jobdir)
         self._starting = False  # its trainer's start-up was the gone launcher's to watch
         started = [
             event_time(e)

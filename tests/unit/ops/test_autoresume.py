@@ -17,7 +17,7 @@ from rlctl.checkpoint.choose import ResumePoint
 from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import autoresume
+from rlctl.ops import autoresume, refusals
 from rlctl.ops.operate import STOP_REQUESTED
 from tests.conftest import ROOT
 
@@ -33,6 +33,7 @@ class ScriptedRun:
 
     def __init__(self, jobdir: JobDir, spec: Any, plan: Any, **_: Any) -> None:
         self.jobdir = jobdir
+        self.address: str | None = "tcp://127.0.0.1:1"  # its controller's (none of them listens)
         self.resumed: ResumePoint | None = None
         self.limit: str | None = None
 
@@ -206,6 +207,41 @@ def test_a_failed_run_whose_remains_cannot_be_stopped_is_not_said_to_be_resumed(
     ]
     events = [e["event"] for e in r.jobdir.read_lines(r.jobdir.events)]
     assert "auto_resume" not in events and "auto_resume_refused" in events
+
+
+def test_a_failed_run_is_not_resumed_over_another_run_of_the_job_whose_controller_answers(runs, monkeypatch):
+    # a copy of the job dir resumed from another machine (this run's controller did not answer there) stopped this
+    # run's agents and started its own on the same sites' job dirs, its controller.json fetched here: the launcher
+    # stopped that run's agents (the site's agents.jsonl is its now) and started a second controller over it
+    r, said = runs([(FAILED, [10, 20]), ("done", [30])], auto_resume=2)
+    r.jobdir.write_json(r.jobdir.controller_json, {"address": "tcp://10.0.0.7:4242", "pid": 7})
+    asked: list[str] = []
+
+    class Answers:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(
+        refusals, "connect_client", lambda jd, *, timeout_s, name: asked.append(str(jd.path)) or Answers()
+    )
+    assert r.wait()["state"] == FAILED
+    assert ScriptedRun.started == [False] and ScriptedRun.stopped == 0 and r.resumes == 0 and r.left == 2
+    assert said == [
+        f"job demo {FAILED}; not resumed automatically: another run of the job is live: its controller answers at "
+        "tcp://10.0.0.7:4242, not this run's (a copy of the job dir resumed elsewhere?); "
+        f"`rlctl status {r.jobdir.path}` shows it"
+    ]
+    refused = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume_refused"]
+    assert len(refused) == 1 and asked == [str(r.jobdir.path)]
+
+
+def test_a_failed_run_whose_own_controller_is_named_is_resumed_unasked(runs, monkeypatch):
+    # this run's controller.json: its address is this run's own, not asked whether it answers (an instant after
+    # its end, still closing its listener, it may)
+    r, _said = runs([(FAILED, [10, 20]), ("done", [30])], auto_resume=2)
+    r.jobdir.write_json(r.jobdir.controller_json, {"address": "tcp://127.0.0.1:1", "pid": 7})
+    monkeypatch.setattr(refusals, "connect_client", lambda *_a, **_k: pytest.fail("asked its own controller"))
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
 
 
 def test_a_resume_that_starts_over_takes_a_fixed_field_edit_for_the_resumes_after_it(runs):
