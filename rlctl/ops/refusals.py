@@ -109,12 +109,14 @@ def controller_elsewhere(jobdir: JobDir, *, own: str | None) -> str | None:
     return address
 
 
-def refuse_if_running(jobdir: JobDir, *, arg: str | None = None) -> None:
+def refuse_if_running(jobdir: JobDir, *, arg: str | None = None, indexed: bool = True) -> None:
     """Before a resume (by the job's launcher, holding its lock: no other launcher watches it): refuse while the
     job's controller answers, naming `rlctl attach` (which watches it again, as its gone launcher did) before `rlctl
     stop`; stop what is left of the run that ended (an orphaned unit, a trainer rank whose peer died), so two runs
     of one job never overlap. `arg`: the job as the hints name it (`JobRef.arg`: its directory where the index lacks
-    it: its id names no job there, `rlctl attach ID` failed), else its id."""
+    it: its id names no job there, `rlctl attach ID` failed), else its id. A job the index lacks (`indexed` False: a
+    copy of its job dir, another machine's launch) is said with its controller's address and no `attach`, which
+    refuses such a job: its launcher, elsewhere, may watch it still."""
     try:
         conn = connect_client(jobdir, timeout_s=3.0, name="resume")
     except (RlctlError, OSError, ValueError, KeyError):  # none answers (an unreadable controller.json: none can)
@@ -122,6 +124,12 @@ def refuse_if_running(jobdir: JobDir, *, arg: str | None = None) -> None:
     else:
         conn.close()
         name = arg if arg is not None else shlex.quote(jobdir.id)
+        if not indexed:
+            raise UsageError(
+                f"job {jobdir.id} is running: its controller answers at {controller_address(jobdir)}, and this "
+                "machine's job index does not hold it (a copy of its job dir? launched from another machine?)",
+                hint=f"`rlctl status {name}` shows it; `rlctl stop {name}` ends it; resume it once it ended",
+            )
         raise UsageError(
             f"job {jobdir.id} is running (its controller answers; no launcher watches it)",
             hint=f"`rlctl attach {name}` watches it to its end again; `rlctl stop {name}` ends it",

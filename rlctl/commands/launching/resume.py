@@ -155,7 +155,7 @@ def resume_job(
         return
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
-        refuse_if_running(jd, arg=ref_.arg)
+        refuse_if_running(jd, arg=ref_.arg, indexed=ref_.row is not None)
         if moved:  # the id its run and its agents read
             jd.name_as(jd.id)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)

@@ -68,3 +68,26 @@ def test_a_job_dir_moved_after_its_job_ended_and_a_copy_of_another_job_resume_as
     with other.launcher_lock():
         assert run_cli("launch", "--resume", str(moved)).exit_code == 0  # not this job: its secret is another
     assert began == [moved, moved]
+
+
+def test_a_resume_of_a_copy_whose_controller_answers_names_its_address_not_attach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rsync'd from another machine, whose launcher runs the job (no lock of this machine held): it said 'no launcher
+    # watches it' and named `rlctl attach DIR`, which refuses a job this machine's index lacks
+    from rlctl.ops import refusals
+
+    copy = prepared(tmp_path / "copy")
+    copy.write_json(copy.controller_json, {"address": "tcp://10.0.0.7:4242", "pid": 7})
+
+    class Answers:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(refusals, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
+    line = one_error(run_cli("launch", "--resume", str(copy.path)))
+    assert line == (
+        "rlctl: error: job copy is running: its controller answers at tcp://10.0.0.7:4242, and this machine's job "
+        "index does not hold it (a copy of its job dir? launched from another machine?) (hint: `rlctl status "
+        f"{copy.path}` shows it; `rlctl stop {copy.path}` ends it; resume it once it ended)"
+    )
