@@ -159,6 +159,19 @@ def _figures_age(age_s: Any) -> str:
     return "no iteration trained by this run yet" if age_s is None else f"figures {_f(age_s, '.1f')} s old"
 
 
+COPY_SAID = "shown here, and what stop or scale acts on"
+
+
+def copy_rows(s: dict[str, Any]) -> list[list[str]]:
+    """A job dir that is a copy of one whose launcher runs the job (`copy_of_running`): the dir it copies, where the job
+    runs, said as such (what status shows is that run; a `stop` or `scale` of the copy acts on it), versus the copy's
+    dir alone, as if it were the job's."""
+    c = s.get("copy_of")
+    if c is None:
+        return []
+    return [["copy of", f"{c['job_dir']}, where the job runs (its launcher: {c['launcher']}): {COPY_SAID}"]]
+
+
 ROLE_ORDER = {"controller": 0, "trainer": 1, "rollout": 2}
 
 
@@ -203,6 +216,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["metrics", metrics_line(v.get("metrics"))],
         ["job dir", s["job_dir"]],
         *([["launcher", s["launcher"]]] if s.get("launcher") else []),
+        *copy_rows(s),
     ]
     agents = [
         [
@@ -311,6 +325,7 @@ def _fallback_table(s: dict[str, Any]) -> str:
         rows.append(["sites not answering", ", ".join(s["sites_down"])])
     if s.get("launcher"):
         rows.append(["launcher", s["launcher"]])
+    rows += copy_rows(s)
     agents = [[a["name"], a["role"], a["site"], a["state"], a["source"], _f(a["age_s"])] for a in s["agents"]]
     return (
         grid(rows, ["", ""], f"Job {s['id']}")

@@ -140,32 +140,48 @@ def launcher_holder(job: JobDir) -> str | None:
 
 
 def refuse_copy_of_running(job: JobDir, *, recorded: str) -> None:
-    """UsageError (exit 2) naming where the job runs when the job dir is a copy (`cp -r`, rsync) of one whose launcher
-    runs it: the lock file's lines, as copied (`recorded`: its "dir" line, the job dir the launcher that wrote them
-    held it in), name another directory of this machine, that holds this job (the same secret) and whose launcher
-    lock is held. The copy's own lock is another file, never held: a `launch --resume` or `attach` of the copy passed
-    it and started a second run of the job over the same sites' job dirs (`W/jobs/<id>`, the id the copy shares), its
-    controller's record and checkpoints. A dir moved after its job ended (the one named is gone), or named by an
-    older rlctl's lock file (no "dir" line), passes."""
-    there = _recorded_dir(recorded)
-    if there is None:
+    """UsageError (exit 2) naming where the job runs when the job dir is a copy of one whose launcher runs it
+    (`copy_of_running`; `recorded`: the lines of the copy's lock file, as copied). The copy's own lock is another
+    file, never held: a `launch --resume` of the copy passed it and started a second run of the job over the same
+    sites' job dirs (`W/jobs/<id>`, the id the copy shares), its controller's record and checkpoints."""
+    found = copy_of_running(job, recorded=recorded)
+    if found is None:
         return
-    try:
-        if os.path.samefile(there, job.path) or (there / "secret").read_bytes() != (job.path / "secret").read_bytes():
-            return
-    except OSError:  # gone (moved, or a directory of another machine), or no job's: another job by now, or none
-        return
-    from rlctl.launch.jobdir import JobDir  # (jobdir imports this module: its appends take `flock`)
-
-    holder = launcher_holder(JobDir(there))
-    if holder is None:
-        return
+    there, holder = found
     watch = shlex.quote(str(there))
     raise UsageError(
         f"job {job.id} runs from {there} (its launcher: {holder}), of which {job.path} is a copy; a launcher here "
         "would run the job a second time over the same sites' job dirs and checkpoints",
         hint=f"watch it with `rlctl status {watch}`; `rlctl stop {watch}` ends it; the copy resumes once it ended",
     )
+
+
+def copy_of_running(job: JobDir, *, recorded: str | None = None) -> tuple[Path, str] | None:
+    """(the job dir, its launcher: "pid N on HOST") where the job dir `job` is a copy (`cp -r`, rsync) of one of this
+    machine whose launcher runs the job: the lock file's lines, as copied (`recorded`; read here where not given:
+    its "dir" line, the job dir the launcher that wrote them held it in), name another directory, that holds this job
+    (the same secret) and whose launcher lock is held. None otherwise: a dir moved after its job ended (the one named
+    is gone), one named by an older rlctl's lock file (no "dir" line), another job there by now, no launcher there."""
+    if recorded is None:
+        try:
+            recorded = (job.path / LAUNCHER_LOCK).read_text()
+        except (OSError, ValueError):  # none, or none readable: no launcher's lines
+            return None
+    there = _recorded_dir(recorded)
+    if there is None:
+        return None
+    try:
+        if os.path.samefile(there, job.path) or (there / "secret").read_bytes() != (job.path / "secret").read_bytes():
+            return None
+    except OSError:  # gone (moved, or a directory of another machine), or no job's: another job by now, or none
+        return None
+    from rlctl.launch.jobdir import JobDir  # (jobdir imports this module: its appends take `flock`)
+
+    try:
+        holder = launcher_holder(JobDir(there))
+    except UsageError:  # its lock cannot be read there: not known to run
+        return None
+    return None if holder is None else (there, holder)
 
 
 def _recorded_dir(recorded: str) -> Path | None:

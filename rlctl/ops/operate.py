@@ -40,6 +40,7 @@ from rlctl.launch.agentrecords import (
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, record_text, resume_command, row_count
+from rlctl.launch.locks import copy_of_running
 from rlctl.launch.record import (
     event_to_record,
     failed_here,
@@ -185,6 +186,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
             job_dir=jd.path,
             source=ref.row.info.get("source"),
         )
+    elif (original := copy_of_running(jd)) is not None:  # what status shows is the run of the job dir it copies
+        out["copy_of"] = {"job_dir": str(original[0]), "launcher": original[1]}
     t0 = time.monotonic()
     live = _with_deadline({"controller": lambda: ask_controller(ref, "status", timeout_s=timeout_s)}, timeout_s + 1)
     how, value = live["controller"]

@@ -91,3 +91,22 @@ def test_a_resume_of_a_copy_whose_controller_answers_names_its_address_not_attac
         "index does not hold it (a copy of its job dir? launched from another machine?) (hint: `rlctl status "
         f"{copy.path}` shows it; `rlctl stop {copy.path}` ends it; resume it once it ended)"
     )
+
+
+def test_status_of_a_copy_of_a_job_dir_whose_launcher_runs_it_names_the_dir_it_copies(tmp_path: Path) -> None:
+    # it showed the copy as the job's dir (its controller.json names the running job's controller: the live figures
+    # were that run's), with no word of the dir the job runs from
+    jd = prepared(tmp_path / "run")
+    jd.secret()
+    copy = tmp_path / "backup" / "run"
+    with jd.launcher_lock():
+        shutil.copytree(jd.path, copy)
+        r = run_cli("status", str(copy))
+        plain = run_cli("status", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert (
+        f"copy of     {jd.path}, where the job runs (its launcher: pid {os.getpid()} on {socket.gethostname()}): "
+        "shown here, and what stop or scale acts on"
+    ) in r.stdout
+    assert "copy of" not in plain.stdout  # (the dir itself, its launcher preparing the job: exit 3)
+    assert "copy of" not in run_cli("status", str(copy)).stdout  # once it ended there
