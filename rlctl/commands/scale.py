@@ -57,7 +57,9 @@ def _cell(v: Any) -> Any:
 
 
 def _table(r: dict[str, Any]) -> str:
-    rows = [[k, _cell(v)] for k, v in r.items()]
+    rows = [[k, _cell(v)] for k, v in r.items() if k not in ("job_dir", "copy")]
+    if r.get("copy"):  # named by a copy of its dir: scaled where it runs
+        rows.insert(1, ["job dir", f"{r['job_dir']}, where the job runs ({r['copy']}, named, is a copy of it)"])
     return grid(rows, ["", ""], f"Scale {r['id']}")
 
 
@@ -172,7 +174,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130) from None
         if "error" in reply:
             raise UsageError(f"job {ref.id}: {reply['error']}")
-        out: dict[str, Any] = {"id": ref.id, **reply}
+        out: dict[str, Any] = {"id": ref.id, **ref.copy_said(), **reply}
         added: list[str] = list(reply.get("adding", []))
         if added and wait:
             _wait_for_first_samples(ref, added, out, timeout_s, output)

@@ -28,6 +28,8 @@ def _table(r: dict[str, Any]) -> str:
         rows.append(["launcher", r["launcher"]])
     rows += [["problem", p] for p in r["problems"]]
     rows += [["not recorded", u] for u in r.get("unrecorded", [])]
+    if r.get("copy"):  # named by a copy of its dir: stopped where it runs
+        rows.insert(0, ["job dir", f"{r['job_dir']}, where the job runs ({r['copy']}, named, is a copy of it)"])
     return grid(rows, ["", ""], f"Stop {r['id']}")
 
 
@@ -61,6 +63,7 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:  # what the stop left is said (typer ends a Ctrl-C with exit 130 and no word)
             sys.stderr.write(f"rlctl: interrupted: {stop_cut_short(ref, since=since)}\n")
             raise typer.Exit(130) from None
+        result.update(ref.copy_said())
         emit(result, output, _table)
         if result["problems"]:
             raise PartialFailure(f"job {ref.id}: some agents could not be verified stopped: {result['problems'][0]}")

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.locks import copy_of_running
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.textutil import did_you_mean
 
@@ -34,6 +35,9 @@ class JobRef:
     id: str
     jobdir: JobDir
     row: JobRow | None  # None when the job was named by its directory and is not in the index
+    # the job dir the command named, where it is a copy of `jobdir`, whose launcher runs the job (`copy_of_running`):
+    # a command that changes the running job (`resolve(..., changes=…)`) acts on that dir, as its launcher reads it
+    copy: Path | None = None
 
     @property
     def arg(self) -> str:
@@ -41,19 +45,30 @@ class JobRef:
         directory (the id of a job the index lacks — a moved job dir, another $RLCTL_HOME's — names no row)."""
         return shlex.quote(self.id if self.row is not None else str(self.jobdir.path))
 
+    def copy_said(self) -> dict[str, str]:
+        """What a command's output says of a job named by a copy of its dir (`copy`): the dir the job runs from, and
+        the copy named; nothing for any other job."""
+        return {} if self.copy is None else {"job_dir": str(self.jobdir.path), "copy": str(self.copy)}
+
 
 def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = None) -> JobRef:
     """The job `ref` names; UsageError (exit 2) naming what is known when nothing matches. `changes`: the command
     (`stop`, `scale`), which changes the running job it resolves to: an omitted JOB means the one job that runs
     (`_the_running_one`), and is refused in one line naming them while several run, versus the one launched last
     stopped or scaled (a week-long job resumed after a test job was launched: a bare `rlctl stop` meant for the test
-    stopped it)."""
+    stopped it). Such a command given a copy of the job dir (`cp -r`, rsync) whose original's launcher runs the job
+    resolves to that original (`JobRef.copy`: the copy): its stop request written where that launcher reads it, versus
+    into the copy, where the launcher of a job its stop killed without a summary never saw it and resumed the job
+    (`checkpoint.auto_resume`), and the stop neither waited for that launcher nor wrote the job's index row."""
     own = db is None
     db = db if db is not None else JobDB()
     try:
         if ref is None and changes is not None and (running := _the_running_one(db, changes)) is not None:
             return JobRef(running.name, JobDir(Path(running.job_dir)), running)
-        return _resolve(ref, db)
+        found = _resolve(ref, db)
+        if changes is not None and found.row is None and (original := copy_of_running(found.jobdir)) is not None:
+            return replace(_resolve(str(original[0]), db), copy=found.jobdir.path)
+        return found
     finally:
         if own:
             db.close()

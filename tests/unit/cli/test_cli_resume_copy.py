@@ -110,3 +110,34 @@ def test_status_of_a_copy_of_a_job_dir_whose_launcher_runs_it_names_the_dir_it_c
     ) in r.stdout
     assert "copy of" not in plain.stdout  # (the dir itself, its launcher preparing the job: exit 3)
     assert "copy of" not in run_cli("status", str(copy)).stdout  # once it ended there
+
+
+def test_stop_and_scale_named_by_a_copy_of_a_running_jobs_dir_act_on_the_dir_it_runs_from(
+    tmp_path: Path, home: Path
+) -> None:
+    # they wrote their request into the copy (a stop's `stop_requested`, which the launcher reads in its own dir: the
+    # job its stop killed without a summary resumed by `checkpoint.auto_resume`), never waited for that launcher nor
+    # wrote the job's index row, and said the copy as the job
+    from rlctl.commands import scale as scale_cli
+    from rlctl.commands import stop as stop_cli
+    from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobref import resolve
+
+    jd = prepared(tmp_path / "run")
+    jd.secret()
+    db = JobDB()
+    db.put("run", job_dir=str(jd.path), spec={"name": "demo"}, state="running")
+    copy = tmp_path / "backup" / "run"
+    with jd.launcher_lock():
+        shutil.copytree(jd.path, copy)
+        for command in ("stop", "scale"):
+            ref = resolve(str(copy), db=db, changes=command)
+            assert (ref.jobdir.path, ref.copy, ref.row is not None and ref.row.name) == (jd.path, copy, "run")
+        assert resolve(str(copy), db=db).jobdir.path == copy  # status, logs: the dir named (status says whose copy)
+    assert resolve(str(copy), db=db, changes="stop").jobdir.path == copy  # once it ended there: the copy is a job dir
+    said = f"{jd.path}, where the job runs ({copy}, named, is a copy of it)"
+    stopped = {"id": "run", "graceful": "requested", "agents": ["controller-0"], "problems": []}
+    assert f"job dir         {said}\n" in stop_cli._table(stopped | {"job_dir": str(jd.path), "copy": str(copy)})
+    scaled = {"id": "run", "job_dir": str(jd.path), "copy": str(copy), "adding": ["rollout-1"]}
+    assert f"job dir  {said}\n" in scale_cli._table(scaled)
+    db.close()
