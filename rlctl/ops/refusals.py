@@ -125,9 +125,13 @@ def refuse_if_running(jobdir: JobDir, *, arg: str | None = None, indexed: bool =
         conn.close()
         name = arg if arg is not None else shlex.quote(jobdir.id)
         if not indexed:
+            try:
+                at = f" at {controller_address(jobdir)}"
+            except (LaunchError, OSError, ValueError):  # (read a moment ago: removed, or replaced by a damaged one)
+                at = ""
             raise UsageError(
-                f"job {jobdir.id} is running: its controller answers at {controller_address(jobdir)}, and this "
-                "machine's job index does not hold it (a copy of its job dir? launched from another machine?)",
+                f"job {jobdir.id} is running: its controller answers{at}, and this machine's job index does not hold "
+                "it (a copy of its job dir? launched from another machine?)",
                 hint=f"`rlctl status {name}` shows it; `rlctl stop {name}` ends it; resume it once it ended",
             )
         raise UsageError(

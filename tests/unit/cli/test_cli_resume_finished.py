@@ -444,7 +444,8 @@ def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hi
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # resumed by its directory (a moved job dir), its controller answering: the hint said `rlctl attach run` and
-    # `rlctl stop run`, an id that names no job in the index
+    # `rlctl stop run`, an id that names no job in the index (`attach` refuses a job the index lacks by any name:
+    # the hint names status and stop, e810fd77)
     from rlctl.ops import refusals
 
     jd = ended(tmp_path / "my run", "failed", iterations=5, indexed=None)
@@ -458,7 +459,8 @@ def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hi
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
     named = f"'{jd.path}'"
-    assert f"`rlctl attach {named}` watches it to its end again; `rlctl stop {named}` ends it" in r.stderr, r.stderr
+    assert "its controller answers, and this machine's job index does not hold it" in r.stderr, r.stderr
+    assert f"`rlctl status {named}` shows it; `rlctl stop {named}` ends it" in r.stderr, r.stderr
 
 
 def test_a_resume_of_a_job_json_edited_in_its_samples_per_prompt_is_refused_in_one_line_before_it_starts(
