@@ -39,6 +39,7 @@ LATEST_POINTER = "latest.json"  # in the job's checkpoints/: {"version": N}, mov
 
 
 CHECKPOINT_PARTS = ("trainer", "controller")  # who writes each part of `checkpoints/iter-N/`, on its own site
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a manifest's digest (`trainer_digest`: the trainer's, as hashlib writes it)
 
 
 def manifest_name(part: str) -> str:
@@ -132,14 +133,21 @@ def manifest_fields(
         raise ValueError(f"{name} is of part {body['part']!r}, not {part!r}")
     if version is not None and (type(named) is not int or named != version):
         raise ValueError(f"{name} is of checkpoint version {named!r}, not v{version} (its directory's)")
+    trainer = body.get("trainer_digest")
+    if part == "controller" and not (isinstance(trainer, str) and SHA256_HEX.fullmatch(trainer)):
+        # every controller part rlctl wrote names its trainer part (`save_controller`): one that names none is damaged,
+        # versus taken by `status --checkpoints` and a pull, refused by a resume and a KeyError in `load_controller`
+        said = f"trainer_digest {trainer!r:.40} is not a SHA-256" if "trainer_digest" in body else "no trainer_digest"
+        raise ValueError(f"{name} names no trainer part ({said})")
     return body, want
 
 
 def parts_problem(parts: Iterable[str], read: Callable[[str], dict[str, Any]]) -> str | None:
     """Why one checkpoint's `parts` (in this order) are not usable together, or None: the first whose manifest `read`
     refuses (ValueError or OSError naming what is wrong; else its manifest, with "digest"), or a controller part that
-    names another trainer part (`trainer_digest`) than the one there. The rule a resume's `latest_complete` applies
-    with every byte verified and `status --checkpoints` with sizes alone."""
+    names another trainer part (`trainer_digest`) than the one there (one that names none, or no SHA-256, its manifest's
+    read refuses: `manifest_fields`, as for a resume and `load_controller`). The rule a resume's `latest_complete`
+    applies with every byte verified and `status --checkpoints` (and a pull of the best) with sizes alone."""
     seen: dict[str, dict[str, Any]] = {}
     for part in parts:
         try:
@@ -147,7 +155,7 @@ def parts_problem(parts: Iterable[str], read: Callable[[str], dict[str, Any]]) -
         except (OSError, ValueError) as e:
             return f"{part} part: {e}"
     named = seen.get("controller", {}).get("trainer_digest")
-    if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
+    if "trainer" in seen and "controller" in seen and named != seen["trainer"]["digest"]:
         return "its trainer part is not the one its controller part was written with"  # as pick_checkpoint
     return None
 
@@ -167,7 +175,8 @@ def verified_manifest(
     the one its ranks resume at) must be `part` and, given, `version` (the N of its iter-N): a manifest of another
     part or checkpoint copied or renamed there, or one byte of those fields changed (the controller's manifest is
     the one file no digest covers), is refused, versus those fields read by nothing and such a part taken; a
-    manifest that names neither (written before them) is taken."""
+    manifest that names neither (written before them) is taken. A controller's must name its trainer part
+    (`trainer_digest`, a SHA-256, as every one rlctl wrote does: `manifest_fields`)."""
     name = manifest_name(part)
     body, want = parsed_manifest(files, ckpt, part, version=version)
     if only is not None:

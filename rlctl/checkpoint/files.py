@@ -22,10 +22,10 @@ that own the state, each on its own site (sites share no filesystem):
 
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
 only after every file it lists is. A part without a manifest, whose files do not match it (size or SHA-256),
-or whose manifest names another part or version than its own, is never used: `latest_complete` falls back to the
-newest older checkpoint that verifies (the rule, and the check of a manifest, are
-`rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the launcher applies on each part's site to
-pick the version a resumed job loads).
+or whose manifest names another part or version than its own (or, a controller part's, no trainer part), is never
+used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule, and the check of a
+manifest, are `rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the launcher applies on each
+part's site to pick the version a resumed job loads).
 A resumed run abandons the checkpoints newer than the one it resumes from; their sealed parts are moved aside
 (a part never sealed is removed: nothing can resume from it), so that `iter-*` holds one lineage: a resume that
 finds no `latest.json`, or a damaged one, takes the newest checkpoint that verifies, which then is this lineage's

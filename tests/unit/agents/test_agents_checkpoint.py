@@ -47,15 +47,22 @@ ALONE = DataParallel()  # replica 0 of 1
 
 
 def text_part(ckpt: Path, part: str, body: str) -> str:
+    """Part `part` of checkpoint `ckpt`, its state.json `body`; a controller part names the trainer part beside it
+    (its manifest's SHA-256, as `save_controller` writes it: that part first)."""
+
     def fill(tmp: Path) -> None:
         tmp.mkdir()
         (tmp / "state.json").write_text(body)
 
-    return write_part(ckpt, part, {part: fill}, meta={"version": int(ckpt.name.split("-")[1])})
+    meta: dict[str, object] = {"version": int(ckpt.name.split("-")[1])}
+    if part == "controller":
+        meta["trainer_digest"] = file_digest(manifest_path(ckpt, "trainer"))
+    return write_part(ckpt, part, {part: fill}, meta=meta)
 
 
 def test_a_part_is_used_only_when_every_file_matches_its_manifest(tmp_path: Path) -> None:
     ckpt = tmp_path / "iter-3"
+    text_part(ckpt, "trainer", "{}")
     digest = text_part(ckpt, "controller", '{"iteration": 3}')
     m = read_manifest(ckpt, "controller")
     assert m is not None and m["digest"] == digest and list(m["files"]) == ["controller/state.json"]
@@ -527,7 +534,7 @@ def test_the_sample_log_a_checkpoints_ledger_relies_on_is_fsynced_before_latest_
     jd.samples.write_text('{"sample_id": "p0/0"}\n')  # the rounds retired before the checkpoint
     state = {"iteration": 2, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
     save_controller(
-        jd, 2, state=state | {"samples_log_bytes": jd.samples.stat().st_size}, ledger=Ledger(), trainer_digest="d"
+        jd, 2, state=state | {"samples_log_bytes": jd.samples.stat().st_size}, ledger=Ledger(), trainer_digest="d" * 64
     )
     latest = (jd.checkpoints / "latest.json").stat().st_ino
     assert jd.samples.stat().st_ino in synced[: synced.index(latest)]
@@ -548,7 +555,7 @@ def test_the_metrics_and_evaluations_a_resume_keeps_are_fsynced_before_latest_na
     jd.append(jd.metrics, {"iteration": 0, "reward_mean": 0.5})
     jd.append(jd.evaluations, {"version": 0, "accuracy": 0.1})
     state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
-    save_controller(jd, 1, state=state, ledger=Ledger(), trainer_digest="d")
+    save_controller(jd, 1, state=state, ledger=Ledger(), trainer_digest="d" * 64)
     before_latest = synced[: synced.index((jd.checkpoints / "latest.json").stat().st_ino)]
     assert jd.metrics.stat().st_ino in before_latest and jd.evaluations.stat().st_ino in before_latest
     assert tmp_path.stat().st_ino in before_latest

@@ -176,7 +176,7 @@ def test_the_count_of_replaced_units_continues_across_a_resume(tmp_path) -> None
     replaced_once(scaler, core, posted)
     assert scaler.replaced == 1
     state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
-    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d", replaced=scaler.replaced)
+    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d" * 64, replaced=scaler.replaced)
 
     resumed, _, _, posted, _ = setup(tmp_path, fail=0)  # a resumed run's controller: a new scaler
     resumed.restore(replaced=load_controller(jd, 1).replaced)
@@ -244,7 +244,7 @@ def test_a_resume_starts_again_the_units_a_scale_added_once_the_planned_ones_joi
     assert scaler.unit_counts() == {"a": 3}
     state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
     state["rollout_units"] = scaler.unit_counts()
-    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d")
+    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d" * 64)
 
     # a resumed run's controller: a new scaler, before the launcher's units joined
     resumed, core2, _, posted, spawner = setup(tmp_path / "resumed", fail=0)

@@ -27,7 +27,7 @@ class Killed(BaseException):
 def _job(tmp_path: Path, versions: list[int], *, keep: int) -> JobDir:
     jd = JobDir(tmp_path)
     for v in versions:  # as the controller completes each: its part, then the event
-        save_controller(jd, v, state={**STATE, "iteration": v}, ledger=Ledger(), trainer_digest="d")
+        save_controller(jd, v, state={**STATE, "iteration": v}, ledger=Ledger(), trainer_digest="d" * 64)
         jd.event("checkpoint", version=v, keep=keep)
     return jd
 

@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.checkpoint.files import write_part
+from rlctl.checkpoint.controller import load_controller
+from rlctl.checkpoint.files import latest_complete, set_latest, write_part
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import UsageError
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.sitefs import LocalFiles
 from rlctl.launch.stage import write_staged
 from rlctl.ops.checkpoints import best_checkpoint, checkpoint_table
 from rlctl.ops.extend import completed_checkpoints, rollback_to
 from rlctl.ops.jobdb import JobDB
+from rlctl.ops.pull import checkpoint_parts
+from rlctl.ops.resumepoint import pick_checkpoint
 from tests.conftest import ROOT, run_cli
 
 
@@ -283,6 +287,47 @@ def test_status_checkpoints_marks_one_whose_manifest_is_damaged_and_does_not_cal
     manifest.write_text(json.dumps({"part": "trainer", "files": {}, "counters": {"version": 30}}))
     data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
     assert data["checkpoints"][-1]["damaged"] == "its trainer part is not the one its controller part was written with"
+
+
+@pytest.mark.parametrize(
+    ("digest", "why"),
+    [
+        (None, "no trainer_digest"),  # left out
+        ("", "trainer_digest '' is not a SHA-256"),
+        ("d", "trainer_digest 'd' is not a SHA-256"),
+        (7, "trainer_digest 7 is not a SHA-256"),
+    ],
+)
+def test_a_controller_part_that_names_no_trainer_part_is_damaged_to_status_a_pull_a_resume_and_the_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digest: object, why: str
+) -> None:
+    """v30's MANIFEST.controller.json without its trainer_digest (or with one that is no SHA-256), the pointer at v30,
+    v30 the best evaluated: `status --checkpoints` called it sound and the latest, `latest_complete` took it and so
+    did a pull of the best, while a resume refused it (as naming another trainer part) and `load_controller` raised
+    a KeyError's traceback. Now every one of them says it is damaged, why, and takes v20."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job(tmp_path)
+    _parts(jd)
+    set_latest(jd.checkpoints, 30)
+    for v in (10, 20, 30):
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": v / 100, "greedy_exact": v / 100, "prompts": 8})
+    manifest = jd.checkpoint(30) / "MANIFEST.controller.json"
+    body = json.loads(manifest.read_text())
+    body.pop("trainer_digest")
+    manifest.write_text(json.dumps(body if digest is None else body | {"trainer_digest": digest}))
+    line = f"controller part: MANIFEST.controller.json names no trainer part ({why})"
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert [(c["version"], c["latest"], c["damaged"]) for c in data["checkpoints"]] == [
+        (10, False, None), (20, True, None), (30, False, line),
+    ]  # fmt: skip
+    assert latest_complete(jd.checkpoints) == 20
+    fs = LocalFiles()
+    point = pick_checkpoint((fs, jd), (fs, jd))
+    assert (point.version, point.skipped) == (20, ((30, line),))
+    version, _, passed = best_checkpoint(jd, parts=checkpoint_parts(jd.path, remote=True))
+    assert (version, [(r["version"], r["damaged"]) for r in passed]) == (20, [(30, line)])
+    with pytest.raises(ValueError, match=r"iter-30: the controller's part is missing or does not match its manifest"):
+        load_controller(jd, 30)
 
 
 def test_status_checkpoints_says_which_parts_it_did_not_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
