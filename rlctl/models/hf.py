@@ -9,10 +9,11 @@ validated from config.json), the weight files, the tokenizer files, and `check_h
 
 Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o) and Qwen2ForCausalLM (bias on
 q, k, v; none on o), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
-the file), one or several EOS ids, default RoPE with any theta, fp32/bf16/fp16 weights (the file's dtype is
+the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3 (`llama3`) or
+`linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is
 `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with one line
-naming the file and key: other architectures, rope scaling, sliding-window attention, MLP bias,
-activations other than SiLU, quantized weights.
+naming the file and key: other architectures, other RoPE scaling (yarn, dynamic, longrope, …), sliding-window
+attention, MLP bias, activations other than SiLU, quantized weights.
 
 Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
 names and shapes read from the safetensors headers) can run without it.
@@ -27,7 +28,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import ModelArch
@@ -59,6 +60,30 @@ _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768}
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
+ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE's frequencies θ^(-2i/d) are scaled for a context longer than the pretraining one (HF `rope_scaling`,
+    or transformers 5's `rope_parameters`); no scaling is `TinyGPTConfig.rope_scaling` None.
+
+        linear  every frequency ÷ factor (the same as positions ÷ factor)
+        llama3  by wavelength 2π/freq against the pretraining context L (original_max_position_embeddings):
+                shorter than L/high_freq_factor kept, longer than L/low_freq_factor ÷ factor, and in between
+                interpolated linearly in L/wavelength (Llama 3.1–3.3: factor 8 or 32, 1, 4, L 8192)
+    """
+
+    kind: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float | None = None  # llama3's three, None for linear
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `rope_scaling` entry of config.json (transformers 4 and 5, and vLLM, read it)."""
+        return {"rope_type": self.kind, **{k: v for k, v in asdict(self).items() if k != "kind" and v is not None}}
 
 
 @dataclass
@@ -74,6 +99,7 @@ class TinyGPTConfig:
     max_position_embeddings: int = 320
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -113,7 +139,7 @@ class TinyGPTConfig:
     def to_hf(self) -> dict[str, Any]:
         """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
         d = asdict(self)
-        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles"):
+        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling"):
             del d[key]
         if self.architecture == QWEN2:
             del d["attention_bias"]
@@ -124,6 +150,7 @@ class TinyGPTConfig:
             "mlp_bias": False,
             "head_dim": self.head_dim,
             **d,
+            **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling is not None else {}),
             **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
@@ -278,7 +305,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if any(t != "full_attention" for t in layer_types):
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
-    theta = _rope_theta(d, bad)
+    theta, scaling = _rope(d, bad)
     dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise bad(
@@ -311,6 +338,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         max_position_embeddings=num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch]),
         rms_norm_eps=num("rms_norm_eps", 1e-6, kind=float),
         rope_theta=theta,
+        rope_scaling=scaling,
         tie_word_embeddings=tie,
         bos_token_id=token_id("bos_token_id"),
         eos_token_id=token_id("eos_token_id", many=True),
@@ -324,22 +352,47 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     )
 
 
-def _rope_theta(d: Mapping[str, Any], bad: Any) -> float:
-    """θ of default RoPE from `rope_theta` or transformers-5 `rope_parameters`; any scaling is refused."""
-    theta = d.get("rope_theta", 10000.0)
+def _rope(d: Mapping[str, Any], bad: Any) -> tuple[float, RopeScaling | None]:
+    """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
+    scaling other than linear and llama3 is refused. Both keys given must say the same (transformers reads
+    `rope_scaling` alone then)."""
+    found: dict[str, tuple[float, RopeScaling | None]] = {}
     for key in ("rope_scaling", "rope_parameters"):
-        rope = d.get(key)
-        if rope is None:
-            continue
-        if not isinstance(rope, dict):
-            raise bad(key, f"{rope!r} is not a mapping; supported: default RoPE (rope_theta)")
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default" or set(rope) - {"rope_type", "type", "rope_theta"}:
-            raise bad(key, f"RoPE {kind!r} with {sorted(rope)} is not supported; supported: default RoPE (rope_theta)")
-        theta = rope.get("rope_theta", theta)
+        if d.get(key) is not None:
+            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad)
+    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
+        raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
+    theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
     if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
         raise bad("rope_theta", f"{theta!r} is not a positive number")
-    return float(theta)
+    return float(theta), scaling
+
+
+def _rope_entry(rope: Any, theta: Any, key: str, bad: Any) -> tuple[Any, RopeScaling | None]:
+    if not isinstance(rope, dict):
+        raise bad(key, f"{rope!r} is not a mapping; supported: {ROPE_SUPPORTED}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    wanted = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}.get(kind) if isinstance(kind, str) else None
+    if wanted is None:
+        raise bad(key, f"RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
+    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", *wanted}):
+        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
+    theta = rope.get("rope_theta", theta)
+    if kind == "default":
+        return theta, None
+    for name in wanted:
+        v = rope.get(name)
+        if v is None:
+            raise bad(f"{key}.{name}", f"missing; RoPE {kind!r} needs {', '.join(wanted)}")
+        integral = name == "original_max_position_embeddings"
+        if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or v <= 0:
+            raise bad(f"{key}.{name}", f"{v!r} is not a positive {'integer' if integral else 'number'}")
+    if kind == "linear":
+        return theta, RopeScaling("linear", float(rope["factor"]))
+    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    if high <= low:  # (the band between them is interpolated over high − low)
+        raise bad(f"{key}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}")
+    return theta, RopeScaling("llama3", float(rope["factor"]), low, high, rope["original_max_position_embeddings"])
 
 
 # ---- weight files ----

@@ -33,6 +33,7 @@ views into the fused tensors, so a decode step launches fewer kernels and everyt
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -96,6 +97,20 @@ class KVCache:
         for t in (*self.k, *self.v):
             t[:n, :, :w] = t[:, :, :w].index_select(0, rows)
         self.lengths[:n] = self.lengths.index_select(0, rows)
+
+
+def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None) -> torch.Tensor:
+    """RoPE's frequencies scaled for a longer context (`hf.RopeScaling`; as transformers' rope init functions)."""
+    if s is None:
+        return inv_freq
+    if s.kind == "linear":
+        return inv_freq / s.factor
+    assert s.low_freq_factor is not None and s.high_freq_factor is not None and s.original_max_position_embeddings
+    # turns over the pretraining context (its length ÷ the wavelength 2π/freq): the llama3 bands are [.., low]
+    # (÷ factor), [high, ..] (kept), and in between the weight of the kept frequency rises linearly from 0 to 1
+    turns = s.original_max_position_embeddings * inv_freq / (2 * math.pi)
+    kept = ((turns - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0, 1)
+    return (1 - kept) * inv_freq / s.factor + kept * inv_freq
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -325,12 +340,13 @@ class TinyGPT(nn.Module):
         self.apply(self._init)
 
     def _rope_tables(self) -> None:
-        """cos and sin of position·θ^(-2i/d) for every position, in fp32 on the model's device (cast with it)."""
+        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position,
+        in fp32 on the model's device (cast with it)."""
         c = self.config
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
-        inv_freq = 1.0 / (c.rope_theta**half)
+        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling)
         ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype, device=device), inv_freq)
         self.rope_cos = torch.cat([ang, ang], dim=-1).cos().float()
         self.rope_sin_signed = torch.cat([-ang.sin(), ang.sin()], dim=-1).float()

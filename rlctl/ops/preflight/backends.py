@@ -12,8 +12,10 @@ from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.data import job_model_config
 from rlctl.planner.split import split_refusals
 from rlctl.trainers.base import megatron_available
+from rlctl.trainers.megatron.rope import rope_args
 
 
 def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
@@ -93,8 +95,13 @@ def device_problems(job: Job) -> list[Problem]:
 
 def megatron_problems(job: Job) -> list[Problem]:
     """What the `megatron` trainer backend cannot do here: it runs on CPU sites (tp and pp: `trainer_split_problems` and
-    `placement_problems`, rlctl.trainers.megatron)."""
+    `placement_problems`, rlctl.trainers.megatron), and the model's RoPE scaling as megatron-core has it."""
     spec, out = job.spec, []
+    if (model := job_model_config(job)) is not None:
+        try:
+            rope_args(model[0])
+        except ValueError as e:
+            out.append(Problem("trainer.backend", f"'megatron' cannot run the model of {model[1]}: {e}"))
     if (hint := megatron_available()) is not None:
         out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
     site = spec.placement.trainer.site

@@ -6,7 +6,8 @@
     MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
-the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads), grouped-query
+the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear or
+Llama 3.1 scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
 attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama
 `attention_bias`), no other linear bias except o_proj's under Llama `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
@@ -37,6 +38,7 @@ from torch import nn
 
 from rlctl.models.hf import TinyGPTConfig
 from rlctl.trainers.megatron import cpu, names, pipeline
+from rlctl.trainers.megatron.rope import rope_args
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -177,6 +179,7 @@ class StagedGPT(nn.Module):
                 share_embeddings_and_output_weights=c.tie_word_embeddings and self.logits,
                 position_embedding_type="rope",
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
+                **rope_args(c),  # linear or Llama 3.1's scaling (rope.py)
             )
         if not self.logits and self.stage.last:
             self.gpt.output_layer = _HiddenOut()

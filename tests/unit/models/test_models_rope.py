@@ -1,0 +1,125 @@
+"""RoPE scaling (Llama 3.1–3.3's `llama3`, and `linear`) in the embedded model and the torch trainer's: transformers'
+LlamaForCausalLM with the same `rope_scaling` is the oracle (fp32, ≤ 1e-5) at positions past the pretraining context;
+config.json read in both of its forms and written back as read; every other scaling refused in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.errors import ConfigError
+from rlctl.models.hf import RopeScaling, TinyGPTConfig, check_hf_dir, read_config
+from rlctl.models.tinygpt import TinyGPT
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, THETA, bands, llama
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-5
+
+
+def tokens(batch: int, length: int, *, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("rope", [LLAMA3, LLAMA31], ids=["context-32", "llama-3.1"])
+def test_the_llama3_test_configs_have_every_band(rope: dict[str, Any]) -> None:
+    """What makes the parity tests (here and test_megatron_rope.py) check all three of llama3's cases."""
+    assert bands(rope) == {"kept", "divided", "between"}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize("rope", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+def test_logits_equal_transformers_past_the_pretraining_context(
+    rope: dict[str, Any], legacy: bool, tmp_path: Path
+) -> None:
+    ref = llama(rope, tmp_path, legacy=legacy)
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    assert model.config.rope_scaling == RopeScaling(
+        rope["rope_type"], rope["factor"], rope.get("low_freq_factor"), rope.get("high_freq_factor"),
+        rope.get("original_max_position_embeddings"),
+    )  # fmt: skip
+    x = tokens(3, 100)  # positions to 99, past the 32 of llama3's pretraining context
+    with torch.no_grad():
+        got, want = model(x), ref(input_ids=x).logits
+        unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
+        unscaled.load_state_dict(model.state_dict())
+        apart = (unscaled(x) - want).abs().max()
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert apart > 100 * ATOL  # the scaling is what the comparison checks
+
+
+def test_decode_runs_the_scaled_tables(tmp_path: Path) -> None:
+    """The rollout path (prefill, then one token at a time at its own position) against the full-sequence pass."""
+    llama(LLAMA3, tmp_path)
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    x = tokens(2, 80, seed=1)
+    cache = model.new_cache(2, 80)
+    with torch.no_grad():
+        full = model(x)
+        model.prefill(cache, torch.arange(2), x[:, :40], torch.tensor([40, 40]))
+        for t in range(40, 79):
+            model.decode(cache, x[:, t], rows=2, width=80)
+        last = model.decode(cache, x[:, 79], rows=2, width=80)
+    torch.testing.assert_close(last, full[:, 79], atol=ATOL, rtol=0)
+
+
+def test_the_scaling_is_written_back_as_read(tmp_path: Path) -> None:
+    """A checkpoint's export (save_pretrained: the trainer's, `rlctl pull`'s) carries its scaling: rlctl reads it
+    back the same, and transformers (as vLLM, which reads config.json itself) computes the same logits from it."""
+    ref = llama(LLAMA3, tmp_path / "in", legacy=True)
+    model = TinyGPT.from_pretrained(tmp_path / "in").eval()
+    model.save_pretrained(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["rope_scaling"] == LLAMA3 and written["rope_theta"] == THETA
+    assert read_config(tmp_path / "out") == read_config(tmp_path / "in") == model.config
+    assert TinyGPTConfig.from_hf(model.config.to_hf()) == model.config
+    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert again.config.rope_parameters["rope_type"] == "llama3"
+    x = tokens(2, 100)
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=x).logits, ref(input_ids=x).logits, atol=ATOL, rtol=0)
+
+
+def test_the_default_form_of_rope_parameters_is_no_scaling(tmp_path: Path) -> None:
+    llama(None, tmp_path)
+    c = read_config(tmp_path)
+    assert (c.rope_theta, c.rope_scaling) == (THETA, None) and "rope_scaling" not in c.to_hf()
+
+
+@pytest.mark.parametrize(
+    ("key", "rope", "complaint"),
+    [
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+         "RoPE 'yarn' is not supported; supported: default RoPE (rope_theta), 'linear' and 'llama3' scaling"),
+        ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}, "RoPE 'dynamic' is not"),
+        ("rope_scaling", {"type": "longrope", "factor": 2.0}, "RoPE 'longrope' is not supported"),
+        ("rope_scaling.original_max_position_embeddings", {k: v for k, v in LLAMA3.items() if k[0] != "o"},
+         "missing; RoPE 'llama3' needs factor, low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+        ("rope_scaling.factor", {**LINEAR, "factor": 0}, "0 is not a positive number"),
+        ("rope_scaling.original_max_position_embeddings", {**LLAMA3, "original_max_position_embeddings": 32.5},
+         "32.5 is not a positive integer"),
+        ("rope_scaling.high_freq_factor", {**LLAMA3, "high_freq_factor": 1}, "1 is not above low_freq_factor 1"),
+        ("rope_scaling", {**LLAMA3, "partial_rotary_factor": 0.5}, "['partial_rotary_factor'] with RoPE 'llama3'"),
+        ("rope_scaling", {**LINEAR, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'linear'"),
+        ("rope_parameters", "both", "rope_scaling {'rope_type': 'linear', 'factor': 4.0}; keep one"),
+    ],
+)  # fmt: skip
+def test_other_scalings_are_refused_in_one_line(key: str, rope: Any, complaint: str, tmp_path: Path) -> None:
+    llama(None, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if rope == "both":  # transformers would read rope_scaling alone, and drop θ 1e6
+        cfg |= {"rope_scaling": LINEAR, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    else:
+        cfg.pop("rope_parameters")
+        cfg[key.split(".")[0]] = rope
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for load in (check_hf_dir, TinyGPT.from_pretrained):
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path)
+        msg = str(e.value)
+        assert msg.startswith(f"{tmp_path / 'config.json'}: {key}: ") and complaint in msg and "\n" not in msg

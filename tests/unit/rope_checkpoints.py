@@ -1,0 +1,65 @@
+"""Tiny random Llama checkpoints with RoPE scaling, built and saved with `transformers` (its LlamaForCausalLM is the
+oracle of rlctl's scaled RoPE). Import only after `pytest.importorskip("transformers")`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HEAD_DIM, THETA = 32, 10000.0  # frequencies 10^(-i/4): each llama3 band holds some at both contexts below (`bands`)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+LLAMA31 = {**LLAMA3, "factor": 8.0, "original_max_position_embeddings": 8192}  # Llama 3.1's, megatron-core's only
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+
+
+def bands(rope: dict[str, Any]) -> set[str]:
+    """Which of llama3's cases the frequencies θ^(-2i/d) fall in: a wavelength 2π/freq shorter than the pretraining
+    context ÷ high_freq_factor (kept), longer than it ÷ low_freq_factor (÷ factor), or between."""
+    turns = [rope["original_max_position_embeddings"] * THETA ** (-i / HEAD_DIM) / (2 * math.pi)
+             for i in range(0, HEAD_DIM, 2)]  # fmt: skip
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    return {"kept" if t > high else "divided" if t < low else "between" for t in turns}
+
+
+def llama(rope: dict[str, Any] | None, directory: Path, *, legacy: bool = False, seed: int = 0) -> Any:
+    """A random fp32 LlamaForCausalLM (hidden 64, 2 layers, head 32, 128 positions) saved with transformers' own
+    save_pretrained, which writes transformers 5's `rope_parameters` (θ inside); `legacy`: config.json rewritten
+    as Llama 3.1's files have it (`rope_scaling`, θ beside it). Returns the model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        rope_theta=THETA,
+        rope_scaling=dict(rope) if rope else None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # wider than HF's init, so that the logits are far from uniform
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else
+                    0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
+    model.save_pretrained(directory)
+    cfg = json.loads((directory / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_theta"] == THETA and "rope_scaling" not in cfg
+    if legacy:
+        del cfg["rope_parameters"]
+        cfg |= {"rope_theta": THETA, **({"rope_scaling": dict(rope)} if rope else {})}
+        (directory / "config.json").write_text(json.dumps(cfg))
+    return model

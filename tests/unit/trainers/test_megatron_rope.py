@@ -1,0 +1,81 @@
+"""RoPE scaling on the `megatron` trainer backend (one gloo rank on CPU): Llama 3.1's llama3 scaling (megatron-core's
+`rope_scaling`, its bands fixed at 1, 4, 8192) and linear (`seq_len_interpolation_factor`) give the torch backend's
+logits; llama3 with other bands is refused, by the backend and by `rlctl check`, in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from rlctl.config.job import load_job
+from rlctl.models.hf import read_config
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops import preflight
+from rlctl.trainers.base import load_backend
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, llama
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("megatron_rank")
+
+ROOT = Path(__file__).resolve().parents[3]
+ATOL = 1e-5
+
+
+def tokens(batch: int, length: int, *, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("rope", [LLAMA31, LINEAR], ids=["llama3", "linear"])
+def test_logits_equal_the_torch_backend(rope: dict[str, Any], tmp_path: Path) -> None:
+    ref = llama(rope, tmp_path / "in")
+    backend = load_backend("megatron", tmp_path / "in")
+    model, torch_model = backend.model.eval(), TinyGPT.from_pretrained(tmp_path / "in").eval()
+    backend.save_pretrained(tmp_path / "out")  # its exports carry the scaling, as read
+    assert read_config(tmp_path / "out") == read_config(tmp_path / "in") == torch_model.config
+    x = tokens(3, 100)
+    with torch.no_grad():
+        got, want = model(x), torch_model(x)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        torch.testing.assert_close(got, ref(input_ids=x).logits, atol=ATOL, rtol=0)
+        unscaled = TinyGPT(dataclasses.replace(torch_model.config, rope_scaling=None))
+        unscaled.load_state_dict(torch_model.state_dict())
+        assert (unscaled(x) - want).abs().max() > 100 * ATOL  # the scaling is what the comparison checks
+
+
+def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path: Path) -> None:
+    llama(LLAMA3, tmp_path / "model")  # a pretraining context of 32, not 8192
+    said = (
+        "RoPE 'llama3' with low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 32: megatron-core "
+        "fixes these at Llama 3.1's (1, 4, 8192); use trainer.backend 'torch' for this model"
+    )
+    with pytest.raises(ValueError) as e:
+        load_backend("megatron", tmp_path / "model")
+    assert str(e.value) == said
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "rope",
+        "inventory": [str(ROOT / "clusters" / "local.yaml")],
+        "model": {"kind": "hf", "path": str(tmp_path / "model")},
+        "algorithm": {"kind": "grpo"},
+        "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+        "iterations": 2,
+        "batch": {"prompts_per_iteration": 3, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+        "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+        "trainer": {"backend": "megatron"},
+    }
+    refused = {}
+    for backend in ("megatron", "torch"):
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({**job, "trainer": {"backend": backend}}))
+        problems = preflight.problems(load_job(tmp_path / "job.yaml"))
+        refused[backend] = [p.message for p in problems if p.field == "trainer.backend"]
+    assert refused == {"megatron": [f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: {said}"],
+                       "torch": []}  # fmt: skip
+    llama(LLAMA31, tmp_path / "model")  # Llama 3.1's bands: megatron runs them
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
