@@ -153,3 +153,31 @@ def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
     ended = rlctl("attach", job_id)
     assert ended.returncode == 2 and f"job {job_id} ended (finished): nothing to watch" in ended.stderr, ended.stderr
     assert processes_mentioning(str(job_dir)) == []
+
+
+def test_a_copy_of_a_running_job_s_dir_is_not_resumed_and_a_stop_of_it_stops_the_original(tmp_path):
+    """`cp -r` of a running job's dir (a backup, an rsync): `launch --resume COPY` started a second run of the job
+    over the same site job dirs (the id the copy shares); now refused in one line naming the dir the job runs from.
+    `status COPY` says it is a copy, and `stop COPY` stops the original, where its launcher reads the request."""
+    import shutil
+
+    job = job_yaml(tmp_path / "copied.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=5000)
+    job_dir, copy = tmp_path / "run", tmp_path / "backup" / "run"
+    code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=180)
+    assert code == 0, started
+    pid = started["launcher_pid"]
+    wait_for("an iteration", lambda: len(metrics_rows(job_dir)) > 0, 120)
+    shutil.copytree(job_dir, copy, symlinks=True)
+
+    again = rlctl("launch", "--resume", str(copy), "--detach", timeout_s=120)
+    assert again.returncode == 2, again.stderr
+    assert again.stderr.startswith(f"rlctl: error: job {started['id']} runs from {job_dir} (its launcher: pid {pid}"), (
+        again.stderr
+    )
+    code, st = rlctl_json("status", str(copy))
+    assert code == 0 and st["copy_of"]["job_dir"] == str(job_dir), st
+    code, stopped = rlctl_json("stop", str(copy), timeout_s=180)
+    assert code == 0 and stopped["job_dir"] == str(job_dir) and stopped["copy"] == str(copy), stopped
+    wait_for("the original's launcher to end", lambda: not alive(pid), 120)
+    assert json.loads((job_dir / "summary.json").read_text())["state"] == "stopped"
+    assert processes_mentioning(str(job_dir)) == []
