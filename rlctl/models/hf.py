@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint directories of Llama and Qwen2 decoders: the model config (`TinyGPTConfig`,
+"""Hugging Face checkpoint directories of Llama, Qwen2 and Qwen3 decoders: the model config (`TinyGPTConfig`,
 validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
 
     <dir>/config.json                   HF keys; anything the model would compute differently is refused
@@ -7,8 +7,10 @@ validated from config.json), the weight files, the tokenizer files, and `check_h
     <dir>/pytorch_model.bin             only where the `safetensors` package is missing (weights_only load)
     <dir>/tokenizer.json, …             never read; `copy_tokenizer_files` carries them to a new directory
 
-Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o) and Qwen2ForCausalLM (bias on
-q, k, v; none on o), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
+Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on
+q, k, v; none on o), Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim];
+`attention_bias` as Llama's; `head_dim` 128 where config.json leaves it out),
+explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
 the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3 (`llama3`) or
 `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is
 `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with one line
@@ -53,11 +55,12 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-LLAMA, QWEN2 = "LlamaForCausalLM", "Qwen2ForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2"}
+LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768}
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768}
+_HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
 ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
@@ -88,7 +91,7 @@ class RopeScaling:
 
 @dataclass
 class TinyGPTConfig:
-    """HF `LlamaConfig`/`Qwen2Config` keys (the subset the model computes with). Defaults = `tiny-demo`."""
+    """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config` keys (the subset the model computes with). Defaults: `tiny-demo`."""
 
     vocab_size: int = 66
     hidden_size: int = 96
@@ -105,9 +108,9 @@ class TinyGPTConfig:
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = 0
     initializer_range: float = 0.02
-    architecture: str = LLAMA  # LLAMA or QWEN2 (HF `architectures[0]`)
+    architecture: str = LLAMA  # LLAMA, QWEN2 or QWEN3 (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
-    attention_bias: bool = False  # Llama only: bias on q, k, v and o (Qwen2 always has q, k, v bias)
+    attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v bias)
     torch_dtype: str = "float32"  # the dtype the model is loaded in: what it travels and is served in (an rlctl
     # checkpoint keeps fp32 master weights under its starting model's dtype: rlctl.checkpoint.trainer.HostPolicy)
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
@@ -129,6 +132,11 @@ class TinyGPTConfig:
     @property
     def qkv_bias(self) -> bool:
         return self.attention_bias or self.architecture == QWEN2
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm (weights [head_dim], eps rms_norm_eps) of q and k before RoPE: Qwen3's q_norm, k_norm."""
+        return self.architecture == QWEN3
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -165,6 +173,7 @@ class TinyGPTConfig:
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         per_layer = 2 * h * q + 2 * h * kv + 3 * h * i + 2 * h
         per_layer += (q + 2 * kv if self.qkv_bias else 0) + (h if self.attention_bias else 0)
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return n * per_layer + emb + h
 
@@ -206,6 +215,8 @@ def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
         out[f"{p}self_attn.o_proj.weight"] = (h, q)
         if c.attention_bias:
             out[f"{p}self_attn.o_proj.bias"] = (h,)
+        if c.qk_norm:
+            out |= {f"{p}self_attn.q_norm.weight": (c.head_dim,), f"{p}self_attn.k_norm.weight": (c.head_dim,)}
         out |= {
             f"{p}mlp.gate_proj.weight": (i, h),
             f"{p}mlp.up_proj.weight": (i, h),
@@ -261,7 +272,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     def num(key: str, default: Any = None, *, kind: type = int) -> Any:
         v = d.get(key, default)
         if v is None:
-            raise bad(key, "missing; a Llama or Qwen2 config.json has it")
+            raise bad(key, "missing; a Llama or Qwen config.json has it")
         ok = isinstance(v, int | float) and not isinstance(v, bool) if kind is float else type(v) is int
         if not ok or v <= 0:
             raise bad(key, f"{v!r} is not a positive {'number' if kind is float else 'integer'}")
@@ -281,11 +292,11 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         if arch is None:
             why = "no model_type that names one"
             if "model_type" in d:
-                why = f"model_type {d['model_type']!r} is neither's"
+                why = f"model_type {d['model_type']!r} is none of theirs"
+            *some, last = (json.dumps([a]) for a in MODEL_TYPES)
             raise bad(
                 "architectures",
-                f"missing, and {why}; add "
-                f'"architectures": {json.dumps([LLAMA])} or {json.dumps([QWEN2])}, as the checkpoint\'s model is',
+                f'missing, and {why}; add "architectures": {", ".join(some)} or {last}, as the checkpoint\'s model is',
             )
     if arch is None or arch not in MODEL_TYPES:
         raise bad("architectures", f"{archs!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
@@ -317,7 +328,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     kv_heads = num("num_key_value_heads", heads)
     if heads % kv_heads:
         raise bad("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads}")
-    head_dim = d.get("head_dim")
+    head_dim = d.get("head_dim", _HF_DEFAULT_HEAD_DIM.get(arch))
     if head_dim is None and hidden % heads:
         raise bad("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}; give head_dim")
     if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
@@ -346,7 +357,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
-        attention_bias=bias and arch == LLAMA,  # Qwen2 has no such key: its q/k/v bias is fixed
+        attention_bias=bias and arch != QWEN2,  # Qwen2 has no such key: its q/k/v bias is fixed
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
     )

@@ -1,10 +1,10 @@
-"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2 decoder in HF format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3 decoder in HF format.
 
-Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM`
+Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM`
 (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o bias
-for Llama, explicit head_dim, tied embeddings), so a saved directory is an ordinary HF checkpoint
-and an HF checkpoint of those two architectures loads (hf.py owns the directory format and what is
-refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
+for Llama and Qwen3, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied embeddings), so a saved
+directory is an ordinary HF checkpoint and an HF checkpoint of those architectures loads (hf.py owns the directory
+format and what is refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
@@ -179,6 +179,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
+        # Qwen3: each head's q and k RMS-normed over head_dim before RoPE (one weight shared by the heads)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # q, k, v as one projection (`fuse`)
 
     def fuse(self) -> bool:
@@ -195,8 +198,11 @@ class Attention(nn.Module):
         applied in the activations' dtype (a no-op cast when the caller cast them)."""
         b, t, _ = x.shape
         if self.qkv is None or _training(self.q_proj.weight):
-            q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)
-            k = self.k_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+            q = self.q_proj(x).view(b, t, self.h, self.d)
+            k = self.k_proj(x).view(b, t, self.kvh, self.d)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.v_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
             cos, sin = cos.to(q.dtype), sin.to(q.dtype)
             return _rope(q, cos, sin), _rope(k, cos, sin), v
@@ -206,7 +212,11 @@ class Attention(nn.Module):
         y = F.linear(x, *self.qkv).view(b, t, m + self.kvh, self.d)
         if cos.dim() == 2:  # [t, d] tables (prefill) against [b, t, heads, d]; decode's are [b, 1, 1, d]
             cos, sin = cos[:, None], sin[:, None]
-        qk = y[:, :, :m] * cos.to(y.dtype) + y.roll(self.d // 2, -1)[:, :, :m] * sin.to(y.dtype)
+        if self.q_norm is not None and self.k_norm is not None:  # normed q and k are a new contiguous tensor
+            x = torch.cat([self.q_norm(y[:, :, : self.h]), self.k_norm(y[:, :, self.h : m])], dim=2)
+            qk = x * cos.to(y.dtype) + x.roll(self.d // 2, -1) * sin.to(y.dtype)
+        else:
+            qk = y[:, :, :m] * cos.to(y.dtype) + y.roll(self.d // 2, -1)[:, :, :m] * sin.to(y.dtype)
         q, k = qk.transpose(1, 2).split((self.h, self.kvh), dim=1)
         return q, k, y[:, :, m:].transpose(1, 2)
 
@@ -509,7 +519,7 @@ class TinyGPT(nn.Module):
     def from_pretrained(
         cls, directory: str | Path, *, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2 checkpoint directory in `dtype` (None: the checkpoint's own) on `device`;
+        """Load an HF Llama/Qwen2/Qwen3 checkpoint directory in `dtype` (None: the checkpoint's own) on `device`;
         ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file)."""
         d = Path(directory)

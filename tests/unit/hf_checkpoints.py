@@ -2,7 +2,8 @@
 
 Each variant exercises a part of the HF format the embedded model must read: Qwen2's q/k/v bias
 with tied embeddings and a 32-wide head, Llama with an explicit 64-wide head (≠ hidden/heads) and
-several EOS ids, Llama with `attention_bias`. Weights are redrawn wider than HF's init (std 0.02
+several EOS ids, Llama with `attention_bias`, Qwen3's per-head q/k norms with a 32-wide head (≠ hidden/heads),
+tied or untied with `attention_bias`. Weights are redrawn wider than HF's init (std 0.02
 gives near-uniform logits, where greedy comparisons would hinge on ties) and biases and norm
 weights are made non-trivial so that they are checked too. Import `transformers` only after
 `pytest.importorskip("transformers")`.
@@ -53,19 +54,50 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "eos_token_id": 2,
     },
+    "qwen3-tied-hd32": {
+        "arch": "qwen3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "eos_token_id": [2, 3],
+        "rope_theta": 1000000.0,
+    },
+    "qwen3-bias-hd32": {
+        "arch": "qwen3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+    },
 }
 
 
 def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = None) -> Any:
     """A randomly initialised transformers model of `variant` (with `num_hidden_layers` instead of the
     common 2 when given), fp32, in eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     spec = {**COMMON, **VARIANTS[variant]}
     if num_hidden_layers is not None:
         spec["num_hidden_layers"] = num_hidden_layers
     kind = spec.pop("arch")
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**spec)).eval()
     g = torch.Generator().manual_seed(seed)

@@ -1,4 +1,4 @@
-"""HF Llama/Qwen2 checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
+"""HF Llama/Qwen2/Qwen3 checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 
 from rlctl.engines import EmbeddedEngine, GenRequest
 from rlctl.errors import ConfigError
-from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, check_hf_dir, expected_shapes
+from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, TinyGPTConfig, check_hf_dir, expected_shapes
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
 from tests.unit.hf_checkpoints import VARIANTS, write_checkpoint
@@ -202,6 +202,16 @@ def test_unsupported_configs_are_refused_in_one_line(tmp_path: Path, key: str, v
         assert msg.startswith(f"{tmp_path / 'config.json'}: {key}: ") and complaint in msg and "\n" not in msg
 
 
+def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None:
+    """Qwen3Config's head_dim defaults to 128, not hidden / heads (64 here): the weights' shapes follow it."""
+    d = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+         "num_key_value_heads": 8, "intermediate_size": 3072, "num_hidden_layers": 2, "vocab_size": 96}  # fmt: skip
+    c = TinyGPTConfig.from_hf(d)
+    assert c.head_dim == transformers.Qwen3Config(**d).head_dim == 128
+    assert expected_shapes(c)["model.layers.0.self_attn.q_proj.weight"] == (16 * 128, 1024)
+    assert expected_shapes(c)["model.layers.0.self_attn.k_norm.weight"] == (128,)
+
+
 def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
     write_checkpoint("qwen2-tied-hd32", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -290,7 +300,7 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
         check_hf_dir(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3"])
+@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32"])
 def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
     """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
     though its model_type names the architecture as transformers' AutoModelForCausalLM reads it."""
@@ -311,7 +321,8 @@ def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(t
         check_hf_dir(tmp_path)
     assert str(e.value) == (
         f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
-        '"architectures": ["LlamaForCausalLM"] or ["Qwen2ForCausalLM"], as the checkpoint\'s model is'
+        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"] or ["Qwen3ForCausalLM"], as the checkpoint\'s '
+        "model is"
     )
 
 

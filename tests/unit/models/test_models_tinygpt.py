@@ -11,7 +11,7 @@ from bench.opcount import ops_of
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import INDEX_FILE, QWEN2, expected_shapes, save_state_dict
+from rlctl.models.hf import INDEX_FILE, QWEN2, QWEN3, expected_shapes, save_state_dict
 from rlctl.models.tinygpt import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
 from tests.unit.tiny_models import small_config
 
@@ -75,12 +75,14 @@ def _decode_logits(m: TinyGPT, tokens: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_fused_projections_give_the_separate_ones_logits(arch: str, tmp_path: Path) -> None:
     """The engine's model computes q/k/v and gate/up as one matmul each: the same logits. Its parameters stay
     the same objects (views into the fused tensors), and loading a version in place, training, casting and saving
     act on them as before."""
-    config = SMALL if arch == "llama" else dataclasses.replace(SMALL, architecture=QWEN2)  # Qwen2: q/k/v bias
+    # Qwen2: q/k/v bias; Qwen3: per-head q/k norms between the fused projection and its rotary embedding
+    archs = {"llama": SMALL.architecture, "qwen2": QWEN2, "qwen3": QWEN3}
+    config = dataclasses.replace(SMALL, architecture=archs[arch])
     torch.manual_seed(0)
     separate = TinyGPT(config).eval()
     fused = copy.deepcopy(separate)
@@ -223,6 +225,14 @@ def test_from_pretrained_rejects_other_architectures(tmp_path) -> None:
             tie_word_embeddings=True,
         ),
         TinyGPTConfig(attention_bias=True, explicit_head_dim=16, eos_token_id=[2, 3]),
+        TinyGPTConfig(
+            architecture=QWEN3,
+            explicit_head_dim=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            attention_bias=True,
+        ),
     ],
 )
 def test_expected_shapes_and_param_count_follow_the_model(cfg: TinyGPTConfig) -> None:
