@@ -142,7 +142,9 @@ class MegatronBackend(TrainerBackend):
         over the tp and pp groups, each replicated one (norms, row-parallel biases) counted once per stage.
         At pp > 1 with tied embeddings the gradient is only whole once the two copies' (first stage: the
         embedding, last stage: the output layer) are summed over megatron's embedding group, which this does
-        first, so that both copies step alike; the copy is counted once in the norm. A parameter of `model`
+        first, so that both copies step alike; the copy is counted once in the norm. Qwen3's q/k norms (replicated,
+        each rank's gradient the part of its own heads: names.py) are summed over the tp group first as well, as
+        megatron's finalize_model_grads does, so that every tp rank steps them alike. A parameter of `model`
         outside its GPTModels (a critic's value head) is held whole by every rank and counted once. At
         tp = pp = 1 this is torch's own clip."""
         model = self.model if model is None else model
@@ -156,6 +158,11 @@ class MegatronBackend(TrainerBackend):
                 shared = m.gpt.shared_embedding_or_output_weight()
                 assert shared.grad is not None  # the learner fills missing gradients with zeros before it clips
                 dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        if self.tp > 1 and self.config.qk_norm:
+            for m in staged:
+                for name, p in m.gpt.named_parameters():
+                    if p.grad is not None and name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
+                        dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         sharded = {id(p) for m in staged for p in m.parameters()}
         grads, square, whole = [], torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.float32)
         for p in model.parameters():

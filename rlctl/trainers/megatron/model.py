@@ -1,4 +1,4 @@
-"""A megatron-core GPTModel built from an HF Llama/Qwen2 config, and the policy module the learner trains.
+"""A megatron-core GPTModel built from an HF Llama/Qwen2/Qwen3 config, and the policy module the learner trains.
 
     TinyGPTConfig (config.json) ─▶ transformer_config ─▶ GPTModel(local layer spec, use_cpu_initialization)
                                                               ▲ load_hf: names.to_megatron(this tp rank)
@@ -8,8 +8,9 @@
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
 the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear or
 Llama 3.1 scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
-attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama
-`attention_bias`), no other linear bias except o_proj's under Llama `attention_bias` (megatron's
+attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama/Qwen3
+`attention_bias`), Qwen3's per-head q/k RMSNorm before RoPE (`qk_layernorm`: the local spec's q_layernorm and
+k_layernorm over head_dim, eps rms_norm_eps), no other linear bias except o_proj's under `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
 `linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). The core attention is
 torch's SDPA (`attention.py`: transformers' default kernel, so the logits match it bit for bit, and no
@@ -94,6 +95,7 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=c.qkv_bias,
+        qk_layernorm=c.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_activation_fusion=False,
@@ -113,13 +115,13 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
 
 
 def layer_spec(c: TinyGPTConfig) -> Any:
-    """The local (non-Transformer-Engine) GPT layer spec with RMSNorm and SDPA core attention; o_proj gets its
-    bias under Llama `attention_bias`."""
+    """The local (non-Transformer-Engine) GPT layer spec with RMSNorm (of q and k per head too, for Qwen3) and SDPA
+    core attention; o_proj gets its bias under `attention_bias`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from rlctl.trainers.megatron.attention import sdpa_attention
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=c.qk_norm)
     spec.submodules.self_attention.submodules.core_attention = sdpa_attention()
     if c.attention_bias:
         spec.submodules.self_attention.submodules.linear_proj = _biased_row_parallel_linear()

@@ -1,4 +1,4 @@
-"""rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2 decoders (the local layer spec).
+"""rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2/Qwen3 decoders (the local layer spec).
 
     HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n−o.)    split over tp
     model.embed_tokens.weight      [V, h]   ⇄  embedding.word_embeddings.weight                rows
@@ -7,6 +7,8 @@
     self_attn.{q,k,v}_proj.bias    [·]      ⇄  self_attention.linear_qkv.bias                 query groups
     self_attn.o_proj.weight        [h, q]   ⇄  self_attention.linear_proj.weight              columns
     self_attn.o_proj.bias          [h]      ⇄  self_attention.linear_proj.bias (Llama attention_bias) replicated
+    self_attn.q_norm.weight        [d]      ⇄  self_attention.q_layernorm.weight (Qwen3)      replicated
+    self_attn.k_norm.weight        [d]      ⇄  self_attention.k_layernorm.weight (Qwen3)      replicated
     post_attention_layernorm.weight         ⇄  pre_mlp_layernorm.weight                        replicated
     mlp.gate_proj / up_proj.weight [i, h]   ⇄  mlp.linear_fc1.weight = cat(gate, up)           rows of each
     mlp.down_proj.weight           [h, i]   ⇄  mlp.linear_fc2.weight                           columns
@@ -30,6 +32,10 @@ SwiGLU chunks the local output in two). So every rank exports an HF-layout *shar
 tensors are the shards concatenated in rank order along `shard_dim(name)` (`gather_hf`): no
 re-interleaving is needed after the export, which is why each rank can export (and delta-encode) its
 own shard. Only slicing and concatenation happen here, so HF → Megatron → HF is bit-exact.
+
+Qwen3's q/k norms are one [head_dim] weight each, shared by every head: every tp rank holds all of it and
+applies it to its own heads only, so its gradient on a rank is that rank's heads' part (the backend sums the
+parts over the tp group before clipping: `MegatronBackend.clip_grad_norm_`).
 """
 
 from __future__ import annotations
@@ -114,6 +120,8 @@ def _layer_names(hf: str, mg: str) -> list[tuple[str, str]]:
         (hf + "post_attention_layernorm.weight", mg + "pre_mlp_layernorm.weight"),
         (hf + "self_attn.o_proj.weight", mg + "self_attention.linear_proj.weight"),
         (hf + "self_attn.o_proj.bias", mg + "self_attention.linear_proj.bias"),
+        (hf + "self_attn.q_norm.weight", mg + "self_attention.q_layernorm.weight"),
+        (hf + "self_attn.k_norm.weight", mg + "self_attention.k_layernorm.weight"),
         (hf + "mlp.down_proj.weight", mg + "mlp.linear_fc2.weight"),
     ]
 

@@ -89,6 +89,8 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, t
     for s in range(pp):
         by_tp = sorted((r, sh) for st, r, sh in everyone if st == s)  # type: ignore[misc]
         for k, v in names.gather_hf([sh for _, sh in by_tp]).items():
+            if k.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3's: each tp rank's its own heads' part
+                v = sum((sh[k] for _, sh in by_tp), torch.zeros_like(v))
             grads[k] = grads[k] + v if k in grads else v
     grad_rel = max(float((grads[n] - p.grad).abs().max() / p.grad.abs().max()) for n, p in ref.named_parameters())
     checkpoint_sd = load_state_dict(checkpoint)

@@ -1,6 +1,6 @@
 """rlctl's HF ⇄ Megatron name and layout table, on tensors alone (no megatron-core needed): the fused QKV
 interleave per query group, fc1 = gate ‖ up per tp rank, pipeline stages' local layer numbers, and
-HF → Megatron → HF bit for bit."""
+HF → Megatron → HF bit for bit; Qwen3's per-head q/k norms whole on every tp rank."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ LLAMA_BIAS = TinyGPTConfig(
 )
 
 
+QWEN3 = dataclasses.replace(GQA, architecture="Qwen3ForCausalLM", tie_word_embeddings=False, attention_bias=True)
+
+
 def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {k: torch.randn(shape, generator=g) for k, shape in expected_shapes(c).items()}
@@ -42,7 +45,7 @@ def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
 LLAMA = TinyGPTConfig(vocab_size=16, hidden_size=8, intermediate_size=12, num_attention_heads=2, num_key_value_heads=2)
 
 
-@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, LLAMA], ids=["qwen2-gqa-tied", "llama-bias", "llama"])
+@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, LLAMA, QWEN3], ids=["qwen2-gqa-tied", "llama-bias", "llama", "qwen3"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_hf_to_megatron_to_hf_is_bit_exact_per_rank_and_gathered(c: TinyGPTConfig, tp: int) -> None:
     hf = checkpoint(c)
@@ -98,6 +101,24 @@ def test_names_cover_megatron_and_tied_embeddings_have_no_output_layer() -> None
     assert "output_layer.weight" in untied and "decoder.layers.0.self_attention.linear_proj.bias" in untied
 
 
+def test_qwen3_q_and_k_norms_are_megatrons_qk_layernorms_whole_on_every_tp_rank() -> None:
+    hf = checkpoint(QWEN3)
+    for r in (0, 1):
+        mg = to_megatron(hf, QWEN3, tp=2, rank=r, stage=Stage(1, 2))  # HF layer 1 is the stage's layer 0
+        for hf_name, mg_name in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+            whole = hf[f"model.layers.1.self_attn.{hf_name}.weight"]
+            assert whole.shape == (QWEN3.head_dim,)
+            assert torch.equal(mg[f"decoder.layers.0.self_attention.{mg_name}.weight"], whole)
+            assert shard_dim(f"model.layers.1.self_attn.{hf_name}.weight") is None
+    layer = sorted(k.removeprefix("decoder.layers.0.") for k in to_megatron(hf, QWEN3) if "layers.0." in k)
+    assert [k for k in layer if "layernorm" in k] == [
+        "input_layernorm.weight",
+        "pre_mlp_layernorm.weight",
+        "self_attention.k_layernorm.weight",
+        "self_attention.q_layernorm.weight",
+    ]
+
+
 def test_a_tp_that_does_not_split_the_query_groups_is_refused() -> None:
     with pytest.raises(ValueError, match="does not divide num_key_value_heads 2"):
         check_split(GQA, 4)
@@ -146,7 +167,7 @@ class Reads(dict):
         return super().__getitem__(name)
 
 
-@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS], ids=["qwen2-gqa-tied", "llama-bias"])
+@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, QWEN3], ids=["qwen2-gqa-tied", "llama-bias", "qwen3"])
 def test_only_one_name_is_that_tensor_of_the_whole_conversion_reading_just_its_sources(c: TinyGPTConfig) -> None:
     hf = checkpoint(c)
     stage = Stage(1, 2) if c.num_hidden_layers == 2 else Stage()

@@ -43,8 +43,8 @@ def run_ranks(tmp_path: Path, name: str, *, tp: int, pp: int, checkpoints: list[
     [
         # tied embeddings with q/k/v bias and one key/value head; grouped-query attention with an untied lm_head
         (1, 2, ["qwen2-tied-hd32", "llama-hd64-eos3"]),
-        # tied and vocab-parallel at both ends, o_proj bias; grouped-query attention, untied lm_head
-        (2, 2, ["llama-bias-tied", "llama-hd64-eos3"]),
+        # tied and vocab-parallel at both ends, o_proj bias; grouped-query attention, untied lm_head; Qwen3's q/k norms
+        (2, 2, ["llama-bias-tied", "llama-hd64-eos3", "qwen3-tied-hd32"]),
     ],
     ids=["pp2", "tp2-pp2"],
 )
@@ -91,7 +91,7 @@ def test_a_pp_that_does_not_divide_the_layers_is_refused(tmp_path: Path) -> None
     "tp,pp,dp,variants",
     [
         (1, 2, 1, ["qwen2-tied-hd32", "llama-hd64-eos3"]),
-        (2, 2, 1, ["llama-bias-tied", "llama-hd64-eos3"]),
+        (2, 2, 1, ["llama-bias-tied", "llama-hd64-eos3", "qwen3-tied-hd32"]),
         (1, 2, 2, ["qwen2-tied-hd32"]),  # two pipelines: each stage's gradients summed over its dp group
     ],
     ids=["pp2", "tp2-pp2", "pp2-dp2"],

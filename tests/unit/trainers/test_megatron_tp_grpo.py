@@ -22,8 +22,8 @@ from tests.unit.trainers.test_megatron_backend import rollouts
 pytest.importorskip("transformers")
 RANK = Path(__file__).with_name("megatron_grpo_rank.py")
 # tied embeddings (vocab-parallel at both ends) with a replicated o_proj bias; grouped-query attention with
-# an untied, vocab-parallel lm_head
-VARIANTS = ["llama-bias-tied", "llama-hd64-eos3"]
+# an untied, vocab-parallel lm_head; Qwen3's q/k norms, whose gradient the tp ranks sum before the step
+VARIANTS = ["llama-bias-tied", "llama-hd64-eos3", "qwen3-tied-hd32"]
 
 
 def run_ranks(
