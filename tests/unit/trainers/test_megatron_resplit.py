@@ -42,23 +42,32 @@ def whole_moments(ranks: list[dict], key: str, *, backend: str, tp: int, pp: int
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
-    "backend,was,now",
+    "backend,was,now,variant",
     [
-        ("megatron", (2, 1, 1), (1, 1, 1)),
-        ("megatron", (1, 2, 1), (2, 1, 1)),
-        ("megatron", (1, 1, 1), (2, 1, 1)),
-        ("megatron", (2, 2, 1), (1, 1, 1)),
-        ("megatron", (1, 2, 2), (1, 2, 1)),
-        ("torch", (1, 1, 2), (1, 1, 1)),
+        ("megatron", (2, 1, 1), (1, 1, 1), "llama-bias-tied"),
+        ("megatron", (1, 2, 1), (2, 1, 1), "llama-bias-tied"),
+        ("megatron", (1, 1, 1), (2, 1, 1), "llama-bias-tied"),
+        ("megatron", (2, 2, 1), (1, 1, 1), "llama-bias-tied"),
+        ("megatron", (1, 2, 2), (1, 2, 1), "llama-bias-tied"),
+        ("torch", (1, 1, 2), (1, 1, 1), "llama-bias-tied"),
+        ("megatron", (2, 2, 1), (1, 1, 1), "qwen3-tied-hd32"),  # its q/k norms' moments, whole on every tp rank
     ],
-    ids=["tp2-to-tp1", "pp2-to-tp2", "tp1-to-tp2", "tp2-pp2-to-tp1", "pp2-dp2-to-pp2", "torch-dp2-to-dp1"],
+    ids=[
+        "tp2-to-tp1",
+        "pp2-to-tp2",
+        "tp1-to-tp2",
+        "tp2-pp2-to-tp1",
+        "pp2-dp2-to-pp2",
+        "torch-dp2-to-dp1",
+        "qwen3-tp2-pp2-to-tp1",
+    ],
 )
 def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
-    tmp_path: Path, backend: str, was: tuple[int, int, int], now: tuple[int, int, int]
+    tmp_path: Path, backend: str, was: tuple[int, int, int], now: tuple[int, int, int], variant: str
 ) -> None:
     if backend == "megatron":
         require_megatron()
-    model_and_samples(tmp_path)
+    model_and_samples(tmp_path, variant)
     tp, pp, dp = was
     ran = run_phase(tmp_path, "run", backend=backend, algorithm="grpo", tp=tp, pp=pp, dp=dp)
     ckpt = tmp_path / "job" / "iter-2"

@@ -70,10 +70,10 @@ def same_rng(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.timeout(400)
-def model_and_samples(tmp_path: Path) -> None:
+def model_and_samples(tmp_path: Path, variant: str = "llama-bias-tied") -> None:
     """The tests' model (`tmp_path/model`: tied and vocab-parallel at both ends, 2 layers) and three batches of its
     rollouts (`tmp_path/samples.pt`) that `run_phase` trains on."""
-    write_checkpoint("llama-bias-tied", tmp_path / "model")
+    write_checkpoint(variant, tmp_path / "model")
     model = TinyGPT.from_pretrained(tmp_path / "model")
     torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
 
