@@ -3,6 +3,7 @@ steps equal the unsharded steps, and a sharded checkpoint resumes bit for bit (e
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,11 @@ def run(tmp_path: Path, *, world: int, phase: str, job: Path, model: Path, sampl
     return torch.load(out, weights_only=False)
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM"])  # Qwen3: sharded per-head q/k norms
+def inputs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
-    TinyGPT(CFG).save_pretrained(d / "model")
+    TinyGPT(dataclasses.replace(CFG, architecture=request.param)).save_pretrained(d / "model")
     torch.save(iterations(), d / "samples.pt")
     return d / "model", d / "samples.pt"
 
