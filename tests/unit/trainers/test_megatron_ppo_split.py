@@ -24,8 +24,9 @@ from tests.unit.trainers.test_megatron_backend import rollouts
 pytest.importorskip("transformers")
 RANK = Path(__file__).with_name("megatron_ppo_rank.py")
 # tied embeddings (vocab-parallel at both ends; at pp 2 the policy's copy on the last stage, the critic's trunk
-# none) with a replicated o_proj bias; grouped-query attention with an untied, vocab-parallel lm_head
-VARIANTS = ["llama-bias-tied", "llama-hd64-eos3"]
+# none) with a replicated o_proj bias; grouped-query attention with an untied, vocab-parallel lm_head; Qwen3's
+# q/k norms in the policy and the critic's trunk (their gradients summed over the tp group)
+VARIANTS = ["llama-bias-tied", "llama-hd64-eos3", "qwen3-bias-hd32"]
 
 
 def run(directory: Path, name: str, *, world: int, tp: int, pp: int) -> list[dict[str, Any]]:
