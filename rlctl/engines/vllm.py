@@ -138,12 +138,13 @@ def vllm_priority(group: int, priority: float) -> int:
 
 
 def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int) -> int:
-    """GiB of KV cache that hold `max_batch_size` rows at the checkpoint's full context (fp32, +25 %), ≥ 1."""
-    c = json.loads((Path(model_dir) / "config.json").read_text())
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
-    per_token = 2 * c["num_hidden_layers"] * kv_heads * head_dim * 4
-    need = per_token * c.get("max_position_embeddings", 4096) * max_batch_size * 1.25
+    """GiB of KV cache that hold `max_batch_size` rows at the checkpoint's full context (fp32, +25 %), ≥ 1. The
+    config as `rlctl check` read it (its architecture's defaults: Qwen3's head_dim 128 where config.json has none)."""
+    from rlctl.engines.kvsize import bytes_per_position
+    from rlctl.models import hf
+
+    c = hf.read_config(model_dir)
+    need = bytes_per_position(c, value_bytes=4) * c.max_position_embeddings * max_batch_size * 1.25
     return max(1, math.ceil(need / 2**30))
 
 

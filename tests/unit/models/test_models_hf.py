@@ -339,6 +339,19 @@ def test_vllm_is_told_the_architecture_a_config_without_one_has(tmp_path: Path) 
     assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
 
 
+def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_path: Path) -> None:
+    """A Qwen3 config.json without head_dim has heads of 128 (Qwen3Config's default), not hidden / heads (16 here):
+    vLLM's CPU K/V space is sized for those, versus 8 times too small."""
+    from rlctl.engines.vllm import cpu_kv_cache_gib
+
+    write_checkpoint("qwen3-tied-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["head_dim"]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 20}))
+    # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^20 positions, 64 rows, +25 %
+    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+
+
 def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(tmp_path: Path) -> None:
     """`"architectures": null` is read by its model_type as a config without the key is (`check_hf_dir`): vLLM,
     which maps it to the base model as well, is told the ForCausalLM class too, versus nothing (the key is there)."""
