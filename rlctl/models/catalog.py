@@ -1,4 +1,5 @@
-"""Model architectures the cost models need, with built-ins (StreamRL Table 2 + the demo model).
+"""Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3 and Llama 3.1 dense, the demo
+model).
 
 An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
 """
@@ -41,6 +42,13 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944, 7.62e9),
         ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9),
         ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9),
+        # their config.json's figures; params as the architecture counts them (Qwen3's q/k norms, 4B's tied embeddings)
+        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128),
+        ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9),
+        ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9),
+        ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128),
+        ModelArch("llama3.1-8b", 32, 4096, 32, 8, 128256, 14336, 8.03e9),
+        ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9),
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4),
