@@ -16,6 +16,8 @@ SFT warm-up on other prompts than the dataset's teaches the format, so RL starts
 `--shape qwen2-0.5b` builds Qwen2-0.5B's architecture instead (hidden 896, 24 layers, 14 query and 2 key/value
 heads, vocabulary 151,936: the tokenizer's words padded with unused tokens), random and in bf16 as such
 checkpoints ship: the model a GPU check launches (`python -m bench gpu-check`), not one that learns the task.
+`--shape tiny-qwen3` and `--shape tiny-llama3` build the tiny model as Qwen3 (its per-head q/k RMSNorm, head_dim 64)
+and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context), to run those architectures' paths.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from rlctl.models.hf import LLAMA, QWEN2, QWEN3, RopeScaling
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -108,15 +111,24 @@ def sft(model: TinyGPT, vocab: dict[str, int], *, steps: int, seed: int) -> None
     model.eval()
 
 
-# architecture keys by --shape: the demo's tiny model, or Qwen2-0.5B's (hidden 896, 24 layers, 14/2 heads)
-SHAPES = {
-    "tiny": {
-        "hidden_size": 96,
-        "intermediate_size": 256,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 3,
-        "num_key_value_heads": 3,
-        "max_position_embeddings": 256,
+# architecture keys by --shape: the demo's tiny model (as Qwen2, Qwen3 or Llama 3.1), or Qwen2-0.5B's (hidden 896,
+# 24 layers, 14/2 heads)
+TINY = {
+    "hidden_size": 96,
+    "intermediate_size": 256,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 256,
+}
+SHAPES: dict[str, dict[str, object]] = {
+    "tiny": TINY,
+    "tiny-qwen3": {**TINY, "architecture": QWEN3, "explicit_head_dim": 64},
+    "tiny-llama3": {
+        **TINY,
+        "architecture": LLAMA,
+        "rope_scaling": RopeScaling("llama3", 8.0, 1.0, 4.0, 32),
+        "tie_word_embeddings": False,
     },
     "qwen2-0.5b": {
         "vocab_size": 151_936,
@@ -136,21 +148,19 @@ SHAPES = {
 def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0, shape: str = "tiny") -> None:
     t0 = time.monotonic()
     torch.manual_seed(seed)
-    keys = dict(SHAPES[shape])
-    vocab = write_tokenizer(out / "model", vocab_size=keys.pop("vocab_size", None))
+    keys = {"architecture": QWEN2, "tie_word_embeddings": True, **SHAPES[shape]}
+    vocab = write_tokenizer(out / "model", vocab_size=keys.pop("vocab_size", None))  # type: ignore[arg-type]
     cfg = TinyGPTConfig(
         vocab_size=len(vocab),
-        **keys,
-        tie_word_embeddings=True,
+        **keys,  # type: ignore[arg-type]
         bos_token_id=vocab["<s>"],
         eos_token_id=[vocab["<|end|>"], vocab["</s>"]],
         pad_token_id=vocab["<pad>"],
-        architecture="Qwen2ForCausalLM",
     )
     model = TinyGPT(cfg)
     if sft_steps:
         sft(model, vocab, steps=sft_steps, seed=seed)
-    model.save_pretrained(out / "model", dtype=torch.float32 if shape == "tiny" else torch.bfloat16)
+    model.save_pretrained(out / "model", dtype=torch.float32 if shape.startswith("tiny") else torch.bfloat16)
     rng = random.Random(seed)
     with (out / "data.jsonl").open("w") as f:
         for i in range(rows):
@@ -175,7 +185,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shape", choices=list(SHAPES), default="tiny")
     args = ap.parse_args()
-    if args.shape == "tiny":
+    if args.shape.startswith("tiny"):
         torch.set_num_threads(1)
     build(args.out, rows=args.rows, sft_steps=args.sft_steps, seed=args.seed, shape=args.shape)
 

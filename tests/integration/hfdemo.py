@@ -14,10 +14,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 
-def build_hf_demo(out: Path, *, rows: int = 64) -> None:
-    """`out`/model (a Qwen2-architecture checkpoint) and `out`/data.jsonl (`rows` rows)."""
+def build_hf_demo(out: Path, *, rows: int = 64, shape: str = "tiny") -> None:
+    """`out`/model (a Qwen2-architecture checkpoint, or the builder's other `shape`) and `out`/data.jsonl (`rows`
+    rows)."""
+    builder = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(out), f"--shape={shape}"]
     build = subprocess.run(
-        [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(out), "--sft-steps=0", f"--rows={rows}"],
+        [*builder, "--sft-steps=0", f"--rows={rows}"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -25,11 +27,11 @@ def build_hf_demo(out: Path, *, rows: int = 64) -> None:
     assert build.returncode == 0, build.stderr
 
 
-def hf_demo_job(out: Path, *, reward: str | None = None, **fields: Any) -> Path:
+def hf_demo_job(out: Path, *, reward: str | None = None, shape: str = "tiny", **fields: Any) -> Path:
     """`out`/job.yaml: the shipped hf-demo job on this machine's local site, on the demo's inputs built into `out`
     (untrained), with the reward function `reward` (source of a `compute_score`, written beside it) and the job's
     top-level `fields` replaced."""
-    build_hf_demo(out)
+    build_hf_demo(out, shape=shape)
     job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
     job.update(inventory=[str(REPO / "clusters/local.yaml")], model={"kind": "hf", "path": "model"}, tracking=[])
     job["task"]["path"] = "data.jsonl"

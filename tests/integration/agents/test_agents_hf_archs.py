@@ -1,0 +1,53 @@
+"""`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim) and on a Llama 3.1
+one (its `llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass): each
+runs its rollout units and trainer to the end, every prompt trained once and the weights moving, and the model a
+checkpoint holds keeps its architecture: transformers loads it and computes rlctl's logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.models.hf import load_state_dict
+from rlctl.models.tinygpt import TinyGPT
+from tests.integration.hfdemo import check_and_launch, hf_demo_job
+
+from .test_agents_megatron_job import LENGTH_REWARD
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-llama3"])
+def test_a_job_on_a_qwen3_or_llama3_checkpoint_trains_and_checkpoints_its_architecture(
+    tmp_path: Path, shape: str
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    job = hf_demo_job(
+        tmp_path,
+        shape=shape,
+        reward=LENGTH_REWARD,
+        iterations=3,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        checkpoint={"every_iterations": 3},
+    )
+    run = tmp_path / "run"
+    s = check_and_launch(job, run)
+    assert s["state"] == "done" and s["iterations"] == 3
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 12
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    ckpt = run / "checkpoints" / "iter-3" / "model"
+    want = json.loads((tmp_path / "model" / "config.json").read_text())
+    got = json.loads((ckpt / "config.json").read_text())
+    assert got["architectures"] == want["architectures"] and got.get("rope_scaling") == want.get("rope_scaling")
+    assert got.get("head_dim") == want.get("head_dim")
+    start, trained = load_state_dict(tmp_path / "model"), load_state_dict(ckpt)
+    assert set(trained) == set(start)  # q_norm/k_norm, where the architecture has them, kept
+    assert not torch.equal(trained["model.norm.weight"], start["model.norm.weight"])  # it trained
+    tokens = torch.arange(3, 63).remainder(int(want["vocab_size"])).unsqueeze(0)  # 60 positions: past 32
+    ours = TinyGPT.from_pretrained(ckpt).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=1e-4)
