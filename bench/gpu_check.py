@@ -107,6 +107,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         arch = check_hf_dir(model_dir).arch
         out["params"] = int(arch.params)
         piece("engine_vs_cpu", lambda: engine_vs_cpu(model_dir, device))
+        piece("archs_vs_cpu", lambda: _archs_vs_cpu(root, device))
         engine = piece("engine", lambda: engine_tok_s(model_dir, device, size), keep=False) or {}
         out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
         hf = piece("hf_generate_tok_s", lambda: hf_generate_tok_s(model_dir, device, size)) or {}
@@ -233,6 +234,16 @@ def _build(root: Path, *, shape: str) -> None:
     proc = subprocess.run([*argv, f"--shape={shape}"], capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"build.py exited {proc.returncode}: {proc.stderr[-400:]}")
+
+
+def _archs_vs_cpu(root: Path, device: str) -> dict[str, Any]:
+    """`engine_vs_cpu` of the builder's tiny Qwen3 (per-head q/k RMSNorm) and Llama 3.1 (llama3 RoPE scaling past a
+    32-token context) checkpoints: their architectures' own code on the device against the CPU."""
+    out = {}
+    for shape in ("tiny-qwen3", "tiny-llama3"):
+        _build(root / shape, shape=shape)
+        out[shape] = engine_vs_cpu(root / shape / "model", device)
+    return out
 
 
 def _samples(n_prompts: int, vocab: int) -> list[Any]:
