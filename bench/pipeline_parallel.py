@@ -153,7 +153,7 @@ def _rank(rank: int, pp: int, rendezvous: Path, ckpt: Path, out: Path, repeats: 
             backend.model.zero_grad(set_to_none=True)
             dist.barrier()
             t0 = time.perf_counter()
-            value, _ = policy_loss(model, batch, 0.2, num_tokens=1)
+            value, _ = policy_loss(model, batch, 0.2, normaliser=1.0)
             value.backward()
             elapsed = torch.tensor(time.perf_counter() - t0)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does

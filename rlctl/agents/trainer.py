@@ -151,7 +151,14 @@ class TrainerAgent:
         # versions travel in the checkpoint's dtype, a tied embedding once (what the planner prices)
         self.config = config = hf.read_config(init)
         self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
-        self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref, iterations=job.iterations)
+        self.learner = make_learner(
+            self.backend,
+            job.algorithm,
+            job.batch,
+            ref=ref,
+            iterations=job.iterations,
+            max_output_tokens=job.task.max_output_tokens,
+        )
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_prompt = job.batch.samples_per_prompt
         self.prompts_per_iteration = job.batch.prompts_per_iteration

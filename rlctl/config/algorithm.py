@@ -61,6 +61,8 @@ class OffPolicyCorrection(Strict):
 
 
 LrDecay = Literal["constant", "linear", "cosine"]
+# how the policy loss averages its tokens' terms over the iteration's batch (rlctl.rl.grpo.loss_normaliser)
+LossAggregation = Literal["token_mean", "sequence_mean", "constant"]
 
 
 class PolicyUpdate(OffPolicyCorrection):
@@ -87,6 +89,18 @@ class PolicyUpdate(OffPolicyCorrection):
     )
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="the floor linear or cosine decay goes towards, as a fraction of lr (default 0)"
+    )
+    loss_aggregation: LossAggregation = Field(
+        "token_mean",
+        description="how the policy loss (and GRPO's KL-to-reference term) is averaged over the iteration's batch: "
+        "token_mean = the sum over every output token / the batch's output tokens (DAPO: each token weighs alike); "
+        "sequence_mean = the mean over samples of each sample's token mean (GRPO's 1/G Σ_i 1/|o_i| Σ_t: a long "
+        "output's tokens weigh less; a sample with no output token is left out); constant = the sum over every "
+        "output token / (samples × the task's max_output_tokens) (Dr. GRPO: no length normalisation). Over the whole "
+        "iteration, whatever its micro-batches and data-parallel ranks. The reported loss (and GRPO's kl_ref) are "
+        "what the gradient is of; clip_frac, kl, approx_kl, entropy, is_weight_mean, is_capped_frac and PPO's kl_ref "
+        "(its rewards' KL) are means over tokens (token_mean, constant) or over samples of each sample's token mean "
+        "(sequence_mean). PPO's critic loss (value_loss) stays a token mean",
     )
 
     @field_validator("clip_eps")

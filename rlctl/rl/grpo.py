@@ -3,11 +3,20 @@
     rewards of the samples of one prompt ─▶ A = (r − mean_group) / (std_group + eps)   (std over the group, ddof 0;
                                                                                   `advantage_std: false`: r − mean)
     ratio  = exp(logp_θ − logp_behaviour)          behaviour logprobs come from the engine
-    loss   = Σ_tokens max(−ratio·A, −clip(ratio, 1 − ε, 1 + ε_high)·A) + β·KL_k3(θ ‖ ref)   / #tokens in the batch
-    kl     = Σ_tokens (ratio − 1) − log ratio                                   / #tokens in the batch
+    ℓ_t    = max(−ratio·A, −clip(ratio, 1 − ε, 1 + ε_high)·A) + β·KL_k3(θ ‖ ref)
+    loss   = Σ_tokens w_t·ℓ_t / N                  (`algorithm.loss_aggregation`, `token_weights`, `loss_normaliser`)
+    kl     = Σ_tokens w_t·((ratio − 1) − log ratio) / Σ_tokens w_t
 
-The token mean is over the whole batch (not per sequence), so long samples are not down-weighted;
-micro-batches accumulate gradients with the batch's token count as the common normaliser.
+                    w_t of sample i's tokens    N
+    token_mean      1                           the batch's output tokens          (DAPO; the default)
+    sequence_mean   1 / |o_i|                   the batch's samples with output    (GRPO's 1/G Σ_i 1/|o_i| Σ_t)
+    constant        1                           samples × max_output_tokens        (Dr. GRPO)
+
+A token's weight is its own sample's, and N is the whole batch's (every micro-batch, every data-parallel rank):
+micro-batches accumulate their weighted sums with N as the common normaliser, so cutting a batch into
+micro-batches or shares of ranks leaves the gradient as it is. Under token_mean long samples are not
+down-weighted; under sequence_mean each sample weighs alike whatever its length; constant divides by a number no
+length changes.
 `kl` is the k3 estimate of KL(behaviour ‖ θ) on the behaviour's own samples, from the log-probs the
 loss computes anyway: θ is the trainer's policy *before* this step's update, so it measures how far
 off-policy the batch was (staleness, engine vs trainer numerics), not how far the update moved.
@@ -19,11 +28,12 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from rlctl.config.algorithm import GrpoAlgorithm, OffPolicy
+from rlctl.config.algorithm import GrpoAlgorithm, LossAggregation, OffPolicy
 from rlctl.devices import sync
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.gradsum import sum_gradients
@@ -73,6 +83,54 @@ def group_advantages(
     return out
 
 
+def token_weights(mask: torch.Tensor, aggregation: LossAggregation) -> torch.Tensor:
+    """Each grid position's weight in the loss's sum [N, T-1]: 1 on an output token (token_mean, constant), 1/|o_i| on
+    sample i's (sequence_mean: a sample's weights sum to 1), 0 elsewhere. A row's weights are its sample's alone, so
+    a batch summed in micro-batches weighs every token as the whole batch does."""
+    m = mask.float()
+    if aggregation != "sequence_mean":
+        return m
+    return m / m.sum(dim=1, keepdim=True).clamp(min=1.0)
+
+
+class Counts(NamedTuple):
+    """What a batch's loss normaliser counts (`loss_normaliser`)."""
+
+    tokens: int  # output tokens
+    sequences: int  # samples with an output token: those with a token mean (sequence_mean's)
+    samples: int
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Counts:
+        lengths = [len(s.output_tokens) for s in samples]
+        return cls(sum(lengths), sum(1 for n in lengths if n), len(lengths))
+
+
+def loss_normaliser(aggregation: LossAggregation, counts: Counts, *, max_output_tokens: int | None) -> float:
+    """N, what a batch's weighted token sum is divided by: its output tokens (token_mean), its samples with output
+    (sequence_mean) or its samples × the task's `max_output_tokens` (constant). At least 1: a batch with nothing to
+    count gives a zero gradient, not 0 / 0."""
+    if aggregation == "token_mean":
+        n = counts.tokens
+    elif aggregation == "sequence_mean":
+        n = counts.sequences
+    else:
+        if max_output_tokens is None:
+            raise ValueError(_CONSTANT_NEEDS)
+        n = counts.samples * max_output_tokens
+    return float(max(n, 1))
+
+
+_CONSTANT_NEEDS = "loss_aggregation 'constant' divides by samples × max_output_tokens: give the task's"
+
+
+def needs_max_output_tokens(aggregation: LossAggregation, max_output_tokens: int | None) -> None:
+    """A learner is refused when it is built, not at its first step, without the task's `max_output_tokens` where
+    loss_aggregation 'constant' divides by it."""
+    if aggregation == "constant" and max_output_tokens is None:
+        raise ValueError(_CONSTANT_NEEDS)
+
+
 def policy_loss(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -80,14 +138,17 @@ def policy_loss(
     kl_coef: float = 0.0,
     *,
     temperature: float = 1.0,
-    num_tokens: int | None = None,
+    normaliser: float | None = None,
+    aggregation: LossAggregation = "token_mean",
     off_policy: OffPolicy = "clip",
     is_cap: float | None = None,
     clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss (+ k3 KL to the reference when kl_coef > 0), summed over masked tokens / num_tokens. The
-    ratio is clipped to [1 − clip_eps, 1 + clip_eps_high] (default clip_eps_high = clip_eps; DAPO raises it so
-    that unlikely tokens with a positive advantage can grow).
+    """PPO-clip loss (+ k3 KL to the reference when kl_coef > 0): each output token's term weighed by
+    `token_weights(aggregation)`, summed, / `normaliser` (the whole batch's `loss_normaliser`: this batch may be a
+    micro-batch or a rank's share; None: this batch's own, its tokens or, under sequence_mean, its samples with
+    output; `constant` needs it given). The ratio is clipped to [1 − clip_eps, 1 + clip_eps_high] (default
+    clip_eps_high = clip_eps; DAPO raises it so that unlikely tokens with a positive advantage can grow).
 
     `off_policy` says how samples generated by older weights (the behaviour policy μ, whose per-token logprobs
     the engine reported) are corrected; π_prox is the policy before this iteration's step (the trainer takes one
@@ -107,14 +168,19 @@ def policy_loss(
     scored far apart by engine and trainer cannot make the loss infinite; uncapped `decoupled` leaves such a token
     out (weight 0, counted in `is_capped_sum`) rather than weigh it e^MAX_LOG_RATIO.
 
-    The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient);
-    `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many tokens the cap truncated (`tis`) or left
-    out (`decoupled`); `entropy_sum` the policy's next-token entropy at the sampling temperature (a policy collapsing
-    onto few answers shows it first).
+    The metrics are sums over the batch's valid tokens, each token's term weighed as in the loss (`weight_sum`, the
+    weights' sum, is what a mean of them divides by; `tokens` counts the tokens unweighed); `kl_sum` is the k3
+    KL(behaviour ‖ θ) (no gradient); `is_weight_sum` the behaviour weights' sum and `is_capped_sum` the tokens the
+    cap truncated (`tis`) or left out (`decoupled`); `entropy_sum` the policy's next-token entropy at the sampling
+    temperature (a policy collapsing onto few answers shows it first).
     """
     batch = batch.to(device_of(model))
     mask = batch.mask.float()
-    n = float(num_tokens if num_tokens is not None else max(batch.num_tokens, 1))
+    w = token_weights(batch.mask, aggregation)
+    if normaliser is None:
+        assert aggregation != "constant", "loss_aggregation 'constant' divides by the whole batch's normaliser: pass it"
+        own = int(batch.mask.any(dim=1).sum()) if aggregation == "sequence_mean" else batch.num_tokens
+        normaliser = float(max(own, 1))
     logp, entropy = logprobs_and_entropy(model, batch.tokens, temperature)
     assert entropy is not None
     behaviour = batch.old_logprobs
@@ -132,7 +198,7 @@ def policy_loss(
             weight = raw.clamp(max=is_cap)
         else:  # decoupled, AReaL's behav_imp_weight_cap: a token past the cap is left out, still in the token count
             weight = raw.masked_fill(raw > is_cap, 0.0)
-        capped = ((raw > weight) * mask).sum()
+        capped = ((raw > weight) * w).sum()
     log_ratio = ((logp - base) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     adv = batch.advantages
@@ -148,23 +214,24 @@ def policy_loss(
         d = ((batch.ref_logprobs - logp) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(θ ‖ ref), ≥ 0
         per_token = per_token + kl_coef * kl
-        kl_ref = (kl * mask).sum().detach()
-    loss = (per_token * mask).sum() / n
+        kl_ref = (kl * w).sum().detach()
+    loss = (per_token * w).sum() / normaliser
     with torch.no_grad():
         to_behaviour = log_ratio if weight is None else ((logp - behaviour) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-        clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + high)).float() * mask
+        clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + high)).float() * w
         zero = mask.new_zeros(())
         sums = {
-            "pg_loss_sum": (pg * mask).sum(),
+            "pg_loss_sum": (pg * w).sum(),
             "kl_ref_sum": zero if kl_ref is None else kl_ref,
             "clip_sum": clipped.sum(),
-            "approx_kl_sum": (-to_behaviour * mask).sum(),
+            "approx_kl_sum": (-to_behaviour * w).sum(),
             # k3 = (r − 1) − log r ≥ 0; expm1 keeps it exact near r = 1, where it is ~ (log r)² / 2
-            "kl_sum": ((torch.expm1(to_behaviour) - to_behaviour) * mask).sum(),
+            "kl_sum": ((torch.expm1(to_behaviour) - to_behaviour) * w).sum(),
             "tokens": mask.sum(),
-            "is_weight_sum": (weight * mask).sum() if weight is not None else mask.sum(),
+            "weight_sum": w.sum(),
+            "is_weight_sum": (weight * w).sum() if weight is not None else w.sum(),
             "is_capped_sum": zero if capped is None else capped,
-            "entropy_sum": (entropy * mask).sum(),
+            "entropy_sum": (entropy * w).sum(),
         }
         # one read-back of them all: on a GPU the host waits for the pass once, not once a figure
         metrics = dict(zip(sums, torch.stack([v.float() for v in sums.values()]).tolist(), strict=True))
@@ -175,20 +242,20 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def batch_tokens(samples: Sequence[Sample]) -> int:
-    """The output tokens of the whole batch: this rank's samples, summed over the torch.distributed group if one is
-    initialised (each rank passes its own samples), so that every rank divides its loss by the same count."""
-    tokens = sum(len(s.output_tokens) for s in samples)
+def batch_counts(samples: Sequence[Sample]) -> Counts:
+    """The whole batch's `Counts`: this rank's samples', summed over the torch.distributed group if one is
+    initialised (each rank passes its own samples), so that every rank divides its loss by the same normaliser."""
+    counts = Counts.of(samples)
     if not _distributed():
-        return tokens
-    box = torch.tensor([tokens], dtype=torch.int64)
+        return counts
+    box = torch.tensor(counts, dtype=torch.int64)
     dist.all_reduce(box)
-    return int(box.item())
+    return Counts(*(int(v) for v in box.tolist()))
 
 
 def allreduce_grads(model: torch.nn.Module) -> None:
     """Sum gradients over the torch.distributed group, if one is initialised: each rank's loss is its samples'
-    share of the whole batch's token mean (`batch_tokens`), so the sum is the whole batch's gradient."""
+    share of the whole batch's (`batch_counts`' normaliser), so the sum is the whole batch's gradient."""
     if not _distributed():
         return
     sum_gradients(model.parameters())  # a rank whose samples reach no row of a parameter: zeros, still in the sum
@@ -207,10 +274,13 @@ class GrpoLearner:
         micro_batch_tokens: int | None = None,
         pad: int = 0,
         iterations: int | None = None,  # the job's: where lr_decay ends
+        max_output_tokens: int | None = None,  # the job's task's: loss_aggregation 'constant' divides by it
     ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        needs_max_output_tokens(cfg.loss_aggregation, max_output_tokens)
+        self.max_output_tokens = max_output_tokens
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.pad = pad
         self.opt = policy_optimizer(model, cfg.lr, weight_decay=cfg.weight_decay)
@@ -229,7 +299,8 @@ class GrpoLearner:
         if self.cfg.kl_coef > 0:
             fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv = self.advantages(samples)
-        total_tokens = max(batch_tokens(samples), 1)  # none: every output empty, a zero gradient (not 0 / 0)
+        agg, most = self.cfg.loss_aggregation, self.max_output_tokens
+        normaliser = loss_normaliser(agg, batch_counts(samples), max_output_tokens=most)  # the whole batch's
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
@@ -244,7 +315,8 @@ class GrpoLearner:
                 off_policy=self.cfg.off_policy,
                 is_cap=self.cfg.behaviour_cap,
                 clip_eps_high=self.cfg.clip_high,
-                num_tokens=total_tokens,
+                normaliser=normaliser,
+                aggregation=agg,
             )
             loss.backward()
             for k, v in m.items():
@@ -258,18 +330,20 @@ class GrpoLearner:
             self.opt.step()
         self.model.eval()
         self.steps += 1
-        n = max(sums["tokens"], 1.0)
+        # this rank's figures: its samples' loss over their own normaliser, means over their weights (tokens or samples)
+        n = loss_normaliser(agg, Counts.of(samples), max_output_tokens=most)
+        mean = max(sums["weight_sum"], 1.0)
         rewards = [s.reward for s in samples]
         sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         return {
             "loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
             "kl_ref": sums["kl_ref_sum"] / n,
-            "clip_frac": sums["clip_sum"] / n,
-            "approx_kl": sums["approx_kl_sum"] / n,
-            "kl": sums["kl_sum"] / n,
-            "entropy": sums["entropy_sum"] / n,
-            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the tokens trained (clip: 1)
-            "is_capped_frac": sums["is_capped_sum"] / n,
+            "clip_frac": sums["clip_sum"] / mean,
+            "approx_kl": sums["approx_kl_sum"] / mean,
+            "kl": sums["kl_sum"] / mean,
+            "entropy": sums["entropy_sum"] / mean,
+            "is_weight_mean": sums["is_weight_sum"] / mean,  # π_prox / μ over the tokens trained (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / mean,
             "grad_norm": grad_norm,
             "lr": lr,
             "reward_mean": sum(rewards) / max(len(rewards), 1),  # none: 0, as the streaming learner's

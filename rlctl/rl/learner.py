@@ -1,15 +1,16 @@
 """Streaming GRPO step: samples are scored as they arrive, trained in micro-batches as soon as whole
 groups are in, and the optimizer steps once per iteration — the same update as training the batch
-at the end (sync), because the loss is a token *sum* and the gradient is divided by the
-iteration's token count only at the step.
+at the end (sync), because the loss is a weighted token *sum* (each token weighed by its own sample,
+`algorithm.loss_aggregation`, `rlctl.rl.grpo.token_weights`) and the gradient is divided by the iteration's
+normaliser (its tokens, its samples with output, or samples × max_output_tokens) only at the step.
 
     add(sample) ─▶ group buffer ──group complete──▶ advantages ─▶ ready
     train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
-    step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step at the schedule's rate ─▶ version + 1
+    step() ─▶ all-reduce(sum) over ranks, ÷ normaliser, clip, AdamW step at the schedule's rate ─▶ version + 1
               (a gradient norm that is NaN or infinite: no AdamW step, the weights stay; `skipped` says so)
 
 Ranks > 0 follow rank 0: each micro-batch is broadcast, every data-parallel rank takes its slice. The
-step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums
+step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are weighted token sums
 all-reduced with the gradients, so rank 0 reports the whole iteration, not its own slice.
 
 Tensor and pipeline parallel (the megatron backend, `rlctl.trainers.base.DataParallel`): the ranks of one
@@ -20,7 +21,7 @@ then takes the same AdamW step from the same summed gradient, so the ranks at on
 same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.checkpoint.trainer`).
 
     rank 0 ─broadcast Chunk(samples)─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
-    rank 0 ─broadcast Step(tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
+    rank 0 ─broadcast Step(tokens, normaliser)─▶ every rank: all-reduce over dp ─▶ ÷ normaliser ─▶ clip ─▶ AdamW
     rank 0 ─broadcast CheckpointDue(v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
                                           of checkpoint v, `rlctl.checkpoint.trainer`)
     rank 0 ─broadcast Stop()─▶ every rank returns from `follow`
@@ -48,7 +49,7 @@ from rlctl.config.pipeline import Batch
 from rlctl.devices import sync
 from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.gradsum import sum_gradients
-from rlctl.rl.grpo import group_advantages, policy_loss
+from rlctl.rl.grpo import Counts, group_advantages, loss_normaliser, needs_max_output_tokens, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, row_tokens
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
@@ -65,6 +66,7 @@ _SUMMED = (
     "is_capped_sum",
     "entropy_sum",
     "tokens",
+    "weight_sum",
 )
 
 
@@ -75,7 +77,8 @@ class Chunk(msgspec.Struct, tag="chunk"):
 
 
 class Step(msgspec.Struct, tag="step"):
-    tokens: int
+    tokens: int  # the iteration's output tokens
+    normaliser: float  # what its gradient is divided by (`rlctl.rl.grpo.loss_normaliser`: tokens, samples, …)
 
 
 class WholeBatch(msgspec.Struct, tag="batch"):
@@ -125,8 +128,11 @@ class StreamingLearner:
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[float], float] | None = None,  # default: over `model`'s parameters
         iterations: int | None = None,  # the job's: where `lr_decay` ends
+        max_output_tokens: int | None = None,  # the job's task's: loss_aggregation 'constant' divides by it
     ) -> None:
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        needs_max_output_tokens(cfg.loss_aggregation, max_output_tokens)
+        self.max_output_tokens = max_output_tokens
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.dp = data_parallel or whole_replicas()
@@ -148,6 +154,7 @@ class StreamingLearner:
         self.count = 0
         self.rewards: list[float] = []
         self.tokens = 0
+        self.sequences = 0  # samples with an output token (sequence_mean's normaliser)
         self.no_signal = 0  # samples of groups whose advantages are all 0 (not run without a KL term: `add`)
         self.compute_s = 0.0
         self.sums: dict[str, float] = defaultdict(float)
@@ -165,6 +172,7 @@ class StreamingLearner:
         self.count += 1
         self.rewards.append(sample.reward)
         self.tokens += len(sample.output_tokens)
+        self.sequences += bool(sample.output_tokens)
         group = self.groups[sample.prompt_id]
         group.append(sample)
         if len(group) == (group_size or self.group_size):
@@ -214,7 +222,8 @@ class StreamingLearner:
                 self.cfg.clip_eps,
                 self.cfg.kl_coef,
                 temperature=self.cfg.temperature,
-                num_tokens=1,
+                normaliser=1.0,  # a weighted sum: the step divides the whole iteration's by its normaliser
+                aggregation=self.cfg.loss_aggregation,
                 off_policy=self.cfg.off_policy,
                 is_cap=self.cfg.behaviour_cap,
                 clip_eps_high=self.cfg.clip_high,
@@ -228,19 +237,24 @@ class StreamingLearner:
     def step(self) -> dict[str, float]:
         """Train what is left, then one optimizer step over the whole iteration."""
         self.train_ready(flush=True)
+        counts = Counts(self.tokens, self.sequences, self.count)  # rank 0's: every sample of the iteration
+        normaliser = loss_normaliser(self.cfg.loss_aggregation, counts, max_output_tokens=self.max_output_tokens)
+        step = Step(self.tokens, normaliser)
         with self.busy("optimizer step"):
             if _world()[1] > 1:
-                _broadcast(Step(self.tokens))
-            stats = self.apply_step(self.tokens)
+                _broadcast(step)
+            stats = self.apply_step(step)
         stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
         stats["samples"] = float(self.count)
         stats["no_signal_frac"] = self.no_signal / max(self.count, 1)
         self._reset()
         return stats
 
-    def apply_step(self, total_tokens: int) -> dict[str, float]:
+    def apply_step(self, step: Step) -> dict[str, float]:
+        """The optimizer step over the iteration's summed gradient, divided by `step.normaliser` (rank 0's, broadcast:
+        every rank divides by the same)."""
         t0 = time.monotonic()
-        n = float(max(total_tokens, 1))
+        n = step.normaliser
         several = self.dp.size > 1
         if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
             sum_gradients(self.model.parameters(), self.dp.group)  # (sharded: FSDP summed them in backward)
@@ -264,11 +278,12 @@ class StreamingLearner:
         self.model.eval()
         sync(device_of(self.model))  # the optimizer's step ran
         self.compute_s += time.monotonic() - t0
-        # the tokens the loss ran on (not those of groups without signal); none: the per-token figures are NaN
-        trained = sums["tokens"] or math.nan
+        # the weights of the tokens the loss ran on (not those of groups without signal): their count, or under
+        # sequence_mean their samples'; none: the per-token figures are NaN
+        trained = sums["weight_sum"] or math.nan
         return {
             "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"]) / n,  # what the gradient is of
-            "kl_ref": sums["kl_ref_sum"] / n,  # KL(θ ‖ reference), k3, over every token (kl_coef > 0: 0 otherwise)
+            "kl_ref": sums["kl_ref_sum"] / n,  # KL(θ ‖ reference), k3, as the loss's term (kl_coef > 0: 0 otherwise)
             "clip_frac": sums["clip_sum"] / trained,
             "kl": sums["kl_sum"] / trained,
             "is_weight_mean": sums["is_weight_sum"] / trained,  # π_prox / μ over the tokens trained (clip: 1)
@@ -276,7 +291,7 @@ class StreamingLearner:
             "entropy": sums["entropy_sum"] / trained,
             "grad_norm": grad_norm,
             "lr": lr,
-            "tokens": float(total_tokens),
+            "tokens": float(step.tokens),
             "train_s": self.compute_s,
             "skipped": float(skipped),
         }
@@ -297,7 +312,7 @@ class StreamingLearner:
             item = _broadcast(None)
             if isinstance(item, Step):
                 with busy("optimizer step"):
-                    self.apply_step(item.tokens)
+                    self.apply_step(item)
                 self._reset()
                 if on_step is not None:
                     on_step()
@@ -351,6 +366,7 @@ class PpoBatchLearner:
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[torch.nn.Module, float], float] = clip_whole,  # (policy or critic, max norm)
         iterations: int | None = None,  # the job's: where `lr_decay` ends
+        max_output_tokens: int | None = None,  # the job's task's: loss_aggregation 'constant' divides by it
     ) -> None:
         self.inner = PpoLearner(
             model,
@@ -362,6 +378,7 @@ class PpoBatchLearner:
             data_parallel=data_parallel,
             clip_grad_norm_=clip_grad_norm_,
             iterations=iterations,
+            max_output_tokens=max_output_tokens,
         )
         self.samples: list[Sample] = []
         self.busy: Busy = _unwatched  # as StreamingLearner's: the whole batch's training is one "train" phase
@@ -440,10 +457,12 @@ def make_learner(
     *,
     ref: torch.nn.Module | None,
     iterations: int | None = None,
+    max_output_tokens: int | None = None,
 ) -> StreamingLearner | PpoBatchLearner:
     """The trainer's learner for `algorithm` on a backend's policy (and reference model), with the backend's
     data-parallel place and gradient clipping (and, for PPO, a critic on the backend's `critic_trunk`);
-    `iterations`, the job's, is where a decaying learning rate ends (needed with `lr_decay` linear or cosine)."""
+    `iterations`, the job's, is where a decaying learning rate ends (needed with `lr_decay` linear or cosine);
+    `max_output_tokens`, the job's task's, what `loss_aggregation: constant` divides by (needed with it)."""
     if isinstance(algorithm, PpoAlgorithm):
         return PpoBatchLearner(
             backend.model,
@@ -455,6 +474,7 @@ def make_learner(
             data_parallel=backend.data_parallel(),
             clip_grad_norm_=lambda module, max_norm: backend.clip_grad_norm_(max_norm, model=module),
             iterations=iterations,
+            max_output_tokens=max_output_tokens,
         )
     return StreamingLearner(
         backend.model,
@@ -466,4 +486,5 @@ def make_learner(
         data_parallel=backend.data_parallel(),
         clip_grad_norm_=backend.clip_grad_norm_,
         iterations=iterations,
+        max_output_tokens=max_output_tokens,
     )

@@ -3,9 +3,12 @@
     token rewards  r_t = −β·(logp_behaviour − logp_ref)_t  (+ the task reward on the last token)
     GAE            δ_t = r_t + γ·V_{t+1} − V_t ;  A_t = δ_t + γλ·A_{t+1}   (V after the last token = 0)
     returns        R_t = A_t + V_t ;  advantages whitened over the batch's tokens
-    losses         policy: PPO-clip on A_t (grpo.policy_loss) ; critic: ½·(V_θ − R)² token mean
-    reported       kl_ref = mean over the batch's tokens of (logp_behaviour − logp_ref)_t: the k1 KL that β
-                   multiplies in the rewards (a per-batch estimate: it can read slightly below 0)
+    losses         policy: PPO-clip on A_t (grpo.policy_loss, averaged as `algorithm.loss_aggregation` says: over the
+                   batch's tokens, its samples' token means, or samples × max_output_tokens) ; critic: ½·(V_θ − R)²
+                   token mean (whatever the aggregation)
+    reported       kl_ref = mean over the batch's tokens (sequence_mean: of the samples' token means) of
+                   (logp_behaviour − logp_ref)_t: the k1 KL that β multiplies in the rewards (a per-batch estimate:
+                   it can read slightly below 0)
 
 V_t is the critic's value of the state *before* output token t, i.e. the hidden state at the
 position whose logits predict token t (the same grid as the log-probs).
@@ -36,7 +39,7 @@ from torch import nn
 from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.devices import sync
 from rlctl.rl.gradsum import sum_gradients
-from rlctl.rl.grpo import policy_loss
+from rlctl.rl.grpo import Counts, loss_normaliser, needs_max_output_tokens, policy_loss, token_weights
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
@@ -53,6 +56,7 @@ _SUMMED = (
     "entropy_sum",
     "is_weight_sum",
     "is_capped_sum",
+    "weight_sum",
 )  # what step() reports
 
 
@@ -104,10 +108,13 @@ class PpoLearner:
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[nn.Module, float], float] = clip_whole,  # (policy or critic, max norm) → norm
         iterations: int | None = None,  # the job's: where `lr_decay` ends
+        max_output_tokens: int | None = None,  # the job's task's: loss_aggregation 'constant' divides by it
     ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
+        needs_max_output_tokens(cfg.loss_aggregation, max_output_tokens)
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        self.max_output_tokens = max_output_tokens
         self.critic = critic if critic is not None else ValueModel(copy.deepcopy(model))  # type: ignore[arg-type]
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.pad = pad
@@ -167,7 +174,9 @@ class PpoLearner:
         samples: a step with no gradient (the weights stay, the version counts on), as one of empty outputs."""
         t0 = time.monotonic()
         adv, ret = self.advantages(samples)
-        total = max(sum(len(s.output_tokens) for s in samples), 1)  # none: every output empty, a zero gradient
+        counts, agg = Counts.of(samples), self.cfg.loss_aggregation  # the whole batch's: every rank has it
+        normaliser = loss_normaliser(agg, counts, max_output_tokens=self.max_output_tokens)
+        total = max(counts.tokens, 1)  # the critic's token mean; none: every output empty, a zero gradient
         self.model.train()
         self.critic.train()
         self.opt.zero_grad(set_to_none=True)
@@ -182,7 +191,8 @@ class PpoLearner:
                 self.cfg.clip_eps,
                 0.0,
                 temperature=self.cfg.temperature,
-                num_tokens=total,
+                normaliser=normaliser,
+                aggregation=agg,
                 off_policy=self.cfg.off_policy,
                 is_cap=self.cfg.behaviour_cap,
                 clip_eps_high=self.cfg.clip_high,
@@ -197,7 +207,8 @@ class PpoLearner:
             for k, v in m.items():
                 sums[k] += v
             if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:  # the rewards' KL (`advantages`): β 0 above
-                sums["kl_ref_sum"] += float(((batch.old_logprobs - batch.ref_logprobs) * batch.mask).sum())
+                w = token_weights(batch.mask, agg)
+                sums["kl_ref_sum"] += float(((batch.old_logprobs - batch.ref_logprobs) * w).sum())
         if self.dp.size > 1:  # each rank summed the loss of its share: sum the gradients and figures over dp
             for module in (self.model, self.critic):  # a share without rows: zeros, still in the sum
                 sum_gradients(module.parameters(), self.dp.group)
@@ -218,16 +229,17 @@ class PpoLearner:
         self.steps += 1
         sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         n = max(sums["tokens"], 1.0)
+        mean = max(sums["weight_sum"], 1.0)  # the tokens' weights: their count, or under sequence_mean the samples'
         return {
-            "loss": sums["pg_loss_sum"] / n,
+            "loss": sums["pg_loss_sum"] / normaliser,  # what the policy's gradient is of
             "value_loss": sums["value_loss"] / n,
-            "kl_ref": sums["kl_ref_sum"] / n,  # k1 KL(behaviour ‖ reference) the rewards penalise (kl_coef > 0: 0 else)
-            "clip_frac": sums["clip_sum"] / n,
-            "approx_kl": sums["approx_kl_sum"] / n,
-            "kl": sums["kl_sum"] / n,
-            "entropy": sums["entropy_sum"] / n,
-            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the tokens trained (clip: 1)
-            "is_capped_frac": sums["is_capped_sum"] / n,
+            "kl_ref": sums["kl_ref_sum"] / mean,  # k1 KL(behaviour ‖ reference) the rewards penalise (kl_coef 0: 0)
+            "clip_frac": sums["clip_sum"] / mean,
+            "approx_kl": sums["approx_kl_sum"] / mean,
+            "kl": sums["kl_sum"] / mean,
+            "entropy": sums["entropy_sum"] / mean,
+            "is_weight_mean": sums["is_weight_sum"] / mean,  # π_prox / μ over the tokens trained (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / mean,
             "grad_norm": grad_norm,
             "lr": self.cfg.lr * factor,
             "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),  # none: 0, as the streaming learner

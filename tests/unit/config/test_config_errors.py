@@ -539,6 +539,13 @@ CASES = [
         extra=GOOD_INV,
     ),
     Case(
+        "job: an unknown loss aggregation",
+        JOB + "algorithm: {kind: grpo, loss_aggregation: seq_mean}\n",
+        "algorithm.loss_aggregation: Input should be 'token_mean', 'sequence_mean' or 'constant' (got 'seq_mean')",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
         "job: refills without dynamic sampling",
         JOB + "algorithm: {kind: grpo, max_refills: 4}\n",
         "algorithm: max_refills bounds dynamic_sampling's new groups",

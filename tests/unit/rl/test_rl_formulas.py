@@ -67,8 +67,8 @@ def test_without_the_std_the_advantage_is_the_reward_minus_the_group_mean() -> N
 #                                   r = 0.5 → min(−0.5, −0.8) = −0.8 clipped (A < 0, r < 1−ε)
 #   sample 3, A = +0.5, prompt [1]:  r = 0.95 → min(0.475, 0.475) = 0.475, then 2 padding positions
 # Σ −s = −(2.4 + 1.0 + 2.2) − (−1.5 − 0.8) − 0.475 = −5.6 + 2.3 − 0.475 = −3.775 over 6 tokens
-#   token mean (the code): −3.775 / 6 = −0.6291667
-#   sequence mean (not the code): (−5.6/3 + 2.3/2 − 0.475/1) / 3 = −0.3972222
+#   token mean (the default, `loss_aggregation: token_mean`): −3.775 / 6 = −0.6291667
+#   sequence mean (`sequence_mean`): (−5.6/3 + 2.3/2 − 0.475/1) / 3 = −0.3972222
 SAMPLES = [
     ([1], [3, 1, 2], [1.5, 0.5, 1.1], 2.0),
     ([1, 2], [3, 1], [1.5, 0.5], -1.0),
@@ -90,8 +90,31 @@ def test_policy_loss_is_the_token_mean_of_the_clipped_surrogate() -> None:
     # clip_sum counts ratios outside [1−ε, 1+ε] (1.5, 0.5, 1.5, 0.5), whether or not the min picked the clip
     assert m["clip_sum"] == 4
     # a micro-batch normalises by the whole batch's token count: the same sum over 10 tokens
-    loss10, _ = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, num_tokens=10)
+    loss10, _ = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, normaliser=10)
     assert float(loss10.detach()) == pytest.approx(-3.775 / 10, abs=1e-6)
+
+
+def test_policy_loss_over_samples_or_a_constant_by_hand() -> None:
+    # the SAMPLES above, their sums −5.6 (3 tokens), 2.3 (2), −0.475 (1):
+    #   sequence_mean: (−5.6/3 + 2.3/2 − 0.475/1) / 3 = −0.3972222; clipped tokens (2/3 + 2/2 + 0/1) / 3 = 0.5555556
+    #   constant at max_output_tokens 4: −3.775 / (3 samples × 4) = −0.3145833 (the whole batch's N, given)
+    # dL/dlogit[y] = −(r·A · w / N)(1 − p_y), w = 1/|o_i| under sequence_mean (N = 3 samples):
+    #   sample 1 (w 1/3): t1 −(1.0/9)(0.8) = −0.0888889, t2 −(2.2/9)(0.7) = −0.1711111
+    #   sample 2 (w 1/2): t1 +(1.5/6)(0.6) = +0.15;  sample 3 (w 1): t0 −(0.475/3)(0.7) = −0.1108333
+    samples, adv = grpo_batch()
+    policy = fixed((3, 4))
+    loss, m = policy_loss(policy, make_batch(samples, adv), clip_eps=0.2, aggregation="sequence_mean")
+    assert float(loss.detach()) == pytest.approx(-0.3972222, abs=1e-6)
+    assert m["weight_sum"] == pytest.approx(3.0) and m["tokens"] == 6
+    assert m["clip_sum"] / m["weight_sum"] == pytest.approx(0.5555556, abs=1e-6)
+    loss.backward()
+    grad = cast(FixedPolicy, policy).logits.grad
+    assert grad is not None
+    got = [float(grad[0, 1, 1]), float(grad[0, 2, 2]), float(grad[1, 1, 3]), float(grad[2, 0, 2])]
+    assert got == pytest.approx([-0.0888889, -0.1711111, 0.15, -0.1108333], abs=1e-6)
+    constant, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, aggregation="constant", normaliser=12)
+    assert float(constant.detach()) == pytest.approx(-0.3145833, abs=1e-6)
+    assert m["weight_sum"] == m["tokens"] == 6 and m["pg_loss_sum"] == pytest.approx(-3.775, abs=1e-5)
 
 
 def test_clipped_tokens_carry_no_gradient_and_the_others_carry_minus_r_a() -> None:

@@ -25,7 +25,7 @@ def main() -> None:
     cmd = broadcast_value(Chunk([sample], [0.1]) if rank == 0 else None, Command)  # type: ignore[arg-type]
     assert isinstance(cmd, Chunk)
     got["chunk"] = [cmd.samples[0].__dict__, cmd.advantages]
-    got["step"] = broadcast_value(Step(41) if rank == 0 else None, Command).tokens  # type: ignore[arg-type, union-attr]
+    got["step"] = broadcast_value(Step(41, 41.0) if rank == 0 else None, Command).tokens  # type: ignore[arg-type, union-attr]
     got["stop"] = type(broadcast_value(Stop() if rank == 0 else None, Command)).__name__  # type: ignore[arg-type]
     got["gathered"] = all_gather_values(f"tcp://10.0.0.{rank}:1" * (rank + 1), str)
     got["bytes"] = [len(b) for b in all_gather_values(bytes(range(rank * 100 % 256)) * (rank + 1), bytes)]
