@@ -26,10 +26,10 @@ if json.loads(os.environ.get("RLCTL_PARALLEL") or "{}").get("role") == "trainer"
 
     _apply = learner.StreamingLearner.apply_step
 
-    def nan_gradients_at_some_steps(self, total_tokens):
+    def nan_gradients_at_some_steps(self, step):
         if self.steps in (2, 5, 6):
             next(p for p in self.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
-        return _apply(self, total_tokens)
+        return _apply(self, step)
 
     learner.StreamingLearner.apply_step = nan_gradients_at_some_steps
 """
