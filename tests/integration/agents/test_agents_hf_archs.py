@@ -1,7 +1,8 @@
 """`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim) and on a Llama 3.1
 one (its `llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass): each
 runs its rollout units and trainer to the end, every prompt trained once and the weights moving, and the model a
-checkpoint holds keeps its architecture: transformers loads it and computes rlctl's logits."""
+checkpoint holds keeps its architecture: transformers loads it and computes rlctl's logits. The two jobs train with
+the policy loss's other aggregations (GRPO's per-sample mean, Dr. GRPO's constant normaliser)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from .test_agents_megatron_job import LENGTH_REWARD
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-llama3"])
+@pytest.mark.parametrize(("shape", "aggregation"), [("tiny-qwen3", "sequence_mean"), ("tiny-llama3", "constant")])
 def test_a_job_on_a_qwen3_or_llama3_checkpoint_trains_and_checkpoints_its_architecture(
-    tmp_path: Path, shape: str
+    tmp_path: Path, shape: str, aggregation: str
 ) -> None:
     transformers = pytest.importorskip("transformers")
     job = hf_demo_job(
@@ -32,6 +33,7 @@ def test_a_job_on_a_qwen3_or_llama3_checkpoint_trains_and_checkpoints_its_archit
         iterations=3,
         batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
         checkpoint={"every_iterations": 3},
+        algorithm={"kind": "grpo", "lr": 1e-4, "loss_aggregation": aggregation},
     )
     run = tmp_path / "run"
     s = check_and_launch(job, run)
