@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint directories of Llama, Qwen2 and Qwen3 decoders: the model config (`TinyGPTConfig`,
+"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3 and Mistral decoders: the model config (`TinyGPTConfig`,
 validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
 
     <dir>/config.json                   HF keys; anything the model would compute differently is refused
@@ -9,13 +9,15 @@ validated from config.json), the weight files, the tokenizer files, and `check_h
 
 Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on
 q, k, v; none on o), Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim];
-`attention_bias` as Llama's; `head_dim` 128 where config.json leaves it out),
-explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
+`attention_bias` as Llama's; `head_dim` 128 where config.json leaves it out), MistralForCausalLM (Llama without
+biases: Mistral-7B-v0.3, Nemo, Small; `sliding_window` null, or at least `max_position_embeddings`, which never
+binds; written back null), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
 the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3 (`llama3`) or
 `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is
 `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with one line
 naming the file and key: other architectures, other RoPE scaling (yarn, dynamic, longrope, …), sliding-window
-attention, MLP bias, activations other than SiLU, quantized weights.
+attention (Qwen's `use_sliding_window`, a Mistral `sliding_window` below `max_position_embeddings`: v0.1's 4096),
+MLP bias, activations other than SiLU, quantized weights.
 
 Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
 names and shapes read from the safetensors headers) can run without it.
@@ -56,10 +58,12 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3"}
+MISTRAL = "MistralForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768}
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32}
+_MISTRAL_DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no such key (v0.1's)
 _HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
@@ -91,7 +95,8 @@ class RopeScaling:
 
 @dataclass
 class TinyGPTConfig:
-    """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config` keys (the subset the model computes with). Defaults: `tiny-demo`."""
+    """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config`/`MistralConfig` keys (the subset the model computes with).
+    Defaults: `tiny-demo`."""
 
     vocab_size: int = 66
     hidden_size: int = 96
@@ -108,9 +113,9 @@ class TinyGPTConfig:
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = 0
     initializer_range: float = 0.02
-    architecture: str = LLAMA  # LLAMA, QWEN2 or QWEN3 (HF `architectures[0]`)
+    architecture: str = LLAMA  # LLAMA, QWEN2, QWEN3 or MISTRAL (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
-    attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v bias)
+    attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v bias; Mistral none)
     torch_dtype: str = "float32"  # the dtype the model is loaded in: what it travels and is served in (an rlctl
     # checkpoint keeps fp32 master weights under its starting model's dtype: rlctl.checkpoint.trainer.HostPolicy)
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
@@ -149,7 +154,7 @@ class TinyGPTConfig:
         d = asdict(self)
         for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling"):
             del d[key]
-        if self.architecture == QWEN2:
+        if self.architecture in (QWEN2, MISTRAL):  # no such key: their bias is fixed
             del d["attention_bias"]
         return {
             "architectures": [self.architecture],
@@ -160,6 +165,7 @@ class TinyGPTConfig:
             **d,
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling is not None else {}),
             **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
+            **({"sliding_window": None} if self.architecture == MISTRAL else {}),  # (absent: MistralConfig's 4096)
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
 
@@ -272,7 +278,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     def num(key: str, default: Any = None, *, kind: type = int) -> Any:
         v = d.get(key, default)
         if v is None:
-            raise bad(key, "missing; a Llama or Qwen config.json has it")
+            raise bad(key, "missing; a Llama, Qwen or Mistral config.json has it")
         ok = isinstance(v, int | float) and not isinstance(v, bool) if kind is float else type(v) is int
         if not ok or v <= 0:
             raise bad(key, f"{v!r} is not a positive {'number' if kind is float else 'integer'}")
@@ -310,6 +316,18 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         raise bad("quantization_config", "quantized checkpoints are not supported; give fp32/bf16/fp16 weights")
     if d.get("use_sliding_window", False):
         raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
+    positions = num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch])
+    if arch == MISTRAL:  # (MistralModel masks kv > q − window: no position is cut off where window ≥ positions)
+        window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
+        if window is not None and (type(window) is not int or window <= 0):
+            raise bad("sliding_window", f"{window!r} is not null or a positive integer")
+        if window is not None and window < positions:
+            said = "" if "sliding_window" in d else " (MistralConfig's default where config.json has none)"
+            raise bad(
+                "sliding_window",
+                f"{window}{said} is below max_position_embeddings {positions}: sliding-window attention is not "
+                "supported; supported: null (Mistral v0.3 and later) or at least max_position_embeddings",
+            )
     layer_types = d.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise bad("layer_types", f"{layer_types!r} is not a list of layer types")
@@ -346,7 +364,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         num_hidden_layers=num("num_hidden_layers"),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch]),
+        max_position_embeddings=positions,
         rms_norm_eps=num("rms_norm_eps", 1e-6, kind=float),
         rope_theta=theta,
         rope_scaling=scaling,
@@ -357,7 +375,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
-        attention_bias=bias and arch != QWEN2,  # Qwen2 has no such key: its q/k/v bias is fixed
+        attention_bias=bias and arch in (LLAMA, QWEN3),  # Qwen2 and Mistral have no such key: their bias is fixed
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
     )

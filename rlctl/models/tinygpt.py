@@ -1,10 +1,10 @@
-"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3 decoder in HF format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Mistral decoder in HF format.
 
-Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM`
-(RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o bias
-for Llama and Qwen3, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied embeddings), so a saved
-directory is an ordinary HF checkpoint and an HF checkpoint of those architectures loads (hf.py owns the directory
-format and what is refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
+Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` /
+`MistralForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o
+bias for Llama and Qwen3, none for Mistral, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied
+embeddings), so a saved directory is an ordinary HF checkpoint and an HF checkpoint of those architectures loads
+(hf.py owns the directory format and what is refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
@@ -519,8 +519,8 @@ class TinyGPT(nn.Module):
     def from_pretrained(
         cls, directory: str | Path, *, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2/Qwen3 checkpoint directory in `dtype` (None: the checkpoint's own) on `device`;
-        ConfigError for what is not supported. The weights are never initialised first (the model is made on
+        """Load an HF Llama/Qwen2/Qwen3/Mistral checkpoint directory in `dtype` (None: the checkpoint's own) on
+        `device`; ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file)."""
         d = Path(directory)
         config = hf.read_config(d)

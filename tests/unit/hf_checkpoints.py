@@ -3,10 +3,10 @@
 Each variant exercises a part of the HF format the embedded model must read: Qwen2's q/k/v bias
 with tied embeddings and a 32-wide head, Llama with an explicit 64-wide head (≠ hidden/heads) and
 several EOS ids, Llama with `attention_bias`, Qwen3's per-head q/k norms with a 32-wide head (≠ hidden/heads),
-tied or untied with `attention_bias`. Weights are redrawn wider than HF's init (std 0.02
-gives near-uniform logits, where greedy comparisons would hinge on ties) and biases and norm
-weights are made non-trivial so that they are checked too. Import `transformers` only after
-`pytest.importorskip("transformers")`.
+tied or untied with `attention_bias`, Mistral (Llama without biases) with Nemo's explicit head_dim and no sliding
+window, and with a sliding window as long as its context (which never binds). Weights are redrawn wider than HF's
+init (std 0.02 gives near-uniform logits, where greedy comparisons would hinge on ties) and biases and norm weights are
+made non-trivial so that they are checked too. Import `transformers` only after `pytest.importorskip("transformers")`.
 """
 
 from __future__ import annotations
@@ -74,6 +74,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "eos_token_id": 2,
     },
+    "mistral-hd32-nowindow": {  # Nemo's shape: head_dim 128 with hidden 5120 and 32 heads (≠ 160)
+        "arch": "mistral",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "num_key_value_heads": 2,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "rope_theta": 1000000.0,
+    },
+    "mistral-window-unbinding": {  # the window = max_position_embeddings: every earlier position is in it
+        "arch": "mistral",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "sliding_window": 128,
+        "tie_word_embeddings": False,
+        "eos_token_id": [2, 3],
+    },
 }
 
 
@@ -83,6 +103,8 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -97,6 +119,7 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
     }[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**spec)).eval()

@@ -1,4 +1,5 @@
-"""rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2/Qwen3 decoders (the local layer spec).
+"""rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2/Qwen3/Mistral decoders (the local
+layer spec; Mistral's names are Llama's).
 
     HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n−o.)    split over tp
     model.embed_tokens.weight      [V, h]   ⇄  embedding.word_embeddings.weight                rows

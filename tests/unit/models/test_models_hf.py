@@ -1,4 +1,4 @@
-"""HF Llama/Qwen2/Qwen3 checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
+"""HF Llama/Qwen2/Qwen3/Mistral checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
 
 import json
 from pathlib import Path
@@ -173,7 +173,7 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("key", "value", "complaint"),
     [
-        ("architectures", ["MistralForCausalLM"], "supported: LlamaForCausalLM, Qwen2ForCausalLM"),
+        ("architectures", ["Gemma2ForCausalLM"], "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "),
         ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}, "supported: default RoPE"),
         ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
         ("use_sliding_window", True, "supported: false"),
@@ -210,6 +210,50 @@ def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None
     assert c.head_dim == transformers.Qwen3Config(**d).head_dim == 128
     assert expected_shapes(c)["model.layers.0.self_attn.q_proj.weight"] == (16 * 128, 1024)
     assert expected_shapes(c)["model.layers.0.self_attn.k_norm.weight"] == (128,)
+
+
+@pytest.mark.parametrize(
+    ("window", "positions", "said"),
+    [
+        (64, 128, "64 is below max_position_embeddings 128"),  # Mistral-7B-v0.1: 4096 of 32768
+        (None, 8192, "4096 (MistralConfig's default where config.json has none) is below max_position_embeddings 8192"),
+    ],
+)
+def test_a_mistral_sliding_window_that_binds_is_refused_in_one_line(
+    tmp_path: Path, window: int | None, positions: int, said: str
+) -> None:
+    write_checkpoint("mistral-window-unbinding", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["max_position_embeddings"] = positions
+    if window is None:
+        del cfg["sliding_window"]
+    else:
+        cfg["sliding_window"] = window
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for load in (check_hf_dir, TinyGPT.from_pretrained):
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path)
+        assert str(e.value) == (
+            f"{tmp_path / 'config.json'}: sliding_window: {said}: sliding-window attention is not supported; "
+            "supported: null (Mistral v0.3 and later) or at least max_position_embeddings"
+        )
+
+
+def test_a_mistral_export_says_mistral_without_a_sliding_window(tmp_path: Path) -> None:
+    """A window as long as the context (and a config without the key, whose 4096 is as long) is read as none: the
+    export names MistralForCausalLM with sliding_window null, and transformers reads it with the same logits."""
+    ref = write_checkpoint("mistral-window-unbinding", tmp_path / "src")
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    del cfg["sliding_window"]  # MistralConfig's 4096 ≥ 128 positions
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    TinyGPT.from_pretrained(tmp_path / "src").save_pretrained(tmp_path / "out")
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (out["architectures"], out["model_type"], out["sliding_window"]) == (["MistralForCausalLM"], "mistral", None)
+    assert "attention_bias" not in out and check_hf_dir(tmp_path / "out").arch.params == ref.num_parameters()
+    reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(reread) is transformers.MistralForCausalLM and reread.config.sliding_window is None
+    x = tokens(2, 120)
+    torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
 
 
 def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
@@ -300,7 +344,7 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
         check_hf_dir(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32"])
+@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow"])
 def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
     """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
     though its model_type names the architecture as transformers' AutoModelForCausalLM reads it."""
@@ -321,8 +365,8 @@ def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(t
         check_hf_dir(tmp_path)
     assert str(e.value) == (
         f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
-        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"] or ["Qwen3ForCausalLM"], as the checkpoint\'s '
-        "model is"
+        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"] or ["MistralForCausalLM"], '
+        "as the checkpoint's model is"
     )
 
 

@@ -11,7 +11,7 @@ from bench.opcount import ops_of
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import INDEX_FILE, QWEN2, QWEN3, expected_shapes, save_state_dict
+from rlctl.models.hf import INDEX_FILE, MISTRAL, QWEN2, QWEN3, expected_shapes, save_state_dict
 from rlctl.models.tinygpt import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
 from tests.unit.tiny_models import small_config
 
@@ -233,6 +233,7 @@ def test_from_pretrained_rejects_other_architectures(tmp_path) -> None:
             tie_word_embeddings=True,
             attention_bias=True,
         ),
+        TinyGPTConfig(architecture=MISTRAL, explicit_head_dim=32, num_attention_heads=4, num_key_value_heads=2),
     ],
 )
 def test_expected_shapes_and_param_count_follow_the_model(cfg: TinyGPTConfig) -> None:

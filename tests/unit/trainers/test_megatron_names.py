@@ -35,6 +35,7 @@ LLAMA_BIAS = TinyGPTConfig(
 
 
 QWEN3 = dataclasses.replace(GQA, architecture="Qwen3ForCausalLM", tie_word_embeddings=False, attention_bias=True)
+MISTRAL = dataclasses.replace(GQA, architecture="MistralForCausalLM", tie_word_embeddings=False)  # Llama's names
 
 
 def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -45,7 +46,9 @@ def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
 LLAMA = TinyGPTConfig(vocab_size=16, hidden_size=8, intermediate_size=12, num_attention_heads=2, num_key_value_heads=2)
 
 
-@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, LLAMA, QWEN3], ids=["qwen2-gqa-tied", "llama-bias", "llama", "qwen3"])
+@pytest.mark.parametrize(
+    "c", [GQA, LLAMA_BIAS, LLAMA, QWEN3, MISTRAL], ids=["qwen2-gqa-tied", "llama-bias", "llama", "qwen3", "mistral"]
+)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_hf_to_megatron_to_hf_is_bit_exact_per_rank_and_gathered(c: TinyGPTConfig, tp: int) -> None:
     hf = checkpoint(c)
