@@ -8,6 +8,7 @@
     ├── PlanError                   exit 1  no feasible allocation for the job
     ├── LaunchError                 exit 1  a backend could not start or stop agents
     │   └── CommandTimeout                  a command on a host ran past its deadline (the host was reached)
+    ├── CheckpointError             exit 1  a checkpoint part that cannot be used (missing, damaged) or written
     ├── Stopped                     exit 1  `rlctl stop` ended a run while its launcher started it, or killed
     │                                       its controller past the grace (no summary)
     └── TransportError              exit 1  anything on the wire
@@ -87,6 +88,16 @@ class CommandTimeout(LaunchError):
     def __init__(self, message: str, *, stdout: str = "", stderr: str = "", hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.stdout, self.stderr = stdout, stderr
+
+
+class CheckpointError(RlctlError):
+    """A checkpoint that cannot be used: missing, incomplete or damaged (names the checkpoint and why).
+    `full_dir`: a write that failed because the disk there is full (a resume would fail the same way until space
+    is freed)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, full_dir: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.full_dir = full_dir
 
 
 class Stopped(RlctlError):

@@ -22,6 +22,7 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,18 +30,20 @@ from typing import Any
 
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
+from rlctl.checkpoint.choose import verified_manifest
 from rlctl.checkpoint.cut import cut_rows
 from rlctl.checkpoint.files import (
     PRUNED,
     fsync_dir,
     fsync_tree,
     prunable,
-    read_manifest,
     remove_parts,
     set_latest,
     write_part,
 )
+from rlctl.errors import CheckpointError
 from rlctl.launch.jobdir import JobDir, row_count
+from rlctl.launch.sitefs import LocalFiles
 from rlctl.rl.reward_pool import RewardStats
 
 PART = "controller"
@@ -119,11 +122,19 @@ def sync_logs(jobdir: JobDir) -> None:
 
 
 def load_controller(jobdir: JobDir, version: int) -> ControllerState:
-    """The controller's state at checkpoint `version`; ValueError naming the checkpoint when it does not verify."""
+    """The controller's state at checkpoint `version`; CheckpointError naming the checkpoint, why, and what to do when
+    it does not verify (a part damaged after the launcher chose it: a resume again passes it over, as the launcher's
+    `pick_checkpoint` verifies every part it takes), versus a ValueError the controller's entry point let through as
+    a traceback."""
     ckpt = jobdir.checkpoint(version)
-    manifest = read_manifest(ckpt, PART, version=version)
-    if manifest is None:
-        raise ValueError(f"{ckpt}: the controller's part is missing or does not match its manifest")
+    try:
+        manifest = verified_manifest(LocalFiles(), str(ckpt), PART, version=version)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{ckpt}: the controller's part is missing or does not match its manifest: {e}",
+            hint=f"resume the job again (`rlctl launch --resume {shlex.quote(jobdir.id)}`): it takes the newest "
+            "checkpoint before this one whose parts verify",
+        ) from e
     state = json.loads((ckpt / PART / "state.json").read_text())
     units = state.get("rollout_units")
     ledger = Ledger.from_json(json.loads((ckpt / PART / "ledger.json").read_text()))

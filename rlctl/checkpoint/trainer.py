@@ -57,7 +57,7 @@ import torch.distributed as dist
 from rlctl.checkpoint import resplit
 from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
-from rlctl.errors import RlctlError
+from rlctl.errors import CheckpointError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models import hf
@@ -76,16 +76,6 @@ class SavesPretrained(Protocol):
     """What writes the policy's HF directory into a checkpoint (a trainer backend, TinyGPT, a published version)."""
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path: ...
-
-
-class CheckpointError(RlctlError):
-    """A checkpoint that cannot be used: missing, incomplete or damaged (names the checkpoint and why).
-    `full_dir`: a write that failed because the disk there is full (a resume would fail the same way until space
-    is freed)."""
-
-    def __init__(self, message: str, *, hint: str | None = None, full_dir: str = "") -> None:
-        super().__init__(message, hint=hint)
-        self.full_dir = full_dir
 
 
 def shard_name(rank: int) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -1010,3 +1011,58 @@ def test_the_controller_keeps_the_checkpoints_a_prune_reads_not_one_per_checkpoi
         assert completed_checkpoints(h.jd) == ([11, 12] if keep else list(range(1, 13)))
     finally:
         h.close()
+
+
+# the real controller's entry point resumed from v2 as the launcher chose it, its part of v2 damaged since
+# (argv: job dir)
+RESUMED_FROM_DAMAGED = """
+import os, sys
+from pathlib import Path
+from rlctl.agents.__main__ import main
+from rlctl.agents.ledger import Ledger
+from rlctl.checkpoint.controller import save_controller
+from rlctl.config import load_job
+from rlctl.launch.agentenv import ENV_RESUME
+from rlctl.launch.jobdir import JobDir
+
+jd = JobDir.create("j", explicit=Path(sys.argv[1]))
+jd.write_job(load_job(Path("jobs/demo.yaml")).spec, source="x")
+state = {"iteration": 2, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+save_controller(jd, 2, state=state, ledger=Ledger(), trainer_digest="d" * 64)
+(jd.checkpoint(2) / "controller" / "state.json").write_text("{}")
+os.environ[ENV_RESUME] = "2"
+sys.exit(main(["controller", "--job-dir", str(jd.path), "--listen", "tcp://127.0.0.1:0"]))
+"""
+
+
+def test_a_controller_resumed_from_a_part_damaged_after_the_launcher_chose_it_ends_in_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """`launch --resume` chose v2, whose controller part changed on disk before the controller started: its log ends
+    on one line naming the checkpoint, why, and what to do (a resume again passes v2 over), exit 1, versus a
+    ValueError's traceback (the entry point catches RlctlError alone) saying no more than that it did not match."""
+    import subprocess
+    import sys
+
+    from rlctl.ops.runbase import last_error
+    from tests.conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-c", RESUMED_FROM_DAMAGED, str(tmp_path / "j")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if " ERROR " in line] == [proc.stderr.splitlines()[-2]]
+    ckpt = tmp_path / "j" / "checkpoints" / "iter-2"
+    assert re.fullmatch(
+        re.escape(f": {ckpt}: the controller's part is missing or does not match its manifest: controller/state.json ")
+        + r"does not match MANIFEST\.controller\.json: 2 bytes, \d+ listed "
+        + re.escape(
+            "(resume the job again (`rlctl launch --resume j`): it takes the newest checkpoint before this one whose "
+            "parts verify)"
+        ),
+        last_error(proc.stderr),
+    ), proc.stderr[-2000:]
