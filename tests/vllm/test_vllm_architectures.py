@@ -2,7 +2,7 @@
 
     qwen3         Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 32 ≠ hidden / heads (16), grouped-query
                   attention, tied embeddings (as Qwen3 0.6B–4B; with attention_bias vLLM 0.32 drops o_proj's
-                  bias: not run here)
+                  bias, and `rlctl check` refuses that model for the vllm engine)
     llama3-rope   Llama 3.1's RoPE scaling ('llama3', as its config.json has it: `rope_scaling`): a pretraining
                   context of 32 positions that three of the four requests run past, frequencies in all three
                   of its bands
@@ -35,6 +35,27 @@ def write(kind: str, directory: Path) -> None:
     else:
         assert bands(LLAMA3) == {"kept", "divided", "between"}
         llama(LLAMA3, directory, legacy=True)
+
+
+def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
+    """Why `rlctl check` refuses a Qwen3 with attention_bias for the vllm engine (`vllm_model_problem`): vLLM's
+    output is transformers' on the checkpoint with its o_proj biases zeroed, not on the checkpoint. Where this
+    fails, a vLLM runs that bias: lift the refusal. (Its own engine, before the module's.)"""
+    from rlctl.engines.vllm import VllmEngine
+
+    model = write_checkpoint("qwen3-bias-hd32", tmp_path / "m")
+    engine = VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=32)
+    try:
+        got = run(engine, [GenRequest(f"r{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    with torch.no_grad():
+        unbiased = [hf_greedy(model, p, MAX_NEW, stop=()) for p in PROMPTS]
+        for name, p in model.named_parameters():
+            if name.endswith("o_proj.bias"):
+                p.zero_()
+        zeroed = [hf_greedy(model, p, MAX_NEW, stop=()) for p in PROMPTS]
+    assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama3-rope"])

