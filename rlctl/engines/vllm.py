@@ -251,7 +251,12 @@ class VllmEngine(GenerationEngine):
                 os.environ.setdefault(
                     "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
                 )
+        from rlctl.models import hf
+
         kwargs: dict[str, Any] = {
+            # the context that check, the trainer and the embedded engine hold requests to: vLLM's own reading of a
+            # 'linear' RoPE scaling is max_position_embeddings × factor
+            "max_model_len": hf.read_config(model_dir).max_position_embeddings,
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
             "enable_prefix_caching": True,

@@ -6,6 +6,8 @@
     llama3-rope   Llama 3.1's RoPE scaling ('llama3', as its config.json has it: `rope_scaling`): a pretraining
                   context of 32 positions that three of the four requests run past, frequencies in all three
                   of its bands
+    linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`), which vLLM reads as a
+                  context 4 times max_position_embeddings: the engine holds requests to rlctl's (128)
 
 Each decodes greedily as transformers does on the checkpoint's weights (A) and, after rlctl pushes another set (B)
 the way a job's rollout unit does (vLLM's weight-transfer API, in this process), on those; and its log-probs at a
@@ -22,7 +24,7 @@ import torch
 
 from rlctl.engines.base import GenRequest
 from tests.unit.hf_checkpoints import write_checkpoint
-from tests.unit.rope_checkpoints import LLAMA3, bands, llama
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, bands, llama
 from tests.vllm.reference import hf_greedy
 from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
 
@@ -32,9 +34,11 @@ MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llam
 def write(kind: str, directory: Path) -> None:
     if kind == "qwen3":
         write_checkpoint("qwen3-tied-hd32", directory)
-    else:
+    elif kind == "llama3-rope":
         assert bands(LLAMA3) == {"kept", "divided", "between"}
         llama(LLAMA3, directory, legacy=True)
+    else:
+        llama(LINEAR, directory)
 
 
 def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
@@ -58,7 +62,7 @@ def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
     assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama3-rope"])
+@pytest.fixture(scope="module", params=["qwen3", "llama3-rope", "linear-rope"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory = tmp_path_factory.mktemp(request.param)
     write(request.param, directory)
@@ -104,3 +108,11 @@ def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     print(f"\nmax |vLLM - transformers| log-prob at T={LOGPROB_TEMPERATURE}: {worst:.2e}")
     assert worst <= 1e-4
     assert any(got[f"t{i}"].output_tokens != hf_greedy(setup.b.hf, p, MAX_NEW, stop=()) for i, p in enumerate(PROMPTS))
+
+
+def test_requests_are_held_to_the_checkpoints_context(setup: Setup) -> None:
+    """max_position_embeddings (128), as check, the trainer and the embedded engine have it."""
+    assert setup.engine._engine.model_config.max_model_len == 128
+    with pytest.raises(ValueError, match="prompt \\+ 89 new tokens > the model's max_model_len 128"):
+        setup.engine.add([GenRequest("long", PROMPTS[0], 89)])
+    assert not setup.engine.has_work()
