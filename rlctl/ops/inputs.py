@@ -2,7 +2,8 @@
 
 model/init/   the starting policy: the built-in demo model after its SFT warm-up (cached), or the user's
               Hugging Face checkpoint directory's files (config, weights, tokenizer files), hard-linked where
-              the job dir is on the same filesystem, else copied
+              the job dir is on the same filesystem, else copied; weight files the loader does not read (a
+              Mistral repo's consolidated.safetensors, a .bin beside the safetensors) left out
 data/         a dataset task's prompts, tokenized once with the model's tokenizer (rlctl.rl.dataset), so
               every site sees the same token ids
 reward/       a dataset task's reward file (`path/to/file.py:name`), copied with the modules beside it that it
@@ -13,6 +14,7 @@ data-heldout/ a dataset task's held-out file (`evaluation.path`), tokenized the 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -24,9 +26,12 @@ from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
+from rlctl.models.hf import weight_files
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 from rlctl.textutil import job_relative, not_a_file
+
+log = logging.getLogger(__name__)
 
 
 def _go_on() -> None:
@@ -183,8 +188,19 @@ def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None]
     if isinstance(spec.model, HfModel):
         src = Path(spec.model.path)
         jobdir.init_model.mkdir(parents=True, exist_ok=True)
+        unread = unread_weights(src)
+        if unread:  # staged to every host of every site otherwise (a Mistral repo's second copy: ~14 GB at 7B)
+            size = sum(f.stat().st_size for f in unread)
+            log.info(
+                "%s: %s not taken into the job (%.1f GB): weights in another format than the one the model is "
+                "read from (%s)",
+                src,
+                ", ".join(sorted(f.name for f in unread)),
+                size / 1e9,
+                ", ".join(f.name for f in weight_files(src)),
+            )
         for f in sorted(src.iterdir()):
-            if f.is_file():
+            if f.is_file() and f not in unread:
                 reference(f, jobdir.init_model / f.name)
         return
     if not isinstance(spec.task, DigitsTask) or spec.model.kind != "builtin":
@@ -204,6 +220,21 @@ def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None]
         model.load_state_dict(sft.warmup(Digits(spec.task), steps=steps, seed=spec.seed, check=check))
         jobdir.event("sft_warmup", steps=steps, seconds=round(time.monotonic() - t0, 2))
     model.save_pretrained(jobdir.init_model)
+
+
+# files of model weights by suffix: those the loader does not read (`hf.weight_files`) are not the model's
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".gguf", ".h5", ".msgpack")
+
+
+def unread_weights(src: Path) -> set[Path]:
+    """The files of checkpoint directory `src` that hold weights the model is not read from: a Mistral repo's
+    consolidated.safetensors, a pytorch_model.bin beside the safetensors, a .pth/.gguf export; none where the
+    directory's weights cannot be told (`hf.weight_files` refuses it: said where the job's model is checked)."""
+    try:
+        read = set(weight_files(src))
+    except ConfigError:
+        return set()
+    return {f for f in src.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES and f not in read}
 
 
 def reference(src: Path, dst: Path) -> str:

@@ -1,0 +1,50 @@
+"""The starting policy a launch builds from the user's checkpoint directory (model/init, staged to every host of
+every site): the files the model is read from and everything beside them but weights in another format, which
+nothing reads — a Mistral repo's consolidated.safetensors (a second ~14 GB copy at 7B), a pytorch_model.bin beside
+the safetensors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlctl.config.model import HfModel
+from rlctl.launch.jobdir import JobDir
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+from rlctl.ops.inputs import _starting_policy, unread_weights
+
+
+def checkpoint(d: Path) -> Path:
+    TinyGPT(TinyGPTConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=2)).save_pretrained(d)
+    for name, size in [("consolidated.safetensors", 4096), ("pytorch_model.bin", 2048), ("original.pth", 16)]:
+        (d / name).write_bytes(b"\0" * size)
+    (d / "tokenizer.model").write_bytes(b"sp")  # not weights: kept, whatever its suffix
+    (d / "training_args.bin").write_bytes(b"x")
+    return d
+
+
+def test_weights_the_model_is_not_read_from_stay_out_of_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src = checkpoint(tmp_path / "ckpt")
+    unread = {"consolidated.safetensors", "pytorch_model.bin", "original.pth", "training_args.bin"}
+    assert {f.name for f in unread_weights(src)} == unread
+    jd = JobDir(tmp_path / "job")
+    with caplog.at_level(logging.INFO, logger="rlctl.ops.inputs"):
+        _starting_policy(jd, SimpleNamespace(model=HfModel(kind="hf", path=str(src))))  # type: ignore[arg-type]
+    kept = {f.name for f in jd.init_model.iterdir()}
+    assert kept == {f.name for f in src.iterdir()} - unread
+    assert {"config.json", "model.safetensors", "tokenizer.model"} <= kept
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "consolidated.safetensors, original.pth, pytorch_model.bin, training_args.bin not taken" in line, line
+    assert line.endswith("the one the model is read from (model.safetensors)"), line
+
+
+def test_a_directory_whose_weights_cannot_be_told_leaves_nothing_out(tmp_path: Path) -> None:
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "consolidated.safetensors").write_bytes(b"\0")  # no model.safetensors, index or pytorch_model.bin
+    assert unread_weights(d) == set()
