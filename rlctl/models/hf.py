@@ -54,6 +54,8 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "tokenizer.model.v3",  # Mistral's own tokenizer files, beside its tokenizer.json
+    "tekken.json",
     "chat_template.jinja",
     "generation_config.json",
 )

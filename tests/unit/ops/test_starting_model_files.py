@@ -48,3 +48,16 @@ def test_a_directory_whose_weights_cannot_be_told_leaves_nothing_out(tmp_path: P
     d.mkdir()
     (d / "consolidated.safetensors").write_bytes(b"\0")  # no model.safetensors, index or pytorch_model.bin
     assert unread_weights(d) == set()
+
+
+def test_a_mistral_repo_s_own_tokenizer_files_go_with_every_model_written_from_it(tmp_path: Path) -> None:
+    """An export, a checkpoint's model and a pull carry the tokenizer files (`copy_tokenizer_files`): Mistral's
+    tekken.json and tokenizer.model.v3 too, versus left behind (its own tokenizer gone from every model written)."""
+    from rlctl.models.hf import copy_tokenizer_files
+
+    src = checkpoint(tmp_path / "ckpt")
+    for name in ("tekken.json", "tokenizer.model.v3"):
+        (src / name).write_text("{}")
+    copied = copy_tokenizer_files(src, tmp_path / "out")
+    assert {"tekken.json", "tokenizer.model.v3", "tokenizer.model"} <= set(copied)
+    assert (tmp_path / "out" / "tekken.json").read_text() == "{}"
