@@ -1,5 +1,5 @@
-"""Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3 and Llama 3.1 dense, the demo
-model).
+"""Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1 and Mistral dense,
+the demo model).
 
 An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
 """
@@ -49,6 +49,8 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128),
         ModelArch("llama3.1-8b", 32, 4096, 32, 8, 128256, 14336, 8.03e9),
         ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9),
+        ModelArch("mistral-7b", 32, 4096, 32, 8, 32768, 14336, 7.25e9),  # v0.3 (no sliding window)
+        ModelArch("mistral-nemo-12b", 40, 5120, 32, 8, 131072, 14336, 12.25e9, explicit_head_dim=128),
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4),
