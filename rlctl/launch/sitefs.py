@@ -28,7 +28,7 @@ import shutil
 import stat
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,13 +238,7 @@ class LocalFiles(HostFiles):
         sizes: dict[str, int] = {}
         texts: dict[str, bytes] = {}
         for d in dirs:
-            for p in (base / d).rglob("*") if (base / d).is_dir() else ():
-                try:
-                    st = p.stat()
-                except OSError:  # gone as it was listed, a dangling link
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue
+            for p, st in _files_under(base / d, frozenset()):
                 rel = p.relative_to(base).as_posix()
                 sizes[rel] = st.st_size
                 if fnmatch.fnmatchcase(p.name, read):
@@ -566,3 +560,28 @@ def agent_view(site: Site, agent_host: str | None) -> str:
 def host_files(site: Site, host: str) -> HostFiles:
     """The view of `site` on `host` (one of `access_hosts(site)`)."""
     return SshFiles(ssh_target(site, host)) if is_remote(site) else LocalFiles()
+
+
+def _files_under(d: Path, above: frozenset[tuple[int, int]]) -> Iterator[tuple[Path, os.stat_result]]:
+    """Each regular file under the directory `d` with its stat, links followed as `find -L` follows them (a linked
+    directory entered: a checkpoint's model/ linked to another disk; Path.rglob does not enter one, and its files were
+    missing here while the SSH view listed them); a directory that is one of those `above` it (a link back up: a loop)
+    is not entered again. What goes as it is listed, or cannot be read, is left out."""
+    try:
+        st = d.stat()
+        with os.scandir(d) as listed:
+            entries = [Path(e.path) for e in listed]
+    except OSError:
+        return
+    key = (st.st_dev, st.st_ino)
+    if key in above:
+        return
+    for p in entries:
+        try:
+            pst = p.stat()
+        except OSError:  # gone as it was listed, a dangling link
+            continue
+        if stat.S_ISDIR(pst.st_mode):
+            yield from _files_under(p, above | {key})
+        elif stat.S_ISREG(pst.st_mode):
+            yield p, pst

@@ -62,3 +62,24 @@ def test_what_the_site_prints_before_the_survey_is_not_read_as_a_record(tmp_path
     fs.runner.run = lambda command, **kw: run("echo 'Loading cuda/12.4'; printf 'S9 x\\0'\n" + command, **kw)  # type: ignore[method-assign]
     want = Survey(True, {"iter-1/MANIFEST.trainer.json": 2}, {"iter-1/MANIFEST.trainer.json": b"{}"})
     assert fs.survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json") == want
+
+
+def test_the_local_view_follows_a_linked_directory_as_the_ssh_view_does(tmp_path: Path) -> None:
+    """A checkpoint whose model/ is a link to a directory elsewhere (its weights moved to another disk): the local
+    survey lists the files under it at their sizes, as `find -L` does over SSH and as the check before it (a `stat`
+    of each file the manifest lists) saw them, versus none (Python's rglob does not enter a linked directory): its
+    checkpoint marked damaged (`model/… is missing`) by `status --checkpoints`, passed over by a pull of the latest
+    and refused to a pull by its version. A link back up (a loop) is not entered again."""
+    (tmp_path / "disk2" / "model").mkdir(parents=True)
+    (tmp_path / "disk2" / "model" / "w.safetensors").write_bytes(b"w" * 5)
+    (tmp_path / "ckpts" / "iter-1").mkdir(parents=True)
+    (tmp_path / "ckpts" / "iter-1" / "MANIFEST.trainer.json").write_bytes(b"{}")
+    (tmp_path / "ckpts" / "iter-1" / "model").symlink_to(tmp_path / "disk2" / "model")
+    (tmp_path / "disk2" / "model" / "up").symlink_to(tmp_path / "ckpts" / "iter-1")
+    root = str(tmp_path / "ckpts")
+    got = LocalFiles().survey(root, ["iter-1"], read="MANIFEST.*.json")
+    assert got == Survey(
+        True,
+        {"iter-1/MANIFEST.trainer.json": 2, "iter-1/model/w.safetensors": 5},
+        {"iter-1/MANIFEST.trainer.json": b"{}"},
+    )
