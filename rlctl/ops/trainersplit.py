@@ -133,20 +133,21 @@ def _repriced(new: dict[str, Any], *, spec: JobFile, inventory: Inventory) -> di
 
     t = new["trainer"]
     tp, pp = int(t["parallel"]["tp"]), int(t["parallel"]["pp"])
-    units = {str(g["site"]): int(g["units"]) * int(g.get("tp", 1)) for g in new["rollout"]}
-    placement = spec.placement.model_copy(
-        update={
-            "trainer": spec.placement.trainer.model_copy(update={"gpus": int(t["ranks"])}),
-            # an `auto` count at the plan's (a count the job gives is the one its plan priced already)
-            "rollout": [
-                r if r.gpus != "auto" else r.model_copy(update={"gpus": units[r.site]}) for r in spec.placement.rollout
-            ],
-        }
-    )
-    trainer = spec.trainer.model_copy(update={"tensor_parallel": tp, "pipeline_parallel": pp})
-    pinned = spec.model_copy(update={"placement": placement, "trainer": trainer})
-    job = Job(pinned, inventory, Path(SITES_FILE))
-    try:
+    try:  # (a rollout site placed `auto` the plan gave no units: a KeyError, said as any other)
+        units = {str(g["site"]): int(g["units"]) * int(g.get("tp", 1)) for g in new["rollout"]}
+        placement = spec.placement.model_copy(
+            update={
+                "trainer": spec.placement.trainer.model_copy(update={"gpus": int(t["ranks"])}),
+                # an `auto` count at the plan's (a count the job gives is the one its plan priced already)
+                "rollout": [
+                    r if r.gpus != "auto" else r.model_copy(update={"gpus": units[r.site]})
+                    for r in spec.placement.rollout
+                ],
+            }
+        )
+        trainer = spec.trainer.model_copy(update={"tensor_parallel": tp, "pipeline_parallel": pp})
+        pinned = spec.model_copy(update={"placement": placement, "trainer": trainer})
+        job = Job(pinned, inventory, Path(SITES_FILE))
         profile, profile_file = job_profile(job)
         return planner_section(launch_plan(job, profile, profile_file=profile_file))
     except Exception as e:  # noqa: BLE001 - the predictions are advisory, as `counts.plan_counts` holds the planner

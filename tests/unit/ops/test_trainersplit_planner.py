@@ -129,6 +129,23 @@ def test_a_resplit_whose_profile_cannot_be_had_drops_the_trainer_figures_in_one_
     assert placed.decode_cost(unit) is not None
 
 
+def test_a_resplit_whose_auto_rollout_site_the_plan_gave_no_units_drops_the_figures_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rollout site placed `auto` that the plan gave no units (its group absent from plan.json): the figures
+    dropped in the one line, versus a KeyError's traceback before the planner ran."""
+    job = megatron_job(tmp_path)
+    plan = counts.plan_counts(job, job.spec)
+    rollout = [r.model_copy(update={"gpus": "auto"}) for r in job.spec.placement.rollout]
+    spec = job.spec.model_copy(update={"placement": job.spec.placement.model_copy(update={"rollout": rollout})})
+    plan = {**plan, "rollout": []}
+    with caplog.at_level(logging.WARNING, logger="rlctl.ops.trainersplit"):
+        new = resplit_plan(plan, {"tp": 4, "dp": 1}, spec=spec, sites=job.inventory.sites, arch=job.spec.model.arch)
+    assert new is not None and "predicted" not in new["planner"]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "KeyError: 'r'" in said[0], said
+
+
 def launched(tmp_path: Path, job: Job, *, figures: bool = True) -> JobDir:
     """`job`'s dir as its launch writes it (`ops.jobprep.prepare`): job.json naming its job file, plan.json with the
     links (`jobprep.recorded_links`; `figures` False: without their figures, as a launch before 2026-12-07 wrote
