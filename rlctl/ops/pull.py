@@ -321,7 +321,7 @@ def _checkpoints(files: list[str]) -> dict[int, bool]:
     found: dict[int, bool] = {}
     for rel in files:
         top, _, rest = rel.partition("/")
-        if top.startswith("iter-") and top[5:].isdigit():
+        if top.startswith("iter-") and top[5:].isascii() and top[5:].isdigit():
             v = int(top[5:])
             found[v] = found.get(v, False) or rest == manifest_name("trainer")
     return found

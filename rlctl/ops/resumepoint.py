@@ -84,6 +84,6 @@ def stored_checkpoints(fs: HostFiles, jobdir: JobDir) -> list[int]:
     found = set()
     for rel in fs.list_files(str(jobdir.checkpoints)):
         top, _, rest = rel.partition("/")
-        if rest == name and top.startswith(PREFIX) and top[len(PREFIX) :].isdigit():
+        if rest == name and top.startswith(PREFIX) and top[len(PREFIX) :].isascii() and top[len(PREFIX) :].isdigit():
             found.add(int(top[len(PREFIX) :]))
     return sorted(found, reverse=True)

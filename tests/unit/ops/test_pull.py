@@ -605,3 +605,22 @@ def test_pull_of_a_job_whose_latest_json_is_damaged_takes_the_newest_checkpoint_
         pull(jd.path, to=tmp_path / "none")
     assert str(e.value).startswith(f"{jd.path}: no checkpoint is complete yet (latest.json is damaged ("), str(e.value)
     assert str(e.value).endswith("), and site local holds none)"), str(e.value)
+
+
+def test_a_directory_named_iter_and_other_digits_is_no_checkpoint() -> None:
+    """`iter-²` (a superscript: str.isdigit, not int()'s) on a site: not a checkpoint, versus int()'s ValueError
+    traceback from pull, and from a resume's listing of the controller's parts."""
+    from rlctl.ops.pull import _checkpoints
+    from rlctl.ops.resumepoint import stored_checkpoints
+
+    files = ["iter-²/MANIFEST.trainer.json", "iter-3/MANIFEST.trainer.json", "iter-٣/x"]
+    assert _checkpoints(files) == {3: True}
+
+    class Listed:
+        def list_files(self, root: str) -> list[str]:
+            return ["iter-²/MANIFEST.controller.json", "iter-3/MANIFEST.controller.json"]
+
+    class Job:
+        checkpoints = "/job/checkpoints"
+
+    assert stored_checkpoints(Listed(), Job()) == [3]  # type: ignore[arg-type]
