@@ -416,8 +416,11 @@ class SshFiles(HostFiles):
             '  [ -d "$d" ] && set -- "$@" "$d"\n'
             "done\n"
             '[ "$#" -gt 0 ] || exit 0\n'
-            "find -L \"$@\" -type f -printf 'S%s %p\\0' || exit\n"
-            f"find -L \"$@\" -type f -name {shlex.quote(read)} -print0 | while IFS= read -r -d '' f; do\n"
+            # what find cannot walk (a file a prune removed as it walked, a link back up) it says and passes by:
+            # the rest is listed, versus the site taken as not answering and nothing there checked
+            "find -L \"$@\" -ignore_readdir_race -type f -printf 'S%s %p\\0' 2>/dev/null\n"
+            f'find -L "$@" -ignore_readdir_race -type f -name {shlex.quote(read)} -print0 2>/dev/null | '
+            "while IFS= read -r -d '' f; do\n"
             '  b=$(base64 -w 0 -- "$f") && printf \'T%s\\0%s\\0\' "$f" "$b"\n'
             "done\n"
             "exit 0\n"

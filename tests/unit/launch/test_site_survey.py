@@ -83,3 +83,15 @@ def test_the_local_view_follows_a_linked_directory_as_the_ssh_view_does(tmp_path
         {"iter-1/MANIFEST.trainer.json": 2, "iter-1/model/w.safetensors": 5},
         {"iter-1/MANIFEST.trainer.json": b"{}"},
     )
+
+
+def test_a_link_back_up_is_passed_by_on_the_ssh_view_as_on_the_local_one(tmp_path: Path) -> None:
+    """A directory link back up (a loop find -L reports, exit 1): the rest listed as the local view lists it, versus
+    the whole survey failing (the site said not to answer, nothing on it checked)."""
+    (tmp_path / "iter-1" / "model").mkdir(parents=True)
+    (tmp_path / "iter-1" / "model" / "w.bin").write_bytes(b"ab")
+    (tmp_path / "iter-1" / "MANIFEST.trainer.json").write_bytes(b"{}")
+    (tmp_path / "iter-1" / "model" / "up").symlink_to("..")
+    want = LocalFiles().survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json")
+    assert want.sizes == {"iter-1/model/w.bin": 2, "iter-1/MANIFEST.trainer.json": 2}
+    assert ssh_view().survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json") == want
