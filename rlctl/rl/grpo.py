@@ -123,6 +123,18 @@ def loss_normaliser(aggregation: LossAggregation, counts: Counts, *, max_output_
 
 _CONSTANT_NEEDS = "loss_aggregation 'constant' divides by samples × max_output_tokens: give the task's"
 
+# a step's figures that are means over its tokens' weights (their count, or under sequence_mean the samples'), from
+# `policy_loss`'s sums of the same names with `_sum`
+WEIGHTED = ("clip", "approx_kl", "kl", "entropy", "is_weight", "is_capped")
+_FIGURE = {"clip": "clip_frac", "is_weight": "is_weight_mean", "is_capped": "is_capped_frac"}
+
+
+def weighted_means(sums: dict[str, float]) -> dict[str, float]:
+    """The per-token figures of a batch learner's step (GRPO's, PPO's) from its sums: each over the tokens' weights
+    (at least 1: a batch with no token gives 0s); is_weight_mean is π_prox / μ over the tokens trained (clip: 1)."""
+    over = max(sums["weight_sum"], 1.0)
+    return {_FIGURE.get(k, k): sums[f"{k}_sum"] / over for k in WEIGHTED}
+
 
 def needs_max_output_tokens(aggregation: LossAggregation, max_output_tokens: int | None) -> None:
     """A learner is refused when it is built, not at its first step, without the task's `max_output_tokens` where
@@ -332,18 +344,12 @@ class GrpoLearner:
         self.steps += 1
         # this rank's figures: its samples' loss over their own normaliser, means over their weights (tokens or samples)
         n = loss_normaliser(agg, Counts.of(samples), max_output_tokens=most)
-        mean = max(sums["weight_sum"], 1.0)
         rewards = [s.reward for s in samples]
         sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         return {
             "loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
             "kl_ref": sums["kl_ref_sum"] / n,
-            "clip_frac": sums["clip_sum"] / mean,
-            "approx_kl": sums["approx_kl_sum"] / mean,
-            "kl": sums["kl_sum"] / mean,
-            "entropy": sums["entropy_sum"] / mean,
-            "is_weight_mean": sums["is_weight_sum"] / mean,  # π_prox / μ over the tokens trained (clip: 1)
-            "is_capped_frac": sums["is_capped_sum"] / mean,
+            **weighted_means(sums),
             "grad_norm": grad_norm,
             "lr": lr,
             "reward_mean": sum(rewards) / max(len(rewards), 1),  # none: 0, as the streaming learner's

@@ -39,7 +39,14 @@ from torch import nn
 from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.devices import sync
 from rlctl.rl.gradsum import sum_gradients
-from rlctl.rl.grpo import Counts, loss_normaliser, needs_max_output_tokens, policy_loss, token_weights
+from rlctl.rl.grpo import (
+    Counts,
+    loss_normaliser,
+    needs_max_output_tokens,
+    policy_loss,
+    token_weights,
+    weighted_means,
+)
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
@@ -234,12 +241,7 @@ class PpoLearner:
             "loss": sums["pg_loss_sum"] / normaliser,  # what the policy's gradient is of
             "value_loss": sums["value_loss"] / n,
             "kl_ref": sums["kl_ref_sum"] / mean,  # k1 KL(behaviour ‖ reference) the rewards penalise (kl_coef 0: 0)
-            "clip_frac": sums["clip_sum"] / mean,
-            "approx_kl": sums["approx_kl_sum"] / mean,
-            "kl": sums["kl_sum"] / mean,
-            "entropy": sums["entropy_sum"] / mean,
-            "is_weight_mean": sums["is_weight_sum"] / mean,  # π_prox / μ over the tokens trained (clip: 1)
-            "is_capped_frac": sums["is_capped_sum"] / mean,
+            **weighted_means(sums),
             "grad_norm": grad_norm,
             "lr": self.cfg.lr * factor,
             "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),  # none: 0, as the streaming learner
