@@ -14,7 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+from rlctl.errors import ConfigError
+from rlctl.models.hf import check_hf_dir
+from rlctl.models.tinygpt import TinyGPT
 
 COMMON: dict[str, Any] = {
     "vocab_size": 96,
@@ -150,3 +155,13 @@ def write_checkpoint(
     out.save_pretrained(directory, **kw)
     (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}\n')
     return model
+
+
+def refused_in_one_line(directory: Path, key: str, complaint: str) -> None:
+    """`rlctl check`'s reading (check_hf_dir) and the model's loading of checkpoint `directory` each refuse it in one
+    line naming its config.json and `key`, saying `complaint`."""
+    for load in (check_hf_dir, TinyGPT.from_pretrained):
+        with pytest.raises(ConfigError) as e:
+            load(directory)
+        msg = str(e.value)
+        assert msg.startswith(f"{directory / 'config.json'}: {key}: ") and complaint in msg and "\n" not in msg
