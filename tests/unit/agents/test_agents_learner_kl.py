@@ -19,6 +19,7 @@ from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.fixed_policy import behaviour, fixed
+from tests.unit.gloo_pair import spawned_pair
 from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
@@ -104,16 +105,7 @@ def test_two_ranks_report_the_whole_iteration(tmp_path: Path) -> None:
         StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4),
         [Sample(s.prompt_id, s.prompt_tokens, s.output_tokens, s.logprobs, s.reward) for s in samples],
     )
-    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, state, samples, out), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    stats = out.get(timeout=100)
-    for p in procs:
-        p.join(timeout=30)
-    assert [p.exitcode for p in procs] == [0, 0]
+    [stats] = spawned_pair(_rank, tmp_path / "rendezvous", state, samples, results=1, timeout_s=100)
     for key in ("loss", "clip_frac", "kl", "entropy", "no_signal_frac"):
         assert stats[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), key
     assert alone["no_signal_frac"] == 4 / 12 and alone["entropy"] > 0

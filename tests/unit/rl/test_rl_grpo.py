@@ -11,6 +11,7 @@ from rlctl.engines.base import GenResult
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
 from rlctl.rl.samples import Sample, make_batch, micro_batches, row_tokens, score, token_logprobs
+from tests.unit.gloo_pair import spawned_pair
 from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
@@ -164,16 +165,8 @@ def test_two_ranks_with_uneven_tokens_take_the_whole_batch_token_mean(tmp_path: 
     alone = GrpoLearner(model, GrpoAlgorithm(kind="grpo", grad_clip=1e9), micro_batch_samples=2)
     alone.opt.step = lambda *a, **k: None  # type: ignore[method-assign]
     alone.step(samples)
-    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_learner_rank, args=(r, init, state, samples, out), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    two = torch.tensor(out.get(timeout=100))
-    for p in procs:
-        p.join(timeout=30)
-    assert [p.exitcode for p in procs] == [0, 0]
+    [grads] = spawned_pair(_learner_rank, tmp_path / "rendezvous", state, samples, results=1, timeout_s=100)
+    two = torch.tensor(grads)
     whole = _grads(model)
     assert float((two - whole).norm() / whole.norm()) < 1e-5
 

@@ -28,6 +28,7 @@ from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.ppo import PpoLearner
 from rlctl.rl.samples import Sample, score
 from rlctl.transport import InprocTransport
+from tests.unit.gloo_pair import spawned_pair
 from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
 
@@ -331,16 +332,7 @@ def test_two_ranks_take_the_gradient_of_one(tmp_path: Path) -> None:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     samples = batch(model)
     adv = group_advantages([s.reward for s in samples], [s.prompt_id for s in samples])
-    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, state, samples, out), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = [out.get(timeout=150) for _ in range(2 * 2 * len(MODES))]
-    for p in procs:
-        p.join(timeout=30)
-    assert [p.exitcode for p in procs] == [0, 0]
+    got = spawned_pair(_rank, tmp_path / "rendezvous", state, samples, results=2 * 2 * len(MODES), timeout_s=150)
     wants = {mode: reference_grads(model, samples, adv, mode, kl_coef=0.0)[0] for mode in MODES}
     assert sorted((kind, mode, rank) for kind, mode, rank, _ in got) == sorted(
         (kind, mode, rank) for kind in ("streaming", "batch") for mode in MODES for rank in (0, 1)
