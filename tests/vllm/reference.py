@@ -29,3 +29,18 @@ def hf_greedy(model: Any, prompt: list[int], n: int, *, stop: tuple[int, ...] = 
         if ids[-1] in stop:
             break
     return ids[len(prompt) :]
+
+
+def worst_logprob_gap(hf: Any, prompts: list[list[int]], got: dict[str, Any], temperature: float) -> float:
+    """The largest |engine − transformers| behaviour log-prob over the sampled tokens of results `got` (`t<i>` for
+    prompt i): log_softmax(logits / T) of each, teacher-forced in `hf`; said on stdout."""
+    worst = 0.0
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            r = got[f"t{i}"]
+            seq = torch.tensor([p + r.output_tokens])
+            logits = hf(seq).logits[0, len(p) - 1 : -1].float()
+            want = torch.log_softmax(logits / temperature, -1).gather(1, seq[0, len(p) :, None])[:, 0]
+            worst = max(worst, float((torch.tensor(r.logprobs) - want).abs().max()))
+    print(f"\nmax |vLLM - transformers| log-prob at T={temperature}: {worst:.2e}")
+    return worst

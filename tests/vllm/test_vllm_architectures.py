@@ -25,7 +25,7 @@ import torch
 from rlctl.engines.base import GenRequest
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.rope_checkpoints import LINEAR, LLAMA3, bands, llama
-from tests.vllm.reference import hf_greedy
+from tests.vllm.reference import hf_greedy, worst_logprob_gap
 from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
 
 MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llama3's 32
@@ -97,16 +97,7 @@ def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     use(setup, setup.a)
     use(setup, setup.b, temperature=LOGPROB_TEMPERATURE)
     got = run(setup.engine, [GenRequest(f"t{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
-    worst = 0.0
-    with torch.no_grad():
-        for i, p in enumerate(PROMPTS):
-            r = got[f"t{i}"]
-            seq = torch.tensor([p + r.output_tokens])
-            logits = setup.b.hf(seq).logits[0, len(p) - 1 : -1].float()
-            want = torch.log_softmax(logits / LOGPROB_TEMPERATURE, -1).gather(1, seq[0, len(p) :, None])[:, 0]
-            worst = max(worst, float((torch.tensor(r.logprobs) - want).abs().max()))
-    print(f"\nmax |vLLM - transformers| log-prob at T={LOGPROB_TEMPERATURE}: {worst:.2e}")
-    assert worst <= 1e-4
+    assert worst_logprob_gap(setup.b.hf, PROMPTS, got, LOGPROB_TEMPERATURE) <= 1e-4
     assert any(got[f"t{i}"].output_tokens != hf_greedy(setup.b.hf, p, MAX_NEW, stop=()) for i, p in enumerate(PROMPTS))
 
 

@@ -19,7 +19,7 @@ import torch
 from rlctl.engines.base import GenRequest, GenResult, Prefix
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
-from tests.vllm.reference import EOS, hf_greedy, hf_with
+from tests.vllm.reference import EOS, hf_greedy, hf_with, worst_logprob_gap
 
 VARIANT = "qwen2-tied-hd32"
 BATCH = 4
@@ -190,16 +190,7 @@ def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     """Behaviour log-probs: log_softmax(logits / T) of each sampled token, teacher-forced in transformers."""
     use(setup, setup.a, temperature=LOGPROB_TEMPERATURE)
     got = run(setup.engine, [GenRequest(f"t{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
-    worst = 0.0
-    with torch.no_grad():
-        for i, p in enumerate(PROMPTS):
-            r = got[f"t{i}"]
-            seq = torch.tensor([p + r.output_tokens])
-            logits = setup.a.hf(seq).logits[0, len(p) - 1 : -1].float()
-            want = torch.log_softmax(logits / LOGPROB_TEMPERATURE, -1).gather(1, seq[0, len(p) :, None])[:, 0]
-            worst = max(worst, float((torch.tensor(r.logprobs) - want).abs().max()))
-    print(f"\nmax |vLLM - transformers| log-prob at T={LOGPROB_TEMPERATURE}: {worst:.2e}")
-    assert worst <= 1e-4
+    assert worst_logprob_gap(setup.a.hf, PROMPTS, got, LOGPROB_TEMPERATURE) <= 1e-4
     # sampled, not greedy: the samples are not all the argmax
     assert any(
         got[f"t{i}"].output_tokens[:MAX_NEW] != hf_greedy(setup.a.hf, p, MAX_NEW, stop=())
