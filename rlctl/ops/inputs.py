@@ -26,7 +26,7 @@ from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
-from rlctl.models.hf import weight_files
+from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, weight_files
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 from rlctl.textutil import job_relative, not_a_file
@@ -229,12 +229,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".gguf", ".h5
 def unread_weights(src: Path) -> set[Path]:
     """The files of checkpoint directory `src` that hold weights the model is not read from: a Mistral repo's
     consolidated.safetensors, a pytorch_model.bin beside the safetensors, a .pth/.gguf export; none where the
-    directory's weights cannot be told (`hf.weight_files` refuses it: said where the job's model is checked)."""
+    directory's weights cannot be told (`hf.weight_files` refuses it: said where the job's model is checked). A
+    model.safetensors.index.json beside the model.safetensors read goes with its shards: vLLM reads an index's shards
+    alone where the directory has one (and would find none)."""
     try:
         read = set(weight_files(src))
     except ConfigError:
         return set()
-    return {f for f in src.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES and f not in read}
+    unread = {f for f in src.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES and f not in read}
+    if (src / SAFETENSORS_FILE) in read and (src / INDEX_FILE).is_file():
+        unread.add(src / INDEX_FILE)
+    return unread
 
 
 def reference(src: Path, dst: Path) -> str:
