@@ -30,6 +30,7 @@ import msgspec
 
 from rlctl.agents.messages import FROM_CONTROLLER, Heartbeat, Hello, make, recv_checked
 from rlctl.config.job import JobFile
+from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import PeerTimeout, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.transport import Connection, Message, Transport, make_transport
@@ -39,6 +40,22 @@ log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
 PING_INTERVAL_S = 2.0  # the controller's keepalive to every agent (see the module docstring)
 RECONNECT_PAUSE_S = 2.0  # between a rollout unit's attempts to reach its controller again
+
+
+def job_context(job: JobFile) -> int | None:
+    """Tokens of the longest sequence the job's models see: its task's longest prompt (held-out ones are held to the
+    same bound) plus the most output tokens a request asks for. The policy, its reference and the engines are
+    built for it (their RoPE tables) where the checkpoint allows more (1,024,000 positions of tables are ≈ 1 GiB a
+    model); None where the task has no prompts (kind lengths: nothing runs)."""
+    task = job.task
+    if isinstance(task, DatasetTask):
+        return task.max_prompt_tokens + task.max_output_tokens
+    if isinstance(task, DigitsTask):
+        from rlctl.rl.tasks import DigitsTask as Digits
+
+        digits = Digits(task)
+        return digits.max_prompt_tokens + digits.max_new_tokens
+    return None
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.common import AgentContext, ControllerLink, job_context
 from rlctl.agents.flight import FlightRecord
 from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
@@ -89,7 +89,11 @@ class RolloutAgent:
         eos = stop_ids(job, ctx.jobdir.init_model) or None
         # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
         # on the unit's device, in the checkpoint's dtype on a GPU (rlctl.devices)
-        kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier, "compile_step": job.rollout.compile}
+        kw: dict[str, Any] = {
+            "group_barrier": job.rollout.group_barrier,
+            "compile_step": job.rollout.compile,
+            "context": job_context(job),  # (the checkpoint's max_position_embeddings may be 1,024,000)
+        }
         if compute is not None:
             kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)

@@ -49,7 +49,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.common import AgentContext, ControllerLink, job_context
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
@@ -594,8 +594,10 @@ def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | No
     tp, pp, shard = int(parallel.get("tp", 1)), int(parallel.get("pp", 1)), bool(parallel.get("fsdp"))
     log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, " fsdp" * shard, model_dir)
     if job.trainer.backend != "megatron":
-        ckpt = job.trainer.activation_checkpointing
-        return load_backend("torch", model_dir, compute=compute, shard=shard, activation_checkpointing=ckpt)
+        ckpt, context = job.trainer.activation_checkpointing, job_context(job)
+        return load_backend(
+            "torch", model_dir, compute=compute, shard=shard, activation_checkpointing=ckpt, context=context
+        )
     try:
         return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute)
     except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers

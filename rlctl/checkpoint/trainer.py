@@ -527,7 +527,7 @@ def load_trainer(
         shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
     assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
-    loaded = TinyGPT.from_pretrained(ckpt / MODEL)
+    loaded = TinyGPT.from_pretrained(ckpt / MODEL, context=1)  # its weights alone are read: no RoPE tables
     model.load_state_dict(loaded.state_dict())
     shard = torch.load(ckpt / entry["file"], weights_only=True)
     assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
@@ -578,7 +578,7 @@ def _load_resplit(
             f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
         )
     rank, _ = _rank_world()
-    loaded = TinyGPT.from_pretrained(ckpt / MODEL)
+    loaded = TinyGPT.from_pretrained(ckpt / MODEL, context=1)  # its weights alone are read: no RoPE tables
     model.load_state_dict(loaded.state_dict())
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
     shards = {resplit.position(r, was): torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads}

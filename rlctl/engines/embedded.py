@@ -188,11 +188,13 @@ class EmbeddedEngine(GenerationEngine):
         *,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = torch.float32,
+        context: int | None = None,
         **kw: Any,
     ) -> EmbeddedEngine:
         """An engine on an HF Llama/Qwen2/Qwen3/Mistral checkpoint directory (or a saved demo model), on `device`
-        in `dtype` (None: the checkpoint's)."""
-        return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device), **kw)
+        in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
+        max_position_embeddings; `TinyGPT.empty`)."""
+        return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device, context=context), **kw)
 
     @property
     def temperature(self) -> float:
@@ -223,7 +225,7 @@ class EmbeddedEngine(GenerationEngine):
         self._version = version
 
     def add(self, requests: list[GenRequest]) -> None:
-        check_requests(requests, limit=self.model.config.max_position_embeddings, limit_name="max_position_embeddings")
+        check_requests(requests, limit=self.model.context, limit_name=self.model.context_name)
         for r in requests:
             heapq.heappush(self._waiting, (r.group, -self._key(r), self._seq, r))
             self._seq += 1
@@ -335,7 +337,7 @@ class EmbeddedEngine(GenerationEngine):
             return
         free = [i for i, r in enumerate(self._rows) if r is None]
         need = max(len(r.prompt_tokens) + r.max_new_tokens for r in new)
-        capacity = cache_capacity(need, self.model.config.max_position_embeddings)  # what `rlctl check` prices
+        capacity = cache_capacity(need, self.model.context)  # what `rlctl check` prices
         if self._cache is None:
             self._cache = self.model.new_cache(self.max_batch_size, capacity)
         elif need > self._cache.capacity:

@@ -330,6 +330,9 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 class TinyGPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of a head (`_rope`)
+    # positions the RoPE tables hold, the most a sequence may have: max_position_embeddings, or a job's context
+    # where that is less (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
+    context: int
     # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,
     # the parameters (master weights) staying as they are; and each layer's activations recomputed in backward
     autocast_dtype: torch.dtype | None = None
@@ -338,6 +341,7 @@ class TinyGPT(nn.Module):
     def __init__(self, config: TinyGPTConfig | None = None) -> None:
         super().__init__()
         self.config = c = config if config is not None else TinyGPTConfig()
+        self.context = c.max_position_embeddings
         self.model = _Trunk(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
@@ -350,16 +354,22 @@ class TinyGPT(nn.Module):
         self.apply(self._init)
 
     def _rope_tables(self) -> None:
-        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position,
-        in fp32 on the model's device (cast with it)."""
+        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position
+        below `context`, in fp32 on the model's device (cast with it)."""
         c = self.config
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
         inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling)
-        ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype, device=device), inv_freq)
+        ang = torch.outer(torch.arange(self.context, dtype=angle_dtype, device=device), inv_freq)
         self.rope_cos = torch.cat([ang, ang], dim=-1).cos().float()
         self.rope_sin_signed = torch.cat([-ang.sin(), ang.sin()], dim=-1).float()
+
+    @property
+    def context_name(self) -> str:
+        """What bounds `context`, as an error names it."""
+        limited = self.context < self.config.max_position_embeddings
+        return "the job's context (its task's longest prompt + output)" if limited else "max_position_embeddings"
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
@@ -414,8 +424,8 @@ class TinyGPT(nn.Module):
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] (the critic's value head reads these)."""
         t = tokens.shape[1]
-        if t > self.config.max_position_embeddings:
-            raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        if t > self.context:
+            raise ValueError(f"sequence of {t} tokens > {self.context_name} {self.context}")
         cos, sin = self.rope_cos[:t], self.rope_sin_signed[:t]
         with self._autocast(tokens.device):
             x = self.model.embed_tokens(tokens)
@@ -517,28 +527,40 @@ class TinyGPT(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, *, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
+        cls,
+        directory: str | Path,
+        *,
+        dtype: torch.dtype | None = torch.float32,
+        device: str | torch.device = "cpu",
+        context: int | None = None,
     ) -> TinyGPT:
         """Load an HF Llama/Qwen2/Qwen3/Mistral checkpoint directory in `dtype` (None: the checkpoint's own) on
-        `device`; ConfigError for what is not supported. The weights are never initialised first (the model is made on
+        `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
+        ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file)."""
         d = Path(directory)
         config = hf.read_config(d)
         sd = load_state_dict(d)
         names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
-        model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device)
+        model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
         model.load_weights({k: sd[k] for k in names})
         return model
 
     @classmethod
-    def empty(cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device) -> TinyGPT:
-        """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded)."""
+    def empty(
+        cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device, context: int | None = None
+    ) -> TinyGPT:
+        """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded), whose
+        RoPE tables hold min(`context`, max_position_embeddings) positions (None: max_position_embeddings): a job's
+        context (rlctl.agents.common.job_context), where a checkpoint says 131072 … 1,024,000."""
         with _uninitialised(), torch.device("meta"):
             model = cls(config)
         model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))  # `to_empty`, whose empty_like
         # of a meta tensor is a decomposition that imports sympy (≈ 0.7 s of an agent's start)
         if config.tie_word_embeddings:  # one parameter under both names, as on construction
             model.lm_head.weight = model.model.embed_tokens.weight
+        if context is not None:
+            model.context = min(context, config.max_position_embeddings)
         model._rope_tables()
         return model.to(dtype)
 

@@ -129,7 +129,10 @@ def compare_dataset(
     ) as pool:
         for model_dir in (before, after):  # one policy in memory at a time, on every core (the job is done)
             model = TinyGPT.from_pretrained(
-                model_dir, dtype=None if cuda else torch.float32, device="cuda" if cuda else "cpu"
+                model_dir,
+                dtype=None if cuda else torch.float32,
+                device="cuda" if cuda else "cpu",
+                context=task.max_prompt_tokens + task.max_output_tokens,  # (rlctl.agents.common.job_context)
             )
             requests = [GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)]
             outputs = greedy(model, requests, eos_token_ids=tokenizer.eos_ids)

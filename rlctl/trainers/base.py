@@ -177,14 +177,18 @@ def load_backend(
     compute: Compute | None = None,
     shard: bool = False,
     activation_checkpointing: bool = False,
+    context: int | None = None,
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
-    where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`)."""
+    where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`); `context`: the longest
+    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: max_position_embeddings)."""
     try:
         build = BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
-    kw = {"shard": shard, "activation_checkpointing": activation_checkpointing} if name == "torch" else {"shard": shard}
+    kw: dict[str, Any] = {"shard": shard}
+    if name == "torch":
+        kw |= {"activation_checkpointing": activation_checkpointing, "context": context}
     return build(Path(model_dir), tp=tp, pp=pp, compute=compute, **kw)
 
 

@@ -34,11 +34,13 @@ class TorchBackend(TrainerBackend):
         compute: Compute | None = None,
         shard: bool = False,
         activation_checkpointing: bool = False,
+        context: int | None = None,
     ) -> TorchBackend:
         """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
-        `shard`: FSDP2 over every rank of the default process group."""
+        `shard`: FSDP2 over every rank of the default process group; `context`: the longest sequence it trains on
+        (`TinyGPT.empty`; None: max_position_embeddings)."""
         device = torch.device("cpu") if compute is None else compute.device
-        model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device)
+        model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
         model.activation_checkpointing = activation_checkpointing
         if shard:

@@ -332,6 +332,32 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
     assert optimizer_digest({"policy": trained_model(4)[1]}) != manifest["optimizer_sha256"]
 
 
+def test_a_resume_reads_the_checkpoints_policy_without_rope_tables_of_its_every_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the weights of the checkpoint's model are read into the trainer's: no tables of max_position_embeddings
+    positions (1,024,000 for Mistral Nemo: ≈ 1 GiB, and twice that while they are made) beside the policy's."""
+    model, opt = trained_model(3)
+    save_trainer(
+        tmp_path / "iter-3", model=model, optimizers={"policy": opt}, counters={}, split=ONE, data_parallel=ALONE
+    )
+    tables: list[int] = []
+    load = TinyGPT.from_pretrained
+
+    def recorded(*args: object, **kw: object) -> TinyGPT:
+        loaded = load(*args, **kw)  # type: ignore[arg-type]
+        tables.append(loaded.rope_cos.shape[0])
+        return loaded
+
+    monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
+    other, other_opt = trained_model(5)
+    load_trainer(
+        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE, version=3
+    )
+    assert tables == [1]
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
 def test_a_damaged_trainer_part_is_refused_with_the_checkpoint_named(tmp_path: Path) -> None:
     model, opt = trained_model(1)
     save_trainer(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bench.opcount import ops_of
+from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
@@ -260,3 +261,38 @@ def test_demo_config_figures_and_eos_ids() -> None:
     assert c.arch("tiny-demo") == BUILTIN_MODELS["tiny-demo"]
     assert c.eos_token_ids == (2,) and TinyGPTConfig(eos_token_id=[4, 2]).eos_token_ids == (4, 2)
     assert TinyGPTConfig(eos_token_id=None).eos_token_ids == ()
+
+
+def test_a_model_given_a_context_holds_tables_of_it_and_computes_the_same_logits(tmp_path: Path) -> None:
+    """A job's context (its longest prompt + output) bounds the RoPE tables, where the checkpoint says more (Mistral
+    Nemo: 1,024,000 positions, ≈ 1 GiB of tables a model): the same logits and decode steps for sequences within it,
+    versus tables of every max_position_embeddings position."""
+    torch.manual_seed(0)
+    TinyGPT(SMALL).save_pretrained(tmp_path)
+    full = TinyGPT.from_pretrained(tmp_path).eval()
+    limited = TinyGPT.from_pretrained(tmp_path, context=16).eval()
+    assert (full.context, limited.context) == (64, 16)
+    assert full.rope_cos.shape[0] == 64
+    assert limited.rope_cos.shape[0] == limited.rope_sin_signed.shape[0] == 16
+    assert TinyGPT.from_pretrained(tmp_path, context=1000).rope_cos.shape[0] == 64  # never more than the model's
+    tokens = torch.randint(3, 66, (3, 16))
+    torch.testing.assert_close(limited(tokens), full(tokens), atol=0, rtol=0)
+    torch.testing.assert_close(_decode_logits(limited, tokens), _decode_logits(full, tokens), atol=0, rtol=0)
+
+
+def test_a_sequence_past_the_jobs_context_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    """The model and the embedded engine say the job's context bounds the sequence, versus max_position_embeddings
+    (which it is under) or an index error in the tables."""
+    torch.manual_seed(0)
+    TinyGPT(SMALL).save_pretrained(tmp_path)
+    limited = TinyGPT.from_pretrained(tmp_path, context=16)
+    with pytest.raises(ValueError) as e:
+        limited(torch.randint(3, 66, (1, 17)))
+    assert str(e.value) == "sequence of 17 tokens > the job's context (its task's longest prompt + output) 16"
+    engine = EmbeddedEngine.from_pretrained(tmp_path, context=16)
+    with pytest.raises(ValueError) as e:
+        engine.add([GenRequest("r", [5] * 10, 7)])
+    assert str(e.value) == (
+        "request r: 10 prompt + 7 new tokens > the job's context (its task's longest prompt + output) 16"
+    )
+    engine.add([GenRequest("s", [5] * 10, 6)])  # fits: prompt + output = 16

@@ -101,3 +101,37 @@ def test_a_failed_reward_call_names_its_row_of_the_held_out_file(
     assert [r.getMessage() for r in caplog.records] == [
         f"reward error: sample {d}#0 (held.jsonl line 1): KeyError: 'boom' (rewards.py:2); scored 0.0" for d in dirs
     ]
+
+
+def test_the_held_out_policies_are_built_for_the_tasks_longest_prompt_plus_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-of-job evaluation's models hold RoPE tables of max_prompt_tokens + max_output_tokens (40 + 4), versus
+    every one of the checkpoint's max_position_embeddings (128 here; 1,024,000 for Mistral Nemo)."""
+    from rlctl.models.tinygpt import TinyGPT
+
+    dirs = [tmp_path / "before", tmp_path / "after"]
+    for seed, d in enumerate(dirs):
+        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
+        write_tokenizer(d)
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
+    (tmp_path / "rewards.py").write_text(REWARD)
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_prompt_tokens": 40}
+        | {"max_output_tokens": 4, "reward_workers": 0}
+    )
+    task = heldout_task(cfg, "held.jsonl")
+    prepare_dataset(
+        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
+    )
+    tables: list[int] = []
+    load = TinyGPT.from_pretrained
+
+    def recorded(*args: object, **kw: object) -> TinyGPT:
+        model = load(*args, **kw)  # type: ignore[arg-type]
+        tables.append(model.rope_cos.shape[0])
+        return model
+
+    monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
+    compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
+    assert tables == [44, 44]
