@@ -45,8 +45,8 @@ RECONNECT_PAUSE_S = 2.0  # between a rollout unit's attempts to reach its contro
 def job_context(job: JobFile) -> int | None:
     """Tokens of the longest sequence the job's models see: its task's longest prompt (held-out ones are held to the
     same bound) plus the most output tokens a request asks for. The policy, its reference and the engines are
-    built for it (their RoPE tables) where the checkpoint allows more (1,024,000 positions of tables are ≈ 1 GiB a
-    model); None where the task has no prompts (kind lengths: nothing runs)."""
+    built for it (their RoPE tables, vLLM's max_model_len and CPU K/V space) where the checkpoint allows more
+    (1,024,000 positions of tables are ≈ 1 GiB a model); None where the task has no prompts (kind lengths)."""
     task = job.task
     if isinstance(task, DatasetTask):
         return task.max_prompt_tokens + task.max_output_tokens

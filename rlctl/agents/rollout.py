@@ -89,11 +89,7 @@ class RolloutAgent:
         eos = stop_ids(job, ctx.jobdir.init_model) or None
         # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
         # on the unit's device, in the checkpoint's dtype on a GPU (rlctl.devices)
-        kw: dict[str, Any] = {
-            "group_barrier": job.rollout.group_barrier,
-            "compile_step": job.rollout.compile,
-            "context": job_context(job),  # (the checkpoint's max_position_embeddings may be 1,024,000)
-        }
+        kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier, "compile_step": job.rollout.compile}
         if compute is not None:
             kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)
@@ -101,6 +97,7 @@ class RolloutAgent:
                 "tensor_parallel": int(parallel_from_env().get("tp") or job.rollout.tensor_parallel or 1),
                 "on_new_weights": "keep" if job.rollout.on_new_weights == "keep" else "recompute",
             }
+        kw["context"] = job_context(job)  # (the checkpoint's max_position_embeddings may be 1,024,000)
         self.engine = make_engine(
             job.rollout.engine,
             ctx.jobdir.init_model,

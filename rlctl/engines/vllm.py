@@ -137,14 +137,23 @@ def vllm_priority(group: int, priority: float) -> int:
     return group * _GROUP_STRIDE - scaled
 
 
-def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int) -> int:
-    """GiB of KV cache that hold `max_batch_size` rows at the checkpoint's full context (fp32, +25 %), ≥ 1. The
+def max_model_len(model_dir: str | Path, context: int | None = None) -> int:
+    """vLLM's `max_model_len`: the job's `context` (rlctl.agents.common.job_context) where the checkpoint's
+    max_position_embeddings is more (None: that), as the trainer and the embedded engine hold sequences to it."""
+    from rlctl.models import hf
+
+    limit = hf.read_config(model_dir).max_position_embeddings
+    return limit if context is None else min(context, limit)
+
+
+def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int, *, context: int | None = None) -> int:
+    """GiB of KV cache that hold `max_batch_size` rows at the engine's `max_model_len` (fp32, +25 %), ≥ 1. The
     config as `rlctl check` read it (its architecture's defaults: Qwen3's head_dim 128 where config.json has none)."""
     from rlctl.engines.kvsize import bytes_per_position
     from rlctl.models import hf
 
     c = hf.read_config(model_dir)
-    need = bytes_per_position(c, value_bytes=4) * c.max_position_embeddings * max_batch_size * 1.25
+    need = bytes_per_position(c, value_bytes=4) * max_model_len(model_dir, context) * max_batch_size * 1.25
     return max(1, math.ceil(need / 2**30))
 
 
@@ -206,6 +215,7 @@ class VllmEngine(GenerationEngine):
         weight_transfer: bool | None = None,
         weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES,
         on_new_weights: str = "recompute",
+        context: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         """`weights_via_file`: push versions through shared-memory files read by each worker (default: at
@@ -213,7 +223,8 @@ class VllmEngine(GenerationEngine):
         `weight_transfer`: through vLLM's weight-transfer API (default: where it is usable, see
         `weight_transfer_usable`), else by `reload_weights`; `weight_chunk_bytes`: its chunks' bound;
         `on_new_weights`: what running requests do when a version arrives — "recompute" their K/V with it,
-        or "keep" the K/V they have (module docstring)."""
+        or "keep" the K/V they have (module docstring); `context`: the job's longest request, where the checkpoint
+        allows more (`max_model_len`; None: the checkpoint's max_position_embeddings)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if on_new_weights not in ON_NEW_WEIGHTS:
@@ -246,17 +257,16 @@ class VllmEngine(GenerationEngine):
         self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib(model_dir, max_batch_size)))
+            kv_gib = cpu_kv_cache_gib(model_dir, max_batch_size, context=context)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
             if tensor_parallel > 1:  # vLLM's automatic binding wants a NUMA node per worker
                 os.environ.setdefault(
                     "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
                 )
-        from rlctl.models import hf
-
         kwargs: dict[str, Any] = {
             # the context that check, the trainer and the embedded engine hold requests to: vLLM's own reading of a
             # 'linear' RoPE scaling is max_position_embeddings × factor
-            "max_model_len": hf.read_config(model_dir).max_position_embeddings,
+            "max_model_len": max_model_len(model_dir, context),
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
             "enable_prefix_caching": True,

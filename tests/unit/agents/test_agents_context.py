@@ -58,7 +58,7 @@ def test_the_trainers_policy_and_reference_hold_the_jobs_context(tmp_path: Path)
     assert model.context == model.rope_cos.shape[0] == DIGITS_CONTEXT
 
 
-@pytest.mark.parametrize("engine", ["embedded"])
+@pytest.mark.parametrize("engine", ["embedded", "vllm"])
 def test_the_rollout_units_engine_is_built_for_the_jobs_context(
     engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -392,6 +392,22 @@ def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_p
     assert cpu_kv_cache_gib(tmp_path, 64) == 320
 
 
+def test_vllm_s_model_len_and_cpu_kv_cache_follow_the_jobs_context(tmp_path: Path) -> None:
+    """vLLM is given the job's context (its longest prompt + output) as max_model_len where the checkpoint allows
+    more, and the CPU K/V space holds max_batch_size rows of that, versus the checkpoint's every position (Llama
+    3.2 1B: ≈ 640 GiB asked of VLLM_CPU_KVCACHE_SPACE)."""
+    from rlctl.engines.vllm import cpu_kv_cache_gib, max_model_len
+
+    write_checkpoint("qwen3-tied-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "head_dim": 128, "max_position_embeddings": 1 << 20}))
+    assert max_model_len(tmp_path, 65536) == 65536
+    assert max_model_len(tmp_path, 1 << 21) == max_model_len(tmp_path) == 1 << 20  # never more than the model's
+    # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^16 positions, 64 rows, +25 %
+    assert cpu_kv_cache_gib(tmp_path, 64, context=65536) == 20
+    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+
+
 def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(tmp_path: Path) -> None:
     """`"architectures": null` is read by its model_type as a config without the key is (`check_hf_dir`): vLLM,
     which maps it to the base model as well, is told the ForCausalLM class too, versus nothing (the key is there)."""
