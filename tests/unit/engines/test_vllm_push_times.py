@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlctl.engines import vllm as engine_module
+from rlctl.models.hf import QWEN2, TinyGPTConfig
 
 
 class _LLM:
@@ -40,7 +41,8 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_engine_keeps_the_latest_weight_load_times_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_vllm(monkeypatch)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    config = TinyGPTConfig(architecture=QWEN2).to_hf()  # the engine reads its context there (max_model_len)
+    (tmp_path / "config.json").write_text(json.dumps(config))
     engine = engine_module.VllmEngine(tmp_path, eos_token_ids=[0], weights_via_file=False, weight_transfer=False)
     weights = {"w": torch.zeros(2)}
     loads = 3000
