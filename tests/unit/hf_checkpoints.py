@@ -165,3 +165,17 @@ def refused_in_one_line(directory: Path, key: str, complaint: str) -> None:
             load(directory)
         msg = str(e.value)
         assert msg.startswith(f"{directory / 'config.json'}: {key}: ") and complaint in msg and "\n" not in msg
+
+
+def rope_rows_loaded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of RoPE tables of each model `TinyGPT.from_pretrained` loads from now on (this test's), in order."""
+    rows: list[int] = []
+    load = TinyGPT.from_pretrained
+
+    def recorded(*args: Any, **kw: Any) -> TinyGPT:
+        model = load(*args, **kw)
+        rows.append(model.rope_cos.shape[0])
+        return model
+
+    monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
+    return rows

@@ -41,6 +41,7 @@ from rlctl.checkpoint.trainer import (
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel
+from tests.unit.hf_checkpoints import rope_rows_loaded
 from tests.unit.tiny_models import small_config
 
 ONE = ParallelConfig("trainer")  # tp 1 pp 1 dp 1: one rank, no process group
@@ -341,15 +342,7 @@ def test_a_resume_reads_the_checkpoints_policy_without_rope_tables_of_its_every_
     save_trainer(
         tmp_path / "iter-3", model=model, optimizers={"policy": opt}, counters={}, split=ONE, data_parallel=ALONE
     )
-    tables: list[int] = []
-    load = TinyGPT.from_pretrained
-
-    def recorded(*args: object, **kw: object) -> TinyGPT:
-        loaded = load(*args, **kw)  # type: ignore[arg-type]
-        tables.append(loaded.rope_cos.shape[0])
-        return loaded
-
-    monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
+    tables = rope_rows_loaded(monkeypatch)
     other, other_opt = trained_model(5)
     load_trainer(
         tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE, version=3

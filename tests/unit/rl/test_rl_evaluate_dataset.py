@@ -15,7 +15,7 @@ from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.evaluate import compare_dataset
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tokenizer import decode_output, load_tokenizer
-from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.hf_checkpoints import rope_rows_loaded, write_checkpoint
 from tests.unit.hf_tokenizer import write_tokenizer
 
 QUESTIONS = ["what is 1 + 2 ?", "hello world", "the answer is", "a b c", "what is 4 + 5 ?"]
@@ -56,9 +56,10 @@ def test_dataset_heldout_figures_are_the_reward_of_transformers_greedy_answers(t
     assert figures["greedy_reward_first"] != figures["greedy_reward_last"]  # the two policies are told apart
 
 
-def _one_held_out_prompt(tmp_path: Path, reward: str, workers: int) -> tuple[list[Path], DatasetTask]:
+def _one_held_out_prompt(tmp_path: Path, reward: str, workers: int, **fields: int) -> tuple[list[Path], DatasetTask]:
     """Two policies (before, after), a held-out file of one prompt, prepared, and `reward` (rewards.py's source) on
-    `workers` reward workers: the policies' directories and the held-out task."""
+    `workers` reward workers (the dataset task's other `fields` given): the policies' directories and the held-out
+    task."""
     dirs = [tmp_path / "before", tmp_path / "after"]
     for seed, d in enumerate(dirs):
         write_checkpoint("qwen2-tied-hd32", d, seed=seed)
@@ -67,6 +68,7 @@ def _one_held_out_prompt(tmp_path: Path, reward: str, workers: int) -> tuple[lis
     (tmp_path / "rewards.py").write_text(reward)
     cfg = DatasetTask.model_validate(
         {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 4}
+        | fields
     )
     task = heldout_task(cfg.model_copy(update={"reward_workers": workers}), "held.jsonl")
     prepare_dataset(
@@ -108,30 +110,7 @@ def test_the_held_out_policies_are_built_for_the_tasks_longest_prompt_plus_outpu
 ) -> None:
     """The end-of-job evaluation's models hold RoPE tables of max_prompt_tokens + max_output_tokens (40 + 4), versus
     every one of the checkpoint's max_position_embeddings (128 here; 1,024,000 for Mistral Nemo)."""
-    from rlctl.models.tinygpt import TinyGPT
-
-    dirs = [tmp_path / "before", tmp_path / "after"]
-    for seed, d in enumerate(dirs):
-        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
-        write_tokenizer(d)
-    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
-    (tmp_path / "rewards.py").write_text(REWARD)
-    cfg = DatasetTask.model_validate(
-        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_prompt_tokens": 40}
-        | {"max_output_tokens": 4, "reward_workers": 0}
-    )
-    task = heldout_task(cfg, "held.jsonl")
-    prepare_dataset(
-        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
-    )
-    tables: list[int] = []
-    load = TinyGPT.from_pretrained
-
-    def recorded(*args: object, **kw: object) -> TinyGPT:
-        model = load(*args, **kw)  # type: ignore[arg-type]
-        tables.append(model.rope_cos.shape[0])
-        return model
-
-    monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
+    dirs, task = _one_held_out_prompt(tmp_path, REWARD, 0, max_prompt_tokens=40)
+    tables = rope_rows_loaded(monkeypatch)
     compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
     assert tables == [44, 44]
