@@ -139,17 +139,7 @@ def pull(
     left there (its staging folder) does not count, and goes. `policy_in` is told once the policy is in place, every
     file verified, before the tracker files are fetched (a pull cut short then has its policy: a `to` given is not
     empty for a pull again). `named`: how its hints name the job (`JobRef.arg`), default its id."""
-    if to is not None:
-        to = to.resolve()  # `--to .` named
-        try:
-            if to.exists() and not to.is_dir():
-                raise UsageError(f"--to {to}: not a directory")
-            if to.is_dir() and set(to.iterdir()) - set(_abandoned(to)):
-                raise UsageError(
-                    f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
-                )
-        except OSError as e:
-            raise UsageError(f"--to {to}: {e.strerror or e}") from e
+    to = _new_or_empty(to) if to is not None else None
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
     number = None if checkpoint in ("latest", "best") else named_version(checkpoint)
@@ -162,39 +152,13 @@ def pull(
     site, site_spec, view, root = trainer_site(job_dir)
     fs = host_files(site_spec, view)
     try:
-        if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated: its evaluations and
-            # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
-            # --checkpoints` lists them
-            fetch_trackers(job_dir)
-            # among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
-            # manifests, the controller's naming the trainer's, on its own site), versus the trainer part alone (a
-            # controller part that status marks damaged taken)
-            parts = checkpoint_parts(job_dir, remote=True)
-            number, figures, passed = best_checkpoint(
-                JobDir(job_dir), named=named, parts=parts, views={(site, view): fs}
-            )
-            for r in passed:  # a line each: the better ones by their figures it passed over, with why; then its own
-                reward = r["heldout"]["greedy_reward"]
-                log.warning(
-                    "--checkpoint best: v%d (held-out greedy reward %.4f) passed over as damaged: %s",
-                    r["version"],
-                    reward,
-                    r["damaged"],
-                )
-            took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
-            log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
+        if checkpoint == "best":
+            number = _best(job_dir, named=named, views={(site, view): fs})
         pointer: str | None = None
         pointed: list[int] = []  # the version latest.json names
         damaged: str | None = None  # why latest.json does not parse
         if checkpoint == "latest":
-            where, pointer = _latest(job_dir)
-            if pointer is None:
-                raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
-            try:
-                pointed.append(parse_latest(pointer))
-            except ValueError as e:  # a damaged pointer bounds nothing (choose_resume): said here, once
-                damaged = str(e)
-                log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
+            pointer, pointed, damaged = _pointed(job_dir)
         listed = fs.list_files(f"{root}/checkpoints")
         if number is not None:
             _have(listed, root, number, named=checkpoint)
@@ -259,6 +223,57 @@ def pull(
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
     finally:
         fs.close()
+
+
+def _new_or_empty(to: Path) -> Path:
+    """`--to`, resolved (`--to .` named); UsageError where it is no directory or holds files of another pull's (a
+    pull never mixes its files with others; what a pull killed before it could clean up left does not count)."""
+    to = to.resolve()
+    try:
+        if to.exists() and not to.is_dir():
+            raise UsageError(f"--to {to}: not a directory")
+        if to.is_dir() and set(to.iterdir()) - set(_abandoned(to)):
+            raise UsageError(
+                f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
+            )
+    except OSError as e:
+        raise UsageError(f"--to {to}: {e.strerror or e}") from e
+    return to
+
+
+def _best(job_dir: Path, *, named: str | None, views: dict[tuple[str, str], HostFiles]) -> int:
+    """`--checkpoint best`: the highest held-out greedy reward of those the run evaluated (its evaluations and events
+    as the controller's site has them: a launcher gone before the run ended fetched none, as `status --checkpoints`
+    lists them), among those whose parts pass the check `status --checkpoints` makes (`parts_problem`: each part's
+    manifests, the controller's naming the trainer's, on its own site; `views`: the ones open), versus the trainer
+    part alone (a controller part that status marks damaged taken). Each better one passed over is said with why."""
+    fetch_trackers(job_dir)
+    parts = checkpoint_parts(job_dir, remote=True)
+    number, figures, passed = best_checkpoint(JobDir(job_dir), named=named, parts=parts, views=views)
+    for r in passed:
+        log.warning(
+            "--checkpoint best: v%d (held-out greedy reward %.4f) passed over as damaged: %s",
+            r["version"],
+            r["heldout"]["greedy_reward"],
+            r["damaged"],
+        )
+    took = f"--checkpoint best: v{number} (held-out greedy reward {figures['greedy_reward']:.4f})"
+    log.log(logging.WARNING if passed else logging.INFO, "%s%s", took, ", the best sound one" if passed else "")
+    return number
+
+
+def _pointed(job_dir: Path) -> tuple[str, list[int], str | None]:
+    """`--checkpoint latest`: the controller's latest.json (read on its site), the version it names ([] where it is
+    damaged), and why it is damaged (None: it parses; a damaged pointer bounds nothing, `choose_resume`: said here,
+    once). UsageError where there is none."""
+    where, pointer = _latest(job_dir)
+    if pointer is None:
+        raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
+    try:
+        return pointer, [parse_latest(pointer)], None
+    except ValueError as e:
+        log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
+        return pointer, [], str(e)
 
 
 def _judge_named(seen: dict[str, Survey], version: int, on_site: list[int], *, named: str, job: str) -> None:
