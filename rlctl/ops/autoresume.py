@@ -219,34 +219,10 @@ class Runs:
                     "not resumed automatically (it would most likely fail the same way)"
                 )
             return False
-        # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run. Here,
-        # not in the run's start alone (`JobRun._prepare` checks the checkpoint its sites hold, after staging): before
-        # the failed run's remains are stopped, an `auto_resume` event written and a resume spent, and as this path's
-        # end, said with an `auto_resume_refused` event and the failure the job's, not an error out of `wait`
         ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"
-        try:
-            refuse_fixed_edits(self.jobdir, resumed=newest)
-        except UsageError as e:
-            self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")
-            self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
-            return False
-        # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
-        # reservation ended during the run), versus a resume spent on a run whose every sbatch is refused after staging
-        if wrong := self._wrong_site_options():
-            reason = "; ".join(f"{p.field}: {p.message}" for p in wrong)
-            self.say(f"job {name}{ended}; not resumed automatically: {self.jobdir.path / 'sites.json'}: {reason}")
-            self.jobdir.event("auto_resume_refused", after=why, reason=reason)
-            return False
-        # another run of the job answering on its sites (a copy of the job dir resumed from another machine, where
-        # this run's controller did not answer, stopped this run's agents and started its own over the same site
-        # job dirs): not resumed over it, versus stopping that run's agents (the site's agents.jsonl is its now) and
-        # starting a second controller in its site job dir, each launcher then resuming over the other
-        if (other := controller_elsewhere(self.jobdir, own=self.run.address)) is not None:
-            reason = f"another run of the job is live: its controller answers at {other}, not this run's"
-            self.say(
-                f"job {name}{ended}; not resumed automatically: {reason} (a copy of the job dir resumed elsewhere?); "
-                f"`rlctl status {self.jobdir.path}` shows it"
-            )
+        if (refused := self._refusal(newest)) is not None:
+            said, reason = refused
+            self.say(f"job {name}{ended}; not resumed automatically: {said}")
             self.jobdir.event("auto_resume_refused", after=why, reason=reason)
             return False
         # what is left of the failed run, stopped before its resume is said, spent and recorded: one whose agents may
@@ -279,6 +255,35 @@ class Runs:
         self.jobdir.event("auto_resume", after=why, version=newest, left=self.left, time_limit=limit)
         self.start(resume=True)
         return True
+
+    def _refusal(self, newest: int) -> tuple[str, str] | None:
+        """Why the resume from checkpoint `newest` is not made (what is said, the `auto_resume_refused` event's
+        reason), or None: what `launch --resume` refuses, and another run of the job live."""
+        # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run. Here,
+        # not in the run's start alone (`JobRun._prepare` checks the checkpoint its sites hold, after staging): before
+        # the failed run's remains are stopped, an `auto_resume` event written and a resume spent, and as this path's
+        # end, said with an `auto_resume_refused` event and the failure the job's, not an error out of `wait`
+        try:
+            refuse_fixed_edits(self.jobdir, resumed=newest)
+        except UsageError as e:
+            return f"{e} ({e.hint})", str(e)
+        # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
+        # reservation ended during the run), versus a resume spent on a run whose every sbatch is refused after staging
+        if wrong := self._wrong_site_options():
+            reason = "; ".join(f"{p.field}: {p.message}" for p in wrong)
+            return f"{self.jobdir.path / 'sites.json'}: {reason}", reason
+        # another run of the job answering on its sites (a copy of the job dir resumed from another machine, where
+        # this run's controller did not answer, stopped this run's agents and started its own over the same site
+        # job dirs): not resumed over it, versus stopping that run's agents (the site's agents.jsonl is its now) and
+        # starting a second controller in its site job dir, each launcher then resuming over the other
+        assert self.run is not None
+        if (other := controller_elsewhere(self.jobdir, own=self.run.address)) is not None:
+            reason = f"another run of the job is live: its controller answers at {other}, not this run's"
+            return (
+                f"{reason} (a copy of the job dir resumed elsewhere?); `rlctl status {self.jobdir.path}` shows it",
+                reason,
+            )
+        return None
 
     def _changes(self) -> list[str]:
         """What `launch --resume` says as it resumes the job (`launch_changes`): job.json edited since the
