@@ -273,6 +273,21 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
     return _parse_config(d, str(path))
 
 
+def _mistral_window(d: Mapping[str, Any], positions: int, bad: Any) -> None:
+    """A Mistral config's `sliding_window`, refused (`bad`) where it binds: MistralModel masks kv ≤ q − window, so no
+    position is cut off where it is null or ≥ max_position_embeddings (`positions`); absent, MistralConfig's 4096."""
+    window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
+    if window is not None and (type(window) is not int or window <= 0):
+        raise bad("sliding_window", f"{window!r} is not null or a positive integer")
+    if window is not None and window < positions:
+        said = "" if "sliding_window" in d else " (MistralConfig's default where config.json has none)"
+        raise bad(
+            "sliding_window",
+            f"{window}{said} is below max_position_embeddings {positions}: sliding-window attention is not "
+            "supported; supported: null (Mistral v0.3 and later) or at least max_position_embeddings",
+        )
+
+
 def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     def bad(key: str, msg: str) -> ConfigError:
         return ConfigError(file, key, msg)
@@ -319,17 +334,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if d.get("use_sliding_window", False):
         raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
     positions = num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch])
-    if arch == MISTRAL:  # (MistralModel masks kv > q − window: no position is cut off where window ≥ positions)
-        window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
-        if window is not None and (type(window) is not int or window <= 0):
-            raise bad("sliding_window", f"{window!r} is not null or a positive integer")
-        if window is not None and window < positions:
-            said = "" if "sliding_window" in d else " (MistralConfig's default where config.json has none)"
-            raise bad(
-                "sliding_window",
-                f"{window}{said} is below max_position_embeddings {positions}: sliding-window attention is not "
-                "supported; supported: null (Mistral v0.3 and later) or at least max_position_embeddings",
-            )
+    if arch == MISTRAL:
+        _mistral_window(d, positions, bad)
     layer_types = d.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise bad("layer_types", f"{layer_types!r} is not a list of layer types")
