@@ -29,7 +29,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -273,7 +273,7 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
     return _parse_config(d, str(path))
 
 
-def _mistral_window(d: Mapping[str, Any], positions: int, bad: Any) -> None:
+def _mistral_window(d: Mapping[str, Any], positions: int, bad: Callable[[str, str], ConfigError]) -> None:
     """A Mistral config's `sliding_window`, refused (`bad`) where it binds: MistralModel masks kv ≤ q − window, so no
     position is cut off where it is null or ≥ max_position_embeddings (`positions`); absent, MistralConfig's 4096."""
     window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
