@@ -25,6 +25,8 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   .site-events.jsonl  the controller's site's events.jsonl as fetched, when it runs on another site (merged into
                     events.jsonl here, under the flock every append to it takes: `appending`)
   .site-events.merged what the last merge left of both (rlctl.launch.eventtail: the next appends what the site's grew)
+  .site-manifests.json  the checkpoint manifests last read on sites over SSH, each by its file's stamp there: a look
+                    asks a site for those new or changed only (rlctl.ops.surveycache)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}
@@ -206,6 +208,10 @@ class JobDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def manifest_cache(self) -> Path:
+        return self.path / ".site-manifests.json"
 
     def checkpoint(self, iteration: int) -> Path:
         return self.checkpoints / f"iter-{iteration}"

@@ -21,15 +21,17 @@ import base64
 import contextlib
 import fnmatch
 import hashlib
+import math
 import os
 import re
 import shlex
 import shutil
 import stat
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlctl.config.inventory import Site
@@ -45,6 +47,9 @@ COMMAND_TIMEOUT_S = 60.0
 HASH_BATCH_BYTES = 4 << 30
 HASH_FLOOR_BYTES_PER_S = 50e6
 SURVEYED = "rlctl-survey"  # printed where a survey's directory is there, its records after it
+# a file a survey reads whose last write is this old on its host's clock is stamped for keeping (`Survey.stamps`):
+# one written later in the same tick of a coarse file clock (ms) at the same size, in place, would keep every figure
+SETTLED_S = 60.0
 
 
 def site_root(site: Site, job_id: str, *, here: Path) -> str:
@@ -79,11 +84,15 @@ class FileState:
 @dataclass(frozen=True)
 class Survey:
     """What `HostFiles.survey` saw under a directory in one look: whether the directory is there, each file's size in
-    bytes and the bytes of those it was asked to read, by path relative to it."""
+    bytes and the bytes of those it was asked to read, by path relative to it. `stamps`: of each file it was asked to
+    read, last written SETTLED_S before the look or told `known` and unchanged, what changes whenever it is written,
+    replaced or its mode changed (inode, size, mtime, ctime): a caller keeps its bytes by it (no part of what was
+    seen: not compared)."""
 
     found: bool
     sizes: dict[str, int]
     texts: dict[str, bytes]
+    stamps: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 class StagingStopped(Exception):
@@ -121,11 +130,12 @@ class HostFiles(ABC):
         launch is stopping) the checksums end soon, with StagingStopped: a model's take minutes."""
 
     @abstractmethod
-    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
+    def survey(self, root: str, dirs: list[str], *, read: str, known: Mapping[str, str] | None = None) -> Survey:
         """Every file under each of `dirs` (relative to `root`; one not there holds none) with its size, and the bytes
         of those whose name matches the glob `read` (a few small files: manifests), in one look — one command on an
         SSH host, whatever the number of files — and no file's checksum. A file whose bytes cannot be read is listed
-        with its size alone; links are followed."""
+        with its size alone; links are followed. `known`: path → the stamp (`Survey.stamps`) of files whose bytes
+        the caller holds: one still at that stamp is stamped, not read (`rlctl.ops.surveycache`)."""
 
     @abstractmethod
     def remove(self, root: str, names: list[str]) -> None:
@@ -231,20 +241,27 @@ class LocalFiles(HostFiles):
     def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
         return {n: file_state(Path(root) / n, stop=stop) for n in names if (Path(root) / n).is_file()}
 
-    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
+    def survey(self, root: str, dirs: list[str], *, read: str, known: Mapping[str, str] | None = None) -> Survey:
         base = Path(root)
         if not base.is_dir():
             return Survey(False, {}, {})
+        known = known or {}
+        settled_ns = time.time_ns() - int(SETTLED_S * 1e9)
         sizes: dict[str, int] = {}
         texts: dict[str, bytes] = {}
+        stamps: dict[str, str] = {}
         for d in dirs:
             for p, st in _files_under(base / d, frozenset()):
                 rel = p.relative_to(base).as_posix()
                 sizes[rel] = st.st_size
                 if fnmatch.fnmatchcase(p.name, read):
-                    with contextlib.suppress(OSError):
-                        texts[rel] = p.read_bytes()
-        return Survey(True, sizes, texts)
+                    stamp = f"{st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}"  # taken before the read
+                    if known.get(rel) == stamp or st.st_mtime_ns < settled_ns:
+                        stamps[rel] = stamp
+                    if known.get(rel) != stamp:
+                        with contextlib.suppress(OSError):
+                            texts[rel] = p.read_bytes()
+        return Survey(True, sizes, texts, stamps)
 
     def remove(self, root: str, names: list[str]) -> None:
         for n in names:
@@ -405,13 +422,18 @@ class SshFiles(HostFiles):
                     out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
 
-    def survey(self, root: str, dirs: list[str], *, read: str) -> Survey:
-        """One command: `find` prints each file's size, then each file matching `read` goes as base64; records end in
-        NUL (a name may hold a newline), read from the mark that the directory is there on (what the site's login or
-        setup lines print before it is not a record)."""
+    def survey(self, root: str, dirs: list[str], *, read: str, known: Mapping[str, str] | None = None) -> Survey:
+        """One command: the host's clock, then `find` prints each file's size, then each file matching `read` its
+        stamp and, unless `known` (given on stdin) holds that stamp, its bytes as base64; records end in NUL (a name
+        may hold a newline), read from the mark that the directory is there on (what the site's login or setup lines
+        print before it is not a record)."""
         script = (
-            f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
+            # what it is sent read in any case: a command that ends without reading it fails the sending
+            f"cd {sh_path(root)} 2>/dev/null || {{ cat >/dev/null; exit 0; }}\n"
+            "declare -A known=()\n"
+            "while IFS= read -r -d '' k; do known[$k]=1; done\n"
             f"printf '{SURVEYED}\\0'\n"  # the directory is there
+            "printf 'N%s\\0' \"$(date +%s)\"\n"  # the host's clock, which its files' times are of
             f"set --; for d in {' '.join(shlex.quote(d) for d in dirs)}; do\n"
             '  [ -d "$d" ] && set -- "$@" "$d"\n'
             "done\n"
@@ -419,27 +441,42 @@ class SshFiles(HostFiles):
             # what find cannot walk (a file a prune removed as it walked, a link back up) it says and passes by:
             # the rest is listed, versus the site taken as not answering and nothing there checked
             "find -L \"$@\" -ignore_readdir_race -type f -printf 'S%s %p\\0' 2>/dev/null\n"
-            f'find -L "$@" -ignore_readdir_race -type f -name {shlex.quote(read)} -print0 2>/dev/null | '
-            "while IFS= read -r -d '' f; do\n"
+            # the stamp before the read (a file replaced between them is read again next time: its stamp is the old)
+            f"find -L \"$@\" -ignore_readdir_race -type f -name {shlex.quote(read)} -printf '%i %s %T@ %C@ %p\\0' "
+            "2>/dev/null | while IFS= read -r -d '' r; do\n"
+            "  printf 'K%s\\0' \"$r\"\n"
+            '  [ -n "${known[$r]+x}" ] && continue\n'
+            "  f=${r#* * * * }\n"
             '  b=$(base64 -w 0 -- "$f") && printf \'T%s\\0%s\\0\' "$f" "$b"\n'
             "done\n"
             "exit 0\n"
         )
-        _, there, records = self._run(script).partition(f"{SURVEYED}\0")
+        known = known or {}
+        held = "".join(f"{stamp} {rel}\0" for rel, stamp in known.items())
+        _, there, records = self._run(script, stdin=held).partition(f"{SURVEYED}\0")
         fields = records.split("\0")
         sizes: dict[str, int] = {}
         texts: dict[str, bytes] = {}
+        stamps: dict[str, str] = {}
+        now_s = -math.inf  # no clock: nothing settled
         i = 0
         while i < len(fields):
-            field = fields[i]
-            if field.startswith("S"):
-                size, _, rel = field[1:].partition(" ")
+            record = fields[i]
+            if record.startswith("S"):
+                size, _, rel = record[1:].partition(" ")
                 sizes[rel] = int(size)
-            elif field.startswith("T") and i + 1 < len(fields):
-                texts[field[1:]] = base64.b64decode(fields[i + 1])
+            elif record.startswith("N") and record[1:].isdigit():
+                now_s = int(record[1:])
+            elif record.startswith("K"):
+                ino, size, mtime, ctime, rel = record[1:].split(" ", 4)
+                stamp = f"{ino} {size} {mtime} {ctime}"
+                if known.get(rel) == stamp or float(mtime) < now_s - SETTLED_S:
+                    stamps[rel] = stamp
+            elif record.startswith("T") and i + 1 < len(fields):
+                texts[record[1:]] = base64.b64decode(fields[i + 1])
                 i += 1
             i += 1
-        return Survey(bool(there), sizes, texts)
+        return Survey(bool(there), sizes, texts, stamps)
 
     def remove(self, root: str, names: list[str]) -> None:
         if names:

@@ -26,6 +26,7 @@ from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import HostFiles, Survey, host_files, is_remote
 from rlctl.ops.extend import completed_checkpoints, last_summary
+from rlctl.ops.surveycache import ManifestCache
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,11 @@ class PartDir:
 
 
 def surveyed(
-    parts: dict[str, PartDir], versions: list[int], *, views: Mapping[tuple[str, str], HostFiles] | None = None
+    parts: dict[str, PartDir],
+    versions: list[int],
+    *,
+    views: Mapping[tuple[str, str], HostFiles] | None = None,
+    cache: Path | None = None,
 ) -> tuple[dict[str, Survey], dict[str, str]]:
     """Each part's checkpoint directories of `versions` looked at (`HostFiles.survey`: the files' sizes and the
     manifests' bytes), once per site view and directory (both parts in one job dir: one look) — over SSH one
@@ -60,11 +65,14 @@ def surveyed(
     that did not answer was not (the table is listed all the same, said under it). A checkpoints/ directory not here
     (a shared filesystem not mounted on this machine, a site job dir removed) is not looked in: nothing to check
     there, not every checkpoint missing. `views`: (site name, view) → that view open already, the caller's (a pull's
-    on the trainer's site: its one connection there, left open), versus one opened and closed here."""
+    on the trainer's site: its one connection there, left open), versus one opened and closed here. `cache`: where the
+    manifests read over SSH are kept (`JobDir.manifest_cache`): a site sends those new or changed since the last look
+    only (`ManifestCache`), versus every checkpoint's again."""
     dirs = [f"{PREFIX}{v}" for v in versions]
     seen: dict[str, Survey] = {}
     why: dict[str, str] = {}
     places: dict[tuple[str, str, str], list[str]] = {}
+    kept = ManifestCache.load(cache) if cache is not None and any(is_remote(at.site) for at in parts.values()) else None
     for part, at in parts.items():
         places.setdefault((at.site_name, at.view, at.dir), []).append(part)
     for (site_name, view, root), group in places.items():
@@ -74,7 +82,10 @@ def surveyed(
         opened = (views or {}).get((site_name, view))
         fs = opened or host_files(site, view)
         try:
-            got = fs.survey(root, dirs, read=manifest_name("*"))
+            if kept is not None and is_remote(site):
+                got = kept.survey(fs, (site_name, view, root), dirs, read=manifest_name("*"))
+            else:  # (this machine's files: read as cheaply as stamped)
+                got = fs.survey(root, dirs, read=manifest_name("*"))
         except (RlctlError, OSError) as e:  # a site that does not answer: its parts not checked, said why
             log.info("checkpoints' manifests on site %s (%s) not checked: %s", site_name, view, e)
             why |= dict.fromkeys(group, f"site {site_name} did not answer: {e}")
@@ -86,6 +97,8 @@ def surveyed(
             seen |= dict.fromkeys(group, got)
         elif is_remote(site):
             why |= dict.fromkeys(group, f"site {site_name} holds no {root} on {view}")
+    if kept is not None:
+        kept.save()
     return seen, why
 
 
@@ -103,7 +116,7 @@ def checkpoint_table(
     left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why. `views`: as
     `surveyed` takes them."""
     versions = completed_checkpoints(jobdir)
-    checked, unchecked = surveyed(parts or {}, versions, views=views)
+    checked, unchecked = surveyed(parts or {}, versions, views=views, cache=jobdir.manifest_cache)
     damaged = {v: why for v in versions if (why := sound(checked, v)) is not None}
     latest = max((v for v in versions if v not in damaged), default=None)
     written: dict[int, float | None] = {}

@@ -175,7 +175,8 @@ def pull(
         seen: dict[str, Survey] = {}
         if checkpoint != "best":
             candidates = sorted({*on_site, *pointed, *([number] if number is not None else [])})
-            seen, _ = surveyed(checkpoint_parts(job_dir, remote=True), candidates, views={(site, view): fs})
+            parts = checkpoint_parts(job_dir, remote=True)
+            seen, _ = surveyed(parts, candidates, views={(site, view): fs}, cache=JobDir(job_dir).manifest_cache)
         if number is not None and checkpoint != "best":
             _judge_named(seen, number, on_site, named=checkpoint, job=named or shlex.quote(JobDir(job_dir).id))
         problems: list[str] = []

@@ -5,7 +5,9 @@ here in place of the SSH connection."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,6 +99,34 @@ def test_status_checkpoints_checks_the_manifests_on_the_trainers_ssh_site_in_one
     assert data["checkpoints"][-1]["damaged"] == "its trainer part is not the one its controller part was written with"
     r = run_cli("status", str(jd.path), "--checkpoints")
     assert r.exit_code == 0 and "not checked" not in r.stdout, r.stdout
+
+
+def test_a_second_status_is_sent_none_of_the_manifests_the_first_read_on_the_ssh_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status --checkpoints` again: the trainer's site sends the stamps of the manifests read the time before (kept
+    in the job dir), not their bytes, and the table is the same; versus every checkpoint's manifests sent again on
+    every look (a weeks-long job's hundreds). A pull's look is sent none either."""
+    jd, far = far_job(tmp_path, monkeypatch)
+    hour_ago = time.time() - 3600
+    for manifest in far.glob("iter-*/MANIFEST.*.json"):
+        os.utime(manifest, (hour_ago, hour_ago))
+    sent: list[str] = []
+    run = BashHere.run
+
+    def recorded(self: BashHere, command: str, **kw: Any) -> CommandResult:
+        res = run(self, command, **kw)
+        sent.append(res.stdout)
+        return res
+
+    monkeypatch.setattr(BashHere, "run", recorded)
+    first = run_cli("status", str(jd.path), "--checkpoints", "-o", "json")
+    second = run_cli("status", str(jd.path), "--checkpoints", "-o", "json")
+    assert first.exit_code == 0 and second.stdout == first.stdout, first.stderr
+    assert [out.count("\0Titer-") for out in sent] == [3, 0]  # (a manifest's record: T, its path, its base64)
+    jd.write_json(jd.checkpoints / "latest.json", {"version": 30})
+    assert pull(jd.path, to=tmp_path / "out").version == 30
+    assert len(sent) > 2 and not any("\0Titer-" in out for out in sent[2:])
 
 
 def test_a_trainer_site_that_does_not_answer_leaves_the_table_listed_and_says_why(
