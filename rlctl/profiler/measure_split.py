@@ -171,7 +171,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch.distributed as dist
 
     from rlctl.models.hf import read_config
-    from rlctl.profiler.measure_train import synthetic_samples
+    from rlctl.profiler.measure_train import OUTPUT_TOKENS, synthetic_samples
     from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample
     from rlctl.trainers.base import load_backend
@@ -185,7 +185,14 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     ref = (
         load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp).model if spec.algorithm.kl_coef > 0 else None
     )
-    learner = make_learner(policy, spec.algorithm, spec.batch, ref=ref, iterations=spec.warmup_steps + spec.steps)
+    learner = make_learner(
+        policy,
+        spec.algorithm,
+        spec.batch,
+        ref=ref,
+        iterations=spec.warmup_steps + spec.steps,
+        max_output_tokens=OUTPUT_TOKENS[1],  # the synthetic samples' longest (`loss_aggregation: constant`)
+    )
     vocab = read_config(spec.model_dir).vocab_size
 
     def rows(samples: list[Sample]) -> int:

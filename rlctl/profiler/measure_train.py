@@ -140,7 +140,9 @@ def measure_training(
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
     with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0, compute=compute) as (policy, ref, config):
-        learner = make_learner(policy, algorithm, batch, ref=ref, iterations=warmup_steps + steps)
+        learner = make_learner(
+            policy, algorithm, batch, ref=ref, iterations=warmup_steps + steps, max_output_tokens=OUTPUT_TOKENS[1]
+        )  # (the measurement's own longest output: what `loss_aggregation: constant` divides by)
         m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
 

@@ -42,11 +42,13 @@ def splittable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return TinyGPT(config).save_pretrained(tmp_path_factory.mktemp("model") / "tiny-2x2")
 
 
-def job_file(tmp_path: Path, model: dict[str, str], algorithm: str = "grpo", **trainer: Any) -> Path:
+def job_file(
+    tmp_path: Path, model: dict[str, str], algorithm: str = "grpo", aggregation: str = "token_mean", **trainer: Any
+) -> Path:
     data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
     data["inventory"] = [str(ROOT / "clusters/local.yaml")]
     data.update(batch=BATCH, model=model, trainer={"backend": "megatron", **trainer})
-    data["algorithm"] = {"kind": algorithm, "kl_coef": 0.05}  # a reference model on every rank too
+    data["algorithm"] = {"kind": algorithm, "kl_coef": 0.05, "loss_aggregation": aggregation}  # a reference too
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -80,12 +82,21 @@ def spy(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[measure
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    "split,algorithm", [((2, 1), "grpo"), ((1, 2), "grpo"), ((2, 1), "ppo"), ((1, 2), "ppo")],
-    ids=["tp2", "pp2", "tp2-ppo", "pp2-ppo"],
+    "split,algorithm,aggregation",
+    [((2, 1), "grpo", "token_mean"), ((1, 2), "grpo", "constant"), ((2, 1), "ppo", "constant"),
+     ((1, 2), "ppo", "sequence_mean")],
+    ids=["tp2", "pp2-constant", "tp2-ppo-constant", "pp2-ppo"],
 )  # fmt: skip
 def test_the_jobs_split_is_measured_over_its_ranks(
-    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, splittable: Path, split: tuple[int, int], algorithm: str
+    cli: Cli,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    splittable: Path,
+    split: tuple[int, int],
+    algorithm: str,
+    aggregation: str,
 ) -> None:
+    """(with each loss aggregation: `constant` divides by the synthetic samples' longest output)"""
     require_megatron()
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the split's 2 ranks need 2 cores")
@@ -95,7 +106,7 @@ def test_the_jobs_split_is_measured_over_its_ranks(
     ends = probe_rank_ends(monkeypatch, tmp_path, "rlctl.profiler.measure_split")
     tp, pp = split
     model = {"kind": "hf", "path": str(splittable)}
-    job = job_file(tmp_path, model, algorithm, tensor_parallel=tp, pipeline_parallel=pp)
+    job = job_file(tmp_path, model, algorithm, aggregation, tensor_parallel=tp, pipeline_parallel=pp)
     r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
     assert r.exit_code == 0, r.stderr
     # the 1 + 2 ranks (tp 1 pp 1, then the split's) ended without the interpreter's finalization, where a gloo
