@@ -49,13 +49,24 @@ def job_context(job: JobFile) -> int | None:
     (1,024,000 positions of tables are ≈ 1 GiB a model); None where the task has no prompts (kind lengths)."""
     task = job.task
     if isinstance(task, DatasetTask):
-        return task.max_prompt_tokens + task.max_output_tokens
+        return task.max_prompt_tokens + output_budget(job)
     if isinstance(task, DigitsTask):
         from rlctl.rl.tasks import DigitsTask as Digits
 
-        digits = Digits(task)
-        return digits.max_prompt_tokens + digits.max_new_tokens
+        return Digits(task).max_prompt_tokens + output_budget(job)
     return None
+
+
+def output_budget(job: JobFile) -> int:
+    """The most output tokens a request of the job asks for: the task's max_output_tokens, or the digits task's
+    own cap below it (an answer of at most 9 × MAX_DIGITS letters and EOS) — what `loss_aggregation: constant`
+    divides by per sample, as no output can be longer."""
+    task = job.task
+    if isinstance(task, DigitsTask):
+        from rlctl.rl.tasks import DigitsTask as Digits
+
+        return Digits(task).max_new_tokens
+    return task.max_output_tokens
 
 
 @dataclass

@@ -49,7 +49,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from rlctl.agents.common import AgentContext, ControllerLink, job_context
+from rlctl.agents.common import AgentContext, ControllerLink, job_context, output_budget
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
@@ -157,7 +157,7 @@ class TrainerAgent:
             job.batch,
             ref=ref,
             iterations=job.iterations,
-            max_output_tokens=job.task.max_output_tokens,
+            max_output_tokens=output_budget(job),  # (the digits task caps its answers below the field)
         )
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_prompt = job.batch.samples_per_prompt

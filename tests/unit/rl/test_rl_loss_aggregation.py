@@ -27,6 +27,7 @@ from rlctl.rl.grpo import GrpoLearner, group_advantages
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.ppo import PpoLearner
 from rlctl.rl.samples import Sample, score
+from rlctl.rl.tasks import MAX_DIGITS
 from rlctl.transport import InprocTransport
 from tests.unit.gloo_pair import spawned_pair
 from tests.unit.rank_end import end_rank
@@ -250,9 +251,14 @@ def test_the_field_defaults_to_the_token_mean_and_refuses_another_value_naming_t
         GrpoAlgorithm(kind="grpo", loss_aggregation="seq_mean")  # type: ignore[arg-type]
 
 
-def test_the_trainer_agent_gives_its_learner_the_task_s_max_output_tokens(tmp_path: Path) -> None:
-    """The trainer agent's learner (the torch, FSDP and megatron backends' alike: `make_learner`) divides by the job's
-    task's max_output_tokens under `constant`; built without it, the agent failed at its start."""
+@pytest.mark.parametrize("field,budget", [(16, 16), (1000, 9 * MAX_DIGITS + 1)], ids=["field", "digits-cap"])
+def test_the_trainer_agent_gives_its_learner_the_task_s_max_output_tokens(
+    tmp_path: Path, field: int, budget: int
+) -> None:
+    """The trainer agent's learner (the torch, FSDP and megatron backends' alike: `make_learner`) divides by the most
+    output tokens a request asks for under `constant`: the task's max_output_tokens, or the digits task's cap below it
+    (an answer of 9 letters a digit and EOS; versus the field, which no output reaches). Built without it, the agent
+    failed at its start."""
     job = JobFile.model_validate(
         {
             "apiVersion": "rlctl/v1",
@@ -261,7 +267,7 @@ def test_the_trainer_agent_gives_its_learner_the_task_s_max_output_tokens(tmp_pa
             "inventory": ["x.yaml"],
             "model": {"kind": "builtin", "name": "tiny-demo"},
             "algorithm": {"kind": "grpo", "loss_aggregation": "constant"},
-            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": field},
             "iterations": 1,
             "batch": {"prompts_per_iteration": 1, "samples_per_prompt": 2},
             "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 1}]},
@@ -274,7 +280,7 @@ def test_the_trainer_agent_gives_its_learner_the_task_s_max_output_tokens(tmp_pa
     TinyGPT().save_pretrained(jd.init_model)
     agent = TrainerAgent(AgentContext(jd, job, InprocTransport(secret=jd.secret()), "inproc://controller-agg"))
     learner = agent.learner
-    assert isinstance(learner, StreamingLearner) and learner.max_output_tokens == 16
+    assert isinstance(learner, StreamingLearner) and learner.max_output_tokens == budget
 
 
 # ---------------------------------------------------------------- two gloo ranks
