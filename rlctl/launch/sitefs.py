@@ -454,7 +454,15 @@ class SshFiles(HostFiles):
         known = known or {}
         held = "".join(f"{stamp} {rel}\0" for rel, stamp in known.items())
         _, there, records = self._run(script, stdin=held).partition(f"{SURVEYED}\0")
-        fields = records.split("\0")
+        try:
+            return self._survey_records(bool(there), records.split("\0")[:-1], known)
+        except ValueError as e:  # (binascii.Error too) a record cut or garbled: said, versus a traceback
+            raise LaunchError(f"ssh {self.where}: the look at {root} printed an unreadable record: {e}") from e
+
+    @staticmethod
+    def _survey_records(there: bool, fields: list[str], known: Mapping[str, str]) -> Survey:
+        """`survey`'s records, each ended by its NUL (what follows the last: not one — a line an exit trap or the
+        login shell's logout printed)."""
         sizes: dict[str, int] = {}
         texts: dict[str, bytes] = {}
         stamps: dict[str, str] = {}
@@ -476,7 +484,7 @@ class SshFiles(HostFiles):
                 texts[record[1:]] = base64.b64decode(fields[i + 1])
                 i += 1
             i += 1
-        return Survey(bool(there), sizes, texts, stamps)
+        return Survey(there, sizes, texts, stamps)
 
     def remove(self, root: str, names: list[str]) -> None:
         if names:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rlctl.errors import LaunchError
 from rlctl.launch import sitefs
 from rlctl.launch.localrunner import LocalRunner
 from rlctl.launch.sitefs import LocalFiles, Survey
@@ -95,3 +98,20 @@ def test_a_link_back_up_is_passed_by_on_the_ssh_view_as_on_the_local_one(tmp_pat
     want = LocalFiles().survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json")
     assert want.sizes == {"iter-1/model/w.bin": 2, "iter-1/MANIFEST.trainer.json": 2}
     assert ssh_view().survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json") == want
+
+
+def test_what_the_site_prints_after_the_survey_is_not_read_and_a_garbled_record_is_one_error(tmp_path: Path) -> None:
+    """A line after the last record (an exit trap's or a logout's "Session closed") is no record, versus a
+    ValueError traceback from `status --checkpoints` and `pull` (it began with S, read as a size); a record garbled
+    in the middle is a LaunchError naming the host (the site taken as not answering: `surveyed`)."""
+    (tmp_path / "iter-1").mkdir()
+    (tmp_path / "iter-1" / "MANIFEST.trainer.json").write_bytes(b"{}")
+    want = LocalFiles().survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json")
+    fs = ssh_view()
+    run = fs.runner.run
+    fs.runner.run = lambda command, **kw: run(f"trap 'echo Session closed' EXIT\n{command}", **kw)  # type: ignore[method-assign]
+    assert fs.survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json") == want
+    fs = ssh_view()
+    fs.runner.run = lambda command, **kw: run(command.replace("printf 'S%s", "printf 'Sx%s"), **kw)  # type: ignore[method-assign]
+    with pytest.raises(LaunchError, match=r"^ssh test-host: the look at .* printed an unreadable record: invalid lit"):
+        fs.survey(str(tmp_path), ["iter-1"], read="MANIFEST.*.json")
