@@ -593,13 +593,14 @@ def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | No
     parallel = parallel_from_env()
     tp, pp, shard = int(parallel.get("tp", 1)), int(parallel.get("pp", 1)), bool(parallel.get("fsdp"))
     log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, " fsdp" * shard, model_dir)
+    context = job_context(job)
     if job.trainer.backend != "megatron":
-        ckpt, context = job.trainer.activation_checkpointing, job_context(job)
+        ckpt = job.trainer.activation_checkpointing
         return load_backend(
             "torch", model_dir, compute=compute, shard=shard, activation_checkpointing=ckpt, context=context
         )
     try:
-        return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute)
+        return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute, context=context)
     except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers
         field = "pipeline_parallel" if str(e).startswith("pipeline parallel") else "tensor_parallel"
         raise ConfigError(where, f"trainer.{field}", str(e)) from e

@@ -142,6 +142,11 @@ def max_model_len(model_dir: str | Path, context: int | None = None) -> int:
     max_position_embeddings is more (None: that), as the trainer and the embedded engine hold sequences to it."""
     from rlctl.models import hf
 
+    # A Mistral v0.1 `sliding_window` (4096 of 32768) stays in config.json, and vLLM attends within it as MistralModel
+    # does (a position to its last `window` tokens): on sequences of at most max_model_len ≤ window tokens it cuts
+    # nothing off, so vLLM, the embedded engine and the trainer (full attention) agree. `rlctl check` refuses a job
+    # whose context exceeds a window that binds, and the trainer's model refuses to be built for one
+    # (hf.window_refusal).
     limit = hf.read_config(model_dir).max_position_embeddings
     return limit if context is None else min(context, limit)
 

@@ -7,17 +7,18 @@ validated from config.json), the weight files, the tokenizer files, and `check_h
     <dir>/pytorch_model.bin             only where the `safetensors` package is missing (weights_only load)
     <dir>/tokenizer.json, …             never read; `copy_tokenizer_files` carries them to a new directory
 
-Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on
-q, k, v; none on o), Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim];
-`attention_bias` as Llama's; `head_dim` 128 where config.json leaves it out), MistralForCausalLM (Llama without
-biases: Mistral-7B-v0.3, Nemo, Small; `sliding_window` null, or at least `max_position_embeddings`, which never
-binds; written back null), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
-the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3 (`llama3`) or
-`linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is
-`torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with one line
-naming the file and key: other architectures, other RoPE scaling (yarn, dynamic, longrope, …), sliding-window
-attention (Qwen's `use_sliding_window`, a Mistral `sliding_window` below `max_position_embeddings`: v0.1's 4096),
-MLP bias, activations other than SiLU, quantized weights.
+Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on q, k, v; none on o),
+Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim]; `attention_bias` as Llama's;
+`head_dim` 128 where config.json leaves it out), MistralForCausalLM (Llama without biases: Mistral-7B-v0.3, Nemo, Small;
+and v0.1, whose `sliding_window` 4096 is below its `max_position_embeddings` 32768: MistralModel attends to a position's
+last `window` tokens only, which binds on no sequence of at most `window` tokens, so a job whose context is that short
+runs it: `window_refusal`; `sliding_window` written back as read), explicit `head_dim`, grouped-query attention, tied
+embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
+(`llama3`) or `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane
+sends and GPU engines compute in; a CPU computes in fp32). Refused with one line naming the file and key: other
+architectures, other RoPE scaling (yarn, dynamic, longrope, …), Qwen's sliding-window attention (`use_sliding_window`),
+a model built for sequences longer than a Mistral `sliding_window` (`window_refusal`), MLP bias, activations other than
+SiLU, quantized weights.
 
 Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
 names and shapes read from the safetensors headers) can run without it.
@@ -118,6 +119,9 @@ class TinyGPTConfig:
     architecture: str = LLAMA  # LLAMA, QWEN2, QWEN3 or MISTRAL (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
     attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v bias; Mistral none)
+    # Mistral's `sliding_window` as transformers reads config.json (MistralConfig's 4096 where it has no such key),
+    # written back as it is; None for the other architectures (Qwen2's is off: `use_sliding_window` false)
+    sliding_window: int | None = None
     torch_dtype: str = "float32"  # the dtype the model is loaded in: what it travels and is served in (an rlctl
     # checkpoint keeps fp32 master weights under its starting model's dtype: rlctl.checkpoint.trainer.HostPolicy)
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
@@ -137,6 +141,14 @@ class TinyGPTConfig:
         return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def binding_window(self) -> int | None:
+        """Mistral's `sliding_window` where it binds: MistralModel masks kv ≤ q − window, so a sequence of more than
+        `window` tokens has positions that attend to fewer tokens than all before them (rlctl's models attend to
+        all: `window_refusal`); None where it is null or at least max_position_embeddings (nothing is cut off)."""
+        w = self.sliding_window
+        return w if w is not None and w < self.max_position_embeddings else None
+
+    @property
     def qkv_bias(self) -> bool:
         return self.attention_bias or self.architecture == QWEN2
 
@@ -154,7 +166,7 @@ class TinyGPTConfig:
     def to_hf(self) -> dict[str, Any]:
         """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
         d = asdict(self)
-        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling"):
+        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window"):
             del d[key]
         if self.architecture in (QWEN2, MISTRAL):  # no such key: their bias is fixed
             del d["attention_bias"]
@@ -167,7 +179,8 @@ class TinyGPTConfig:
             **d,
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling is not None else {}),
             **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
-            **({"sliding_window": None} if self.architecture == MISTRAL else {}),  # (absent: MistralConfig's 4096)
+            # (a Mistral's null written as null: absent, MistralConfig reads 4096)
+            **({"sliding_window": self.sliding_window} if self.architecture == MISTRAL else {}),
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
 
@@ -273,19 +286,28 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
     return _parse_config(d, str(path))
 
 
-def _mistral_window(d: Mapping[str, Any], positions: int, bad: Callable[[str, str], ConfigError]) -> None:
-    """A Mistral config's `sliding_window`, refused (`bad`) where it binds: MistralModel masks kv ≤ q − window, so no
-    position is cut off where it is null or ≥ max_position_embeddings (`positions`); absent, MistralConfig's 4096."""
+def _mistral_window(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError]) -> int | None:
+    """A Mistral config's `sliding_window`: null or a positive integer (absent: MistralConfig's 4096). Where it binds
+    (`TinyGPTConfig.binding_window`) a model is built only for sequences it does not cut (`window_refusal`)."""
     window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
     if window is not None and (type(window) is not int or window <= 0):
         raise bad("sliding_window", f"{window!r} is not null or a positive integer")
-    if window is not None and window < positions:
-        said = "" if "sliding_window" in d else " (MistralConfig's default where config.json has none)"
-        raise bad(
-            "sliding_window",
-            f"{window}{said} is below max_position_embeddings {positions}: sliding-window attention is not "
-            "supported; supported: null (Mistral v0.3 and later) or at least max_position_embeddings",
-        )
+    return window
+
+
+def window_refusal(c: TinyGPTConfig, context: int) -> str | None:
+    """Why a model of `c` may not be built for sequences of `context` tokens, as the `sliding_window` entry of a
+    one-line error (None: it may): rlctl's models attend to every earlier position, MistralModel (and vLLM) to the
+    last `window` only, which tells them apart on a sequence of more than `window` tokens alone. `rlctl check`
+    refuses a job whose context exceeds it first (rlctl.ops.preflight.data.window_problems)."""
+    window = c.binding_window
+    if window is None or context <= window:
+        return None
+    return (
+        f"{window} binds (below max_position_embeddings {c.max_position_embeddings}: MistralModel attends to a "
+        f"position's last {window} tokens only, rlctl's models to all before it), and the model is asked to hold "
+        f"sequences of {context} tokens; hold the job's context (its longest prompt + max_output_tokens) to ≤ {window}"
+    )
 
 
 def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
@@ -334,8 +356,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if d.get("use_sliding_window", False):
         raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
     positions = num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch])
-    if arch == MISTRAL:
-        _mistral_window(d, positions, bad)
+    window = _mistral_window(d, bad) if arch == MISTRAL else None
     layer_types = d.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise bad("layer_types", f"{layer_types!r} is not a list of layer types")
@@ -384,6 +405,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
         attention_bias=bias and arch in (LLAMA, QWEN3),  # Qwen2 and Mistral have no such key: their bias is fixed
+        sliding_window=window,
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
     )

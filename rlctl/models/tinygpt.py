@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from rlctl.errors import ConfigError
 from rlctl.models import hf
 from rlctl.models.hf import (
     CONFIG_FILE,
@@ -355,8 +356,11 @@ class TinyGPT(nn.Module):
 
     def _rope_tables(self) -> None:
         """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position
-        below `context`, in fp32 on the model's device (cast with it)."""
+        below `context`, in fp32 on the model's device (cast with it). ValueError where `context` is longer than a
+        Mistral sliding window that binds (`hf.window_refusal`): the model would not compute what MistralModel does."""
         c = self.config
+        if (why := hf.window_refusal(c, self.context)) is not None:
+            raise ValueError(f"sliding_window {why}")
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
@@ -540,6 +544,9 @@ class TinyGPT(nn.Module):
         the meta device and filled from the file)."""
         d = Path(directory)
         config = hf.read_config(d)
+        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
+            raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
         sd = load_state_dict(d)
         names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)

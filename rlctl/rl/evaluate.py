@@ -80,7 +80,8 @@ def evaluate(model: TinyGPT, task: DigitsTask, prompts: list[Prompt]) -> Figures
 
 def evaluate_dir(model_dir: Path, task: DigitsTask, prompts: list[Prompt]) -> Figures:
     """`evaluate` on a saved model directory (the job's model/init or a checkpoint's model/)."""
-    return evaluate(TinyGPT.from_pretrained(model_dir), task, prompts)
+    context = task.max_prompt_tokens + task.max_new_tokens  # (rlctl.agents.common.job_context)
+    return evaluate(TinyGPT.from_pretrained(model_dir, context=context), task, prompts)
 
 
 def compare(before: Path, after: Path, task: DigitsTask, *, num_prompts: int) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def _megatron(model_dir: Path, *, tp: int, pp: int, compute: Compute | None, **k
             hint="set trainer.tensor_parallel and pipeline_parallel to 1 on GPU sites, or use trainer.backend 'torch'",
         )
     assert not kw.get("shard"), "megatron shards by tp/pp: rlctl check refuses trainer.shard fsdp with it"
-    return MegatronBackend.load(model_dir, tp=tp, pp=pp, compute=compute)
+    return MegatronBackend.load(model_dir, tp=tp, pp=pp, compute=compute, context=kw.get("context"))
 
 
 BACKENDS: dict[str, Callable[..., TrainerBackend]] = {"torch": _torch, "megatron": _megatron}
@@ -181,14 +181,15 @@ def load_backend(
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
     where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`); `context`: the longest
-    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: max_position_embeddings)."""
+    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: max_position_embeddings; both
+    refuse one longer than a Mistral sliding window that binds, `hf.window_refusal`)."""
     try:
         build = BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
-    kw: dict[str, Any] = {"shard": shard}
+    kw: dict[str, Any] = {"shard": shard, "context": context}
     if name == "torch":
-        kw |= {"activation_checkpointing": activation_checkpointing, "context": context}
+        kw |= {"activation_checkpointing": activation_checkpointing}
     return build(Path(model_dir), tp=tp, pp=pp, compute=compute, **kw)
 
 

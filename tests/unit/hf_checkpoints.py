@@ -4,9 +4,10 @@ Each variant exercises a part of the HF format the embedded model must read: Qwe
 with tied embeddings and a 32-wide head, Llama with an explicit 64-wide head (≠ hidden/heads) and
 several EOS ids, Llama with `attention_bias`, Qwen3's per-head q/k norms with a 32-wide head (≠ hidden/heads),
 tied or untied with `attention_bias`, Mistral (Llama without biases) with Nemo's explicit head_dim and no sliding
-window, and with a sliding window as long as its context (which never binds). Weights are redrawn wider than HF's
-init (std 0.02 gives near-uniform logits, where greedy comparisons would hinge on ties) and biases and norm weights are
-made non-trivial so that they are checked too. Import `transformers` only after `pytest.importorskip("transformers")`.
+window, and with a sliding window as long as its context (which never binds); and v0.1's window that binds
+(`WINDOWED`). Weights are redrawn wider than HF's init (std 0.02 gives near-uniform logits, where greedy comparisons
+would hinge on ties) and biases and norm weights are made non-trivial so that they are checked too. Import
+`transformers` only after `pytest.importorskip("transformers")`.
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "eos_token_id": [2, 3],
     },
 }
+# Mistral v0.1's shape (its window 4096 of 32768 positions): a window that binds, so a model of it is built only for
+# sequences within it (apart from VARIANTS, whose tests run sequences of 100 tokens)
+WINDOWED: dict[str, dict[str, Any]] = {
+    "mistral-v01-window16": {
+        "arch": "mistral",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 64,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+    },
+}
 
 
 def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = None) -> Any:
@@ -116,7 +131,7 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
         Qwen3ForCausalLM,
     )
 
-    spec = {**COMMON, **VARIANTS[variant]}
+    spec = {**COMMON, **(VARIANTS | WINDOWED)[variant]}
     if num_hidden_layers is not None:
         spec["num_hidden_layers"] = num_hidden_layers
     kind = spec.pop("arch")

@@ -46,6 +46,7 @@ from rlctl.ops.preflight.data import (
     evaluation_problems,
     overlong_problems,
     weight_manifest_problems,
+    window_problems,
 )
 from rlctl.ops.preflight.fields import planning_only_problems, unread_field_problems, warn_past_the_end
 from rlctl.ops.preflight.memory import rollout_memory_problems
@@ -204,7 +205,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += unread_field_problems(job)
     warn_past_the_end(job)
     out += weight_manifest_problems(job)
-    out += context_problems(job)
+    out += context_problems(job) or window_problems(job)  # (a context past the model's own is past its window)
     out += rollout_memory_problems(job)
     out += overlong_problems(job)
     out += dynamic_sampling_problems(job)

@@ -1,5 +1,6 @@
-"""Preflight of what the job feeds the runtime: the model's context against the longest request the task sends, the
-digits task's bounds and prompt numbering, the weight manifest's chunks, and the held-out evaluation's file and rows.
+"""Preflight of what the job feeds the runtime: the model's context (and a Mistral sliding window) against the longest
+request the task sends, the digits task's bounds and prompt numbering, the weight manifest's chunks, and the held-out
+evaluation's file and rows.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import logging
 import math
 from pathlib import Path
 
+from rlctl.agents.common import job_context
 from rlctl.config.job import Job, refills
 from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask
@@ -131,6 +133,36 @@ def context_problems(job: Job) -> list[Problem]:
             f"use {valid}",
         )
     ]
+
+
+def window_problems(job: Job) -> list[Problem]:
+    """The job's context (`job_context`: what the engines and the trainer are built for) against a Mistral
+    `sliding_window` that binds (v0.1's 4096 of 32768 positions): MistralModel attends to a position's last `window`
+    tokens only, rlctl's models to all before it, which tells them apart on a longer sequence alone. The models
+    refuse to be built for a longer context too (`hf.window_refusal`), inside the agents, after launch."""
+    if (model := job_model_config(job)) is None or (window := model[0].binding_window) is None:
+        return []
+    (config, where), task = model, job.spec.task
+    binds = (
+        f"{where}: sliding_window {window} binds (below its max_position_embeddings {config.max_position_embeddings}: "
+        f"MistralModel attends to a position's last {window} tokens only, rlctl's models to all before it)"
+    )
+    instead = "or a model whose sliding_window is null or at least its max_position_embeddings (Mistral v0.3 and later)"
+    if isinstance(task, DigitsTask) and task.num_digits_min > MAX_DIGITS:
+        return []  # refused by `context_problems`
+    if (context := job_context(job.spec)) is None:  # kind 'lengths' (refused as such too)
+        said = f"kind {task.kind!r} bounds no context to hold to it; use kind 'digits' or 'dataset' within {window}"
+        return [Problem("task", f"{binds}, and {said} tokens, {instead}")]
+    if context <= window:
+        return []
+    if isinstance(task, DatasetTask):
+        prompt, valid = task.max_prompt_tokens, f"max_prompt_tokens + max_output_tokens ≤ {window}"
+    else:  # digits: job_context's prompt is its longest, BOS, MAX_DIGITS digits and '='
+        assert isinstance(task, DigitsTask), "kind 'lengths' has no context (job_context)"
+        prompt = context - Digits(task).max_new_tokens
+        valid = f"max_output_tokens ≤ {window - prompt}" if window > prompt else "a prompt task (kind 'dataset')"
+    said = f"{prompt} prompt + {context - prompt} output = {context} tokens"
+    return [Problem("task.max_output_tokens", f"{binds}, and the job's context is {said}; use {valid}, {instead}")]
 
 
 def evaluation_problems(job: Job) -> list[Problem]:

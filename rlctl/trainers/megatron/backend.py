@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.devices import Compute
+from rlctl.errors import ConfigError
 from rlctl.models import hf
 from rlctl.models.hf import expected_shapes
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
@@ -74,12 +75,19 @@ class MegatronBackend(TrainerBackend):
         self._gathered: tuple[tuple[int, ...], dict[str, torch.Tensor]] | None = None
 
     @classmethod
-    def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1, compute: Compute | None = None) -> MegatronBackend:
+    def load(
+        cls, model_dir: Path, *, tp: int = 1, pp: int = 1, compute: Compute | None = None, context: int | None = None
+    ) -> MegatronBackend:
         """This rank's shard of the HF checkpoint `model_dir` in a GPTModel, fp32 on `compute`'s device (default:
         the CPU) and computing in its autocast dtype (bf16 on a GPU); forms megatron's parallel state (tp × pp
         over the torch.distributed group, which must exist: NCCL for CUDA tensors). ValueError when tp or pp
-        does not split the model (`names.check_split`)."""
+        does not split the model (`names.check_split`); ConfigError where `context`, the longest sequence it trains
+        on (None: max_position_embeddings), is longer than a Mistral sliding window that binds (its attention, as
+        the torch backend's, attends to every earlier position: `hf.window_refusal`)."""
         config = hf.read_config(model_dir)
+        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        if (why := hf.window_refusal(config, held)) is not None:
+            raise ConfigError(str(Path(model_dir) / hf.CONFIG_FILE), "sliding_window", why)
         names.check_split(config, tp, pp)
         sd = hf.load_state_dict(model_dir)
         hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(model_dir))

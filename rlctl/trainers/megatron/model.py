@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hf import TinyGPTConfig, window_refusal
 from rlctl.trainers.megatron import cpu, names, pipeline
 from rlctl.trainers.megatron.rope import rope_args
 
@@ -192,6 +192,8 @@ class StagedGPT(nn.Module):
         b, t = tokens.shape
         if t > self.config.max_position_embeddings:
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        if (why := window_refusal(self.config, t)) is not None:  # (its attention attends to every earlier position)
+            raise ValueError(f"sliding_window {why}")
         positions = torch.arange(t, device=tokens.device).expand(b, t)
         # no mask: the SDPA core attention is causal by its layer's mask type (attention.py), so the [T, T]
         # mask megatron's local attention would read (400 MB of bools at 20K tokens) is not built

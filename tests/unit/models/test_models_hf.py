@@ -208,47 +208,93 @@ def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None
     assert expected_shapes(c)["model.layers.0.self_attn.k_norm.weight"] == (128,)
 
 
-@pytest.mark.parametrize(
-    ("window", "positions", "said"),
-    [
-        (64, 128, "64 is below max_position_embeddings 128"),  # Mistral-7B-v0.1: 4096 of 32768
-        (None, 8192, "4096 (MistralConfig's default where config.json has none) is below max_position_embeddings 8192"),
-    ],
-)
-def test_a_mistral_sliding_window_that_binds_is_refused_in_one_line(
-    tmp_path: Path, window: int | None, positions: int, said: str
+def test_a_v01_mistral_within_its_window_equals_transformers(tmp_path: Path) -> None:
+    """Mistral v0.1's sliding window (4096 of 32768 positions; 16 of 64 here) binds: MistralModel attends to a
+    position's last 16 tokens only. On a sequence of at most 16 tokens it cuts nothing off (transformers' logits with
+    and without it are the same, and differ at 17), so a model built for 16 tokens computes transformers' logits."""
+    ref = write_checkpoint("mistral-v01-window16", tmp_path)
+    config = check_hf_dir(tmp_path).config
+    assert (config.sliding_window, config.binding_window, config.max_position_embeddings) == (16, 16, 64)
+    model = TinyGPT.from_pretrained(tmp_path, context=16).eval()
+    x = tokens(3, 17)
+    windowless = transformers.MistralConfig(**{**ref.config.to_dict(), "sliding_window": None})
+    full = transformers.MistralForCausalLM(windowless).eval()
+    full.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(hf_logits(full, x[:, :16]), hf_logits(ref, x[:, :16]), atol=0, rtol=0)
+    assert not torch.allclose(hf_logits(full, x)[:, 16], hf_logits(ref, x)[:, 16], atol=1e-3)  # 17 tokens: it cuts
+    with torch.no_grad():
+        got = model(x[:, :16])
+    torch.testing.assert_close(got, hf_logits(ref, x[:, :16]), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("context", [None, 17, 1000])
+def test_a_model_for_more_tokens_than_a_binding_window_is_refused_in_one_line(
+    tmp_path: Path, context: int | None
 ) -> None:
+    """The runtime's own refusal (the engines, the trainer and the held-out evaluation build their models for the
+    job's context, None: max_position_embeddings, behind `rlctl check`'s): one line naming config.json and
+    sliding_window, before the weights are read; a model of the config made in memory refuses it as well."""
+    write_checkpoint("mistral-v01-window16", tmp_path)
+    held = 64 if context is None else min(context, 64)
+    with pytest.raises(ConfigError) as e:
+        TinyGPT.from_pretrained(tmp_path, context=context)
+    assert str(e.value) == (
+        f"{tmp_path / 'config.json'}: sliding_window: 16 binds (below max_position_embeddings 64: MistralModel attends "
+        f"to a position's last 16 tokens only, rlctl's models to all before it), and the model is asked to hold "
+        f"sequences of {held} tokens; hold the job's context (its longest prompt + max_output_tokens) to ≤ 16"
+    )
+    config = check_hf_dir(tmp_path).config  # (`rlctl check` reads the config: the job's context is judged there)
+    with pytest.raises(ValueError, match=rf"^sliding_window 16 binds .* sequences of {held} tokens; hold"):
+        TinyGPT.empty(config, dtype=torch.float32, device="cpu", context=context)
+    with pytest.raises(ValueError, match=r"^sliding_window 16 binds .* sequences of 64 tokens; hold"):
+        TinyGPT(config)
+
+
+def test_a_mistral_config_without_sliding_window_has_mistralconfigs_4096(tmp_path: Path) -> None:
+    """Absent, the window is MistralConfig's 4096 (v0.1's), which binds below 8192 positions."""
     write_checkpoint("mistral-window-unbinding", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["max_position_embeddings"] = positions
-    if window is None:
-        del cfg["sliding_window"]
-    else:
-        cfg["sliding_window"] = window
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    for load in (check_hf_dir, TinyGPT.from_pretrained):
-        with pytest.raises(ConfigError) as e:
-            load(tmp_path)
-        assert str(e.value) == (
-            f"{tmp_path / 'config.json'}: sliding_window: {said}: sliding-window attention is not supported; "
-            "supported: null (Mistral v0.3 and later) or at least max_position_embeddings"
-        )
+    del cfg["sliding_window"]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8192}))
+    config = check_hf_dir(tmp_path).config
+    assert config.sliding_window == transformers.MistralConfig().sliding_window == config.binding_window == 4096
+    refused_in_one_line_at(tmp_path, context=4097)
+    assert TinyGPT.from_pretrained(tmp_path, context=4096).context == 4096
 
 
-def test_a_mistral_export_says_mistral_without_a_sliding_window(tmp_path: Path) -> None:
-    """A window as long as the context (and a config without the key, whose 4096 is as long) is read as none: the
-    export names MistralForCausalLM with sliding_window null, and transformers reads it with the same logits."""
-    ref = write_checkpoint("mistral-window-unbinding", tmp_path / "src")
+def refused_in_one_line_at(directory: Path, *, context: int) -> None:
+    with pytest.raises(ConfigError) as e:
+        TinyGPT.from_pretrained(directory, context=context)
+    assert str(e.value).startswith(f"{directory / 'config.json'}: sliding_window: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("window", [0, -1, "4096", 4096.0, True])
+def test_a_mistral_sliding_window_that_is_not_a_positive_integer_is_refused(tmp_path: Path, window: object) -> None:
+    write_checkpoint("mistral-window-unbinding", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "sliding_window": window}))
+    refused_in_one_line(tmp_path, "sliding_window", "is not null or a positive integer")
+
+
+@pytest.mark.parametrize(("variant", "window"), [("mistral-window-unbinding", None), ("mistral-v01-window16", 16)])
+def test_a_mistral_export_keeps_its_sliding_window(tmp_path: Path, variant: str, window: int | None) -> None:
+    """An export writes the window as transformers read it (absent: MistralConfig's 4096; v0.1's 4096 of 32768 kept,
+    not made null, which would let a longer sequence attend past it), and transformers reads the export with the same
+    logits."""
+    ref = write_checkpoint(variant, tmp_path / "src")
     cfg = json.loads((tmp_path / "src" / "config.json").read_text())
-    del cfg["sliding_window"]  # MistralConfig's 4096 ≥ 128 positions
+    if window is None:
+        del cfg["sliding_window"]  # MistralConfig's 4096 ≥ 128 positions
     (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
-    TinyGPT.from_pretrained(tmp_path / "src").save_pretrained(tmp_path / "out")
+    length = ref.config.max_position_embeddings if window is None else window
+    TinyGPT.from_pretrained(tmp_path / "src", context=length).save_pretrained(tmp_path / "out")
     out = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (out["architectures"], out["model_type"], out["sliding_window"]) == (["MistralForCausalLM"], "mistral", None)
+    want = 4096 if window is None else window
+    assert (out["architectures"], out["model_type"], out["sliding_window"]) == (["MistralForCausalLM"], "mistral", want)
     assert "attention_bias" not in out and check_hf_dir(tmp_path / "out").arch.params == ref.num_parameters()
     reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(reread) is transformers.MistralForCausalLM and reread.config.sliding_window is None
-    x = tokens(2, 120)
+    assert type(reread) is transformers.MistralForCausalLM and reread.config.sliding_window == want
+    x = tokens(2, min(length, 120))
     torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
 
 

@@ -757,6 +757,66 @@ def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refus
     assert problems(fits) == []
 
 
+def mistral_v01_job(tmp_path: Path, **task: Any) -> Job:
+    """A job on a checkpoint of Mistral v0.1's shape: a sliding window that binds (16 of 64 positions; its 4096 of
+    32768)."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 8, "max_output_tokens": 8})
+    config = tmp_path / "model" / "config.json"
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 16}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **mistral}))
+    spec = yaml.safe_load(job.path.read_text())
+    job.path.write_text(yaml.safe_dump({**spec, "task": {**spec["task"], **task}}))
+    return load_job(job.path)
+
+
+def test_a_v01_mistral_passes_check_within_its_window_and_is_refused_in_one_line_past_it(tmp_path: Path) -> None:
+    """MistralModel attends to a position's last 16 tokens only, rlctl's models to all before it: the same on a job
+    whose context (its longest prompt + output: what the engines and the trainer are built for) is ≤ 16 tokens."""
+    assert problems(mistral_v01_job(tmp_path, max_prompt_tokens=8, max_output_tokens=8)) == []
+    job = mistral_v01_job(tmp_path, max_prompt_tokens=8, max_output_tokens=9)
+    (p,) = refused(job, "task.max_output_tokens")
+    assert p.message == (
+        f"{tmp_path / 'model'}/config.json: sliding_window 16 binds (below its max_position_embeddings 64: "
+        "MistralModel attends to a position's last 16 tokens only, rlctl's models to all before it), and the job's "
+        "context is 8 prompt + 9 output = 17 tokens; use max_prompt_tokens + max_output_tokens ≤ 16, or a model "
+        "whose sliding_window is null or at least its max_position_embeddings (Mistral v0.3 and later)"
+    )
+    line = only_line(run_cli("check", str(job.path)))
+    assert line == f"rlctl: error: {job.path}: task.max_output_tokens: {p.message}"
+    # a task that bounds no context (kind 'lengths', for planning only) is refused the window's line too
+    lengths = {"kind": "lengths", "prompt_tokens": 8, "median_output_tokens": 4, "max_output_tokens": 8}
+    spec = yaml.safe_load(job.path.read_text())
+    job.path.write_text(yaml.safe_dump({**spec, "task": lengths}))
+    said = [p.message for p in refused(load_job(job.path), "task")]
+    tail = (
+        "and kind 'lengths' bounds no context to hold to it; use kind 'digits' or 'dataset' within 16 tokens, or a "
+        "model whose sliding_window is null or at least its max_position_embeddings (Mistral v0.3 and later)"
+    )
+    assert [m for m in said if m.startswith(f"{tmp_path / 'model'}/config.json: sliding_window 16 binds")] == [
+        p.message.partition("and the job's context")[0] + tail
+    ], said
+
+
+@pytest.mark.parametrize(
+    ("window", "output", "valid"), [(64, 20, "max_output_tokens ≤ 10"), (16, 2, "a prompt task (kind 'dataset')")]
+)
+def test_a_v01_mistral_on_the_digits_task_is_held_to_its_window(
+    tmp_path: Path, window: int, output: int, valid: str
+) -> None:
+    """The digits task's context is its longest prompt (BOS, 52 digits, '=': 54 tokens) + its output."""
+    TinyGPT(small_config(positions=128)).save_pretrained(tmp_path / "model")
+    config = tmp_path / "model" / "config.json"
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": window}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **mistral}))
+    job = load(tmp_path, model={"kind": "hf", "path": "model"}, task={"kind": "digits", "max_output_tokens": output})
+    (p,) = refused(job, "task.max_output_tokens")
+    said = f"the job's context is 54 prompt + {output} output = {54 + output} tokens"
+    assert f"), and {said}; use {valid}, or a model" in p.message
+    if window > 54:
+        fits = load(tmp_path, model={"kind": "hf", "path": "model"}, task={"kind": "digits", "max_output_tokens": 10})
+        assert refused(fits, "task.max_output_tokens") == []
+
+
 def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`launch --detach` read and tokenized every row in its check, then the launcher it started in the background
     read and tokenized them all again in its prepare (a big dataset's minutes twice). The launch writes the rows its

@@ -15,6 +15,7 @@ from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, state_d
 from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.runtime import WeightSync
 from rlctl.engines.embedded import EmbeddedEngine
+from rlctl.errors import ConfigError
 from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
@@ -73,6 +74,22 @@ def test_logits_equal_transformers(variant: str, tmp_path: Path) -> None:
     assert (got.double() - exact).abs().max() <= 1.5 * (want.double() - exact).abs().max()
     with torch.no_grad():  # and the embedded engine's model, the `torch` backend
         torch.testing.assert_close(got, TinyGPT.from_pretrained(tmp_path)(x), atol=FP32_ATOL, rtol=0)
+
+
+def test_a_v01_mistral_trains_within_its_window_and_is_refused_beyond_it(tmp_path: Path) -> None:
+    """Megatron's attention, as the torch backend's, attends to every earlier position: a Mistral window that binds
+    (v0.1's; 16 of 64 positions here) cuts nothing off a sequence of ≤ 16 tokens (logits equal transformers'), and the
+    backend refuses to be built for a longer context (the job's: None, max_position_embeddings) or to run longer."""
+    ref = write_checkpoint("mistral-v01-window16", tmp_path)
+    for context in (17, None):
+        with pytest.raises(ConfigError, match=r"config.json: sliding_window: 16 binds .* hold the job's context"):
+            load_backend("megatron", tmp_path, context=context)
+    model = load_backend("megatron", tmp_path, context=16).model.eval()
+    x = tokens(3, 17)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[:, :16]), ref(input_ids=x[:, :16]).logits, atol=PARITY_ATOL, rtol=0)
+        with pytest.raises(ValueError, match=r"^sliding_window 16 binds .* sequences of 17 tokens"):
+            model(x)
 
 
 def test_megatron_local_attention_rounds_apart_from_sdpa(variant: str, tmp_path: Path) -> None:
