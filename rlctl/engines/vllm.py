@@ -61,7 +61,6 @@ import torch
 from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
-from rlctl.errors import ConfigError
 
 # vLLM's priority is one integer (lowest first); ours is (oldest group, then highest priority).
 # Priorities keep 3 decimals; groups below 9·10^6 and |priority| below 10^8 fit in an int64.
@@ -173,15 +172,11 @@ def cpu_binding(cpus: set[int] | list[int], workers: int) -> str:
 
 
 def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
-    """The `eos_token_id`(s) of an HF checkpoint's config.json (one id, a list, or none)."""
-    path = Path(model_dir) / "config.json"
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id")
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(path), "config.json", f"cannot read the checkpoint's config: {e}") from e
-    if eos is None:
-        return ()
-    return (int(eos),) if isinstance(eos, int) else tuple(int(t) for t in eos)
+    """The `eos_token_id`(s) of an HF checkpoint's config.json (one id, a list, or none) as the embedded engine reads
+    them (`hf.read_config`: LlamaConfig's and MistralConfig's 2 where config.json has no such key)."""
+    from rlctl.models import hf
+
+    return hf.read_config(model_dir).eos_token_ids
 
 
 def architecture_overrides(model_dir: str | Path) -> dict[str, Any]:

@@ -68,6 +68,11 @@ _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32}
 _MISTRAL_DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no such key (v0.1's)
 _HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
+# where config.json has no such key, its config class's own value (transformers' and vLLM's reading): LlamaConfig's
+# num_key_value_heads is num_attention_heads, the others' a number of their own; Qwen's special ids none
+_HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8}
+_HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1}
+_HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2}
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
 ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
@@ -323,8 +328,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
             raise bad(key, f"{v!r} is not a positive {'number' if kind is float else 'integer'}")
         return float(v) if kind is float else v
 
-    def token_id(key: str, *, many: bool = False) -> Any:
-        v = d.get(key)
+    def token_id(key: str, default: int | None = None, *, many: bool = False) -> Any:
+        v = d.get(key, default)
         ids = v if many and isinstance(v, list) else [v]
         if v is not None and not all(type(t) is int and t >= 0 for t in ids):
             raise bad(key, f"{v!r} is not a token id{' or a list of them' if many else ''}")
@@ -372,9 +377,11 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         )
 
     hidden, heads = num("hidden_size"), num("num_attention_heads")
-    kv_heads = num("num_key_value_heads", heads)
+    kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))
     if heads % kv_heads:
-        raise bad("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads}")
+        cls = arch.removesuffix("ForCausalLM") + "Config"
+        said = "" if "num_key_value_heads" in d else f" ({cls}'s default where config.json has none)"
+        raise bad("num_key_value_heads", f"{kv_heads}{said} does not divide num_attention_heads {heads}")
     head_dim = d.get("head_dim", _HF_DEFAULT_HEAD_DIM.get(arch))
     if head_dim is None and hidden % heads:
         raise bad("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}; give head_dim")
@@ -398,8 +405,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=tie,
-        bos_token_id=token_id("bos_token_id"),
-        eos_token_id=token_id("eos_token_id", many=True),
+        bos_token_id=token_id("bos_token_id", _HF_DEFAULT_BOS.get(arch)),
+        eos_token_id=token_id("eos_token_id", _HF_DEFAULT_EOS.get(arch), many=True),
         pad_token_id=token_id("pad_token_id"),
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,

@@ -208,6 +208,61 @@ def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None
     assert expected_shapes(c)["model.layers.0.self_attn.k_norm.weight"] == (128,)
 
 
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                 "MistralForCausalLM": "mistral"}  # fmt: skip
+DEFAULTED = [
+    "num_key_value_heads", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings", "rms_norm_eps",
+    "rope_theta", "initializer_range", "tie_word_embeddings", "attention_bias", "head_dim",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+@pytest.mark.parametrize("key", DEFAULTED)
+def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(architecture: str, key: str) -> None:
+    """Each key `_parse_config` gives a default where config.json has none reads as transformers' config class for the
+    architecture reads it (vLLM reads it so too): MistralConfig's 8 K/V heads, Qwen's 32, LlamaConfig's and
+    MistralConfig's BOS 1 and EOS 2, versus num_attention_heads and no ids for every architecture."""
+    d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
+         "num_attention_heads": 64, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 96}  # fmt: skip
+    theirs = transformers.CONFIG_MAPPING[ARCHITECTURES[architecture]].from_dict(d)
+    ours = TinyGPTConfig.from_hf(d)
+    if key == "rope_theta":
+        want = theirs.rope_parameters["rope_theta"]
+    elif key == "attention_bias":  # (Qwen2's and Mistral's have no such key: never a bias on o)
+        want = getattr(theirs, key, False)
+    else:
+        want = getattr(theirs, key, ours.head_dim if key == "head_dim" else None)
+    assert getattr(ours, key) == want
+
+
+def test_both_engines_stop_at_the_eos_llamaconfig_reads_where_config_json_has_none(tmp_path: Path) -> None:
+    """The embedded engine's EOS ids are its config's, vLLM's (where the job names none) config.json's: both 2."""
+    from rlctl.engines.vllm import checkpoint_eos_ids
+
+    write_checkpoint("llama-hd64-eos3", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["eos_token_id"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    embedded = EmbeddedEngine(TinyGPT.from_pretrained(tmp_path), max_batch_size=1)
+    assert checkpoint_eos_ids(tmp_path) == tuple(embedded.eos_ids) == (transformers.LlamaConfig().eos_token_id,)
+
+
+@pytest.mark.parametrize(("architecture", "kv_heads"), [("Qwen2ForCausalLM", 32), ("MistralForCausalLM", 8)])
+def test_a_default_number_of_kv_heads_that_does_not_divide_the_heads_is_refused_naming_it(
+    tmp_path: Path, architecture: str, kv_heads: int
+) -> None:
+    """Qwen2.5-0.5B's 14 heads and no num_key_value_heads key: Qwen2Config's 32, which no model of 14 heads has."""
+    d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 896,
+         "num_attention_heads": 14, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 96}  # fmt: skip
+    cls = architecture.removesuffix("ForCausalLM")
+    with pytest.raises(ConfigError) as e:
+        TinyGPTConfig.from_hf(d, file=str(tmp_path / "config.json"))
+    assert str(e.value) == (
+        f"{tmp_path / 'config.json'}: num_key_value_heads: {kv_heads} ({cls}Config's default where config.json has "
+        "none) does not divide num_attention_heads 14"
+    )
+
+
 def test_a_v01_mistral_within_its_window_equals_transformers(tmp_path: Path) -> None:
     """Mistral v0.1's sliding window (4096 of 32768 positions; 16 of 64 here) binds: MistralModel attends to a
     position's last 16 tokens only. On a sequence of at most 16 tokens it cuts nothing off (transformers' logits with
