@@ -171,7 +171,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch.distributed as dist
 
     from rlctl.models.hf import read_config
-    from rlctl.profiler.measure_train import OUTPUT_TOKENS, synthetic_samples
+    from rlctl.profiler.measure_train import OUTPUT_TOKENS, TRAIN_CONTEXT, synthetic_samples
     from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample
     from rlctl.trainers.base import load_backend
@@ -181,9 +181,11 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     dist.init_process_group(
         "gloo", init_method=f"file://{spec.rendezvous}", rank=rank, world_size=spec.world, timeout=timeout
     )
-    policy = load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp)
+    policy = load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=TRAIN_CONTEXT)
     ref = (
-        load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp).model if spec.algorithm.kl_coef > 0 else None
+        load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=TRAIN_CONTEXT).model
+        if spec.algorithm.kl_coef > 0
+        else None
     )
     learner = make_learner(
         policy,

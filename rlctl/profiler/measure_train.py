@@ -43,6 +43,9 @@ from rlctl.trainers.base import TrainerBackend, load_backend
 
 PROMPT_TOKENS = 8
 OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in this range
+# the synthetic samples' longest sequence: what the measured trainer is built for (its RoPE tables; a Mistral whose
+# sliding_window binds past it is built at all: `rlctl.models.hf.window_refusal`)
+TRAIN_CONTEXT = PROMPT_TOKENS + OUTPUT_TOKENS[1]
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,17 @@ class TrainMeasurement:
     rank_tokens: list[list[int]] = field(default_factory=list)  # and the tokens each rank trained per step
 
 
-def load_policy(checkpoint: str | Path | None, *, compute: Compute | None = None) -> TinyGPT:
+def load_policy(
+    checkpoint: str | Path | None, *, compute: Compute | None = None, context: int | None = None
+) -> TinyGPT:
     """The embedded engine's model: the HF checkpoint, or the built-in tiny-demo (random weights: speed only), on
-    `compute`'s device in its engine dtype (default: the CPU, fp32)."""
+    `compute`'s device in its engine dtype (default: the CPU, fp32), holding sequences of up to `context` tokens
+    (None: the checkpoint's max_position_embeddings; `TinyGPT.from_pretrained`)."""
     if compute is None:
-        return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint)
+        return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint, context=context)
     if checkpoint is None:
         return TinyGPT().to(compute.device, compute.engine_dtype or torch.float32)
-    return TinyGPT.from_pretrained(checkpoint, dtype=compute.engine_dtype, device=compute.device)
+    return TinyGPT.from_pretrained(checkpoint, dtype=compute.engine_dtype, device=compute.device, context=context)
 
 
 def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Sample]:
@@ -94,8 +100,8 @@ def trainer_rank(
         model_dir = Path(checkpoint) if checkpoint is not None else TinyGPT().save_pretrained(scratch / "model")
         if backend == "megatron":
             stack.enter_context(_one_rank_group(scratch / "rendezvous"))
-        policy = load_backend(backend, model_dir, compute=compute)
-        ref = load_backend(backend, model_dir, compute=compute).model if reference else None
+        policy = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT)
+        ref = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT).model if reference else None
         yield policy, ref, read_config(model_dir)
 
 

@@ -171,6 +171,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     import torch
 
     from rlctl.devices import compute_for
+    from rlctl.models.hf import TinyGPTConfig, read_config
     from rlctl.profiler.measure_split import measure_split
     from rlctl.profiler.measure_train import load_policy, measure_training
 
@@ -178,17 +179,15 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     check_trainer(spec)
     compute = compute_for(spec.device)  # a GPU site whose host cannot use CUDA stops here, in one line
     torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot on a CPU site
-    net = load_policy(spec.checkpoint, compute=compute)
+    config = TinyGPTConfig() if spec.checkpoint is None else read_config(spec.checkpoint)
+    positions = config.binding_window or config.max_position_embeddings  # (a Mistral's window: no longer sequence)
     if compute.is_cuda:
-        contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= net.config.max_position_embeddings] or [16]
+        contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= positions] or [16]
         batches, clock, clock_name = GPU_BATCHES, cuda_clock, "wall"
     else:  # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
-        contexts, batches, clock, clock_name = (
-            contexts_for(net.config.max_position_embeddings),
-            LOCAL_BATCHES,
-            time.thread_time,
-            "thread",
-        )
+        contexts, batches, clock, clock_name = contexts_for(positions), LOCAL_BATCHES, time.thread_time, "thread"
+    # built for the longest sequence measured, versus every position a checkpoint has (1,024,000: ≈ 1 GiB of tables)
+    net = load_policy(spec.checkpoint, compute=compute, context=min(positions, max(contexts) + CONTEXT_MARGIN))
     entries: list[GenerationEntry] = []
     for engine in spec.engines:
         if engine == "vllm":

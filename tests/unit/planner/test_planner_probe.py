@@ -4,6 +4,7 @@ training step it times, how a profile names its engines, and how `plan` picks th
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from rlctl.config.pipeline import Batch
 from rlctl.engines.factory import vllm_available
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.models.hf import MISTRAL, TinyGPTConfig
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.planner.inputs import PlanOptions
 from rlctl.planner.plan import make_plan
 from rlctl.profiler import build, measure_train, probe
@@ -68,9 +71,29 @@ def test_engines_are_checked_before_anything_runs(monkeypatch: pytest.MonkeyPatc
     probe.check_engines(spec(engines=("vllm",)), vllm_here=False)  # a remote site: vLLM is looked for there
 
 
-def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("window", "contexts", "built_for"),
+    [(None, [16, 64], 64 + 16), (48, [16], 16 + 16), (16, [8], 16)],
+    ids=["no-window", "window-48", "window-16"],
+)
+def test_measure_here_measures_each_engine_and_a_training_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, window: int | None, contexts: list[int], built_for: int
+) -> None:
+    """Each engine at the contexts that fit the model's 128 positions — or its Mistral sliding_window where that
+    binds (a longer sequence is one the model is not built for: `window_refusal`) — with the engine's model built
+    for the longest measured (its RoPE tables), versus every position the checkpoint has, and a Mistral v0.1
+    refused by `rlctl profile --source measured` in one line."""
     events: list[Any] = []
-    net = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=128))
+    config = TinyGPTConfig(architecture=MISTRAL, max_position_embeddings=128)
+    checkpoint = str(TinyGPT(config).save_pretrained(tmp_path / "ckpt"))
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(saved | {"sliding_window": window}))
+    net = SimpleNamespace(config=config)
+
+    def fake_policy(path: str, *, compute: Any, context: int | None) -> Any:
+        events.append(("policy", path == checkpoint, context))
+        assert TinyGPT.from_pretrained(path, context=context).context == context  # (it is built: no refusal)
+        return net
 
     def fake_vllm(checkpoint: str, *, contexts: list[int], **kw: Any) -> GenerationEntry:
         events.append(("vllm", checkpoint, contexts, kw["kv_capacity_tokens"]))
@@ -91,14 +114,15 @@ def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pyte
     monkeypatch.setattr(probe, "measure_vllm", fake_vllm)
     monkeypatch.setattr(probe, "measure_generation", fake_embedded)
     monkeypatch.setattr(probe, "embedded_engines_on", lambda n: events.append(("factory", n is net)))
-    monkeypatch.setattr(measure_train, "load_policy", lambda checkpoint, compute: net)
+    monkeypatch.setattr(measure_train, "load_policy", fake_policy)
     monkeypatch.setattr(measure_train, "measure_training", fake_train)
-    out = probe.measure_here(spec(engines=("embedded", "vllm")))
+    out = probe.measure_here(spec(engines=("embedded", "vllm"), checkpoint=checkpoint))
     assert events == [
+        ("policy", True, built_for),
         ("factory", True),
-        ("embedded", [16, 64], True),  # 160 + margin does not fit 128 positions
-        ("vllm", "/ckpt", [16, 64], 1000),
-        ("train", "torch", "ppo", 0.05, "/ckpt", True),
+        ("embedded", contexts, True),  # a context + margin fits the positions (160 + 16 does not fit 128)
+        ("vllm", checkpoint, contexts, 1000),
+        ("train", "torch", "ppo", 0.05, checkpoint, True),
     ]
     gen = [GenerationEntry.model_validate(g) for g in out["generation"]]
     assert [(g.engine, g.padded_attention, g.ptl_s[0][0]) for g in gen] == [

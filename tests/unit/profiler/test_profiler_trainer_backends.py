@@ -5,6 +5,7 @@ line to the probe and into the training entry, and a real tiny Megatron step mea
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from rlctl.config import load_job
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.errors import ConfigError, UsageError
+from rlctl.models.hf import MISTRAL
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.profiler import build, measure_train, probe
 from rlctl.profiler.profile import GenerationEntry, load_profile, save_profile
@@ -249,3 +251,20 @@ def test_a_profile_with_the_old_scaled_key_loads_unless_an_entry_was_scaled(tmp_
         f"{tmp_path / 'old.yaml'}: sites.local.training[1]: scaled: this entry was scaled from tp 1 pp 1 by the "
         "roofline (an older rlctl profile); measure the split: rlctl profile --job JOB --source measured"
     )
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_a_training_step_of_a_model_whose_window_binds_is_measured_within_it(tmp_path: Path, backend: str) -> None:
+    """A Mistral v0.1-shaped checkpoint (its sliding_window below its positions) is trained by the probe on
+    sequences within the window (`measure_train.TRAIN_CONTEXT`): its trainer is built for them, versus for every
+    position — which `window_refusal` refuses, so `rlctl profile --source measured` ended in that line."""
+    if backend == "megatron":
+        require_megatron()
+    config = TinyGPTConfig(architecture=MISTRAL, max_position_embeddings=4 * measure_train.TRAIN_CONTEXT)
+    TinyGPT(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(saved | {"sliding_window": measure_train.TRAIN_CONTEXT}))
+    m = measure_train.measure_training(
+        GrpoAlgorithm(kind="grpo", kl_coef=0.05), SMALL, backend=backend, checkpoint=tmp_path, steps=1, warmup_steps=0
+    )
+    assert m.backend == backend and m.gpu_s_per_token > 0
