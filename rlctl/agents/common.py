@@ -53,7 +53,7 @@ def job_context(job: JobFile) -> int | None:
     if isinstance(task, DigitsTask):
         from rlctl.rl.tasks import DigitsTask as Digits
 
-        return Digits(task).max_prompt_tokens + output_budget(job)
+        return Digits(task).context  # (its max_prompt_tokens + output_budget)
     return None
 
 

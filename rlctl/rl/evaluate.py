@@ -79,9 +79,9 @@ def evaluate(model: TinyGPT, task: DigitsTask, prompts: list[Prompt]) -> Figures
 
 
 def evaluate_dir(model_dir: Path, task: DigitsTask, prompts: list[Prompt]) -> Figures:
-    """`evaluate` on a saved model directory (the job's model/init or a checkpoint's model/)."""
-    context = task.max_prompt_tokens + task.max_new_tokens  # (rlctl.agents.common.job_context)
-    return evaluate(TinyGPT.from_pretrained(model_dir, context=context), task, prompts)
+    """`evaluate` on a saved model directory (the job's model/init or a checkpoint's model/), its RoPE tables of the
+    task's context (a checkpoint's max_position_embeddings may be 1,024,000 positions: ≈ 1 GiB of tables)."""
+    return evaluate(TinyGPT.from_pretrained(model_dir, context=task.context), task, prompts)
 
 
 def compare(before: Path, after: Path, task: DigitsTask, *, num_prompts: int) -> dict[str, Any]:

@@ -141,6 +141,12 @@ class DigitsTask:
     def max_prompt_tokens(self) -> int:
         return 1 + MAX_DIGITS + 1  # BOS, digits, '='
 
+    @property
+    def context(self) -> int:
+        """Tokens of its longest sequence, a prompt and its output (held-out prompts are no longer): what its models'
+        RoPE tables hold (rlctl.agents.common.job_context)."""
+        return self.max_prompt_tokens + self.max_new_tokens
+
     def prompt(self, index: int) -> Prompt:
         """Prompt number `index` of this task's deterministic stream (id `p<index>`)."""
         rng = np.random.default_rng([self.cfg.seed, index])

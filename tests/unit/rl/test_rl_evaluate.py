@@ -19,7 +19,8 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.evaluation import add_heldout, heldout_line
 from rlctl.ops.preflight import problems
 from rlctl.rl.evaluate import compare, evaluate, greedy_outputs, score_outputs
-from rlctl.rl.tasks import EOS, HELDOUT_OFFSET, RL_OFFSET, DigitsTask, encode, heldout_index, rl_index
+from rlctl.rl.tasks import EOS, HELDOUT_OFFSET, MAX_DIGITS, RL_OFFSET, DigitsTask, encode, heldout_index, rl_index
+from tests.unit.hf_checkpoints import rope_rows_loaded
 from tests.unit.tiny_models import small_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -260,3 +261,22 @@ def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     for job, says in ((remote, "reached over SSH"), (lengths, "task kinds 'digits' and 'dataset'")):
         found = [p for p in problems(job) if p.field == "evaluation.heldout_prompts"]
         assert len(found) == 1 and says in found[0].message
+
+
+def test_the_held_out_policies_are_built_for_the_tasks_longest_prompt_plus_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digits evaluation's models hold RoPE tables of the task's prompt + output (BOS, MAX_DIGITS digits, '=',
+    16 output tokens: 70), versus every one of the checkpoint's max_position_embeddings (4096 here; 1,024,000 for
+    Mistral Nemo); its figures are the full tables' model's."""
+    torch.manual_seed(0)
+    TinyGPT(small_config(hidden=16, positions=4096)).save_pretrained(tmp_path / "model")
+    task = DigitsTask(SHORT)
+    full = evaluate(TinyGPT.from_pretrained(tmp_path / "model"), task, task.heldout_prompts(4))
+    tables = rope_rows_loaded(monkeypatch)
+    figures = compare(tmp_path / "model", tmp_path / "model", task, num_prompts=4)
+    assert tables == [task.context] * 2 == [1 + MAX_DIGITS + 1 + 16] * 2
+    assert (figures["greedy_exact_first"], figures["greedy_reward_first"]) == (
+        round(full.exact, 4),
+        round(full.reward, 4),
+    )
