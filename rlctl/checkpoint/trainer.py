@@ -19,8 +19,8 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
       writer, its optimizer digest and the ranks that restore it
 
     load_trainer on every rank: the manifest verifies (rank 0: every file; the others: what they read), the
-    policy through the backend (this rank's shard of the HF tensors), then the shard of its (tp, pp) position:
-    optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line).
+    policy through the backend (this rank's shard of the HF tensors, read one at a time), then the shard of its
+    (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line).
     At another split (`rlctl.checkpoint.resplit`): another dp, the shard of its position at the checkpoint's
     split, exactly; another tp × pp (megatron), its AdamW state rebuilt from the old shards its new shard
     overlaps, gathered whole per parameter and split for its position as the weights are. Refused in one line:
@@ -61,6 +61,7 @@ from rlctl.errors import CheckpointError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models import hf
+from rlctl.models.tensors import CheckpointTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
@@ -527,8 +528,7 @@ def load_trainer(
         shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
     assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
-    loaded = TinyGPT.from_pretrained(ckpt / MODEL, context=1)  # its weights alone are read: no RoPE tables
-    model.load_state_dict(loaded.state_dict())
+    _load_policy(ckpt / MODEL, model)
     shard = torch.load(ckpt / entry["file"], weights_only=True)
     assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
     for k, m in (modules or {}).items():
@@ -551,6 +551,18 @@ def load_trainer(
         split.short(),
     )
     return dict(manifest["counters"]), str(manifest["digest"])
+
+
+def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
+    """The checkpoint's policy weights into `model`, its tensors checked against its config.json first and read one
+    at a time (`CheckpointTensors`): a megatron rank holds its shard and one parameter's whole HF tensors, versus the
+    whole model twice (its state dict and a TinyGPT of it: 70B in fp32, ≈ 560 GB on every rank)."""
+    tensors = CheckpointTensors(directory)
+    hf.match_weights(tensors.shapes(), hf.read_config(directory), where=str(directory))
+    if isinstance(model, TinyGPT):
+        model.load_weights(tensors)
+    else:
+        model.load_state_dict(tensors)
 
 
 def _load_resplit(
@@ -578,8 +590,7 @@ def _load_resplit(
             f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
         )
     rank, _ = _rank_world()
-    loaded = TinyGPT.from_pretrained(ckpt / MODEL, context=1)  # its weights alone are read: no RoPE tables
-    model.load_state_dict(loaded.state_dict())
+    _load_policy(ckpt / MODEL, model)
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
     shards = {resplit.position(r, was): torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads}
     opt = optimizers["policy"]

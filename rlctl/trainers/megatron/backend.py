@@ -24,8 +24,8 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     every rank publishes and rank 0 checkpoints (a second call before the next step answers from the
     gather, so rank 0's checkpoint needs no collective the other ranks are not in); each rank of
     data-parallel replica 0 checkpoints its own optimizer shard beside it (the other replicas hold the same),
-    and a resumed rank loads the HF weights as at the start (its shard) and then the optimizer shard of its
-    (tp, pp) position (`rlctl.checkpoint.trainer`).
+    and a resumed rank loads its shard of the HF weights, read one tensor at a time (`rlctl.models.tensors`), and
+    then the optimizer shard of its (tp, pp) position (`rlctl.checkpoint.trainer`).
   - pp > 1 in a job (`trainer.pipeline_parallel`; pp 2 and tp 2 × pp 2 are tested:
     tests/unit/trainers/test_megatron_pp.py and the job test): each rank builds its stage of the GPTModel and
     `pipeline.py` chains the stages inside `model(tokens)`, the cut's rows in chunks that overlap across the
@@ -193,11 +193,9 @@ class MegatronBackend(TrainerBackend):
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Full HF tensors (the embedded model's names) into this rank's shard."""
-        sd = dict(state_dict)
-        if self.config.tie_word_embeddings:
-            sd.pop("lm_head.weight", None)
-        self.model.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
+        """Full HF tensors (the embedded model's names; a tied lm_head is not read) into this rank's shard, each read
+        from `state_dict` as its parameter is loaded (`MegatronPolicy.load_hf`)."""
+        self.model.load_hf(state_dict, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
 
     def _from_stages(self, mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Full HF tensors (HF order) from each stage's: every tensor broadcast over the pp group by its stage."""

@@ -31,13 +31,14 @@ see there).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlctl.models.hf import TinyGPTConfig, window_refusal
+from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
 from rlctl.trainers.megatron import cpu, names, pipeline
 from rlctl.trainers.megatron.rope import rope_args
 
@@ -219,14 +220,17 @@ class MegatronPolicy(StagedGPT):
         return self._run(tokens, width=self.config.vocab_size)
 
     @torch.no_grad()
-    def load_hf(self, hf: dict[str, torch.Tensor], *, rank: int = 0) -> None:
-        """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage."""
-        mine = names.to_megatron(hf, self.config, tp=self.tp, rank=rank, stage=self.stage)
-        params = self.megatron_state()
-        if set(mine) != set(params):
-            raise AssertionError(f"name table and GPTModel disagree: {sorted(set(mine) ^ set(params))}")
-        for k, v in mine.items():
-            params[k].copy_(v)
+    def load_hf(self, hf: Mapping[str, torch.Tensor], *, rank: int = 0) -> None:
+        """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage, one
+        parameter at a time: what it holds beyond them is the whole HF tensors of one parameter (q, k and v of a
+        fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`)."""
+        c, params = self.config, self.megatron_state()
+        meta = {k: torch.empty(shape, device="meta") for k, shape in expected_shapes(c).items()}
+        table = names.to_megatron(meta, c, tp=self.tp, rank=rank, stage=self.stage)
+        if set(table) != set(params):
+            raise AssertionError(f"name table and GPTModel disagree: {sorted(set(table) ^ set(params))}")
+        for k, p in params.items():
+            p.copy_(names.to_megatron(hf, c, tp=self.tp, rank=rank, stage=self.stage, only={k})[k])
 
     def export_hf(self) -> dict[str, torch.Tensor]:
         """This rank's HF-layout shard of its stage's tensors (the full checkpoint when tp = pp = 1), HF names,
