@@ -59,6 +59,7 @@ from rlctl.devices import Compute
 from rlctl.errors import ConfigError
 from rlctl.models import hf
 from rlctl.models.hf import expected_shapes
+from rlctl.models.tensors import CheckpointTensors
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel
@@ -89,8 +90,8 @@ class MegatronBackend(TrainerBackend):
         if (why := hf.window_refusal(config, held)) is not None:
             raise ConfigError(str(Path(model_dir) / hf.CONFIG_FILE), "sliding_window", why)
         names.check_split(config, tp, pp)
-        sd = hf.load_state_dict(model_dir)
-        hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(model_dir))
+        sd = CheckpointTensors(model_dir)  # each tensor read as its parameter is loaded: one at a time, not the model
+        hf.match_weights(sd.shapes(), config, where=str(model_dir))
         init_parallel(tp=tp, pp=pp)
         policy = MegatronPolicy(
             config,
