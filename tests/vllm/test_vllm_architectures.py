@@ -23,9 +23,10 @@ import pytest
 import torch
 
 from rlctl.engines.base import GenRequest
+from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.rope_checkpoints import LINEAR, LLAMA3, bands, llama
-from tests.vllm.reference import hf_greedy, worst_logprob_gap
+from tests.vllm.reference import hf_greedy, hf_with, worst_logprob_gap
 from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
 
 MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llama3's 32
@@ -107,3 +108,34 @@ def test_requests_are_held_to_the_checkpoints_context(setup: Setup) -> None:
     with pytest.raises(ValueError, match="prompt \\+ 89 new tokens > the model's max_model_len 128"):
         setup.engine.add([GenRequest("long", PROMPTS[0], 89)])
     assert not setup.engine.has_work()
+
+
+def test_a_mistral_whose_window_binds_serves_a_job_within_it(tmp_path: Path) -> None:
+    """Mistral v0.1's shape (sliding_window 16 of 64 positions) for a job whose context is the window: vLLM, held to
+    the job's context (max_model_len 16), decodes greedily as transformers does and as rlctl's model built for that
+    context does (the window cuts nothing off within it), and a longer request is refused, not attended past it."""
+    from rlctl.engines.vllm import VllmEngine
+
+    write_checkpoint("mistral-v01-window16", tmp_path / "m")
+    hf = hf_with(tmp_path / "m", None)
+    ours = TinyGPT.from_pretrained(tmp_path / "m", context=16)
+    prompts = [p[:n] for p, n in zip(PROMPTS, (8, 5, 9, 12), strict=True)]
+    engine = VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=16, context=16)
+    try:
+        assert engine._engine.model_config.max_model_len == 16
+        got = run(engine, [GenRequest(f"w{i}", p, 16 - len(p), ignore_eos=True) for i, p in enumerate(prompts)])
+        with pytest.raises(ValueError, match="max_model_len 16"):
+            engine.add([GenRequest("long", prompts[3], 5)])
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    for i, p in enumerate(prompts):
+        want = hf_greedy(hf, p, 16 - len(p), stop=())
+        assert got[f"w{i}"].output_tokens == want == greedy_ours(ours, p, 16 - len(p)), i
+
+
+@torch.no_grad()
+def greedy_ours(model: TinyGPT, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt) :]
