@@ -428,10 +428,22 @@ def _rope(d: Mapping[str, Any], bad: Any) -> tuple[float, RopeScaling | None]:
             found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad)
     if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
         raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
+    _whole_rotary(d, "", bad)
     theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
     if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
         raise bad("rope_theta", f"{theta!r} is not a positive number")
     return float(theta), scaling
+
+
+def _whole_rotary(d: Mapping[str, Any], where: str, bad: Any) -> None:
+    """RoPE on every dimension of a head: a `partial_rotary_factor` (Phi-4-mini's 0.75 at the top of config.json;
+    transformers 5 writes a Phi3's 1.0 into its rope_parameters) other than 1 is refused, naming it (`where` + key)."""
+    v = d.get("partial_rotary_factor", 1.0)
+    if isinstance(v, bool) or v != 1:
+        raise bad(
+            f"{where}partial_rotary_factor",
+            f"{v!r} is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated",
+        )
 
 
 def _rope_entry(rope: Any, theta: Any, key: str, bad: Any) -> tuple[Any, RopeScaling | None]:
@@ -441,8 +453,9 @@ def _rope_entry(rope: Any, theta: Any, key: str, bad: Any) -> tuple[Any, RopeSca
     wanted = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}.get(kind) if isinstance(kind, str) else None
     if wanted is None:
         raise bad(key, f"RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
-    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", *wanted}):
+    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor", *wanted}):
         raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
+    _whole_rotary(rope, f"{key}.", bad)
     theta = rope.get("rope_theta", theta)
     if kind == "default":
         return theta, None

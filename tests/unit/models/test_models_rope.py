@@ -91,6 +91,21 @@ def test_the_default_form_of_rope_parameters_is_no_scaling(tmp_path: Path) -> No
     assert (c.rope_theta, c.rope_scaling) == (THETA, None) and "rope_scaling" not in c.to_hf()
 
 
+@pytest.mark.parametrize("where", ["rope_parameters", "top"])
+def test_a_partial_rotary_factor_of_1_is_whole_rope(tmp_path: Path, where: str) -> None:
+    """transformers 5 writes `partial_rotary_factor: 1.0` into a Phi3's rope_parameters (every dimension rotated: the
+    RoPE rlctl computes); older files put it beside rope_theta. Read as no key at all, the logits transformers'."""
+    ref = llama(None, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (cfg["rope_parameters"] if where == "rope_parameters" else cfg)["partial_rotary_factor"] = 1.0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    assert (model.config.rope_theta, model.config.rope_scaling) == (THETA, None)
+    x = tokens(2, 60)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(input_ids=x).logits, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize(
     ("key", "rope", "complaint"),
     [
@@ -104,7 +119,9 @@ def test_the_default_form_of_rope_parameters_is_no_scaling(tmp_path: Path) -> No
         ("rope_scaling.original_max_position_embeddings", {**LLAMA3, "original_max_position_embeddings": 32.5},
          "32.5 is not a positive integer"),
         ("rope_scaling.high_freq_factor", {**LLAMA3, "high_freq_factor": 1}, "1 is not above low_freq_factor 1"),
-        ("rope_scaling", {**LLAMA3, "partial_rotary_factor": 0.5}, "['partial_rotary_factor'] with RoPE 'llama3'"),
+        ("rope_scaling.partial_rotary_factor", {**LLAMA3, "partial_rotary_factor": 0.5},
+         "0.5 is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated"),
+        ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
         ("rope_scaling", {**LINEAR, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'linear'"),
         ("rope_parameters", "both", "rope_scaling {'rope_type': 'linear', 'factor': 4.0}; keep one"),
     ],
@@ -114,6 +131,8 @@ def test_other_scalings_are_refused_in_one_line(key: str, rope: Any, complaint: 
     cfg = json.loads((tmp_path / "config.json").read_text())
     if rope == "both":  # transformers would read rope_scaling alone, and drop θ 1e6
         cfg |= {"rope_scaling": LINEAR, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    elif key == "partial_rotary_factor":  # Phi-4-mini's place for it: beside rope_scaling
+        cfg[key] = rope
     else:
         cfg.pop("rope_parameters")
         cfg[key.split(".")[0]] = rope
