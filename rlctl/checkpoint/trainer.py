@@ -61,7 +61,7 @@ from rlctl.errors import CheckpointError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
@@ -557,8 +557,9 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
     """The checkpoint's policy weights into `model`, its tensors checked against its config.json first and read one
     at a time (`CheckpointTensors`): a megatron rank holds its shard and one parameter's whole HF tensors, versus the
     whole model twice (its state dict and a TinyGPT of it: 70B in fp32, ≈ 560 GB on every rank)."""
-    tensors = CheckpointTensors(directory)
-    hf.match_weights(tensors.shapes(), hf.read_config(directory), where=str(directory))
+    file, config = CheckpointTensors(directory), hf.read_config(directory)
+    hf.match_weights(file.shapes(), config, where=str(directory))
+    tensors = ModelTensors(file, config)  # (a Phi3 file's fused tensors under the model's names)
     if isinstance(model, TinyGPT):
         model.load_weights(tensors)
     else:

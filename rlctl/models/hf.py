@@ -1,5 +1,5 @@
-"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3 and Mistral decoders: the model config (`TinyGPTConfig`,
-validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
+"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3, Mistral and Phi3 decoders: the model config
+(`TinyGPTConfig`, validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
 
     <dir>/config.json                   HF keys; anything the model would compute differently is refused
     <dir>/model.safetensors             one weight file, or
@@ -12,13 +12,18 @@ Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [he
 `head_dim` 128 where config.json leaves it out), MistralForCausalLM (Llama without biases: Mistral-7B-v0.3, Nemo, Small;
 and v0.1, whose `sliding_window` 4096 is below its `max_position_embeddings` 32768: MistralModel attends to a position's
 last `window` tokens only, which binds on no sequence of at most `window` tokens, so a job whose context is that short
-runs it: `window_refusal`; `sliding_window` written back as read), explicit `head_dim`, grouped-query attention, tied
+runs it: `window_refusal`; `sliding_window` written back as read), Phi3ForCausalLM (Phi-3-mini/medium, Phi-4:
+Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one `qkv_proj` and gate/up as one
+`gate_up_proj`, split on reading and fused on writing: `fusions`), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
 (`llama3`) or `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane
 sends and GPU engines compute in; a CPU computes in fp32). Refused with one line naming the file and key: other
 architectures, other RoPE scaling (yarn, dynamic, longrope, …), Qwen's sliding-window attention (`use_sliding_window`),
-a model built for sequences longer than a Mistral `sliding_window` (`window_refusal`), MLP bias, activations other than
-SiLU, quantized weights.
+a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`), RoPE on part of a head
+(`partial_rotary_factor` ≠ 1: Phi-4-mini), MLP bias, activations other than SiLU, quantized weights.
+
+Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
+as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs).
 
 Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
 names and shapes read from the safetensors headers) can run without it.
@@ -61,18 +66,21 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
-MISTRAL = "MistralForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral"}
+MISTRAL, PHI3 = "MistralForCausalLM", "Phi3ForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32}
-_MISTRAL_DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no such key (v0.1's)
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096}
+# sliding_window where config.json has no such key: MistralConfig's (v0.1's), Phi3Config's none
+_HF_DEFAULT_WINDOW = {MISTRAL: 4096, PHI3: None}
 _HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
 # where config.json has no such key, its config class's own value (transformers' and vLLM's reading): LlamaConfig's
 # num_key_value_heads is num_attention_heads, the others' a number of their own; Qwen's special ids none
 _HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8}
-_HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1}
-_HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2}
+_HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1, PHI3: 1}
+_HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2, PHI3: 32000}
+_HF_DEFAULT_PAD = {PHI3: 32000}
+_HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
 ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
@@ -103,8 +111,8 @@ class RopeScaling:
 
 @dataclass
 class TinyGPTConfig:
-    """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config`/`MistralConfig` keys (the subset the model computes with).
-    Defaults: `tiny-demo`."""
+    """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config`/`MistralConfig`/`Phi3Config` keys (the subset the model computes
+    with). Defaults: `tiny-demo`."""
 
     vocab_size: int = 66
     hidden_size: int = 96
@@ -121,10 +129,10 @@ class TinyGPTConfig:
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = 0
     initializer_range: float = 0.02
-    architecture: str = LLAMA  # LLAMA, QWEN2, QWEN3 or MISTRAL (HF `architectures[0]`)
+    architecture: str = LLAMA  # LLAMA, QWEN2, QWEN3, MISTRAL or PHI3 (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
-    attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v bias; Mistral none)
-    # Mistral's `sliding_window` as transformers reads config.json (MistralConfig's 4096 where it has no such key),
+    attention_bias: bool = False  # Llama, Qwen3: bias on q, k, v and o (Qwen2 always has q, k, v; Mistral, Phi3 none)
+    # Mistral's and Phi3's `sliding_window` as transformers reads config.json (MistralConfig's 4096 where it has none),
     # written back as it is; None for the other architectures (Qwen2's is off: `use_sliding_window` false)
     sliding_window: int | None = None
     torch_dtype: str = "float32"  # the dtype the model is loaded in: what it travels and is served in (an rlctl
@@ -173,7 +181,7 @@ class TinyGPTConfig:
         d = asdict(self)
         for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window"):
             del d[key]
-        if self.architecture in (QWEN2, MISTRAL):  # no such key: their bias is fixed
+        if self.architecture in (QWEN2, MISTRAL, PHI3):  # no such key: their bias is fixed
             del d["attention_bias"]
         return {
             "architectures": [self.architecture],
@@ -186,6 +194,7 @@ class TinyGPTConfig:
             **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
             # (a Mistral's null written as null: absent, MistralConfig reads 4096)
             **({"sliding_window": self.sliding_window} if self.architecture == MISTRAL else {}),
+            **(_phi3_keys(self) if self.architecture == PHI3 else {}),
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
 
@@ -217,6 +226,16 @@ class TinyGPTConfig:
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
         )
+
+
+def _phi3_keys(c: TinyGPTConfig) -> dict[str, Any]:
+    """The keys Phi3Config writes beside Llama's: its window as read, longrope's pretraining context (longrope is
+    refused: the context), no dropout (rlctl trains without it)."""
+    return {
+        "sliding_window": c.sliding_window,
+        "original_max_position_embeddings": c.max_position_embeddings,
+        **dict.fromkeys(("attention_dropout", "resid_pdrop", "embd_pdrop"), 0.0),
+    }
 
 
 def torch_dtype(c: TinyGPTConfig) -> torch.dtype:
@@ -255,10 +274,59 @@ def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def fusions(c: TinyGPTConfig) -> dict[str, tuple[str, ...]]:
+    """A Phi3 checkpoint file's fused tensors → the model's tensors stacked in them along dim 0, in order:
+    `qkv_proj` [q; k; v] and `gate_up_proj` [gate; up]. {} for the other architectures, whose files hold the model's
+    names. The model, the trainers and the engines' weight pushes use the parts (Llama's names: vLLM's Phi3 is its
+    Llama, which stacks q/k/v and gate/up into its fused weights itself); only the files hold the fused tensors
+    (written by `write_pretrained`, read through `rlctl.models.tensors.ModelTensors`)."""
+    if c.architecture != PHI3:
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for n in range(c.num_hidden_layers):
+        attn, mlp = f"model.layers.{n}.self_attn.", f"model.layers.{n}.mlp."
+        out[f"{attn}qkv_proj.weight"] = tuple(f"{attn}{p}_proj.weight" for p in "qkv")
+        out[f"{mlp}gate_up_proj.weight"] = (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight")
+    return out
+
+
+def file_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape in a checkpoint file of `c`, in HF order: `expected_shapes`, with Phi3's fused tensors
+    in place of their parts (`fusions`)."""
+    shapes, fused = expected_shapes(c), fusions(c)
+    first = {parts[0]: name for name, parts in fused.items()}
+    inside = {p for parts in fused.values() for p in parts}
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name in first:
+            out[first[name]] = (sum(shapes[p][0] for p in fused[first[name]]), *shape[1:])
+        elif name not in inside:
+            out[name] = shape
+    return out
+
+
+def fused_for_file(sd: Mapping[str, torch.Tensor], c: TinyGPTConfig) -> dict[str, torch.Tensor]:
+    """The model's tensors `sd` (all of them) as a checkpoint file of `c` holds them (`fusions`), in order."""
+    fused = fusions(c)
+    if not fused:
+        return dict(sd)
+    import torch
+
+    first = {parts[0]: name for name, parts in fused.items()}
+    inside = {p for parts in fused.values() for p in parts}
+    out: dict[str, torch.Tensor] = {}
+    for name, t in sd.items():
+        if name in first:
+            out[first[name]] = torch.cat([sd[p] for p in fused[first[name]]])
+        elif name not in inside:
+            out[name] = t
+    return out
+
+
 def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, where: str) -> list[str]:
-    """The names to load from a checkpoint holding `shapes`; ConfigError on a missing, extra or
+    """The names to load from a checkpoint file holding `shapes` (`file_shapes`); ConfigError on a missing, extra or
     misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files) and a tied lm_head."""
-    want = expected_shapes(c)
+    want = file_shapes(c)
     for name, shape in want.items():
         if name not in shapes:
             raise ConfigError(where, None, f"tensor {name} is missing ({len(shapes)} tensors in the checkpoint)")
@@ -291,10 +359,11 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
     return _parse_config(d, str(path))
 
 
-def _mistral_window(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError]) -> int | None:
-    """A Mistral config's `sliding_window`: null or a positive integer (absent: MistralConfig's 4096). Where it binds
-    (`TinyGPTConfig.binding_window`) a model is built only for sequences it does not cut (`window_refusal`)."""
-    window = d.get("sliding_window", _MISTRAL_DEFAULT_WINDOW)
+def _mistral_window(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError], default: int | None) -> int | None:
+    """A Mistral (or Phi3) config's `sliding_window`: null or a positive integer (absent: `default`, MistralConfig's
+    4096, Phi3Config's none). Where it binds (`TinyGPTConfig.binding_window`) a model is built only for sequences it
+    does not cut (`window_refusal`)."""
+    window = d.get("sliding_window", default)
     if window is not None and (type(window) is not int or window <= 0):
         raise bad("sliding_window", f"{window!r} is not null or a positive integer")
     return window
@@ -308,8 +377,9 @@ def window_refusal(c: TinyGPTConfig, context: int) -> str | None:
     window = c.binding_window
     if window is None or context <= window:
         return None
+    model = c.architecture.removesuffix("ForCausalLM") + "Model"  # (transformers' MistralModel, Phi3Model)
     return (
-        f"{window} binds (below max_position_embeddings {c.max_position_embeddings}: MistralModel attends to a "
+        f"{window} binds (below max_position_embeddings {c.max_position_embeddings}: {model} attends to a "
         f"position's last {window} tokens only, rlctl's models to all before it), and the model is asked to hold "
         f"sequences of {context} tokens; hold the job's context (its longest prompt + max_output_tokens) to ≤ {window}"
     )
@@ -322,7 +392,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     def num(key: str, default: Any = None, *, kind: type = int) -> Any:
         v = d.get(key, default)
         if v is None:
-            raise bad(key, "missing; a Llama, Qwen or Mistral config.json has it")
+            raise bad(key, "missing; a Llama, Qwen, Mistral or Phi3 config.json has it")
         ok = isinstance(v, int | float) and not isinstance(v, bool) if kind is float else type(v) is int
         if not ok or v <= 0:
             raise bad(key, f"{v!r} is not a positive {'number' if kind is float else 'integer'}")
@@ -361,7 +431,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if d.get("use_sliding_window", False):
         raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
     positions = num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch])
-    window = _mistral_window(d, bad) if arch == MISTRAL else None
+    window = _mistral_window(d, bad, _HF_DEFAULT_WINDOW[arch]) if arch in _HF_DEFAULT_WINDOW else None
     layer_types = d.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise bad("layer_types", f"{layer_types!r} is not a list of layer types")
@@ -369,6 +439,9 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
     theta, scaling = _rope(d, bad)
+    if arch == PHI3 and scaling is not None:  # (Phi3Config takes longrope alone, which _rope refuses: not these)
+        key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
+        raise bad(key, f"RoPE {scaling.kind!r} is not a Phi3's; supported for Phi3: default RoPE (rope_theta)")
     dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise bad(
@@ -401,17 +474,17 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=positions,
-        rms_norm_eps=num("rms_norm_eps", 1e-6, kind=float),
+        rms_norm_eps=num("rms_norm_eps", _HF_DEFAULT_RMS_EPS.get(arch, 1e-6), kind=float),
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=tie,
         bos_token_id=token_id("bos_token_id", _HF_DEFAULT_BOS.get(arch)),
         eos_token_id=token_id("eos_token_id", _HF_DEFAULT_EOS.get(arch), many=True),
-        pad_token_id=token_id("pad_token_id"),
+        pad_token_id=token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch)),
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
-        attention_bias=bias and arch in (LLAMA, QWEN3),  # Qwen2 and Mistral have no such key: their bias is fixed
+        attention_bias=bias and arch in (LLAMA, QWEN3),  # Qwen2, Mistral, Phi3 have no such key: their bias is fixed
         sliding_window=window,
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
@@ -617,11 +690,12 @@ def write_pretrained(
     max_shard_bytes: int | None = None,
     declared_dtype: str | None = None,
 ) -> Path:
-    """An HF checkpoint directory: the weights `sd` (`save_state_dict`), config.json naming their dtype (or
-    `declared_dtype`: the dtype the model is to be loaded and served in, for weights kept at a higher precision),
-    and the tokenizer files of checkpoint `tokenizer_from` when given. What every `save_pretrained` writes."""
+    """An HF checkpoint directory: the model's weights `sd` (as a file holds them: `fused_for_file`; `save_state_dict`),
+    config.json naming their dtype (or `declared_dtype`: the dtype the model is to be loaded and served in, for weights
+    kept at a higher precision), and the tokenizer files of checkpoint `tokenizer_from` when given. What every
+    `save_pretrained` writes."""
     d = Path(directory)
-    save_state_dict(sd, d, max_shard_bytes=max_shard_bytes)
+    save_state_dict(fused_for_file(sd, config), d, max_shard_bytes=max_shard_bytes)
     dtype = next((t.dtype for t in sd.values() if t.is_floating_point()), None)
     name = declared_dtype or (str(dtype).removeprefix("torch.") if dtype is not None else "float32")
     (d / CONFIG_FILE).write_text(json.dumps({**config.to_hf(), "torch_dtype": name}, indent=2) + "\n")

@@ -7,6 +7,8 @@ and not kept.
 What a reader that cuts each tensor to its own part holds at once is that tensor, not the model: a megatron rank
 resuming a checkpoint (`rlctl.checkpoint.trainer`) reads its shard so, versus `hf.load_state_dict`'s whole copy
 of the model (70B in fp32: 280 GB on every rank of a node).
+
+    ModelTensors(file tensors, config)[name] ─▶ the model's names: a Phi3 file's qkv_proj read as q, k, v (its rows)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from rlctl.models import hf
+from rlctl.models.hf import TinyGPTConfig
 
 
 class CheckpointTensors(Mapping[str, torch.Tensor]):
@@ -59,3 +62,41 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._files)
+
+
+class ModelTensors(Mapping[str, torch.Tensor]):
+    """A checkpoint file's tensors `file` (by the file's names: `CheckpointTensors`, or a state dict) under the names
+    of the model of `config`: each part of a fused tensor (Phi3's q, k, v of qkv_proj, gate, up of gate_up_proj:
+    `hf.fusions`) its rows of it, in the file's order; the other names as they are. The fused tensor last read is
+    kept for its next part, so a reader asking for q, k and v in a row reads qkv_proj once."""
+
+    def __init__(self, file: Mapping[str, torch.Tensor], config: TinyGPTConfig) -> None:
+        self._file, fused, shapes = file, hf.fusions(config), hf.expected_shapes(config)
+        self._parts: dict[str, tuple[str, int, int]] = {}  # part → (fused tensor, first row, rows)
+        for name, parts in fused.items():
+            at = 0
+            for p in parts:
+                self._parts[p] = (name, at, shapes[p][0])
+                at += shapes[p][0]
+        self._names = [p for name in file for p in fused.get(name, (name,))]
+        self._known = set(self._names)
+        self._last: tuple[str, torch.Tensor] | None = None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._parts:
+            if name not in self._known:
+                raise KeyError(name)
+            return self._file[name]
+        fused, at, rows = self._parts[name]
+        if self._last is None or self._last[0] != fused:
+            self._last = (fused, self._file[fused])
+        return self._last[1][at : at + rows]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._known
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

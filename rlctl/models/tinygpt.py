@@ -1,4 +1,4 @@
-"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Mistral decoder in HF format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Mistral/Phi3 decoder in HF format.
 
 Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` /
 `MistralForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o
@@ -54,6 +54,7 @@ from rlctl.models.hf import (
     TinyGPTConfig,
     load_state_dict,
 )
+from rlctl.models.tensors import ModelTensors
 
 __all__ = [
     "CONFIG_FILE",
@@ -538,7 +539,7 @@ class TinyGPT(nn.Module):
         device: str | torch.device = "cpu",
         context: int | None = None,
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2/Qwen3/Mistral checkpoint directory in `dtype` (None: the checkpoint's own) on
+        """Load an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's own) on
         `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
         ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file)."""
@@ -550,7 +551,7 @@ class TinyGPT(nn.Module):
         sd = load_state_dict(d)
         names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
-        model.load_weights({k: sd[k] for k in names})
+        model.load_weights(ModelTensors({k: sd[k] for k in names}, config))
         return model
 
     @classmethod

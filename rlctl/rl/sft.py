@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig, load_state_dict
 from rlctl.rl.tasks import EOS, PAD, DigitsTask, Prompt, encode
 
@@ -194,7 +195,7 @@ def warmup(
     where = _cached_at(task, model_cfg, cfg, budget, seed)
     if use_cache and (where / "config.json").exists():
         log.info("SFT warm-up: cached %s", where)
-        return load_state_dict(where)
+        return dict(ModelTensors(load_state_dict(where), model_cfg))
     torch.manual_seed(seed)
     model = TinyGPT(model_cfg)
     with one_thread():

@@ -4,10 +4,11 @@ Each variant exercises a part of the HF format the embedded model must read: Qwe
 with tied embeddings and a 32-wide head, Llama with an explicit 64-wide head (≠ hidden/heads) and
 several EOS ids, Llama with `attention_bias`, Qwen3's per-head q/k norms with a 32-wide head (≠ hidden/heads),
 tied or untied with `attention_bias`, Mistral (Llama without biases) with Nemo's explicit head_dim and no sliding
-window, and with a sliding window as long as its context (which never binds); and v0.1's window that binds
-(`WINDOWED`). Weights are redrawn wider than HF's init (std 0.02 gives near-uniform logits, where greedy comparisons
-would hinge on ties) and biases and norm weights are made non-trivial so that they are checked too. Import
-`transformers` only after `pytest.importorskip("transformers")`.
+window, and with a sliding window as long as its context (which never binds); Phi3 (q/k/v and gate/up fused in its
+file) with grouped-query attention, and tied with a window as long as its context; and windows that bind, Mistral
+v0.1's and Phi-3-mini-4k's (`WINDOWED`). Weights are redrawn wider than HF's init (std 0.02 gives near-uniform
+logits, where greedy comparisons would hinge on ties) and biases and norm weights are made non-trivial so that they
+are checked too. Import `transformers` only after `pytest.importorskip("transformers")`.
 """
 
 from __future__ import annotations
@@ -100,6 +101,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "eos_token_id": [2, 3],
     },
+    "phi3-gqa": {  # Phi-4's grouped-query attention and θ 250000, no window (its file: qkv_proj, gate_up_proj)
+        "arch": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 32,  # (vLLM's CPU attention runs heads of 32, not 16; Phi3Attention reads head_dim where given)
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "pad_token_id": None,  # (transformers' embedding leaves its row untrained: padding_idx)
+        "rope_theta": 250000.0,
+    },
+    "phi3-tied-window-unbinding": {  # Phi-4-mini's tied embeddings; a window as long as the context
+        "arch": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "sliding_window": 128,
+        "tie_word_embeddings": True,
+        "eos_token_id": [2, 3],
+        "pad_token_id": None,  # (transformers' embedding leaves its row untrained: padding_idx)
+    },
 }
 # Mistral v0.1's shape (its window 4096 of 32768 positions): a window that binds, so a model of it is built only for
 # sequences within it (apart from VARIANTS, whose tests run sequences of 100 tokens)
@@ -114,6 +136,17 @@ WINDOWED: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "eos_token_id": 2,
     },
+    "phi3-mini-window16": {  # Phi-3-mini-4k's window 2047 of 4096 positions
+        "arch": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "pad_token_id": None,  # (transformers' embedding leaves its row untrained: padding_idx)
+    },
 }
 
 
@@ -125,6 +158,8 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -140,6 +175,7 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "phi3": (Phi3Config, Phi3ForCausalLM),
     }[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**spec)).eval()

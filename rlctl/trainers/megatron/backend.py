@@ -59,7 +59,7 @@ from rlctl.devices import Compute
 from rlctl.errors import ConfigError
 from rlctl.models import hf
 from rlctl.models.hf import expected_shapes
-from rlctl.models.tensors import CheckpointTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel
@@ -100,7 +100,7 @@ class MegatronBackend(TrainerBackend):
             device=None if compute is None else compute.device,
             autocast_dtype=None if compute is None else compute.autocast_dtype,
         )
-        policy.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
+        policy.load_hf(ModelTensors(sd, config), rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
         return cls(policy)
 
     def shard(self) -> dict[str, torch.Tensor]:

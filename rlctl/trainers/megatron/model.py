@@ -1,4 +1,5 @@
-"""A megatron-core GPTModel built from an HF Llama/Qwen2/Qwen3/Mistral config, and the policy module the learner trains.
+"""A megatron-core GPTModel built from an HF Llama/Qwen2/Qwen3/Mistral/Phi3 config, and the policy module the learner
+trains.
 
     TinyGPTConfig (config.json) ─▶ transformer_config ─▶ GPTModel(local layer spec, use_cpu_initialization)
                                                               ▲ load_hf: names.to_megatron(this tp rank)

@@ -4,6 +4,7 @@ used; the trainer's state (policy, optimizer, RNG, counters) comes back exactly 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -39,7 +40,7 @@ from rlctl.checkpoint.trainer import (
     snapshot_trainer,
 )
 from rlctl.launch.agentenv import ParallelConfig
-from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.trainers.base import DataParallel
 from tests.unit.hf_checkpoints import rope_rows_loaded
 from tests.unit.tiny_models import small_config
@@ -349,6 +350,25 @@ def test_a_resume_reads_the_checkpoints_policy_without_rope_tables_of_its_every_
         tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE, version=3
     )
     assert tables == []
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_phi3_policy_resumes_from_its_checkpoints_fused_file(tmp_path: Path) -> None:
+    """A Phi3 checkpoint's model holds q/k/v and gate/up fused, as transformers writes them; a resume reads them back
+    into the trainer's model, whose names are Llama's."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(small_config(heads=4), architecture="Phi3ForCausalLM")
+    model, other = TinyGPT(config), TinyGPT(config)
+    opt = torch.optim.AdamW(model.parameters())
+    save_trainer(
+        tmp_path / "iter-1", model=model, optimizers={"policy": opt}, counters={}, split=ONE, data_parallel=ALONE
+    )
+    written = load_state_dict(tmp_path / "iter-1" / "model")
+    assert "model.layers.0.self_attn.qkv_proj.weight" in written and "model.layers.0.mlp.up_proj.weight" not in written
+    load_trainer(
+        tmp_path / "iter-1", model=other, optimizers={"policy": torch.optim.AdamW(other.parameters())}, split=ONE,
+        data_parallel=ALONE, version=1,
+    )  # fmt: skip
     assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())
 
 

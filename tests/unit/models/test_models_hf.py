@@ -1,4 +1,5 @@
-"""HF Llama/Qwen2/Qwen3/Mistral checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
+"""HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoints in the embedded model: transformers is the parity oracle (fp32,
+≤ 1e-5)."""
 
 import json
 from pathlib import Path
@@ -8,8 +9,16 @@ import torch
 
 from rlctl.engines import EmbeddedEngine, GenRequest
 from rlctl.errors import ConfigError
-from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, TinyGPTConfig, check_hf_dir, expected_shapes
-from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.hf import (
+    INDEX_FILE,
+    SAFETENSORS_FILE,
+    TinyGPTConfig,
+    check_hf_dir,
+    expected_shapes,
+    file_shapes,
+    fused_for_file,
+)
+from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
 from tests.unit.hf_checkpoints import VARIANTS, refused_in_one_line, write_checkpoint
 
@@ -51,9 +60,11 @@ def test_trainer_gradients_equal_transformers(variant: str, tmp_path: Path) -> N
     logits = ref(input_ids=x).logits[:, :-1]
     torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).sum().backward()
     ref_grads = dict(ref.named_parameters())
-    for name, p in model.named_parameters():  # tied: one parameter, listed once, under the embedding's name
-        assert p.grad is not None and ref_grads[name].grad is not None
-        torch.testing.assert_close(p.grad, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
+    grads = {name: p.grad for name, p in model.named_parameters()}  # tied: one parameter, under the embedding's name
+    assert all(g is not None for g in grads.values())
+    for name, g in fused_for_file(grads, model.config).items():  # (a Phi3's q/k/v as its qkv_proj: transformers')
+        assert ref_grads[name].grad is not None
+        torch.testing.assert_close(g, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
 
 
 def test_prefill_then_decode_equals_full_forward(variant: str, tmp_path: Path) -> None:
@@ -150,6 +161,7 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
     ref = write_checkpoint(variant, tmp_path)
     info = check_hf_dir(tmp_path, name="tiny")
     c, a = ref.config, info.arch
+    head_dim = getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)  # (Phi3Config's where it has none)
     assert (a.name, a.layers, a.hidden, a.heads, a.kv_heads, a.vocab, a.intermediate) == (
         "tiny",
         c.num_hidden_layers,
@@ -161,11 +173,11 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
     )
     assert a.params == sum(p.numel() for p in ref.parameters())  # tied embeddings counted once, biases in
     assert (
-        a.head_dim == c.head_dim
-        and a.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+        a.head_dim == head_dim
+        and a.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
     )
     assert info.weight_files == [tmp_path / SAFETENSORS_FILE] and "tokenizer.json" in info.tokenizer_files
-    assert dict(expected_shapes(info.config)) == {
+    assert dict(file_shapes(info.config)) == {
         k: tuple(v.shape) for k, v in ref.state_dict().items() if not (c.tie_word_embeddings and k == "lm_head.weight")
     }
 
@@ -209,10 +221,10 @@ def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None
 
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                 "MistralForCausalLM": "mistral"}  # fmt: skip
+                 "MistralForCausalLM": "mistral", "Phi3ForCausalLM": "phi3"}  # fmt: skip
 DEFAULTED = [
     "num_key_value_heads", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings", "rms_norm_eps",
-    "rope_theta", "initializer_range", "tie_word_embeddings", "attention_bias", "head_dim",
+    "rope_theta", "initializer_range", "tie_word_embeddings", "attention_bias", "head_dim", "sliding_window",
 ]  # fmt: skip
 
 
@@ -263,17 +275,19 @@ def test_a_default_number_of_kv_heads_that_does_not_divide_the_heads_is_refused_
     )
 
 
-def test_a_v01_mistral_within_its_window_equals_transformers(tmp_path: Path) -> None:
-    """Mistral v0.1's sliding window (4096 of 32768 positions; 16 of 64 here) binds: MistralModel attends to a
-    position's last 16 tokens only. On a sequence of at most 16 tokens it cuts nothing off (transformers' logits with
-    and without it are the same, and differ at 17), so a model built for 16 tokens computes transformers' logits."""
-    ref = write_checkpoint("mistral-v01-window16", tmp_path)
+@pytest.mark.parametrize("variant", ["mistral-v01-window16", "phi3-mini-window16"])
+def test_a_window_that_binds_equals_transformers_within_it(tmp_path: Path, variant: str) -> None:
+    """Mistral v0.1's sliding window (4096 of 32768 positions; 16 of 64 here) binds, and Phi-3-mini-4k's (2047 of 4096)
+    as well: MistralModel (Phi3Model) attends to a position's last 16 tokens only. On a sequence of at most 16 tokens it
+    cuts nothing off (transformers' logits with and without it are the same, and differ at 17), so a model built for
+    16 tokens computes transformers' logits."""
+    ref = write_checkpoint(variant, tmp_path)
     config = check_hf_dir(tmp_path).config
     assert (config.sliding_window, config.binding_window, config.max_position_embeddings) == (16, 16, 64)
     model = TinyGPT.from_pretrained(tmp_path, context=16).eval()
     x = tokens(3, 17)
-    windowless = transformers.MistralConfig(**{**ref.config.to_dict(), "sliding_window": None})
-    full = transformers.MistralForCausalLM(windowless).eval()
+    windowless = type(ref.config)(**{**ref.config.to_dict(), "sliding_window": None})
+    full = type(ref)(windowless).eval()
     full.load_state_dict(ref.state_dict())
     torch.testing.assert_close(hf_logits(full, x[:, :16]), hf_logits(ref, x[:, :16]), atol=0, rtol=0)
     assert not torch.allclose(hf_logits(full, x)[:, 16], hf_logits(ref, x)[:, 16], atol=1e-3)  # 17 tokens: it cuts
@@ -282,19 +296,22 @@ def test_a_v01_mistral_within_its_window_equals_transformers(tmp_path: Path) -> 
     torch.testing.assert_close(got, hf_logits(ref, x[:, :16]), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("variant", "model"), [("mistral-v01-window16", "MistralModel"), ("phi3-mini-window16", "Phi3Model")]
+)
 @pytest.mark.parametrize("context", [None, 17, 1000])
 def test_a_model_for_more_tokens_than_a_binding_window_is_refused_in_one_line(
-    tmp_path: Path, context: int | None
+    tmp_path: Path, context: int | None, variant: str, model: str
 ) -> None:
     """The runtime's own refusal (the engines, the trainer and the held-out evaluation build their models for the
     job's context, None: max_position_embeddings, behind `rlctl check`'s): one line naming config.json and
     sliding_window, before the weights are read; a model of the config made in memory refuses it as well."""
-    write_checkpoint("mistral-v01-window16", tmp_path)
+    write_checkpoint(variant, tmp_path)
     held = 64 if context is None else min(context, 64)
     with pytest.raises(ConfigError) as e:
         TinyGPT.from_pretrained(tmp_path, context=context)
     assert str(e.value) == (
-        f"{tmp_path / 'config.json'}: sliding_window: 16 binds (below max_position_embeddings 64: MistralModel attends "
+        f"{tmp_path / 'config.json'}: sliding_window: 16 binds (below max_position_embeddings 64: {model} attends "
         f"to a position's last 16 tokens only, rlctl's models to all before it), and the model is asked to hold "
         f"sequences of {held} tokens; hold the job's context (its longest prompt + max_output_tokens) to ≤ 16"
     )
@@ -351,6 +368,82 @@ def test_a_mistral_export_keeps_its_sliding_window(tmp_path: Path, variant: str,
     assert type(reread) is transformers.MistralForCausalLM and reread.config.sliding_window == want
     x = tokens(2, min(length, 120))
     torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["phi3-gqa", "phi3-tied-window-unbinding", "phi3-mini-window16"])
+def test_a_phi3_export_is_the_file_transformers_writes(tmp_path: Path, variant: str) -> None:
+    """The model holds a Phi3's q/k/v and gate/up apart (Llama's names, which the trainers and the weight plane use);
+    its export fuses them back: the tensors transformers' save_pretrained writes, by name, shape and value, and a
+    config.json Phi3Config reads as the checkpoint's own (its window kept, no attention_bias key)."""
+    ref = write_checkpoint(variant, tmp_path / "src")
+    model = TinyGPT.from_pretrained(tmp_path / "src", context=16)
+    assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()
+    assert "model.layers.0.self_attn.qkv_proj.weight" not in model.state_dict()
+    model.save_pretrained(tmp_path / "out")
+    want, got = load_state_dict(tmp_path / "src"), load_state_dict(tmp_path / "out")
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (out["architectures"], out["model_type"]) == (["Phi3ForCausalLM"], "phi3") and "attention_bias" not in out
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path / "out").to_dict()
+    own = ref.config.to_dict()
+    keys = ["sliding_window", "rope_parameters", "resid_pdrop", "embd_pdrop", "rms_norm_eps", "bos_token_id",
+            "eos_token_id", "pad_token_id", "tie_word_embeddings", "num_key_value_heads"]  # fmt: skip
+    assert {k: theirs[k] for k in keys} == {k: own[k] for k in keys}
+    # longrope's pretraining context (refused: read by nothing rlctl runs), written as Phi-4's and Phi-3-4k's have it
+    assert (
+        theirs["original_max_position_embeddings"]
+        == theirs["max_position_embeddings"]
+        == own["max_position_embeddings"]
+    )
+    reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    x = tokens(2, 16)
+    torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
+
+
+def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
+    """Phi-4's config.json as published (`rope_scaling` null, dropout 0, original_max_position_embeddings) is read; a
+    Phi3 config leaving sliding_window out has no window (Phi3Config's none, where MistralConfig's is 4096)."""
+    phi4 = {"architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257, "embd_pdrop": 0.0,
+            "eos_token_id": 100265, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+            "intermediate_size": 17920, "max_position_embeddings": 16384, "model_type": "phi3",
+            "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 10,
+            "original_max_position_embeddings": 16384, "pad_token_id": 100349, "resid_pdrop": 0.0,
+            "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 250000, "sliding_window": None,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+            "vocab_size": 100352}  # fmt: skip
+    c = TinyGPTConfig.from_hf(phi4)
+    assert (c.architecture, c.head_dim, c.rope_theta, c.sliding_window, c.eos_token_ids) == (
+        "Phi3ForCausalLM",
+        128,
+        250000.0,
+        None,
+        (100265,),
+    )
+    mini = {k: v for k, v in phi4.items() if k != "sliding_window"} | {"max_position_embeddings": 8192}
+    assert TinyGPTConfig.from_hf(mini).binding_window is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "complaint"),
+    [
+        ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
+        ("rope_scaling", {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
+         "RoPE 'longrope' is not supported; supported: default RoPE (rope_theta), 'linear' and 'llama3' scaling"),
+        ("rope_scaling", {"type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}, "RoPE 'su' is not"),
+        ("rope_scaling", {"rope_type": "linear", "factor": 2.0},
+         "RoPE 'linear' is not a Phi3's; supported for Phi3: default RoPE (rope_theta)"),
+    ],
+)  # fmt: skip
+def test_what_a_phi3_computes_otherwise_is_refused_in_one_line(
+    tmp_path: Path, key: str, value: object, complaint: str
+) -> None:
+    """Phi-4-mini's partial RoPE (0.75 of each head) and the 128k Phi-3s' longrope (`su` in the older files)."""
+    write_checkpoint("phi3-gqa", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if key == "rope_scaling":
+        cfg.pop("rope_parameters")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, key: value}))
+    refused_in_one_line(tmp_path, key, complaint)
 
 
 def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
@@ -441,7 +534,9 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
         check_hf_dir(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow"])
+@pytest.mark.parametrize(
+    "name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow", "phi3-gqa"]
+)
 def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
     """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
     though its model_type names the architecture as transformers' AutoModelForCausalLM reads it."""
@@ -462,8 +557,8 @@ def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(t
         check_hf_dir(tmp_path)
     assert str(e.value) == (
         f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
-        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"] or ["MistralForCausalLM"], '
-        "as the checkpoint's model is"
+        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"], ["MistralForCausalLM"] or '
+        '["Phi3ForCausalLM"], as the checkpoint\'s model is'
     )
 
 

@@ -1,15 +1,17 @@
 """`CheckpointTensors` reads what `hf.load_state_dict` reads (fp32), from each layout of a checkpoint directory: one
-model.safetensors, an index and its shards, a pytorch_model.bin; its shapes from the headers alone."""
+model.safetensors, an index and its shards, a pytorch_model.bin; its shapes from the headers alone. `ModelTensors`
+reads a Phi3 file's fused tensors under the model's names."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.tiny_models import small_config
 
@@ -31,3 +33,29 @@ def test_each_tensor_is_the_whole_reads(tmp_path: Path, layout: str) -> None:
     assert tensors.shapes() == {k: tuple(v.shape) for k, v in whole.items()}
     for k, v in whole.items():
         assert tensors[k].dtype == torch.float32 and torch.equal(tensors[k], v), k
+
+
+def test_a_phi3_file_reads_under_the_models_names_each_fused_tensor_once(tmp_path: Path) -> None:
+    """A Phi3 file holds q/k/v as one qkv_proj and gate/up as one gate_up_proj (`hf.fusions`); `ModelTensors` reads it
+    under the model's names, each part its rows, a fused tensor read once for its parts."""
+    torch.manual_seed(0)
+    model = TinyGPT(dataclasses.replace(small_config(heads=4), architecture=hf.PHI3))
+    d = model.save_pretrained(tmp_path / "model")
+    file = CheckpointTensors(d)
+    assert "model.layers.0.self_attn.qkv_proj.weight" in file and "model.layers.0.self_attn.q_proj.weight" not in file
+    assert file.shapes() == hf.file_shapes(model.config)
+    reads: list[str] = []
+    read = CheckpointTensors.__getitem__
+
+    def counted(self: CheckpointTensors, name: str) -> torch.Tensor:
+        reads.append(name)
+        return read(self, name)
+
+    tensors = ModelTensors(file, model.config)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(CheckpointTensors, "__getitem__", counted)
+        got = {k: tensors[k] for k in tensors}
+    want = model.state_dict()
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert reads == list(file) and "model.layers.0.mlp.gate_up_proj.weight" not in tensors
+    assert dict(ModelTensors(got, small_config())) == got  # the other architectures' files: the model's names

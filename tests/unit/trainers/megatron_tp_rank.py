@@ -55,6 +55,7 @@ def main(rank: int, world: int, tp: int, pp: int, rendezvous: Path, out: Path, c
 
 def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, torch.Tensor]]) -> dict[str, object]:
     from rlctl.models.hf import load_state_dict
+    from rlctl.models.tensors import ModelTensors
     from rlctl.models.tinygpt import TinyGPT
     from rlctl.rl.samples import token_logprobs
     from rlctl.trainers.megatron import names
@@ -93,7 +94,7 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, t
                 v = sum((sh[k] for _, sh in by_tp), torch.zeros_like(v))
             grads[k] = grads[k] + v if k in grads else v
     grad_rel = max(float((grads[n] - p.grad).abs().max() / p.grad.abs().max()) for n, p in ref.named_parameters())
-    checkpoint_sd = load_state_dict(checkpoint)
+    checkpoint_sd = ModelTensors(load_state_dict(checkpoint), ref.config)  # (a Phi3's fused tensors: the model's names)
     return {
         "shard_numel": sum(p.numel() for p in mg.model.parameters()),
         "full_numel": sum(t.numel() for t in checkpoint_sd.values()),

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from rlctl.models.hf import TinyGPTConfig, expected_shapes
+from rlctl.models.hf import TinyGPTConfig, expected_shapes, fused_for_file
+from rlctl.models.tensors import ModelTensors
 from rlctl.trainers.megatron.names import Stage, check_split, gather_hf, shard_dim, stage_of, to_hf, to_megatron
 
 GQA = TinyGPTConfig(
@@ -60,6 +61,30 @@ def test_hf_to_megatron_to_hf_is_bit_exact_per_rank_and_gathered(c: TinyGPTConfi
         dim = shard_dim(name)
         want = hf[name] if dim is None else hf[name].chunk(tp, dim=dim)[-1]
         assert torch.equal(t, want), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_phi3_files_fused_tensors_are_megatrons_per_query_group_and_back(tp: int) -> None:
+    """A Phi3 file's qkv_proj [q; k; v] and gate_up_proj [gate; up] (transformers' layout) reach megatron's linear_qkv
+    (per query group: a group's q heads, its k, its v) and linear_fc1 (each rank's gate rows, then its up rows) through
+    the model's names (`ModelTensors`), and an export fuses them back bit for bit."""
+    c = dataclasses.replace(GQA, architecture="Phi3ForCausalLM", tie_word_embeddings=False)
+    file = fused_for_file(checkpoint(c), c)
+    d, p = c.head_dim, "model.layers.0."
+    qkv, gate_up = file[f"{p}self_attn.qkv_proj.weight"], file[f"{p}mlp.gate_up_proj.weight"]
+    q, k, v = qkv.split([4 * d, 2 * d, 2 * d])
+    gate, up = gate_up.chunk(2)
+    for r in range(tp):
+        mg = to_megatron(ModelTensors(file, c), c, tp=tp, rank=r)
+        groups = range(r * 2 // tp, (r + 1) * 2 // tp)
+        want = torch.cat([torch.cat([q[2 * g * d : (2 * g + 2) * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]])
+                          for g in groups])  # fmt: skip
+        assert torch.equal(mg["decoder.layers.0.self_attention.linear_qkv.weight"], want)
+        fc1 = torch.cat([gate.chunk(tp)[r], up.chunk(tp)[r]])
+        assert torch.equal(mg["decoder.layers.0.mlp.linear_fc1.weight"], fc1)
+    back = fused_for_file(gather_hf([to_hf(to_megatron(ModelTensors(file, c), c, tp=tp, rank=r), c, tp=tp)
+                                     for r in range(tp)]), c)  # fmt: skip
+    assert list(back) == list(file) and all(torch.equal(back[k], file[k]) for k in file)
 
 
 def test_fused_qkv_is_q_heads_then_k_then_v_per_query_group_and_tp_ranks_take_whole_groups() -> None:

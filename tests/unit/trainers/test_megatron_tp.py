@@ -21,8 +21,9 @@ RANK = Path(__file__).with_name("megatron_tp_rank.py")
 
 # grouped-query attention (2 groups of 2 heads) with an explicit head_dim and an untied lm_head; and tied
 # embeddings (vocab-parallel on both ends) with Llama's o_proj bias (whole on every rank of a row-parallel layer);
-# Qwen3's per-head q/k norms (whole on every rank, each rank's gradient its own heads' part)
-VARIANTS = ["llama-hd64-eos3", "llama-bias-tied", "qwen3-bias-hd32"]
+# Qwen3's per-head q/k norms (whole on every rank, each rank's gradient its own heads' part); Phi3's fused qkv_proj and
+# gate_up_proj in its file (each rank's query groups and gate/up rows cut from them)
+VARIANTS = ["llama-hd64-eos3", "llama-bias-tied", "qwen3-bias-hd32", "phi3-gqa"]
 
 
 @pytest.mark.timeout(300)
