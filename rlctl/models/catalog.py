@@ -1,5 +1,5 @@
-"""Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1 and Mistral dense,
-the demo model).
+"""Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1, Mistral and Phi-4
+dense, the demo model).
 
 An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
 """
@@ -51,6 +51,7 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9),
         ModelArch("mistral-7b", 32, 4096, 32, 8, 32768, 14336, 7.25e9),  # v0.3 (no sliding window)
         ModelArch("mistral-nemo-12b", 40, 5120, 32, 8, 131072, 14336, 12.25e9, explicit_head_dim=128),
+        ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9),  # Phi3ForCausalLM, untied
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4),

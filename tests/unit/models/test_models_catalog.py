@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import LLAMA, MISTRAL, QWEN2, QWEN3, TinyGPTConfig
+from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, TinyGPTConfig
 
 # the HF fields the figures leave out: architecture and tied embeddings (config.json's)
 HF = {
@@ -22,6 +22,7 @@ HF = {
     "llama3.1-70b": (LLAMA, False),
     "mistral-7b": (MISTRAL, False),
     "mistral-nemo-12b": (MISTRAL, False),
+    "phi4-14b": (PHI3, False),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 
 from rlctl.engines import EmbeddedEngine, GenRequest
 from rlctl.errors import ConfigError
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.models.hf import (
     INDEX_FILE,
     SAFETENSORS_FILE,
@@ -419,6 +420,9 @@ def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
         None,
         (100265,),
     )
+    with torch.device("meta"):  # the architecture's own count of Phi-4's parameters, the built-in phi4-14b's
+        own = sum(p.numel() for p in transformers.Phi3ForCausalLM(transformers.Phi3Config(**phi4)).parameters())
+    assert c.num_params() == own == 14_659_507_200 == pytest.approx(BUILTIN_MODELS["phi4-14b"].params, rel=2e-3)
     mini = {k: v for k, v in phi4.items() if k != "sliding_window"} | {"max_position_embeddings": 8192}
     assert TinyGPTConfig.from_hf(mini).binding_window is None
 
