@@ -16,7 +16,7 @@ from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
-from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.ops.preflight.base import Problem
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
@@ -136,8 +136,9 @@ def context_problems(job: Job) -> list[Problem]:
 
 
 def window_problems(job: Job) -> list[Problem]:
-    """The job's context (`job_context`: what the engines and the trainer are built for) against a Mistral
-    `sliding_window` that binds (v0.1's 4096 of 32768 positions): MistralModel attends to a position's last `window`
+    """The job's context (`job_context`: what the engines and the trainer are built for) against a Mistral or Phi3
+    `sliding_window` that binds (v0.1's 4096 of 32768 positions, Phi-3-mini-4k's 2047 of 4096): MistralModel (Phi3Model)
+    attends to a position's last `window`
     tokens only, rlctl's models to all before it, which tells them apart on a longer sequence alone. The models
     refuse to be built for a longer context too (`hf.window_refusal`), inside the agents, after launch."""
     if (model := job_model_config(job)) is None or (window := model[0].binding_window) is None:
@@ -145,9 +146,11 @@ def window_problems(job: Job) -> list[Problem]:
     (config, where), task = model, job.spec.task
     binds = (
         f"{where}: sliding_window {window} binds (below its max_position_embeddings {config.max_position_embeddings}: "
-        f"MistralModel attends to a position's last {window} tokens only, rlctl's models to all before it)"
+        f"{config.architecture.removesuffix('ForCausalLM')}Model attends to a position's last {window} tokens only, "
+        "rlctl's models to all before it)"
     )
-    instead = "or a model whose sliding_window is null or at least its max_position_embeddings (Mistral v0.3 and later)"
+    unbound = "Phi-4" if config.architecture == PHI3 else "Mistral v0.3 and later"
+    instead = f"or a model whose sliding_window is null or at least its max_position_embeddings ({unbound})"
     if isinstance(task, DigitsTask) and task.num_digits_min > MAX_DIGITS:
         return []  # refused by `context_problems`
     if (context := job_context(job.spec)) is None:  # kind 'lengths' (refused as such too)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import yaml
 from rlctl.config import load_job
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError
+from rlctl.models.hf import PHI3
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, launchdir
 from rlctl.ops.preflight import problems
@@ -795,6 +797,21 @@ def test_a_v01_mistral_passes_check_within_its_window_and_is_refused_in_one_line
     assert [m for m in said if m.startswith(f"{tmp_path / 'model'}/config.json: sliding_window 16 binds")] == [
         p.message.partition("and the job's context")[0] + tail
     ], said
+
+
+def test_a_phi3_window_is_said_as_phi3models(tmp_path: Path) -> None:
+    """Phi-3-mini-4k's window (2047 of 4096 positions; 16 of 64 here) binds as Mistral v0.1's: said as Phi3Model's."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 8, "max_output_tokens": 9})
+    TinyGPT(dataclasses.replace(small_config(positions=64), architecture=PHI3)).save_pretrained(tmp_path / "model")
+    config = tmp_path / "model" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "sliding_window": 16}))
+    (p,) = refused(load_job(job.path), "task.max_output_tokens")
+    assert p.message == (
+        f"{tmp_path / 'model'}/config.json: sliding_window 16 binds (below its max_position_embeddings 64: "
+        "Phi3Model attends to a position's last 16 tokens only, rlctl's models to all before it), and the job's "
+        "context is 8 prompt + 9 output = 17 tokens; use max_prompt_tokens + max_output_tokens ≤ 16, or a model "
+        "whose sliding_window is null or at least its max_position_embeddings (Phi-4)"
+    )
 
 
 @pytest.mark.parametrize(
