@@ -6,6 +6,9 @@
     llama3-rope   Llama 3.1's RoPE scaling ('llama3', as its config.json has it: `rope_scaling`): a pretraining
                   context of 32 positions that three of the four requests run past, frequencies in all three
                   of its bands
+    phi3          Phi3ForCausalLM: q/k/v and gate/up fused in its file (vLLM's Phi3 is its Llama, reading qkv_proj and
+                  gate_up_proj), pushed under TinyGPT's names, q/k/v and gate/up apart (which that Llama stacks),
+                  grouped-query attention, head_dim 32
     linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`), which vLLM reads as a
                   context 4 times max_position_embeddings: the engine holds requests to rlctl's (128)
 
@@ -35,6 +38,8 @@ MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llam
 def write(kind: str, directory: Path) -> None:
     if kind == "qwen3":
         write_checkpoint("qwen3-tied-hd32", directory)
+    elif kind == "phi3":
+        write_checkpoint("phi3-gqa", directory)
     elif kind == "llama3-rope":
         assert bands(LLAMA3) == {"kept", "divided", "between"}
         llama(LLAMA3, directory, legacy=True)
@@ -63,7 +68,7 @@ def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
     assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama3-rope", "linear-rope"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory = tmp_path_factory.mktemp(request.param)
     write(request.param, directory)
@@ -110,13 +115,15 @@ def test_requests_are_held_to_the_checkpoints_context(setup: Setup) -> None:
     assert not setup.engine.has_work()
 
 
-def test_a_mistral_whose_window_binds_serves_a_job_within_it(tmp_path: Path) -> None:
-    """Mistral v0.1's shape (sliding_window 16 of 64 positions) for a job whose context is the window: vLLM, held to
-    the job's context (max_model_len 16), decodes greedily as transformers does and as rlctl's model built for that
-    context does (the window cuts nothing off within it), and a longer request is refused, not attended past it."""
+@pytest.mark.parametrize("variant", ["mistral-v01-window16", "phi3-mini-window16"])
+def test_a_mistral_whose_window_binds_serves_a_job_within_it(tmp_path: Path, variant: str) -> None:
+    """Mistral v0.1's shape (sliding_window 16 of 64 positions; Phi-3-mini-4k's, 2047 of 4096, as well) for a job
+    whose context is the window: vLLM, held to the job's context (max_model_len 16), decodes greedily as transformers
+    does and as rlctl's model built for that context does (the window cuts nothing off within it), and a longer
+    request is refused, not attended past it."""
     from rlctl.engines.vllm import VllmEngine
 
-    write_checkpoint("mistral-v01-window16", tmp_path / "m")
+    write_checkpoint(variant, tmp_path / "m")
     hf = hf_with(tmp_path / "m", None)
     ours = TinyGPT.from_pretrained(tmp_path / "m", context=16)
     prompts = [p[:n] for p, n in zip(PROMPTS, (8, 5, 9, 12), strict=True)]
