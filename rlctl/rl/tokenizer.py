@@ -5,7 +5,8 @@
       tokenizer_config.json    special tokens, `chat_template`              → template variables
       chat_template.jinja      (newer exports) the template; wins over tokenizer_config's
       generation_config.json   eos_token_id (int or list)  ┐
-      config.json              eos_token_id (int or list)  ├ EOS ids: the union, in this order
+      config.json              eos_token_id (int or list;  ├ EOS ids: the union, in this order
+                               none: its architecture's)   │
                                tokenizer_config eos_token  ┘
 
 The chat template is rendered the way transformers renders it (sandboxed jinja2 with trim_blocks and
@@ -67,6 +68,21 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
+
+
+def _config_eos(model_dir: Path) -> list[int]:
+    """config.json's eos_token_id, or where it has no such key its architecture's as transformers reads it (Llama's
+    and Mistral's 2, Phi3's 32000: `hf.read_config`), as the engines stop at it: the held-out evaluation's outputs
+    end where the run's did."""
+    raw = _read_json(model_dir / "config.json")
+    if not raw or "eos_token_id" in raw:
+        return _ids(raw.get("eos_token_id"))
+    from rlctl.models import hf
+
+    try:
+        return list(hf.read_config(model_dir).eos_token_ids)
+    except ConfigError:  # (a config check refuses, in its own words)
+        return []
 
 
 def _ids(value: Any) -> list[int]:
@@ -184,7 +200,7 @@ class HFTokenizer:
         self.chat_template = _chat_template(model_dir, config)
         eos: list[int] = []
         eos += _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
-        eos += _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        eos += _config_eos(model_dir)
         eos_text = self.special_tokens.get("eos_token")
         if eos_text is not None and (i := self._tok.token_to_id(eos_text)) is not None:
             eos.append(i)
