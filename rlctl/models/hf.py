@@ -450,7 +450,10 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         )
 
     hidden, heads = num("hidden_size"), num("num_attention_heads")
-    kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))
+    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and arch != MISTRAL:
+        kv_heads = heads  # null: num_attention_heads, as their config classes read it (MistralConfig refuses it)
+    else:
+        kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))
     if heads % kv_heads:
         cls = arch.removesuffix("ForCausalLM") + "Config"
         said = "" if "num_key_value_heads" in d else f" ({cls}'s default where config.json has none)"

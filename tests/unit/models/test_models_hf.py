@@ -619,3 +619,20 @@ def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(t
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert check_hf_dir(tmp_path).config.architecture == "Qwen2ForCausalLM"
     assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_a_null_number_of_kv_heads_reads_as_its_config_class_reads_it(tmp_path: Path, architecture: str) -> None:
+    """`"num_key_value_heads": null` written out: num_attention_heads for Llama, Qwen2, Qwen3 and Phi3, as their
+    config classes read it (versus refused as missing); MistralConfig refuses it, and so does rlctl, in one line."""
+    d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
+         "num_attention_heads": 16, "num_key_value_heads": None, "intermediate_size": 96, "num_hidden_layers": 2,
+         "vocab_size": 96}  # fmt: skip
+    if architecture == "MistralForCausalLM":
+        with pytest.raises(Exception, match="num_key_value_heads"):
+            transformers.CONFIG_MAPPING["mistral"].from_dict(d)
+        with pytest.raises(ConfigError, match=r"^.*config\.json: num_key_value_heads: missing"):
+            TinyGPTConfig.from_hf(d, file=str(tmp_path / "config.json"))
+        return
+    theirs = transformers.CONFIG_MAPPING[ARCHITECTURES[architecture]].from_dict(d)
+    assert TinyGPTConfig.from_hf(d).num_key_value_heads == theirs.num_key_value_heads == 16
