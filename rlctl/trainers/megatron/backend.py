@@ -99,6 +99,7 @@ class MegatronBackend(TrainerBackend):
             pp=pp,
             device=None if compute is None else compute.device,
             autocast_dtype=None if compute is None else compute.autocast_dtype,
+            initialise=False,  # every tensor is the checkpoint's, written next
         )
         policy.load_hf(ModelTensors(sd, config), rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
         return cls(policy)
@@ -141,6 +142,7 @@ class MegatronBackend(TrainerBackend):
             pp=self.stage.count,
             device=self.model.device,
             autocast_dtype=self.model.autocast_dtype,
+            initialise=False,  # every tensor is the policy's, written next
         )
         trunk.copy_from(self.model)
         return trunk
