@@ -61,7 +61,7 @@ from rlctl.errors import CheckpointError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors, ModelTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
@@ -555,13 +555,14 @@ def load_trainer(
 
 def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
     """The checkpoint's policy weights into `model`, its tensors checked against its config.json first and read one
-    at a time (`CheckpointTensors`): a megatron rank holds its shard and one parameter's whole HF tensors, versus the
-    whole model twice (its state dict and a TinyGPT of it: 70B in fp32, ≈ 560 GB on every rank)."""
+    at a time (`CheckpointTensors`): a megatron rank holds its shard and one parameter's whole HF tensors, a torch
+    rank one tensor (`copy_into`), versus the whole model twice (its state dict and a TinyGPT of it: 70B in fp32,
+    ≈ 560 GB on every rank)."""
     file, config = CheckpointTensors(directory), hf.read_config(directory)
     hf.match_weights(file.shapes(), config, where=str(directory))
     tensors = ModelTensors(file, config)  # (a Phi3 file's fused tensors under the model's names)
     if isinstance(model, TinyGPT):
-        model.load_weights(tensors)
+        copy_into(model, tensors, optional={"lm_head.weight"} if config.tie_word_embeddings else ())
     else:
         model.load_state_dict(tensors)
 

@@ -6,17 +6,19 @@ and not kept.
 
 What a reader that cuts each tensor to its own part holds at once is that tensor, not the model: a megatron rank
 resuming a checkpoint (`rlctl.checkpoint.trainer`) reads its shard so, versus `hf.load_state_dict`'s whole copy
-of the model (70B in fp32: 280 GB on every rank of a node).
+of the model (70B in fp32: 280 GB on every rank of a node). `copy_into` loads a whole module (a `torch` rank's
+TinyGPT) so: torch's `load_state_dict` would first make a dict of every tensor of a lazy mapping.
 
     ModelTensors(file tensors, config)[name] ─▶ the model's names: a Phi3 file's qkv_proj read as q, k, v (its rows)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from rlctl.models import hf
 from rlctl.models.hf import TinyGPTConfig
@@ -100,3 +102,45 @@ class ModelTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each name's shape, from the file's (its headers: nothing read, where it is `CheckpointTensors`)."""
+        file = _shapes(self._file)
+        out: dict[str, tuple[int, ...]] = {}
+        for name in self._names:
+            if name in self._parts:
+                fused, _, rows = self._parts[name]
+                out[name] = (rows, *file[fused][1:])
+            else:
+                out[name] = file[name]
+        return out
+
+
+@torch.no_grad()
+def copy_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], *, optional: Collection[str] = ()) -> None:
+    """`tensors` copied into `module`'s state in place (any dtype or device: each is converted), each read as it is
+    copied: what is held beyond the module is one tensor (`CheckpointTensors`), versus torch's `load_state_dict`,
+    which makes a dict of the whole mapping first (+1 × the model on a rank's resume). Checked first, as
+    `TinyGPT.load_weights` checks them (the names and shapes from `shapes()` where it has them: nothing read), and
+    ValueError with nothing copied where a name the module holds is missing (but `optional`'s), one it does not
+    hold is there, or a shape differs."""
+    own = module.state_dict()
+    shapes = _shapes(tensors)
+    missing = sorted(set(own) - set(shapes) - set(optional))
+    unexpected = sorted(set(shapes) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    wrong = next((k for k, shape in shapes.items() if shape != tuple(own[k].shape)), None)
+    if wrong is not None:
+        got, want = list(shapes[wrong]), list(own[wrong].shape)
+        raise ValueError(f"weights do not fit this model: {wrong} has shape {got}, the model's is {want}")
+    for name, t in own.items():  # the module's order, as load_state_dict copies
+        if name in shapes:
+            t.copy_(tensors[name])
+
+
+def _shapes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape: from the files' headers where `tensors` has them (nothing read), else its own."""
+    if isinstance(tensors, CheckpointTensors | ModelTensors):
+        return tensors.shapes()
+    return {k: tuple(t.shape) for k, t in tensors.items()}

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rlctl.devices import Compute
+from rlctl.models.tensors import copy_into
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
@@ -81,10 +82,14 @@ class TorchBackend(TrainerBackend):
         return {"policy": self.model} if self.sharded else {}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """HF-layout tensors (a tied lm_head may be left out) into the policy, each read from `state_dict` as it is
+        copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them."""
         if self.sharded:
             fsdp.load_full(self.model, state_dict)
         else:
-            self.model.load_weights(state_dict)
+            copy_into(
+                self.model, state_dict, optional={"lm_head.weight"} if self.model.config.tie_word_embeddings else ()
+            )
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         assert not self.sharded, (

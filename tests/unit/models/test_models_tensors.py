@@ -1,17 +1,19 @@
 """`CheckpointTensors` reads what `hf.load_state_dict` reads (fp32), from each layout of a checkpoint directory: one
 model.safetensors, an index and its shards, a pytorch_model.bin; its shapes from the headers alone. `ModelTensors`
-reads a Phi3 file's fused tensors under the model's names."""
+reads a Phi3 file's fused tensors under the model's names; `copy_into` loads and refuses what `TinyGPT.load_weights`
+does."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors, ModelTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.tiny_models import small_config
 
@@ -59,3 +61,31 @@ def test_a_phi3_file_reads_under_the_models_names_each_fused_tensor_once(tmp_pat
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
     assert reads == list(file) and "model.layers.0.mlp.gate_up_proj.weight" not in tensors
     assert dict(ModelTensors(got, small_config())) == got  # the other architectures' files: the model's names
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_copy_into_loads_what_load_weights_loads_and_refuses_what_it_refuses(tmp_path: Path, tied: bool) -> None:
+    cfg = small_config()
+    cfg.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    d = TinyGPT(cfg).save_pretrained(tmp_path / "model")
+    optional = {"lm_head.weight"} if tied else set()
+    mine, theirs = TinyGPT(cfg), TinyGPT(cfg)
+    copy_into(mine, CheckpointTensors(d), optional=optional)
+    theirs.load_weights(hf.load_state_dict(d))
+    assert all(torch.equal(mine.state_dict()[k], v) for k, v in theirs.state_dict().items())
+    assert (mine.lm_head.weight is mine.model.embed_tokens.weight) == tied  # a tied model stays tied
+
+    whole = hf.load_state_dict(d)
+    before = {k: v.clone() for k, v in mine.state_dict().items()}
+    for bad, complaint in (
+        ({k: v for k, v in whole.items() if k != "model.norm.weight"}, "missing ['model.norm.weight']"),
+        ({**whole, "model.extra": torch.zeros(1)}, "unexpected ['model.extra']"),
+        ({**whole, "model.norm.weight": torch.zeros(3)}, "model.norm.weight has shape [3], the model's is [32]"),
+    ):
+        with pytest.raises(ValueError) as e:
+            theirs.load_weights(bad)
+        assert complaint in str(e.value)
+        with pytest.raises(ValueError, match=re.escape(str(e.value))):
+            copy_into(mine, {k: v + 1 for k, v in bad.items()}, optional=optional)
+        assert all(torch.equal(mine.state_dict()[k], v) for k, v in before.items())  # nothing copied

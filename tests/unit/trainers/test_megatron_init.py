@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.models.tensors import CheckpointTensors
+from rlctl.models.tensors import CheckpointTensors, ModelTensors
 from rlctl.trainers.base import load_backend
 from rlctl.trainers.megatron.backend import MegatronBackend
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT
@@ -46,8 +46,8 @@ def test_a_rank_starts_drawing_no_weight_and_holds_what_an_initialised_build_loa
     trunk = backend.critic_trunk()
     # megatron's init draws every weight from torch's generator: none is drawn
     assert torch.equal(torch.get_rng_state(), drawn)
-    policy = MegatronPolicy(backend.config)  # built with init, loaded alike
-    policy.load_hf(CheckpointTensors(tmp_path))
+    policy = MegatronPolicy(backend.config)  # built with init, loaded alike (Phi3: by the model's names)
+    policy.load_hf(ModelTensors(CheckpointTensors(tmp_path), backend.config))
     assert_same(backend.model, policy)
     initialised = MegatronTrunk(backend.config)
     initialised.copy_from(policy)

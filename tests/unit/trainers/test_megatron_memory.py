@@ -16,23 +16,10 @@ from rlctl.launch.agentenv import ParallelConfig
 from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import load_backend
+from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib
 from tests.unit.tiny_models import small_config
 
 pytestmark = pytest.mark.usefixtures("megatron_rank")
-
-
-def resident_mib() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
-
-
-def peak_resident_mib() -> float:
-    """The process's peak resident memory since `reset_peak` (VmHWM)."""
-    line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
-
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the resident memory now
 
 
 def test_a_resumed_rank_reads_the_checkpoints_policy_one_tensor_at_a_time(tmp_path: Path) -> None:

@@ -1,0 +1,48 @@
+"""What a `torch` rank (a whole replica, not sharded) holds while it reads a checkpoint's policy on resume: its own
+parameters and one HF tensor at a time, each read from the checkpoint's file as it is copied into its parameter
+(the peak of the process's resident memory over the read, Linux's VmHWM), versus a state dict of the whole model
+that torch's `load_state_dict` makes of the lazy tensors first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.checkpoint.trainer import load_trainer, save_trainer
+from rlctl.launch.agentenv import ParallelConfig
+from rlctl.models.hf import load_state_dict
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.trainers.base import load_backend
+from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib
+from tests.unit.tiny_models import small_config
+
+
+@pytest.mark.parametrize("into", ["backend", "tinygpt"])
+def test_a_resumed_rank_reads_the_checkpoints_policy_one_tensor_at_a_time(tmp_path: Path, into: str) -> None:
+    # 8 layers of 256: 22 MB of fp32 weights, none of its tensors over 1 MB
+    cfg = small_config(hidden=256, layers=8, heads=4, positions=64)
+    torch.manual_seed(0)
+    TinyGPT(cfg).save_pretrained(tmp_path / "start")
+    trained = load_backend("torch", tmp_path / "start")
+    with torch.no_grad():
+        for p in trained.model.parameters():
+            p.add_(1.0)  # weights other than the start's, which the resumed backend below holds
+    one, opt = ParallelConfig("trainer"), torch.optim.AdamW(trained.model.parameters())  # no step: no state to read
+    save_trainer(tmp_path / "iter-1", model=trained, optimizers={"policy": opt}, counters={"version": 1}, split=one,
+                 data_parallel=trained.data_parallel())  # fmt: skip
+    saved = load_state_dict(tmp_path / "iter-1" / "model")
+    model_mib = sum(t.numel() * 4 for t in saved.values()) / 2**20
+    del trained, saved
+
+    resumed = load_backend("torch", tmp_path / "start")
+    opt = torch.optim.AdamW(resumed.model.parameters())
+    reset_peak()
+    before = resident_mib()
+    load_trainer(tmp_path / "iter-1", model=resumed if into == "backend" else resumed.model, optimizers={"policy": opt},
+                 split=one, data_parallel=resumed.data_parallel(), version=1)  # fmt: skip
+    rise = peak_resident_mib() - before
+    assert rise < model_mib / 4, f"the read's peak rose {rise:.1f} MiB for a model of {model_mib:.1f} MiB"
+    saved = load_state_dict(tmp_path / "iter-1" / "model")
+    assert all(torch.equal(resumed.weights()[k], v) for k, v in saved.items())
