@@ -89,3 +89,17 @@ def test_copy_into_loads_what_load_weights_loads_and_refuses_what_it_refuses(tmp
         with pytest.raises(ValueError, match=re.escape(str(e.value))):
             copy_into(mine, {k: v + 1 for k, v in bad.items()}, optional=optional)
         assert all(torch.equal(mine.state_dict()[k], v) for k, v in before.items())  # nothing copied
+
+
+def test_a_phi3_files_shapes_under_the_models_names_come_from_its_headers(tmp_path: Path) -> None:
+    """`ModelTensors.shapes()`: each part of a fused tensor its rows of it, read from the file's headers alone — what
+    `copy_into` checks a resumed torch rank's Phi3 against before it copies (versus every fused tensor read for it)."""
+    model = TinyGPT(dataclasses.replace(small_config(heads=4), architecture=hf.PHI3))
+    tensors = ModelTensors(CheckpointTensors(model.save_pretrained(tmp_path / "model")), model.config)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(CheckpointTensors, "__getitem__", lambda self, name: pytest.fail(f"{name} read"))
+        shapes = tensors.shapes()
+    assert shapes == {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight" or k in shapes}
+    twin = TinyGPT(model.config)
+    copy_into(twin, tensors)
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values(), strict=True))
