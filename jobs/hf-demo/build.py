@@ -17,7 +17,9 @@ SFT warm-up on other prompts than the dataset's teaches the format, so RL starts
 heads, vocabulary 151,936: the tokenizer's words padded with unused tokens), random and in bf16 as such
 checkpoints ship: the model a GPU check launches (`python -m bench gpu-check`), not one that learns the task.
 `--shape tiny-qwen3` and `--shape tiny-llama3` build the tiny model as Qwen3 (its per-head q/k RMSNorm, head_dim 64)
-and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context), to run those architectures' paths.
+and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context), to run those architectures' paths;
+`--shape tiny-phi3` as Phi3 (4 query heads sharing 2 key/value heads, untied, its file holding q/k/v as one
+`qkv_proj` and gate/up as one `gate_up_proj`, as transformers writes Phi-3 and Phi-4).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.models.hf import LLAMA, QWEN2, QWEN3, RopeScaling
+from rlctl.models.hf import LLAMA, PHI3, QWEN2, QWEN3, RopeScaling
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -111,8 +113,8 @@ def sft(model: TinyGPT, vocab: dict[str, int], *, steps: int, seed: int) -> None
     model.eval()
 
 
-# architecture keys by --shape: the demo's tiny model (as Qwen2, Qwen3 or Llama 3.1), or Qwen2-0.5B's (hidden 896,
-# 24 layers, 14/2 heads)
+# architecture keys by --shape: the demo's tiny model (as Qwen2, Qwen3, Llama 3.1 or Phi3), or Qwen2-0.5B's (hidden
+# 896, 24 layers, 14/2 heads)
 TINY = {
     "hidden_size": 96,
     "intermediate_size": 256,
@@ -128,6 +130,13 @@ SHAPES: dict[str, dict[str, object]] = {
         **TINY,
         "architecture": LLAMA,
         "rope_scaling": RopeScaling("llama3", 8.0, 1.0, 4.0, 32),
+        "tie_word_embeddings": False,
+    },
+    "tiny-phi3": {
+        **TINY,
+        "architecture": PHI3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
         "tie_word_embeddings": False,
     },
     "qwen2-0.5b": {

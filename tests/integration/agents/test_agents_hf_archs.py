@@ -1,8 +1,10 @@
-"""`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim) and on a Llama 3.1
-one (its `llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass): each
-runs its rollout units and trainer to the end, every prompt trained once and the weights moving, and the model a
-checkpoint holds keeps its architecture: transformers loads it and computes rlctl's logits. The two jobs train with
-the policy loss's other aggregations (GRPO's per-sample mean, Dr. GRPO's constant normaliser)."""
+"""`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim), on a Llama 3.1 one (its
+`llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass) and on a Phi3 one
+(grouped-query attention; its file's q/k/v one `qkv_proj` and gate/up one `gate_up_proj`): each runs its rollout units
+and trainer to the end, every prompt trained once and the weights moving, and the model a checkpoint holds keeps its
+architecture: its config.json the starting model's keys, its file the tensors transformers' class of it has (Phi3's
+fused ones), and transformers loads it and computes rlctl's logits. The jobs train with the policy loss's aggregations
+(GRPO's per-sample mean, Dr. GRPO's constant normaliser, the token mean)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,26 @@ from .test_agents_megatron_job import LENGTH_REWARD
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
+# the config.json keys each architecture's export must keep as its starting model has them
+KEPT = (
+    "architectures",
+    "model_type",
+    "rope_scaling",
+    "head_dim",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+)
 
-@pytest.mark.parametrize(("shape", "aggregation"), [("tiny-qwen3", "sequence_mean"), ("tiny-llama3", "constant")])
-def test_a_job_on_a_qwen3_or_llama3_checkpoint_trains_and_checkpoints_its_architecture(
+
+@pytest.mark.parametrize(
+    ("shape", "aggregation"),
+    [
+        ("tiny-qwen3", "sequence_mean"),
+        ("tiny-llama3", "constant"),
+        ("tiny-phi3", "token_mean"),
+    ],
+)
+def test_a_job_on_a_qwen3_llama3_or_phi3_checkpoint_trains_and_checkpoints_its_architecture(
     tmp_path: Path, shape: str, aggregation: str
 ) -> None:
     transformers = pytest.importorskip("transformers")
@@ -43,13 +62,17 @@ def test_a_job_on_a_qwen3_or_llama3_checkpoint_trains_and_checkpoints_its_archit
     ckpt = run / "checkpoints" / "iter-3" / "model"
     want = json.loads((tmp_path / "model" / "config.json").read_text())
     got = json.loads((ckpt / "config.json").read_text())
-    assert got["architectures"] == want["architectures"] and got.get("rope_scaling") == want.get("rope_scaling")
-    assert got.get("head_dim") == want.get("head_dim")
+    assert {k: got.get(k) for k in KEPT} == {k: want.get(k) for k in KEPT}
     start, trained = load_state_dict(tmp_path / "model"), load_state_dict(ckpt)
-    assert set(trained) == set(start)  # q_norm/k_norm, where the architecture has them, kept
+    assert set(trained) == set(start)  # q_norm/k_norm, Phi3's fused tensors, where the architecture has them, kept
     assert not torch.equal(trained["model.norm.weight"], start["model.norm.weight"])  # it trained
     tokens = torch.arange(3, 63).remainder(int(want["vocab_size"])).unsqueeze(0)  # 60 positions: past 32
     ours = TinyGPT.from_pretrained(ckpt).eval()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
+    tied = {"lm_head.weight"} if want["tie_word_embeddings"] else set()
+    assert set(trained) == set(theirs.state_dict()) - tied  # the names transformers' class has, none left out
+    if shape == "tiny-phi3":
+        fused = {k.rpartition(".")[0].rpartition(".")[2] for k in trained if k.startswith("model.layers.0.")}
+        assert {"qkv_proj", "gate_up_proj"} <= fused and not fused & {"q_proj", "k_proj", "v_proj", "gate_proj"}
     with torch.no_grad():
         torch.testing.assert_close(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=1e-4)
