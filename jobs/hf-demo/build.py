@@ -19,12 +19,16 @@ checkpoints ship: the model a GPU check launches (`python -m bench gpu-check`), 
 `--shape tiny-qwen3` and `--shape tiny-llama3` build the tiny model as Qwen3 (its per-head q/k RMSNorm, head_dim 64)
 and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context), to run those architectures' paths;
 `--shape tiny-phi3` as Phi3 (4 query heads sharing 2 key/value heads, untied, its file holding q/k/v as one
-`qkv_proj` and gate/up as one `gate_up_proj`, as transformers writes Phi-3 and Phi-4).
+`qkv_proj` and gate/up as one `gate_up_proj`, as transformers writes Phi-3 and Phi-4); `--shape tiny-mistral-window`
+as a Mistral whose `sliding_window` binds as v0.1's does (96 of 256 positions; its 4096 of 32768), the window exactly
+the hf-demo job's context (its max_prompt_tokens + max_output_tokens), so that job runs at the window's edge and
+`rlctl check` refuses one asking a token more.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.models.hf import LLAMA, PHI3, QWEN2, QWEN3, RopeScaling
+from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, RopeScaling
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -113,8 +117,12 @@ def sft(model: TinyGPT, vocab: dict[str, int], *, steps: int, seed: int) -> None
     model.eval()
 
 
-# architecture keys by --shape: the demo's tiny model (as Qwen2, Qwen3, Llama 3.1 or Phi3), or Qwen2-0.5B's (hidden
-# 896, 24 layers, 14/2 heads)
+# the hf-demo job's context: jobs/hf-demo.yaml's max_prompt_tokens 32 + max_output_tokens 64 (tiny-mistral-window's
+# sliding_window)
+HF_DEMO_CONTEXT = 32 + 64
+
+# architecture keys by --shape: the demo's tiny model (as Qwen2, Qwen3, Llama 3.1, Phi3 or a windowed Mistral), or
+# Qwen2-0.5B's (hidden 896, 24 layers, 14/2 heads)
 TINY = {
     "hidden_size": 96,
     "intermediate_size": 256,
@@ -138,6 +146,14 @@ SHAPES: dict[str, dict[str, object]] = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "tie_word_embeddings": False,
+    },
+    "tiny-mistral-window": {
+        **TINY,
+        "architecture": MISTRAL,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+        "sliding_window": HF_DEMO_CONTEXT,
     },
     "qwen2-0.5b": {
         "vocab_size": 151_936,
@@ -166,9 +182,12 @@ def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0, shape: str = "
         eos_token_id=[vocab["<|end|>"], vocab["</s>"]],
         pad_token_id=vocab["<pad>"],
     )
-    model = TinyGPT(cfg)
+    # a window that binds refuses a model holding every position (TinyGPT's RoPE tables hold max_position_embeddings):
+    # the model is made and warmed up without it (the SFT sequences are shorter) and saved with it
+    model = TinyGPT(dataclasses.replace(cfg, sliding_window=None))
     if sft_steps:
         sft(model, vocab, steps=sft_steps, seed=seed)
+    model.config = cfg
     model.save_pretrained(out / "model", dtype=torch.float32 if shape.startswith("tiny") else torch.bfloat16)
     rng = random.Random(seed)
     with (out / "data.jsonl").open("w") as f:

@@ -1,10 +1,12 @@
 """`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim), on a Llama 3.1 one (its
-`llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass) and on a Phi3 one
-(grouped-query attention; its file's q/k/v one `qkv_proj` and gate/up one `gate_up_proj`): each runs its rollout units
-and trainer to the end, every prompt trained once and the weights moving, and the model a checkpoint holds keeps its
-architecture: its config.json the starting model's keys, its file the tensors transformers' class of it has (Phi3's
-fused ones), and transformers loads it and computes rlctl's logits. The jobs train with the policy loss's aggregations
-(GRPO's per-sample mean, Dr. GRPO's constant normaliser, the token mean)."""
+`llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass), on a Phi3 one
+(grouped-query attention; its file's q/k/v one `qkv_proj` and gate/up one `gate_up_proj`) and on a Mistral whose
+sliding_window binds as v0.1's does, at exactly the job's context (its longest prompt + max_output_tokens, which
+`rlctl check` passes): each runs its rollout units and trainer to the end, every prompt trained once and the weights
+moving, and the model a checkpoint holds keeps its architecture: its config.json the starting model's keys (the
+Mistral's window), its file the tensors transformers' class of it has (Phi3's fused ones), and transformers loads it
+and computes rlctl's logits over the job's whole context. The jobs train with the policy loss's aggregations (GRPO's
+per-sample mean, Dr. GRPO's constant normaliser, the token mean)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlctl.agents.common import job_context
+from rlctl.config import load_job
 from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
 from tests.integration.hfdemo import check_and_launch, hf_demo_job
@@ -30,6 +34,7 @@ KEPT = (
     "head_dim",
     "num_key_value_heads",
     "tie_word_embeddings",
+    "sliding_window",
 )
 
 
@@ -39,9 +44,10 @@ KEPT = (
         ("tiny-qwen3", "sequence_mean"),
         ("tiny-llama3", "constant"),
         ("tiny-phi3", "token_mean"),
+        ("tiny-mistral-window", "token_mean"),
     ],
 )
-def test_a_job_on_a_qwen3_llama3_or_phi3_checkpoint_trains_and_checkpoints_its_architecture(
+def test_a_job_on_a_qwen3_llama3_phi3_or_windowed_mistral_checkpoint_trains_and_checkpoints_its_architecture(
     tmp_path: Path, shape: str, aggregation: str
 ) -> None:
     transformers = pytest.importorskip("transformers")
@@ -66,11 +72,14 @@ def test_a_job_on_a_qwen3_llama3_or_phi3_checkpoint_trains_and_checkpoints_its_a
     start, trained = load_state_dict(tmp_path / "model"), load_state_dict(ckpt)
     assert set(trained) == set(start)  # q_norm/k_norm, Phi3's fused tensors, where the architecture has them, kept
     assert not torch.equal(trained["model.norm.weight"], start["model.norm.weight"])  # it trained
-    tokens = torch.arange(3, 63).remainder(int(want["vocab_size"])).unsqueeze(0)  # 60 positions: past 32
-    ours = TinyGPT.from_pretrained(ckpt).eval()
+    context = job_context(load_job(job).spec)  # 32 prompt + 64 output tokens: past Llama 3.1's 32
+    tokens = torch.arange(3, 3 + context).remainder(int(want["vocab_size"])).unsqueeze(0)
+    ours = TinyGPT.from_pretrained(ckpt, context=context).eval()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
     tied = {"lm_head.weight"} if want["tie_word_embeddings"] else set()
     assert set(trained) == set(theirs.state_dict()) - tied  # the names transformers' class has, none left out
+    if shape == "tiny-mistral-window":  # binding (below max_position_embeddings), at the job's context exactly
+        assert got["sliding_window"] == theirs.config.sliding_window == context < got["max_position_embeddings"]
     if shape == "tiny-phi3":
         fused = {k.rpartition(".")[0].rpartition(".")[2] for k in trained if k.startswith("model.layers.0.")}
         assert {"qkv_proj", "gate_up_proj"} <= fused and not fused & {"q_proj", "k_proj", "v_proj", "gate_proj"}
