@@ -237,10 +237,11 @@ def _build(root: Path, *, shape: str) -> None:
 
 
 def _archs_vs_cpu(root: Path, device: str) -> dict[str, Any]:
-    """`engine_vs_cpu` of the builder's tiny Qwen3 (per-head q/k RMSNorm) and Llama 3.1 (llama3 RoPE scaling past a
-    32-token context) checkpoints: their architectures' own code on the device against the CPU."""
+    """`engine_vs_cpu` of the builder's tiny Qwen3 (per-head q/k RMSNorm), Llama 3.1 (llama3 RoPE scaling past a
+    32-token context) and Phi3 (its file's fused qkv_proj and gate_up_proj) checkpoints: their architectures' own code
+    on the device against the CPU."""
     out = {}
-    for shape in ("tiny-qwen3", "tiny-llama3"):
+    for shape in ("tiny-qwen3", "tiny-llama3", "tiny-phi3"):
         _build(root / shape, shape=shape)
         out[shape] = engine_vs_cpu(root / shape / "model", device)
     return out

@@ -16,7 +16,7 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert "errors" not in r and "skipped" not in r, (r.get("errors"), r.get("skipped"))
     assert r["device"] == "cpu" and r["commit"] != "unknown"
     assert r["engine_vs_cpu"]["argmax_agreement"] == 1.0 and r["grpo_step_vs_cpu"]["min_update_cosine"] > 0.999
-    assert set(r["archs_vs_cpu"]) == {"tiny-qwen3", "tiny-llama3"}
+    assert set(r["archs_vs_cpu"]) == {"tiny-qwen3", "tiny-llama3", "tiny-phi3"}
     assert all(a["argmax_agreement"] == 1.0 for a in r["archs_vs_cpu"].values()), r["archs_vs_cpu"]
     assert set(r["engine_tok_s"]) == set(r["hf_generate_tok_s"]) == {"4", "8"}
     assert all(v > 0 for v in r["engine_tok_s"].values()) and r["train_tok_s"] > 0
