@@ -20,7 +20,7 @@ in a micro-batch a zero-weight row (`rlctl.rl.learner`), and weights are gathere
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -74,13 +74,18 @@ def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool
     return out
 
 
-def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Full tensors (every rank passes the same) into this rank's shards; no communication."""
+def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, optional: Collection[str] = ()) -> None:
+    """Full tensors (every rank passes the same) into this rank's shards; no communication. ValueError with nothing
+    copied where one of the model's is missing (but `optional`'s: a tied lm_head), versus that tensor left as it was
+    (a resume's policy part new, part initial)."""
+    own = model.state_dict()
+    if missing := sorted(set(own) - set(state_dict) - set(optional)):
+        raise ValueError(f"weights do not fit this model: missing {missing[:3]}")
     with torch.no_grad():
-        for name, p in model.state_dict().items():
-            src = state_dict.get(name)
-            if src is None:
+        for name, p in own.items():
+            if name not in state_dict:
                 continue
+            src = state_dict[name]
             if (d := as_dtensor(p)) is not None:
                 from torch.distributed.tensor import distribute_tensor
 

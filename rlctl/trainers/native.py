@@ -84,12 +84,11 @@ class TorchBackend(TrainerBackend):
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """HF-layout tensors (a tied lm_head may be left out) into the policy, each read from `state_dict` as it is
         copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them."""
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if self.sharded:
-            fsdp.load_full(self.model, state_dict)
+            fsdp.load_full(self.model, state_dict, optional=tied)
         else:
-            copy_into(
-                self.model, state_dict, optional={"lm_head.weight"} if self.model.config.tie_word_embeddings else ()
-            )
+            copy_into(self.model, state_dict, optional=tied)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         assert not self.sharded, (

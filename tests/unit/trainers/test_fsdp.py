@@ -114,3 +114,21 @@ def test_a_cpu_trainer_on_a_machine_with_a_gpu_shards_on_the_cpu(
         model(torch.randint(0, 67, (2, 5))).sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_full_load_missing_a_tensor_is_refused_before_any_is_copied() -> None:
+    """`fsdp.load_full` (a sharded rank's resume) with one of the model's tensors missing: ValueError naming it and
+    the model as it was, versus that tensor silently left at its initial value; a tied lm_head may be left out."""
+    from rlctl.trainers import fsdp
+
+    model, other = TinyGPT(CFG), TinyGPT(CFG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    full = dict(other.state_dict())
+    del full["model.norm.weight"]
+    with pytest.raises(ValueError, match=r"missing \['model\.norm\.weight'\]"):
+        fsdp.load_full(model, full, optional={"lm_head.weight"})
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    del full["lm_head.weight"]
+    full["model.norm.weight"] = other.state_dict()["model.norm.weight"]
+    fsdp.load_full(model, full, optional={"lm_head.weight"})
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in model.state_dict().items())
