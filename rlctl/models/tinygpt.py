@@ -54,7 +54,7 @@ from rlctl.models.hf import (
     TinyGPTConfig,
     load_state_dict,
 )
-from rlctl.models.tensors import ModelTensors
+from rlctl.models.tensors import ModelTensors, copy_into
 
 __all__ = [
     "CONFIG_FILE",
@@ -575,20 +575,12 @@ class TinyGPT(nn.Module):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy HF-layout tensors into the parameters in place (any device or dtype: each is converted); with
         tied embeddings `lm_head.weight` may be left out. Storage does not move (a captured CUDA graph stays
-        valid)."""
+        valid). Each tensor is read as it is copied (`copy_into`): a lazy mapping (`ModelTensors` of a checkpoint's
+        `CheckpointTensors`) costs one tensor beyond the model, versus torch's `load_state_dict`, which makes a dict
+        of the whole mapping first."""
         # checked before anything is copied: a refused version leaves the weights whole (the engine keeps
         # generating with them, under their own version)
-        own = self.state_dict()
-        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
-        missing = sorted(set(own) - set(state_dict) - optional)
-        unexpected = sorted(set(state_dict) - set(own))
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        shape = next((k for k, t in state_dict.items() if t.shape != own[k].shape), None)
-        if shape is not None:
-            got, want = list(state_dict[shape].shape), list(own[shape].shape)
-            raise ValueError(f"weights do not fit this model: {shape} has shape {got}, the model's is {want}")
-        self.load_state_dict(state_dict, strict=False)
+        copy_into(self, state_dict, optional={"lm_head.weight"} if self.config.tie_word_embeddings else ())
 
     def hf_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The HF checkpoint's tensors (no `lm_head.weight` when tied: the embedding is the one copy), detached,

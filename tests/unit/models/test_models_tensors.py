@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from pathlib import Path
 
 import pytest
@@ -102,4 +103,30 @@ def test_a_phi3_files_shapes_under_the_models_names_come_from_its_headers(tmp_pa
     assert shapes == {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight" or k in shapes}
     twin = TinyGPT(model.config)
     copy_into(twin, tensors)
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("architecture", [hf.LLAMA, hf.PHI3])
+def test_load_weights_holds_one_tensor_of_a_lazy_mapping_at_a_time(tmp_path: Path, architecture: str) -> None:
+    """`TinyGPT.load_weights` of a checkpoint's tensors read as they are asked for (`ModelTensors` of
+    `CheckpointTensors`): each tensor read is let go once copied, versus torch's `load_state_dict`, which makes a dict
+    of every tensor of the mapping first (the whole model beside the model)."""
+    torch.manual_seed(0)
+    model = TinyGPT(dataclasses.replace(small_config(layers=2, heads=4), architecture=architecture))
+    d = model.save_pretrained(tmp_path / "model")
+    alive: list[weakref.ref[torch.Tensor]] = []
+    held: list[int] = []  # at each read: how many tensors read before it are still held
+    read = CheckpointTensors.__getitem__
+
+    def tracked(self: CheckpointTensors, name: str) -> torch.Tensor:
+        held.append(sum(r() is not None for r in alive))
+        t = read(self, name)
+        alive.append(weakref.ref(t))
+        return t
+
+    twin = TinyGPT(model.config)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(CheckpointTensors, "__getitem__", tracked)
+        twin.load_weights(ModelTensors(CheckpointTensors(d), model.config))
+    assert len(held) == len(CheckpointTensors(d)) and max(held) <= 1  # (a Phi3's fused tensor, kept for its parts)
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values(), strict=True))
