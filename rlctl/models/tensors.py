@@ -7,7 +7,8 @@ and not kept.
 What a reader that cuts each tensor to its own part holds at once is that tensor, not the model: a megatron rank
 resuming a checkpoint (`rlctl.checkpoint.trainer`) reads its shard so, versus `hf.load_state_dict`'s whole copy
 of the model (70B in fp32: 280 GB on every rank of a node). `copy_into` loads a whole module (a `torch` rank's
-TinyGPT) so: torch's `load_state_dict` would first make a dict of every tensor of a lazy mapping.
+TinyGPT, every `TinyGPT.from_pretrained`) so: torch's `load_state_dict` would first make a dict of every tensor of a
+lazy mapping.
 
     ModelTensors(file tensors, config)[name] ─▶ the model's names: a Phi3 file's qkv_proj read as q, k, v (its rows)
 """
@@ -69,10 +70,14 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
 class ModelTensors(Mapping[str, torch.Tensor]):
     """A checkpoint file's tensors `file` (by the file's names: `CheckpointTensors`, or a state dict) under the names
     of the model of `config`: each part of a fused tensor (Phi3's q, k, v of qkv_proj, gate, up of gate_up_proj:
-    `hf.fusions`) its rows of it, in the file's order; the other names as they are. The fused tensor last read is
-    kept for its next part, so a reader asking for q, k and v in a row reads qkv_proj once."""
+    `hf.fusions`) its rows of it, in the file's order; the other names as they are; `only`: the file's names to
+    read (`hf.match_weights`'s, leaving out an older Llama's rotary_emb.inv_freq and a tied lm_head; None: every one).
+    The fused tensor last read is kept for its next part, so a reader asking for q, k and v in a row reads qkv_proj
+    once."""
 
-    def __init__(self, file: Mapping[str, torch.Tensor], config: TinyGPTConfig) -> None:
+    def __init__(
+        self, file: Mapping[str, torch.Tensor], config: TinyGPTConfig, *, only: Collection[str] | None = None
+    ) -> None:
         self._file, fused, shapes = file, hf.fusions(config), hf.expected_shapes(config)
         self._parts: dict[str, tuple[str, int, int]] = {}  # part → (fused tensor, first row, rows)
         for name, parts in fused.items():
@@ -80,14 +85,14 @@ class ModelTensors(Mapping[str, torch.Tensor]):
             for p in parts:
                 self._parts[p] = (name, at, shapes[p][0])
                 at += shapes[p][0]
-        self._names = [p for name in file for p in fused.get(name, (name,))]
+        self._names = [p for name in file if only is None or name in only for p in fused.get(name, (name,))]
         self._known = set(self._names)
         self._last: tuple[str, torch.Tensor] | None = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._known:
+            raise KeyError(name)
         if name not in self._parts:
-            if name not in self._known:
-                raise KeyError(name)
             return self._file[name]
         fused, at, rows = self._parts[name]
         if self._last is None or self._last[0] != fused:

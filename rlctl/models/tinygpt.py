@@ -54,7 +54,7 @@ from rlctl.models.hf import (
     TinyGPTConfig,
     load_state_dict,
 )
-from rlctl.models.tensors import ModelTensors, copy_into
+from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
 
 __all__ = [
     "CONFIG_FILE",
@@ -542,16 +542,18 @@ class TinyGPT(nn.Module):
         """Load an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's own) on
         `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
         ConfigError for what is not supported. The weights are never initialised first (the model is made on
-        the meta device and filled from the file)."""
+        the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
         held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
         if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
             raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
-        sd = load_state_dict(d)
-        names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
+        file = CheckpointTensors(d)  # (names and shapes from the files' headers: nothing read yet)
+        names = hf.match_weights(file.shapes(), config, where=str(d))
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
-        model.load_weights(ModelTensors({k: sd[k] for k in names}, config))
+        # each tensor read (in fp32, as `load_state_dict` reads it) and cast into its parameter in turn: what is held
+        # beside the model is one tensor, versus a state dict of the whole model (a 7B in bf16: ≈ 30 GB, not 15)
+        model.load_weights(ModelTensors(file, config, only=names))
         return model
 
     @classmethod

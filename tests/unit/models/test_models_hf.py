@@ -18,10 +18,14 @@ from rlctl.models.hf import (
     expected_shapes,
     file_shapes,
     fused_for_file,
+    match_weights,
+    read_config,
+    torch_dtype,
 )
+from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
-from tests.unit.hf_checkpoints import VARIANTS, refused_in_one_line, write_checkpoint
+from tests.unit.hf_checkpoints import VARIANTS, WINDOWED, refused_in_one_line, write_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -156,6 +160,41 @@ def test_bf16_checkpoint_loads_into_fp32(tmp_path: Path) -> None:
         torch.equal(p, q)
         for p, q in zip(model.parameters(), TinyGPT.from_pretrained(tmp_path / "fp32").parameters(), strict=True)
     )
+
+
+def _whole_then_filled(directory: Path, dtype: torch.dtype | None, context: int) -> TinyGPT:
+    """The load `from_pretrained` did before it read one tensor at a time: a state dict of the whole checkpoint (in
+    fp32), then the model filled from it by torch's `load_state_dict`."""
+    config = read_config(directory)
+    sd = load_state_dict(directory)
+    names = match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(directory))
+    model = TinyGPT.empty(config, dtype=dtype or torch_dtype(config), device="cpu", context=context)
+    model.load_state_dict(dict(ModelTensors({k: sd[k] for k in names}, config)), strict=False)
+    return model
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, *WINDOWED])
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+     (torch.bfloat16, None), (torch.float16, torch.bfloat16)],
+)  # fmt: skip
+def test_a_load_one_tensor_at_a_time_is_the_whole_state_dicts_bit_for_bit(
+    tmp_path: Path, variant: str, saved: torch.dtype, loaded: torch.dtype | None
+) -> None:
+    """`from_pretrained` reads each tensor as it fills its parameter: every weight (a Phi3's fused q/k/v and gate/up
+    split, a tied lm_head one tensor with the embedding) and RoPE table as the load of the whole state dict gave it,
+    bit for bit, the checkpoint's dtype cast to the model's (None: the checkpoint's own)."""
+    write_checkpoint(variant, tmp_path, dtype=saved)
+    model = TinyGPT.from_pretrained(tmp_path, dtype=loaded, context=16)
+    want = _whole_then_filled(tmp_path, loaded, 16)
+    assert all(p.dtype == (loaded or saved) for p in model.parameters())
+    a, b = model.state_dict(), want.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in b)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    for table in ("rope_cos", "rope_sin_signed"):
+        got, wanted = getattr(model, table), getattr(want, table)
+        assert got.shape[0] == 16 and got.dtype == wanted.dtype and torch.equal(got, wanted)
 
 
 def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) -> None:

@@ -130,3 +130,19 @@ def test_load_weights_holds_one_tensor_of_a_lazy_mapping_at_a_time(tmp_path: Pat
         twin.load_weights(ModelTensors(CheckpointTensors(d), model.config))
     assert len(held) == len(CheckpointTensors(d)) and max(held) <= 1  # (a Phi3's fused tensor, kept for its parts)
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values(), strict=True))
+
+
+def test_from_pretrained_reads_past_what_a_file_holds_beyond_the_model(tmp_path: Path) -> None:
+    """An older Llama's file holds `rotary_emb.inv_freq` buffers and a tied checkpoint's may hold `lm_head.weight`:
+    `from_pretrained` reads the tensors `hf.match_weights` names (`ModelTensors(only=…)`), the model as without them."""
+    cfg = dataclasses.replace(small_config(layers=2), tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = TinyGPT(cfg)
+    d = model.save_pretrained(tmp_path / "model")
+    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16), "lm_head.weight": model.lm_head.weight}
+    hf.save_state_dict({**hf.load_state_dict(d), **{k: v.detach().clone() for k, v in extra.items()}}, d)
+    assert set(extra) <= set(CheckpointTensors(d))
+    loaded = TinyGPT.from_pretrained(d)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    got, want = loaded.state_dict(), model.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
