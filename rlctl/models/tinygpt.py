@@ -565,14 +565,23 @@ class TinyGPT(nn.Module):
         context (rlctl.agents.common.job_context), where a checkpoint says 131072 … 1,024,000."""
         with _uninitialised(), torch.device("meta"):
             model = cls(config)
-        model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))  # `to_empty`, whose empty_like
-        # of a meta tensor is a decomposition that imports sympy (≈ 0.7 s of an agent's start)
+        # `to_empty` (whose empty_like of a meta tensor is a decomposition that imports sympy: ≈ 0.7 s of an agent's
+        # start), each weight made once (a tied embedding is met twice) in `dtype`, versus made in fp32 and cast (a
+        # bf16 model on a GPU: its fp32 twin first, 2 × the model in device memory at the start)
+        made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id → (the meta tensor, kept: its id stays its)
+
+        def empty(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in made:
+                made[id(t)] = t, torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+            return made[id(t)][1]
+
+        model._apply(empty)
         if config.tie_word_embeddings:  # one parameter under both names, as on construction
             model.lm_head.weight = model.model.embed_tokens.weight
         if context is not None:
             model.context = min(context, config.max_position_embeddings)
         model._rope_tables()
-        return model.to(dtype)
+        return model.to(dtype)  # (the RoPE tables, made in fp32, cast as the constructor's model's are)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy HF-layout tensors into the parameters in place (any device or dtype: each is converted); with

@@ -296,3 +296,33 @@ def test_a_sequence_past_the_jobs_context_is_refused_in_one_line_naming_it(tmp_p
         "request r: 10 prompt + 7 new tokens > the job's context (its task's longest prompt + output) 16"
     )
     engine.add([GenRequest("s", [5] * 10, 6)])  # fits: prompt + output = 16
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_empty_model_makes_each_weight_once_in_its_dtype(tied: bool) -> None:
+    """`TinyGPT.empty` (every `from_pretrained`) makes each weight in the model's dtype: a bf16 model on a GPU holds
+    itself, versus an fp32 twin made first and cast (2 × the model in device memory at its start). Its RoPE tables are
+    the constructor's model's (fp32, cast to the model's dtype)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    made: list[tuple[torch.dtype, int]] = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten.empty, torch.ops.aten.empty_strided) and not out.is_meta:
+                made.append((out.dtype, out.numel()))
+            return out
+
+    cfg = dataclasses.replace(SMALL, tie_word_embeddings=tied)
+    with Allocations():
+        model = TinyGPT.empty(cfg, dtype=torch.bfloat16, device="cpu")
+    weights = {id(p): p.numel() for p in model.parameters()}
+    assert [p.dtype for p in model.parameters()] == [torch.bfloat16] * len(weights)
+    floating = [n for dtype, n in made if dtype.is_floating_point]
+    assert sum(floating) <= sum(weights.values()) + model.rope_cos.numel() + model.rope_sin_signed.numel(), made
+    assert {dtype for dtype, n in made if n > cfg.hidden_size} == {torch.bfloat16}
+    torch.manual_seed(0)
+    built = TinyGPT(cfg).to(torch.bfloat16)
+    assert model.rope_cos.dtype == torch.bfloat16 and torch.equal(model.rope_cos, built.rope_cos)
+    assert torch.equal(model.rope_sin_signed, built.rope_sin_signed)
