@@ -23,7 +23,8 @@ a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`win
 (`partial_rotary_factor` ≠ 1: Phi-4-mini), MLP bias, activations other than SiLU, quantized weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
-as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs).
+as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
+written back as read (`Phi3Extras`); the other architectures' exports write none (their config classes read 0.0).
 
 Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
 names and shapes read from the safetensors headers) can run without it.
@@ -109,6 +110,19 @@ class RopeScaling:
         return {"rope_type": self.kind, **{k: v for k, v in asdict(self).items() if k != "kind" and v is not None}}
 
 
+@dataclass(frozen=True)
+class Phi3Extras:
+    """A Phi3 config.json's keys rlctl reads and does not compute with, written back as read (as Phi3Config reads them:
+    its defaults where config.json has none): longrope's pretraining context (longrope is refused) and the dropout
+    probabilities (rlctl trains without dropout: `rlctl.models.hf`'s docstring). `TinyGPTConfig.phi3_extras` None is
+    what rlctl writes of its own: max_position_embeddings and no dropout."""
+
+    original_max_position_embeddings: int
+    attention_dropout: float = 0.0
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
+
+
 @dataclass
 class TinyGPTConfig:
     """HF `LlamaConfig`/`Qwen2Config`/`Qwen3Config`/`MistralConfig`/`Phi3Config` keys (the subset the model computes
@@ -140,6 +154,7 @@ class TinyGPTConfig:
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
     # transformers and vLLM compute them, in fp32 (HF checkpoints: ~2e-5 apart in logits at position 100)
     rope_fp64_angles: bool = True
+    phi3_extras: Phi3Extras | None = None  # a Phi3's keys written back as read (None: rlctl's own, `Phi3Extras`)
 
     def __post_init__(self) -> None:
         if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads:
@@ -179,7 +194,8 @@ class TinyGPTConfig:
     def to_hf(self) -> dict[str, Any]:
         """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
         d = asdict(self)
-        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window"):
+        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window",
+                    "phi3_extras"):  # fmt: skip
             del d[key]
         if self.architecture in (QWEN2, MISTRAL, PHI3):  # no such key: their bias is fixed
             del d["attention_bias"]
@@ -229,13 +245,26 @@ class TinyGPTConfig:
 
 
 def _phi3_keys(c: TinyGPTConfig) -> dict[str, Any]:
-    """The keys Phi3Config writes beside Llama's: its window as read, longrope's pretraining context (longrope is
-    refused: the context), no dropout (rlctl trains without it)."""
-    return {
-        "sliding_window": c.sliding_window,
-        "original_max_position_embeddings": c.max_position_embeddings,
-        **dict.fromkeys(("attention_dropout", "resid_pdrop", "embd_pdrop"), 0.0),
-    }
+    """The keys Phi3Config writes beside Llama's: its window, longrope's pretraining context and the dropout as read
+    (`Phi3Extras`; a config of rlctl's own: the context, no dropout)."""
+    extras = c.phi3_extras or Phi3Extras(c.max_position_embeddings)
+    return {"sliding_window": c.sliding_window, **asdict(extras)}
+
+
+def _phi3_extras(d: Mapping[str, Any], positions: int, bad: Callable[[str, str], ConfigError]) -> Phi3Extras | None:
+    """A Phi3 config.json's `Phi3Extras` as Phi3Config reads them (its 4096 and no dropout where it has none); None
+    where they are what rlctl writes of its own (the context, no dropout), so that its own configs read back equal."""
+    context = d.get("original_max_position_embeddings", 4096)
+    if type(context) is not int or context <= 0:
+        raise bad("original_max_position_embeddings", f"{context!r} is not a positive integer")
+    dropout: dict[str, float] = {}
+    for key in ("attention_dropout", "resid_pdrop", "embd_pdrop"):
+        p = d.get(key, 0.0)
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1:
+            raise bad(key, f"{p!r} is not a dropout probability (a number from 0 to 1)")
+        dropout[key] = float(p)
+    extras = Phi3Extras(context, **dropout)
+    return None if extras == Phi3Extras(positions) else extras
 
 
 def torch_dtype(c: TinyGPTConfig) -> torch.dtype:
@@ -491,6 +520,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         sliding_window=window,
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
+        phi3_extras=_phi3_extras(d, positions, bad) if arch == PHI3 else None,
     )
 
 

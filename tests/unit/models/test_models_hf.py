@@ -426,18 +426,41 @@ def test_a_phi3_export_is_the_file_transformers_writes(tmp_path: Path, variant: 
     assert (out["architectures"], out["model_type"]) == (["Phi3ForCausalLM"], "phi3") and "attention_bias" not in out
     theirs = transformers.AutoConfig.from_pretrained(tmp_path / "out").to_dict()
     own = ref.config.to_dict()
-    keys = ["sliding_window", "rope_parameters", "resid_pdrop", "embd_pdrop", "rms_norm_eps", "bos_token_id",
-            "eos_token_id", "pad_token_id", "tie_word_embeddings", "num_key_value_heads"]  # fmt: skip
+    # (longrope's pretraining context: Phi3Config's 4096 where it is given none, as read, read by nothing rlctl runs)
+    keys = ["sliding_window", "rope_parameters", "resid_pdrop", "embd_pdrop", "attention_dropout", "rms_norm_eps",
+            "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "num_key_value_heads",
+            "max_position_embeddings", "original_max_position_embeddings"]  # fmt: skip
     assert {k: theirs[k] for k in keys} == {k: own[k] for k in keys}
-    # longrope's pretraining context (refused: read by nothing rlctl runs), written as Phi-4's and Phi-3-4k's have it
-    assert (
-        theirs["original_max_position_embeddings"]
-        == theirs["max_position_embeddings"]
-        == own["max_position_embeddings"]
-    )
     reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     x = tokens(2, 16)
     torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
+
+
+def test_a_phi3_export_writes_back_the_keys_rlctl_does_not_compute_with_as_read(tmp_path: Path) -> None:
+    """A Phi3's dropout (rlctl trains without it) and longrope's pretraining context (longrope is refused) are written
+    back as its config.json said them, versus 0.0 and max_position_embeddings whatever it said; transformers reads
+    the export as the checkpoint's own."""
+    write_checkpoint("phi3-gqa", tmp_path / "src")
+    said = {"resid_pdrop": 0.1, "embd_pdrop": 0.05, "attention_dropout": 0.2, "original_max_position_embeddings": 64}
+    theirs = transformers.Phi3Config.from_pretrained(tmp_path / "src")
+    for key, value in said.items():
+        setattr(theirs, key, value)
+    theirs.save_pretrained(tmp_path / "src")  # (a config.json transformers writes)
+    TinyGPT.from_pretrained(tmp_path / "src").save_pretrained(tmp_path / "out")
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: out[k] for k in said} == said
+    reread = transformers.AutoConfig.from_pretrained(tmp_path / "out")
+    assert {k: getattr(reread, k) for k in said} == said
+    assert TinyGPT.from_pretrained(tmp_path / "out").config == TinyGPT.from_pretrained(tmp_path / "src").config
+    own = TinyGPTConfig(architecture="Phi3ForCausalLM")  # rlctl's own: its context, no dropout, read back equal
+    assert TinyGPTConfig.from_hf(own.to_hf()) == own and own.to_hf()["original_max_position_embeddings"] == 320
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    for key, value, complaint in (
+        ("resid_pdrop", 1.5, "1.5 is not a dropout probability (a number from 0 to 1)"),
+        ("original_max_position_embeddings", "4096", "'4096' is not a positive integer"),
+    ):
+        (tmp_path / "src" / "config.json").write_text(json.dumps({**cfg, key: value}))
+        refused_in_one_line(tmp_path / "src", key, complaint)
 
 
 def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
