@@ -5,6 +5,8 @@ vocab-parallel embedding) and whose pp divides the layers (every stage holds as 
 split by it and searches only those; `rlctl check` (`rlctl.ops.preflight.backends.trainer_split_problems`) says the
 same.
 And where the torch trainer shards its replica over dp with FSDP2 instead (`shard_trainer`), for plan and launch alike.
+The tps of either role the analytical profile prices are these rules' (`trainer_tp_refusal`, and vLLM's for a rollout
+unit, `rollout_tp_refusal`: a tp that does not divide the key/value heads, nor is a multiple of them, it cannot shard).
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ def split_refusals(arch: ModelArch, backend: str, *, tp: int, pp: int) -> list[t
                 "a divisor",
             )
         )
+    if (why := trainer_tp_refusal(arch, tp)) is not None:
+        out.append(("trainer.tensor_parallel", why))
+    return out
+
+
+def trainer_tp_refusal(arch: ModelArch, tp: int) -> str | None:
+    """Why the megatron trainer cannot split `arch` over tp GPUs (the first dimension tp does not divide: its column-
+    and row-parallel layers and vocab-parallel embedding shard each, a key/value head never replicated); None when it
+    can. The trainer's tps the planner searches and the analytical profile prices
+    (`rlctl.profiler.analytical.training_entries`)."""
     for what, n in (
         ("num_attention_heads", arch.heads),
         ("num_key_value_heads", arch.kv_heads),
@@ -53,9 +65,28 @@ def split_refusals(arch: ModelArch, backend: str, *, tp: int, pp: int) -> list[t
         ("vocab_size", arch.vocab),
     ):
         if n % tp:
-            out.append(("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor"))
-            break
-    return out
+            return f"{tp} does not divide the model's {what} {n}; use a divisor"
+    return None
+
+
+def rollout_tp_refusal(arch: ModelArch, tp: int) -> str | None:
+    """Why vLLM cannot shard `arch` over tp GPUs, as its layers divide it (vllm.model_executor.layers.linear: the
+    query heads and the MLP width split over tp; the key/value heads too where tp is below their count, else each is
+    replicated on tp / kv_heads GPUs, which needs tp a multiple of them; the vocabulary is padded, so any tp); None
+    when it can. The rollout's tps the analytical profile prices (`rlctl.profiler.analytical.generation_entries`), so
+    a plan never gives a unit a tp its engine refuses (the embedded engine runs tp 1 only, whatever the plan)."""
+    kv = arch.kv_heads
+    for what, n in (("num_attention_heads", arch.heads), ("intermediate_size", arch.intermediate)):
+        if n % tp:
+            return f"{tp} does not divide the model's {what} {n}; use a divisor"
+    if tp < kv and kv % tp:
+        return f"{tp} does not divide the model's num_key_value_heads {kv}; use a divisor, or a multiple of {kv}"
+    if tp > kv and tp % kv:
+        return (
+            f"{tp} is not a multiple of the model's num_key_value_heads {kv} (each is replicated on tp / {kv} GPUs); "
+            f"use one, or a divisor of {kv}"
+        )
+    return None
 
 
 def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rlctl.hardware import GpuSpec
 from rlctl.models.catalog import ModelArch
+from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_models
 
@@ -72,11 +73,12 @@ def generation_entries(
     contexts: list[int] | None = None,
     batch_sizes: list[int] | None = None,
 ) -> list[GenerationEntry]:
-    """One entry per TP degree that fits in a node and leaves room for at least one full-context sequence."""
+    """One entry per TP degree that fits in a node, that vLLM shards the model over (`rollout_tp_refusal`: e.g. not 4
+    or 8 of Phi-4's 10 key/value heads) and that leaves room for at least one full-context sequence."""
     contexts = contexts or DEFAULT_CONTEXTS
     batch_sizes = batch_sizes or DEFAULT_BATCHES
     out = []
-    for tp in (t for t in TP_DEGREES if t <= gpus_per_node and model.heads % t == 0):
+    for tp in (t for t in TP_DEGREES if t <= gpus_per_node and rollout_tp_refusal(model, t) is None):
         kv_tokens = kv_capacity_tokens(model, gpu, tp=tp)
         if kv_tokens < contexts[0]:
             continue
@@ -97,11 +99,13 @@ def generation_entries(
 def training_entries(
     model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algorithm: str, passes: TrainingPasses | None = None
 ) -> list[TrainingEntry]:
-    """One entry per (TP, PP) of the roofline's grid: TP within a node dividing the heads, PP up to the layers."""
+    """One entry per (TP, PP) of the roofline's grid: TP within a node that the trainer splits the model over
+    (`trainer_tp_refusal`: dividing the heads, the key/value heads, the MLP width and the vocabulary), PP up to the
+    layers."""
     return [
         training_entry(model, gpu, tp=tp, pp=pp, algorithm=algorithm, passes=passes)
         for tp in TP_DEGREES
-        if tp <= gpus_per_node and model.heads % tp == 0
+        if tp <= gpus_per_node and trainer_tp_refusal(model, tp) is None
         for pp in PP_DEGREES
         if pp <= model.layers
     ]
