@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -65,10 +66,12 @@ class ArchFigures(Strict):
 
     @model_serializer(mode="wrap")
     def _head_dim_only_if_given(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # a file written without head_dim (every profile before it, every hidden / heads model) is written the same
+        # a file written without head_dim (every profile before it, every hidden / heads model) is written the same;
+        # a job's model without max_positions (`ArchModel`) likewise
         out: dict[str, Any] = dump(self)
-        if out.get("head_dim") is None:
-            out.pop("head_dim", None)
+        for key in ("head_dim", "max_positions"):
+            if out.get(key) is None:
+                out.pop(key, None)
         return out
 
     @property
@@ -91,6 +94,15 @@ class ArchModel(ArchFigures):
     """A model described by its architecture only: for planning (`rlctl plan`), not for launching."""
 
     kind: Literal["arch"]
+    max_positions: PositiveInt | None = Field(
+        None,
+        description="the model's context (HF's max_position_embeddings): `rlctl plan` refuses a task asking more "
+        "prompt + output tokens. Default: not checked",
+    )
+
+    @property
+    def arch(self) -> ModelArch:
+        return dataclasses.replace(super().arch, max_positions=self.max_positions)
 
 
 class HfModel(Strict):

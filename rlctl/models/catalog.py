@@ -6,7 +6,7 @@ An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,10 @@ class ModelArch:
     params: float  # total parameter count
     bytes_per_param: int = 2  # bf16 weights
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden / heads (e.g. Qwen3, Gemma)
+    # config.json's max_position_embeddings: the longest prompt + output a job may ask of it (`rlctl plan` and
+    # `rlctl check` refuse more: rlctl.planner.context); None where not known (not checked). Not a cost figure: a
+    # profile's model (which has none) is the same architecture
+    max_positions: int | None = field(default=None, compare=False)
 
     @property
     def head_dim(self) -> int:
@@ -39,21 +43,25 @@ class ModelArch:
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m
     for m in [
-        ModelArch("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944, 7.62e9),
-        ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9),
-        ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9),
+        # max_positions: each base model's published config.json (Qwen2.5's base 131072, its Instruct's 32768)
+        ModelArch("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944, 7.62e9, max_positions=131072),
+        ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9, max_positions=131072),
+        ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9, max_positions=131072),
         # their config.json's figures; params as the architecture counts them (Qwen3's q/k norms, 4B's tied embeddings)
-        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128),
-        ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9),
-        ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9),
-        ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128),
-        ModelArch("llama3.1-8b", 32, 4096, 32, 8, 128256, 14336, 8.03e9),
-        ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9),
-        ModelArch("mistral-7b", 32, 4096, 32, 8, 32768, 14336, 7.25e9),  # v0.3 (no sliding window)
-        ModelArch("mistral-nemo-12b", 40, 5120, 32, 8, 131072, 14336, 12.25e9, explicit_head_dim=128),
-        ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9),  # Phi3ForCausalLM, untied
+        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128, max_positions=40960),
+        ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9, max_positions=40960),
+        ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9, max_positions=40960),
+        ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128, max_positions=40960),
+        ModelArch("llama3.1-8b", 32, 4096, 32, 8, 128256, 14336, 8.03e9, max_positions=131072),
+        ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9, max_positions=131072),
+        ModelArch("mistral-7b", 32, 4096, 32, 8, 32768, 14336, 7.25e9, max_positions=32768),  # v0.3 (no sliding window)
+        ModelArch(
+            "mistral-nemo-12b", 40, 5120, 32, 8, 131072, 14336, 12.25e9, explicit_head_dim=128, max_positions=1024000
+        ),
+        ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9, max_positions=16384),  # Phi3ForCausalLM, untied
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
-        ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4),
+        # (its positions TinyGPTConfig's default max_position_embeddings)
+        ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4, max_positions=320),
     ]
 }

@@ -241,6 +241,7 @@ class TinyGPTConfig:
             float(self.num_params()),
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
+            max_positions=self.max_position_embeddings,
         )
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from rlctl.config.job import Job, JobFile
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner import alloc
+from rlctl.planner.context import context_refusal
 from rlctl.planner.costs import DecodeCost, TrainWorkload, fsdp_gathered_bytes, shards_state
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve
 from rlctl.planner.inputs import (
@@ -70,6 +71,8 @@ def make_plan(
     job: Job, profile: ProfileFile | None = None, options: PlanOptions | None = None, *, profile_file: str = "profile"
 ) -> dict[str, Any]:
     opts = options or PlanOptions()
+    if (refusal := context_refusal(job)) is not None:  # check's line (its `context_problems`), said once there
+        raise ConfigError(str(job.path), *refusal)
     prof = profile_for(job, profile, profile_file=profile_file, trainer=opts.trainer)
     classes = trainer_tp_classes(job, prof) if opts.trainer_order_tp is None else []
     if len(classes) <= 1:

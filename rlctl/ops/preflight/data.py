@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import filecmp
 import logging
-import math
 from pathlib import Path
 
 from rlctl.agents.common import job_context
@@ -18,6 +17,7 @@ from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.ops.preflight.base import Problem
+from rlctl.planner.context import context_refusal, model_positions
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
 from rlctl.rl.tasks import DigitsTask as Digits
@@ -91,28 +91,12 @@ def job_model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
     return None  # no weights: refused in `problems`
 
 
-def longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
-    """(prompt, output) tokens of the longest request the task may send an engine."""
-    if isinstance(task, DatasetTask):
-        return task.max_prompt_tokens, task.max_output_tokens
-    digits = Digits(task)
-    # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
-    # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
-    answer_digits = math.ceil(digits.max_answer_chars / 9)
-    return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
-
-
 def context_problems(job: Job) -> list[Problem]:
-    """The longest prompt plus the most output tokens a request may ask for must fit the model's context:
-    the engines refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer
-    sequence, inside the agents, after launch."""
+    """The longest prompt plus the most output tokens a request may ask for must fit the model's context
+    (`rlctl.planner.context`: the rule `rlctl plan` refuses a job by, said here in the same line); the digits task's
+    bounds first, which its longest prompt assumes."""
     task = job.spec.task
-    if (model := job_model_config(job)) is None:
-        return []
-    limit, where = model[0].max_position_embeddings, model[1]
-    if isinstance(task, DatasetTask):
-        valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
-    elif isinstance(task, DigitsTask):
+    if isinstance(task, DigitsTask) and model_positions(job) is not None:
         too_many = [
             Problem(f"task.{name}", f"{value}: at most {MAX_DIGITS} (one letter per digit)")
             for name, value in (("num_digits_min", task.num_digits_min), ("num_digits_max", task.num_digits_max))
@@ -120,19 +104,7 @@ def context_problems(job: Job) -> list[Problem]:
         ]
         if too_many:
             return too_many
-        valid = f"max_output_tokens ≤ {limit - longest_request(task)[0]}"
-    else:
-        return []  # kind 'lengths': refused above
-    prompt, output = longest_request(task)
-    if prompt + output <= limit:
-        return []
-    return [
-        Problem(
-            "task.max_output_tokens",
-            f"{prompt} prompt + {output} output tokens exceed model max_position_embeddings {limit} ({where}); "
-            f"use {valid}",
-        )
-    ]
+    return [] if (refusal := context_refusal(job)) is None else [Problem(*refusal)]
 
 
 def window_problems(job: Job) -> list[Problem]:

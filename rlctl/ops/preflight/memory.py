@@ -18,7 +18,8 @@ from rlctl.launch.layout import PlannedAgent, trainer_parallel
 from rlctl.models.catalog import ModelArch
 from rlctl.models.hf import DTYPE_BYTES
 from rlctl.ops.preflight.base import Problem
-from rlctl.ops.preflight.data import job_model_config, longest_request
+from rlctl.ops.preflight.data import job_model_config
+from rlctl.planner.context import longest_request
 from rlctl.rl.tasks import MAX_DIGITS
 
 

@@ -755,8 +755,11 @@ def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refus
     )
     line = only_line(run_cli("check", str(job.path)))
     assert line.startswith(f"rlctl: error: {job.path}: task.max_output_tokens: 24 prompt + 48 output tokens")
+    # `rlctl plan` refuses it in the same line (`rlctl.planner.context`), versus a plan of sequences it cannot hold
+    assert only_line(run_cli("plan", str(job.path))) == line
     fits = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 48})
     assert problems(fits) == []
+    assert run_cli("plan", str(fits.path)).exit_code == 0
 
 
 def mistral_v01_job(tmp_path: Path, **task: Any) -> Job:

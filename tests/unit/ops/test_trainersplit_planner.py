@@ -241,7 +241,7 @@ def test_a_resplit_prices_the_job_dirs_copy_of_an_hf_model_not_the_folder_it_was
             num_hidden_layers=4,
             num_attention_heads=heads,
             num_key_value_heads=heads,
-            max_position_embeddings=64,
+            max_position_embeddings=4256,  # the job's 256 prompt + 4000 output tokens (`rlctl.planner.context`)
         )
         TinyGPT(c).save_pretrained(tmp_path / "hf")
 

@@ -72,6 +72,7 @@ def _cross_dc(tmp: Path, model: dict[str, Any]) -> Path:
     job = yaml.safe_load((ROOT / "jobs/cross-dc-7b.yaml").read_text())
     job["inventory"] = [str(ROOT / "jobs" / p) for p in job["inventory"]]
     job["model"] = model
+    job["task"]["max_output_tokens"] = 15872  # within Phi-4's 16384 positions (512 prompt tokens)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path

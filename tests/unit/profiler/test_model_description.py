@@ -214,5 +214,9 @@ def test_a_blank_hf_model_name_is_one_line_from_plan_not_a_traceback(tmp_path: P
     assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: {tmp_path}/job.yaml: model.name: the name is empty")
     assert len(r.stderr.splitlines()) == 1, r.stderr
     named = JOB.replace(f"{{kind: arch, {FIGURES}}}", "{kind: hf, path: model, name: tiny}")
+    # (within the checkpoint's 64 positions: a longer task is refused them, `rlctl.planner.context`)
+    named = named.replace(
+        "{kind: lengths}", "{kind: lengths, prompt_tokens: 16, median_output_tokens: 16, max_output_tokens: 48}"
+    )
     (tmp_path / "job.yaml").write_text(named)  # a name, or none: planned as before
     assert run_cli("plan", str(tmp_path / "job.yaml")).exit_code == 0

@@ -1,0 +1,68 @@
+"""The longest request a job's task sends against its model's context (max_position_embeddings): the rule `rlctl plan`
+refuses a job by and `rlctl check` says (`rlctl.ops.preflight.data.context_problems`), in the same line. The engines
+refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer sequence, inside the agents,
+after launch; a plan of one prices sequences the model cannot hold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from rlctl.config.model import HfModel
+from rlctl.config.task import DatasetTask, DigitsTask, LengthsTask
+from rlctl.models.hf import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from rlctl.config.job import Job
+
+
+def longest_request(task: DigitsTask | DatasetTask | LengthsTask) -> tuple[int, int]:
+    """(prompt, output) tokens of the longest request the task may send an engine."""
+    if isinstance(task, DatasetTask):
+        return task.max_prompt_tokens, task.max_output_tokens
+    if isinstance(task, LengthsTask):
+        return task.prompt_tokens, task.max_output_tokens
+    from rlctl.rl.tasks import MAX_DIGITS
+    from rlctl.rl.tasks import DigitsTask as Digits
+
+    digits = Digits(task)
+    # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
+    # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
+    answer_digits = math.ceil(digits.max_answer_chars / 9)
+    return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
+
+
+def model_positions(job: Job) -> tuple[int, str] | None:
+    """(the model's max_position_embeddings, where it comes from); None where it is not known (a built-in's not
+    recorded, a `kind: arch` model without max_positions)."""
+    model = job.spec.model
+    if (limit := model.arch.max_positions) is None:
+        return None
+    if isinstance(model, HfModel):
+        return limit, f"{model.path}/{CONFIG_FILE}"
+    if model.kind == "builtin":
+        return limit, f"built-in {model.name!r}"
+    return limit, "the job's model.max_positions"
+
+
+def context_refusal(job: Job) -> tuple[str, str] | None:
+    """(job field, why and what is valid) where the longest prompt plus the most output tokens a request of the job's
+    task may ask for exceed the model's context; None where they fit, or the context is not known."""
+    task = job.spec.task
+    if (known := model_positions(job)) is None:
+        return None
+    limit, where = known
+    prompt, output = longest_request(task)
+    if prompt + output <= limit:
+        return None
+    if isinstance(task, DatasetTask):
+        valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
+    elif isinstance(task, LengthsTask):
+        valid = f"prompt_tokens + max_output_tokens ≤ {limit}"
+    else:
+        valid = f"max_output_tokens ≤ {limit - prompt}"
+    return (
+        "task.max_output_tokens",
+        f"{prompt} prompt + {output} output tokens exceed model max_position_embeddings {limit} ({where}); use {valid}",
+    )
