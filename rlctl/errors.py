@@ -56,9 +56,11 @@ class ConfigError(RlctlError):
 class JobProblems(ConfigError):
     """Several things stop a job (what its file asks for, and what its sites' hosts lack): one line each."""
 
-    def __init__(self, file: str, lines: list[str]) -> None:
+    def __init__(self, file: str, lines: list[str], *, each: list[ConfigError] | None = None) -> None:
         super().__init__(file, None, f"{len(lines)} problem(s)")
         self.lines = lines
+        # each line's file, field and what is wrong (`check -o json`); a line said whole where none is given
+        self.each = each if each is not None else [ConfigError(file, None, line) for line in lines]
 
 
 class UsageError(RlctlError):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlctl.commands import said_if_interrupted, seconds_at_least
-from rlctl.errors import JobProblems, PartialFailure, UsageError
+from rlctl.errors import ConfigError, JobProblems, PartialFailure, RlctlError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
@@ -276,70 +276,101 @@ def register(app: typer.Typer) -> None:
         With --reach, probe each site through its scheduler; exit 3 if some site is unreachable.
 
         With a job and --reach, every problem (the job file's, and what each site's hosts lack) is one line; exit 2.
+
+        With -o json, one object whether it passes or not: ok, and each problem's file, field, message and hint.
         """
-        from rlctl.config import load_inventory, load_job
-        from rlctl.config.base import check_header, read_yaml
-        from rlctl.launch.reach import ReachResult, probe_site
-        from rlctl.ops.preflight import preflight, refuse
-        from rlctl.ops.preflight.base import Problem
-        from rlctl.ops.preflight.sites import site_problems
-        from rlctl.ops.preflight.slurmoptions import option_problems
-
         what = " ".join(shlex.quote(str(f)) for f in files)
+        data: dict[str, Any] = {"ok": True, "problems": []}  # and what is known of the files, as it is read
         with said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"):
-            job = None
-            jobs = []
-            for f in files:  # a job file, or inventories: a file of neither kind is told so
-                if (data := read_yaml(f)).get("kind") == "Job":
-                    jobs.append(f)
-                else:
-                    check_header(f, data, "Inventory", reads=("Inventory", "Job"))
-            if jobs and len(files) > 1:
-                raise UsageError(
-                    f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",
-                    hint=f"`rlctl check {jobs[0]}`, or `rlctl check` the inventory files without it",
-                )
-            if jobs:
-                job = load_job(files[0])
-                if reach:  # every problem, the file's and the hosts', one line each
-                    lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
-                    if lines:
-                        raise JobProblems(str(files[0]), lines)
-                else:
-                    preflight(job)  # check passing means launch can start it: every field is honoured or refused
-                inv = job.inventory
-            else:
-                inv = load_inventory(files)
-                # what stops their agents, as this machine sees
-                refuse(", ".join(inv.files), site_problems(inv, inv.sites))
-            data = inventory_summary(inv)
-            if job is not None and reach:
-                data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
-            if job is not None:
-                data["job"] = {
-                    "name": job.name,
-                    "file": str(files[0]),
-                    "mode": job.spec.pipeline.mode,
-                    "model": job.spec.model.arch.name,
-                    "task": job.spec.task.kind,
-                }
-            failed: list[str] = []
-            if reach:
-
-                def reached(name: str, site: Site) -> tuple[ReachResult, list[Problem]]:
-                    """The site's reach row; and, reached, a SLURM site's constraint and reservation (a job's were
-                    asked with its hosts above)."""
-                    row = probe_site(name, site, timeout_s=timeout_s)
-                    if not row.ok or job is not None:
-                        return row, []
-                    return row, option_problems(name, site, file=inv.origin[name], timeout_s=timeout_s)
-
-                with ThreadPoolExecutor(max_workers=max(1, len(inv.sites))) as pool:
-                    answers = list(pool.map(lambda kv: reached(*kv), inv.sites.items()))
-                refuse(", ".join(inv.files), [p for _, wrong in answers for p in wrong])  # sbatch refuses their jobs
-                results = [row for row, _ in answers]
-                data["reach"] = [r.__dict__ for r in results]
-                failed = [r.site for r in results if not r.ok]
+            try:
+                failed = _checked(files, data, reach=reach, timeout_s=timeout_s)
+            except RlctlError as e:  # a program reading the JSON gets the verdict too, and the lines' fields
+                if output is OutputFormat.json:
+                    emit(data | {"ok": False, "problems": [_problem_row(p) for p in _each(e)]}, output, _table)
+                raise
             emit(data, output, _table)
             if failed:
                 raise PartialFailure(f"unreachable site(s): {', '.join(failed)}")
+
+
+def _each(e: RlctlError) -> list[RlctlError]:
+    """The problems `e` says, one each (JobProblems: one a line)."""
+    return list(e.each) if isinstance(e, JobProblems) else [e]
+
+
+def _problem_row(e: RlctlError) -> dict[str, Any]:
+    """One problem as `check -o json` gives it: the file, the field (None: the file as a whole, or a line of a
+    host's), what is wrong and what to do."""
+    if isinstance(e, ConfigError):
+        return {"file": e.file, "field": e.field, "message": e.detail, "hint": e.hint}
+    return {"file": None, "field": None, "message": str(e), "hint": e.hint}
+
+
+def _checked(files: list[Path], data: dict[str, Any], *, reach: bool, timeout_s: float) -> list[str]:
+    """`rlctl check FILES`: what they hold into `data` (the sites and links, the job, what --reach found), a problem
+    raised; the sites --reach found unreachable."""
+    from rlctl.config import load_inventory, load_job
+    from rlctl.config.base import check_header, read_yaml
+    from rlctl.launch.reach import ReachResult, probe_site
+    from rlctl.ops.preflight import preflight, refuse
+    from rlctl.ops.preflight.base import Problem
+    from rlctl.ops.preflight.sites import site_problems
+    from rlctl.ops.preflight.slurmoptions import option_problems
+
+    job = None
+    jobs = []
+    for f in files:  # a job file, or inventories: a file of neither kind is told so
+        if (read := read_yaml(f)).get("kind") == "Job":
+            jobs.append(f)
+        else:
+            check_header(f, read, "Inventory", reads=("Inventory", "Job"))
+    if jobs and len(files) > 1:
+        raise UsageError(
+            f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",
+            hint=f"`rlctl check {jobs[0]}`, or `rlctl check` the inventory files without it",
+        )
+    if jobs:
+        job = load_job(files[0])
+        inv = job.inventory
+        data.update(inventory_summary(inv))
+        data["job"] = {
+            "name": job.name,
+            "file": str(files[0]),
+            "mode": job.spec.pipeline.mode,
+            "model": job.spec.model.arch.name,
+            "task": job.spec.task.kind,
+        }
+        if reach:  # every problem, the file's and the hosts', one line each
+            lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
+            if lines:
+                raise JobProblems(str(files[0]), lines)
+            data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
+        else:
+            preflight(job)  # check passing means launch can start it: every field is honoured or refused
+    else:
+        inv = load_inventory(files)
+        data.update(inventory_summary(inv))
+        # what stops their agents, as this machine sees
+        refuse(", ".join(inv.files), site_problems(inv, inv.sites))
+    if not reach:
+        return []
+
+    def reached(name: str, site: Site) -> tuple[ReachResult, list[Problem]]:
+        """The site's reach row; and, reached, a SLURM site's constraint and reservation (a job's were asked with
+        its hosts above)."""
+        row = probe_site(name, site, timeout_s=timeout_s)
+        if not row.ok or job is not None:
+            return row, []
+        return row, option_problems(name, site, file=inv.origin[name], timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(inv.sites))) as pool:
+        answers = list(pool.map(lambda kv: reached(*kv), inv.sites.items()))
+    refuse(", ".join(inv.files), [p for _, wrong in answers for p in wrong])  # sbatch refuses their jobs
+    results = [row for row, _ in answers]
+    data["reach"] = [r.__dict__ for r in results]
+    failed = [r for r in results if not r.ok]
+    data["ok"] = not failed
+    data["problems"] = [
+        _problem_row(ConfigError(inv.origin[r.site], f"sites.{r.site}", f"unreachable: {r.detail}")) for r in failed
+    ]
+    return [r.site for r in failed]

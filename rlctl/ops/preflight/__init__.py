@@ -261,7 +261,8 @@ def refuse(file: str, found: list[Problem]) -> None:
         p = found[0]
         raise ConfigError(p.file or file, p.field, p.message, hint=p.hint)
     if found:
-        raise JobProblems(file, [_line(file, p) for p in found])
+        each = [ConfigError(p.file or file, p.field, p.message, hint=p.hint) for p in found]
+        raise JobProblems(file, [_line(file, p) for p in found], each=each)
 
 
 def problem_lines(job: Job, found: list[Problem]) -> list[str]:

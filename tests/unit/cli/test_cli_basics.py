@@ -80,6 +80,41 @@ def test_check_refuses_what_launch_cannot_run_in_one_line(
     assert {"task", "trainer.backend"} <= set(fields) and "rollout.engine" not in fields
 
 
+def test_check_json_says_a_refusal_on_stdout_too(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    """`check -o json` prints one object whether the check passes or not: ok, and each problem's file, field,
+    message and hint (the lines stderr says), exit codes as before; versus nothing on stdout where it was refused,
+    a CI gate reading the JSON getting none."""
+    passed = cli("check", str(ROOT / "jobs" / "demo.yaml"), "-o", "json")
+    data = json.loads(passed.stdout)
+    assert passed.exit_code == 0 and (data["ok"], data["problems"], data["job"]["name"]) == (True, [], "demo")
+    job = str(ROOT / "jobs" / "cross-dc-7b.yaml")
+    refused = cli("check", job, "-o", "json")
+    data = json.loads(refused.stdout)
+    assert refused.exit_code == 2 and data["ok"] is False and data["job"]["name"] == "cross-dc-7b"
+    lines = refused.stderr.splitlines()
+    assert len(data["problems"]) == len(lines) > 1
+    for p, line in zip(data["problems"], lines, strict=True):
+        hint = f" (hint: {p['hint']})" if p["hint"] else ""
+        assert line == f"rlctl: error: {p['file']}: {p['field']}: {p['message']}{hint}"
+    assert {"file": job, "field": "task", "hint": None} == {
+        k: v for k, v in data["problems"][1].items() if k != "message"
+    }
+    missing = cli("check", str(tmp_path / "no.yaml"), "-o", "json")  # one problem, the file unread
+    assert missing.exit_code == 2 and json.loads(missing.stdout) == {
+        "ok": False,
+        "problems": [{"file": str(tmp_path / "no.yaml"), "field": None, "message": "no such file", "hint": None}],
+    }
+    inv = tmp_path / "inv.yaml"  # --reach of a site that refuses the connection: its rows, and why, exit 3
+    inv.write_text(
+        "apiVersion: rlctl/v1\nkind: Inventory\nsites:\n  b:\n    datacenter: b\n    scheduler: {kind: ssh, port: 1}\n"
+        "    gpu: CPU\n    nodes: [{host: 127.0.0.1, gpus: 1}]\n"
+    )
+    gone = cli("check", str(inv), "--reach", "--timeout", "3", "-o", "json")
+    data = json.loads(gone.stdout)
+    assert gone.exit_code == 3 and data["ok"] is False and [r["ok"] for r in data["reach"]] == [False]
+    assert [(p["file"], p["field"]) for p in data["problems"]] == [(str(inv), "sites.b")]
+
+
 @pytest.mark.parametrize("shell,marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")])
 def test_completion_scripts(cli: Callable[..., CliResult], shell: str, marker: str) -> None:
     res = cli("completion", shell)
