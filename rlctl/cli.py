@@ -85,10 +85,28 @@ def _root(
         ctx.call_on_close(_restore_env(hostkeys.ENV))  # and no further: a caller in this process keeps its policy
         os.environ[hostkeys.ENV] = "off"
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    if debug or ctx.invoked_subcommand in TIMESTAMPED:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(SaidFormatter())
+    logging.basicConfig(level=level, handlers=[handler])
     # paramiko's transport thread logs what rlctl reports itself in one line (a host that never sends its
     # banner, a connection given up at a deadline), and at a time of its own: shown with -v / --debug only
     logging.getLogger("paramiko").setLevel(level if level < logging.WARNING else logging.CRITICAL)
+
+
+# commands that follow a job for as long as it runs (a detached launcher's log file too): each line says its time and
+# logger; the others (check, plan, profile, status, …) answer at once, and say a warning as they say an error
+TIMESTAMPED = {"launch", "attach"}
+
+
+class SaidFormatter(logging.Formatter):
+    """A log line as the CLI says its errors: `rlctl: warning: …`, versus `2026-12-07 04:23:45,039 WARNING
+    rlctl.ops.preflight.data: …` beside `rlctl: error: …` lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"rlctl: {record.levelname.lower()}: {super().format(record)}"
 
 
 def _restore_env(name: str) -> Callable[[], None]:

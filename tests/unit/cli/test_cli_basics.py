@@ -115,6 +115,30 @@ def test_check_json_says_a_refusal_on_stdout_too(cli: Callable[..., CliResult], 
     assert [(p["file"], p["field"]) for p in data["problems"]] == [(str(inv), "sites.b")]
 
 
+def test_check_says_a_warning_as_it_says_an_error(tmp_path: Path) -> None:
+    """A one-shot command's warning reads `rlctl: warning: …`, as its errors read `rlctl: error: …`, versus the raw
+    log line (`2026-12-07 04:23:45,039 WARNING rlctl.ops.preflight.fields: …`); `--debug` keeps the time and the
+    logger (a fresh interpreter: the CLI configures logging once, where pytest's own handlers are not)."""
+    job = tmp_path / "warn.yaml"
+    text = (ROOT / "jobs" / "demo.yaml").read_text().replace("../clusters", str(ROOT / "clusters"))
+    job.write_text(text.replace("weight_sync: {mode: full}", "weight_sync: {mode: delta, anchor_every: 400}"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    said = [
+        subprocess.run(
+            [sys.executable, "-m", "rlctl", *debug, "check", str(job)], env=env, capture_output=True, text=True
+        )
+        for debug in ([], ["--debug"])
+    ]
+    assert [res.returncode for res in said] == [0, 0]
+    assert said[0].stderr == (
+        f"rlctl: warning: {job}: weight_sync.anchor_every: 400 is more than the job's 300 iterations: the job ends "
+        "before its first anchor, and every version after the first full copy is a delta; use at most 300 for periodic "
+        "anchors, or leave it out\n"
+    )
+    (line,) = [line for line in said[1].stderr.splitlines() if "anchor_every" in line]
+    assert " WARNING rlctl.ops.preflight.fields: " in line and not line.startswith("rlctl:")
+
+
 @pytest.mark.parametrize("shell,marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")])
 def test_completion_scripts(cli: Callable[..., CliResult], shell: str, marker: str) -> None:
     res = cli("completion", shell)
