@@ -42,6 +42,7 @@ from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import (
     RUNNABLE_BUILTIN,
     context_problems,
+    digits_vocab_problems,
     dynamic_sampling_problems,
     evaluation_problems,
     overlong_problems,
@@ -205,6 +206,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += unread_field_problems(job)
     warn_past_the_end(job)
     out += weight_manifest_problems(job)
+    out += digits_vocab_problems(job)
     out += context_problems(job) or window_problems(job)  # (a context past the model's own is past its window)
     out += rollout_memory_problems(job)
     out += overlong_problems(job)

@@ -19,7 +19,7 @@ from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.ops.preflight.base import Problem
 from rlctl.planner.context import context_refusal, model_positions
 from rlctl.rl.source import heldout_task
-from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
+from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE, VOCAB_SIZE
 from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.textutil import job_relative, not_a_file
 from rlctl.weights import manifest
@@ -89,6 +89,29 @@ def job_model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
     if spec.model.kind == "builtin" and spec.model.name == RUNNABLE_BUILTIN:
         return TinyGPTConfig(), f"built-in {RUNNABLE_BUILTIN!r}"
     return None  # no weights: refused in `problems`
+
+
+def digits_vocab_problems(job: Job) -> list[Problem]:
+    """The digits task writes its prompts and reads its answers in its own character ids (rlctl.rl.tasks: VOCAB_SIZE):
+    a Hugging Face model whose vocabulary is smaller has no embedding row for the last of them, and the agents would
+    index past it at run time. (One of 66 or more ids, a saved tiny-demo checkpoint, runs the task as the built-in.)"""
+    if (
+        not isinstance(job.spec.task, DigitsTask)
+        or job.spec.model.kind != "hf"
+        or (model := job_model_config(job)) is None
+    ):
+        return []
+    config, where = model
+    if config.vocab_size >= VOCAB_SIZE:
+        return []
+    return [
+        Problem(
+            "task.kind",
+            f"'digits' writes its prompts in its own {VOCAB_SIZE} character ids, and the model's vocab_size is "
+            f"{config.vocab_size} ({where}): ids {config.vocab_size}–{VOCAB_SIZE - 1} are past its embedding; use "
+            "kind 'dataset' (prompts in the model's own tokenizer)",
+        )
+    ]
 
 
 def context_problems(job: Job) -> list[Problem]:

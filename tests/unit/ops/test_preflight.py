@@ -837,6 +837,24 @@ def test_a_v01_mistral_on_the_digits_task_is_held_to_its_window(
         assert refused(fits, "task.max_output_tokens") == []
 
 
+@pytest.mark.parametrize("vocab", [43, 65, 66])
+def test_the_digits_task_on_an_hf_model_needs_its_66_ids_in_the_vocabulary(tmp_path: Path, vocab: int) -> None:
+    """The digits task's character ids (66) past an HF model's vocab_size are refused in one line naming kind
+    'dataset', versus passed, to index past the embedding at run time; a saved tiny-demo checkpoint (66) runs it."""
+    TinyGPT(dataclasses.replace(small_config(positions=128), vocab_size=vocab)).save_pretrained(tmp_path / "model")
+    job = load(tmp_path, model={"kind": "hf", "path": "model"}, task={"kind": "digits", "max_output_tokens": 10})
+    if vocab >= 66:
+        assert problems(job) == []
+        return
+    (p,) = problems(job)
+    assert (p.field, p.message) == (
+        "task.kind",
+        f"'digits' writes its prompts in its own 66 character ids, and the model's vocab_size is {vocab} "
+        f"({tmp_path / 'model'}/config.json): ids {vocab}–65 are past its embedding; use kind 'dataset' (prompts in "
+        "the model's own tokenizer)",
+    )
+
+
 def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`launch --detach` read and tokenized every row in its check, then the launcher it started in the background
     read and tokenized them all again in its prepare (a big dataset's minutes twice). The launch writes the rows its
