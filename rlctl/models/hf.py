@@ -85,6 +85,8 @@ _HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
 ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
+# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear or llama3 (see read)
+_ROPE_SUPPORTED_FOR = {PHI3: " for Phi3: default RoPE (rope_theta)"}
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -468,7 +470,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if any(t != "full_attention" for t in layer_types):
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
-    theta, scaling = _rope(d, bad)
+    theta, scaling = _rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
     if arch == PHI3 and scaling is not None:  # (Phi3Config takes longrope alone, which _rope refuses: not these)
         key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
         raise bad(key, f"RoPE {scaling.kind!r} is not a Phi3's; supported for Phi3: default RoPE (rope_theta)")
@@ -525,14 +527,14 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     )
 
 
-def _rope(d: Mapping[str, Any], bad: Any) -> tuple[float, RopeScaling | None]:
+def _rope(d: Mapping[str, Any], bad: Any, *, supported: str) -> tuple[float, RopeScaling | None]:
     """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
-    scaling other than linear and llama3 is refused. Both keys given must say the same (transformers reads
-    `rope_scaling` alone then)."""
+    scaling other than linear and llama3 is refused, saying `supported` (the architecture's) after "supported". Both
+    keys given must say the same (transformers reads `rope_scaling` alone then)."""
     found: dict[str, tuple[float, RopeScaling | None]] = {}
     for key in ("rope_scaling", "rope_parameters"):
         if d.get(key) is not None:
-            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad)
+            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad, supported)
     if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
         raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
     _whole_rotary(d, "", bad)
@@ -553,15 +555,15 @@ def _whole_rotary(d: Mapping[str, Any], where: str, bad: Any) -> None:
         )
 
 
-def _rope_entry(rope: Any, theta: Any, key: str, bad: Any) -> tuple[Any, RopeScaling | None]:
+def _rope_entry(rope: Any, theta: Any, key: str, bad: Any, supported: str) -> tuple[Any, RopeScaling | None]:
     if not isinstance(rope, dict):
-        raise bad(key, f"{rope!r} is not a mapping; supported: {ROPE_SUPPORTED}")
+        raise bad(key, f"{rope!r} is not a mapping; supported{supported}")
     kind = rope.get("rope_type", rope.get("type", "default"))
     wanted = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}.get(kind) if isinstance(kind, str) else None
     if wanted is None:
-        raise bad(key, f"RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
+        raise bad(key, f"RoPE {kind!r} is not supported; supported{supported}")
     if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor", *wanted}):
-        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported: {ROPE_SUPPORTED}")
+        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported{supported}")
     _whole_rotary(rope, f"{key}.", bad)
     theta = rope.get("rope_theta", theta)
     if kind == "default":

@@ -494,7 +494,7 @@ def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
     [
         ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
         ("rope_scaling", {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
-         "RoPE 'longrope' is not supported; supported: default RoPE (rope_theta), 'linear' and 'llama3' scaling"),
+         "RoPE 'longrope' is not supported; supported for Phi3: default RoPE (rope_theta)"),
         ("rope_scaling", {"type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}, "RoPE 'su' is not"),
         ("rope_scaling", {"rope_type": "linear", "factor": 2.0},
          "RoPE 'linear' is not a Phi3's; supported for Phi3: default RoPE (rope_theta)"),
@@ -503,7 +503,8 @@ def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
 def test_what_a_phi3_computes_otherwise_is_refused_in_one_line(
     tmp_path: Path, key: str, value: object, complaint: str
 ) -> None:
-    """Phi-4-mini's partial RoPE (0.75 of each head) and the 128k Phi-3s' longrope (`su` in the older files)."""
+    """Phi-4-mini's partial RoPE (0.75 of each head) and the 128k Phi-3s' longrope (`su` in the older files); the
+    RoPE a Phi3 may have said as a Phi3's (default only), versus Llama's list ('linear' and 'llama3', refused too)."""
     write_checkpoint("phi3-gqa", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     if key == "rope_scaling":
