@@ -33,6 +33,14 @@ def longest_request(task: DigitsTask | DatasetTask | LengthsTask) -> tuple[int, 
     return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
 
 
+def dataset_request(task: DatasetTask) -> str:
+    """The longest request of a dataset task said by the fields that bound it (what the refusals ask to change):
+    `max_prompt_tokens 1024 (the default) + max_output_tokens 4090`, versus `1024 prompt + 4090 output` of a
+    max_prompt_tokens never set, a bound the job file does not show."""
+    default = "" if "max_prompt_tokens" in task.model_fields_set else " (the default)"
+    return f"max_prompt_tokens {task.max_prompt_tokens}{default} + max_output_tokens {task.max_output_tokens}"
+
+
 def model_positions(job: Job) -> tuple[int, str] | None:
     """(the model's max_position_embeddings, where it comes from); None where it is not known (a built-in's not
     recorded, a `kind: arch` model without max_positions)."""
@@ -62,7 +70,12 @@ def context_refusal(job: Job) -> tuple[str, str] | None:
         valid = f"prompt_tokens + max_output_tokens ≤ {limit}"
     else:
         valid = f"max_output_tokens ≤ {limit - prompt}"
+    asked = (
+        f"{dataset_request(task)} = {prompt + output}"
+        if isinstance(task, DatasetTask)
+        else (f"{prompt} prompt + {output} output")
+    )
     return (
         "task.max_output_tokens",
-        f"{prompt} prompt + {output} output tokens exceed model max_position_embeddings {limit} ({where}); use {valid}",
+        f"{asked} tokens exceed model max_position_embeddings {limit} ({where}); use {valid}",
     )

@@ -17,7 +17,7 @@ from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.ops.preflight.base import Problem
-from rlctl.planner.context import context_refusal, model_positions
+from rlctl.planner.context import context_refusal, dataset_request, model_positions
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE, VOCAB_SIZE
 from rlctl.rl.tasks import DigitsTask as Digits
@@ -154,12 +154,12 @@ def window_problems(job: Job) -> list[Problem]:
     if context <= window:
         return []
     if isinstance(task, DatasetTask):
-        prompt, valid = task.max_prompt_tokens, f"max_prompt_tokens + max_output_tokens ≤ {window}"
+        said, valid = f"{dataset_request(task)} = {context} tokens", f"max_prompt_tokens + max_output_tokens ≤ {window}"
     else:  # digits: job_context's prompt is its longest, BOS, MAX_DIGITS digits and '='
         assert isinstance(task, DigitsTask), "kind 'lengths' has no context (job_context)"
         prompt = context - Digits(task).max_new_tokens
         valid = f"max_output_tokens ≤ {window - prompt}" if window > prompt else "a prompt task (kind 'dataset')"
-    said = f"{prompt} prompt + {context - prompt} output = {context} tokens"
+        said = f"{prompt} prompt + {context - prompt} output = {context} tokens"
     return [Problem("task.max_output_tokens", f"{binds}, and the job's context is {said}; use {valid}, {instead}")]
 
 

@@ -750,11 +750,12 @@ def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refus
     job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 24, "max_output_tokens": 48})
     (p,) = refused(job, "task.max_output_tokens")
     assert p.message == (
-        f"24 prompt + 48 output tokens exceed model max_position_embeddings 64 ({tmp_path / 'model'}/config.json); "
+        "max_prompt_tokens 24 + max_output_tokens 48 = 72 tokens exceed model max_position_embeddings 64 "
+        f"({tmp_path / 'model'}/config.json); "
         "use max_prompt_tokens + max_output_tokens ≤ 64"
     )
     line = only_line(run_cli("check", str(job.path)))
-    assert line.startswith(f"rlctl: error: {job.path}: task.max_output_tokens: 24 prompt + 48 output tokens")
+    assert line.startswith(f"rlctl: error: {job.path}: task.max_output_tokens: max_prompt_tokens 24 + max_output")
     # `rlctl plan` refuses it in the same line (`rlctl.planner.context`), versus a plan of sequences it cannot hold
     assert only_line(run_cli("plan", str(job.path))) == line
     fits = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 48})
@@ -783,7 +784,8 @@ def test_a_v01_mistral_passes_check_within_its_window_and_is_refused_in_one_line
     assert p.message == (
         f"{tmp_path / 'model'}/config.json: sliding_window 16 binds (below its max_position_embeddings 64: "
         "MistralModel attends to a position's last 16 tokens only, rlctl's models to all before it), and the job's "
-        "context is 8 prompt + 9 output = 17 tokens; use max_prompt_tokens + max_output_tokens ≤ 16, or a model "
+        "context is max_prompt_tokens 8 + max_output_tokens 9 = 17 tokens; use max_prompt_tokens + max_output_tokens "
+        "≤ 16, or a model "
         "whose sliding_window is null or at least its max_position_embeddings (Mistral v0.3 and later)"
     )
     line = only_line(run_cli("check", str(job.path)))
@@ -802,6 +804,23 @@ def test_a_v01_mistral_passes_check_within_its_window_and_is_refused_in_one_line
     ], said
 
 
+def test_a_max_prompt_tokens_left_at_its_default_is_said_so(tmp_path: Path) -> None:
+    """A refusal of a dataset job's context names the fields it adds, max_prompt_tokens as its default where the job
+    file does not set it, versus '1024 prompt + 8 output' of a job file that says no 1024."""
+    job = hf_dataset_job(tmp_path, positions=2048, task={"max_output_tokens": 8})
+    config = tmp_path / "model" / "config.json"
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 1024}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **mistral}))
+    (p,) = refused(load_job(job.path), "task.max_output_tokens")
+    said = "max_prompt_tokens 1024 (the default) + max_output_tokens 8 = 1032 tokens"
+    assert f"and the job's context is {said}; use max_prompt_tokens + max_output_tokens ≤ 1024, or" in p.message
+    (p,) = refused(hf_dataset_job(tmp_path, positions=64, task={"max_output_tokens": 8}), "task.max_output_tokens")
+    assert p.message.startswith(f"{said} exceed model max_position_embeddings 64 ")
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 1024, "max_output_tokens": 8})
+    (p,) = refused(job, "task.max_output_tokens")
+    assert p.message.startswith("max_prompt_tokens 1024 + max_output_tokens 8 = 1032 tokens exceed")
+
+
 def test_a_phi3_window_is_said_as_phi3models(tmp_path: Path) -> None:
     """Phi-3-mini-4k's window (2047 of 4096 positions; 16 of 64 here) binds as Mistral v0.1's: said as Phi3Model's."""
     job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 8, "max_output_tokens": 9})
@@ -812,7 +831,8 @@ def test_a_phi3_window_is_said_as_phi3models(tmp_path: Path) -> None:
     assert p.message == (
         f"{tmp_path / 'model'}/config.json: sliding_window 16 binds (below its max_position_embeddings 64: "
         "Phi3Model attends to a position's last 16 tokens only, rlctl's models to all before it), and the job's "
-        "context is 8 prompt + 9 output = 17 tokens; use max_prompt_tokens + max_output_tokens ≤ 16, or a model "
+        "context is max_prompt_tokens 8 + max_output_tokens 9 = 17 tokens; use max_prompt_tokens + max_output_tokens "
+        "≤ 16, or a model "
         "whose sliding_window is null or at least its max_position_embeddings (Phi-4)"
     )
 

@@ -54,7 +54,8 @@ def test_the_hf_demo_job_on_the_windowed_mistral_passes_check_at_its_window_and_
     assert only_line(run_cli("check", str(longer))) == (
         f"rlctl: error: {longer}: task.max_output_tokens: {tmp_path / 'model'}/config.json: sliding_window 96 binds "
         "(below its max_position_embeddings 256: MistralModel attends to a position's last 96 tokens only, rlctl's "
-        "models to all before it), and the job's context is 32 prompt + 65 output = 97 tokens; use max_prompt_tokens "
+        "models to all before it), and the job's context is max_prompt_tokens 32 + max_output_tokens 65 = 97 tokens; "
+        "use max_prompt_tokens "
         "+ max_output_tokens ≤ 96, or a model whose sliding_window is null or at least its max_position_embeddings "
         "(Mistral v0.3 and later)"
     )

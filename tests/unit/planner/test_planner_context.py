@@ -77,8 +77,8 @@ def test_an_hf_checkpoints_context_is_its_config_files(tmp_path: Path) -> None:
     job = hf_dataset_job(tmp_path, positions=4096, task={"max_prompt_tokens": 1024, "max_output_tokens": 4096})
     line = _refused(run_cli("plan", str(job.path)))
     assert line == (
-        f"rlctl: error: {job.path}: task.max_output_tokens: 1024 prompt + 4096 output tokens exceed model "
-        f"max_position_embeddings 4096 ({tmp_path / 'model'}/config.json); use max_prompt_tokens + max_output_tokens "
-        "≤ 4096"
+        f"rlctl: error: {job.path}: task.max_output_tokens: max_prompt_tokens 1024 + max_output_tokens 4096 = 5120 "
+        f"tokens exceed model max_position_embeddings 4096 ({tmp_path / 'model'}/config.json); use max_prompt_tokens "
+        "+ max_output_tokens ≤ 4096"
     )
     assert _refused(run_cli("check", str(job.path))) == line
