@@ -102,6 +102,12 @@ def request_from_options(
 
         checkpoint = Path(model).resolve()
         arch, name = check_hf_dir(checkpoint).arch, None
+    elif model and ("/" in model or Path(model).exists()):  # a path, not a name: what is wrong with it, not the names
+        what = "is not a directory" if Path(model).exists() else "no such directory"
+        raise UsageError(
+            f"--model {model}: {what}; a Hugging Face checkpoint is a directory holding config.json and the weights",
+            hint="give the checkpoint's directory, or a built-in model's name (`rlctl profile --help` lists them)",
+        )
     else:
         raise UsageError(
             f"--model: unknown model {model!r}; known: {one_of(BUILTIN_MODELS)}, or a Hugging Face checkpoint "

@@ -462,6 +462,26 @@ def test_plan_plot_paths_are_checked_before_planning_and_the_written_one_is_name
     assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_profile_of_a_model_path_that_is_no_directory_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`profile -m /nonexistent` (a path: a '/' in it, or a file there) says there is no such directory, versus
+    "unknown model '/nonexistent'; known: …" (the built-in names, for a name no one meant as one); a bare name that is
+    no file keeps the names known."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("")
+    local = str(ROOT / "clusters" / "local.yaml")
+    tail = "; a Hugging Face checkpoint is a directory holding config.json and the weights (hint: give the checkpoint's"
+    for model, said in (
+        (str(tmp_path / "nonexistent"), "no such directory"),
+        ("models/qwen", "no such directory"),
+        ("notes.txt", "is not a directory"),
+    ):
+        line = one_error(run_cli("profile", "-m", model, "-c", local))
+        assert line.startswith(f"rlctl: error: --model {model}: {said}{tail}"), line
+    assert "--model: unknown model 'qwen2.5-7'; known: " in one_error(
+        run_cli("profile", "-m", "qwen2.5-7", "-c", local)
+    )
+
+
 def test_plan_profile_not_there_is_the_option_s_one_line(tmp_path: Path) -> None:
     """`plan --profile nope.yaml` said 'nope.yaml: no such file', naming no option (the job's planning.profile is
     said alike, with its field): '--profile nope.yaml: no such file', as --plot's lines; a directory alike."""
