@@ -35,6 +35,20 @@ class TrainerBackend(StrEnum):  # rlctl.trainers.base.BACKENDS
     megatron = "megatron"
 
 
+def _missing(*, cluster: bool, model: bool) -> str:
+    """What a profile without --job lacks, named: the option not given (either alone was told to give both)."""
+    if model:
+        return (
+            "--model needs --cluster: the inventory file(s) whose sites to profile (-c clusters/local.yaml); or --job"
+        )
+    if cluster:
+        return (
+            f"--cluster needs --model: a built-in model ({one_of(BUILTIN_MODELS)}) or a Hugging Face checkpoint "
+            "directory; or --job"
+        )
+    return "give --cluster and --model, or --job"
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
@@ -146,7 +160,7 @@ def register(app: typer.Typer) -> None:
             )
         else:
             if not cluster or model is None:
-                raise UsageError("give --cluster and --model, or --job")
+                raise UsageError(_missing(cluster=bool(cluster), model=model is not None))
             algo = (algorithm or Algo.grpo).value
             req = request_from_options(
                 cluster, model=model, algorithm=algo, sites=site, engines=engines, trainer_backend=backend

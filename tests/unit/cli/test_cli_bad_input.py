@@ -482,6 +482,18 @@ def test_profile_of_a_model_path_that_is_no_directory_says_so(tmp_path: Path, mo
     )
 
 
+def test_profile_without_job_names_the_option_missing() -> None:
+    """`profile -m phi4-14b` (no -c) names --cluster as what is missing, versus 'give --cluster and --model, or
+    --job' with --model given; -c alone names --model; neither, both."""
+    local = str(ROOT / "clusters" / "local.yaml")
+    assert one_error(run_cli("profile", "-m", "phi4-14b")) == (
+        "rlctl: error: --model needs --cluster: the inventory file(s) whose sites to profile (-c clusters/local.yaml); "
+        "or --job"
+    )
+    assert one_error(run_cli("profile", "-c", local)).startswith("rlctl: error: --cluster needs --model: a built-in ")
+    assert one_error(run_cli("profile")) == "rlctl: error: give --cluster and --model, or --job"
+
+
 def test_plan_profile_not_there_is_the_option_s_one_line(tmp_path: Path) -> None:
     """`plan --profile nope.yaml` said 'nope.yaml: no such file', naming no option (the job's planning.profile is
     said alike, with its field): '--profile nope.yaml: no such file', as --plot's lines; a directory alike."""
