@@ -78,6 +78,9 @@ def test_check_refuses_what_launch_cannot_run_in_one_line(
     fields = [line.split(": ")[3] for line in lines]  # (transport.kind too where ucxx is missing)
     assert fields[0] == "model" and "built-in 'qwen2.5-7b'" in lines[0]
     assert {"task", "trainer.backend"} <= set(fields) and "rollout.engine" not in fields
+    # the README says each field it is refused for, versus 'since its weights are not on this machine' alone
+    readme = (ROOT / "README.md").read_text().partition("`jobs/cross-dc-7b.yaml` (")[2].partition("machine).")[0]
+    assert [f for f in [*fields, "sites.h20.scheduler.key_file"] if f"`{f}`" not in readme] == []
 
 
 def test_check_json_says_a_refusal_on_stdout_too(cli: Callable[..., CliResult], tmp_path: Path) -> None:
