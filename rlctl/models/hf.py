@@ -66,6 +66,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+TOKENIZER_DIRS = ("additional_chat_templates",)  # transformers' named chat templates (its default.jinja: the one used)
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 MISTRAL, PHI3 = "MistralForCausalLM", "Phi3ForCausalLM"
 MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3"}
@@ -763,6 +764,10 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     copied = [n for n in TOKENIZER_FILES if (s / n).is_file()]
     for n in copied:
         shutil.copyfile(s / n, d / n)
+    for n in TOKENIZER_DIRS:  # (a checkpoint without them rendered another template than its starting model's)
+        if (s / n).is_dir():
+            shutil.copytree(s / n, d / n, dirs_exist_ok=True)
+            copied.append(n)
     return copied
 
 

@@ -3,7 +3,10 @@
     model_dir/
       tokenizer.json           vocabulary, pre-tokenizer, post-processor   → `tokenizers.Tokenizer`
       tokenizer_config.json    special tokens, `chat_template`              → template variables
+      special_tokens_map.json  (older saves) special tokens: win over tokenizer_config's, unless that has
+                               added_tokens_decoder (then not read), as transformers reads them
       chat_template.jinja      (newer exports) the template; wins over tokenizer_config's
+      additional_chat_templates/default.jinja   wins over both (transformers' named templates; only `default` used)
       generation_config.json   eos_token_id (int or list)  ┐
       config.json              eos_token_id (int or list;  ├ EOS ids: the union, in this order
                                none: its architecture's)   │
@@ -26,6 +29,7 @@ from typing import Any, Protocol
 
 from rlctl.errors import ConfigError
 
+ADDITIONAL_TEMPLATES = "additional_chat_templates"  # transformers' CHAT_TEMPLATE_DIR
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -70,6 +74,17 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
+def _special_tokens(model_dir: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The special tokens as transformers reads them: tokenizer_config.json's, each one special_tokens_map.json names
+    (an older save's: a bos_token there alone) taken from it instead, unless tokenizer_config.json has
+    added_tokens_decoder (transformers then reads no special_tokens_map.json). Read from tokenizer_config.json alone,
+    such a checkpoint's templated prompts lost their BOS ({{ bos_token }} undefined), where transformers has it."""
+    merged = dict(config)
+    if "added_tokens_decoder" not in config:
+        merged.update(_read_json(model_dir / "special_tokens_map.json"))
+    return {key: text for key in SPECIAL_TOKEN_KEYS if (text := _token_text(merged.get(key))) is not None}
+
+
 def _config_eos(model_dir: Path) -> list[int]:
     """config.json's eos_token_id, or where it has no such key its architecture's as transformers reads it (Llama's
     and Mistral's 2, Phi3's 32000: `hf.read_config`), as the engines stop at it: the held-out evaluation's outputs
@@ -96,9 +111,16 @@ def _ids(value: Any) -> list[int]:
 
 
 def _chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
-    jinja_file = model_dir / "chat_template.jinja"
-    if jinja_file.exists():
-        return jinja_file.read_text(encoding="utf-8")
+    """The template apply_chat_template renders without a name, as transformers picks it: chat_template.jinja and
+    additional_chat_templates/NAME.jinja (its `default.jinja` read last, winning) over tokenizer_config.json's; of
+    files, the `default` one (none: transformers refuses to pick, and so no template here)."""
+    files: dict[str, str] = {}
+    if (jinja_file := model_dir / "chat_template.jinja").exists():
+        files["default"] = jinja_file.read_text(encoding="utf-8")
+    for path in sorted((model_dir / ADDITIONAL_TEMPLATES).glob("*.jinja")):
+        files[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    if files:
+        return files.get("default")
     template = config.get("chat_template")
     if isinstance(template, list):  # older multi-template form: [{name, template}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -192,11 +214,7 @@ class HFTokenizer:
         except Exception as e:  # the tokenizers library raises plain Exception on bad files
             raise ConfigError(str(tok_file), None, f"cannot load tokenizer: {e}") from e
         config = _read_json(model_dir / "tokenizer_config.json")
-        self.special_tokens: dict[str, str] = {}
-        for key in SPECIAL_TOKEN_KEYS:
-            text = _token_text(config.get(key))
-            if text is not None:
-                self.special_tokens[key] = text
+        self.special_tokens = _special_tokens(model_dir, config)
         self.chat_template = _chat_template(model_dir, config)
         eos: list[int] = []
         eos += _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))

@@ -147,3 +147,62 @@ def test_a_config_without_eos_token_id_gives_its_architectures_as_the_engines_re
     (d / "config.json").write_text(json.dumps(config if key is None else config | {"eos_token_id": key}))
     assert read_config(d).eos_token_ids == (want if key is not None else (2,))
     assert load_tokenizer(d).eos_ids == want
+
+
+BOS_TEMPLATE = "{{ bos_token }}{% for m in messages %} <|{{ m['role'] }}|> {{ m['content'] }}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("config_bos", "map_bos", "decoder"),
+    [
+        (None, "<s>", False),  # an older save's: bos_token in special_tokens_map.json alone
+        ("<|system|>", "<s>", False),  # both: special_tokens_map.json's, as transformers reads it
+        ("<|system|>", "<s>", True),  # added_tokens_decoder: transformers reads no special_tokens_map.json
+        (None, {"content": "<s>", "lstrip": False, "normalized": False, "rstrip": False}, False),
+    ],
+)
+def test_special_tokens_map_is_read_as_transformers_reads_it(
+    tmp_path: Path, config_bos: str | None, map_bos: object, decoder: bool
+) -> None:
+    """special_tokens_map.json (older HF saves) was not read: a bos_token there alone was undefined in the template,
+    the prompt's ids [4, …] where transformers gives [1, 4, …]. Checked against transformers' own tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    d = write_tokenizer(tmp_path / "model", chat_template=BOS_TEMPLATE)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    config.pop("bos_token")
+    if config_bos is not None:
+        config["bos_token"] = config_bos
+    if decoder:
+        config["added_tokens_decoder"] = {
+            "5": {"content": "<|system|>", "lstrip": False, "normalized": False, "rstrip": False, "special": True}
+        }
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    (d / "special_tokens_map.json").write_text(json.dumps({"bos_token": map_bos, "eos_token": "</s>"}))
+    messages = [{"role": "user", "content": "what is 1 + 2 ?"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    ours = load_tokenizer(d).encode_chat(messages)
+    assert ours == list(theirs)
+    assert ours[0] == (ID["<|system|>"] if config_bos and decoder else ID["<s>"])
+
+
+def test_the_default_of_additional_chat_templates_is_the_template_as_transformers_reads_it(tmp_path: Path) -> None:
+    """additional_chat_templates/default.jinja wins over chat_template.jinja and tokenizer_config.json's (transformers
+    reads its named templates after chat_template.jinja), versus the template of tokenizer_config.json rendered; and
+    the directory goes with the model's tokenizer files (`copy_tokenizer_files`)."""
+    transformers = pytest.importorskip("transformers")
+    from rlctl.models.hf import copy_tokenizer_files
+
+    d = write_tokenizer(tmp_path / "model")
+    (d / "additional_chat_templates").mkdir()
+    (d / "additional_chat_templates" / "default.jinja").write_text(BOS_TEMPLATE + " <|assistant|>")
+    (d / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages | tojson }}")
+    messages = [{"role": "user", "content": "hello world"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    assert load_tokenizer(d).encode_chat(messages) == list(theirs)
+    assert load_tokenizer(d).apply_chat_template(messages) == "<s> <|user|> hello world <|assistant|>"
+    assert "additional_chat_templates" in copy_tokenizer_files(d, tmp_path / "out")
+    assert load_tokenizer(tmp_path / "out").encode_chat(messages) == list(theirs)
