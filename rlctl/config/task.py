@@ -3,7 +3,7 @@ lengths they share."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
@@ -86,6 +86,25 @@ class LengthsTask(Strict):
 
 
 BUILTIN_REWARD_NAMES = ("digits", "exact_match")  # rlctl.rl.reward.BUILTIN_REWARDS' (not imported by the config)
+# what the chat template is given besides chat_template_kwargs (add_generation_prompt True, tools and documents None)
+# and transformers' apply_chat_template's own parameters: a kwarg of the same name is no template variable there
+TEMPLATE_ARGUMENTS = {
+    "messages",
+    "add_generation_prompt",
+    "tools",
+    "documents",
+    "conversation",
+    "chat_template",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+}
 DATA_SUFFIXES = (".jsonl", ".parquet")  # a dataset file's, in any case (rlctl.rl.dataset reads .parquet so)
 
 
@@ -109,6 +128,11 @@ class DatasetTask(OverlongShaping):
     extra_info_key: str = "extra_info"
     template_strings: bool = Field(
         False, description="render string prompts through the chat template, as one user message"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="variables the chat template reads beyond the messages (verl's apply_chat_template_kwargs, "
+        "transformers' apply_chat_template(**kwargs)), e.g. {enable_thinking: false} for Qwen3",
     )
     max_prompt_tokens: Tokens = 1024
     max_output_tokens: Tokens = 1024
@@ -153,6 +177,16 @@ class DatasetTask(OverlongShaping):
                 "name the field that holds the answers, or a reward of your own (path/to/file.py:function)"
             )
         return self
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if taken := sorted(set(v) & TEMPLATE_ARGUMENTS):
+            raise ValueError(
+                f"{', '.join(taken)}: set by rlctl as transformers' apply_chat_template sets it, not a template "
+                "variable of the job's; leave it out"
+            )
+        return v
 
     @field_validator("reward")
     @classmethod

@@ -178,7 +178,9 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer, wher
             if not tokenizer.has_chat_template:
                 why = "is a string prompt, which task.template_strings renders through one"
                 raise _no_template(tokenizer, where, why, "set task.template_strings: false")
-            return tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            return tokenizer.encode_chat(
+                [{"role": "user", "content": prompt}], template_kwargs=cfg.chat_template_kwargs
+            )
         return tokenizer.encode(prompt)
     if isinstance(prompt, list) and prompt:
         for i, m in enumerate(prompt):
@@ -190,7 +192,7 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer, wher
                 return f"message [{i}] content: expected a string or a list of {{type, …}} parts, got {content!r:.40}"
         if not tokenizer.has_chat_template:
             raise _no_template(tokenizer, where, "holds chat messages", "give the prompts as strings")
-        return tokenizer.encode_chat(prompt)
+        return tokenizer.encode_chat(prompt, template_kwargs=cfg.chat_template_kwargs)
     return f"expected a string or a non-empty list of chat messages [{{role, content}}], got {prompt!r:.60}"
 
 
@@ -286,11 +288,14 @@ def keeping_rows() -> Iterator[None]:
 
 def _identity(cfg: DatasetTask, data_path: Path, tokenizer: TextTokenizer) -> dict[str, Any]:
     """What a prepared dataset is made of: the file (its SHA-256), the tokenizer, the settings that change it."""
+    settings = cfg.model_dump(include=_TOKENIZING_FIELDS)
+    if cfg.chat_template_kwargs:  # (only where set: a dataset prepared before the field was is kept as it was)
+        settings["chat_template_kwargs"] = cfg.chat_template_kwargs
     return {
         "source": str(data_path.resolve()),  # (relative, a launch from another directory rebuilt it)
         "source_sha256": _sha256(data_path),
         "tokenizer": tokenizer.fingerprint(),
-        "settings": cfg.model_dump(include=_TOKENIZING_FIELDS),
+        "settings": settings,
     }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +46,9 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
 
@@ -244,14 +246,22 @@ class HFTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
-        """The prompt text for `messages`, ending with the assistant header (`add_generation_prompt=True`)."""
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The prompt text for `messages`, ending with the assistant header (`add_generation_prompt=True`);
+        `template_kwargs` (task.chat_template_kwargs: Qwen3's enable_thinking) are variables of the template, over
+        the special tokens of the same name, as transformers passes its apply_chat_template's extra kwargs."""
         if self.chat_template is None:
             raise ValueError(f"the tokenizer in {self.model_dir} has no chat_template")
-        return render_chat_template(self.chat_template, messages, **self.special_tokens)
+        return render_chat_template(self.chat_template, messages, **{**self.special_tokens, **(template_kwargs or {})})
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        return self.encode(
+            self.apply_chat_template(messages, template_kwargs=template_kwargs), add_special_tokens=False
+        )
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))

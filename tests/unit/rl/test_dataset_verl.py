@@ -1,0 +1,73 @@
+"""Rows and settings of jobs moved over from verl: template arguments, bytes that are not UTF-8, parquet values that
+are not JSON, empty prompts, and the verl shapes rlctl does not train (warned at check)."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlctl.config.task import DatasetTask
+from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.tokenizer import load_tokenizer
+from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
+
+ID = {t: i for i, t in enumerate(SPECIALS)}
+
+# Qwen3's way: an empty think block after the assistant header where enable_thinking is false
+THINKING_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %} <|{{ m['role'] }}|> {{ m['content'] }} <|end|>{% endfor %}"
+    "{% if add_generation_prompt %} <|assistant|>"
+    "{% if enable_thinking is defined and enable_thinking is false %} <|system|> <|end|>{% endif %}{% endif %}"
+)
+
+
+def task(**kw: Any) -> DatasetTask:
+    return DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", **kw})
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(
+    tmp_path: Path, kwargs: dict[str, Any]
+) -> None:
+    """task.chat_template_kwargs (verl's apply_chat_template_kwargs: Qwen3's enable_thinking) are the template's
+    variables, every row's prompt the ids transformers' apply_chat_template(..., **kwargs) gives, versus no such
+    setting (refused as an unknown field: Qwen3's thinking block always on)."""
+    transformers = pytest.importorskip("transformers")
+    model = write_tokenizer(tmp_path / "model", chat_template=THINKING_TEMPLATE)
+    messages = [{"role": "user", "content": "what is 1 + 2 ?"}]
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": messages, "ground_truth": "3"}])
+    cfg = task(chat_template_kwargs=kwargs, shuffle=False)
+    got = prepare_dataset(cfg, data_path=path, tokenizer=load_tokenizer(model), out_dir=tmp_path / "d")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(model)).apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
+    )
+    assert got.prompt(0).tokens == list(theirs)
+    assert (ID["<|system|>"] in got.prompt(0).tokens) == (kwargs == {"enable_thinking": False})
+    # a string prompt through the template (template_strings) gets them too
+    string = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": "3"}])
+    cfg = task(chat_template_kwargs=kwargs, template_strings=True, shuffle=False)
+    got = prepare_dataset(cfg, data_path=string, tokenizer=load_tokenizer(model), out_dir=tmp_path / "s")
+    assert got.prompt(0).tokens == list(theirs)
+
+
+def test_chat_template_kwargs_change_the_prepared_dataset_and_refuse_rlctl_s_own_arguments(tmp_path: Path) -> None:
+    """Another enable_thinking is another dataset (prepared again, not the kept one); a kwarg that rlctl passes itself
+    (add_generation_prompt, tools, messages) is refused in one line naming it."""
+    model = write_tokenizer(tmp_path / "model", chat_template=THINKING_TEMPLATE)
+    path = write_jsonl(
+        tmp_path / "train.jsonl", [{"prompt": [{"role": "user", "content": "hello"}], "ground_truth": "3"}]
+    )
+    tok = load_tokenizer(model)
+    on = prepare_dataset(task(shuffle=False), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    off_cfg = task(shuffle=False, chat_template_kwargs={"enable_thinking": False})
+    off = prepare_dataset(off_cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert off.prompt(0).tokens == [*on.prompt(0).tokens, ID["<|system|>"], ID["<|end|>"]]
+    for name in ("add_generation_prompt", "tools", "messages"):
+        with pytest.raises(ValueError, match=f"{name}: set by rlctl as transformers' apply_chat_template sets it"):
+            task(chat_template_kwargs={name: True})
