@@ -17,6 +17,7 @@ a resumed job needs no loader state.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -105,23 +106,45 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
             raise ConfigError(str(path), None, f"cannot read parquet: {e}") from e
         return
     try:
-        with path.open(encoding="utf-8-sig") as f:  # a byte-order mark (some editors write one): not JSON
-            first = True
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                first, at_first = False, first
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    what = f"invalid JSON: {e.msg} (column {e.colno})"
-                    if at_first and line.strip() in ("[", "{"):  # an indented JSON document
-                        what += f"; {ONE_OBJECT_PER_LINE}"
-                    yield f"line {i}", BadRow(f"{path}:line {i}", None, what)
-                    continue
-                yield f"line {i}", row
-    except (OSError, UnicodeDecodeError) as e:
+        first = True
+        for i, line in enumerate(_text_lines(path), start=1):
+            if isinstance(line, BadRow):
+                yield f"line {i}", line
+                continue
+            if not line.strip():
+                continue
+            first, at_first = False, first
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                what = f"invalid JSON: {e.msg} (column {e.colno})"
+                if at_first and line.strip() in ("[", "{"):  # an indented JSON document
+                    what += f"; {ONE_OBJECT_PER_LINE}"
+                yield f"line {i}", BadRow(f"{path}:line {i}", None, what)
+                continue
+            yield f"line {i}", row
+    except OSError as e:
         raise ConfigError(str(path), None, f"cannot read: {e}") from e
+
+
+def _text_lines(path: Path) -> Iterator[str | BadRow]:
+    """The lines of a text file as Python's text mode splits them (LF, CRLF, CR; a leading byte-order mark, which
+    some editors write, dropped), each decoded on its own: a line that is not UTF-8 is a BadRow naming its byte and
+    column, versus the whole file refused at the decoder's offset into its buffer ('position 2690'), under
+    `bad_rows: skip` too."""
+    with path.open("rb") as f:
+        n = 0
+        for chunk in f:
+            if n == 0:
+                chunk = chunk.removeprefix(codecs.BOM_UTF8)
+            for raw in chunk.splitlines(keepends=True):
+                n += 1
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    column = len(raw[: e.start].decode("utf-8")) + 1
+                    what = f"not UTF-8 at byte 0x{raw[e.start]:02x} (column {column})"
+                    yield BadRow(f"{path}:line {n}", None, what)
 
 
 def _lookup(row: dict[str, Any], key: str) -> Any:

@@ -71,3 +71,22 @@ def test_chat_template_kwargs_change_the_prepared_dataset_and_refuse_rlctl_s_own
     for name in ("add_generation_prompt", "tools", "messages"):
         with pytest.raises(ValueError, match=f"{name}: set by rlctl as transformers' apply_chat_template sets it"):
             task(chat_template_kwargs={name: True})
+
+
+def test_a_line_that_is_not_utf8_is_one_bad_row_named_by_its_line(tmp_path: Path) -> None:
+    """A latin-1 byte on one line refused the whole file at the decoder's offset into its buffer ('position 2690'),
+    under `bad_rows: skip` too. Now that line is a bad row: skipped under skip, named under refuse; the lines about it
+    (CRLF, a lone CR, a byte-order mark) read as before."""
+    from rlctl.errors import ConfigError
+
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    good = [json.dumps({"prompt": "what is 1 + 2 ?", "ground_truth": str(i)}).encode() for i in range(200)]
+    bad = b'{"prompt": "caf\xe9 is", "ground_truth": "1"}'
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(good[:150]) + b"\n" + bad + b"\r" + b"\n".join(good[150:]) + b"\n")
+    with pytest.raises(ConfigError, match=r"1 of 201 rows are bad: line 151: not UTF-8 at byte 0xe9 \(column 16\)"):
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "r")
+    got = prepare_dataset(task(bad_rows="skip", shuffle=False), data_path=path, tokenizer=tok, out_dir=tmp_path / "s")
+    assert len(got) == 200 and got.num_bad_rows == 1
+    assert [got.prompt(k).source_row for k in (0, 149, 150, 199)] == ["line 1", "line 150", "line 152", "line 201"]
+    assert got.prompt(150).ground_truth == "150"
