@@ -125,7 +125,9 @@ class DatasetTask(OverlongShaping):
         "ground_truth", description="dotted keys reach nested fields (reward_model.ground_truth); null: none"
     )
     data_source_key: str = "data_source"
-    extra_info_key: str = "extra_info"
+    extra_info_key: str | None = Field(
+        "extra_info", description="null: none read (every row's extra_info None, as a row without the field's)"
+    )
     template_strings: bool = Field(
         False, description="render string prompts through the chat template, as one user message"
     )

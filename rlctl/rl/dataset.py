@@ -18,6 +18,8 @@ a resumed job needs no loader state.
 from __future__ import annotations
 
 import codecs
+import datetime
+import decimal
 import hashlib
 import json
 import logging
@@ -99,7 +101,9 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             n = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-                for row in batch.to_pylist():
+                # a map column (Spark's map<string,string>) as a dict, as verl's reward gets it, versus a list of
+                # (key, value) pairs (pyarrow's own form)
+                for row in batch.to_pylist(maps_as_pydicts="lossy"):
                     yield f"row {n}", row
                     n += 1
         except (OSError, pa.ArrowException) as e:
@@ -160,20 +164,26 @@ def _lookup(row: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _not_json(value: Any, key: str) -> str | None:
-    """None when `value` (the row's field `key`) is JSON, else where it is not: `meta.when is of type date` (a parquet
-    date inside a struct said `not JSON-serialisable (dict)`, the struct's type)."""
+def _json_safe(value: Any, key: str) -> Any:
+    """`value` (the row's field `key`) as a prepared row holds it (JSON): a parquet date, time or timestamp as its ISO
+    string, a decimal as a float (the number a reward computes with), each as the reward sees it from a row read
+    back; anything else that is not JSON (bytes: no text a reward could tell from a string) a ValueError saying where:
+    `meta.blob is of type bytes`. Such a value refused the whole file ('not JSON-serialisable'), with no way around."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):
         pass
     else:
-        return None
-    inner = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
-    for k, v in inner:
-        if (where := _not_json(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")) is not None:
-            return where
-    return f"{key} is of type {type(value).__name__}"  # (no article before it: it would say "is a int64")
+        return value  # (the rows as they are, most of them: no walk)
+    if isinstance(value, dict):
+        return {k: _json_safe(v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, datetime.date | datetime.time):  # (datetime.datetime is a date)
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    raise ValueError(f"{key} is of type {type(value).__name__}")  # (no article before it: it would say "is a int64")
 
 
 # what a NoChatTemplate says before the row that needs one (`rlctl check` says the task's and the held-out file's once)
@@ -235,17 +245,20 @@ def _parse_row(
             return BadRow(where, key, "missing")
         if answer is None:  # there, but no answer: 'missing' and its hint (name the field) sent the user looking
             return BadRow(where, key, NULL_ANSWER)
-        if (bad := _not_json(answer, key)) is not None:
-            return BadRow(where, key, f"not JSON-serialisable: {bad}")
+        try:
+            answer = _json_safe(answer, key)
+        except ValueError as e:
+            return BadRow(where, key, f"not JSON-serialisable: {e}")
     source = _lookup(row, cfg.data_source_key)
     if source is _MISSING or source is None:
         source = default_source
     elif not isinstance(source, str):
         return BadRow(where, cfg.data_source_key, f"expected a string, got {type(source).__name__}")
-    extra = _lookup(row, cfg.extra_info_key)
-    extra = None if extra is _MISSING else extra
-    if (bad := _not_json(extra, cfg.extra_info_key)) is not None:
-        return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable: {bad}")
+    extra = None if cfg.extra_info_key is None else _lookup(row, cfg.extra_info_key)
+    try:
+        extra = None if extra is _MISSING else _json_safe(extra, str(cfg.extra_info_key))
+    except ValueError as e:
+        return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable: {e} (task.extra_info_key: null reads none)")
     prompt = _lookup(row, cfg.prompt_key)
     if prompt is _MISSING or prompt is None:
         return BadRow(where, cfg.prompt_key, "missing")
@@ -467,7 +480,7 @@ def _optional_keys_set(cfg: DatasetTask) -> dict[str, str]:
     return {
         setting: key
         for setting in ("data_source_key", "extra_info_key")
-        if (key := getattr(cfg, setting)) != DatasetTask.model_fields[setting].default
+        if (key := getattr(cfg, setting)) not in (None, DatasetTask.model_fields[setting].default)
     }
 
 

@@ -705,26 +705,25 @@ def test_check_task_names_model_path_for_a_missing_tokenizer(tmp_path: Path) -> 
 
 
 def test_a_value_json_cannot_hold_is_named_by_its_path_in_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
-    # a parquet date inside extra_info's struct said `extra_info: not JSON-serialisable (dict)`: the struct's type
-    import datetime
-
-    day = datetime.date(2024, 1, 1)
+    # parquet bytes inside extra_info's struct said `extra_info: not JSON-serialisable (dict)`: the struct's type
+    # (a date there: its ISO string, test_dataset_verl.py)
+    blob = b"\x89PNG"
     path = write_parquet(
-        tmp_path / "train.parquet", [{**verl_row(0), "extra_info": {"index": 0, "when": day}}, verl_row(1)]
+        tmp_path / "train.parquet", [{**verl_row(0), "extra_info": {"index": 0, "when": blob}}, verl_row(1)]
     )
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
-    assert (
-        str(e.value)
-        == f"{path}: 1 of 2 rows are bad: row 0: extra_info: not JSON-serialisable: extra_info.when is of type date"
+    assert str(e.value) == (
+        f"{path}: 1 of 2 rows are bad: row 0: extra_info: not JSON-serialisable: extra_info.when is of type bytes "
+        "(task.extra_info_key: null reads none)"
     )
-    path = write_parquet(tmp_path / "dates.parquet", [{**verl_row(0), "reward_model": {"ground_truth": [day]}}])
+    path = write_parquet(tmp_path / "dates.parquet", [{**verl_row(0), "reward_model": {"ground_truth": [blob]}}])
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     # (the default key read verl's nested field: named as it is in the row, versus `ground_truth`, which it has not)
     assert str(e.value) == (
         f"{path}: its one row: reward_model.ground_truth: not JSON-serialisable: "
-        "reward_model.ground_truth[0] is of type date"
+        "reward_model.ground_truth[0] is of type bytes"
     )
 
 
@@ -732,9 +731,10 @@ def test_a_value_json_cannot_hold_is_said_of_its_type_without_an_article() -> No
     """As the reward's line: 'is of type int64', versus 'is a int64' (a NumPy scalar a row's list held)."""
     import numpy as np
 
-    from rlctl.rl.dataset import _not_json
+    from rlctl.rl.dataset import _json_safe
 
-    assert _not_json({"ids": [1, np.int64(2)]}, "extra_info") == "extra_info.ids[1] is of type int64"
+    with pytest.raises(ValueError, match=r"^extra_info\.ids\[1\] is of type int64$"):
+        _json_safe({"ids": [1, np.int64(2)]}, "extra_info")
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_every_row(tmp_path: Path, tok: HFTokenizer) -> None:

@@ -90,3 +90,54 @@ def test_a_line_that_is_not_utf8_is_one_bad_row_named_by_its_line(tmp_path: Path
     assert len(got) == 200 and got.num_bad_rows == 1
     assert [got.prompt(k).source_row for k in (0, 149, 150, 199)] == ["line 1", "line 150", "line 152", "line 201"]
     assert got.prompt(150).ground_truth == "150"
+
+
+def test_parquet_dates_decimals_and_maps_reach_the_reward_as_json_and_bytes_are_one_bad_row_each(
+    tmp_path: Path,
+) -> None:
+    """A timestamp, date or decimal in extra_info refused the whole file ('not JSON-serialisable'), with no way
+    around: now an ISO string and a float; a map column (Spark's map<string,string>) a dict, versus a list of
+    (key, value) pairs; bytes (no text a reward could tell from a string) refuse the row, and `extra_info_key:
+    null` reads no extra_info at all."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.errors import ConfigError
+
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    when = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    table = pa.table(
+        {
+            "prompt": ["what is 1 + 2 ?", "what is 2 + 2 ?"],
+            "ground_truth": [decimal.Decimal("3.50"), decimal.Decimal("4")],
+            "extra_info": pa.array(
+                [
+                    {"created": when, "day": datetime.date(2024, 1, 2), "price": decimal.Decimal("1.25")},
+                    {"created": when, "day": datetime.date(2024, 1, 3), "price": None},
+                ]
+            ),
+            "meta": pa.array(
+                [[("split", "train"), ("index", "0")], [("split", "test")]], pa.map_(pa.string(), pa.string())
+            ),
+            "blob": [b"\x89PNG", b"ok"],
+        }
+    )
+    path = tmp_path / "train.parquet"
+    pq.write_table(table, path)
+    got = prepare_dataset(
+        task(path="train.parquet", shuffle=False), data_path=path, tokenizer=tok, out_dir=tmp_path / "a"
+    )
+    assert got.prompt(0).extra_info == {"created": "2024-01-02T03:04:05+00:00", "day": "2024-01-02", "price": 1.25}
+    assert [got.prompt(k).ground_truth for k in (0, 1)] == [3.5, 4.0]
+    maps = task(path="train.parquet", extra_info_key="meta", shuffle=False)
+    got = prepare_dataset(maps, data_path=path, tokenizer=tok, out_dir=tmp_path / "m")
+    assert [got.prompt(k).extra_info for k in (0, 1)] == [{"split": "train", "index": "0"}, {"split": "test"}]
+    blob = task(path="train.parquet", extra_info_key="blob")
+    with pytest.raises(ConfigError, match=r"all 2 rows: blob: not JSON-serialisable: blob is of type bytes \(task"):
+        prepare_dataset(blob, data_path=path, tokenizer=tok, out_dir=tmp_path / "b")
+    none = task(path="train.parquet", extra_info_key=None, shuffle=False)
+    got = prepare_dataset(none, data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
+    assert [got.prompt(k).extra_info for k in (0, 1)] == [None, None]
