@@ -205,8 +205,8 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer, wher
     """Token ids of one prompt (the row at `where`), or what is wrong with it; NoChatTemplate when it needs the
     template the tokenizer lacks."""
     if isinstance(prompt, str):
-        if not prompt:
-            return "empty string"
+        if not prompt.strip():  # (whitespace tokenized to BOS alone: nothing asked, and trained on)
+            return f"empty prompt (whitespace only: {prompt!r:.20})" if prompt else "empty prompt"
         if cfg.template_strings:
             if not tokenizer.has_chat_template:
                 why = "is a string prompt, which task.template_strings renders through one"
@@ -223,10 +223,25 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer, wher
             parts = isinstance(content, list) and all(isinstance(c, dict) and "type" in c for c in content)
             if not (isinstance(content, str) or parts):  # what chat templates render: text, or typed parts
                 return f"message [{i}] content: expected a string or a list of {{type, …}} parts, got {content!r:.40}"
+        # (each rendered to the template's headers alone, a prompt that asks nothing; an empty system message, a
+        # placeholder some datasets carry, is no harm where a user's says something)
+        if all(_blank(m["content"]) for m in prompt):
+            return "empty prompt (every message's content is empty)"
+        said = [j for j, m in enumerate(prompt) if m["role"] == "user" and _blank(m["content"])]
+        if said:
+            return f"message [{said[0]}]: empty prompt (a user message with no content)"
         if not tokenizer.has_chat_template:
             raise _no_template(tokenizer, where, "holds chat messages", "give the prompts as strings")
         return tokenizer.encode_chat(prompt, template_kwargs=cfg.chat_template_kwargs)
     return f"expected a string or a non-empty list of chat messages [{{role, content}}], got {prompt!r:.60}"
+
+
+def _blank(content: str | list[dict[str, Any]]) -> bool:
+    """A message's content says nothing: a blank string, or text parts alone and each blank (an image part says
+    something)."""
+    if isinstance(content, str):
+        return not content.strip()
+    return all(c.get("type") == "text" and not str(c.get("text") or "").strip() for c in content)
 
 
 def _parse_row(

@@ -141,3 +141,37 @@ def test_parquet_dates_decimals_and_maps_reach_the_reward_as_json_and_bytes_are_
     none = task(path="train.parquet", extra_info_key=None, shuffle=False)
     got = prepare_dataset(none, data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
     assert [got.prompt(k).extra_info for k in (0, 1)] == [None, None]
+
+
+def test_whitespace_prompts_and_messages_with_no_content_are_bad_rows(tmp_path: Path) -> None:
+    """A prompt of whitespace ('   ', '\\n\\t') tokenized to BOS alone and chat messages with no content to the
+    template's headers alone, each trained on as a prompt; now each is a bad row as '' is. An empty system message
+    beside a user's that says something (a placeholder some datasets carry) is no bad row."""
+    from rlctl.errors import ConfigError
+
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    rows: list[Any] = [
+        "what is 1 + 2 ?",
+        "   ",
+        "\n\t",
+        "",
+        [{"role": "user", "content": ""}],
+        [{"role": "system", "content": " "}, {"role": "user", "content": [{"type": "text", "text": "  "}]}],
+        [{"role": "system", "content": "the answer"}, {"role": "user", "content": "\n"}],
+        [{"role": "system", "content": ""}, {"role": "user", "content": "hello"}],
+    ]
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": p, "ground_truth": "3"} for p in rows])
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "r")
+    assert str(e.value).startswith(
+        f"{path}: 6 of 8 rows are bad: line 2: prompt: empty prompt (whitespace only: '   '); line 3: prompt: empty "
+        "prompt (whitespace only: '\\n\\t'); line 4: prompt: empty prompt; … 3 more"
+    )
+    got = prepare_dataset(task(bad_rows="skip", shuffle=False), data_path=path, tokenizer=tok, out_dir=tmp_path / "s")
+    assert [got.prompt(k).source_row for k in range(len(got))] == ["line 1", "line 8"]
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["bad_rows"][3:] == [
+        f"{path}:line 5: prompt: empty prompt (every message's content is empty)",
+        f"{path}:line 6: prompt: empty prompt (every message's content is empty)",
+        f"{path}:line 7: prompt: message [1]: empty prompt (a user message with no content)",
+    ]
