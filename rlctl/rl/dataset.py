@@ -439,6 +439,56 @@ def _rows(
     return tokens, rows, bad
 
 
+@dataclass
+class _Unsupported:
+    """The good rows of verl's shapes that rlctl reads but does not train as verl would, counted as the rows are read
+    and said in one warning line each (they passed unsaid): a reward model's rows, images, and chat messages given as
+    a JSON string."""
+
+    reward_model: int = 0  # reward_model.style "model": verl scores them with a reward model, rlctl runs none
+    images: int = 0  # an `images` (or `videos`) field: the prompt is tokenized as text alone
+    json_messages: int = 0  # a string prompt holding JSON chat messages: tokenized as that text
+
+    def see(self, row: dict[str, Any], cfg: DatasetTask) -> None:
+        self.reward_model += _lookup(row, "reward_model.style") == "model"
+        self.images += any(row.get(k) for k in ("images", "videos"))
+        prompt = _lookup(row, cfg.prompt_key)
+        if isinstance(prompt, str) and prompt.lstrip().startswith("[{"):  # (the rest not parsed: no cost)
+            try:
+                value = json.loads(prompt)
+            except json.JSONDecodeError:
+                return
+            self.json_messages += isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+
+    def warn(self, data_path: Path, rows: int, cfg: DatasetTask) -> None:
+        if self.reward_model:
+            log.warning(
+                "dataset %s: %d of %d rows have reward_model.style 'model' (verl scores them with a reward model); "
+                "rlctl runs none: task.reward %r scores them",
+                data_path,
+                self.reward_model,
+                rows,
+                cfg.reward,
+            )
+        if self.images:
+            log.warning(
+                "dataset %s: %d of %d rows have images (or videos); rlctl trains on text: their prompts are "
+                "tokenized without them",
+                data_path,
+                self.images,
+                rows,
+            )
+        if self.json_messages:
+            log.warning(
+                "dataset %s: %d of %d prompts (task.prompt_key %r) are strings holding JSON chat messages, tokenized "
+                "as that text; store them as lists of messages (json.loads the column) for the chat template",
+                data_path,
+                self.json_messages,
+                rows,
+                cfg.prompt_key,
+            )
+
+
 def _scan(
     cfg: DatasetTask,
     data_path: Path,
@@ -457,6 +507,7 @@ def _scan(
     bad: list[BadRow] = []
     fields: list[str] = []  # the first row's: what a key that no row has could have been
     unseen = _optional_keys_set(cfg)  # the optional fields' keys the job names, until a row has one
+    unsupported = _Unsupported()
     for label, raw in _read_rows(data_path):
         if not fields and isinstance(raw, dict):
             fields = [str(k) for k in raw]
@@ -469,10 +520,12 @@ def _scan(
             bad.append(parsed)
             continue
         good += 1
+        unsupported.see(raw, cfg)
         if keep is not None:
             keep(label, parsed)
     each = keep is not None if each is None else each
     _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=each, heldout=heldout)
+    unsupported.warn(data_path, good, cfg)
     if good and unseen and fields and not heldout:  # (no row read as an object: its own refusal says why)
         setting, key = next(iter(unseen.items()))
         raise ConfigError(

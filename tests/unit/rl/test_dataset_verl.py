@@ -175,3 +175,38 @@ def test_whitespace_prompts_and_messages_with_no_content_are_bad_rows(tmp_path: 
         f"{path}:line 6: prompt: empty prompt (every message's content is empty)",
         f"{path}:line 7: prompt: message [1]: empty prompt (a user message with no content)",
     ]
+
+
+def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_with_their_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows of a reward model (reward_model.style 'model'), with images, or whose prompt is a JSON string of chat
+    messages passed check unsaid (scored by the rule function, trained on text alone, tokenized as JSON text)."""
+    import logging
+
+    from rlctl.rl.dataset import check_rows
+
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    messages = [{"role": "user", "content": "what is 1 + 2 ?"}]
+    rows: list[dict[str, Any]] = [
+        {"prompt": messages, "reward_model": {"style": "model", "ground_truth": "3"}, "images": [{"path": "a.png"}]},
+        {"prompt": messages, "reward_model": {"style": "model", "ground_truth": "3"}, "images": []},
+        {"prompt": messages, "reward_model": {"style": "rule", "ground_truth": "3"}, "images": None},
+        {"prompt": json.dumps(messages), "ground_truth": "3"},
+        {"prompt": "[{not json", "ground_truth": "3"},
+    ]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    assert check_rows(task(reward="r.py:f"), data_path=path, tokenizer=tok) == 5
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dataset {path}: 2 of 5 rows have reward_model.style 'model' (verl scores them with a reward model); rlctl "
+        "runs none: task.reward 'r.py:f' scores them",
+        f"dataset {path}: 1 of 5 rows have images (or videos); rlctl trains on text: their prompts are tokenized "
+        "without them",
+        f"dataset {path}: 1 of 5 prompts (task.prompt_key 'prompt') are strings holding JSON chat messages, "
+        "tokenized as that text; store them as lists of messages (json.loads the column) for the chat template",
+    ]
+    caplog.clear()
+    plain = write_jsonl(tmp_path / "plain.jsonl", rows[2:3])
+    assert check_rows(task(), data_path=plain, tokenizer=tok) == 1
+    assert caplog.records == []
