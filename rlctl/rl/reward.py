@@ -162,16 +162,21 @@ def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> Rewa
 
 
 def _check_signature(fn: RewardFn, shown: str) -> None:
+    """Refuse a function that cannot be called as it will be: with the four keywords as verl calls it (a required
+    extra_info too, which a 3-argument trial refused), or with the first three where it takes no extra_info (rlctl
+    leaves it out for such a function: `takes_extra_info`)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins without a signature: the first call tells
+    # a function that names extra_info (or takes **kwargs) is called with it, another without it
+    named = "extra_info" in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     try:
-        sig.bind(**dict.fromkeys(ARGS[:3]))
+        sig.bind(**dict.fromkeys(ARGS if named else ARGS[:3]))
     except TypeError as e:
         raise ValueError(
             f"{shown}{sig}: cannot be called as compute_score(data_source=, solution_str=, ground_truth=, "
-            f"extra_info=None): {e}"
+            f"extra_info=): {e}"
         ) from e
 
 
