@@ -4,12 +4,15 @@ A reward function has verl's signature, so functions users already have work unc
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
 
+(an `async def` one too: its coroutine is run to its end in the call).
+
 The pool of worker processes that calls them, each call bounded, is rlctl.rl.reward_pool; the copy of a user's
 reward file and the modules beside it into a job, rlctl.rl.reward_files.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
@@ -17,6 +20,7 @@ import inspect
 import math
 import numbers
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,13 +232,34 @@ def check_result(value: Any, on_error: float) -> RewardResult:
     return RewardResult(float(value), "ok", None, rest)
 
 
+_loops = threading.local()  # each thread's event loop for async reward functions (`_awaited`)
+
+
+def _awaited(coroutine: Any) -> Any:
+    """What an `async def` reward's call returns, run to its end on this thread's event loop, made at the first such
+    call and kept: a client the function keeps between calls (an HTTP session to a judge model) stays bound to a loop
+    that runs. A worker's calls are one at a time in its main thread, where no loop runs; an in-line caller's thread
+    that runs one of its own cannot run another (a RuntimeError, scored as the function's)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        coroutine.close()  # (one that never started: no "coroutine was never awaited" warning at its collection)
+
+
 def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> RewardResult:
-    """Call `fn` once in this thread; an exception scores `on_error`, a sys.exit() in it too (in-line, with
-    reward_workers 0, it ended the controller's scoring without a word: the job stopped, its log silent), and any
-    other BaseException but a KeyboardInterrupt (asyncio's CancelledError, a timeout library's own: in a worker it
-    killed the process, its log line saying only 'reward worker died'; in-line it left the controller's scoring)."""
+    """Call `fn` once in this thread, an `async def` one's coroutine run to its end (`_awaited`, as verl's reward
+    loop awaits it, bounded as any call is by the pool's deadline: it was scored `bad_type`, a coroutine never
+    awaited); an exception scores `on_error`, a sys.exit() in it too (in-line, with reward_workers 0, it ended the
+    controller's scoring without a word: the job stopped, its log silent), and any other BaseException but a
+    KeyboardInterrupt (asyncio's CancelledError, a timeout library's own: in a worker it killed the process, its log
+    line saying only 'reward worker died'; in-line it left the controller's scoring)."""
     try:
         value = fn(**kwargs)
+        if inspect.iscoroutine(value):
+            value = _awaited(value)
     except KeyboardInterrupt:  # in-line, a Ctrl-C of the process: not the function's failure
         raise
     except BaseException as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged

@@ -3,11 +3,12 @@ scorers by name; and what a reward's failure says is one line."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from rlctl.rl.reward import load_reward
+from rlctl.rl.reward import RewardResult, call_reward, load_reward
 from rlctl.rl.reward_pool import RewardPool
 
 SIGNATURES = """
@@ -64,3 +65,51 @@ def test_a_signature_verl_cannot_call_is_refused_saying_why(signatures: Path, na
     called = "cannot be called as compute_score(data_source=, solution_str=, ground_truth=, extra_info=): "
     assert called in str(e.value)
     assert str(e.value).endswith(why)
+
+
+ASYNC = """
+import asyncio
+
+LOOPS = []
+
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    LOOPS.append(asyncio.get_running_loop())  # a client made in one call is bound to the loop of the next
+    if solution_str == "hang":
+        await asyncio.Event().wait()
+    if solution_str == "raise":
+        raise KeyError("boom")
+    await asyncio.sleep(0)
+    return {"score": float(solution_str == ground_truth), "same_loop": float(LOOPS[0] is LOOPS[-1])}
+"""
+
+
+def test_an_async_reward_is_awaited_in_its_worker_and_bounded_by_the_timeout(tmp_path: Path) -> None:
+    # its coroutine was the value returned: `bad_type ... got <coroutine ...>`, every sample scored on_error
+    (tmp_path / "r.py").write_text(ASYNC)
+    with RewardPool("r.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=2.0, on_error=-1.0) as pool:
+        assert pool.score("s0", "d", "72", "72") == RewardResult(1.0, extra={"same_loop": 1.0})
+        assert pool.score("s1", "d", "71", "72") == RewardResult(0.0, extra={"same_loop": 1.0})
+        raised = pool.score("s2", "d", "raise", "72")
+        assert (raised.outcome, raised.error) == ("error", "KeyError: 'boom' (r.py:11)")
+        assert pool.score("s3", "d", "hang", "72") == RewardResult(-1.0, "timeout", "no result in 2.0s")
+        assert pool.score("s4", "d", "72", "72").ok
+
+
+def test_an_async_reward_is_awaited_in_line(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text(ASYNC)
+    with RewardPool("r.py:compute_score", base_dir=tmp_path, workers=0) as pool:
+        assert [pool.score(f"s{i}", "d", "72", "72").extra for i in range(2)] == [{"same_loop": 1.0}] * 2
+
+
+def test_an_async_reward_in_line_in_a_thread_whose_loop_runs_is_a_failed_call_not_a_warning() -> None:
+    async def f(data_source: str, solution_str: str, ground_truth: str) -> float:
+        return 1.0
+
+    async def inside() -> RewardResult:
+        return call_reward(f, {"data_source": "d", "solution_str": "x", "ground_truth": "x"}, -1.0)
+
+    result = asyncio.run(inside())  # (pytest's warnings as errors: an un-awaited coroutine's would fail it)
+    assert (result.outcome, str(result.error).split(" (")[0]) == (
+        "error",
+        "RuntimeError: Cannot run the event loop while another loop is running",
+    )
