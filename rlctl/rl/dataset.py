@@ -38,7 +38,7 @@ import numpy as np
 from rlctl.config.task import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import refuse_theirs
-from rlctl.rl.reward import RewardResult
+from rlctl.rl.reward import RewardResult, builtin_scorer_hint
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
@@ -556,13 +556,21 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, h
     """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
     kept or written, unless `keeping_rows`), refused as the launch would; the number of usable rows (what the launch
     will prepare). `heldout`: the file is evaluation.path (what a skip of its bad rows leaves is evaluated)."""
+    sources: set[str] = set()  # the rows' data_source: a dataset a built-in reward scores is said (warned of)
+
+    def source(_: str, row: tuple[list[int], dict[str, Any]]) -> None:
+        sources.add(row[1]["data_source"])
+
     if not _keeping.get() or not data_path.is_file():
-        good, _ = _scan(cfg, data_path, tokenizer, heldout=heldout)
-        return good
-    identity = _identity(cfg, data_path, tokenizer)  # (the file's digest before its rows are read)
-    kept = _rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
-    _kept[str(data_path)] = (identity, kept)
-    return len(kept[1])
+        good, _ = _scan(cfg, data_path, tokenizer, source, each=False, heldout=heldout)
+    else:
+        identity = _identity(cfg, data_path, tokenizer)  # (the file's digest before its rows are read)
+        kept = _rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
+        _kept[str(data_path)] = (identity, kept)
+        good, sources = len(kept[1]), {row["data_source"] for row in kept[1]}
+    if not heldout and (hint := builtin_scorer_hint(cfg.reward, sources)) is not None:
+        log.warning("%s", hint)
+    return good
 
 
 def _report_bad_rows(

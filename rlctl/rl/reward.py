@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import math
 import numbers
+import re
 import sys
 import threading
 import traceback
@@ -49,7 +50,36 @@ def digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: A
     return score(str(ground_truth), solution_str)
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_match}
+GSM8K_TAIL_CHARS = 300  # verl's scorer reads the output's end only (a regex over a long output is slow)
+GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")  # the answer line GSM8K's solutions end with: `#### 1,234`
+
+
+def gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """verl's GSM8K scorer (its default, strict extraction): 1.0 where the last `#### <number>` in the output's last
+    300 characters, its commas dropped, is the ground truth as written ("72"; a number as its str), else 0.0 — none
+    for a number written otherwise (`#### 72.0`, `#### $72`, `####72`), nor for a number without `#### ` before it."""
+    found = GSM8K_ANSWER.findall(solution_str[-GSM8K_TAIL_CHARS:])
+    return 1.0 if found and found[-1].replace(",", "") == str(ground_truth).strip() else 0.0
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_match, "gsm8k": gsm8k}
+# the built-in that scores a dataset by its rows' data_source, as verl's default scorer chooses its own
+BUILTIN_FOR_DATA_SOURCE = {"openai/gsm8k": "gsm8k"}
+
+
+def builtin_scorer_hint(reward: str, data_sources: set[str]) -> str | None:
+    """What `rlctl check` warns of where the rows are a dataset a built-in scores (each row's data_source
+    openai/gsm8k) and the reward is exact_match, the default: its outputs end in a worked answer (`… #### 72`),
+    which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None."""
+    named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
+    builtin = named.pop() if len(named) == 1 else None
+    if reward != "exact_match" or builtin is None:
+        return None
+    return (
+        f"task.reward: exact_match compares the whole output with the ground truth, and every row's data_source is "
+        f"{one_of(data_sources)}, whose outputs end in a worked answer ('… #### 72'; verl scores them with its "
+        f"{builtin.upper()} scorer): an output that is not the bare answer scores 0; set reward: {builtin}"
+    )
 
 
 # ── loading ───────────────────────────────────────────────────────────────────────────────────────

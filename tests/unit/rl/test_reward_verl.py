@@ -4,12 +4,20 @@ scorers by name; and what a reward's failure says is one line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from pathlib import Path
 
 import pytest
 
-from rlctl.rl.reward import RewardResult, call_reward, load_reward
+from rlctl.config.task import DatasetTask
+from rlctl.rl import dataset
+from rlctl.rl.dataset import check_rows, keeping_rows
+from rlctl.rl.reward import RewardResult, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
+from rlctl.rl.tokenizer import load_tokenizer
+from tests.unit.hf_tokenizer import write_tokenizer
+from tests.unit.rl.test_dataset import write_jsonl
 
 SIGNATURES = """
 def required_extra(data_source, solution_str, ground_truth, extra_info):
@@ -113,3 +121,55 @@ def test_an_async_reward_in_line_in_a_thread_whose_loop_runs_is_a_failed_call_no
         "error",
         "RuntimeError: Cannot run the event loop while another loop is running",
     )
+
+
+@pytest.mark.parametrize(
+    ("output", "ground_truth", "score"),
+    [
+        ("She sold 48 + 24 = 72 clips.\n#### 72", "72", 1.0),
+        ("#### 1,234", "1234", 1.0),  # its commas dropped
+        ("#### -3", "-3", 1.0),
+        ("first #### 5, then #### 72", "72", 1.0),  # the last one
+        ("#### 72 " + "x" * 300, "72", 0.0),  # the output's last 300 characters only, as verl reads it
+        ("#### 72", 72, 1.0),  # a number as its str
+        ("#### 71", "72", 0.0),
+        ("72", "72", 0.0),  # no '#### ' before it: none (verl's strict extraction)
+        ("####72", "72", 0.0),
+        ("#### 72.0", "72", 0.0),  # the ground truth as written
+    ],
+)
+def test_the_gsm8k_builtin_scores_as_verls_gsm8k_scorer(output: str, ground_truth: object, score: float) -> None:
+    assert gsm8k("openai/gsm8k", output, ground_truth) == score
+    assert load_reward("gsm8k", Path(".")) is gsm8k
+
+
+def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_reward_is_exact_match(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # verl's GSM8K parquet with the default reward: every output ending '#### 72' scored 0, and check said nothing
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    rows = [{"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}] * 2
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl"})  # (exact_match: the default)
+    for kept in (False, True):  # `rlctl check`'s, and a launch's preflight's
+        caplog.clear()
+        with keeping_rows() if kept else contextlib.nullcontext():
+            assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
+        assert [r.getMessage() for r in caplog.records] == [
+            "task.reward: exact_match compares the whole output with the ground truth, and every row's data_source "
+            "is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K "
+            "scorer): an output that is not the bare answer scores 0; set reward: gsm8k"
+        ]
+    dataset._kept.clear()
+    quiet = [
+        ("gsm8k", rows),
+        ("r.py:f", rows),
+        ("exact_match", [*rows, {"data_source": "mine", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}]),
+    ]
+    for reward, these in quiet:  # the built-in itself, a reward of the user's, rows of other data too: nothing said
+        write_jsonl(path, these)
+        caplog.clear()
+        cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": reward})
+        check_rows(cfg, data_path=path, tokenizer=tok)
+        assert caplog.records == []
