@@ -35,6 +35,7 @@ from rlctl.commands import (
 from rlctl.errors import JobProblems, RlctlError
 from rlctl.launch import hostkeys
 from rlctl.render import ClosedStdout
+from rlctl.textutil import one_line
 
 app = typer.Typer(
     name="rlctl",
@@ -124,12 +125,6 @@ def _restore_env(name: str) -> Callable[[], None]:
 
 for module in (version, check, completion, profile, plan, launch, attach, status, scale, stop, logs, pull, report):
     module.register(app)
-
-
-def one_line(text: str) -> str:
-    """`text` with line breaks and other control characters escaped (a key named "a\\nb" in a YAML file
-    must not split the error in two, nor an escape sequence reach the terminal)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def main() -> None:

@@ -23,6 +23,14 @@ def did_you_mean(word: str, valid: Iterable[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+def one_line(text: str, *, max_chars: int | None = None) -> str:
+    """`text` with line breaks and other control characters escaped (a key named "a\\nb" in a YAML file
+    must not split the error in two, nor an escape sequence reach the terminal); `max_chars`: cut to at most that
+    many characters, the cut said by a last '…'."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return line if max_chars is None or len(line) <= max_chars else line[: max_chars - 1] + "…"
+
+
 def one_of(valid: Iterable[str]) -> str:
     return ", ".join(sorted(valid))
 

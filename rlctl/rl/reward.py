@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
 from rlctl.rl.reward_scope import ImportScope
-from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_of
+from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_line, one_of
 
 RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
@@ -108,7 +108,7 @@ def _from_file(file: Path, shown: str, fn: str, *, own_process: bool) -> Any:
             spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
-        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{_own_package(file, fn, e)}") from e
+        raise ValueError(f"{shown}: cannot import: {_said(e)}{_own_package(file, fn, e)}") from e
     return module
 
 
@@ -148,7 +148,7 @@ def _from_module(name: str, fn: str, base_dir: Path) -> Any:
             raise ValueError(f"no module named {e.name!r} (install it, or name a file: path/to/file.py:fn)") from e
         raise ValueError(f"module {name!r}: cannot import: {e}") from e
     except Exception as e:  # any error in the user's module is reported as one line
-        raise ValueError(f"module {name!r}: cannot import: {type(e).__name__}: {e}") from e
+        raise ValueError(f"module {name!r}: cannot import: {_said(e)}") from e
 
 
 def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> RewardFn:
@@ -222,6 +222,20 @@ def takes_extra_info(fn: RewardFn) -> bool:
     return True
 
 
+ERROR_CHARS = 300  # a reward's error message at most: in its log line, the summary's first failure, check's line
+
+
+def _line(text: str) -> str:
+    """`text` as one line of at most ERROR_CHARS (line breaks written as `\\n`, as the CLI writes an error): a
+    message with line breaks made log lines of several, and one holding a whole output or traceback was kept whole."""
+    return one_line(text, max_chars=ERROR_CHARS)
+
+
+def _said(e: BaseException) -> str:
+    """An exception as one line: its type, and its message (`_line`) where it has one."""
+    return f"{type(e).__name__}: {_line(str(e))}" if str(e) else type(e).__name__
+
+
 # ── one call, checked ─────────────────────────────────────────────────────────────────────────────
 
 
@@ -252,13 +266,15 @@ def check_result(value: Any, on_error: float) -> RewardResult:
     """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score'."""
     if isinstance(value, dict):
         if "score" not in value:
-            return RewardResult(on_error, "bad_type", f"dict without a 'score' key (keys: {sorted(map(str, value))})")
+            keys = _line(f"dict without a 'score' key (keys: {sorted(map(str, value))})")
+            return RewardResult(on_error, "bad_type", keys)
         extra = {str(k): float(v) for k, v in value.items() if k != "score" and _real(v)}
         value, rest = value["score"], extra
     else:
         rest = {}
     if not _real(value):
-        return RewardResult(on_error, "bad_type", f"expected a finite number or a dict with 'score', got {value!r:.80}")
+        got = _line(f"{value!r:.80}")
+        return RewardResult(on_error, "bad_type", f"expected a finite number or a dict with 'score', got {got}")
     return RewardResult(float(value), "ok", None, rest)
 
 
@@ -295,8 +311,8 @@ def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> Reward
     except BaseException as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
-        return RewardResult(on_error, "error", f"{type(e).__name__}: {e}{where}")
+        return RewardResult(on_error, "error", f"{_said(e)}{where}")
     try:
         return check_result(value, on_error)
     except Exception as e:  # noqa: BLE001 - a value that breaks the check (its repr or float() raises) is a wrong type
-        return RewardResult(on_error, "bad_type", f"cannot read the value returned: {type(e).__name__}: {e}")
+        return RewardResult(on_error, "bad_type", f"cannot read the value returned: {_said(e)}")

@@ -13,7 +13,7 @@ import pytest
 from rlctl.config.task import DatasetTask
 from rlctl.rl import dataset
 from rlctl.rl.dataset import check_rows, keeping_rows
-from rlctl.rl.reward import RewardResult, call_reward, gsm8k, load_reward
+from rlctl.rl.reward import ERROR_CHARS, RewardResult, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.tokenizer import load_tokenizer
 from tests.unit.hf_tokenizer import write_tokenizer
@@ -173,3 +173,37 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
         cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": reward})
         check_rows(cfg, data_path=path, tokenizer=tok)
         assert caplog.records == []
+
+
+FAILING = """
+def f(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "long":
+        raise ValueError("x" * 5000)
+    if solution_str == "keys":
+        return {f"key{i}": "not a number" for i in range(1000)}
+    raise RuntimeError("first line\\nsecond line")
+"""
+
+
+def test_a_rewards_error_is_one_line_of_at_most_error_chars(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a message with line breaks made the pool's warning (and the summary's first failure) several lines, and one of
+    # 5000 characters was kept and logged whole
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
+    (tmp_path / "r.py").write_text(FAILING)
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=0) as pool:
+        for output in ("lines", "long", "keys"):
+            pool.score(output, "d", output, "72")
+        assert pool.stats.first_failure == "error: sample lines: RuntimeError: first line\\nsecond line (r.py:7)"
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged[0] == "reward error: sample lines: RuntimeError: first line\\nsecond line (r.py:7); scored 0.0"
+    assert logged[1] == f"reward error: sample long: ValueError: {'x' * (ERROR_CHARS - 1)}… (r.py:4); scored 0.0"
+    assert logged[2].startswith("reward bad_type: sample keys: dict without a 'score' key (keys: ['key0', 'key1', ")
+    assert len(logged[2]) < ERROR_CHARS + 60 and logged[2].endswith("…; scored 0.0")
+    assert all("\n" not in line for line in logged)
+
+
+def test_a_reward_files_import_error_is_one_line_of_at_most_error_chars(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text(f"raise RuntimeError('first line\\nsecond line' + 'x' * 5000)\n{FAILING}")
+    with pytest.raises(ValueError) as e:
+        load_reward("r.py:f", tmp_path)
+    assert str(e.value) == f"r.py: cannot import: RuntimeError: first line\\nsecond line{'x' * (ERROR_CHARS - 24)}…"
