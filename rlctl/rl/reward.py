@@ -106,13 +106,15 @@ def _from_file(file: Path, shown: str, fn: str, *, own_process: bool) -> Any:
     try:
         with scope.active():
             spec.loader.exec_module(module)
-    except Exception as e:  # any error in the user's file is reported as one line
+    # any error in the user's file is reported as one line, a sys.exit() in it too (a worker died of it, saying
+    # 'died while loading it (exit code 1)', its message printed by the process; in-line it ended the caller)
+    except (Exception, SystemExit) as e:
         del sys.modules[mod_name]
         raise ValueError(f"{shown}: cannot import: {_said(e)}{_own_package(file, fn, e)}") from e
     return module
 
 
-def _own_package(file: Path, fn: str, e: Exception) -> str:
+def _own_package(file: Path, fn: str, e: BaseException) -> str:
     """What to do, where `file` imports the package that holds it (`from myrewards.helpers import f` in
     myrewards/score.py): a reward file is loaded by its path, its own directory on the import path, not its
     parent's, so that package is no module here (and the launch copies no parent directory); else ''."""
@@ -147,7 +149,7 @@ def _from_module(name: str, fn: str, base_dir: Path) -> Any:
                 ) from e
             raise ValueError(f"no module named {e.name!r} (install it, or name a file: path/to/file.py:fn)") from e
         raise ValueError(f"module {name!r}: cannot import: {e}") from e
-    except Exception as e:  # any error in the user's module is reported as one line
+    except (Exception, SystemExit) as e:  # any error in the user's module is reported as one line (`_from_file`)
         raise ValueError(f"module {name!r}: cannot import: {_said(e)}") from e
 
 

@@ -207,3 +207,17 @@ def test_a_reward_files_import_error_is_one_line_of_at_most_error_chars(tmp_path
     with pytest.raises(ValueError) as e:
         load_reward("r.py:f", tmp_path)
     assert str(e.value) == f"r.py: cannot import: RuntimeError: first line\\nsecond line{'x' * (ERROR_CHARS - 24)}…"
+
+
+@pytest.mark.parametrize(("exit_with", "said"), [("'bye'", "SystemExit: bye"), ("", "SystemExit")])
+def test_a_sys_exit_at_import_is_said_as_the_import_s_error(tmp_path: Path, exit_with: str, said: str) -> None:
+    # a worker died of it: 'died while loading it (exit code 1)', and "bye" printed by the process (twice by check,
+    # which loads the job's copy, then the file); in-line it ended the process that loaded it
+    (tmp_path / "r.py").write_text(f"import sys\nsys.exit({exit_with})\n{FAILING}")
+    with pytest.raises(ValueError) as e:
+        load_reward("r.py:f", tmp_path)
+    assert str(e.value) == f"r.py: cannot import: {said}"
+    if exit_with:
+        with pytest.raises(ValueError) as e:
+            RewardPool("r.py:f", base_dir=tmp_path, workers=1, wait=True)
+        assert str(e.value) == "r.py: cannot import: SystemExit: bye"
