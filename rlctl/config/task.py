@@ -86,7 +86,7 @@ class LengthsTask(Strict):
 
 
 # rlctl.rl.reward.BUILTIN_REWARDS' (not imported by the config)
-BUILTIN_REWARD_NAMES = ("digits", "exact_match", "gsm8k")
+BUILTIN_REWARD_NAMES = ("digits", "exact_match", "gsm8k", "math")
 # what the chat template is given besides chat_template_kwargs (add_generation_prompt True, tools and documents None)
 # and transformers' apply_chat_template's own parameters: a kwarg of the same name is no template variable there
 TEMPLATE_ARGUMENTS = {
@@ -114,8 +114,8 @@ class DatasetTask(OverlongShaping):
 
     Rows carry the fields RL users already have (verl's layout): `prompt` (a string or chat messages
     [{role, content}]), the ground truth (`ground_truth`, or verl's nested `reward_model.ground_truth`),
-    `data_source`, `extra_info`. `reward` is a built-in (`exact_match`, `digits`, `gsm8k`) or a user function
-    `path/to/file.py:name` / `package.module:name` with verl's signature
+    `data_source`, `extra_info`. `reward` is a built-in (`exact_match`, `digits`, `gsm8k`, `math`) or a user
+    function `path/to/file.py:name` / `package.module:name` with verl's signature
     `compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`.
     """
 
@@ -145,8 +145,9 @@ class DatasetTask(OverlongShaping):
     reward: str = Field(
         "exact_match",
         description="a built-in: exact_match (the output, stripped, is the ground truth), gsm8k (verl's GSM8K "
-        "scorer, for data_source openai/gsm8k: the last '#### <number>' of the output is it), digits (the demo "
-        "task's); or a function of your own: path/to/file.py:name or package.module:name",
+        "scorer, for data_source openai/gsm8k: the last '#### <number>' of the output is it), math (verl's MATH "
+        "scorer, for data_source lighteval/MATH: the last \\boxed{…} of the output is it, both normalised), digits "
+        "(the demo task's); or a function of your own: path/to/file.py:name or package.module:name",
     )
     reward_workers: Annotated[int, Field(ge=0, le=MAX_THREADS)] = Field(
         2, description=f"processes beside the controller, at most {MAX_THREADS}; 0: in the caller's thread, no timeout"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
+from rlctl.rl.reward_math import math_boxed
 from rlctl.rl.reward_scope import ImportScope
 from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_line, one_of
 
@@ -62,9 +63,19 @@ def gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: An
     return 1.0 if found and found[-1].replace(",", "") == str(ground_truth).strip() else 0.0
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_match, "gsm8k": gsm8k}
-# the built-in that scores a dataset by its rows' data_source, as verl's default scorer chooses its own
-BUILTIN_FOR_DATA_SOURCE = {"openai/gsm8k": "gsm8k"}
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "digits": digits,
+    "exact_match": exact_match,
+    "gsm8k": gsm8k,
+    "math": math_boxed,
+}
+# the built-in that scores a dataset by its rows' data_source, as verl's default scorer chooses its own: the
+# built-in's name, verl's scorer's, how an output's answer ends
+BUILTIN_FOR_DATA_SOURCE = {
+    "openai/gsm8k": ("gsm8k", "GSM8K", "… #### 72"),
+    "lighteval/MATH": ("math", "MATH", "… \\boxed{\\frac{1}{2}}"),
+    "DigitalLearningGmbH/MATH-lighteval": ("math", "MATH", "… \\boxed{\\frac{1}{2}}"),
+}
 
 
 def builtin_scorer_hint(reward: str, data_sources: set[str]) -> str | None:
@@ -72,13 +83,14 @@ def builtin_scorer_hint(reward: str, data_sources: set[str]) -> str | None:
     openai/gsm8k) and the reward is exact_match, the default: its outputs end in a worked answer (`… #### 72`),
     which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None."""
     named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
-    builtin = named.pop() if len(named) == 1 else None
-    if reward != "exact_match" or builtin is None:
+    scorer = named.pop() if len(named) == 1 else None
+    if reward != "exact_match" or scorer is None:
         return None
+    builtin, verls, example = scorer
     return (
         f"task.reward: exact_match compares the whole output with the ground truth, and every row's data_source is "
-        f"{one_of(data_sources)}, whose outputs end in a worked answer ('… #### 72'; verl scores them with its "
-        f"{builtin.upper()} scorer): an output that is not the bare answer scores 0; set reward: {builtin}"
+        f"{one_of(data_sources)}, whose outputs end in a worked answer ('{example}'; verl scores them with its "
+        f"{verls} scorer): an output that is not the bare answer scores 0; set reward: {builtin}"
     )
 
 

@@ -254,7 +254,7 @@ def test_a_reward_file_importing_its_own_package_is_told_what_to_do(rewards_dir:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("exact", "unknown built-in reward 'exact'; built-ins: digits, exact_match, gsm8k"),
+        ("exact", "unknown built-in reward 'exact'; built-ins: digits, exact_match, gsm8k, math"),
         ("rewards/nope.py:f", "rewards/nope.py: no such file"),
         ("rewards/mine.py:compute_scor", "no function 'compute_scor' (did you mean 'compute_score'?)"),
         ("rewards/mine.py:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is not a function: it is of type int"),
