@@ -37,7 +37,7 @@ from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
 from rlctl.checkpoint.cut import cut_rows
 from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.metrics import JobMetrics
-from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource
+from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource, source_key
 from rlctl.tracking import Tracker
 from rlctl.transport import Message
 
@@ -209,6 +209,8 @@ def row(
         out["greedy_exact"] = round(scores.exact, 4)
     if scores.failures:
         out["reward_failures"] = scores.failures
+    if scores.by_source:  # (a job of one data_source: its row as it was)
+        out["greedy_reward_by_source"] = scores.by_source
     return out
 
 
@@ -331,6 +333,8 @@ class Evaluator:
         figures = {"eval/greedy_reward": r["greedy_reward"], "eval/version": float(version)}
         if "greedy_exact" in r:
             figures["eval/greedy_exact"] = r["greedy_exact"]
+        for src, x in r.get("greedy_reward_by_source", {}).items():
+            figures[f"eval/greedy_reward/{source_key(src)}"] = x
         self.tracker.log(max(version - 1, self.step()), figures)  # version v: what iteration v − 1 trained
         self._gauges(r)
         log.info(

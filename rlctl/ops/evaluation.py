@@ -7,7 +7,8 @@ the job is done, and merged into summary.json as `heldout`:
         │ rlctl.rl.evaluate.compare_dataset: greedy, the first rows of a dataset task's `evaluation.path`
         │   (prepared at launch into data-heldout/), scored by the task's reward
         ▼
-    summary.json  "heldout": {prompts, greedy_exact_first/last (digits), greedy_reward_first/last, seconds, …}
+    summary.json  "heldout": {prompts, greedy_exact_first/last (digits), greedy_reward_first/last, seconds, …,
+                              greedy_reward_first/last_by_source: {data_source: mean} where the rows have several}
 
 The final checkpoint is read where launch runs, so the trainer's site must be on this machine's
 filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.ops.preflight), unless the job
@@ -61,6 +62,12 @@ def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     for name in ("greedy_exact", "greedy_reward"):
         if _figure(first.get(name)) and _figure(last.get(name)):
             out |= {f"{name}_first": first[name], f"{name}_last": last[name]}
+    key = "greedy_reward_by_source"  # (a mixed job's rows: its first and last per data_source)
+    if isinstance(first.get(key), dict) and isinstance(last.get(key), dict):
+        out |= {
+            f"greedy_reward_{which}_by_source": {k: v for k, v in r[key].items() if _figure(v)}
+            for which, r in (("first", first), ("last", last))
+        }
     # (a row holds `reward_failures` only where some failed: the first's too, where the last's had none; one
     # evaluation, first and last alike, counted once; a null or text count, from an edited row, as none)
     if failed := sum(row_count(r.get("reward_failures")) or 0 for r in ([first, last] if len(rows) > 1 else [last])):
@@ -156,6 +163,11 @@ def heldout_line(h: dict[str, Any]) -> str:
     if h.get("reward_failures"):  # else the figures read as the policies' own: `reward_on_error` is a score too
         calls = f" of its {h['prompts'] * (1 if h.get('evaluations') == 1 else 2)}" if "prompts" in h else ""
         line += f"; {h['reward_failures']}{calls} reward calls failed, scored task.reward_on_error"
+    first, last = h.get("greedy_reward_first_by_source"), h.get("greedy_reward_last_by_source")
+    if isinstance(first, dict) and isinstance(last, dict):  # a mean over mixed datasets hides one that regresses
+        line += "; by data_source: " + ", ".join(
+            f"{src} {_fig(first.get(src))} → {_fig(last.get(src))}" for src in sorted(first.keys() | last.keys())
+        )
     if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
         return line
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"

@@ -109,6 +109,7 @@ def compare_dataset(
     it has one (the engine is the same code), else on the CPU in fp32."""
     from rlctl.rl.dataset import load_dataset, submit_reward
     from rlctl.rl.reward_pool import RewardPool
+    from rlctl.rl.source import by_source
     from rlctl.rl.tokenizer import load_tokenizer
 
     t0 = time.monotonic()
@@ -120,6 +121,7 @@ def compare_dataset(
     tokenizer = load_tokenizer(before)
     cuda = torch.cuda.is_available()
     rewards: list[float] = []
+    per_source: list[dict[str, float] | None] = []  # each policy's, where the rows have more than one data_source
     with RewardPool(
         task.reward,
         base_dir=reward_dir,
@@ -152,14 +154,19 @@ def compare_dataset(
                 for i, p in enumerate(prompts)
             ]
             try:
-                rewards.append(sum(c.result().score for c in calls) / n)
+                scores = [c.result().score for c in calls]
             except CancelledError:  # the pool failed (no worker could load the function): its calls were cancelled
                 raise ValueError(f"reward pool failed: {pool.failed}") from None
+            rewards.append(sum(scores) / n)
+            per_source.append(by_source([p.data_source for p in prompts], scores))
         failures = pool.stats.failures
-    return {
+    out: dict[str, Any] = {
         "prompts": n,
         "greedy_reward_first": round(rewards[0], 4),
         "greedy_reward_last": round(rewards[1], 4),
         "reward_failures": failures,  # calls scored `reward_on_error` (raised, timed out, wrong type)
         "seconds": round(time.monotonic() - t0, 2),
     }
+    if per_source[0] is not None and per_source[1] is not None:  # (one data_source: the figures as they were)
+        out |= {"greedy_reward_first_by_source": per_source[0], "greedy_reward_last_by_source": per_source[1]}
+    return out

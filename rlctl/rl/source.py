@@ -16,6 +16,7 @@ controller and the trainer agree without sending prompts around, and a resume ne
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -50,6 +51,25 @@ class HeldoutScores:
     exact: float | None  # digits: fraction answered exactly (then EOS); None for a dataset task
     prompts: int
     failures: int = 0  # reward calls scored `reward_on_error`
+    # mean reward per data_source where the prompts have more than one (a mixed job: GSM8K + MATH); else None
+    by_source: dict[str, float] | None = None
+
+
+def by_source(sources: list[str], scores: list[float]) -> dict[str, float] | None:
+    """The mean of `scores` per data_source (`sources[i]` is the source of `scores[i]`), sources sorted, each
+    rounded as the overall figure; None where the prompts have one source (the overall figure says it all): a mean
+    over a mixed held-out file hides one dataset improving while another regresses (verl's
+    `val/test_score/<data_source>`)."""
+    groups: dict[str, list[float]] = {}
+    for src, x in zip(sources, scores, strict=True):
+        groups.setdefault(src, []).append(x)
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(groups.items())} if len(groups) > 1 else None
+
+
+def source_key(data_source: str) -> str:
+    """A data_source as one metric name's part (`openai/gsm8k` → `openai_gsm8k`): letters, digits, `_`, `.`
+    and `-` only, versus a `/` that nests W&B's panels and a name Prometheus or TensorBoard refuses."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", data_source) or "_"
 
 
 def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -326,9 +346,14 @@ class DatasetSource(TaskSource):
                 out.cancel()
                 out.set_running_or_notify_cancel()
                 return
+            scores = [r.score for r in results]
             out.set_result(
                 HeldoutScores(
-                    sum(r.score for r in results) / len(results), None, len(results), sum(not r.ok for r in results)
+                    sum(scores) / len(results),
+                    None,
+                    len(results),
+                    sum(not r.ok for r in results),
+                    by_source([p.data_source for p in self._held[: len(results)]], scores),
                 )
             )
 

@@ -520,3 +520,31 @@ def test_the_evaluator_keeps_the_rows_the_views_read_not_one_per_version(tmp_pat
         rows=cut_evaluations(h.jd, 30),
     )
     assert [r["version"] for r in again.rows] == [0, 29] and heldout_view(again.rows) == heldout_view(written)
+
+
+def test_a_mixed_jobs_row_and_trackers_give_each_data_sources_figure_under_a_safe_key(tmp_path) -> None:
+    """Scores of held-out prompts of two data_sources: the row holds each source's mean and the trackers have
+    eval/greedy_reward/<source> with the source's '/' written '_' (a '/' nests W&B panels), versus the mean alone;
+    one source's row and keys are as they were."""
+    from rlctl.rl.source import HeldoutScores, by_source
+
+    per_source = by_source(["openai/gsm8k", "lighteval/MATH", "openai/gsm8k"], [1.0, 0.0, 1.0])
+    assert per_source == {"lighteval/MATH": 0.0, "openai/gsm8k": 1.0}
+    assert by_source(["openai/gsm8k"] * 2, [1.0, 0.0]) is None
+    h = Harness(tmp_path)
+    h.ev.scored(5, (HeldoutScores(2 / 3, None, 3, 0, per_source), "u0", (5, 5), 0.0))
+    h.ev.scored(10, (HeldoutScores(0.5, None, 2, 0, None), "u0", (10, 10), 0.0))
+    rows = h.jd.read_lines(h.jd.evaluations)
+    assert rows[0]["greedy_reward_by_source"] == per_source and "greedy_reward_by_source" not in rows[1]
+    assert h.tracker.steps == [
+        (
+            7,
+            {
+                "eval/greedy_reward": 0.6667,
+                "eval/version": 5.0,
+                "eval/greedy_reward/lighteval_MATH": 0.0,
+                "eval/greedy_reward/openai_gsm8k": 1.0,
+            },
+        ),
+        (9, {"eval/greedy_reward": 0.5, "eval/version": 10.0}),
+    ]

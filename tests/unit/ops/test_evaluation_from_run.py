@@ -78,3 +78,19 @@ def test_a_row_missing_prompts_versions_or_the_last_rows_figure_is_passed_over(t
     out = from_run(_run(tmp_path / "b", rows), spec)
     assert "versions_first" not in out and "versions_last" not in out and "greedy_reward_first" not in out
     assert heldout_line(out) == "exact 0.500 → 0.500, reward - → - (greedy, 8 prompts, during the run)"
+
+
+def test_a_mixed_runs_first_and_last_figures_per_data_source_are_in_its_summary(tmp_path: Path) -> None:
+    """Rows with greedy_reward_by_source (held-out prompts of two data_sources): the summary has each source's first
+    and last, a figure that is no number left out, and the line says them; rows without it (one source) as before."""
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    first, last = {"a/x": 0.25, "b": 0.5}, {"a/x": 0.75, "b": "edited"}
+    rows = [
+        _row(2, greedy_reward=0.4, greedy_reward_by_source=first),
+        _row(4, greedy_reward=0.6, greedy_reward_by_source=last),
+    ]
+    out = from_run(_run(tmp_path / "a", rows), spec)
+    assert (out["greedy_reward_first_by_source"], out["greedy_reward_last_by_source"]) == (first, {"a/x": 0.75})
+    assert heldout_line(out).endswith("; by data_source: a/x 0.250 → 0.750, b 0.500 → -")
+    plain = from_run(_run(tmp_path / "b", [_row(2, greedy_reward=0.4), _row(4, greedy_reward=0.6)]), spec)
+    assert not any("by_source" in k for k in plain)

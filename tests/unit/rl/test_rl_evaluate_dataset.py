@@ -114,3 +114,42 @@ def test_the_held_out_policies_are_built_for_the_tasks_longest_prompt_plus_outpu
     tables = rope_rows_loaded(monkeypatch)
     compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
     assert tables == [44, 44]
+
+
+def test_a_mixed_held_out_file_gives_each_data_sources_figures_beside_the_mean(tmp_path: Path) -> None:
+    """Rows of two data_sources, a reward that scores openai/gsm8k 1 and lighteval/MATH 0: the figures per source
+    are 1.0 and 0.0 and the overall their mean weighted by rows (3 of 4: 0.75), versus the mean alone (a dataset
+    improving while another regresses went unseen). A file of one source keeps its figures as they were."""
+    from rlctl.ops.evaluation import heldout_line
+
+    dirs = [tmp_path / "before", tmp_path / "after"]
+    for seed, d in enumerate(dirs):
+        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
+        write_tokenizer(d)
+    sources = ["openai/gsm8k", "lighteval/MATH", "openai/gsm8k", "openai/gsm8k"]
+    (tmp_path / "held.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": q, "ground_truth": "0", "data_source": s}) + "\n"
+            for q, s in zip(QUESTIONS, sources, strict=False)
+        )
+    )
+    (tmp_path / "rewards.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(data_source == 'openai/gsm8k')\n"
+    )
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 2}
+    )
+    task = heldout_task(cfg.model_copy(update={"reward_workers": 0}), "held.jsonl")
+    prepare_dataset(
+        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
+    )
+    figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=4)
+    per_source = {"lighteval/MATH": 0.0, "openai/gsm8k": 1.0}
+    assert (figures["greedy_reward_first"], figures["greedy_reward_last"]) == (0.75, 0.75)
+    assert figures["greedy_reward_first_by_source"] == figures["greedy_reward_last_by_source"] == per_source
+    assert heldout_line(figures).endswith("; by data_source: lighteval/MATH 0.000 → 0.000, openai/gsm8k 1.000 → 1.000")
+
+    one = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
+    assert {k for k in one if "by_source" in k} == set()  # the first row alone: one source
+    assert heldout_line(one) == "reward 1.000 → 1.000 (greedy, 1 prompts)"
