@@ -132,6 +132,12 @@ class JobMetrics:
         self.eval_greedy_reward = Gauge(
             "rlctl_eval_greedy_reward", "Mean reward of greedy held-out outputs, last evaluation", registry=r
         )
+        self.eval_greedy_reward_by_source = Gauge(
+            "rlctl_eval_greedy_reward_by_source",
+            "Mean reward of greedy held-out outputs per data_source (held-out rows of several), last evaluation",
+            ["data_source"],  # (a label value may hold any text: 'openai/gsm8k' as it is)
+            registry=r,
+        )
         self.eval_greedy_exact = Gauge(
             "rlctl_eval_greedy_exact", "Held-out prompts answered exactly (digits), last evaluation", registry=r
         )

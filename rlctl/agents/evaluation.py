@@ -374,6 +374,10 @@ class Evaluator:
             x = r.get(key)
             if isinstance(x, int | float) and not isinstance(x, bool):
                 gauge.set(x)
+        by_source = r.get("greedy_reward_by_source")
+        for src, x in (by_source if isinstance(by_source, dict) else {}).items():
+            if isinstance(x, int | float) and not isinstance(x, bool):
+                self.metrics.eval_greedy_reward_by_source.labels(data_source=str(src)).set(x)
 
 
 def _ends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -548,3 +548,17 @@ def test_a_mixed_jobs_row_and_trackers_give_each_data_sources_figure_under_a_saf
         ),
         (9, {"eval/greedy_reward": 0.5, "eval/version": 10.0}),
     ]
+
+
+def test_a_mixed_jobs_gauges_give_each_data_sources_figure_as_a_label(tmp_path) -> None:
+    """rlctl_eval_greedy_reward_by_source{data_source="openai/gsm8k"}: the source as it is (a label value may hold
+    a '/'), versus no gauge per source (Prometheus showed the mean alone)."""
+    from rlctl.rl.source import HeldoutScores
+
+    h = Harness(tmp_path)
+    h.ev.scored(5, (HeldoutScores(0.5, None, 2, 0, {"lighteval/MATH": 0.0, "openai/gsm8k": 1.0}), "u0", (5, 5), 0.0))
+    gauge = h.metrics.registry.get_sample_value
+    name = "rlctl_eval_greedy_reward_by_source"
+    assert gauge(name, {"data_source": "openai/gsm8k"}) == 1.0
+    assert gauge(name, {"data_source": "lighteval/MATH"}) == 0.0
+    assert gauge("rlctl_eval_greedy_reward") == 0.5
