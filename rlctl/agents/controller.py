@@ -97,7 +97,7 @@ class ControllerAgent(Dispatch):
         schedule = EvalSchedule(
             e.every_iterations,
             self.job.iterations,
-            self.task.heldout(e.heldout_prompts),
+            self.task.heldout(e.most_prompts),
             self.task.max_new_tokens,
             floor=resumed,
             max_lost=self.job.rollout.quarantine_after,

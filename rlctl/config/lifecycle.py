@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator
 
@@ -49,11 +49,13 @@ class Evaluation(Strict):
     (model/init) and the final checkpoint and adds the figures to the summary as `heldout`
     (rlctl.rl.evaluate): sampled reward alone also rises when the policy only sharpens. The digits task draws
     prompts no iteration draws; a dataset task reads the first `heldout_prompts` rows of `path` (its own file,
-    with the task's keys, scored by the task's reward). With `every_iterations` the same prompts are decoded
-    during the run too, on a rollout unit beside its work (rlctl.agents.evaluation): a curve to watch."""
+    with the task's keys, scored by the task's reward), or every row with `heldout_prompts: all`. With
+    `every_iterations` the same prompts are decoded during the run too, on a rollout unit beside its work
+    (rlctl.agents.evaluation): a curve to watch."""
 
-    # 0 = no evaluation; at most an iteration's prompts' bound (they are decoded on one unit, twice, at the end)
-    heldout_prompts: Annotated[int, Field(ge=0, le=MAX_PROMPTS_PER_ITERATION)] = 0
+    # 0 = no evaluation; at most an iteration's prompts' bound (they are decoded on one unit, twice, at the end);
+    # "all": every row of a dataset task's held-out file (check refuses one of more rows than that bound)
+    heldout_prompts: Annotated[int, Field(ge=0, le=MAX_PROMPTS_PER_ITERATION)] | Literal["all"] = 0
     every_iterations: NonNegativeInt = Field(
         0,
         description="also evaluate during the run: versions 0, K, 2K, … and the last, greedily on a rollout unit "
@@ -62,6 +64,11 @@ class Evaluation(Strict):
     path: str | None = Field(
         None, description="dataset tasks: the held-out jsonl or parquet file, relative to the job file"
     )
+
+    @property
+    def most_prompts(self) -> int:
+        """The most held-out prompts evaluated: the number asked, or for `all` the bound (a file's rows cap either)."""
+        return MAX_PROMPTS_PER_ITERATION if self.heldout_prompts == "all" else self.heldout_prompts
 
     @field_validator("path")
     @classmethod

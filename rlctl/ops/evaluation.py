@@ -99,7 +99,7 @@ def heldout(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     if spec.evaluation.every_iterations and is_remote(read_sites(jobdir.path)[spec.placement.trainer.site]):
         return from_run(jobdir, spec)
     last = final_model(jobdir, spec)
-    n = spec.evaluation.heldout_prompts
+    n = spec.evaluation.most_prompts  # (`all`: the file's rows, compare_dataset takes the fewer)
     if isinstance(spec.task, DatasetTask):
         assert spec.evaluation.path is not None, "preflight refuses a dataset evaluation without a file"
         resolved = jobdir.read_job().task  # its reward file as copied into the job directory (ops.inputs)

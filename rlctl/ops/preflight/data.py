@@ -12,6 +12,7 @@ from pathlib import Path
 from rlctl.agents.common import job_context
 from rlctl.config.job import Job, refills
 from rlctl.config.model import HfModel
+from rlctl.config.pipeline import MAX_PROMPTS_PER_ITERATION
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
@@ -186,6 +187,12 @@ def evaluation_problems(job: Job) -> list[Problem]:
         )
     elif spec.evaluation.path is not None:
         out.append(Problem("evaluation.path", "the digits task draws its own held-out prompts; leave path out"))
+    elif spec.evaluation.heldout_prompts == "all":
+        out.append(
+            Problem(
+                "evaluation.heldout_prompts", "'all' reads every row of a dataset task's held-out file; give a number"
+            )
+        )
     site = spec.placement.trainer.site
     if site in job.inventory.sites and is_remote(job.inventory.sites[site]) and not spec.evaluation.every_iterations:
         out.append(
@@ -248,6 +255,16 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
         said = str(e).removeprefix(f"{e.file}: ")
         return [Problem("evaluation.path", f"{data}: {said}", e.hint)]  # the data's own: a skip helps only some
     asked = job.spec.evaluation.heldout_prompts
+    if asked == "all":
+        if good <= MAX_PROMPTS_PER_ITERATION:
+            return []
+        return [
+            Problem(
+                "evaluation.heldout_prompts",
+                f"'all' asked, but {data} has {good} usable rows, more than the {MAX_PROMPTS_PER_ITERATION} evaluated "
+                f"at most; give a number ≤ {MAX_PROMPTS_PER_ITERATION}, or a smaller file",
+            )
+        ]
     if good < asked:
         return [
             Problem("evaluation.heldout_prompts", f"{asked} asked, but {data} has {good} usable rows; use ≤ {good}")

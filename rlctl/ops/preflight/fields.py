@@ -170,7 +170,7 @@ def unread_field_problems(job: Job) -> list[Problem]:
     # and a version arrives when only an in-run evaluation's may run (rlctl.agents.evaluation)
     # (async with staleness 0 too: the controller creates no round ahead of the trainer, `CoreConfig.rounds_ahead`)
     rollout, serial = spec.rollout, spec.pipeline.eta == 0
-    evaluating = spec.evaluation.heldout_prompts > 0 and spec.evaluation.every_iterations > 0
+    evaluating = bool(spec.evaluation.heldout_prompts) and spec.evaluation.every_iterations > 0
     if spec.pipeline.mode == "async":
         where, modes = "pipeline.mode 'async' with staleness > 0", "at staleness 0"
     else:

@@ -1035,6 +1035,33 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
     assert "draws its own held-out prompts" in p.message
 
 
+def test_heldout_prompts_all_evaluates_every_row_of_a_file_within_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`evaluation.heldout_prompts: all`: a dataset task's held-out file of 2 usable rows passes, and its rows are
+    what launch and the controller evaluate (the bound caps it: the file's rows the fewer); a file of more usable rows
+    than the bound is refused in one line, and the digits task (no file) refuses it. Before: only a number, so an
+    operator counted the file's rows by hand (and a number above them was refused)."""
+    from rlctl.config.lifecycle import Evaluation
+
+    assert Evaluation.model_validate({"heldout_prompts": "all"}).most_prompts == 65536
+    assert Evaluation.model_validate({"heldout_prompts": 3}).most_prompts == 3
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    rows = [{"prompt": "hi", "ground_truth": "x"}, {"prompt": "ho", "ground_truth": "y"}]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    every = Evaluation.model_validate({"heldout_prompts": "all", "path": "held.jsonl"})
+    all_rows = Job(job.spec.model_copy(update={"evaluation": every}), job.inventory, job.path)
+    assert problems(all_rows) == []
+    monkeypatch.setattr("rlctl.ops.preflight.data.MAX_PROMPTS_PER_ITERATION", 1)
+    (p,) = refused(all_rows, "evaluation.heldout_prompts")
+    assert p.message == (
+        f"'all' asked, but {tmp_path / 'held.jsonl'} has 2 usable rows, more than the 1 evaluated at most; give a "
+        "number ≤ 1, or a smaller file"
+    )
+    (p,) = refused(load(tmp_path, evaluation={"heldout_prompts": "all"}), "evaluation.heldout_prompts")
+    assert p.message == "'all' reads every row of a dataset task's held-out file; give a number"
+
+
 def test_dataset_reward_and_held_out_files_under_home_are_read_as_model_path_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
