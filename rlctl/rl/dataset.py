@@ -175,8 +175,8 @@ def _json_safe(value: Any, key: str) -> Any:
         pass
     else:
         return value  # (the rows as they are, most of them: no walk)
-    if isinstance(value, dict):
-        return {k: _json_safe(v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, dict):  # (a parquet map's keys too: map<date32, …> or map<binary, …>)
+        return {_json_key(k, key): _json_safe(v, f"{key}.{k}") for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, datetime.date | datetime.time):  # (datetime.datetime is a date)
@@ -184,6 +184,16 @@ def _json_safe(value: Any, key: str) -> Any:
     if isinstance(value, decimal.Decimal):
         return float(value)
     raise ValueError(f"{key} is of type {type(value).__name__}")  # (no article before it: it would say "is a int64")
+
+
+def _json_key(k: Any, key: str) -> Any:
+    """A dict's key `k` (of the row's field `key`) as a JSON object's: a date or time its ISO string, as a value is;
+    one JSON has no key for (bytes) a ValueError saying where, as a value of that type is."""
+    if k is None or isinstance(k, str | int | float | bool):
+        return k
+    if isinstance(k, datetime.date | datetime.time):
+        return k.isoformat()
+    raise ValueError(f"{key} has a key of type {type(k).__name__}")
 
 
 # what a NoChatTemplate says before the row that needs one (`rlctl check` says the task's and the held-out file's once)

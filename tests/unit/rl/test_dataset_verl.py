@@ -210,3 +210,34 @@ def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_w
     plain = write_jsonl(tmp_path / "plain.jsonl", rows[2:3])
     assert check_rows(task(), data_path=plain, tokenizer=tok) == 1
     assert caplog.records == []
+
+
+def test_a_parquet_maps_date_keys_are_iso_strings_and_bytes_keys_one_bad_row(tmp_path: Path) -> None:
+    """A map column keyed by dates (map<date32, string>) reaches the reward with ISO-string keys, and one keyed by
+    bytes is one bad row naming the field, versus each row passed by check and the launch's prepare ending in
+    `TypeError: keys must be str, int, float, bool or None` after tokenizing the whole file (the keys were never
+    converted, only the values)."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.errors import ConfigError
+
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    table = pa.table(
+        {
+            "prompt": ["what is 1 + 2 ?", "what is 2 + 2 ?"],
+            "ground_truth": ["3", "4"],
+            "days": pa.array([[(datetime.date(2024, 1, 2), "a")], []], pa.map_(pa.date32(), pa.string())),
+            "raw": pa.array([[(b"k", "a")], [(b"j", "b")]], pa.map_(pa.binary(), pa.string())),
+        }
+    )
+    path = tmp_path / "train.parquet"
+    pq.write_table(table, path)
+    days = task(path="train.parquet", extra_info_key="days", shuffle=False)
+    got = prepare_dataset(days, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert [got.prompt(k).extra_info for k in (0, 1)] == [{"2024-01-02": "a"}, {}]
+    raw = task(path="train.parquet", extra_info_key="raw")
+    with pytest.raises(ConfigError, match=r"all 2 rows: raw: not JSON-serialisable: raw has a key of type bytes"):
+        prepare_dataset(raw, data_path=path, tokenizer=tok, out_dir=tmp_path / "r")
