@@ -3,6 +3,7 @@ lengths they share."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
@@ -195,6 +196,14 @@ class DatasetTask(OverlongShaping):
                 f"{', '.join(taken)}: set by rlctl as transformers' apply_chat_template sets it, not a template "
                 "variable of the job's; leave it out"
             )
+        for name, value in v.items():  # (the dataset's identity and the job's record hold them as JSON)
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{name}: {value!r} is not a JSON value (a string, number, boolean, null, list or mapping of "
+                    "them); quote a date or time to pass it as text"
+                ) from None
         return v
 
     @field_validator("reward")

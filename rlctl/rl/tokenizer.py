@@ -180,7 +180,7 @@ def _compiled(template: str) -> Any:
     return env.from_string(template)
 
 
-def render_chat_template(template: str, messages: Sequence[dict[str, Any]], **variables: Any) -> str:
+def render_chat_template(template: str, messages: Sequence[dict[str, Any]], /, **variables: Any) -> str:
     """Render `template` for `messages` with `add_generation_prompt=True`, as transformers does."""
     import jinja2
 

@@ -10,7 +10,7 @@ import pytest
 from rlctl.config.task import DatasetTask
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.tokenizer import load_tokenizer
-from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
+from tests.unit.hf_tokenizer import SPECIALS, WORDS, write_tokenizer
 
 ID = {t: i for i, t in enumerate(SPECIALS)}
 
@@ -241,3 +241,23 @@ def test_a_parquet_maps_date_keys_are_iso_strings_and_bytes_keys_one_bad_row(tmp
     raw = task(path="train.parquet", extra_info_key="raw")
     with pytest.raises(ConfigError, match=r"all 2 rows: raw: not JSON-serialisable: raw has a key of type bytes"):
         prepare_dataset(raw, data_path=path, tokenizer=tok, out_dir=tmp_path / "r")
+
+
+def test_template_kwargs_are_json_values_and_may_be_named_template(tmp_path: Path) -> None:
+    """An unquoted YAML date in chat_template_kwargs is refused in one line naming it, versus passed by check and the
+    launch's prepare ending in a TypeError at the manifest (its value not JSON, and the job's record holding it as a
+    string: a resume's identity never the launch's); a variable named `template` reaches the template, versus a
+    TypeError from render_chat_template (its own parameter's name)."""
+    import datetime
+
+    with pytest.raises(ValueError, match=r"today: datetime\.date\(2024, 7, 26\) is not a JSON value .*quote a date"):
+        task(chat_template_kwargs={"today": datetime.date(2024, 7, 26)})
+    model = write_tokenizer(tmp_path / "model", chat_template="{{ bos_token }}{{ template }}")
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "3"}])
+    got = prepare_dataset(
+        task(shuffle=False, chat_template_kwargs={"template": "hello"}),
+        data_path=path,
+        tokenizer=load_tokenizer(model),
+        out_dir=tmp_path / "d",
+    )
+    assert got.prompt(0).tokens == [ID["<s>"], len(SPECIALS) + WORDS.index("hello")]
