@@ -10,31 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.checkpoint.trainer import load_trainer, save_trainer
-from rlctl.launch.agentenv import ParallelConfig
+from rlctl.checkpoint.trainer import load_trainer
 from rlctl.models.hf import load_state_dict
-from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import load_backend
-from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib
-from tests.unit.tiny_models import small_config
+from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib, trained_checkpoint
 
 
 @pytest.mark.parametrize("into", ["backend", "tinygpt"])
 def test_a_resumed_rank_reads_the_checkpoints_policy_one_tensor_at_a_time(tmp_path: Path, into: str) -> None:
-    # 8 layers of 256: 22 MB of fp32 weights, none of its tensors over 1 MB
-    cfg = small_config(hidden=256, layers=8, heads=4, positions=64)
-    torch.manual_seed(0)
-    TinyGPT(cfg).save_pretrained(tmp_path / "start")
-    trained = load_backend("torch", tmp_path / "start")
-    with torch.no_grad():
-        for p in trained.model.parameters():
-            p.add_(1.0)  # weights other than the start's, which the resumed backend below holds
-    one, opt = ParallelConfig("trainer"), torch.optim.AdamW(trained.model.parameters())  # no step: no state to read
-    save_trainer(tmp_path / "iter-1", model=trained, optimizers={"policy": opt}, counters={"version": 1}, split=one,
-                 data_parallel=trained.data_parallel())  # fmt: skip
-    saved = load_state_dict(tmp_path / "iter-1" / "model")
-    model_mib = sum(t.numel() * 4 for t in saved.values()) / 2**20
-    del trained, saved
+    model_mib, one = trained_checkpoint(tmp_path, "torch")
 
     resumed = load_backend("torch", tmp_path / "start")
     opt = torch.optim.AdamW(resumed.model.parameters())
