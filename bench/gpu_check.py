@@ -317,7 +317,7 @@ def _sampler_share(batch: int = 64) -> dict[str, float]:
     from rlctl.engines.sampling import sample
     from rlctl.models.tinygpt import TinyGPTConfig
 
-    keys = dict(_builder().SHAPES["qwen2-0.5b"])
+    keys = dict(hf_demo_builder().SHAPES["qwen2-0.5b"])
     cfg = TinyGPTConfig(architecture="Qwen2ForCausalLM", tie_word_embeddings=True, **keys)
     model = TinyGPT.empty(cfg, dtype=torch.float32, device="cpu")
     with torch.no_grad():
@@ -347,7 +347,7 @@ def _sampler_share(batch: int = 64) -> dict[str, float]:
     }
 
 
-def _builder() -> Any:
+def hf_demo_builder() -> Any:
     """jobs/hf-demo/build.py as a module (its SHAPES: the architectures it builds)."""
     import importlib.util
 

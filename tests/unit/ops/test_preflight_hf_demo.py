@@ -4,28 +4,18 @@ exactly, which check passes, and a max_output_tokens one past it is refused in o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
 
+from bench.gpu_check import hf_demo_builder
 from rlctl.agents.common import job_context
 from rlctl.config import load_job
 from rlctl.models.hf import read_config
 from tests.conftest import ROOT, run_cli
 
 from .test_preflight import only_line
-
-
-def builder() -> ModuleType:
-    """jobs/hf-demo/build.py as a module."""
-    spec = importlib.util.spec_from_file_location("hf_demo_build", ROOT / "jobs/hf-demo/build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def hf_demo_job(out: Path, **task: Any) -> Path:
@@ -43,7 +33,7 @@ def hf_demo_job(out: Path, **task: Any) -> Path:
 def test_the_hf_demo_job_on_the_windowed_mistral_passes_check_at_its_window_and_not_a_token_past_it(
     tmp_path: Path,
 ) -> None:
-    builder().build(tmp_path, rows=8, sft_steps=0, shape="tiny-mistral-window")
+    hf_demo_builder().build(tmp_path, rows=8, sft_steps=0, shape="tiny-mistral-window")
     config = read_config(tmp_path / "model")
     job = hf_demo_job(tmp_path)
     assert config.architecture == "MistralForCausalLM"
