@@ -483,19 +483,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         )
 
     hidden, heads = num("hidden_size"), num("num_attention_heads")
-    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and arch != MISTRAL:
-        kv_heads = heads  # null: num_attention_heads, as their config classes read it (MistralConfig refuses it)
-    else:
-        kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))
-    if heads % kv_heads:
-        cls = arch.removesuffix("ForCausalLM") + "Config"
-        said = "" if "num_key_value_heads" in d else f" ({cls}'s default where config.json has none)"
-        raise bad("num_key_value_heads", f"{kv_heads}{said} does not divide num_attention_heads {heads}")
-    head_dim = d.get("head_dim", _HF_DEFAULT_HEAD_DIM.get(arch))
-    if head_dim is None and hidden % heads:
-        raise bad("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}; give head_dim")
-    if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
-        raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
+    kv_heads, head_dim = _heads(d, arch, hidden, heads, num, bad)
     bias = d.get("attention_bias", False)
     if not isinstance(bias, bool):
         raise bad("attention_bias", f"{bias!r} is not true or false")
@@ -526,6 +514,33 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
         phi3_extras=_phi3_extras(d, positions, bad) if arch == PHI3 else None,
     )
+
+
+def _heads(
+    d: Mapping[str, Any],
+    arch: str,
+    hidden: int,
+    heads: int,
+    num: Callable[..., Any],
+    bad: Callable[[str, str], ConfigError],
+) -> tuple[int, int | None]:
+    """`num_key_value_heads` and `head_dim` (None: hidden / heads) as the architecture's config class reads them where
+    config.json leaves them out (or gives num_key_value_heads null: num_attention_heads, but for MistralConfig, which
+    refuses it); ConfigError (`bad`) where they do not fit `heads` and `hidden`."""
+    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and arch != MISTRAL:
+        kv_heads = heads
+    else:
+        kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))
+    if heads % kv_heads:
+        cls = arch.removesuffix("ForCausalLM") + "Config"
+        said = "" if "num_key_value_heads" in d else f" ({cls}'s default where config.json has none)"
+        raise bad("num_key_value_heads", f"{kv_heads}{said} does not divide num_attention_heads {heads}")
+    head_dim = d.get("head_dim", _HF_DEFAULT_HEAD_DIM.get(arch))
+    if head_dim is None and hidden % heads:
+        raise bad("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}; give head_dim")
+    if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
+        raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
+    return kv_heads, head_dim
 
 
 def _rope(d: Mapping[str, Any], bad: Any, *, supported: str) -> tuple[float, RopeScaling | None]:
