@@ -28,7 +28,7 @@ def _job(tmp: Path, checkpoint: Path, engine: str) -> Path:
         "name": f"prof-{engine}",
         "inventory": [str(ROOT / "clusters/local.yaml")],
         "model": {"kind": "hf", "path": str(checkpoint)},
-        "task": {"kind": "lengths", "median_output_tokens": 20, "max_output_tokens": 60},
+        "task": {"kind": "lengths", "prompt_tokens": 32, "median_output_tokens": 20, "max_output_tokens": 60},
         "batch": {"prompts_per_iteration": 8, "samples_per_prompt": 4},
         "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
         "rollout": {"engine": engine, "max_batch_size": 32},
