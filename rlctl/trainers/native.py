@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from rlctl.devices import Compute
-from rlctl.models.tensors import copy_into
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
@@ -84,11 +83,11 @@ class TorchBackend(TrainerBackend):
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """HF-layout tensors (a tied lm_head may be left out) into the policy, each read from `state_dict` as it is
         copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them."""
-        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if self.sharded:
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
             fsdp.load_full(self.model, state_dict, optional=tied)
         else:
-            copy_into(self.model, state_dict, optional=tied)
+            self.model.load_weights(state_dict)  # (copy_into, a tied lm_head optional)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         assert not self.sharded, (
