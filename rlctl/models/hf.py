@@ -357,8 +357,9 @@ def fused_for_file(sd: Mapping[str, torch.Tensor], c: TinyGPTConfig) -> dict[str
 
 
 def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, where: str) -> list[str]:
-    """The names to load from a checkpoint file holding `shapes` (`file_shapes`); ConfigError on a missing, extra or
-    misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files) and a tied lm_head."""
+    """The names to load from a checkpoint file holding `shapes` (`file_shapes`, and a tied lm_head where the file
+    holds one: the load refuses it unless it is the embedding, `rlctl.models.tensors.check_tied`); ConfigError on a
+    missing, extra or misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files)."""
     want = file_shapes(c)
     for name, shape in want.items():
         if name not in shapes:
@@ -371,7 +372,7 @@ def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, wh
     extra = [k for k in shapes if k not in want and k not in ignorable and not k.endswith("rotary_emb.inv_freq")]
     if extra:
         raise ConfigError(where, None, f"tensor {extra[0]} is not part of a {c.architecture} of this config.json")
-    return list(want)
+    return [*want, *(k for k in ignorable if k in shapes)]
 
 
 # ---- config.json ----

@@ -54,7 +54,7 @@ from rlctl.models.hf import (
     TinyGPTConfig,
     load_state_dict,
 )
-from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors, copy_into
 
 __all__ = [
     "CONFIG_FILE",
@@ -553,7 +553,10 @@ class TinyGPT(nn.Module):
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
         # each tensor read (in fp32, as `load_state_dict` reads it) and cast into its parameter in turn: what is held
         # beside the model is one tensor, versus a state dict of the whole model (a 7B in bf16: ≈ 30 GB, not 15)
-        model.load_weights(ModelTensors(file, config, only=names))
+        try:
+            model.load_weights(ModelTensors(file, config, only=names))
+        except DoesNotFit as e:  # (what match_weights passes: a tied lm_head the file holds beside the embedding)
+            raise ConfigError(str(d), None, str(e)) from e
         return model
 
     @classmethod
