@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
+from rlctl.models.tensors import check_fit, check_tied, shapes_of
 from rlctl.trainers.megatron import cpu, names, pipeline
 from rlctl.trainers.megatron.rope import rope_args
 
@@ -263,12 +264,24 @@ class MegatronPolicy(StagedGPT):
     def load_hf(self, hf: Mapping[str, torch.Tensor], *, rank: int = 0) -> None:
         """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage, one
         parameter at a time: what it holds beyond them is the whole HF tensors of one parameter (q, k and v of a
-        fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`)."""
+        fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`). Checked against
+        this config first, nothing read (`check_fit`: every stage's HF names and full shapes, which the name table
+        cuts into this rank's, and a tied lm_head may be there if it is the embedding: `check_tied`): DoesNotFit
+        with nothing written, versus a KeyError (a missing tensor) or the copy's RuntimeError (another shape) with
+        the parameters before it written, and an unexpected tensor ignored."""
         c, params = self.config, self._to_write()
-        meta = {k: torch.empty(shape, device="meta") for k, shape in expected_shapes(c).items()}
+        shapes = expected_shapes(c)
+        tied = {"lm_head.weight": shapes["model.embed_tokens.weight"]} if c.tie_word_embeddings else {}
+        check_fit(shapes | tied, shapes_of(hf), optional=tied)
+        if tied:
+            check_tied(hf)
+        meta = {k: torch.empty(shape, device="meta") for k, shape in shapes.items()}
         table = names.to_megatron(meta, c, tp=self.tp, rank=rank, stage=self.stage)
-        if set(table) != set(params):
-            raise AssertionError(f"name table and GPTModel disagree: {sorted(set(table) ^ set(params))}")
+        cut, own = {k: tuple(t.shape) for k, t in table.items()}, {k: tuple(p.shape) for k, p in params.items()}
+        if cut != own:  # (the table cuts the shapes checked into this rank's parts: the GPTModel's, or a bug)
+            raise AssertionError(
+                f"name table and GPTModel disagree: {sorted(k for k in cut | own if cut.get(k) != own.get(k))}"
+            )
         for k, p in params.items():
             p.copy_(names.to_megatron(hf, c, tp=self.tp, rank=rank, stage=self.stage, only={k})[k])
 
