@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
-from rlctl.rl.reward_math import math_boxed
+from rlctl.rl.reward_math import answer_text, math_boxed
 from rlctl.rl.reward_scope import ImportScope
 from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_line, one_of
 
@@ -57,10 +57,27 @@ GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")  # the answer line GSM8K's solut
 
 def gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """verl's GSM8K scorer (its default, strict extraction): 1.0 where the last `#### <number>` in the output's last
-    300 characters, its commas dropped, is the ground truth as written ("72"; a number as its str), else 0.0 — none
-    for a number written otherwise (`#### 72.0`, `#### $72`, `####72`), nor for a number without `#### ` before it."""
+    300 characters, its commas dropped, is the ground truth as written ("72"; a number in decimal: `answer_text`), else
+    0.0 — none for a number written otherwise (`#### 72.0`, `#### $72`, `####72`), nor for a number without `#### `
+    before it."""
     found = GSM8K_ANSWER.findall(solution_str[-GSM8K_TAIL_CHARS:])
-    return 1.0 if found and found[-1].replace(",", "") == str(ground_truth).strip() else 0.0
+    return 1.0 if found and found[-1].replace(",", "") == answer_text(ground_truth).strip() else 0.0
+
+
+# the built-ins that compare an answer read from the output with the ground truth as text (`answer_text`)
+TEXT_ANSWER_REWARDS = ("gsm8k", "math")
+
+
+def ground_truth_problem(reward: str, ground_truth: Any) -> str | None:
+    """What is wrong with a row's ground truth for built-in `reward` (the gsm8k and math built-ins read it as text,
+    `answer_text`): a list or dict (its str compared) scored 0 on every output; None where it is fine."""
+    if reward not in TEXT_ANSWER_REWARDS:
+        return None
+    try:
+        answer_text(ground_truth)
+    except ValueError as e:
+        return f"{e} (reward {reward} compares the output's answer with it as text)"
+    return None
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
