@@ -275,7 +275,10 @@ class RewardResult:
     score: float
     outcome: Outcome = "ok"
     error: str | None = None
-    extra: dict[str, float] = field(default_factory=dict)  # the other numeric keys of a dict return
+    extra: dict[str, float] = field(default_factory=dict)  # the other keys of a dict return fit to be figures
+    # the keys of a dict return left out of `extra` (as shown: repr'd, bounded) → why (the pool warns of each once):
+    # what is said of the call, not its result
+    dropped: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -293,20 +296,48 @@ def _real(v: Any) -> bool:
         return False
 
 
+EXTRA_NAME_CHARS = 64  # an extra figure's key at most (verl's reward_extra_info keys: 'acc', 'pred_len')
+EXTRA_NAME = re.compile(rf"[A-Za-z0-9_]{{1,{EXTRA_NAME_CHARS}}}")
+DROPPED_KEYS = 8  # of one call's keys left out, those said (a dict of 1000 bad keys: its first 8)
+
+
+def extra_figures(value: dict[Any, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """The keys of a dict return beside 'score' that are figures (verl's reward_extra_info), and those left out with
+    why: a key is a name of letters, digits and `_` of at most EXTRA_NAME_CHARS (it becomes a tracker's series
+    reward_extra/<key>: a '/' nested W&B's panels, a space or a 5000-character key broke a Prometheus or TensorBoard
+    name), its value a finite number (a bool is one, as verl's 'acc' often is)."""
+    kept: dict[str, float] = {}
+    dropped: dict[str, str] = {}
+    for k, v in value.items():
+        if k == "score":
+            continue
+        if not isinstance(k, str) or not EXTRA_NAME.fullmatch(k):
+            why = f"a key is a name of letters, digits and _, at most {EXTRA_NAME_CHARS} characters"
+        elif not _real(v):
+            why = f"its value is no finite number ({_line(f'{v!r:.40}')})"
+        else:
+            kept[k] = float(v)
+            continue
+        if len(dropped) < DROPPED_KEYS:
+            dropped[_line(f"{k!r:.80}")] = why
+    return kept, dropped
+
+
 def check_result(value: Any, on_error: float) -> RewardResult:
-    """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score'."""
+    """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score' (its other keys
+    the figures `extra_figures` keeps)."""
+    extra: dict[str, float] = {}
+    dropped: dict[str, str] = {}
     if isinstance(value, dict):
         if "score" not in value:
             keys = _line(f"dict without a 'score' key (keys: {sorted(map(str, value))})")
             return RewardResult(on_error, "bad_type", keys)
-        extra = {str(k): float(v) for k, v in value.items() if k != "score" and _real(v)}
-        value, rest = value["score"], extra
-    else:
-        rest = {}
+        extra, dropped = extra_figures(value)
+        value = value["score"]
     if not _real(value):
         got = _line(f"{value!r:.80}")
         return RewardResult(on_error, "bad_type", f"expected a finite number or a dict with 'score', got {got}")
-    return RewardResult(float(value), "ok", None, rest)
+    return RewardResult(float(value), "ok", None, extra, dropped)
 
 
 _loops = threading.local()  # each thread's event loop for async reward functions (`_awaited`)
