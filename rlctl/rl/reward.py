@@ -95,19 +95,22 @@ BUILTIN_FOR_DATA_SOURCE = {
 }
 
 
-def builtin_scorer_hint(reward: str, data_sources: set[str]) -> str | None:
+def builtin_scorer_hint(reward: str, data_sources: set[str], *, heldout: bool = False) -> str | None:
     """What `rlctl check` warns of where the rows are a dataset a built-in scores (each row's data_source
     openai/gsm8k) and the reward is exact_match, the default: its outputs end in a worked answer (`… #### 72`),
-    which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None."""
+    which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None. `heldout`:
+    the rows are the held-out file's (evaluation.path), which the held-out evaluation scores with the same reward."""
     named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
     scorer = named.pop() if len(named) == 1 else None
     if reward != "exact_match" or scorer is None:
         return None
     builtin, verls, example = scorer
+    rows = "the data_source of every held-out row (evaluation.path)" if heldout else "every row's data_source"
+    figures = " (the held-out figures read 0 with it)" if heldout else ""
     return (
-        f"task.reward: exact_match compares the whole output with the ground truth, and every row's data_source is "
+        f"task.reward: exact_match compares the whole output with the ground truth, and {rows} is "
         f"{one_of(data_sources)}, whose outputs end in a worked answer ('{example}'; verl scores them with its "
-        f"{verls} scorer): an output that is not the bare answer scores 0; set reward: {builtin}"
+        f"{verls} scorer): an output that is not the bare answer scores 0{figures}; set reward: {builtin}"
     )
 
 
