@@ -10,8 +10,8 @@ check that a reward loads.
 A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN, or an int past a float's range) or kills
 its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type, died) and logged
 with its sample id (a dict's other keys that are no name of letters, digits and `_`, or hold no finite number, are
-left out of `extra`: `rlctl.rl.reward.extra_figures`, said once a key). `workers=0` loads and
-calls the function in the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
+left out of `extra`: `rlctl.rl.reward.extra_figures`, said once a key). `workers=0` loads and calls the function in
+the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
 With workers, the process that starts the pool never imports the user's module (an import that hangs there could
 not be bounded): the workers load it, each start within a deadline (below).
 
