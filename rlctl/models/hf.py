@@ -16,11 +16,12 @@ runs it: `window_refusal`; `sliding_window` written back as read), Phi3ForCausal
 Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one `qkv_proj` and gate/up as one
 `gate_up_proj`, split on reading and fused on writing: `fusions`), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
-(`llama3`) or `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane
-sends and GPU engines compute in; a CPU computes in fp32). Refused with one line naming the file and key: other
-architectures, other RoPE scaling (yarn, dynamic, longrope, …), Qwen's sliding-window attention (`use_sliding_window`),
-a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`), RoPE on part of a head
-(`partial_rotary_factor` ≠ 1: Phi-4-mini), MLP bias, activations other than SiLU, quantized weights.
+(`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context) (`rlctl.models.rope`), fp32/bf16/fp16 weights (the file's
+dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with
+one line naming the file and key: other architectures, other RoPE scaling (dynamic, longrope, …), Qwen's
+sliding-window attention (`use_sliding_window`), a model built for sequences longer than a Mistral or Phi3
+`sliding_window` (`window_refusal`), RoPE on part of a head (`partial_rotary_factor` ≠ 1: Phi-4-mini), MLP bias,
+activations other than SiLU, quantized weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
 as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
@@ -39,10 +40,11 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import ModelArch
+from rlctl.models.rope import ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
 
 if TYPE_CHECKING:
@@ -85,32 +87,8 @@ _HF_DEFAULT_PAD = {PHI3: 32000}
 _HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
-ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
-# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear or llama3 (see read)
+# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear, llama3 or yarn (see read)
 _ROPE_SUPPORTED_FOR = {PHI3: " for Phi3: default RoPE (rope_theta)"}
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How RoPE's frequencies θ^(-2i/d) are scaled for a context longer than the pretraining one (HF `rope_scaling`,
-    or transformers 5's `rope_parameters`); no scaling is `TinyGPTConfig.rope_scaling` None.
-
-        linear  every frequency ÷ factor (the same as positions ÷ factor)
-        llama3  by wavelength 2π/freq against the pretraining context L (original_max_position_embeddings):
-                shorter than L/high_freq_factor kept, longer than L/low_freq_factor ÷ factor, and in between
-                interpolated linearly in L/wavelength (Llama 3.1–3.3: factor 8 or 32, 1, 4, L 8192)
-    """
-
-    kind: Literal["linear", "llama3"]
-    factor: float
-    low_freq_factor: float | None = None  # llama3's three, None for linear
-    high_freq_factor: float | None = None
-    original_max_position_embeddings: int | None = None
-
-    def to_hf(self) -> dict[str, Any]:
-        """The `rope_scaling` entry of config.json (transformers 4 and 5, and vLLM, read it)."""
-        return {"rope_type": self.kind, **{k: v for k, v in asdict(self).items() if k != "kind" and v is not None}}
 
 
 @dataclass(frozen=True)
@@ -472,7 +450,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if any(t != "full_attention" for t in layer_types):
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
-    theta, scaling = _rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
+    theta, scaling = read_rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
     if arch == PHI3 and scaling is not None:  # (Phi3Config takes longrope alone, which _rope refuses: not these)
         key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
         raise bad(key, f"RoPE {scaling.kind!r} is not a Phi3's; supported for Phi3: default RoPE (rope_theta)")
@@ -542,62 +520,6 @@ def _heads(
     if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
         raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
     return kv_heads, head_dim
-
-
-def _rope(d: Mapping[str, Any], bad: Any, *, supported: str) -> tuple[float, RopeScaling | None]:
-    """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
-    scaling other than linear and llama3 is refused, saying `supported` (the architecture's) after "supported". Both
-    keys given must say the same (transformers reads `rope_scaling` alone then)."""
-    found: dict[str, tuple[float, RopeScaling | None]] = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        if d.get(key) is not None:
-            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad, supported)
-    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
-        raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
-    _whole_rotary(d, "", bad)
-    theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
-        raise bad("rope_theta", f"{theta!r} is not a positive number")
-    return float(theta), scaling
-
-
-def _whole_rotary(d: Mapping[str, Any], where: str, bad: Any) -> None:
-    """RoPE on every dimension of a head: a `partial_rotary_factor` (Phi-4-mini's 0.75 at the top of config.json;
-    transformers 5 writes a Phi3's 1.0 into its rope_parameters) other than 1 is refused, naming it (`where` + key)."""
-    v = d.get("partial_rotary_factor", 1.0)
-    if isinstance(v, bool) or v != 1:
-        raise bad(
-            f"{where}partial_rotary_factor",
-            f"{v!r} is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated",
-        )
-
-
-def _rope_entry(rope: Any, theta: Any, key: str, bad: Any, supported: str) -> tuple[Any, RopeScaling | None]:
-    if not isinstance(rope, dict):
-        raise bad(key, f"{rope!r} is not a mapping; supported{supported}")
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    wanted = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}.get(kind) if isinstance(kind, str) else None
-    if wanted is None:
-        raise bad(key, f"RoPE {kind!r} is not supported; supported{supported}")
-    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor", *wanted}):
-        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported{supported}")
-    _whole_rotary(rope, f"{key}.", bad)
-    theta = rope.get("rope_theta", theta)
-    if kind == "default":
-        return theta, None
-    for name in wanted:
-        v = rope.get(name)
-        if v is None:
-            raise bad(f"{key}.{name}", f"missing; RoPE {kind!r} needs {', '.join(wanted)}")
-        integral = name == "original_max_position_embeddings"
-        if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or v <= 0:
-            raise bad(f"{key}.{name}", f"{v!r} is not a positive {'integer' if integral else 'number'}")
-    if kind == "linear":
-        return theta, RopeScaling("linear", float(rope["factor"]))
-    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
-    if high <= low:  # (the band between them is interpolated over high − low)
-        raise bad(f"{key}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}")
-    return theta, RopeScaling("llama3", float(rope["factor"]), low, high, rope["original_max_position_embeddings"])
 
 
 # ---- weight files ----

@@ -101,12 +101,18 @@ class KVCache:
         self.lengths[:n] = self.lengths.index_select(0, rows)
 
 
-def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None) -> torch.Tensor:
-    """RoPE's frequencies scaled for a longer context (`hf.RopeScaling`; as transformers' rope init functions)."""
+def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None, theta: float) -> torch.Tensor:
+    """RoPE's frequencies θ^(-2i/d) scaled for a longer context (`hf.RopeScaling`; as transformers' rope init
+    functions)."""
     if s is None:
         return inv_freq
     if s.kind == "linear":
         return inv_freq / s.factor
+    if s.kind == "yarn":  # the weight of the kept frequency falls linearly from 1 to 0 over the index band
+        low, high = s.yarn_band(2 * inv_freq.numel(), theta)
+        i = torch.arange(inv_freq.numel(), dtype=inv_freq.dtype, device=inv_freq.device)
+        kept = 1 - ((i - low) / (high - low)).clamp(0, 1)
+        return inv_freq / s.factor * (1 - kept) + inv_freq * kept
     assert s.low_freq_factor is not None and s.high_freq_factor is not None and s.original_max_position_embeddings
     # turns over the pretraining context (its length ÷ the wavelength 2π/freq): the llama3 bands are [.., low]
     # (÷ factor), [high, ..] (kept), and in between the weight of the kept frequency rises linearly from 0 to 1
@@ -356,19 +362,22 @@ class TinyGPT(nn.Module):
         self.apply(self._init)
 
     def _rope_tables(self) -> None:
-        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position
-        below `context`, in fp32 on the model's device (cast with it). ValueError where `context` is longer than a
-        Mistral sliding window that binds (`hf.window_refusal`): the model would not compute what MistralModel does."""
+        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says, and both tables
+        multiplied by its attention scaling) for every position below `context`, in fp32 on the model's device (cast
+        with it). ValueError where `context` is longer than a Mistral sliding window that binds (`hf.window_refusal`):
+        the model would not compute what MistralModel does."""
         c = self.config
         if (why := hf.window_refusal(c, self.context)) is not None:
             raise ValueError(f"sliding_window {why}")
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
-        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling)
+        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling, c.rope_theta)
         ang = torch.outer(torch.arange(self.context, dtype=angle_dtype, device=device), inv_freq)
-        self.rope_cos = torch.cat([ang, ang], dim=-1).cos().float()
-        self.rope_sin_signed = torch.cat([-ang.sin(), ang.sin()], dim=-1).float()
+        # × yarn's attention factor (1 otherwise), as transformers' rotary embedding scales its cos and sin
+        a = 1.0 if c.rope_scaling is None else c.rope_scaling.attention_scaling()
+        self.rope_cos = (torch.cat([ang, ang], dim=-1).cos() * a).float()
+        self.rope_sin_signed = (torch.cat([-ang.sin(), ang.sin()], dim=-1) * a).float()
 
     @property
     def context_name(self) -> str:

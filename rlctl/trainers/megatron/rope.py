@@ -5,6 +5,7 @@ so that `rlctl check` refuses here what the trainer could not build.
     linear   seq_len_interpolation_factor = factor (positions ÷ factor: the frequencies' ÷ factor)
     llama3   rope_scaling=True, rope_scaling_factor = factor; its low/high frequency factors and pretraining context
              are fixed in RotaryEmbedding._apply_scaling at Llama 3.1's (1, 4, 8192): a config with others is refused
+    yarn     refused (the torch backend runs it)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def rope_args(c: TinyGPTConfig) -> dict[str, Any]:
         return {}
     if s.kind == "linear":
         return {"seq_len_interpolation_factor": s.factor}
+    if s.kind == "yarn":
+        raise ValueError("RoPE 'yarn' is not built on megatron-core here; use trainer.backend 'torch' for this model")
     have = {k: getattr(s, k) for k in MEGATRON_LLAMA3}
     if have != MEGATRON_LLAMA3:
         said = ", ".join(f"{k} {v:g}" for k, v in have.items())

@@ -227,7 +227,7 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
     [
         ("architectures", ["Gemma2ForCausalLM"], "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "),
         ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}, "supported: default RoPE"),
-        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
+        ("rope_parameters", {"rope_type": "longrope", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
         ("use_sliding_window", True, "supported: false"),
         ("hidden_act", "gelu", "supported: silu"),
         ("mlp_bias", True, "supported: false"),

@@ -17,7 +17,7 @@ from rlctl.models.hf import read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import preflight
 from rlctl.trainers.base import load_backend
-from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, llama
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, YARN, llama
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("megatron_rank")
@@ -76,6 +76,16 @@ def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path:
         refused[backend] = [p.message for p in problems if p.field == "trainer.backend"]
     assert refused == {"megatron": [f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: {said}"],
                        "torch": []}  # fmt: skip
+    llama(YARN, tmp_path / "model")
+    with pytest.raises(
+        ValueError, match=r"^RoPE 'yarn' is not built on megatron-core here; use trainer.backend 'torch'"
+    ):
+        load_backend("megatron", tmp_path / "model")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert [p.message for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == [
+        f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: RoPE 'yarn' is not built on "
+        "megatron-core here; use trainer.backend 'torch' for this model"
+    ]
     llama(LLAMA31, tmp_path / "model")  # Llama 3.1's bands: megatron runs them
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
