@@ -24,7 +24,7 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
     ),
 }
-_YARN_BETA_FAST, _YARN_BETA_SLOW = 32.0, 1.0  # transformers' (the YaRN paper's) where config.json has none
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # transformers' (the YaRN paper's) where config.json has none
 
 Bad = Callable[[str, str], ConfigError]
 
@@ -84,8 +84,8 @@ class RopeScaling:
         def index(turns: float) -> float:  # the i where context·θ^(-2i/d) = 2π·turns
             return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
 
-        low = index(_YARN_BETA_FAST if self.beta_fast is None else self.beta_fast)
-        high = index(_YARN_BETA_SLOW if self.beta_slow is None else self.beta_slow)
+        low = index(YARN_BETA_FAST if self.beta_fast is None else self.beta_fast)
+        high = index(YARN_BETA_SLOW if self.beta_slow is None else self.beta_slow)
         if self.truncate is not False:
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, head_dim - 1)
@@ -185,7 +185,7 @@ def _yarn(got: dict[str, Any], key: str, bad: Bad) -> RopeScaling:
     1 (a shorter context), beta_fast below beta_slow (the ramp reversed)."""
     if got["factor"] < 1:
         raise bad(f"{key}.factor", f"{got['factor']:g} is below 1; YaRN's factor is the context's extension, ≥ 1")
-    fast, slow = got.get("beta_fast", _YARN_BETA_FAST), got.get("beta_slow", _YARN_BETA_SLOW)
+    fast, slow = got.get("beta_fast", YARN_BETA_FAST), got.get("beta_slow", YARN_BETA_SLOW)
     if fast < slow:
         raise bad(f"{key}.beta_fast", f"{fast:g} is below beta_slow {slow:g}; YaRN keeps the faster-turning dimensions")
     return RopeScaling("yarn", **got)

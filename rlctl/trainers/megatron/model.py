@@ -7,8 +7,8 @@ trains.
     MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
-the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear or
-Llama 3.1 scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
+the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear,
+Llama 3.1 or yarn scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
 attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama/Qwen3
 `attention_bias`), Qwen3's per-head q/k RMSNorm before RoPE (`qk_layernorm`: the local spec's q_layernorm and
 k_layernorm over head_dim, eps rms_norm_eps), no other linear bias except o_proj's under `attention_bias` (megatron's
@@ -42,7 +42,7 @@ from torch import nn
 from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
 from rlctl.models.tensors import check_fit, check_tied, shapes_of
 from rlctl.trainers.megatron import cpu, names, pipeline
-from rlctl.trainers.megatron.rope import rope_args
+from rlctl.trainers.megatron.rope import rope_args, yarn_config
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -86,7 +86,7 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     names.check_split(c, tp, pp)
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
         ffn_hidden_size=c.intermediate_size,
@@ -117,6 +117,9 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise
         init_method_std=c.initializer_range,
         cuda_graph_scope=[],  # none (the default, "full", warns that it is deprecated)
     )
+    for name, value in yarn_config(c).items():  # (read with getattr: no field of TransformerConfig)
+        setattr(config, name, value)
+    return config
 
 
 def layer_spec(c: TinyGPTConfig) -> Any:
@@ -191,9 +194,8 @@ class StagedGPT(nn.Module):
                 parallel_output=False,
                 # the trunk has no output layer, so no copy of the embedding on the last stage to keep in step
                 share_embeddings_and_output_weights=c.tie_word_embeddings and self.logits,
-                position_embedding_type="rope",
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
-                **rope_args(c),  # linear or Llama 3.1's scaling (rope.py)
+                **rope_args(c),  # RoPE, scaled linear, as Llama 3.1 or yarn (rope.py)
             )
         if not initialise:
             _mark_tensor_parallel(self.gpt)
@@ -225,10 +227,12 @@ class StagedGPT(nn.Module):
         return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
 
     def _to_write(self) -> dict[str, torch.Tensor]:
-        """`megatron_state`, what a load writes, holding every parameter and buffer of the GPTModel: none of a model
-        built without init (`initialise` False) is left as allocated."""
+        """`megatron_state`, what a load writes, holding every parameter and buffer of the GPTModel but the RoPE
+        tables YarnRotaryEmbedding computes as it is built (its cos and sin, from the config): none of a model built
+        without init (`initialise` False) is left as allocated."""
         state = self.megatron_state()
         held = {n for n, _ in self.gpt.named_parameters()} | {n for n, _ in self.gpt.named_buffers()}
+        held -= {n for n, _ in self.gpt.named_buffers() if n.startswith("rotary_pos_emb.")}
         assert held <= set(state), f"not in the state a load writes: {sorted(held - set(state))}"
         return state
 
