@@ -138,7 +138,8 @@ def vllm_priority(group: int, priority: float) -> int:
 
 def max_model_len(model_dir: str | Path, context: int | None = None) -> int:
     """vLLM's `max_model_len`: the job's `context` (rlctl.agents.common.job_context) where the checkpoint's
-    max_position_embeddings is more (None: that), as the trainer and the embedded engine hold sequences to it."""
+    max_positions is more (None: that; vLLM's own derived limit), as the trainer and the embedded engine hold sequences
+    to it."""
     from rlctl.models import hf
 
     # A Mistral v0.1 `sliding_window` (4096 of 32768) stays in config.json, and vLLM attends within it as MistralModel
@@ -146,7 +147,7 @@ def max_model_len(model_dir: str | Path, context: int | None = None) -> int:
     # nothing off, so vLLM, the embedded engine and the trainer (full attention) agree. `rlctl check` refuses a job
     # whose context exceeds a window that binds, and the trainer's model refuses to be built for one
     # (hf.window_refusal).
-    limit = hf.read_config(model_dir).max_position_embeddings
+    limit = hf.read_config(model_dir).max_positions
     return limit if context is None else min(context, limit)
 
 
@@ -224,7 +225,7 @@ class VllmEngine(GenerationEngine):
         `weight_transfer_usable`), else by `reload_weights`; `weight_chunk_bytes`: its chunks' bound;
         `on_new_weights`: what running requests do when a version arrives — "recompute" their K/V with it,
         or "keep" the K/V they have (module docstring); `context`: the job's longest request, where the checkpoint
-        allows more (`max_model_len`; None: the checkpoint's max_position_embeddings)."""
+        allows more (`max_model_len`; None: the checkpoint's max_positions)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if on_new_weights not in ON_NEW_WEIGHTS:
@@ -264,8 +265,8 @@ class VllmEngine(GenerationEngine):
                     "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
                 )
         kwargs: dict[str, Any] = {
-            # the context that check, the trainer and the embedded engine hold requests to: vLLM's own reading of a
-            # 'linear' RoPE scaling is max_position_embeddings × factor
+            # the context that check, the trainer and the embedded engine hold requests to (at most vLLM's own
+            # derived max_model_len: `TinyGPTConfig.max_positions`)
             "max_model_len": max_model_len(model_dir, context),
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",

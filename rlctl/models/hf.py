@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import ConfigError
+from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
 from rlctl.models.rope import ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
@@ -150,6 +151,13 @@ class TinyGPTConfig:
         return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence (prompt + output) the model is run on, as vLLM derives it (`rope.max_positions`):
+        max_position_embeddings, times a linear or yarn scaling's factor. Every rlctl path holds sequences to it:
+        `rlctl check`, the engines, the trainers."""
+        return rope.max_positions(self.max_position_embeddings, self.rope_scaling)
+
+    @property
     def binding_window(self) -> int | None:
         """Mistral's `sliding_window` where it binds: MistralModel masks kv ≤ q − window, so a sequence of more than
         `window` tokens has positions that attend to fewer tokens than all before them (rlctl's models attend to
@@ -222,7 +230,7 @@ class TinyGPTConfig:
             float(self.num_params()),
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
-            max_positions=self.max_position_embeddings,
+            max_positions=self.max_positions,
         )
 
 

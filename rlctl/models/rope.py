@@ -108,6 +108,16 @@ def max_positions(max_position_embeddings: int, s: RopeScaling | None) -> int:
     return int(base * s.factor)
 
 
+def positions_said(max_position_embeddings: int, s: RopeScaling | None) -> str | None:
+    """How `max_positions` came from config.json where a scaling multiplied it (None where it is
+    max_position_embeddings): `original_max_position_embeddings 32768 × 'yarn' factor 4`."""
+    if s is None or s.kind == "llama3":
+        return None
+    base = "original_max_position_embeddings" if s.kind == "yarn" else "max_position_embeddings"
+    count = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
+    return f"{base} {count} × {s.kind!r} factor {s.factor:g}"
+
+
 def read_rope(d: Mapping[str, Any], bad: Bad, *, supported: str) -> tuple[float, RopeScaling | None]:
     """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
     other scalings are refused, saying `supported` (the architecture's) after "supported". Both keys given must say

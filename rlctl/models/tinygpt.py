@@ -45,7 +45,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlctl.errors import ConfigError
-from rlctl.models import hf
+from rlctl.models import hf, rope
 from rlctl.models.hf import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -338,8 +338,9 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 class TinyGPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of a head (`_rope`)
-    # positions the RoPE tables hold, the most a sequence may have: max_position_embeddings, or a job's context
-    # where that is less (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
+    # positions the RoPE tables hold, the most a sequence may have: the model's (`TinyGPTConfig.max_positions`:
+    # max_position_embeddings, × a linear or yarn scaling's factor), or a job's context where that is less
+    # (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
     context: int
     # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,
     # the parameters (master weights) staying as they are; and each layer's activations recomputed in backward
@@ -349,7 +350,7 @@ class TinyGPT(nn.Module):
     def __init__(self, config: TinyGPTConfig | None = None) -> None:
         super().__init__()
         self.config = c = config if config is not None else TinyGPTConfig()
-        self.context = c.max_position_embeddings
+        self.context = c.max_positions
         self.model = _Trunk(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
@@ -382,8 +383,11 @@ class TinyGPT(nn.Module):
     @property
     def context_name(self) -> str:
         """What bounds `context`, as an error names it."""
-        limited = self.context < self.config.max_position_embeddings
-        return "the job's context (its task's longest prompt + output)" if limited else "max_position_embeddings"
+        c = self.config
+        if self.context < c.max_positions:
+            return "the job's context (its task's longest prompt + output)"
+        scaled = rope.positions_said(c.max_position_embeddings, c.rope_scaling)
+        return "max_position_embeddings" if scaled is None else f"the model's context ({scaled})"
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
@@ -549,12 +553,12 @@ class TinyGPT(nn.Module):
         context: int | None = None,
     ) -> TinyGPT:
         """Load an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's own) on
-        `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
+        `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see `empty`);
         ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
-        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        held = config.max_positions if context is None else min(context, config.max_positions)
         if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
             raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
         file = CheckpointTensors(d)  # (names and shapes from the files' headers: nothing read yet)
@@ -573,7 +577,7 @@ class TinyGPT(nn.Module):
         cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device, context: int | None = None
     ) -> TinyGPT:
         """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded), whose
-        RoPE tables hold min(`context`, max_position_embeddings) positions (None: max_position_embeddings): a job's
+        RoPE tables hold min(`context`, max_positions) positions (None: max_positions): a job's
         context (rlctl.agents.common.job_context), where a checkpoint says 131072 … 1,024,000."""
         with _uninitialised(), torch.device("meta"):
             model = cls(config)
@@ -591,7 +595,7 @@ class TinyGPT(nn.Module):
         if config.tie_word_embeddings:  # one parameter under both names, as on construction
             model.lm_head.weight = model.model.embed_tokens.weight
         if context is not None:
-            model.context = min(context, config.max_position_embeddings)
+            model.context = min(context, config.max_positions)
         model._rope_tables()
         return model.to(dtype)  # (the RoPE tables, made in fp32, cast as the constructor's model's are)
 

@@ -24,7 +24,7 @@ LINEAR = {"rope_type": "linear", "factor": 4.0}
 # 16); then with each of its optional keys, and with an attention factor of its own
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
 YARN_TUNED = {**YARN, "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}
-YARN_ATTENTION = {**YARN, "factor": 2.0, "attention_factor": 1.3}
+YARN_ATTENTION = {**YARN, "attention_factor": 1.3}
 
 
 def bands(rope: dict[str, Any]) -> set[str]:
@@ -37,12 +37,18 @@ def bands(rope: dict[str, Any]) -> set[str]:
 
 
 def llama(
-    rope: dict[str, Any] | None, directory: Path, *, legacy: bool = False, seed: int = 0, qwen2: bool = False
+    rope: dict[str, Any] | None,
+    directory: Path,
+    *,
+    legacy: bool = False,
+    seed: int = 0,
+    qwen2: bool = False,
+    positions: int = 128,
 ) -> Any:
-    """A random fp32 LlamaForCausalLM (`qwen2`: Qwen2ForCausalLM, biased q/k/v) (hidden 64, 2 layers, head 32, 128
-    positions) saved with transformers' own save_pretrained, which writes transformers 5's `rope_parameters` (θ
-    inside); `legacy`: config.json rewritten as Llama 3.1's and Qwen2.5's files have it (`rope_scaling`, θ beside it).
-    Returns the model."""
+    """A random fp32 LlamaForCausalLM (`qwen2`: Qwen2ForCausalLM, biased q/k/v) (hidden 64, 2 layers, head 32,
+    `positions` max_position_embeddings) saved with transformers' own save_pretrained, which writes transformers
+    5's `rope_parameters` (θ inside); `legacy`: config.json rewritten as Llama 3.1's and Qwen2.5's files have it
+    (`rope_scaling`, θ beside it). Returns the model."""
     import transformers
 
     prefix = "Qwen2" if qwen2 else "Llama"
@@ -53,7 +59,7 @@ def llama(
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=128,
+        max_position_embeddings=positions,
         rope_theta=THETA,
         rope_scaling=dict(rope) if rope else None,
     )

@@ -83,10 +83,10 @@ class MegatronBackend(TrainerBackend):
         the CPU) and computing in its autocast dtype (bf16 on a GPU); forms megatron's parallel state (tp × pp
         over the torch.distributed group, which must exist: NCCL for CUDA tensors). ValueError when tp or pp
         does not split the model (`names.check_split`); ConfigError where `context`, the longest sequence it trains
-        on (None: max_position_embeddings), is longer than a Mistral sliding window that binds (its attention, as
+        on (None: the model's max_positions), is longer than a Mistral sliding window that binds (its attention, as
         the torch backend's, attends to every earlier position: `hf.window_refusal`)."""
         config = hf.read_config(model_dir)
-        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        held = config.max_positions if context is None else min(context, config.max_positions)
         if (why := hf.window_refusal(config, held)) is not None:
             raise ConfigError(str(Path(model_dir) / hf.CONFIG_FILE), "sliding_window", why)
         names.check_split(config, tp, pp)

@@ -188,7 +188,7 @@ class StagedGPT(nn.Module):
                 config=transformer_config(c, tp=tp, pp=pp, initialise=initialise),
                 transformer_layer_spec=layer_spec(c),
                 vocab_size=c.vocab_size,
-                max_sequence_length=c.max_position_embeddings,
+                max_sequence_length=c.max_positions,
                 pre_process=self.stage.first,
                 post_process=self.stage.last,
                 parallel_output=False,
@@ -206,8 +206,8 @@ class StagedGPT(nn.Module):
     def _run(self, tokens: torch.Tensor, *, width: int) -> torch.Tensor:
         """The last stage's output [B, T, width] (fp32) on every rank of the pipeline."""
         b, t = tokens.shape
-        if t > self.config.max_position_embeddings:
-            raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        if t > self.config.max_positions:  # (max_position_embeddings, × a linear or yarn scaling's factor)
+            raise ValueError(f"sequence of {t} tokens > the model's max_positions {self.config.max_positions}")
         if (why := window_refusal(self.config, t)) is not None:  # (its attention attends to every earlier position)
             raise ValueError(f"sliding_window {why}")
         positions = torch.arange(t, device=tokens.device).expand(b, t)

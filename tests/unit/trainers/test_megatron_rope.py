@@ -84,7 +84,7 @@ def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path:
     llama(YARN_ATTENTION, tmp_path / "model")  # an attention factor of its own: megatron-core computes one
     said = (
         "RoPE 'yarn' with attention_factor 1.3: megatron-core computes it from factor, mscale and mscale_all_dim "
-        "(1.06931 here); use trainer.backend 'torch' for this model"
+        "(1.13863 here); use trainer.backend 'torch' for this model"
     )
     with pytest.raises(ValueError) as e:
         load_backend("megatron", tmp_path / "model")
@@ -96,3 +96,15 @@ def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path:
     llama(LLAMA31, tmp_path / "model")  # Llama 3.1's bands: megatron runs them
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
+
+
+def test_the_scaled_context_past_max_position_embeddings_runs(tmp_path: Path) -> None:
+    """linear × 4 of 128 positions: 512 (vLLM's max_model_len, `TinyGPTConfig.max_positions`), which the backend
+    holds as the torch backend does, versus a ValueError past 128 (sequence of 300 tokens > max_position_embeddings)."""
+    ref = llama(LINEAR, tmp_path)
+    model = load_backend("megatron", tmp_path).model.eval()
+    x = tokens(2, 300)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(input_ids=x).logits, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match=r"^sequence of 513 tokens > the model's max_positions 512$"):
+        model(tokens(1, 513))
