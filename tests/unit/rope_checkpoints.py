@@ -25,6 +25,15 @@ LINEAR = {"rope_type": "linear", "factor": 4.0}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
 YARN_TUNED = {**YARN, "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}
 YARN_ATTENTION = {**YARN, "attention_factor": 1.3}
+YARN_8 = {**YARN_TUNED, "original_max_position_embeddings": 8}  # the megatron tests' 24 positions run past 8
+
+
+def with_rope(directory: Path, rope: dict[str, Any]) -> Path:
+    """`directory`'s checkpoint (written by transformers 5: `rope_parameters`) rescaled by `rope`, θ kept."""
+    config = json.loads((directory / "config.json").read_text())
+    config["rope_parameters"] |= rope
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
 
 
 def bands(rope: dict[str, Any]) -> set[str]:

@@ -93,9 +93,10 @@ def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path:
     assert [p.message for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == [
         f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: {said}"
     ]
-    llama(LLAMA31, tmp_path / "model")  # Llama 3.1's bands: megatron runs them
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
+    for runs in (LLAMA31, YARN_TUNED):  # Llama 3.1's bands, yarn's attention factor as megatron-core computes it
+        llama(runs, tmp_path / "model")
+        assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
 
 
 def test_the_scaled_context_past_max_position_embeddings_runs(tmp_path: Path) -> None:

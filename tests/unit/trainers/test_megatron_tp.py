@@ -12,6 +12,7 @@ import pytest
 from rlctl.models.hf import read_config
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.rope_checkpoints import YARN_8, with_rope
 from tests.unit.trainers.megatron_required import require_megatron
 from tests.unit.trainers.ranks import spawn_ranks
 
@@ -22,7 +23,8 @@ RANK = Path(__file__).with_name("megatron_tp_rank.py")
 # grouped-query attention (2 groups of 2 heads) with an explicit head_dim and an untied lm_head; and tied
 # embeddings (vocab-parallel on both ends) with Llama's o_proj bias (whole on every rank of a row-parallel layer);
 # Qwen3's per-head q/k norms (whole on every rank, each rank's gradient its own heads' part); Phi3's fused qkv_proj and
-# gate_up_proj in its file (each rank's query groups and gate/up rows cut from them)
+# gate_up_proj in its file (each rank's query groups and gate/up rows cut from them); the first with yarn RoPE (each
+# rank's heads rotated by YarnRotaryEmbedding's tables), its 24 positions past a pretraining context of 8
 VARIANTS = ["llama-hd64-eos3", "llama-bias-tied", "qwen3-bias-hd32", "phi3-gqa"]
 
 
@@ -32,6 +34,8 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
     checkpoints = [tmp_path / v for v in VARIANTS]
     for variant, path in zip(VARIANTS, checkpoints, strict=True):
         write_checkpoint(variant, path)
+    write_checkpoint(VARIANTS[0], tmp_path / "yarn")
+    checkpoints.append(with_rope(tmp_path / "yarn", YARN_8))
     procs = spawn_ranks(
         RANK, world=2, tp=2, pp=1, rendezvous=tmp_path / "rendezvous", out=lambda r: tmp_path / f"rank{r}.json",
         checkpoints=checkpoints,
