@@ -477,8 +477,13 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     tie = d.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise bad("tie_word_embeddings", f"{tie!r} is not true or false")
+    vocab, pad = num("vocab_size"), token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch))
+    if pad is not None and pad >= vocab:  # (the embedding's padding row: transformers' model refuses to be built)
+        said = "" if "pad_token_id" in d else f" ({arch.removesuffix('ForCausalLM')}Config's default where it has none)"
+        row = f"is not a row of the embedding (vocab_size {vocab}); give an id below it, or null"
+        raise bad("pad_token_id", f"{pad}{said} {row}")
     return TinyGPTConfig(
-        vocab_size=num("vocab_size"),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=num("intermediate_size"),
         num_hidden_layers=num("num_hidden_layers"),
@@ -491,7 +496,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         tie_word_embeddings=tie,
         bos_token_id=token_id("bos_token_id", _HF_DEFAULT_BOS.get(arch)),
         eos_token_id=token_id("eos_token_id", _HF_DEFAULT_EOS.get(arch), many=True),
-        pad_token_id=token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch)),
+        pad_token_id=pad,
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,

@@ -330,7 +330,8 @@ def _unchanged(tensor: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
 class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
     def __init__(self, c: TinyGPTConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        # the pad token's row gets no gradient from the positions that hold it, as transformers' (padding_idx)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 

@@ -13,7 +13,8 @@ attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`
 `attention_bias`), Qwen3's per-head q/k RMSNorm before RoPE (`qk_layernorm`: the local spec's q_layernorm and
 k_layernorm over head_dim, eps rms_norm_eps), no other linear bias except o_proj's under `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
-`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). The core attention is
+`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`), the pad token's embedding row given
+no gradient by the positions that hold it (transformers' `padding_idx`: `_no_gradient_at_pad`). The core attention is
 torch's SDPA (`attention.py`: transformers' default kernel, so the logits match it bit for bit, and no
 O(s²) score matrix) in place of megatron's local DotProductAttention. Every dropout is 0 and
 every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs). RoPE angles are
@@ -31,6 +32,7 @@ see there).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -199,6 +201,9 @@ class StagedGPT(nn.Module):
             )
         if not initialise:
             _mark_tensor_parallel(self.gpt)
+        if self.stage.first and c.pad_token_id is not None:
+            embedding = self.gpt.embedding.word_embeddings
+            embedding.register_forward_hook(functools.partial(_no_gradient_at_pad, pad=c.pad_token_id))
         if not self.logits and self.stage.last:
             self.gpt.output_layer = _HiddenOut()
         self.gpt.to(self.device)  # built in host memory (`use_cpu_initialization`), then moved once
@@ -235,6 +240,16 @@ class StagedGPT(nn.Module):
         held -= {n for n, _ in self.gpt.named_buffers() if n.startswith("rotary_pos_emb.")}
         assert held <= set(state), f"not in the state a load writes: {sorted(held - set(state))}"
         return state
+
+
+def _no_gradient_at_pad(
+    module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor, *, pad: int
+) -> torch.Tensor:
+    """The embedding's output with the positions of token `pad` cut from the graph: its row gets no gradient from
+    them, as transformers' `nn.Embedding(padding_idx=pad_token_id)` gives none (megatron's VocabParallelEmbedding
+    has no padding_idx). The output, not the weight's gradient: a tied output layer's gradient reaches the row."""
+    del module
+    return torch.where((args[0] == pad).unsqueeze(-1), out.detach(), out)
 
 
 def _mark_tensor_parallel(gpt: nn.Module) -> None:

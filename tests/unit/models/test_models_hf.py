@@ -25,6 +25,7 @@ from rlctl.models.hf import (
 from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
+from rlctl.rl.schedule import policy_optimizer
 from tests.unit.hf_checkpoints import VARIANTS, WINDOWED, refused_in_one_line, write_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -70,6 +71,53 @@ def test_trainer_gradients_equal_transformers(variant: str, tmp_path: Path) -> N
     for name, g in fused_for_file(grads, model.config).items():  # (a Phi3's q/k/v as its qkv_proj: transformers')
         assert ref_grads[name].grad is not None
         torch.testing.assert_close(g, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
+
+
+PAD = 4
+
+
+def test_the_pad_row_gets_no_gradient_from_pad_tokens_as_in_transformers(variant: str, tmp_path: Path) -> None:
+    """With pad tokens inside the sequences (their log-probs and those after them flow through their embedding),
+    transformers' embedding (`padding_idx` pad_token_id) gives the pad row no gradient from them, and so does the
+    trainer's model: an untied pad row is as it was after the learners' optimizer steps, a tied one moves by its
+    lm_head gradient alone, as transformers'. Every other row's gradient is transformers'."""
+    ref = write_checkpoint(variant, tmp_path, pad_token_id=PAD)
+    model = TinyGPT.from_pretrained(tmp_path)
+    assert model.config.pad_token_id == PAD
+    x = tokens(2, 24, seed=1)
+    x[:, 3::4] = PAD
+    assert x[0, 0] != PAD
+    token_logprobs(model, x).sum().backward()
+    logits = ref(input_ids=x).logits[:, :-1]
+    torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).sum().backward()
+    embedding = model.model.embed_tokens.weight
+    got, want = embedding.grad, ref.model.embed_tokens.weight.grad
+    assert got is not None and want is not None
+    # (bit for bit but for a Phi3's: its fused q/k/v round apart, measured ≤ 7.7e-7 of the largest)
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+    before = embedding.detach().clone()
+    policy_optimizer(model, 1e-2).step()
+    if model.config.tie_word_embeddings:  # the lm_head's gradient reaches the row, in transformers too
+        assert want[PAD].abs().min() > 0 and not torch.equal(embedding[PAD], before[PAD])
+    else:
+        assert torch.equal(want[PAD], torch.zeros_like(want[PAD])) and torch.equal(got[PAD], want[PAD])
+        other = int(x[0, 0])  # (a token of the input, not the pad)
+        assert torch.equal(embedding[PAD], before[PAD]) and not torch.equal(embedding[other], before[other])
+
+
+def test_a_pad_token_id_outside_the_vocabulary_is_refused_in_one_line(tmp_path: Path) -> None:
+    """transformers' model of such a config is not built (its padding_idx is no row of the embedding); nor is rlctl's,
+    in one line, where Phi3Config's default 32000 is the id of a config without one too."""
+    write_checkpoint("llama-hd64-eos3", tmp_path, pad_token_id=95)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(AssertionError, match="Padding_idx"):
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**cfg, "pad_token_id": 96}))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "pad_token_id": 96}))
+    refused_in_one_line(tmp_path, "pad_token_id", "96 is not a row of the embedding (vocab_size 96); give an id below")
+    phi3 = {**cfg, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3"}
+    del phi3["pad_token_id"]
+    (tmp_path / "config.json").write_text(json.dumps(phi3))
+    refused_in_one_line(tmp_path, "pad_token_id", "32000 (Phi3Config's default where it has none) is not a row")
 
 
 def test_prefill_then_decode_equals_full_forward(variant: str, tmp_path: Path) -> None:
@@ -274,8 +322,9 @@ def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(archite
     """Each key `_parse_config` gives a default where config.json has none reads as transformers' config class for the
     architecture reads it (vLLM reads it so too): MistralConfig's 8 K/V heads, Qwen's 32, LlamaConfig's and
     MistralConfig's BOS 1 and EOS 2, versus num_attention_heads and no ids for every architecture."""
+    # (a vocabulary of Phi-3's 32064: Phi3Config's default pad_token_id 32000 is a row of it)
     d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
-         "num_attention_heads": 64, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 96}  # fmt: skip
+         "num_attention_heads": 64, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 32064}  # fmt: skip
     theirs = transformers.CONFIG_MAPPING[ARCHITECTURES[architecture]].from_dict(d)
     ours = TinyGPTConfig.from_hf(d)
     if key == "rope_theta":
@@ -688,9 +737,10 @@ def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(t
 def test_a_null_number_of_kv_heads_reads_as_its_config_class_reads_it(tmp_path: Path, architecture: str) -> None:
     """`"num_key_value_heads": null` written out: num_attention_heads for Llama, Qwen2, Qwen3 and Phi3, as their
     config classes read it (versus refused as missing); MistralConfig refuses it, and so does rlctl, in one line."""
+    # (a vocabulary of Phi-3's 32064: Phi3Config's default pad_token_id 32000 is a row of it)
     d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
          "num_attention_heads": 16, "num_key_value_heads": None, "intermediate_size": 96, "num_hidden_layers": 2,
-         "vocab_size": 96}  # fmt: skip
+         "vocab_size": 32064}  # fmt: skip
     if architecture == "MistralForCausalLM":
         with pytest.raises(Exception, match="num_key_value_heads"):
             transformers.CONFIG_MAPPING["mistral"].from_dict(d)
