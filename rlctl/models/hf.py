@@ -363,6 +363,12 @@ def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, wh
 
 # ---- config.json ----
 def read_config(directory: str | Path) -> TinyGPTConfig:
+    return _parse_config(read_config_json(directory), str(Path(directory) / CONFIG_FILE))
+
+
+def read_config_json(directory: str | Path) -> dict[str, Any]:
+    """A checkpoint's config.json as written (a JSON object); ConfigError naming it where it cannot be read or is not
+    one. `TinyGPTConfig.from_hf` reads it as `read_config` does."""
     path = Path(directory) / CONFIG_FILE
     try:
         raw = path.read_bytes()
@@ -376,7 +382,7 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
         raise ConfigError(str(path), None, f"not JSON: {e}") from e
     if not isinstance(d, dict):
         raise ConfigError(str(path), None, "not a JSON object")
-    return _parse_config(d, str(path))
+    return d
 
 
 def _mistral_window(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError], default: int | None) -> int | None:

@@ -20,12 +20,14 @@ from rlctl.models.hf import (
     fused_for_file,
     match_weights,
     read_config,
+    read_config_json,
     torch_dtype,
 )
 from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
 from rlctl.rl.schedule import policy_optimizer
+from tests.unit.fake_vllm import fake_vllm
 from tests.unit.hf_checkpoints import VARIANTS, WINDOWED, refused_in_one_line, write_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -336,16 +338,20 @@ def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(archite
     assert getattr(ours, key) == want
 
 
-def test_both_engines_stop_at_the_eos_llamaconfig_reads_where_config_json_has_none(tmp_path: Path) -> None:
+def test_both_engines_stop_at_the_eos_llamaconfig_reads_where_config_json_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The embedded engine's EOS ids are its config's, vLLM's (where the job names none) config.json's: both 2."""
-    from rlctl.engines.vllm import checkpoint_eos_ids
+    from rlctl.engines.vllm import VllmEngine
 
     write_checkpoint("llama-hd64-eos3", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["eos_token_id"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     embedded = EmbeddedEngine(TinyGPT.from_pretrained(tmp_path), max_batch_size=1)
-    assert checkpoint_eos_ids(tmp_path) == tuple(embedded.eos_ids) == (transformers.LlamaConfig().eos_token_id,)
+    fake_vllm(monkeypatch)  # (the vLLM engine's reading of config.json is under test, not vLLM)
+    vllm = VllmEngine(tmp_path, max_batch_size=1, weights_via_file=False, weight_transfer=False)
+    assert vllm.eos_ids == tuple(embedded.eos_ids) == (transformers.LlamaConfig().eos_token_id,)
 
 
 @pytest.mark.parametrize(("architecture", "kv_heads"), [("Qwen2ForCausalLM", 32), ("MistralForCausalLM", 8)])
@@ -684,11 +690,12 @@ def test_vllm_is_told_the_architecture_a_config_without_one_has(tmp_path: Path) 
     from rlctl.engines.vllm import architecture_overrides
 
     write_checkpoint("qwen2-tied-hd32", tmp_path)
-    assert architecture_overrides(tmp_path) == {}
+    assert architecture_overrides(read_config_json(tmp_path), read_config(tmp_path)) == {}
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["architectures"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+    overrides = architecture_overrides(read_config_json(tmp_path), read_config(tmp_path))
+    assert overrides == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
 
 
 def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_path: Path) -> None:
@@ -701,7 +708,7 @@ def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_p
     del cfg["head_dim"]
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 20}))
     # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^20 positions, 64 rows, +25 %
-    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+    assert cpu_kv_cache_gib(read_config(tmp_path), 64) == 320
 
 
 def test_vllm_s_model_len_and_cpu_kv_cache_follow_the_jobs_context(tmp_path: Path) -> None:
@@ -713,11 +720,12 @@ def test_vllm_s_model_len_and_cpu_kv_cache_follow_the_jobs_context(tmp_path: Pat
     write_checkpoint("qwen3-tied-hd32", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "head_dim": 128, "max_position_embeddings": 1 << 20}))
-    assert max_model_len(tmp_path, 65536) == 65536
-    assert max_model_len(tmp_path, 1 << 21) == max_model_len(tmp_path) == 1 << 20  # never more than the model's
+    c = read_config(tmp_path)
+    assert max_model_len(c, 65536) == 65536
+    assert max_model_len(c, 1 << 21) == max_model_len(c) == 1 << 20  # never more than the model's
     # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^16 positions, 64 rows, +25 %
-    assert cpu_kv_cache_gib(tmp_path, 64, context=65536) == 20
-    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+    assert cpu_kv_cache_gib(c, 64, context=65536) == 20
+    assert cpu_kv_cache_gib(read_config(tmp_path), 64) == 320
 
 
 def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(tmp_path: Path) -> None:
@@ -730,7 +738,8 @@ def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(t
     cfg["architectures"] = None
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert check_hf_dir(tmp_path).config.architecture == "Qwen2ForCausalLM"
-    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+    overrides = architecture_overrides(read_config_json(tmp_path), read_config(tmp_path))
+    assert overrides == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
 
 
 @pytest.mark.parametrize("architecture", list(ARCHITECTURES))
