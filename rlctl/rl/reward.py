@@ -39,9 +39,31 @@ ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """1.0 when the output, stripped, equals the ground truth (or one of a list of them), else 0.0."""
-    answers = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
-    return 1.0 if solution_str.strip() in {str(a).strip() for a in answers} else 0.0
+    """1.0 when the output, stripped, equals the ground truth (or one of a list of them), each read as text as the
+    gsm8k and math built-ins read it (`answer_text`: 42.0 is "42"), stripped, else 0.0."""
+    return 1.0 if solution_str.strip() in {a.strip() for a in exact_answers(ground_truth)} else 0.0
+
+
+def exact_answers(ground_truth: Any) -> list[str]:
+    """The answers exact_match takes: a string or a number (`answer_text`), or each of a non-empty list of them; a
+    ValueError saying what is not one (a dict's, a bool's or a NaN's str was compared: every output scored 0, or
+    "True" alone 1)."""
+    if not isinstance(ground_truth, list | tuple):
+        try:
+            return [answer_text(ground_truth)]
+        except ValueError as e:
+            if isinstance(ground_truth, numbers.Real) and not isinstance(ground_truth, bool):
+                raise  # a NaN or an infinity, said as such
+            raise ValueError(f"expected a string, a number or a list of them, got {type(ground_truth).__name__}") from e
+    if not ground_truth:
+        raise ValueError("expected a string, a number or a list of them, got an empty list")
+    answers = []
+    for i, answer in enumerate(ground_truth):
+        try:
+            answers.append(answer_text(answer))
+        except ValueError as e:
+            raise ValueError(f"[{i}]: {e}") from e
+    return answers
 
 
 def digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -70,13 +92,16 @@ TEXT_ANSWER_REWARDS = ("gsm8k", "math")
 
 def ground_truth_problem(reward: str, ground_truth: Any) -> str | None:
     """What is wrong with a row's ground truth for built-in `reward` (the gsm8k and math built-ins read it as text,
-    `answer_text`): a list or dict (its str compared) scored 0 on every output; None where it is fine."""
-    if reward not in TEXT_ANSWER_REWARDS:
-        return None
+    `answer_text`, exact_match it or each of a list of them, `exact_answers`): a list or dict (its str compared)
+    scored 0 on every output; None where it is fine."""
     try:
-        answer_text(ground_truth)
+        if reward == "exact_match":
+            exact_answers(ground_truth)
+        elif reward in TEXT_ANSWER_REWARDS:
+            answer_text(ground_truth)
     except ValueError as e:
-        return f"{e} (reward {reward} compares the output's answer with it as text)"
+        compared = "the output" if reward == "exact_match" else "the output's answer"
+        return f"{e} (reward {reward} compares {compared} with it as text)"
     return None
 
 
