@@ -105,6 +105,25 @@ def test_a_mixed_jobs_held_out_evaluations_give_each_data_source_a_line_below_th
     assert "Held-out evaluations" in page and "greedy reward 0.5000 at v0" not in page
 
 
+def test_a_data_source_is_written_on_one_line_and_html_escaped_in_the_report(tmp_path: Path) -> None:
+    """A data_source as the rows wrote it: its line breaks and control characters escaped (`one_line`, versus a raw
+    escape sequence in the page) and its HTML escaped (versus a <script> run by the browser that opens the report)."""
+    d = make_job_dir(tmp_path)
+    odd = "<script>alert(1)</script>\ngsm8k\x1b[31m"
+    rows = [
+        {"version": v, "greedy_reward": 0.5, "prompts": 8, "versions": [v, v], "greedy_reward_by_source": b}
+        for v, b in ((0, {odd: 0.5, "b": 0.5}), (6, {odd: 0.75, "b": 0.25}))
+    ]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).html.read_text()
+    line = (
+        "&lt;script&gt;alert(1)&lt;/script&gt;\\ngsm8k\\x1b[31m: greedy reward 0.5000 at v0 → 0.7500 at v6 "
+        "(2 evaluations)"
+    )
+    assert f"<p>{line}</p>" in page
+    assert "<script>alert" not in page and "\x1b" not in page
+
+
 def test_the_summary_s_samples_per_s_is_the_job_s_across_its_resumes(tmp_path: Path) -> None:
     """The report's samples/s was summary.json's, its last run's (40 after a resume), beside the job's iterations
     and its wall time since the first start; without a summary, the last row's, one iteration's. It is every
