@@ -38,7 +38,7 @@ import numpy as np
 from rlctl.config.task import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import refuse_theirs
-from rlctl.rl.reward import RewardResult, builtin_scorer_hint, ground_truth_problem
+from rlctl.rl.reward import RewardResult, ground_truth_problem, warn_builtin_scorer
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
@@ -581,8 +581,7 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, h
         _kept[str(data_path)] = (identity, kept)
         good, sources = len(kept[1]), {row["data_source"] for row in kept[1]}
     # (the held-out file's too: the held-out evaluation calls the same reward, its figures 0 where the rows say so)
-    if (hint := builtin_scorer_hint(cfg.reward, sources, heldout=heldout)) is not None:
-        log.warning("%s", hint)
+    warn_builtin_scorer(cfg.reward, sources, path=data_path, heldout=heldout)
     return good
 
 

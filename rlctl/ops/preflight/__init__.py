@@ -65,6 +65,7 @@ from rlctl.ops.preflight.sites import (
 )
 from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
+from rlctl.rl.reward import builtin_scorer_said_once
 from rlctl.tracking import check_tracking
 
 
@@ -75,6 +76,11 @@ def _missing(module: str) -> bool:
 def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
     launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way."""
+    with builtin_scorer_said_once():  # (the training and the held-out file's rows a built-in scores: one warning)
+        return _problems(job, plan=plan)
+
+
+def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
     spec = job.spec
     out: list[Problem] = []
     if spec.model.kind == "arch":

@@ -148,7 +148,7 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # verl's GSM8K parquet with the default reward: every output ending '#### 72' scored 0, and check said nothing
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     rows = [{"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}] * 2
     path = write_jsonl(tmp_path / "train.jsonl", rows)
@@ -181,7 +181,7 @@ def test_check_warns_where_every_held_out_row_is_a_dataset_a_builtin_scores_and_
 ) -> None:
     # the held-out evaluation scores its rows with task.reward too: a held-out file of GSM8K rows read 0 in every
     # evaluation, and check said nothing (its training file of other rows, or mixed ones, said nothing either)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     gsm = {"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}
     train = write_jsonl(tmp_path / "train.jsonl", [gsm, {**gsm, "data_source": "mine"}])
