@@ -110,9 +110,27 @@ def local_state(state: Any) -> Any:
     return state
 
 
+def check_local_fit(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """DoesNotFit (`check_fit`, one line) unless `state` holds `module`'s tensors at this rank's shapes (its shards':
+    `local_state(module.state_dict())` as saved)."""
+    check_fit(_local_shapes(module.state_dict()), _local_shapes(state))
+
+
+def _local_shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each entry's shape (a DTensor's shard's); an entry that is no tensor, or a module's `_extra_state` (megatron's:
+    None, bytes or a tensor of its own size), held to its name alone."""
+    return {
+        k: tuple(local_tensor(v).shape) if isinstance(v, torch.Tensor) and not k.endswith("_extra_state") else ()
+        for k, v in state.items()
+    }
+
+
 def load_local(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """This rank's shards (`local_state(module.state_dict())` as saved) back into `module`'s DTensors, in place;
-    a module that is not sharded loads its state dict as it is."""
+    a module that is not sharded loads its state dict as it is. Checked first (`check_local_fit`): DoesNotFit with
+    nothing copied, versus the tensors before a missing or misshapen one copied (a KeyError, the copy's
+    RuntimeError; unsharded, torch's load_state_dict copied every tensor that fit, then raised)."""
+    check_local_fit(module, state)
     if not any(as_dtensor(p) is not None for p in module.parameters()):
         module.load_state_dict(state)
         return
