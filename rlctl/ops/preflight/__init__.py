@@ -34,6 +34,7 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
 from rlctl.ops.preflight.backends import (
     device_problems,
+    lora_problems,
     megatron_problems,
     trainer_split_problems,
     vllm_model_problems,
@@ -156,6 +157,7 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
         )
     if spec.trainer.backend == "megatron":
         out += megatron_problems(job)
+    out += lora_problems(job)
     out += trainer_split_problems(job)
     if spec.transport.streams != 1:
         out.append(
