@@ -97,8 +97,11 @@ def _adapted(model: nn.Module, name: str) -> LoraLinear | None:
     return m if isinstance(m, LoraLinear) else None
 
 
-def zero_updates(model: nn.Module) -> None:
-    """Every B to zeros: the merged model is the base again (A kept)."""
-    with torch.no_grad():
-        for lin in adapters(model).values():
-            lin.lora_B.zero_()
+class AdapterState(nn.Module):
+    """The adapters of `model` as one module (the same Parameter objects): what a checkpoint's rank shard holds of
+    a LoRA policy (`module.lora`), its frozen weights being the job's model. State names are the adapters' with
+    '.' written '-' (a module's parameter name holds no dot)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.adapters = nn.ParameterDict({n.replace(".", "-"): p for n, p in model.named_parameters() if is_adapter(n)})

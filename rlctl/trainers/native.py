@@ -18,7 +18,7 @@ from torch import nn
 from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
 from rlctl.models import hf, lora
-from rlctl.models.tensors import copy_into
+from rlctl.models.tensors import check_fit, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
@@ -90,24 +90,26 @@ class TorchBackend(TrainerBackend):
 
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """Sharded, each rank's checkpoint shard holds its part of the fp32 policy (the HF directory holds the
-        gathered weights in the checkpoint's dtype). With LoRA every rank's holds the fp32 policy too (its frozen
-        weights and adapters: what a resume continues from bit for bit; the HF directory is the merged model)."""
-        return {"policy": self.model} if self.sharded or self.lora else {}
+        gathered weights in the checkpoint's dtype). With LoRA, the adapters alone (this rank's part of them,
+        sharded): the frozen weights are the job's model, which every rank loads at its start, resumed or not."""
+        if self.lora:
+            return {"lora": lora.AdapterState(self.model)}
+        return {"policy": self.model} if self.sharded else {}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """HF-layout tensors (a tied lm_head may be left out) into the policy, each read from `state_dict` as it is
         copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them.
-        With LoRA they are the frozen weights and every B is zeroed (the merged policy is `state_dict`; a resume then
-        restores the fp32 policy and adapters from its shard, `checkpoint_modules`)."""
+        With LoRA, checked to fit and not copied: the policy's weights are the job's model, frozen, and its trained
+        state is its adapters, which a resume restores from the rank's shard (`checkpoint_modules`) — the merged
+        model a checkpoint's HF directory holds is their sum, in the checkpoint's dtype."""
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        optional = tied | {k for k in self.model.state_dict() if lora.is_adapter(k)}
-        if self.sharded:
-            fsdp.load_full(self.model, state_dict, optional=optional)
-        elif self.lora:
-            copy_into(self.model, state_dict, optional=optional)
+        if self.lora:
+            own = {k: tuple(t.shape) for k, t in self.model.state_dict().items() if not lora.is_adapter(k)}
+            check_fit(own, shapes_of(state_dict), optional=tied)
+        elif self.sharded:
+            fsdp.load_full(self.model, state_dict, optional=tied)
         else:
             self.model.load_weights(state_dict)  # (copy_into, a tied lm_head optional)
-        lora.zero_updates(self.model)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         assert not self.sharded, (

@@ -145,3 +145,20 @@ def test_a_grpo_step_moves_only_the_adapters_and_publishes_the_merged_weights(mo
     saved = TinyGPT.from_pretrained(backend.save_pretrained(model_dir.parent / "saved"))
     tokens = torch.randint(0, 50, (2, 6))
     torch.testing.assert_close(saved(tokens), backend.model(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_lora_backend_checks_a_checkpoints_merged_model_and_keeps_its_frozen_weights(model_dir: Path) -> None:
+    """A resume's `load_state_dict` of the checkpoint's merged model: checked to fit (one line where it does not),
+    nothing copied — the frozen weights are the job's model, the adapters come from the rank's shard."""
+    from rlctl.models.tensors import DoesNotFit
+
+    backend = load_backend("torch", model_dir, adapters=Lora(rank=2, alpha=2))
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    merged = {k: v + 1 for k, v in backend.weights().items()}
+    backend.load_state_dict(merged)
+    assert all(torch.equal(v, before[k]) for k, v in backend.model.state_dict().items())
+    with pytest.raises(DoesNotFit, match=r"^weights do not fit this model: 1 missing \(model\.norm\.weight\)$"):
+        backend.load_state_dict({k: v for k, v in merged.items() if k != "model.norm.weight"})
+    assert set(backend.checkpoint_modules()["lora"].state_dict()) == {
+        f"adapters.{n.replace('.', '-')}" for n, _ in backend.model.named_parameters() if lora.is_adapter(n)
+    }

@@ -52,6 +52,13 @@ def test_a_lora_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[Pat
     model, samples = inputs
     job = tmp_path / "job"
     ran = run(tmp_path, world=world, phase="run", job=job, model=model, samples=samples, lora=LORA)
+    # each rank's shard holds the adapters (its part of them) and their AdamW state, not the frozen weights
+    shard = torch.load(job / "iter-2" / "ranks" / "rank-0.pt", weights_only=True)
+    assert [k for k in shard if k.startswith("module.")] == ["module.lora"]
+    names = list(shard["module.lora"])
+    assert len(names) == 2 * 7 * CFG.num_hidden_layers and all(n.endswith(("lora_A", "lora_B")) for n in names)
+    moments = shard["optimizer.policy"]["state"].values()
+    assert sum(s["exp_avg"].numel() for s in moments) == sum(shard["module.lora"][n].numel() for n in names)
     resumed = run(tmp_path, world=world, phase="resume", job=job, model=model, samples=samples, lora=LORA)
     for name, w in ran["weights"][2].items():
         assert torch.equal(resumed["weights"][0][name], w), name
