@@ -774,7 +774,7 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
 # the fields of a job that its checkpoints depend on, as job.json's `launched` keeps them from the launch: an edit of
 # one in job.json is refused by a resume (`rlctl.ops.jobchanges.refuse_fixed_edits`), not run on the checkpoint
 # (a model's path is not: a directory moved since holds the same model, and the checkpoints carry its weights)
-FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind")
+FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind", "trainer.lora")
 # the model kinds whose `model.name` picks the weights' names and shapes (`BUILTIN_MODELS`, an architecture's
 # figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
 NAME_FIXES_WEIGHTS = ("builtin", "arch")
