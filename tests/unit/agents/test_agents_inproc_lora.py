@@ -16,17 +16,24 @@ LORA = Lora(rank=4, alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["sync", "stream"])  # stream: each version a delta of the merged weights
-def test_a_lora_job_runs_and_its_engines_compute_the_trainers_merged_policy(tmp_path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "kl_coef"), [("sync", 0.0), ("stream", 0.0), ("sync", 0.05)]
+)  # stream: each version a delta of the merged weights; a KL term: the reference is the base model, no adapters
+def test_a_lora_job_runs_and_its_engines_compute_the_trainers_merged_policy(
+    tmp_path, mode: str, kl_coef: float
+) -> None:
     torch.manual_seed(0)
     job = _job(mode)
-    job = job.model_copy(update={"trainer": job.trainer.model_copy(update={"lora": LORA})})
+    algorithm = job.algorithm.model_copy(update={"kl_coef": kl_coef})
+    job = job.model_copy(update={"trainer": job.trainer.model_copy(update={"lora": LORA}), "algorithm": algorithm})
     agents: list = []
     jd, _ = run_inproc(job, tmp_path, f"lora-{mode}", agents_out=agents)
     s = jd.read_json(jd.summary_json)
     assert s["state"] == "done" and s["ledger"]["trained"] == 9
     trainer, units = agents[0], agents[1:]
     policy = trainer.backend.model
+    ref = trainer.learner.ref_model
+    assert (ref is not None) == (kl_coef > 0) and (ref is None or lora.adapters(ref) == {})
     start = TinyGPT.from_pretrained(jd.init_model).state_dict()
     now = policy.state_dict()
     assert all(torch.equal(now[k], start[k]) for k in start)  # the base weights frozen
