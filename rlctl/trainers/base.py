@@ -190,7 +190,7 @@ def load_backend(
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
     kw: dict[str, Any] = {"shard": shard, "context": context}
-    if name == "torch":
+    if name == "torch":  # `adapters`: LoRA (`trainer.lora`, rlctl.models.lora), the torch backend's alone
         kw |= {"activation_checkpointing": activation_checkpointing, "adapters": adapters}
     else:  # refused by rlctl check
         assert adapters is None, "trainer.lora is the torch backend's"

@@ -48,7 +48,7 @@ class TorchBackend(TrainerBackend):
         model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
         model.activation_checkpointing = activation_checkpointing
-        if adapters is not None:
+        if adapters is not None:  # LoRA (`trainer.lora`) on its projections, every other weight frozen
             lora.add_adapters(model, rank=adapters.rank, alpha=adapters.alpha, targets=adapters.targets)
         if shard:
             fsdp.shard(model, cuda=device.type == "cuda")
