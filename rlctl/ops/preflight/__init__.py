@@ -232,7 +232,7 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
 def _one_no_template(found: list[Problem]) -> list[Problem]:
     """The model.path lines of a tokenizer without a chat template, for the task's data and the held-out file alike,
     as one line naming both files (where the first was), versus one line each saying the same of the model."""
-    from rlctl.rl.dataset import NO_TEMPLATE
+    from rlctl.rl.dataset_rows import NO_TEMPLATE
 
     same = [p for p in found if p.field == "model.path" and NO_TEMPLATE in p.message]
     if len(same) < 2:

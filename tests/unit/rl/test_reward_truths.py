@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from rlctl.errors import ConfigError
-from rlctl.rl.dataset import check_rows, prepare_dataset
+from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.dataset_scan import check_rows
 from rlctl.rl.reward import answer_text, exact_match, gsm8k, math_boxed
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.task import DatasetTask
-from rlctl.rl import dataset
-from rlctl.rl.dataset import check_rows, keeping_rows
+from rlctl.rl import dataset_scan
+from rlctl.rl.dataset_scan import check_rows, keeping_rows
 from rlctl.rl.reward import ERROR_CHARS, RewardResult, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.source import heldout_task
@@ -162,7 +162,7 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
             "is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K "
             "scorer): an output that is not the bare answer scores 0; set reward: gsm8k"
         ]
-    dataset._kept.clear()
+    dataset_scan._kept.clear()
     quiet = [
         ("gsm8k", rows),
         ("r.py:f", rows),
