@@ -548,8 +548,8 @@ def abandoned(event: dict[str, Any], resumes: list[tuple[float, int]]) -> bool:
     `resumes` (`resume_points`) abandoned, written before it, at or past the checkpoint it went back to (that
     checkpoint's iteration and those after it were trained again); or it is an edited row that says no time, or an
     iteration that is not a number (text, a bool; a null one is a scale at no iteration), which `rlctl report` leaves
-    out, naming it (`report._event_lacks`), and the resumed controller kept ('two': text was a TypeError that killed
-    it as it started, then kept in its summary.json)."""
+    out, naming it (`reportrecord._event_lacks`), and the resumed controller kept ('two': text was a TypeError that
+    killed it as it started, then kept in its summary.json)."""
     if row_count(event.get("t")) is None or (
         event.get("iteration") is not None and row_count(event.get("iteration")) is None
     ):

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.report import build_report, busy_fractions, load
+from rlctl.report import build_report, busy_fractions
+from rlctl.reportrecord import load
 from tests.conftest import run_cli
 from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row, write_lines
 
@@ -592,7 +593,8 @@ def _fmt(v: float) -> str:
 def test_a_scale_out_of_a_unit_that_never_joined_is_a_failed_start_not_a_mark(tmp_path: Path) -> None:
     # rollout-3 was started (its scale "out") but never joined: stopped at its join bound (`scale_failed`); the
     # report drew it as a unit added and listed it as any other scale-out
-    from rlctl.report import _scale_marks, _scale_rows
+    from rlctl.report import _scale_marks
+    from rlctl.reporthtml import _scale_rows
 
     d = make_job_dir(tmp_path)
     scale = {"event": "scale", "site": "h20", "reason": "manual", "direction": "out"}
@@ -628,7 +630,7 @@ def test_a_scale_out_that_exited_before_it_joined_or_a_replacement_not_joined_is
     # the scaler says these with other events than scale_failed: a unit asked for that exited before it joined
     # (`unit_exited_before_joining`), a replacement's attempt not joined within its bound (`replacement_not_joined`,
     # by the unit); the report listed each as a unit added ('out') and drew it as one
-    from rlctl.report import _scale_rows
+    from rlctl.reporthtml import _scale_rows
 
     d = make_job_dir(tmp_path)
     scale = {"event": "scale", "site": "h20", "direction": "out"}
