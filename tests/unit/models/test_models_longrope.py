@@ -63,11 +63,15 @@ def test_logits_equal_transformers_short_and_long(
     torch.testing.assert_close(logits[32][:, :20], logits[20], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["exact-shapes", "bucketed-shapes"])
 @pytest.mark.parametrize("partial", [1.0, 0.75], ids=["phi3.5-mini", "phi4-mini-partial"])
-def test_engine_greedy_equals_transformers_generate(partial: float, tmp_path: Path) -> None:
-    """The engine's model (fused q/k/v, prefill then decode) within the pretraining context: transformers' generate."""
+def test_engine_greedy_equals_transformers_generate(partial: float, static: bool, tmp_path: Path) -> None:
+    """The engine's model (fused q/k/v, prefill then decode; at the bucketed shapes a CUDA graph captures, too) within
+    the pretraining context: transformers' generate."""
     ref = phi3(tmp_path, partial=partial, legacy=True, seed=1)
-    engine = EmbeddedEngine.from_pretrained(tmp_path, max_batch_size=3, temperature=0.0, context=LONGROPE_CONTEXT)
+    engine = EmbeddedEngine.from_pretrained(
+        tmp_path, max_batch_size=3, temperature=0.0, context=LONGROPE_CONTEXT, static_shapes=static
+    )
     prompts = [[1, 40, 41, 42], [1, 7], [1, 90, 12, 13, 14, 15, 16, 17, 18, 19, 20], [1, 60, 61]]
     engine.add([GenRequest(f"p{i}", p, 20, ignore_eos=True) for i, p in enumerate(prompts)])
     got = {r.request_id: r.output_tokens for r in engine.run_until_done()}
