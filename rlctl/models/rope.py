@@ -17,7 +17,7 @@ from typing import Any, Literal
 from rlctl.errors import ConfigError
 
 ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear', 'llama3' and 'yarn' scaling"
-# a Phi3's (Phi3Config takes no other scaling): RoPE on part of each head besides (`rotary_dim`)
+# a Phi3's (Phi3Config takes no other scaling): RoPE on part of each head besides (`rotary_fraction`)
 PHI3_ROPE_SUPPORTED = " for Phi3: default RoPE (rope_theta) and 'longrope' scaling"
 # each scaling's keys beside rope_type and θ: (those it needs, those it may have)
 _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -28,7 +28,7 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("factor", "original_max_position_embeddings"),
         ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
     ),
-    # (its pretraining context is a Phi3's top-level original_max_position_embeddings: `longrope_context`)
+    # (its pretraining context is a Phi3's top-level original_max_position_embeddings: `fit_to_heads`)
     "longrope": (("short_factor", "long_factor"), ("factor", "attention_factor", "original_max_position_embeddings")),
 }
 _PHI3_KINDS = ("default", "longrope")  # Phi3Config refuses the others
@@ -77,7 +77,7 @@ class RopeScaling:
         said = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
         return {"rope_type": said.pop("kind"), **said}
 
-    def attention_scaling(self, max_position_embeddings: int = 0) -> float:
+    def attention_scaling(self, max_position_embeddings: int | None = None) -> float:
         """What cos and sin are multiplied by (so q·k by its square): yarn's and longrope's attention_factor, or where
         config.json has none, yarn's 0.1·ln(factor) + 1 (`_yarn_mscale`; with mscale and mscale_all_dim both given,
         the ratio of theirs, as DeepSeek's) and longrope's √(1 + ln factor / ln L) (1 for a factor ≤ 1; its factor
@@ -89,8 +89,11 @@ class RopeScaling:
             return self.attention_factor
         context = self.original_max_position_embeddings
         if self.kind == "longrope":
+            factor = self.factor
+            if factor is None:
+                assert context is not None and max_position_embeddings is not None
+                factor = max_position_embeddings / context
             assert context is not None
-            factor = max_position_embeddings / context if self.factor is None else self.factor
             return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(context))
         assert self.factor is not None
         if self.mscale is not None and self.mscale_all_dim is not None:

@@ -160,6 +160,19 @@ def test_bad_values_are_refused_in_one_line(key: str, change: dict[str, Any], co
     refused_in_one_line(tmp_path, key, complaint)
 
 
+def test_partial_rope_without_scaling_equals_transformers(tmp_path: Path) -> None:
+    """RoPE on 0.75 of each head, unscaled (`rope_scaling` null): Phi3's default rotary embedding over 24 of 32."""
+    phi3(tmp_path, partial=0.75, legacy=True)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": None}))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    assert (model.config.rope_scaling, model.config.rotary_dim, model.rope_cos.shape[-1]) == (None, 24, 24)
+    x = tokens(2, 100)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(input_ids=x).logits, atol=ATOL, rtol=0)
+
+
 def test_the_older_su_form_is_longrope(tmp_path: Path) -> None:
     """Phi-3-mini-128k's first files say `su` (Phi3Config and vLLM read it as longrope): read so, written so."""
     ref = phi3(tmp_path, legacy=True)
