@@ -182,17 +182,20 @@ def site_for_backend(site: SiteProfile, backend: str, *, name: str, profile_file
 def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str, Any]:
     """The job's training passes against the profile's: scale of the profile's seconds per token, and
     the share that streams (the rest waits for the whole batch)."""
-    kind = job.spec.algorithm.kind
-    passes = passes_for(job.spec.algorithm, trainer)
-    units = forward_units(kind, passes)
+    kind, params = job.spec.algorithm.kind, prof.model.params
+    passes = job_passes(job, trainer)
+    units = forward_units(kind, passes, params=params)
+    # a profile's passes hold adapters only where its entries were priced with them (the roofline built for a LoRA
+    # job, `profile_for`); a file's never do (a full fine-tune's): a LoRA job scales its seconds by ≈ 2/3
     return {
         "algorithm": kind,
         "passes": passes.model_dump(),
+        "lora_adapter_params": passes.adapter_params,
         "forward_units": units,
-        "flops_per_token": flops_per_token(kind, passes, prof.model.params),
+        "flops_per_token": flops_per_token(kind, passes, params),
         "profile_passes": prof.training_passes.model_dump(),
-        "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes),
-        "streamed_fraction": streamed_units(kind, passes) / units,
+        "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes, params=params),
+        "streamed_fraction": streamed_units(kind, passes, params=params) / units,
         "optimizer_steps": passes.optimizer_steps,
         "mini_batches": passes.mini_batches,
     }

@@ -108,6 +108,8 @@ def plan_table(p: dict[str, Any]) -> str:
     )
     tr = p["training"]
     extras = [k for k in ("reference", "old_logprobs", "recompute") if tr["passes"][k]]
+    if tr.get("lora_adapter_params"):  # the backward computes the adapters' weight gradients alone
+        extras.append(f"LoRA ({tr['lora_adapter_params'] / 1e6:.3g} M adapter parameters)")
     epochs, minis = tr["passes"]["epochs"], tr["mini_batches"]
     steps = f", {epochs} epoch{'s' * (epochs > 1)} × {minis} mini-batch{'es' * (minis > 1)}"
     out.append(

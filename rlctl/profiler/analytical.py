@@ -120,7 +120,10 @@ def training_entry(
     passes = passes or TrainingPasses()
     flops = flops_per_token(algorithm, passes, model.params)
     trained = trained_models(algorithm)
-    update_equivalents = flops / (6 * model.params)  # TP all-reduces scale with the FLOPs
+    # TP all-reduces scale with the FLOPs of full updates: a LoRA backward all-reduces the activations' gradients
+    # as a full one does (it skips the weight gradients, which need none)
+    full = passes.model_copy(update={"adapter_params": 0.0})
+    update_equivalents = flops_per_token(algorithm, full, model.params) / (6 * model.params)
     compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
     comm = 0.0
     if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)

@@ -15,6 +15,11 @@ The critic is the policy's size (StreamRL §7; rlctl's critic is a copy of the p
 E.g. rlctl's GRPO: 3 units (6·P), with KL 4 (8·P); rlctl's PPO with KL: 8 (16·P); verl-style PPO
 with KL, old log-probs and recomputation: 2 + 1 + 2·4 = 11 (22·P).
 
+With LoRA (`trainer.lora`: A adapter parameters, the policy's weights frozen) the backward computes no weight
+gradient of the policy's: an update is the forward (2·P + 2·A), the activations' gradients (2·P + 2·A) and the
+adapters' weight gradients (2·A), 2 + 3·A/P units rather than 3 (≈ 2/3 of a full update's FLOPs; a recomputed
+forward adds 1 + A/P). The reference and old log-prob forwards are as above.
+
 What rlctl's trainer does (the defaults, `TrainingPasses()`): one epoch, one optimizer step per
 iteration (gradients accumulate over micro-batches), no recomputation, the engine's log-probs as the
 behaviour policy; GRPO trains micro-batches as groups stream in, PPO trains at the step (GAE and the
@@ -36,6 +41,7 @@ from rlctl.models.catalog import ModelArch
 AlgorithmKind = Literal["grpo", "ppo"]
 TRAINED_MODELS: dict[str, int] = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state
 UPDATE_UNITS = 3  # forward + backward = 3 forwards
+LORA_UPDATE_UNITS = 2  # forward + the activations' gradients, before the adapters' share (`update_units`)
 
 
 class TrainingPasses(Strict):
@@ -86,20 +92,29 @@ def trained_models(algorithm: str) -> int:
     return TRAINED_MODELS[algorithm]
 
 
-def forward_units(algorithm: str, passes: TrainingPasses) -> float:
+def update_units(passes: TrainingPasses, *, params: float) -> float:
+    """Forward units of one update of one trained model of `params` parameters (see the module docstring): 3 (+ 1
+    recomputed forward), or with LoRA (`passes.adapter_params`) 2 + 3·A/P (+ 1 + A/P)."""
+    if not passes.adapter_params:
+        return float(UPDATE_UNITS + passes.recompute)
+    a = passes.adapter_params / params
+    return (LORA_UPDATE_UNITS + passes.recompute) * (1 + a) + a
+
+
+def forward_units(algorithm: str, passes: TrainingPasses, *, params: float) -> float:
     """Forward passes of the policy's size per trained token in one iteration (FLOPs = 2·P·units)."""
-    update = (UPDATE_UNITS + passes.recompute) * passes.epochs * trained_models(algorithm)
+    update = update_units(passes, params=params) * passes.epochs * trained_models(algorithm)
     forwards = passes.reference + passes.old_logprobs + (algorithm == "ppo")  # critic values for GAE
     return float(update + forwards)
 
 
 def flops_per_token(algorithm: str, passes: TrainingPasses, params: float) -> float:
-    return 2.0 * params * forward_units(algorithm, passes)
+    return 2.0 * params * forward_units(algorithm, passes, params=params)
 
 
-def streamed_units(algorithm: str, passes: TrainingPasses) -> float:
+def streamed_units(algorithm: str, passes: TrainingPasses, *, params: float) -> float:
     """The forward units rlctl's learner runs as samples stream in (before the whole batch is there):
     GRPO's first epoch (reference forward and policy update per micro-batch); nothing for PPO."""
     if algorithm == "ppo":
         return 0.0
-    return float(passes.reference + passes.old_logprobs + UPDATE_UNITS + passes.recompute)
+    return float(passes.reference + passes.old_logprobs + update_units(passes, params=params))

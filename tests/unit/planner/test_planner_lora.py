@@ -16,10 +16,19 @@ from rlctl.models import lora
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.preflight.memory import trainer_memory_refusal
+from rlctl.planner.inputs import PlanOptions, profile_for, train_cost
+from rlctl.planner.plan import make_plan
 from rlctl.planner.split import shard_trainer
+from rlctl.planner.view import plan_table
 from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
-from rlctl.profiler.traincost import TrainingPasses, lora_params, passes_for
+from rlctl.profiler.profile import ProfileFile
+from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, passes_for, streamed_units
 from tests.unit.ops.test_preflight import gpu_job
+
+
+def with_lora(job: Job, adapters: Lora) -> Job:
+    trainer = job.spec.trainer.model_copy(update={"lora": adapters})
+    return Job(job.spec.model_copy(update={"trainer": trainer}), job.inventory, job.path)
 
 
 @pytest.mark.parametrize("targets", [TARGETS, ("q_proj", "v_proj"), ("o_proj", "down_proj")])
@@ -50,8 +59,7 @@ def test_a_lora_rank_holds_its_frozen_weights_once_and_the_adapters_state() -> N
 
 def test_a_7b_lora_trainer_fits_one_h800_where_full_training_shards_or_is_refused(tmp_path: Path) -> None:
     full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
-    trainer = full.spec.trainer.model_copy(update={"lora": Lora(rank=16, alpha=32)})
-    lora_job = Job(full.spec.model_copy(update={"trainer": trainer}), full.inventory, full.path)
+    lora_job = with_lora(full, Lora(rank=16, alpha=32))
     # 7.6e9 × 16 B ≈ 122 GB does not fit an 80 GB H800: FSDP2 over 2; with LoRA ≈ 30.5 GB + 0.6 GB: whole
     assert shard_trainer(full, tp=1, pp=1, dp=2) is True
     assert shard_trainer(lora_job, tp=1, pp=1, dp=2) is False
@@ -60,3 +68,47 @@ def test_a_7b_lora_trainer_fits_one_h800_where_full_training_shards_or_is_refuse
     why = trainer_memory_refusal(full.spec, "h800", site, one)
     assert why is not None and "need 123.9 GB each" in why, why
     assert trainer_memory_refusal(lora_job.spec, "h800", site, one) is None
+
+
+def test_a_lora_update_computes_no_weight_gradient_of_the_frozen_policy() -> None:
+    """Forward 2P + 2A, the activations' gradients 2P + 2A, the adapters' weight gradients 2A: 4P + 6A a token, ≈ 2/3
+    of a full update's 6P; the reference forward (KL) 2P as before, a recomputed forward 2P + 2A."""
+    arch = BUILTIN_MODELS["qwen2.5-7b"]
+    p, a = arch.params, lora_params(arch, Lora(rank=16, alpha=32))
+    lora_only = TrainingPasses(adapter_params=a)
+    assert flops_per_token("grpo", lora_only, p) == pytest.approx(4 * p + 6 * a)
+    assert flops_per_token("grpo", TrainingPasses(), p) == pytest.approx(6 * p)
+    kl = TrainingPasses(adapter_params=a, reference=True, recompute=True)
+    assert flops_per_token("grpo", kl, p) == pytest.approx(2 * p + (4 * p + 6 * a) + (2 * p + 2 * a))
+    assert streamed_units("grpo", lora_only, params=p) == pytest.approx(2 + 3 * a / p)
+
+
+def test_a_lora_trainer_steps_in_two_thirds_of_a_full_fine_tunes_time() -> None:
+    """The roofline's seconds per token at tp 1 (compute alone) scale with the FLOPs: (4P + 6A) / 6P; at tp 2 the
+    all-reduces of the activations' gradients stay a full update's."""
+    arch, gpu = BUILTIN_MODELS["qwen2.5-7b"], CATALOG["H800"]
+    p, a = arch.params, lora_params(arch, Lora(rank=16, alpha=32))
+    full, with_lora = TrainingPasses(), TrainingPasses(adapter_params=a)
+    one = [training_entry(arch, gpu, tp=1, pp=1, algorithm="grpo", passes=x).gpu_s_per_token for x in (full, with_lora)]
+    assert one[1] / one[0] == pytest.approx((4 * p + 6 * a) / (6 * p)) == pytest.approx(0.672, abs=1e-3)
+    two = [training_entry(arch, gpu, tp=2, pp=1, algorithm="grpo", passes=x).gpu_s_per_token for x in (full, with_lora)]
+    comm = two[0] - 2 * one[0] / 2  # tp × (compute / tp + comm): the full update's all-reduces
+    assert two[1] == pytest.approx(one[1] + comm)
+
+
+def test_plan_prices_a_lora_jobs_training_as_its_passes(tmp_path: Path) -> None:
+    """`rlctl plan`'s training cost for a LoRA job: its FLOPs, its adapters named, and a profile priced without them
+    (a file: a full fine-tune's) scaled by (4P + 6A) / 6P; the roofline built for the job is not scaled again."""
+    full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    lora_job = with_lora(full, Lora(rank=16, alpha=32))
+    arch = full.spec.model.arch
+    p, a = arch.params, lora_params(arch, Lora(rank=16, alpha=32))
+    own = profile_for(lora_job, None)
+    t = train_cost(lora_job, own, TrainingPasses())
+    assert t["flops_per_token"] == pytest.approx(4 * p + 6 * a) and t["scale_of_profile"] == pytest.approx(1.0)
+    as_file = ProfileFile.model_validate(profile_for(full, None).model_dump(by_alias=True, mode="json"))
+    scale = train_cost(lora_job, as_file, TrainingPasses())["scale_of_profile"]
+    assert scale == pytest.approx((4 * p + 6 * a) / (6 * p))
+    assert train_cost(full, as_file, TrainingPasses())["scale_of_profile"] == 1.0
+    plan = make_plan(lora_job, None, PlanOptions(sim_iterations=1, curves_in_output=False))
+    assert "LoRA (40.4 M adapter parameters)" in plan_table(plan)

@@ -70,8 +70,8 @@ def test_the_job_sets_the_reference_forward_and_the_trainer_the_rest() -> None:
 def test_what_streams_in_rlctls_learners() -> None:
     # GRPO: reference forward + the first epoch's update per micro-batch; later epochs need the batch
     p = TrainingPasses(reference=True, epochs=2)
-    assert (streamed_units("grpo", p), forward_units("grpo", p)) == (4.0, 7.0)
-    assert streamed_units("ppo", TrainingPasses(reference=True)) == 0.0  # GAE whitening: all at the step
+    assert (streamed_units("grpo", p, params=P7), forward_units("grpo", p, params=P7)) == (4.0, 7.0)
+    assert streamed_units("ppo", TrainingPasses(reference=True), params=P7) == 0.0  # GAE whitening: all at the step
 
 
 def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> None:
