@@ -119,13 +119,16 @@ def shards_state(backend: str, *, shard: str) -> bool:
     return backend == "torch" and shard != "none"
 
 
-def fsdp_gathered_bytes(arch: ModelArch) -> float:
+def fsdp_gathered_bytes(arch: ModelArch, *, adapter_params: float) -> float:
     """What an FSDP2 rank holds whole during a step besides its shards (`rlctl.trainers.fsdp.shard` wraps every
     decoder layer and the root): the root's parameters (embeddings and lm_head, taken untied: an upper bound),
     gathered for the whole step, and the layer being computed, each in bf16 with its fp32 gradients before the
-    reduce-scatter: 6 bytes a parameter."""
+    reduce-scatter: 6 bytes a parameter. With LoRA (`adapter_params`, `traincost.lora_params`; 0 without) the
+    policy's weights are frozen, gathered without gradients (2 bytes), and only the layer's adapters have them."""
     root = 2 * arch.vocab * arch.hidden
     layer = max(arch.params - root, 0.0) / max(arch.layers, 1)
+    if adapter_params:
+        return 2 * (min(root, arch.params) + layer) + 6 * adapter_params / max(arch.layers, 1)
     return 6 * (min(root, arch.params) + layer)
 
 

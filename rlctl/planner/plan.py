@@ -169,7 +169,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
         shards_state=(sharded := shards_state(spec.trainer.backend, shard=spec.trainer.shard)),
-        gathered_bytes=fsdp_gathered_bytes(arch) if sharded else 0.0,
+        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=tcost["lora_adapter_params"]) if sharded else 0.0,
     )
 
     t_site = spec.placement.trainer.site

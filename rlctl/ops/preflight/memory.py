@@ -67,7 +67,7 @@ def trainer_memory_refusal(
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
     shards = dp if split.fsdp else 1
-    gathered = fsdp_gathered_bytes(arch) if shards > 1 else 0.0
+    gathered = fsdp_gathered_bytes(arch, adapter_params=passes.adapter_params) if shards > 1 else 0.0
     need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
         return None

@@ -9,6 +9,7 @@ import pytest
 
 from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.job import Job
+from rlctl.config.model import BuiltinModel
 from rlctl.config.runtime import TARGETS, Lora
 from rlctl.hardware import CATALOG
 from rlctl.launch.agentenv import ParallelConfig
@@ -16,6 +17,7 @@ from rlctl.models import lora
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.preflight.memory import trainer_memory_refusal
+from rlctl.planner.costs import fsdp_gathered_bytes
 from rlctl.planner.inputs import PlanOptions, profile_for, train_cost
 from rlctl.planner.plan import make_plan
 from rlctl.planner.split import shard_trainer
@@ -112,3 +114,23 @@ def test_plan_prices_a_lora_jobs_training_as_its_passes(tmp_path: Path) -> None:
     assert train_cost(full, as_file, TrainingPasses())["scale_of_profile"] == 1.0
     plan = make_plan(lora_job, None, PlanOptions(sim_iterations=1, curves_in_output=False))
     assert "LoRA (40.4 M adapter parameters)" in plan_table(plan)
+
+
+def test_an_fsdp_lora_rank_gathers_its_layer_without_the_frozen_weights_gradients(tmp_path: Path) -> None:
+    """FSDP2 gathers the root and the layer computed in bf16; with LoRA only the layer's adapters get fp32 gradients
+    before the reduce-scatter. 72B at r 16 over 4 H20s (86.4 GB usable): 2 + 294.2 / 4 + 6.8 = 82.3 GB a rank, fits,
+    versus 95.8 GB (refused) with gradients of every gathered weight."""
+    arch = BUILTIN_MODELS["qwen2.5-72b"]
+    a = lora_params(arch, Lora(rank=16, alpha=32))
+    root = 2 * arch.vocab * arch.hidden
+    layer = (arch.params - root) / arch.layers
+    assert fsdp_gathered_bytes(arch, adapter_params=0.0) == pytest.approx(6 * (root + layer))
+    assert fsdp_gathered_bytes(arch, adapter_params=a) == pytest.approx(2 * (root + layer) + 6 * a / arch.layers)
+    base = gpu_job(tmp_path, trainer_gpus=4, backend="torch")
+    spec = base.spec.model_copy(update={"model": BuiltinModel(kind="builtin", name="qwen2.5-72b")})
+    trainer = spec.trainer.model_copy(update={"lora": Lora(rank=16, alpha=32), "shard": "fsdp"})
+    spec = spec.model_copy(update={"trainer": trainer})
+    four = ParallelConfig("trainer", dp=4, fsdp=True)
+    assert trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], four) is None
+    why = trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], ParallelConfig("trainer", dp=3, fsdp=True))
+    assert why is not None and "need 106.8 GB each" in why and "layers gathered 6.8 GB" in why, why

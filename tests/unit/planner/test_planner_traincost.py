@@ -239,7 +239,7 @@ def test_a_rank_holds_its_state_whole_unless_the_trainer_shards_it_with_fsdp() -
     e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
     whole_gb = (e.fixed_bytes_per_gpu + e.sharded_bytes_per_gpu) / 1e9
     assert rank_bytes(e, shards=1) / 1e9 == pytest.approx(whole_gb) == pytest.approx(123.9, abs=0.05)
-    gathered = fsdp_gathered_bytes(arch)
+    gathered = fsdp_gathered_bytes(arch, adapter_params=0.0)
     assert gathered / 1e9 == pytest.approx(6 * (2 * 152064 * 3584 + (7.62e9 - 2 * 152064 * 3584) / 28) / 1e9)
     assert rank_bytes(e, shards=8, gathered_bytes=gathered) / 1e9 == pytest.approx(
         2 + (whole_gb - 2) / 8 + gathered / 1e9
