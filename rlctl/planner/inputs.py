@@ -110,7 +110,28 @@ def profile_for(
                 f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
                 hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
             )
-    return profile
+    return _with_lora_memory(job, profile, sorted(sites), trainer=trainer)
+
+
+def _with_lora_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
+    """A profile file's training entries at `sites` with a LoRA job's memory (`trainer.lora`). A file's is the
+    whole policy trained's, and it is the roofline's formula, measured profiles too (`rlctl profile` times the steps:
+    `rlctl.profiler.build._measured_training`), so the formula with the job's adapters is what a profile of the
+    LoRA job would hold; the seconds per token stay the file's, scaled to the job's passes by `train_cost`."""
+    passes = job_passes(job, trainer)
+    if not passes.adapter_params:
+        return prof
+    arch, kind = job.spec.model.arch, job.spec.algorithm.kind
+    out = dict(prof.sites)
+    for s in sites:
+        gpu = job.inventory.sites[s].spec
+        entries = []
+        for e in prof.sites[s].training:
+            m = training_entry(arch, gpu, tp=e.tp, pp=e.pp, algorithm=kind, passes=passes)
+            memory = {"fixed_bytes_per_gpu": m.fixed_bytes_per_gpu, "sharded_bytes_per_gpu": m.sharded_bytes_per_gpu}
+            entries.append(e.model_copy(update=memory))
+        out[s] = prof.sites[s].model_copy(update={"training": entries})
+    return prof.model_copy(update={"sites": out})
 
 
 def _with_job_splits(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | None) -> ProfileFile:

@@ -25,7 +25,7 @@ from rlctl.planner.view import plan_table
 from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
 from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, passes_for, streamed_units
-from tests.unit.ops.test_preflight import gpu_job
+from tests.unit.ops.test_preflight import GPU_CLUSTERS, gpu_job, load
 
 
 def with_lora(job: Job, adapters: Lora) -> Job:
@@ -134,3 +134,54 @@ def test_an_fsdp_lora_rank_gathers_its_layer_without_the_frozen_weights_gradient
     assert trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], four) is None
     why = trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], ParallelConfig("trainer", dp=3, fsdp=True))
     assert why is not None and "need 106.8 GB each" in why and "layers gathered 6.8 GB" in why, why
+
+
+def as_measured(prof: ProfileFile) -> ProfileFile:
+    """`prof` as `rlctl profile --source measured` writes it: its training memory the formula's for the whole
+    policy trained (`rlctl.profiler.build._measured_training`), read back from the file."""
+    data = prof.model_dump(by_alias=True, mode="json")
+    data["source"] = "measured"
+    for site in data["sites"].values():
+        for e in site["training"]:
+            e["backend"] = "torch"
+    return ProfileFile.model_validate(data)
+
+
+def test_a_lora_job_planned_from_a_measured_profile_gets_its_own_memory_and_time(tmp_path: Path) -> None:
+    """A measured profile planned for a LoRA job: each trainer entry holds the LoRA rank's memory and its seconds
+    scale to the job's passes, so the plan is the one the roofline built for the LoRA job gives. 72B at r 16 on 4
+    H20s: FSDP2, 82.3 GB a rank, versus 'training state does not fit' (a full fine-tune's 16 B a parameter)."""
+    full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    lora_job = with_lora(full, Lora(rank=16, alpha=32))
+    measured = as_measured(profile_for(full, None))
+    arch, gpu = full.spec.model.arch, full.inventory.sites["h800"].spec
+    passes = TrainingPasses(adapter_params=lora_params(arch, Lora(rank=16, alpha=32)))
+    for e in profile_for(lora_job, measured).sites["h800"].training:
+        want = training_entry(arch, gpu, tp=e.tp, pp=e.pp, algorithm="grpo", passes=passes)
+        assert (e.fixed_bytes_per_gpu, e.sharded_bytes_per_gpu) == (
+            want.fixed_bytes_per_gpu,
+            want.sharded_bytes_per_gpu,
+        )
+    assert profile_for(full, measured) == measured  # a full fine-tune's plan reads the file as it is
+
+    def big(adapters: Lora | None) -> Job:
+        job = load(
+            tmp_path,
+            inventory=GPU_CLUSTERS,
+            model={"kind": "builtin", "name": "qwen2.5-72b"},
+            placement={"trainer": {"site": "h20", "gpus": 4}, "rollout": [{"site": "h800", "gpus": 16}]},
+            rollout={"engine": "vllm", "tensor_parallel": 4},
+            trainer={"backend": "torch"},
+        )
+        return with_lora(job, adapters) if adapters is not None else job
+
+    measured = as_measured(profile_for(big(None), None))
+    opts = PlanOptions(sim_iterations=1, curves_in_output=False)
+    from_file, own = (
+        make_plan(big(Lora(rank=16, alpha=32)), measured, opts),
+        make_plan(big(Lora(rank=16, alpha=32)), None, opts),
+    )
+    (t_file,) = [a for a in from_file["allocation"] if a["role"] == "trainer"]
+    (t_own,) = [a for a in own["allocation"] if a["role"] == "trainer"]
+    assert t_file["config"] == t_own["config"] == {"tp": 1, "pp": 1, "dp": 4, "fsdp": True}
+    assert from_file["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
