@@ -27,6 +27,7 @@ import numpy as np
 
 from rlctl.config.job import Job, JobFile
 from rlctl.errors import ConfigError, PlanError
+from rlctl.models.catalog import ModelArch
 from rlctl.planner import alloc
 from rlctl.planner.context import context_refusal
 from rlctl.planner.costs import DecodeCost, TrainWorkload, fsdp_gathered_bytes, shards_state
@@ -160,17 +161,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     plan_lengths = lm.quantiles(samples)
     tokens = float(plan_lengths.sum() + samples * lm.prompt_tokens)
     tcost = train_cost(job, prof, opts.trainer)
-    tw = TrainWorkload(
-        tokens,
-        samples,
-        spec.batch.train_micro_batch_samples,
-        arch.params * 2 * trained_models(spec.algorithm.kind),
-        pass_scale=tcost["scale_of_profile"],
-        mini_batches=tcost["mini_batches"],
-        optimizer_steps=tcost["optimizer_steps"],
-        shards_state=(sharded := shards_state(spec.trainer.backend, shard=spec.trainer.shard)),
-        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=tcost["lora_adapter_params"]) if sharded else 0.0,
-    )
+    tw = train_workload(job, arch, tcost, tokens=tokens)
 
     t_site = spec.placement.trainer.site
     t_fixed = None if spec.placement.trainer.gpus == "auto" else int(spec.placement.trainer.gpus)
@@ -319,6 +310,27 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     if curves is not None:  # only finite points are listed: no conversion needed (it is the bulk of a big plan)
         out["stage_curves"] = curves
     return out
+
+
+def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: float) -> TrainWorkload:
+    """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`). The gradients
+    all-reduced over dp each optimizer step: the trained models' in bf16, or with LoRA the adapters' alone, in fp32
+    as they are trained (`rlctl.rl.learner` sums the trained parameters': the frozen policy's have none)."""
+    spec = job.spec
+    adapters = tcost["lora_adapter_params"]
+    grad_bytes = 4 * adapters if adapters else arch.params * 2 * trained_models(spec.algorithm.kind)
+    sharded = shards_state(spec.trainer.backend, shard=spec.trainer.shard)
+    return TrainWorkload(
+        tokens,
+        spec.batch.samples_per_iteration,
+        spec.batch.train_micro_batch_samples,
+        grad_bytes,
+        pass_scale=tcost["scale_of_profile"],
+        mini_batches=tcost["mini_batches"],
+        optimizer_steps=tcost["optimizer_steps"],
+        shards_state=sharded,
+        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
+    )
 
 
 def _json_safe(v: Any) -> Any:
