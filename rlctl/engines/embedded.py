@@ -114,13 +114,18 @@ class EmbeddedEngine(GenerationEngine):
     ) -> None:
         """`static_shapes`: run each step at bucketed (rows, width), as CUDA graphs on a CUDA device (None: there
         only); on a CPU they run eagerly, the same step a graph captures (tests), else at the exact shapes.
-        `compile_step`: the decode step through `torch.compile` (module docstring)."""
+        `compile_step`: the decode step through `torch.compile` (module docstring). A Qwen3MoE's steps are never
+        graphs and never compiled (ValueError): its layers read on the host which experts their tokens chose."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if group_barrier not in GROUP_BARRIERS:
             raise ValueError(f"group_barrier must be one of {', '.join(GROUP_BARRIERS)}, not {group_barrier!r}")
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
+        # a Qwen3MoE's layers read on the host which experts their tokens chose (SparseMoE): no graph to capture
+        moe = model.config.moe is not None
+        if compile_step and moe:
+            raise ValueError("compile_step: a Qwen3MoE's expert routing is not one graph; leave it off")
         self.model = model.eval()
         model.fuse_projections()  # q/k/v and gate/up as one matmul each, in the caller's model: fewer kernels a step
         self.device = model.lm_head.weight.device
@@ -172,7 +177,7 @@ class EmbeddedEngine(GenerationEngine):
         self._graphs: StepGraphs | None = None
         self._mixed_graphs: StepGraphs | None = None  # the decode step with greedy rows among sampled ones
         self._prefill_graphs: StepGraphs | None = None
-        if self._static and self.device.type == "cuda":
+        if self._static and self.device.type == "cuda" and not moe:
             pool = torch.cuda.graph_pool_handle()  # the decode and prefill graphs share one memory pool
             self._graphs = StepGraphs(self._decode, pool=pool)
             self._mixed_graphs = StepGraphs(self._decode_mixed, pool=pool)

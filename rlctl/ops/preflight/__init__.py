@@ -35,6 +35,7 @@ from rlctl.launch.jobdir import why_not_made
 from rlctl.ops.preflight.backends import (
     device_problems,
     megatron_problems,
+    moe_compile_problems,
     trainer_split_problems,
     vllm_model_problems,
 )
@@ -125,6 +126,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.rollout.engine == "vllm":
         out += vllm_model_problems(job)
+    if spec.rollout.engine == "embedded":
+        out += moe_compile_problems(job)
     if spec.rollout.engine == "vllm" and spec.rollout.compile:
         out.append(
             Problem(

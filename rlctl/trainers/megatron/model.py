@@ -41,7 +41,7 @@ from torch import nn
 
 from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
 from rlctl.trainers.megatron import cpu, names, pipeline
-from rlctl.trainers.megatron.rope import rope_args
+from rlctl.trainers.megatron.rope import moe_refusal, rope_args
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -82,9 +82,10 @@ def init_parallel(*, tp: int = 1, pp: int = 1) -> None:
 def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise: bool = True) -> Any:
     """megatron-core's TransformerConfig for an HF config (fp32, local modules, no dropout, no fusion); `initialise`
     False: its layers allocate their tensors and run no init method (`perform_initialization`)."""
+    names.check_split(c, tp, pp)
+    moe_refusal(c)
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    names.check_split(c, tp, pp)
     return TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
