@@ -298,6 +298,7 @@ class TinyGPTConfig:
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
             max_positions=self.max_position_embeddings,
+            active_params=float(self.num_params(active=True)) if self.moe is not None else None,
         )
 
 

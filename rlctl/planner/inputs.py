@@ -182,7 +182,7 @@ def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str
         "algorithm": kind,
         "passes": passes.model_dump(),
         "forward_units": units,
-        "flops_per_token": flops_per_token(kind, passes, prof.model.params),
+        "flops_per_token": flops_per_token(kind, passes, prof.model.arch.active),
         "profile_passes": prof.training_passes.model_dump(),
         "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes),
         "streamed_fraction": streamed_units(kind, passes) / units,
