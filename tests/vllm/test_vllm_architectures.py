@@ -38,6 +38,7 @@ MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llam
 def write(kind: str, directory: Path) -> None:
     if kind == "qwen3":
         write_checkpoint("qwen3-tied-hd32", directory)
+
     elif kind == "phi3":
         write_checkpoint("phi3-gqa", directory)
     elif kind == "llama3-rope":
@@ -66,6 +67,48 @@ def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
                 p.zero_()
         zeroed = [hf_greedy(model, p, MAX_NEW, stop=()) for p in PROMPTS]
     assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
+
+
+@pytest.mark.parametrize(
+    ("variant", "push"),
+    [("qwen3moe-dense1-hd32", "decodes otherwise"), ("qwen3moe-step2-norm-tied", "fails")],
+)
+def test_vllm_decodes_a_qwen3moe_checkpoint_but_not_a_pushed_version(tmp_path: Path, variant: str, push: str) -> None:
+    """Why `rlctl check` refuses a Qwen3MoE for the vllm engine (`vllm_model_problem`): vLLM decodes the checkpoint
+    greedily as transformers and rlctl's embedded engine do, but after a push of the very same experts (TinyGPT's
+    per-expert names, as the file has them) it decodes otherwise: its weight reload leaves the CPU MoE kernel's
+    packed experts wrong (the other tensors pushed alone change nothing); experts 48 wide, which its kernel pads to
+    64, are refused midway. Where this fails, a vLLM reloads MoE experts: lift the refusal. (Engines of their own,
+    before the module's.)"""
+    from rlctl.engines import EmbeddedEngine
+    from rlctl.engines.vllm import VllmEngine
+
+    write_checkpoint(variant, tmp_path / "m")
+    hf = hf_with(tmp_path / "m", None)
+    want = [hf_greedy(hf, p, MAX_NEW, stop=()) for p in PROMPTS]
+    ours = EmbeddedEngine(TinyGPT.from_pretrained(tmp_path / "m"), max_batch_size=4, temperature=0.0)
+    assert [r.output_tokens for r in sorted(run(ours, reqs("e")).values(), key=lambda r: r.request_id)] == want
+    sd = TinyGPT.from_pretrained(tmp_path / "m").state_dict()
+    engine = VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=32)
+    try:
+        checkpoint = run(engine, reqs("c"))
+        engine.load_weights({k: v for k, v in sd.items() if ".experts." not in k}, 1)
+        others = run(engine, reqs("o"))
+        if push == "fails":
+            with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+                engine.load_weights(sd, 2)
+        else:
+            engine.load_weights(sd, 2)
+            pushed = run(engine, reqs("p"))
+            assert [pushed[f"p{i}"].output_tokens for i in range(len(PROMPTS))] != want
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    for tag, got in (("c", checkpoint), ("o", others)):
+        assert [got[f"{tag}{i}"].output_tokens for i in range(len(PROMPTS))] == want, tag
+
+
+def reqs(tag: str) -> list[GenRequest]:
+    return [GenRequest(f"{tag}{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)]
 
 
 @pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope"])

@@ -1,5 +1,6 @@
 """`rlctl check` on a Qwen3MoE checkpoint: the torch trainer and the embedded engine run it; what does not (the megatron
-backend, vLLM before it is run there, the embedded engine's compiled step) is refused in one line each."""
+backend, vLLM, whose weight pushes corrupt its experts, the embedded engine's compiled step) is refused in one line
+each."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def test_vllm_and_a_compiled_embedded_step_are_refused_for_a_moe(tmp_path: Path)
     config = tmp_path / "qwen3moe-dense1-hd32" / "config.json"
     vllm = problems(tmp_path, "qwen3moe-dense1-hd32", rollout={"engine": "vllm"})["rollout.engine"]
     assert (
-        f"'vllm' cannot run the model of {config}: a Qwen3MoE has not been run through vLLM here yet (its experts' "
-        "weight pushes untested); use engine 'embedded' for this model"
+        f"'vllm' cannot run the model of {config}: Qwen3MoE: vLLM 0.32 (CPU) decodes the checkpoint as transformers "
+        "does, but a pushed version's experts otherwise (its weight reload corrupts its MoE kernel's packed experts), "
+        "so it would sample from another model than the one trained; use engine 'embedded' for this model"
     ) in vllm
     compiled = problems(tmp_path, "qwen3moe-dense1-hd32", rollout={"engine": "embedded", "compile": True})
     assert compiled == {
