@@ -112,9 +112,9 @@ class ArchModel(ArchFigures):
 
 
 class HfModel(Strict):
-    """A local Hugging Face checkpoint directory (Qwen3, Qwen2, Llama, Mistral or Phi3 architecture): config.json,
-    safetensors (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks the
-    directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
+    """A local Hugging Face checkpoint directory (Qwen3, Qwen3MoE, Qwen2, Llama, Mistral or Phi3 architecture):
+    config.json, safetensors (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks
+    the directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
 
     kind: Literal["hf"]
     path: str

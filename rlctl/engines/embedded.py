@@ -1,9 +1,10 @@
 """EmbeddedEngine: continuous batching of TinyGPT on the model's device (the default rollout engine).
 
-It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory (`from_pretrained`) on the
-CPU or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU: `rlctl.devices`); a row
-finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the model's device; what
-the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for a step's read).
+It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory
+(`from_pretrained`) on the CPU or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU:
+`rlctl.devices`); a row finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the
+model's device; what the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for
+a step's read).
 
 One `step()`:
 
@@ -196,8 +197,8 @@ class EmbeddedEngine(GenerationEngine):
         context: int | None = None,
         **kw: Any,
     ) -> EmbeddedEngine:
-        """An engine on an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory (or a saved demo model), on `device`
-        in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
+        """An engine on an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory (or a saved demo model), on
+        `device` in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
         max_position_embeddings; `TinyGPT.empty`)."""
         return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device, context=context), **kw)
 

@@ -593,10 +593,10 @@ class TinyGPT(nn.Module):
         device: str | torch.device = "cpu",
         context: int | None = None,
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's own) on
-        `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
-        ConfigError for what is not supported. The weights are never initialised first (the model is made on
-        the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
+        """Load an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's
+        own) on `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
+        ConfigError for what is not supported. The weights are never initialised first (the model is made on the meta
+        device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
         held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)

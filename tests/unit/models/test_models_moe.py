@@ -157,3 +157,21 @@ def test_a_qwen2_moe_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     refused_in_one_line(tmp_path, "architectures", "is not supported; supported: LlamaForCausalLM")
     refused_in_one_line(tmp_path, "architectures", "Qwen3MoeForCausalLM")
+
+
+def test_the_engines_bucketed_steps_decode_a_moe_as_its_exact_ones(tmp_path: Path) -> None:
+    """The embedded engine's static shapes (a CUDA device's default: there without graphs for a MoE, whose routing
+    reads the chosen experts on the host) decode a Qwen3MoE's free rows (past the live ones) without changing the
+    live rows' tokens: the same greedy tokens as at the exact shapes."""
+    from rlctl.engines import EmbeddedEngine, GenRequest
+
+    write_checkpoint("qwen3moe-step2-norm-tied", tmp_path)
+    prompts = [[1, 40, 41, 42], [1, 7], [1, 90, 12, 13, 14, 15, 16]]
+    got = []
+    for static in (False, True):
+        engine = EmbeddedEngine(TinyGPT.from_pretrained(tmp_path), max_batch_size=4, temperature=0.0,
+                                static_shapes=static)  # fmt: skip
+        assert engine._graphs is None
+        engine.add([GenRequest(f"p{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)])
+        got.append({r.request_id: r.output_tokens for r in engine.run_until_done()})
+    assert got[0] == got[1] and len(got[0]) == 3
