@@ -2,7 +2,8 @@
 
     RlctlError                      exit 1  runtime failure
     ├── ConfigError                 exit 2  bad inventory / job / profile file (names file + field)
-    │   └── JobProblems                     every reason a job cannot run (`check --reach`): one line each
+    │   ├── JobProblems                     every reason a job cannot run (`check --reach`): one line each
+    │   └── SiteProblem                     one of them that a site (or one of its hosts) has: names both
     ├── UsageError                  exit 2  bad command-line usage
     ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
     ├── PlanError                   exit 1  no feasible allocation for the job
@@ -61,6 +62,17 @@ class JobProblems(ConfigError):
         self.lines = lines
         # each line's file, field and what is wrong (`check -o json`); a line said whole where none is given
         self.each = each if each is not None else [ConfigError(file, None, line) for line in lines]
+
+
+class SiteProblem(ConfigError):
+    """What a site, or its `host` (None: the site as a whole), lacks or refuses (`check --reach`): its inventory file
+    and field (`sites.<site>`, or one inside it), and the site and host named apart for `check -o json`."""
+
+    def __init__(
+        self, file: str, field: str, message: str, *, site: str, host: str | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(file, field, message, hint=hint)
+        self.site, self.host = site, host
 
 
 class UsageError(RlctlError):

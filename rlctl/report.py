@@ -731,6 +731,7 @@ def _evaluation_rows(rec: JobRecord) -> list[list[str]]:
 
 def _html(rec: JobRecord, png: bytes) -> str:
     from rlctl.ops.checkpoints import unchecked_line
+    from rlctl.ops.evaluation import by_source_lines
 
     title = html.escape(f"rlctl report: {rec.name}")
     none = f'<p class="none">{NO_DATA}</p>'
@@ -755,6 +756,7 @@ def _html(rec: JobRecord, png: bytes) -> str:
                     _evaluation_rows(rec),
                     id_="evaluations",
                 ),
+                *(f"<p>{html.escape(line)}</p>" for line in by_source_lines(rec.evaluations)),
             ]
             if rec.evaluations
             else []

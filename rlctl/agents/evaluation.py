@@ -345,6 +345,8 @@ class Evaluator:
             f", exact {r['greedy_exact']:.4f}" if "greedy_exact" in r else "",
             r["prompts"],
         )
+        for src, x in r.get("greedy_reward_by_source", {}).items():  # (rows of 2+ sources: a regressing one is seen)
+            log.info("controller: held-out v%d, data_source %s: greedy reward %.4f", version, src, x)
 
     def lost(self, unit: str) -> None:
         was = self.schedule.stopped

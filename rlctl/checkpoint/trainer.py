@@ -57,11 +57,11 @@ import torch.distributed as dist
 from rlctl.checkpoint import resplit
 from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
-from rlctl.errors import CheckpointError
+from rlctl.errors import CheckpointError, ConfigError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
@@ -557,14 +557,19 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
     """The checkpoint's policy weights into `model`, its tensors checked against its config.json first and read one
     at a time (`CheckpointTensors`): a megatron rank holds its shard and one parameter's whole HF tensors, a torch
     rank one tensor (`copy_into`), versus the whole model twice (its state dict and a TinyGPT of it: 70B in fp32,
-    ≈ 560 GB on every rank)."""
+    ≈ 560 GB on every rank). ConfigError naming `directory`, nothing copied, where they do not fit the job's model
+    (`rlctl.models.tensors.check_fit`: another model's checkpoint), versus a ValueError's traceback (or, sharded, a
+    missing tensor alone refused; megatron, a KeyError's)."""
     file, config = CheckpointTensors(directory), hf.read_config(directory)
-    hf.match_weights(file.shapes(), config, where=str(directory))
-    tensors = ModelTensors(file, config)  # (a Phi3 file's fused tensors under the model's names)
-    if isinstance(model, TinyGPT):
-        copy_into(model, tensors, optional={"lm_head.weight"} if config.tie_word_embeddings else ())
-    else:
-        model.load_state_dict(tensors)
+    only = hf.match_weights(file.shapes(), config, where=str(directory))
+    tensors = ModelTensors(file, config, only=only)  # (a Phi3 file's fused tensors under the model's names)
+    try:
+        if isinstance(model, TinyGPT):
+            model.load_weights(tensors)  # (copy_into: a tied lm_head optional, as the model ties it)
+        else:
+            model.load_state_dict(tensors)
+    except DoesNotFit as e:
+        raise ConfigError(str(directory), None, str(e)) from e
 
 
 def _load_resplit(

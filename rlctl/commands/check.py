@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlctl.commands import said_if_interrupted, seconds_at_least
-from rlctl.errors import ConfigError, JobProblems, PartialFailure, RlctlError, UsageError
+from rlctl.errors import ConfigError, JobProblems, PartialFailure, RlctlError, SiteProblem, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
     from rlctl.config import Inventory
     from rlctl.config.inventory import Site
     from rlctl.config.job import Job, JobFile
-    from rlctl.launch.siteprobe import HostReport
+    from rlctl.launch.siteprobe import HostReport, SiteLine
 
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -116,10 +116,17 @@ def staged_model_bytes(spec: JobFile) -> float:
 
 
 def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
+    """What stops `job`, one line each (`job_problems`), and what each host answered."""
+    found, answered = job_problems(job, timeout_s=timeout_s)
+    return [line for line, _ in found], answered
+
+
+def job_problems(job: Job, *, timeout_s: float) -> tuple[list[tuple[str, ConfigError]], list[HostReport]]:
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
-    for the roles the job places there; one line each. And what each host answered."""
+    for the roles the job places there; each as its line and its parts for `check -o json` (the file and field; a
+    site's, a SiteProblem naming the site and host). And what each host answered."""
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
-    from rlctl.errors import ConfigError, PlanError
+    from rlctl.errors import PlanError
     from rlctl.launch.siteprobe import (
         PartitionCpus,
         controller_cores_problems,
@@ -133,14 +140,31 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     )
     from rlctl.ops import counts
     from rlctl.ops.preflight import problem_lines, problems
+    from rlctl.ops.preflight.base import Problem
     from rlctl.ops.preflight.placement import partition_cores_problems
     from rlctl.ops.preflight.slurmoptions import option_problems, probe_refusal
+
+    said: list[tuple[str, ConfigError]] = []  # each problem: its line and its parts
+    origins = job.inventory.origin  # the inventory file that declares each site
+
+    def of_file(wrong: list[Problem], *, site: str | None = None, host: str | None = None) -> None:
+        for line, p in zip(problem_lines(job, wrong), wrong, strict=True):
+            file = p.file or str(job.path)
+            e = ConfigError(file, p.field, p.message, hint=p.hint)
+            if site is not None:  # (a site's field: an srun refusal, a constraint sinfo does not know)
+                e = SiteProblem(file, p.field, p.message, site=site, host=host, hint=p.hint)
+            said.append((line, e))
+
+    def of_site(lines: list[SiteLine]) -> None:
+        for line in lines:
+            where = SiteProblem(origins[line.site], f"sites.{line.site}", line.message, site=line.site, host=line.host)
+            said.append((line, where))
 
     try:  # the plan launch runs, made once: `problems` says why where it cannot be (and the planner's note once)
         plan: dict[str, Any] | None = counts.plan_counts(job, job.spec)
     except (PlanError, ConfigError):
         plan = None
-    lines = problem_lines(job, problems(job, plan=plan))
+    of_file(problems(job, plan=plan))
     spec = job.spec
     roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
     for r in spec.placement.rollout:
@@ -163,54 +187,53 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     answered: list[HostReport] = []
     here = str(job_dir_place(spec))  # a site without a work root writes the job into the operator's job dir
     gone: set[str] = set()  # sites the probe reached no host of: one line each says so, sinfo is not asked there
-    origins = job.inventory.origin  # the inventory file that declares each site
     refused: set[str] = set()  # SLURM sites whose constraint or reservation sbatch refuses (or holds): not probed
 
-    def asked(name: str) -> tuple[list[str], list[HostReport]]:
+    def asked(name: str) -> tuple[list[Problem], list[HostReport]]:
         """A SLURM site's constraint and reservation first (sinfo, scontrol): where one is wrong, the probe's srun
         would be refused alike (its raw error) or wait out its deadline (a reservation on other nodes): its hosts
         are asked once they are fixed."""
         site = job.inventory.sites[name]
         wrong = option_problems(name, site, file=origins[name], timeout_s=timeout_s)
         if wrong:
-            return problem_lines(job, wrong), []
+            return wrong, []
         return [], probe_site_hosts(name, site, timeout_s=timeout_s, here=here)
 
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:
         for name, (wrong, found) in zip(roles, pool.map(asked, roles), strict=True):
             if wrong:
-                lines += wrong
+                of_file(wrong, site=name)
                 refused.add(name)
             for report in found:
                 answered.append(report)
                 site = job.inventory.sites[name]
                 # srun refusing the probe's step for a field of the site's (an account, a qos): that field's line
                 if report.error and (no := probe_refusal(name, site, report.error, file=origins[name])) is not None:
-                    lines += problem_lines(job, [no])
+                    of_file([no], site=name, host=report.host)
                     continue
-                lines += host_problems(report, site, roles=roles[name], job=spec)
+                of_site(host_problems(report, site, roles=roles[name], job=spec))
                 need, what = (model + held * each, checkpoints) if name == trainer_site else (model, "the staged model")
                 if (disk := disk_problem(report, need_bytes=need, what=what)) is not None:
-                    lines.append(disk)
+                    of_site([disk])
             if unreachable(found):
                 gone.add(name)
             else:
-                lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
+                of_site(partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s))
     reached = [name for name in roles if name not in gone]
     cpus = PartitionCpus(timeout_s=timeout_s)  # sinfo's CPUs, asked once a site for the agents and the controller
-    lines += problem_lines(job, partition_cores_problems(job, plan, reached=reached, cpus=cpus))
+    of_file(partition_cores_problems(job, plan, reached=reached, cpus=cpus))
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if controller not in gone:
-        lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, cpus=cpus)
+        of_site(controller_cores_problems(controller, job.inventory.sites[controller], spec, cpus=cpus))
     # else: one line above says so (its hosts' answer, or its options, which the controller's probes would get too)
     if controller not in refused and all("rlctl" in r.facts for r in answered if r.site == controller):
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}
-        lines += controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s)
-        lines += controller_tracking_problems(controller, sites[controller], spec, timeout_s=timeout_s)
+        of_site(controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s))
+        of_site(controller_tracking_problems(controller, sites[controller], spec, timeout_s=timeout_s))
         used = {n: sites[n] for n in sorted({*roles, controller})}  # the job's sites, as the controller reads them
-        lines += controller_route_problems(spec, controller, used, timeout_s=timeout_s)
-    return lines, answered
+        of_site(controller_route_problems(spec, controller, used, timeout_s=timeout_s))
+    return said, answered
 
 
 # run on the controller's host by its site's python, with `listen_host: auto` there: does its peer route?
@@ -226,7 +249,9 @@ print("RLCTL_PROBE " + json.dumps(out))
 """
 
 
-def controller_route_problems(job: JobFile, name: str, sites: dict[str, Site], *, timeout_s: float = 60.0) -> list[str]:
+def controller_route_problems(
+    job: JobFile, name: str, sites: dict[str, Site], *, timeout_s: float = 60.0
+) -> list[SiteLine]:
     """With `listen_host: auto` for the controller on site `name` (of the job's `sites`): whether the controller's
     host routes toward the peer `auto` picks (`controller_peer`); a SLURM site's node name that resolves only
     inside its cluster does not, and the controller would exit at start. One line, asked on the controller's first
@@ -234,9 +259,10 @@ def controller_route_problems(job: JobFile, name: str, sites: dict[str, Site], *
     from rlctl.agents.listen import AUTO, auto_route, controller_peer
     from rlctl.errors import LaunchError
     from rlctl.launch.backends import kind_of
-    from rlctl.launch.siteprobe import probe_site_hosts
+    from rlctl.launch.siteprobe import SiteLine, probe_site_hosts
 
     site = sites[name]
+    ours = f"site {name}: "  # (how auto_route's error begins: the controller's site)
     value = site.network.listen_host or job.transport.listen_host
     peer = controller_peer(sites, name) if value == AUTO else None
     if peer is None:
@@ -245,12 +271,12 @@ def controller_route_problems(job: JobFile, name: str, sites: dict[str, Site], *
         try:
             auto_route(name, *peer)
         except LaunchError as e:
-            return [f"{e}: {e.hint}"]
+            return [SiteLine(name, None, f"{e}: {e.hint}".removeprefix(ours))]
         return []
     [report] = probe_site_hosts(name, site, timeout_s=timeout_s, script=ROUTE_PROBE, args=[name, *peer], first=True)
     if report.error is not None or report.facts.get("ok", True):
         return []
-    return [f"{report.facts.get('detail')} (asked on {report.host})"]
+    return [SiteLine(name, None, f"{report.facts.get('detail')} (asked on {report.host})".removeprefix(ours))]
 
 
 def register(app: typer.Typer) -> None:
@@ -277,7 +303,7 @@ def register(app: typer.Typer) -> None:
 
         With a job and --reach, every problem (the job file's, and what each site's hosts lack) is one line; exit 2.
 
-        With -o json, one object whether it passes or not: ok, and each problem's file, field, message and hint.
+        With -o json, one object whether it passes or not: ok, each problem's file, field (site, host), message, hint.
         """
         what = " ".join(shlex.quote(str(f)) for f in files)
         data: dict[str, Any] = {"ok": True, "problems": []}  # and what is known of the files, as it is read
@@ -299,8 +325,10 @@ def _each(e: RlctlError) -> list[RlctlError]:
 
 
 def _problem_row(e: RlctlError) -> dict[str, Any]:
-    """One problem as `check -o json` gives it: the file, the field (None: the file as a whole, or a line of a
-    host's), what is wrong and what to do."""
+    """One problem as `check -o json` gives it: the file, the field (None: the file as a whole), a site's problem's
+    site and host (None: the site as a whole), what is wrong and what to do."""
+    if isinstance(e, SiteProblem):
+        return {"file": e.file, "field": e.field, "site": e.site, "host": e.host, "message": e.detail, "hint": e.hint}
     if isinstance(e, ConfigError):
         return {"file": e.file, "field": e.field, "message": e.detail, "hint": e.hint}
     return {"file": None, "field": None, "message": str(e), "hint": e.hint}
@@ -341,9 +369,9 @@ def _checked(files: list[Path], data: dict[str, Any], *, reach: bool, timeout_s:
             "task": job.spec.task.kind,
         }
         if reach:  # every problem, the file's and the hosts', one line each
-            lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
-            if lines:
-                raise JobProblems(str(files[0]), lines)
+            found, hosts = job_problems(job, timeout_s=max(timeout_s, 60.0))
+            if found:
+                raise JobProblems(str(files[0]), [line for line, _ in found], each=[e for _, e in found])
             data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
         else:
             preflight(job)  # check passing means launch can start it: every field is honoured or refused
@@ -371,6 +399,7 @@ def _checked(files: list[Path], data: dict[str, Any], *, reach: bool, timeout_s:
     failed = [r for r in results if not r.ok]
     data["ok"] = not failed
     data["problems"] = [
-        _problem_row(ConfigError(inv.origin[r.site], f"sites.{r.site}", f"unreachable: {r.detail}")) for r in failed
+        _problem_row(SiteProblem(inv.origin[r.site], f"sites.{r.site}", f"unreachable: {r.detail}", site=r.site))
+        for r in failed
     ]
     return [r.site for r in failed]

@@ -85,6 +85,30 @@ def evaluations_line(h: dict[str, Any] | None) -> str:
     return f"{one(last)}{tail}  over {last.get('prompts')} prompts"
 
 
+BY_SOURCE = "greedy_reward_by_source"  # (rlctl.rl.source.BY_SOURCE: not imported by the CLI's modules)
+
+
+def heldout_source_rows(h: dict[str, Any] | None) -> list[list[str]]:
+    """Below the held-out row, one short row per data_source of a mixed job's last evaluation (its rows have 2+): the
+    source's greedy reward, and its first evaluation's beside it — a mean over GSM8K and MATH hides one regressing."""
+    if not h:
+        return []
+    first, last = h["first"], h["last"]
+    by_source = last.get(BY_SOURCE)
+    if not isinstance(by_source, dict) or len(by_source) < 2:
+        return []
+    before = first.get(BY_SOURCE) if first["version"] != last["version"] else None
+    before = before if isinstance(before, dict) else {}
+    return [
+        [
+            f"  {src}",
+            f"v{last.get('version')}: greedy reward {_f(x, '.3f')}"
+            + (f"  (first v{first.get('version')}: {_f(before[src], '.3f')})" if src in before else ""),
+        ]
+        for src, x in sorted(by_source.items())
+    ]
+
+
 def time_line(v: dict[str, Any]) -> str:
     """'running 3 d 04 h; ≈ 1 d 02 h left at 41.2 s an iteration (last 20)' from a live status ('paused: …' of a
     paused job, versus an estimate at the pace from before the pause); a resumed job's
@@ -202,6 +226,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
         ["last step", training_line(v.get("training", {}))],
         ["held-out", evaluations_line(v.get("heldout"))],
+        *heldout_source_rows(v.get("heldout")),
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", rebalance_line(v["rebalance"])],
         ["rollout units", f"{v['rollout_units']}  free slots {_per_site(v['free_slots'])}"],
@@ -301,7 +326,7 @@ def _fallback_table(s: dict[str, Any]) -> str:
             ]
         )
     if s.get("heldout"):
-        rows.append(["held-out", evaluations_line(s["heldout"])])
+        rows += [["held-out", evaluations_line(s["heldout"])], *heldout_source_rows(s["heldout"])]
     if "summary" in s:
         # the count first: a failed state's text ends with the command that resumes it
         e = s["summary"]  # (a summary edited by hand may lack either: said as none, not a KeyError)

@@ -199,7 +199,7 @@ class EmbeddedEngine(GenerationEngine):
     ) -> EmbeddedEngine:
         """An engine on an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory (or a saved demo model), on
         `device` in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
-        max_position_embeddings; `TinyGPT.empty`)."""
+        max_positions; `TinyGPT.empty`)."""
         return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device, context=context), **kw)
 
     @property

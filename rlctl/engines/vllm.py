@@ -44,13 +44,12 @@ tokenizer (`skip_tokenizer_init=True`: we pass token ids), so a request stops on
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,8 @@ import torch
 from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
+from rlctl.models import hf
+from rlctl.models.hf import TinyGPTConfig
 
 # vLLM's priority is one integer (lowest first); ours is (oldest group, then highest priority).
 # Priorities keep 3 decimals; groups below 9·10^6 and |priority| below 10^8 fit in an int64.
@@ -136,28 +137,25 @@ def vllm_priority(group: int, priority: float) -> int:
     return group * _GROUP_STRIDE - scaled
 
 
-def max_model_len(model_dir: str | Path, context: int | None = None) -> int:
+def max_model_len(config: TinyGPTConfig, context: int | None = None) -> int:
     """vLLM's `max_model_len`: the job's `context` (rlctl.agents.common.job_context) where the checkpoint's
-    max_position_embeddings is more (None: that), as the trainer and the embedded engine hold sequences to it."""
-    from rlctl.models import hf
-
+    max_positions is more (None: that; vLLM's own derived limit), as the trainer and the embedded engine hold sequences
+    to it."""
     # A Mistral v0.1 `sliding_window` (4096 of 32768) stays in config.json, and vLLM attends within it as MistralModel
     # does (a position to its last `window` tokens): on sequences of at most max_model_len ≤ window tokens it cuts
     # nothing off, so vLLM, the embedded engine and the trainer (full attention) agree. `rlctl check` refuses a job
     # whose context exceeds a window that binds, and the trainer's model refuses to be built for one
     # (hf.window_refusal).
-    limit = hf.read_config(model_dir).max_position_embeddings
+    limit = config.max_positions
     return limit if context is None else min(context, limit)
 
 
-def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int, *, context: int | None = None) -> int:
+def cpu_kv_cache_gib(config: TinyGPTConfig, max_batch_size: int, *, context: int | None = None) -> int:
     """GiB of KV cache that hold `max_batch_size` rows at the engine's `max_model_len` (fp32, +25 %), ≥ 1. The
     config as `rlctl check` read it (its architecture's defaults: Qwen3's head_dim 128 where config.json has none)."""
     from rlctl.engines.kvsize import bytes_per_position
-    from rlctl.models import hf
 
-    c = hf.read_config(model_dir)
-    need = bytes_per_position(c, value_bytes=4) * max_model_len(model_dir, context) * max_batch_size * 1.25
+    need = bytes_per_position(config, value_bytes=4) * max_model_len(config, context) * max_batch_size * 1.25
     return max(1, math.ceil(need / 2**30))
 
 
@@ -171,24 +169,14 @@ def cpu_binding(cpus: set[int] | list[int], workers: int) -> str:
     return "|".join(",".join(map(str, ids[w * share : (w + 1) * share])) for w in range(workers))
 
 
-def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
-    """The `eos_token_id`(s) of an HF checkpoint's config.json (one id, a list, or none) as the embedded engine reads
-    them (`hf.read_config`: LlamaConfig's and MistralConfig's 2 where config.json has no such key)."""
-    from rlctl.models import hf
-
-    return hf.read_config(model_dir).eos_token_ids
-
-
-def architecture_overrides(model_dir: str | Path) -> dict[str, Any]:
-    """vLLM's `hf_overrides` for a checkpoint whose config.json has no `architectures` (rlctl reads it by its
-    model_type, `rlctl.models.hf`): its ForCausalLM class, versus vLLM's guess from model_type, the base model
-    (Qwen2Model, a pooling model there); {} where config.json names it."""
-    from rlctl.models import hf
-
+def architecture_overrides(written: Mapping[str, Any], config: TinyGPTConfig) -> dict[str, Any]:
+    """vLLM's `hf_overrides` for a checkpoint whose config.json (`written`, as written; `config`, as rlctl reads it)
+    has no `architectures` (rlctl reads it by its model_type, `rlctl.models.hf`): its ForCausalLM class, versus
+    vLLM's guess from model_type, the base model (Qwen2Model, a pooling model there); {} where config.json names it."""
     # (`"architectures": null` too: rlctl reads it by its model_type, as it reads one without the key)
-    if json.loads((Path(model_dir) / hf.CONFIG_FILE).read_text()).get("architectures") is not None:
+    if written.get("architectures") is not None:
         return {}
-    return {"hf_overrides": {"architectures": [hf.read_config(model_dir).architecture]}}
+    return {"hf_overrides": {"architectures": [config.architecture]}}
 
 
 @dataclass
@@ -224,7 +212,7 @@ class VllmEngine(GenerationEngine):
         `weight_transfer_usable`), else by `reload_weights`; `weight_chunk_bytes`: its chunks' bound;
         `on_new_weights`: what running requests do when a version arrives — "recompute" their K/V with it,
         or "keep" the K/V they have (module docstring); `context`: the job's longest request, where the checkpoint
-        allows more (`max_model_len`; None: the checkpoint's max_position_embeddings)."""
+        allows more (`max_model_len`; None: the checkpoint's max_positions)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if on_new_weights not in ON_NEW_WEIGHTS:
@@ -254,24 +242,28 @@ class VllmEngine(GenerationEngine):
         self.weight_transfer = usable if weight_transfer is None else weight_transfer
         self._broken: str | None = None  # why the model is half-loaded (a push failed midway), or None
         self.weight_chunk_bytes = weight_chunk_bytes
-        self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
+        # config.json, read once: as written (whether it names its architecture) and as rlctl reads it (the embedded
+        # engine's eos ids, where it has none: LlamaConfig's and MistralConfig's 2; Qwen3's head_dim 128 where none)
+        written = hf.read_config_json(model_dir)
+        config = hf.TinyGPTConfig.from_hf(written, file=str(Path(model_dir) / hf.CONFIG_FILE))
+        self.eos_ids = tuple(config.eos_token_ids if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
-            kv_gib = cpu_kv_cache_gib(model_dir, max_batch_size, context=context)
+            kv_gib = cpu_kv_cache_gib(config, max_batch_size, context=context)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
             if tensor_parallel > 1:  # vLLM's automatic binding wants a NUMA node per worker
                 os.environ.setdefault(
                     "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
                 )
         kwargs: dict[str, Any] = {
-            # the context that check, the trainer and the embedded engine hold requests to: vLLM's own reading of a
-            # 'linear' RoPE scaling is max_position_embeddings × factor
-            "max_model_len": max_model_len(model_dir, context),
+            # the context that check, the trainer and the embedded engine hold requests to (at most vLLM's own
+            # derived max_model_len: `TinyGPTConfig.max_positions`)
+            "max_model_len": max_model_len(config, context),
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
             "enable_prefix_caching": True,
             "generation_config": "vllm",  # the checkpoint's sampling defaults must not override ours
-            **architecture_overrides(model_dir),
+            **architecture_overrides(written, config),
             **llm_kwargs,
         }
         if on_new_weights == "keep" and not cpu:

@@ -4,7 +4,7 @@ trainer packages, free disk — asked on each host through the site's own backen
     check --reach ─▶ every site: on each of its hosts (an SSH site: each host over SSH; a SLURM site: one
                      `srun` on its partition, with a GPU where the site has GPUs; a local site: here), the site's
                      `setup` lines, then `<site python> -c PROBE <workdir>` ─▶ one JSON line: HostReport
-                  ─▶ problems: one line each, naming the site and host, what is missing and what to do
+                  ─▶ problems: one line each (`SiteLine`), naming the site and host, what is missing and what to do
 
 A host that cannot be asked (unreachable, the python missing) is one problem too; nothing here raises for a site.
 """
@@ -71,6 +71,23 @@ if len(sys.argv) > 2:  # a file the operator's machine made in the work root: do
 out["free_bytes"] = shutil.disk_usage(root).free
 print("RLCTL_PROBE " + json.dumps(out))
 """
+
+
+class SiteLine(str):
+    """One problem of a site's, the line `check --reach` prints: 'site {site} host {host}: {message}' ('site {site}:
+    {message}' where `host` is None: the site as a whole); its parts kept for `check -o json`."""
+
+    site: str
+    host: str | None
+    message: str
+
+    def __new__(cls, site: str, host: str | None, message: str) -> SiteLine:
+        line = super().__new__(cls, f"site {site}{'' if host is None else f' host {host}'}: {message}")
+        line.site, line.host, line.message = site, host, message
+        return line
+
+    def __getnewargs__(self) -> tuple[str, str | None, str]:  # type: ignore[override]  # (copy, pickle)
+        return self.site, self.host, self.message
 
 
 @dataclass
@@ -229,75 +246,78 @@ def unreachable(reports: list[HostReport]) -> bool:
 
 def host_problems(
     report: HostReport, site: Site, *, roles: set[str] | None = None, job: JobFile | None = None
-) -> list[str]:
+) -> list[SiteLine]:
     """One line per thing `report`'s host lacks to run `roles` ("trainer", "rollout", "controller") of `job`
     (None: what any rlctl agent needs there)."""
-    where = f"site {report.site} host {report.host}"
     python = report.facts.get("executable") or python_for(site)
     if report.error is not None:  # (a busy partition's host was not asked yet: it can be)
-        return [f"{where}: {'' if report.waited else 'cannot be asked: '}{report.error}"]
-    f, out = report.facts, []
+        return [SiteLine(report.site, report.host, f"{'' if report.waited else 'cannot be asked: '}{report.error}")]
+    f, out = report.facts, list[SiteLine]()
+
+    def lacks(message: str) -> None:
+        out.append(SiteLine(report.site, report.host, message))
+
     if f.get("sees_here") is False:
-        out.append(
-            f"{where}: does not see {f.get('workdir')} of this machine (a file made there for the probe was not "
+        lacks(
+            f"does not see {f.get('workdir')} of this machine (a file made there for the probe was not "
             f"there), where the site's agents read and write the job's files: set sites.{report.site}.scheduler."
             "workdir to a directory this machine and the site's nodes share, or give the site a submit_host"
         )
     if "rlctl" not in f:
-        out.append(
-            f"{where}: {python} cannot import rlctl ({f.get('rlctl_error')}): install rlctl=={__version__} there, "
+        lacks(
+            f"{python} cannot import rlctl ({f.get('rlctl_error')}): install rlctl=={__version__} there, "
             f"or set sites.{report.site}.python (and setup) to the environment that has it"
         )
     elif f["rlctl"] != __version__:
-        out.append(f"{where}: rlctl {f['rlctl']} there, {__version__} here: install rlctl=={__version__} there")
+        lacks(f"rlctl {f['rlctl']} there, {__version__} here: install rlctl=={__version__} there")
     elif f.get("rlctl_code") != code_digest():  # one version, other code: its agents would exit at start
         there = f"code {f['rlctl_code']}" if f.get("rlctl_code") else "an older build, no code digest"
-        out.append(
-            f"{where}: rlctl {__version__} at {f.get('rlctl_at', '?')} there is other code than here ({there}, here "
+        lacks(
+            f"rlctl {__version__} at {f.get('rlctl_at', '?')} there is other code than here ({there}, here "
             f"{code_digest()}): install this machine's rlctl there (the same checkout or wheel)"
         )
     computes = roles is None or bool(roles & {"trainer", "rollout"})
     gpu = kind_for(site.spec.name) == "cuda"
     if "torch" not in f:
-        out.append(
-            f"{where}: {python} cannot import torch ({f.get('torch_error')}): install torch there"
+        lacks(
+            f"{python} cannot import torch ({f.get('torch_error')}): install torch there"
             + (" (a CUDA build: the site declares GPUs)" if gpu else "")
         )
     elif gpu and computes and not f.get("cuda_devices"):
         what = "is a CPU build" if not f.get("cuda") else "sees no CUDA device (driver, CUDA_VISIBLE_DEVICES)"
-        out.append(
-            f"{where}: torch {f['torch']} {what}, and the site declares {site.spec.name} GPUs: install a CUDA "
+        lacks(
+            f"torch {f['torch']} {what}, and the site declares {site.spec.name} GPUs: install a CUDA "
             "build of torch there, or declare the site `gpu: CPU`"
         )
     elif gpu and computes and kind_of(site).slices_gpus:  # where SLURM binds GPUs, it counts them
         nodes = [n for n in site.nodes if report.host in n.hosts or report.host == "localhost"]
         need = max((1 + n.device(slot) for n in nodes for slot in range(n.gpus)), default=0)
         if f["cuda_devices"] < need:
-            out.append(
-                f"{where}: torch sees {f['cuda_devices']} CUDA device(s), the inventory declares {need}: "
+            lacks(
+                f"torch sees {f['cuda_devices']} CUDA device(s), the inventory declares {need}: "
                 f"give sites.{report.site}.nodes the host's real GPU count"
             )
     if job is not None and roles and "rollout" in roles and job.rollout.engine == "vllm":
         kind = kind_for(site.spec.name)
         if VLLM_DISTRIBUTIONS[kind] not in f.get("vllm", []):
             have = ", ".join(f.get("vllm", [])) or "no vLLM"
-            out.append(
-                f"{where}: {have} there, its rollout units need {VLLM_DISTRIBUTIONS[kind]}: "
+            lacks(
+                f"{have} there, its rollout units need {VLLM_DISTRIBUTIONS[kind]}: "
                 f"pip install '{VLLM_EXTRAS[kind]}' there"
             )
     if job is not None and roles and "trainer" in roles and job.trainer.backend == "megatron" and not f.get("megatron"):
-        out.append(f"{where}: the megatron trainer needs megatron-core there: pip install 'rlctl[megatron]' there")
+        lacks("the megatron trainer needs megatron-core there: pip install 'rlctl[megatron]' there")
     if job is not None and job.transport.kind == "ucx" and not f.get("ucxx"):
-        out.append(f"{where}: transport ucx needs ucxx there: pip install 'rlctl[ucx]' there")
+        lacks("transport ucx needs ucxx there: pip install 'rlctl[ucx]' there")
     if job is not None and job.transport.kind == "ucx" and site.network.rdma and f.get("rdma_devices") == []:
-        out.append(
-            f"{where}: the inventory says network.rdma: true, and the host has no RDMA device (/sys/class/infiniband "
+        lacks(
+            f"the inventory says network.rdma: true, and the host has no RDMA device (/sys/class/infiniband "
             f"is empty): set sites.{report.site}.network.rdma: false, or load the host's RDMA driver"
         )
     return out
 
 
-def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> list[str]:
+def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> list[SiteLine]:
     """A SLURM site's nodes as its inventory lists them, against its partition's (sinfo): hosts the partition does
     not have (GPU slots the plan counts and SLURM never gives), and nodes it has that the inventory does not list
     (SLURM may place agents there, whose GPUs and memory the plan did not count); and a `time_limit_min` past the
@@ -318,23 +338,23 @@ def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> lis
     if max_s is not None and sched.time_limit_min * 60 > max_s:
         given = "" if "time_limit_min" in sched.model_fields_set else " (the default)"
         out.append(
-            f"site {name}: time_limit_min {sched.time_limit_min}{given} is past partition {sched.partition}'s MaxTime "
+            f"time_limit_min {sched.time_limit_min}{given} is past partition {sched.partition}'s MaxTime "
             f"of {max_s // 60} min (sinfo): SLURM would hold every agent's job pending; set sites.{name}."
             f"scheduler.time_limit_min: {max_s // 60} (checkpoint.auto_resume resumes a run that reaches it)"
         )
     if have and (missing := sorted(listed - have)):
         out.append(
-            f"site {name}: the inventory lists {hostlist.collect_hostlist(missing)}, which partition "
+            f"the inventory lists {hostlist.collect_hostlist(missing)}, which partition "
             f"{sched.partition} does not have (sinfo): remove them from sites.{name}.nodes, or set the partition "
             "that has them"
         )
     if have and (extra := sorted(have - listed)):
         out.append(
-            f"site {name}: partition {sched.partition} also has {hostlist.collect_hostlist(extra)}, which "
+            f"partition {sched.partition} also has {hostlist.collect_hostlist(extra)}, which "
             f"sites.{name}.nodes does not list: SLURM may place agents there; list them (with their gpus), or set a "
             "partition of the listed nodes"
         )
-    return out
+    return [SiteLine(name, None, message) for message in out]
 
 
 class PartitionCpus:
@@ -359,7 +379,7 @@ class PartitionCpus:
 
 def controller_cores_problems(
     name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0, cpus: PartitionCpus | None = None
-) -> list[str]:
+) -> list[SiteLine]:
     """The controller's SLURM job on site `name` asking more cores (`controller_cores`: itself, its reward
     workers, the held-out evaluations' one) than any node of its partition has (sinfo's CPUs, from `cpus`: those
     asked already, or asked now within `timeout_s`), where no `nodes[].cpus` caps the request: sbatch refuses it
@@ -378,23 +398,26 @@ def controller_cores_problems(
         return []
     workers = getattr(job.task, "reward_workers", 0)
     held = cores - 1 - workers
-    return [
-        f"site {name}: the controller's SLURM job asks {cores} cores (itself and task.reward_workers {workers}"
+    message = (
+        f"the controller's SLURM job asks {cores} cores (itself and task.reward_workers {workers}"
         + (", and the held-out evaluations' worker" if held else "")
         + f"), and partition {sched.partition}'s nodes have at most {most} (sinfo): sbatch refuses it; set "
         f"task.reward_workers to at most {max(0, most - 1 - held)}, or give sites.{name}.nodes their cpus (the "
         "controller then asks at most a node's)"
-    ]
+    )
+    return [SiteLine(name, None, message)]
 
 
-def disk_problem(report: HostReport, *, need_bytes: float, what: str = "the staged model") -> str | None:
+def disk_problem(report: HostReport, *, need_bytes: float, what: str = "the staged model") -> SiteLine | None:
     """The host's work root has less free disk than `need_bytes` (`what`: of what, and how to need less)."""
     free = report.facts.get("free_bytes")
     if free is None or free >= need_bytes:
         return None
-    return (
-        f"site {report.site} host {report.host}: {free / 1e9:.1f} GB free in {report.facts.get('workdir')}, the job "
-        f"needs about {need_bytes / 1e9:.1f} GB there ({what}): free space or set the site's scheduler.workdir"
+    return SiteLine(
+        report.site,
+        report.host,
+        f"{free / 1e9:.1f} GB free in {report.facts.get('workdir')}, the job needs about {need_bytes / 1e9:.1f} GB "
+        f"there ({what}): free space or set the site's scheduler.workdir",
     )
 
 
@@ -414,7 +437,7 @@ print("RLCTL_PROBE " + json.dumps(out))
 """
 
 
-def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[str]:
+def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[SiteLine]:
     """A tracking job's controller on site `name` (not this machine) without the trackers' packages there, or, for
     an online W&B run, without a W&B login there: it logs the run with that host's, not this machine's (`check`
     asks this machine's only where the controller runs here). One line, asked on the site's first host; a host that
@@ -426,16 +449,16 @@ def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout
     if report.error is not None or report.facts.get("ok", True):
         return []
     hint = report.facts.get("hint")
-    return [
-        f"site {name} host {report.host}: {report.facts.get('field') or 'tracking'}: {report.facts.get('detail')} "
-        "there, where the controller logs the run (with its host's packages and login, not this machine's)"
-        + (f": {hint} there" if hint else "")
-    ]
+    message = (
+        f"{report.facts.get('field') or 'tracking'}: {report.facts.get('detail')} there, where the controller logs "
+        "the run (with its host's packages and login, not this machine's)" + (f": {hint} there" if hint else "")
+    )
+    return [SiteLine(name, report.host, message)]
 
 
 def controller_reach_problems(
     name: str, site: Site, targets: dict[str, Site], *, timeout_s: float = 60.0, reach_timeout_s: float = 10.0
-) -> list[str]:
+) -> list[SiteLine]:
     """From the controller's site `name` (where `rlctl scale` and the rebalance rule start rollout units), the
     sites in `targets` it cannot reach, one line each. Nothing to ask where the controller runs on this machine
     (`check --reach` reached the sites from here). A controller host that cannot be asked (no rlctl there) is
@@ -448,13 +471,14 @@ def controller_reach_problems(
     )
     if report.error is not None:
         return []
-    out = []
-    for target, answer in sorted(report.facts.items()):
-        if not answer.get("ok"):
-            out.append(
-                f"site {target}: cannot be reached from the controller's site {name} (host {report.host}): "
-                f"{answer.get('detail')}: `rlctl scale` and the rebalance rule start rollout units from there; give "
-                f"that host the site's SSH key and known_hosts, or set placement.controller_site to a site that "
-                f"reaches it"
-            )
-    return out
+    return [
+        SiteLine(
+            target,
+            None,
+            f"cannot be reached from the controller's site {name} (host {report.host}): {answer.get('detail')}: "
+            "`rlctl scale` and the rebalance rule start rollout units from there; give that host the site's SSH key "
+            "and known_hosts, or set placement.controller_site to a site that reaches it",
+        )
+        for target, answer in sorted(report.facts.items())
+        if not answer.get("ok")
+    ]

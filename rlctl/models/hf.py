@@ -18,12 +18,12 @@ Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one 
 Qwen3's attention with routed experts in the layers `MoeConfig.sparse` names, each expert's gate/up/down a tensor of its
 own in the file, as transformers 5 writes and reads them), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
-(`llama3`) or `linear` (`RopeScaling`), fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane
-sends and GPU engines compute in; a CPU computes in fp32). Refused with one line naming the file and key: other
-architectures (Qwen2-MoE, its shared expert, among them), other RoPE scaling (yarn, dynamic, longrope, …), Qwen's
-sliding-window attention (`use_sliding_window`), a model built for sequences longer than a Mistral or Phi3
-`sliding_window` (`window_refusal`), RoPE on part of a head (`partial_rotary_factor` ≠ 1: Phi-4-mini), MLP bias,
-activations other than SiLU, quantized weights.
+(`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context) (`rlctl.models.rope`), fp32/bf16/fp16 weights (the file's
+dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with
+one line naming the file and key: other architectures (Qwen2-MoE, its shared expert, among them), other RoPE scaling
+(dynamic, longrope, …), Qwen's sliding-window attention (`use_sliding_window`), a model built for sequences longer than
+a Mistral or Phi3 `sliding_window` (`window_refusal`), RoPE on part of a head (`partial_rotary_factor` ≠ 1: Phi-4-mini),
+MLP bias, activations other than SiLU, quantized weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
 as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
@@ -42,11 +42,13 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import ConfigError
+from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
 from rlctl.models.moe import MoeConfig, parse_moe
+from rlctl.models.rope import ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
 
 if TYPE_CHECKING:
@@ -89,32 +91,8 @@ _HF_DEFAULT_PAD = {PHI3: 32000}
 _HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
-ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear' and 'llama3' scaling"
-# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear or llama3 (see read)
+# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear, llama3 or yarn (see read)
 _ROPE_SUPPORTED_FOR = {PHI3: " for Phi3: default RoPE (rope_theta)"}
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How RoPE's frequencies θ^(-2i/d) are scaled for a context longer than the pretraining one (HF `rope_scaling`,
-    or transformers 5's `rope_parameters`); no scaling is `TinyGPTConfig.rope_scaling` None.
-
-        linear  every frequency ÷ factor (the same as positions ÷ factor)
-        llama3  by wavelength 2π/freq against the pretraining context L (original_max_position_embeddings):
-                shorter than L/high_freq_factor kept, longer than L/low_freq_factor ÷ factor, and in between
-                interpolated linearly in L/wavelength (Llama 3.1–3.3: factor 8 or 32, 1, 4, L 8192)
-    """
-
-    kind: Literal["linear", "llama3"]
-    factor: float
-    low_freq_factor: float | None = None  # llama3's three, None for linear
-    high_freq_factor: float | None = None
-    original_max_position_embeddings: int | None = None
-
-    def to_hf(self) -> dict[str, Any]:
-        """The `rope_scaling` entry of config.json (transformers 4 and 5, and vLLM, read it)."""
-        return {"rope_type": self.kind, **{k: v for k, v in asdict(self).items() if k != "kind" and v is not None}}
 
 
 @dataclass(frozen=True)
@@ -179,6 +157,13 @@ class TinyGPTConfig:
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence (prompt + output) the model is run on, as vLLM derives it (`rope.max_positions`):
+        max_position_embeddings, times a linear or yarn scaling's factor. Every rlctl path holds sequences to it:
+        `rlctl check`, the engines, the trainers."""
+        return rope.max_positions(self.max_position_embeddings, self.rope_scaling)
 
     @property
     def binding_window(self) -> int | None:
@@ -267,7 +252,7 @@ class TinyGPTConfig:
             float(self.num_params()),
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
-            max_positions=self.max_position_embeddings,
+            max_positions=self.max_positions,
             active_params=float(self.num_params(active=True)) if self.moe is not None else None,
         )
 
@@ -388,8 +373,9 @@ def fused_for_file(sd: Mapping[str, torch.Tensor], c: TinyGPTConfig) -> dict[str
 
 
 def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, where: str) -> list[str]:
-    """The names to load from a checkpoint file holding `shapes` (`file_shapes`); ConfigError on a missing, extra or
-    misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files) and a tied lm_head."""
+    """The names to load from a checkpoint file holding `shapes` (`file_shapes`, and a tied lm_head where the file
+    holds one: the load refuses it unless it is the embedding, `rlctl.models.tensors.check_tied`); ConfigError on a
+    missing, extra or misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files)."""
     want = file_shapes(c)
     for name, shape in want.items():
         if name not in shapes:
@@ -402,11 +388,17 @@ def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, wh
     extra = [k for k in shapes if k not in want and k not in ignorable and not k.endswith("rotary_emb.inv_freq")]
     if extra:
         raise ConfigError(where, None, f"tensor {extra[0]} is not part of a {c.architecture} of this config.json")
-    return list(want)
+    return [*want, *(k for k in ignorable if k in shapes)]
 
 
 # ---- config.json ----
 def read_config(directory: str | Path) -> TinyGPTConfig:
+    return _parse_config(read_config_json(directory), str(Path(directory) / CONFIG_FILE))
+
+
+def read_config_json(directory: str | Path) -> dict[str, Any]:
+    """A checkpoint's config.json as written (a JSON object); ConfigError naming it where it cannot be read or is not
+    one. `TinyGPTConfig.from_hf` reads it as `read_config` does."""
     path = Path(directory) / CONFIG_FILE
     try:
         raw = path.read_bytes()
@@ -420,7 +412,7 @@ def read_config(directory: str | Path) -> TinyGPTConfig:
         raise ConfigError(str(path), None, f"not JSON: {e}") from e
     if not isinstance(d, dict):
         raise ConfigError(str(path), None, "not a JSON object")
-    return _parse_config(d, str(path))
+    return d
 
 
 def _mistral_window(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError], default: int | None) -> int | None:
@@ -502,7 +494,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if any(t != "full_attention" for t in layer_types):
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
-    theta, scaling = _rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
+    theta, scaling = read_rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
     if arch == PHI3 and scaling is not None:  # (Phi3Config takes longrope alone, which _rope refuses: not these)
         key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
         raise bad(key, f"RoPE {scaling.kind!r} is not a Phi3's; supported for Phi3: default RoPE (rope_theta)")
@@ -521,9 +513,14 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     tie = d.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise bad("tie_word_embeddings", f"{tie!r} is not true or false")
+    vocab, pad = num("vocab_size"), token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch))
+    if pad is not None and pad >= vocab:  # (the embedding's padding row: transformers' model refuses to be built)
+        said = "" if "pad_token_id" in d else f" ({arch.removesuffix('ForCausalLM')}Config's default where it has none)"
+        row = f"is not a row of the embedding (vocab_size {vocab}); give an id below it, or null"
+        raise bad("pad_token_id", f"{pad}{said} {row}")
     moe = parse_moe(d, bad, num) if arch == QWEN3_MOE else None
     return TinyGPTConfig(
-        vocab_size=num("vocab_size"),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=num("intermediate_size"),
         num_hidden_layers=num("num_hidden_layers"),
@@ -536,7 +533,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         tie_word_embeddings=tie,
         bos_token_id=token_id("bos_token_id", _HF_DEFAULT_BOS.get(arch)),
         eos_token_id=token_id("eos_token_id", _HF_DEFAULT_EOS.get(arch), many=True),
-        pad_token_id=token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch)),
+        pad_token_id=pad,
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
@@ -574,62 +571,6 @@ def _heads(
     if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
         raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
     return kv_heads, head_dim
-
-
-def _rope(d: Mapping[str, Any], bad: Any, *, supported: str) -> tuple[float, RopeScaling | None]:
-    """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
-    scaling other than linear and llama3 is refused, saying `supported` (the architecture's) after "supported". Both
-    keys given must say the same (transformers reads `rope_scaling` alone then)."""
-    found: dict[str, tuple[float, RopeScaling | None]] = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        if d.get(key) is not None:
-            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad, supported)
-    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
-        raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
-    _whole_rotary(d, "", bad)
-    theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
-        raise bad("rope_theta", f"{theta!r} is not a positive number")
-    return float(theta), scaling
-
-
-def _whole_rotary(d: Mapping[str, Any], where: str, bad: Any) -> None:
-    """RoPE on every dimension of a head: a `partial_rotary_factor` (Phi-4-mini's 0.75 at the top of config.json;
-    transformers 5 writes a Phi3's 1.0 into its rope_parameters) other than 1 is refused, naming it (`where` + key)."""
-    v = d.get("partial_rotary_factor", 1.0)
-    if isinstance(v, bool) or v != 1:
-        raise bad(
-            f"{where}partial_rotary_factor",
-            f"{v!r} is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated",
-        )
-
-
-def _rope_entry(rope: Any, theta: Any, key: str, bad: Any, supported: str) -> tuple[Any, RopeScaling | None]:
-    if not isinstance(rope, dict):
-        raise bad(key, f"{rope!r} is not a mapping; supported{supported}")
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    wanted = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}.get(kind) if isinstance(kind, str) else None
-    if wanted is None:
-        raise bad(key, f"RoPE {kind!r} is not supported; supported{supported}")
-    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor", *wanted}):
-        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported{supported}")
-    _whole_rotary(rope, f"{key}.", bad)
-    theta = rope.get("rope_theta", theta)
-    if kind == "default":
-        return theta, None
-    for name in wanted:
-        v = rope.get(name)
-        if v is None:
-            raise bad(f"{key}.{name}", f"missing; RoPE {kind!r} needs {', '.join(wanted)}")
-        integral = name == "original_max_position_embeddings"
-        if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or v <= 0:
-            raise bad(f"{key}.{name}", f"{v!r} is not a positive {'integer' if integral else 'number'}")
-    if kind == "linear":
-        return theta, RopeScaling("linear", float(rope["factor"]))
-    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
-    if high <= low:  # (the band between them is interpolated over high − low)
-        raise bad(f"{key}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}")
-    return theta, RopeScaling("llama3", float(rope["factor"]), low, high, rope["original_max_position_embeddings"])
 
 
 # ---- weight files ----

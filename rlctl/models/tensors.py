@@ -11,6 +11,10 @@ TinyGPT, every `TinyGPT.from_pretrained`) so: torch's `load_state_dict` would fi
 lazy mapping.
 
     ModelTensors(file tensors, config)[name] ─▶ the model's names: a Phi3 file's qkv_proj read as q, k, v (its rows)
+
+Every full-model load checks the names and shapes (`check_fit`, from the files' headers: nothing read) and a tied
+lm_head (`check_tied`) before it copies a tensor, and refuses in one line (DoesNotFit): `copy_into`,
+`rlctl.trainers.fsdp.load_full`, megatron's `MegatronPolicy.load_hf`.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ class ModelTensors(Mapping[str, torch.Tensor]):
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each name's shape, from the file's (its headers: nothing read, where it is `CheckpointTensors`)."""
-        file = _shapes(self._file)
+        file = shapes_of(self._file)
         out: dict[str, tuple[int, ...]] = {}
         for name in self._names:
             if name in self._parts:
@@ -121,30 +125,92 @@ class ModelTensors(Mapping[str, torch.Tensor]):
         return out
 
 
+class DoesNotFit(ValueError):
+    """A checkpoint's tensors are not the model's (`check_fit`, `check_tied`): one line, nothing copied yet."""
+
+
+def check_fit(
+    model: Mapping[str, tuple[int, ...]], checkpoint: Mapping[str, tuple[int, ...]], *, optional: Collection[str] = ()
+) -> None:
+    """DoesNotFit (one line) unless the `checkpoint`'s tensor names and shapes are the `model`'s (`optional`'s
+    may be missing): how many are missing, unexpected and of another shape, and the first few of each. Every
+    full-model load calls it before it copies a tensor (`copy_into`, `fsdp.load_full`, megatron's `load_hf`): a
+    refused load leaves the model as it was, versus some tensors new and the rest as they were."""
+    missing = [k for k in model if k not in checkpoint and k not in optional]
+    unexpected = [k for k in checkpoint if k not in model]
+    wrong = [
+        f"{k} {list(checkpoint[k])} where the model's is {list(model[k])}"
+        for k in model
+        if k in checkpoint and tuple(checkpoint[k]) != tuple(model[k])
+    ]
+    said = [
+        f"{len(names)} {what} ({_first(names)})"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("of another shape", wrong))
+        if names
+    ]
+    if said:
+        raise DoesNotFit(f"weights do not fit this model: {'; '.join(said)}")
+
+
+def _first(names: list[str], said: int = 3) -> str:
+    """The first `said` of `names`, and how many more."""
+    return ", ".join(names[:said]) + (f", … {len(names) - said} more" if len(names) > said else "")
+
+
+def check_tied(tensors: Mapping[str, torch.Tensor]) -> None:
+    """DoesNotFit where `tensors` (of a model whose lm_head is its embedding: tie_word_embeddings) hold an
+    `lm_head.weight` other than `model.embed_tokens.weight`: one tensor cannot be both. Transformers loads such a
+    checkpoint untied (its config notwithstanding), versus rlctl's load, which copied one over the other (the
+    embedding silently the file's lm_head, or the lm_head its embedding). Equal, or absent: nothing to say."""
+    if "lm_head.weight" not in tensors:
+        return
+    lm_head, embed = tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]
+    if _view(lm_head) == _view(embed):
+        return  # one tensor under both names (a tied model's state dict, megatron's `weights()`): not compared
+    if not torch.equal(lm_head, embed):
+        raise DoesNotFit(
+            "weights do not fit this model: lm_head.weight differs from model.embed_tokens.weight, and this model "
+            "holds one tensor for both (tie_word_embeddings: true; transformers loads such a checkpoint untied); a "
+            "model of tie_word_embeddings: false trains both"
+        )
+
+
+def _view(t: torch.Tensor) -> tuple[object, ...]:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.device
+
+
 @torch.no_grad()
 def copy_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], *, optional: Collection[str] = ()) -> None:
     """`tensors` copied into `module`'s state in place (any dtype or device: each is converted), each read as it is
     copied: what is held beyond the module is one tensor (`CheckpointTensors`), versus torch's `load_state_dict`,
-    which makes a dict of the whole mapping first (+1 × the model on a rank's resume). Checked first, as
-    `TinyGPT.load_weights` checks them (the names and shapes from `shapes()` where it has them: nothing read), and
-    ValueError with nothing copied where a name the module holds is missing (but `optional`'s), one it does not
-    hold is there, or a shape differs."""
+    which makes a dict of the whole mapping first (+1 × the model on a rank's resume). Checked first (`check_fit`:
+    the names and shapes from `shapes()` where it has them, nothing read; `check_tied` where the module ties its
+    lm_head to its embedding), DoesNotFit with nothing copied. A tensor the module holds under two names (a tied
+    lm_head) is copied once."""
     own = module.state_dict()
-    shapes = _shapes(tensors)
-    missing = sorted(set(own) - set(shapes) - set(optional))
-    unexpected = sorted(set(shapes) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    wrong = next((k for k, shape in shapes.items() if shape != tuple(own[k].shape)), None)
-    if wrong is not None:
-        got, want = list(shapes[wrong]), list(own[wrong].shape)
-        raise ValueError(f"weights do not fit this model: {wrong} has shape {got}, the model's is {want}")
+    check_fit({k: tuple(t.shape) for k, t in own.items()}, shapes_of(tensors), optional=optional)
+    alias = aliases(module)
+    if alias:
+        check_tied(tensors)
     for name, t in own.items():  # the module's order, as load_state_dict copies
-        if name in shapes:
+        if name in tensors and name not in alias:
             t.copy_(tensors[name])
 
 
-def _shapes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+def aliases(module: nn.Module) -> dict[str, str]:
+    """Each name of `module`'s state that holds a parameter an earlier name holds (a tied `lm_head.weight`) → that
+    earlier name."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
+def shapes_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape: from the files' headers where `tensors` has them (nothing read), else its own."""
     if isinstance(tensors, CheckpointTensors | ModelTensors):
         return tensors.shapes()

@@ -47,7 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlctl.errors import ConfigError
-from rlctl.models import hf
+from rlctl.models import hf, rope
 from rlctl.models.hf import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -56,7 +56,7 @@ from rlctl.models.hf import (
     TinyGPTConfig,
     load_state_dict,
 )
-from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors, copy_into
 
 __all__ = [
     "CONFIG_FILE",
@@ -103,12 +103,18 @@ class KVCache:
         self.lengths[:n] = self.lengths.index_select(0, rows)
 
 
-def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None) -> torch.Tensor:
-    """RoPE's frequencies scaled for a longer context (`hf.RopeScaling`; as transformers' rope init functions)."""
+def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None, theta: float) -> torch.Tensor:
+    """RoPE's frequencies θ^(-2i/d) scaled for a longer context (`hf.RopeScaling`; as transformers' rope init
+    functions)."""
     if s is None:
         return inv_freq
     if s.kind == "linear":
         return inv_freq / s.factor
+    if s.kind == "yarn":  # the weight of the kept frequency falls linearly from 1 to 0 over the index band
+        low, high = s.yarn_band(2 * inv_freq.numel(), theta)
+        i = torch.arange(inv_freq.numel(), dtype=inv_freq.dtype, device=inv_freq.device)
+        kept = 1 - ((i - low) / (high - low)).clamp(0, 1)
+        return inv_freq / s.factor * (1 - kept) + inv_freq * kept
     assert s.low_freq_factor is not None and s.high_freq_factor is not None and s.original_max_position_embeddings
     # turns over the pretraining context (its length ÷ the wavelength 2π/freq): the llama3 bands are [.., low]
     # (÷ factor), [high, ..] (kept), and in between the weight of the kept frequency rises linearly from 0 to 1
@@ -377,7 +383,8 @@ def _unchanged(tensor: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
 class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
     def __init__(self, c: TinyGPTConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        # the pad token's row gets no gradient from the positions that hold it, as transformers' (padding_idx)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(c, n) for n in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -385,8 +392,9 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 class TinyGPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of a head (`_rope`)
-    # positions the RoPE tables hold, the most a sequence may have: max_position_embeddings, or a job's context
-    # where that is less (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
+    # positions the RoPE tables hold, the most a sequence may have: the model's (`TinyGPTConfig.max_positions`:
+    # max_position_embeddings, × a linear or yarn scaling's factor), or a job's context where that is less
+    # (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
     context: int
     # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,
     # the parameters (master weights) staying as they are; and each layer's activations recomputed in backward
@@ -396,7 +404,7 @@ class TinyGPT(nn.Module):
     def __init__(self, config: TinyGPTConfig | None = None) -> None:
         super().__init__()
         self.config = c = config if config is not None else TinyGPTConfig()
-        self.context = c.max_position_embeddings
+        self.context = c.max_positions
         self.model = _Trunk(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
@@ -409,25 +417,31 @@ class TinyGPT(nn.Module):
         self.apply(self._init)
 
     def _rope_tables(self) -> None:
-        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says) for every position
-        below `context`, in fp32 on the model's device (cast with it). ValueError where `context` is longer than a
-        Mistral sliding window that binds (`hf.window_refusal`): the model would not compute what MistralModel does."""
+        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says, and both tables
+        multiplied by its attention scaling) for every position below `context`, in fp32 on the model's device (cast
+        with it). ValueError where `context` is longer than a Mistral sliding window that binds (`hf.window_refusal`):
+        the model would not compute what MistralModel does."""
         c = self.config
         if (why := hf.window_refusal(c, self.context)) is not None:
             raise ValueError(f"sliding_window {why}")
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
-        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling)
+        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling, c.rope_theta)
         ang = torch.outer(torch.arange(self.context, dtype=angle_dtype, device=device), inv_freq)
-        self.rope_cos = torch.cat([ang, ang], dim=-1).cos().float()
-        self.rope_sin_signed = torch.cat([-ang.sin(), ang.sin()], dim=-1).float()
+        # × yarn's attention factor (1 otherwise), as transformers' rotary embedding scales its cos and sin
+        a = 1.0 if c.rope_scaling is None else c.rope_scaling.attention_scaling()
+        self.rope_cos = (torch.cat([ang, ang], dim=-1).cos() * a).float()
+        self.rope_sin_signed = (torch.cat([-ang.sin(), ang.sin()], dim=-1) * a).float()
 
     @property
     def context_name(self) -> str:
         """What bounds `context`, as an error names it."""
-        limited = self.context < self.config.max_position_embeddings
-        return "the job's context (its task's longest prompt + output)" if limited else "max_position_embeddings"
+        c = self.config
+        if self.context < c.max_positions:
+            return "the job's context (its task's longest prompt + output)"
+        scaled = rope.positions_said(c.max_position_embeddings, c.rope_scaling)
+        return "max_position_embeddings" if scaled is None else f"the model's context ({scaled})"
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
@@ -594,12 +608,12 @@ class TinyGPT(nn.Module):
         context: int | None = None,
     ) -> TinyGPT:
         """Load an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's
-        own) on `device`, holding sequences of up to `context` tokens (None: max_position_embeddings; see `empty`);
+        own) on `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see `empty`);
         ConfigError for what is not supported. The weights are never initialised first (the model is made on the meta
         device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
-        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        held = config.max_positions if context is None else min(context, config.max_positions)
         if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
             raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
         file = CheckpointTensors(d)  # (names and shapes from the files' headers: nothing read yet)
@@ -607,7 +621,10 @@ class TinyGPT(nn.Module):
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
         # each tensor read (in fp32, as `load_state_dict` reads it) and cast into its parameter in turn: what is held
         # beside the model is one tensor, versus a state dict of the whole model (a 7B in bf16: ≈ 30 GB, not 15)
-        model.load_weights(ModelTensors(file, config, only=names))
+        try:
+            model.load_weights(ModelTensors(file, config, only=names))
+        except DoesNotFit as e:  # (what match_weights passes: a tied lm_head the file holds beside the embedding)
+            raise ConfigError(str(d), None, str(e)) from e
         return model
 
     @classmethod
@@ -615,7 +632,7 @@ class TinyGPT(nn.Module):
         cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device, context: int | None = None
     ) -> TinyGPT:
         """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded), whose
-        RoPE tables hold min(`context`, max_position_embeddings) positions (None: max_position_embeddings): a job's
+        RoPE tables hold min(`context`, max_positions) positions (None: max_positions): a job's
         context (rlctl.agents.common.job_context), where a checkpoint says 131072 … 1,024,000."""
         with _uninitialised(), torch.device("meta"):
             model = cls(config)
@@ -633,7 +650,7 @@ class TinyGPT(nn.Module):
         if config.tie_word_embeddings:  # one parameter under both names, as on construction
             model.lm_head.weight = model.model.embed_tokens.weight
         if context is not None:
-            model.context = min(context, config.max_position_embeddings)
+            model.context = min(context, config.max_positions)
         model._rope_tables()
         return model.to(dtype)  # (the RoPE tables, made in fp32, cast as the constructor's model's are)
 

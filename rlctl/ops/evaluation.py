@@ -173,6 +173,27 @@ def heldout_line(h: dict[str, Any]) -> str:
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"
 
 
+def by_source_lines(evaluations: list[dict[str, Any]]) -> list[str]:
+    """One short line per data_source of a mixed job's held-out evaluations during the run (`evaluations`, sorted by
+    version; rows of 2+ sources): its greedy reward at the first and the last evaluation that has it, as `rlctl
+    report` writes them below its table (a mean over GSM8K and MATH hides one regressing). A figure that is no
+    number (an edited row) is shown as it is."""
+    seen: dict[str, list[tuple[Any, Any]]] = {}
+    for e in evaluations:
+        if isinstance(by := e.get("greedy_reward_by_source"), dict) and len(by) > 1:
+            for src, x in by.items():
+                seen.setdefault(str(src), []).append((e.get("version"), x))
+
+    def fig(x: Any) -> str:
+        return f"{x:.4f}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
+
+    return [
+        f"{src}: greedy reward {fig(xs[0][1])} at v{xs[0][0]} → {fig(xs[-1][1])} at v{xs[-1][0]} "
+        f"({len(xs)} evaluation{'s' if len(xs) > 1 else ''})"
+        for src, xs in sorted(seen.items())
+    ]
+
+
 def _fig(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}"
 

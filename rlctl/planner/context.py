@@ -1,4 +1,5 @@
-"""The longest request a job's task sends against its model's context (max_position_embeddings): the rule `rlctl plan`
+"""The longest request a job's task sends against its model's context (max_position_embeddings, × the factor of a
+linear or yarn RoPE scaling, as vLLM derives max_model_len: `TinyGPTConfig.max_positions`): the rule `rlctl plan`
 refuses a job by and `rlctl check` says (`rlctl.ops.preflight.data.context_problems`), in the same line. The engines
 refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer sequence, inside the agents,
 after launch; a plan of one prices sequences the model cannot hold.
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask, LengthsTask
-from rlctl.models.hf import CONFIG_FILE
+from rlctl.models.hf import CONFIG_FILE, read_config
+from rlctl.models.rope import positions_said
 
 if TYPE_CHECKING:
     from rlctl.config.job import Job
@@ -42,16 +44,21 @@ def dataset_request(task: DatasetTask) -> str:
 
 
 def model_positions(job: Job) -> tuple[int, str] | None:
-    """(the model's max_position_embeddings, where it comes from); None where it is not known (a built-in's not
-    recorded, a `kind: arch` model without max_positions)."""
+    """(the model's context, what it is and where it comes from: `max_position_embeddings 4096 (…/config.json)`, or
+    for an HF checkpoint with RoPE scaling `context 512 (…/config.json: max_position_embeddings 128 × 'linear' factor
+    4, as vLLM derives it)`); None where it is not known (a built-in's not recorded, a `kind: arch` model without
+    max_positions)."""
     model = job.spec.model
     if (limit := model.arch.max_positions) is None:
         return None
     if isinstance(model, HfModel):
-        return limit, f"{model.path}/{CONFIG_FILE}"
+        c = read_config(model.path)
+        if (scaled := positions_said(c.max_position_embeddings, c.rope_scaling)) is not None:
+            return limit, f"context {limit} ({model.path}/{CONFIG_FILE}: {scaled}, as vLLM derives it)"
+        return limit, f"max_position_embeddings {limit} ({model.path}/{CONFIG_FILE})"
     if model.kind == "builtin":
-        return limit, f"built-in {model.name!r}"
-    return limit, "the job's model.max_positions"
+        return limit, f"max_position_embeddings {limit} (built-in {model.name!r})"
+    return limit, f"max_position_embeddings {limit} (the job's model.max_positions)"
 
 
 def context_refusal(job: Job) -> tuple[str, str] | None:
@@ -60,7 +67,7 @@ def context_refusal(job: Job) -> tuple[str, str] | None:
     task = job.spec.task
     if (known := model_positions(job)) is None:
         return None
-    limit, where = known
+    limit, said = known
     prompt, output = longest_request(task)
     if prompt + output <= limit:
         return None
@@ -77,5 +84,5 @@ def context_refusal(job: Job) -> tuple[str, str] | None:
     )
     return (
         "task.max_output_tokens",
-        f"{asked} tokens exceed model max_position_embeddings {limit} ({where}); use {valid}",
+        f"{asked} tokens exceed model {said}; use {valid}",
     )

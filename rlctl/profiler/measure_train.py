@@ -65,7 +65,7 @@ def load_policy(
 ) -> TinyGPT:
     """The embedded engine's model: the HF checkpoint, or the built-in tiny-demo (random weights: speed only), on
     `compute`'s device in its engine dtype (default: the CPU, fp32), holding sequences of up to `context` tokens
-    (None: the checkpoint's max_position_embeddings; `TinyGPT.from_pretrained`)."""
+    (None: the checkpoint's max_positions; `TinyGPT.from_pretrained`)."""
     if compute is None:
         return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint, context=context)
     if checkpoint is None:

@@ -180,7 +180,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     compute = compute_for(spec.device)  # a GPU site whose host cannot use CUDA stops here, in one line
     torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot on a CPU site
     config = TinyGPTConfig() if spec.checkpoint is None else read_config(spec.checkpoint)
-    positions = config.binding_window or config.max_position_embeddings  # (a Mistral's window: no longer sequence)
+    positions = config.binding_window or config.max_positions  # (a Mistral's window: no longer sequence)
     if compute.is_cuda:
         contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= positions] or [16]
         batches, clock, clock_name = GPU_BATCHES, cuda_clock, "wall"

@@ -38,7 +38,7 @@ import numpy as np
 from rlctl.config.task import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import refuse_theirs
-from rlctl.rl.reward import RewardResult, builtin_scorer_hint
+from rlctl.rl.reward import RewardResult, builtin_scorer_hint, ground_truth_problem
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
@@ -274,6 +274,8 @@ def _parse_row(
             answer = _json_safe(answer, key)
         except ValueError as e:
             return BadRow(where, key, f"not JSON-serialisable: {e}")
+        if (problem := ground_truth_problem(cfg.reward, answer)) is not None:  # (a list: every output scored 0)
+            return BadRow(where, key, problem)
     source = _lookup(row, cfg.data_source_key)
     if source is _MISSING or source is None:
         source = default_source
@@ -578,7 +580,8 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, h
         kept = _rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
         _kept[str(data_path)] = (identity, kept)
         good, sources = len(kept[1]), {row["data_source"] for row in kept[1]}
-    if not heldout and (hint := builtin_scorer_hint(cfg.reward, sources)) is not None:
+    # (the held-out file's too: the held-out evaluation calls the same reward, its figures 0 where the rows say so)
+    if (hint := builtin_scorer_hint(cfg.reward, sources, heldout=heldout)) is not None:
         log.warning("%s", hint)
     return good
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlctl.rl.reward_files import local_modules
-from rlctl.rl.reward_math import math_boxed
+from rlctl.rl.reward_math import answer_text, math_boxed
 from rlctl.rl.reward_scope import ImportScope
 from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_line, one_of
 
@@ -57,10 +57,27 @@ GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")  # the answer line GSM8K's solut
 
 def gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """verl's GSM8K scorer (its default, strict extraction): 1.0 where the last `#### <number>` in the output's last
-    300 characters, its commas dropped, is the ground truth as written ("72"; a number as its str), else 0.0 — none
-    for a number written otherwise (`#### 72.0`, `#### $72`, `####72`), nor for a number without `#### ` before it."""
+    300 characters, its commas dropped, is the ground truth as written ("72"; a number in decimal: `answer_text`), else
+    0.0 — none for a number written otherwise (`#### 72.0`, `#### $72`, `####72`), nor for a number without `#### `
+    before it."""
     found = GSM8K_ANSWER.findall(solution_str[-GSM8K_TAIL_CHARS:])
-    return 1.0 if found and found[-1].replace(",", "") == str(ground_truth).strip() else 0.0
+    return 1.0 if found and found[-1].replace(",", "") == answer_text(ground_truth).strip() else 0.0
+
+
+# the built-ins that compare an answer read from the output with the ground truth as text (`answer_text`)
+TEXT_ANSWER_REWARDS = ("gsm8k", "math")
+
+
+def ground_truth_problem(reward: str, ground_truth: Any) -> str | None:
+    """What is wrong with a row's ground truth for built-in `reward` (the gsm8k and math built-ins read it as text,
+    `answer_text`): a list or dict (its str compared) scored 0 on every output; None where it is fine."""
+    if reward not in TEXT_ANSWER_REWARDS:
+        return None
+    try:
+        answer_text(ground_truth)
+    except ValueError as e:
+        return f"{e} (reward {reward} compares the output's answer with it as text)"
+    return None
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
@@ -78,19 +95,22 @@ BUILTIN_FOR_DATA_SOURCE = {
 }
 
 
-def builtin_scorer_hint(reward: str, data_sources: set[str]) -> str | None:
+def builtin_scorer_hint(reward: str, data_sources: set[str], *, heldout: bool = False) -> str | None:
     """What `rlctl check` warns of where the rows are a dataset a built-in scores (each row's data_source
     openai/gsm8k) and the reward is exact_match, the default: its outputs end in a worked answer (`… #### 72`),
-    which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None."""
+    which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None. `heldout`:
+    the rows are the held-out file's (evaluation.path), which the held-out evaluation scores with the same reward."""
     named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
     scorer = named.pop() if len(named) == 1 else None
     if reward != "exact_match" or scorer is None:
         return None
     builtin, verls, example = scorer
+    rows = "the data_source of every held-out row (evaluation.path)" if heldout else "every row's data_source"
+    figures = " (the held-out figures read 0 with it)" if heldout else ""
     return (
-        f"task.reward: exact_match compares the whole output with the ground truth, and every row's data_source is "
+        f"task.reward: exact_match compares the whole output with the ground truth, and {rows} is "
         f"{one_of(data_sources)}, whose outputs end in a worked answer ('{example}'; verl scores them with its "
-        f"{verls} scorer): an output that is not the bare answer scores 0; set reward: {builtin}"
+        f"{verls} scorer): an output that is not the bare answer scores 0{figures}; set reward: {builtin}"
     )
 
 
@@ -258,7 +278,10 @@ class RewardResult:
     score: float
     outcome: Outcome = "ok"
     error: str | None = None
-    extra: dict[str, float] = field(default_factory=dict)  # the other numeric keys of a dict return
+    extra: dict[str, float] = field(default_factory=dict)  # the other keys of a dict return fit to be figures
+    # the keys of a dict return left out of `extra` (as shown: repr'd, bounded) → why (the pool warns of each once):
+    # what is said of the call, not its result
+    dropped: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -276,20 +299,48 @@ def _real(v: Any) -> bool:
         return False
 
 
+EXTRA_NAME_CHARS = 64  # an extra figure's key at most (verl's reward_extra_info keys: 'acc', 'pred_len')
+EXTRA_NAME = re.compile(rf"[A-Za-z0-9_]{{1,{EXTRA_NAME_CHARS}}}")
+DROPPED_KEYS = 8  # of one call's keys left out, those said (a dict of 1000 bad keys: its first 8)
+
+
+def extra_figures(value: dict[Any, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """The keys of a dict return beside 'score' that are figures (verl's reward_extra_info), and those left out with
+    why: a key is a name of letters, digits and `_` of at most EXTRA_NAME_CHARS (it becomes a tracker's series
+    reward_extra/<key>: a '/' nested W&B's panels, a space or a 5000-character key broke a Prometheus or TensorBoard
+    name), its value a finite number (a bool is one, as verl's 'acc' often is)."""
+    kept: dict[str, float] = {}
+    dropped: dict[str, str] = {}
+    for k, v in value.items():
+        if k == "score":
+            continue
+        if not isinstance(k, str) or not EXTRA_NAME.fullmatch(k):
+            why = f"a key is a name of letters, digits and _, at most {EXTRA_NAME_CHARS} characters"
+        elif not _real(v):
+            why = f"its value is no finite number ({_line(f'{v!r:.40}')})"
+        else:
+            kept[k] = float(v)
+            continue
+        if len(dropped) < DROPPED_KEYS:
+            dropped[_line(f"{k!r:.80}")] = why
+    return kept, dropped
+
+
 def check_result(value: Any, on_error: float) -> RewardResult:
-    """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score'."""
+    """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score' (its other keys
+    the figures `extra_figures` keeps)."""
+    extra: dict[str, float] = {}
+    dropped: dict[str, str] = {}
     if isinstance(value, dict):
         if "score" not in value:
             keys = _line(f"dict without a 'score' key (keys: {sorted(map(str, value))})")
             return RewardResult(on_error, "bad_type", keys)
-        extra = {str(k): float(v) for k, v in value.items() if k != "score" and _real(v)}
-        value, rest = value["score"], extra
-    else:
-        rest = {}
+        extra, dropped = extra_figures(value)
+        value = value["score"]
     if not _real(value):
         got = _line(f"{value!r:.80}")
         return RewardResult(on_error, "bad_type", f"expected a finite number or a dict with 'score', got {got}")
-    return RewardResult(float(value), "ok", None, rest)
+    return RewardResult(float(value), "ok", None, extra, dropped)
 
 
 _loops = threading.local()  # each thread's event loop for async reward functions (`_awaited`)

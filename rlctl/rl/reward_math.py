@@ -13,6 +13,9 @@ compared as written.
 
 from __future__ import annotations
 
+import decimal
+import math
+import numbers
 import re
 from typing import Any
 
@@ -24,12 +27,31 @@ def math_boxed(data_source: str, solution_str: str, ground_truth: Any, extra_inf
     answer = last_boxed(solution_str)
     if answer is None:
         return 0.0
-    truth = str(ground_truth)
+    truth = answer_text(ground_truth)
     try:
         same = normalized(answer) == normalized(truth)
     except _Unreadable:
         same = answer == truth
     return 1.0 if same else 0.0
+
+
+def answer_text(ground_truth: Any) -> str:
+    """A ground truth as the text the gsm8k and math built-ins compare an output's answer with: a string as it is; a
+    number as verl's GSM8K and MATH rows write it (their preprocessing stores the answer as text), in decimal: 42 and
+    42.0 as "42", 0.5 as "0.5", 1e-05 as "0.00001" — versus str(42.0), "42.0", which no `#### 42` or `\\boxed{42}`
+    matched. Anything else (a list, a dict, a bool, a NaN) is a ValueError saying what it is: a row that holds one is
+    refused (`rlctl.rl.reward.ground_truth_problem`)."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, numbers.Real):
+        raise ValueError(f"expected a string or a number, got {type(ground_truth).__name__}")
+    if isinstance(ground_truth, numbers.Integral):
+        return str(int(ground_truth))
+    x = float(ground_truth)
+    if not math.isfinite(x):
+        raise ValueError(f"expected a string or a finite number, got {x}")
+    # (the shortest repr that reads back as x, written without an exponent: 1e+20 as "100000000000000000000")
+    return str(int(x)) if x.is_integer() else format(decimal.Decimal(repr(x)), "f")
 
 
 def last_boxed(text: str) -> str | None:

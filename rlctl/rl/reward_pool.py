@@ -9,8 +9,9 @@ check that a reward loads.
 
 A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN, or an int past a float's range) or kills
 its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type, died) and logged
-with its sample id (a dict's other keys that are no finite number are left out of `extra`). `workers=0` loads and
-calls the function in the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
+with its sample id (a dict's other keys that are no name of letters, digits and `_`, or hold no finite number, are
+left out of `extra`: `rlctl.rl.reward.extra_figures`, said once a key). `workers=0` loads and calls the function in
+the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
 With workers, the process that starts the pool never imports the user's module (an import that hangs there could
 not be bounded): the workers load it, each start within a deadline (below).
 
@@ -73,6 +74,9 @@ RETRY_MAX_S = 60.0  # … up to this
 LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
 WAIT_SLACK_S = 30.0  # a pool made with wait=True waits at most load_retry_s + this for its first start's word
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
+SAID_DROPPED_MAX = 1024  # a dict reward's keys left out of its figures said (a key per sample: the first ones)
+# (job dir, reward, key) said left out of a dict reward's figures: once a process, the held-out evaluation's pool too
+_said_dropped: set[tuple[str, str, str]] = set()
 
 
 @dataclass
@@ -304,6 +308,15 @@ class RewardPool:
             s.bad_type += 1
         elif result.outcome == "died":
             s.died += 1
+        for key, why in result.dropped.items():
+            said = (str(self.base_dir), self.spec, key)
+            if said not in _said_dropped and len(_said_dropped) < SAID_DROPPED_MAX:
+                _said_dropped.add(said)
+                log.warning(
+                    "reward %s returned %s beside 'score' (sample %s): left out of its figures (reward_extra/<key>): "
+                    "%s; said once a key",
+                    self.spec, key, call.sample_id, why,
+                )  # fmt: skip
         if not result.ok:
             who = f"sample {call.sample_id}" + (f" ({call.origin})" if call.origin else "")
             if s.first_failure is None:

@@ -72,12 +72,20 @@ def source_key(data_source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", data_source) or "_"
 
 
+BY_SOURCE = "greedy_reward_by_source"  # an evaluations.jsonl row's means per data_source (rows of 2+ sources)
+
+
 def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first and the last held-out evaluation of a run's rows (`evaluations.jsonl`; None before the first):
-    the controller's summary and `rlctl status` read it."""
+    the controller's summary and `rlctl status` read it. A row's means per data_source where it has them (a mixed
+    job's), as `rlctl status` shows them beside the mean."""
     keys = ("version", "greedy_reward", "greedy_exact", "prompts", "reward_failures")
     rows = sorted(rows, key=lambda r: int(r["version"]))  # written as their scores came back
-    return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
+
+    def view(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: r.get(k) for k in keys} | ({BY_SOURCE: r[BY_SOURCE]} if isinstance(r.get(BY_SOURCE), dict) else {})
+
+    return {"first": view(rows[0]), "last": view(rows[-1])} if rows else None
 
 
 @dataclass(frozen=True)

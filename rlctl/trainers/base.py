@@ -181,7 +181,7 @@ def load_backend(
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
     where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`); `context`: the longest
-    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: max_position_embeddings; both
+    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: the model's max_positions; both
     refuse one longer than a Mistral sliding window that binds, `hf.window_refusal`)."""
     try:
         build = BACKENDS[name]

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from rlctl.devices import as_dtensor
+from rlctl.models.tensors import aliases, check_fit, check_tied, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 
 
@@ -75,15 +76,18 @@ def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool
 
 
 def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, optional: Collection[str] = ()) -> None:
-    """Full tensors (every rank passes the same) into this rank's shards; no communication. ValueError with nothing
-    copied where one of the model's is missing (but `optional`'s: a tied lm_head), versus that tensor left as it was
-    (a resume's policy part new, part initial)."""
+    """Full tensors (every rank passes the same) into this rank's shards; no communication. Checked first as
+    `copy_into` checks them (`check_fit` against the full shapes, `check_tied`): DoesNotFit with nothing copied,
+    versus a missing tensor left as it was and one of another shape or name ending the load halfway (a resume's
+    policy part new, part initial). A tied lm_head (the embedding's parameter) is copied once, as the embedding."""
     own = model.state_dict()
-    if missing := sorted(set(own) - set(state_dict) - set(optional)):
-        raise ValueError(f"weights do not fit this model: missing {missing[:3]}")
+    check_fit({k: tuple(t.shape) for k, t in own.items()}, shapes_of(state_dict), optional=optional)
+    alias = aliases(model)
+    if alias:
+        check_tied(state_dict)
     with torch.no_grad():
         for name, p in own.items():
-            if name not in state_dict:
+            if name not in state_dict or name in alias:
                 continue
             src = state_dict[name]
             if (d := as_dtensor(p)) is not None:

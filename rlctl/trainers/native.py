@@ -38,7 +38,7 @@ class TorchBackend(TrainerBackend):
     ) -> TorchBackend:
         """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
         `shard`: FSDP2 over every rank of the default process group; `context`: the longest sequence it trains on
-        (`TinyGPT.empty`; None: max_position_embeddings)."""
+        (`TinyGPT.empty`; None: the model's max_positions)."""
         device = torch.device("cpu") if compute is None else compute.device
         model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype

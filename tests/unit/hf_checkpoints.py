@@ -181,9 +181,11 @@ WINDOWED: dict[str, dict[str, Any]] = {
 }
 
 
-def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = None) -> Any:
+def hf_model(
+    variant: str, *, seed: int = 0, num_hidden_layers: int | None = None, pad_token_id: int | None = None
+) -> Any:
     """A randomly initialised transformers model of `variant` (with `num_hidden_layers` instead of the
-    common 2 when given), fp32, in eval mode."""
+    common 2 when given, and `pad_token_id` where given), fp32, in eval mode."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -202,6 +204,8 @@ def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = Non
     spec = {**COMMON, **(VARIANTS | WINDOWED | MOE)[variant]}
     if num_hidden_layers is not None:
         spec["num_hidden_layers"] = num_hidden_layers
+    if pad_token_id is not None:
+        spec["pad_token_id"] = pad_token_id
     kind = spec.pop("arch")
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
@@ -231,11 +235,16 @@ def write_checkpoint(
     max_shard_size: str | None = None,
     dtype: torch.dtype | None = None,
     num_hidden_layers: int | None = None,
+    pad_token_id: int | None = None,
 ) -> Any:
     """Save `hf_model(variant)` with transformers' own save_pretrained (sharded when
     `max_shard_size` is given, cast to `dtype`); returns the fp32 model that was saved."""
-    model = hf_model(variant, seed=seed, num_hidden_layers=num_hidden_layers)
-    out = model if dtype is None else hf_model(variant, seed=seed, num_hidden_layers=num_hidden_layers).to(dtype)
+
+    def make() -> Any:
+        return hf_model(variant, seed=seed, num_hidden_layers=num_hidden_layers, pad_token_id=pad_token_id)
+
+    model = make()
+    out = model if dtype is None else make().to(dtype)
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     out.save_pretrained(directory, **kw)
     (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}\n')

@@ -20,6 +20,20 @@ LLAMA3 = {
 }
 LLAMA31 = {**LLAMA3, "factor": 8.0, "original_max_position_embeddings": 8192}  # Llama 3.1's, megatron-core's only
 LINEAR = {"rope_type": "linear", "factor": 4.0}
+# YaRN as Qwen2.5/Qwen3 say it (their pretraining context 32768, here 32: the ramp spans frequency indices 0 to 3 of
+# 16); then with each of its optional keys, and with an attention factor of its own
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+YARN_TUNED = {**YARN, "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}
+YARN_ATTENTION = {**YARN, "attention_factor": 1.3}
+YARN_8 = {**YARN_TUNED, "original_max_position_embeddings": 8}  # the megatron tests' 24 positions run past 8
+
+
+def with_rope(directory: Path, rope: dict[str, Any]) -> Path:
+    """`directory`'s checkpoint (written by transformers 5: `rope_parameters`) rescaled by `rope`, θ kept."""
+    config = json.loads((directory / "config.json").read_text())
+    config["rope_parameters"] |= rope
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
 
 
 def bands(rope: dict[str, Any]) -> set[str]:
@@ -31,25 +45,35 @@ def bands(rope: dict[str, Any]) -> set[str]:
     return {"kept" if t > high else "divided" if t < low else "between" for t in turns}
 
 
-def llama(rope: dict[str, Any] | None, directory: Path, *, legacy: bool = False, seed: int = 0) -> Any:
-    """A random fp32 LlamaForCausalLM (hidden 64, 2 layers, head 32, 128 positions) saved with transformers' own
-    save_pretrained, which writes transformers 5's `rope_parameters` (θ inside); `legacy`: config.json rewritten
-    as Llama 3.1's files have it (`rope_scaling`, θ beside it). Returns the model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama(
+    rope: dict[str, Any] | None,
+    directory: Path,
+    *,
+    legacy: bool = False,
+    seed: int = 0,
+    qwen2: bool = False,
+    positions: int = 128,
+) -> Any:
+    """A random fp32 LlamaForCausalLM (`qwen2`: Qwen2ForCausalLM, biased q/k/v) (hidden 64, 2 layers, head 32,
+    `positions` max_position_embeddings) saved with transformers' own save_pretrained, which writes transformers
+    5's `rope_parameters` (θ inside); `legacy`: config.json rewritten as Llama 3.1's and Qwen2.5's files have it
+    (`rope_scaling`, θ beside it). Returns the model."""
+    import transformers
 
-    config = LlamaConfig(
+    prefix = "Qwen2" if qwen2 else "Llama"
+    config = getattr(transformers, f"{prefix}Config")(
         vocab_size=96,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=128,
+        max_position_embeddings=positions,
         rope_theta=THETA,
         rope_scaling=dict(rope) if rope else None,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # wider than HF's init, so that the logits are far from uniform
         for name, p in model.named_parameters():

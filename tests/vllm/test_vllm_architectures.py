@@ -9,8 +9,11 @@
     phi3          Phi3ForCausalLM: q/k/v and gate/up fused in its file (vLLM's Phi3 is its Llama, reading qkv_proj and
                   gate_up_proj), pushed under TinyGPT's names, q/k/v and gate/up apart (which that Llama stacks),
                   grouped-query attention, head_dim 32
-    linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`), which vLLM reads as a
-                  context 4 times max_position_embeddings: the engine holds requests to rlctl's (128)
+    linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`): a context of 4 times
+                  max_position_embeddings (512), as rlctl and vLLM both derive it
+    yarn-rope     Qwen2 with 'yarn' RoPE scaling as Qwen2.5's config.json has it (`rope_scaling`), with each of its
+                  optional keys (beta_fast/slow 8/2, mscale/mscale_all_dim 0.707/1, truncate false): a pretraining
+                  context of 32 positions that three of the four requests run past, its context 32 × 4
 
 Each decodes greedily as transformers does on the checkpoint's weights (A) and, after rlctl pushes another set (B)
 the way a job's rollout unit does (vLLM's weight-transfer API, in this process), on those; and its log-probs at a
@@ -26,9 +29,10 @@ import pytest
 import torch
 
 from rlctl.engines.base import GenRequest
+from rlctl.models.hf import read_config
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
-from tests.unit.rope_checkpoints import LINEAR, LLAMA3, bands, llama
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, YARN_TUNED, bands, llama
 from tests.vllm.reference import hf_greedy, hf_with, worst_logprob_gap
 from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
 
@@ -44,6 +48,8 @@ def write(kind: str, directory: Path) -> None:
     elif kind == "llama3-rope":
         assert bands(LLAMA3) == {"kept", "divided", "between"}
         llama(LLAMA3, directory, legacy=True)
+    elif kind == "yarn-rope":
+        llama(YARN_TUNED, directory, legacy=True, qwen2=True)
     else:
         llama(LINEAR, directory)
 
@@ -111,7 +117,7 @@ def reqs(tag: str) -> list[GenRequest]:
     return [GenRequest(f"{tag}{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)]
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope", "yarn-rope"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory = tmp_path_factory.mktemp(request.param)
     write(request.param, directory)
@@ -150,11 +156,15 @@ def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     assert any(got[f"t{i}"].output_tokens != hf_greedy(setup.b.hf, p, MAX_NEW, stop=()) for i, p in enumerate(PROMPTS))
 
 
-def test_requests_are_held_to_the_checkpoints_context(setup: Setup) -> None:
-    """max_position_embeddings (128), as check, the trainer and the embedded engine have it."""
-    assert setup.engine._engine.model_config.max_model_len == 128
-    with pytest.raises(ValueError, match="prompt \\+ 89 new tokens > the model's max_model_len 128"):
-        setup.engine.add([GenRequest("long", PROMPTS[0], 89)])
+def test_requests_are_held_to_the_checkpoints_context(setup: Setup, request: pytest.FixtureRequest) -> None:
+    """The model's context (`TinyGPTConfig.max_positions`: max_position_embeddings 128, the linear model's 4 × 128),
+    as check, the trainer and the embedded engine have it."""
+    config = setup.engine._engine.model_config
+    limit = read_config(config.model).max_positions
+    assert config.max_model_len == limit == {"linear-rope": 512}.get(request.node.callspec.params["setup"], 128)
+    over = limit + 1 - len(PROMPTS[0])
+    with pytest.raises(ValueError, match=f"prompt \\+ {over} new tokens > the model's max_model_len {limit}"):
+        setup.engine.add([GenRequest("long", PROMPTS[0], over)])
     assert not setup.engine.has_work()
 
 

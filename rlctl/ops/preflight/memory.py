@@ -120,7 +120,7 @@ def _unit_memory(job: Job, site_name: str) -> _UnitMemory | None:
     if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
         return None  # refused by `context_problems`
     config, rows = model[0], spec.rollout.max_batch_size
-    capacity = cache_capacity(sum(longest_request(task)), config.max_position_embeddings)
+    capacity = cache_capacity(sum(longest_request(task)), config.max_positions)
     site = job.inventory.sites[site_name]
     gpu = site.spec
     if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)

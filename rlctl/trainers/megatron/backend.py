@@ -59,7 +59,7 @@ from rlctl.devices import Compute
 from rlctl.errors import ConfigError
 from rlctl.models import hf
 from rlctl.models.hf import expected_shapes
-from rlctl.models.tensors import CheckpointTensors, ModelTensors
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel
@@ -83,15 +83,15 @@ class MegatronBackend(TrainerBackend):
         the CPU) and computing in its autocast dtype (bf16 on a GPU); forms megatron's parallel state (tp × pp
         over the torch.distributed group, which must exist: NCCL for CUDA tensors). ValueError when tp or pp
         does not split the model (`names.check_split`); ConfigError where `context`, the longest sequence it trains
-        on (None: max_position_embeddings), is longer than a Mistral sliding window that binds (its attention, as
+        on (None: the model's max_positions), is longer than a Mistral sliding window that binds (its attention, as
         the torch backend's, attends to every earlier position: `hf.window_refusal`)."""
         config = hf.read_config(model_dir)
-        held = config.max_position_embeddings if context is None else min(context, config.max_position_embeddings)
+        held = config.max_positions if context is None else min(context, config.max_positions)
         if (why := hf.window_refusal(config, held)) is not None:
             raise ConfigError(str(Path(model_dir) / hf.CONFIG_FILE), "sliding_window", why)
         names.check_split(config, tp, pp)
         sd = CheckpointTensors(model_dir)  # each tensor read as its parameter is loaded: one at a time, not the model
-        hf.match_weights(sd.shapes(), config, where=str(model_dir))
+        only = hf.match_weights(sd.shapes(), config, where=str(model_dir))  # (not an older Llama's inv_freq buffers)
         init_parallel(tp=tp, pp=pp)
         policy = MegatronPolicy(
             config,
@@ -101,7 +101,13 @@ class MegatronBackend(TrainerBackend):
             autocast_dtype=None if compute is None else compute.autocast_dtype,
             initialise=False,  # every tensor is the checkpoint's, written next
         )
-        policy.load_hf(ModelTensors(sd, config), rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
+        try:
+            policy.load_hf(
+                ModelTensors(sd, config, only=only),
+                rank=import_megatron().parallel_state.get_tensor_model_parallel_rank(),
+            )
+        except DoesNotFit as e:  # (what match_weights passes: a tied lm_head the file holds beside the embedding)
+            raise ConfigError(str(model_dir), None, str(e)) from e
         return cls(policy)
 
     def shard(self) -> dict[str, torch.Tensor]:
@@ -196,8 +202,9 @@ class MegatronBackend(TrainerBackend):
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Full HF tensors (the embedded model's names; a tied lm_head is not read) into this rank's shard, each read
-        from `state_dict` as its parameter is loaded (`MegatronPolicy.load_hf`)."""
+        """Full HF tensors (the embedded model's names; a tied lm_head, if there, must be the embedding) into this
+        rank's shard, each read from `state_dict` as its parameter is loaded; DoesNotFit with nothing written where
+        they are not this model's (`MegatronPolicy.load_hf`)."""
         self.model.load_hf(state_dict, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
 
     def _from_stages(self, mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,6 +4,7 @@ megatron-core 0.16.1 with the local layer spec and `use_cpu_initialization` buil
 forward still asks CUDA for things it does not need there:
 
     RotaryEmbedding.get_emb            inv_freq.to(torch.cuda.current_device())      every forward
+    YarnRotaryEmbedding (RoPE 'yarn')  the same, as it is built and every forward
     tensor_parallel gather/all-gather  torch.empty(…, device=torch.cuda.current_device())  tp > 1, parallel_output=False
     CudaRNGStatesTracker.fork          torch.cuda.get_rng_state()/set_rng_state()    around attention dropout
     LanguageModule.setup_embeddings…   weight.data.cuda() before the embedding group's all-reduce   pp > 1, tied

@@ -7,13 +7,14 @@ trains.
     MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
-the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear or
-Llama 3.1 scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
+the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear,
+Llama 3.1 or yarn scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
 attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama/Qwen3
 `attention_bias`), Qwen3's per-head q/k RMSNorm before RoPE (`qk_layernorm`: the local spec's q_layernorm and
 k_layernorm over head_dim, eps rms_norm_eps), no other linear bias except o_proj's under `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
-`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). The core attention is
+`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`), the pad token's embedding row given
+no gradient by the positions that hold it (transformers' `padding_idx`: `_no_gradient_at_pad`). The core attention is
 torch's SDPA (`attention.py`: transformers' default kernel, so the logits match it bit for bit, and no
 O(s²) score matrix) in place of megatron's local DotProductAttention. Every dropout is 0 and
 every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs). RoPE angles are
@@ -31,6 +32,7 @@ see there).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -40,8 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
+from rlctl.models.tensors import check_fit, check_tied, shapes_of
 from rlctl.trainers.megatron import cpu, names, pipeline
-from rlctl.trainers.megatron.rope import moe_refusal, rope_args
+from rlctl.trainers.megatron.rope import moe_refusal, rope_args, yarn_config
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -86,7 +89,7 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise
     moe_refusal(c)
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
         ffn_hidden_size=c.intermediate_size,
@@ -117,6 +120,9 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise
         init_method_std=c.initializer_range,
         cuda_graph_scope=[],  # none (the default, "full", warns that it is deprecated)
     )
+    for name, value in yarn_config(c).items():  # (read with getattr: no field of TransformerConfig)
+        setattr(config, name, value)
+    return config
 
 
 def layer_spec(c: TinyGPTConfig) -> Any:
@@ -185,18 +191,20 @@ class StagedGPT(nn.Module):
                 config=transformer_config(c, tp=tp, pp=pp, initialise=initialise),
                 transformer_layer_spec=layer_spec(c),
                 vocab_size=c.vocab_size,
-                max_sequence_length=c.max_position_embeddings,
+                max_sequence_length=c.max_positions,
                 pre_process=self.stage.first,
                 post_process=self.stage.last,
                 parallel_output=False,
                 # the trunk has no output layer, so no copy of the embedding on the last stage to keep in step
                 share_embeddings_and_output_weights=c.tie_word_embeddings and self.logits,
-                position_embedding_type="rope",
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
-                **rope_args(c),  # linear or Llama 3.1's scaling (rope.py)
+                **rope_args(c),  # RoPE, scaled linear, as Llama 3.1 or yarn (rope.py)
             )
         if not initialise:
             _mark_tensor_parallel(self.gpt)
+        if self.stage.first and c.pad_token_id is not None:
+            embedding = self.gpt.embedding.word_embeddings
+            embedding.register_forward_hook(functools.partial(_no_gradient_at_pad, pad=c.pad_token_id))
         if not self.logits and self.stage.last:
             self.gpt.output_layer = _HiddenOut()
         self.gpt.to(self.device)  # built in host memory (`use_cpu_initialization`), then moved once
@@ -204,8 +212,8 @@ class StagedGPT(nn.Module):
     def _run(self, tokens: torch.Tensor, *, width: int) -> torch.Tensor:
         """The last stage's output [B, T, width] (fp32) on every rank of the pipeline."""
         b, t = tokens.shape
-        if t > self.config.max_position_embeddings:
-            raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        if t > self.config.max_positions:  # (max_position_embeddings, × a linear or yarn scaling's factor)
+            raise ValueError(f"sequence of {t} tokens > the model's max_positions {self.config.max_positions}")
         if (why := window_refusal(self.config, t)) is not None:  # (its attention attends to every earlier position)
             raise ValueError(f"sliding_window {why}")
         positions = torch.arange(t, device=tokens.device).expand(b, t)
@@ -225,12 +233,24 @@ class StagedGPT(nn.Module):
         return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
 
     def _to_write(self) -> dict[str, torch.Tensor]:
-        """`megatron_state`, what a load writes, holding every parameter and buffer of the GPTModel: none of a model
-        built without init (`initialise` False) is left as allocated."""
+        """`megatron_state`, what a load writes, holding every parameter and buffer of the GPTModel but the RoPE
+        tables YarnRotaryEmbedding computes as it is built (its cos and sin, from the config): none of a model built
+        without init (`initialise` False) is left as allocated."""
         state = self.megatron_state()
         held = {n for n, _ in self.gpt.named_parameters()} | {n for n, _ in self.gpt.named_buffers()}
+        held -= {n for n, _ in self.gpt.named_buffers() if n.startswith("rotary_pos_emb.")}
         assert held <= set(state), f"not in the state a load writes: {sorted(held - set(state))}"
         return state
+
+
+def _no_gradient_at_pad(
+    module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor, *, pad: int
+) -> torch.Tensor:
+    """The embedding's output with the positions of token `pad` cut from the graph: its row gets no gradient from
+    them, as transformers' `nn.Embedding(padding_idx=pad_token_id)` gives none (megatron's VocabParallelEmbedding
+    has no padding_idx). The output, not the weight's gradient: a tied output layer's gradient reaches the row."""
+    del module
+    return torch.where((args[0] == pad).unsqueeze(-1), out.detach(), out)
 
 
 def _mark_tensor_parallel(gpt: nn.Module) -> None:
@@ -264,12 +284,24 @@ class MegatronPolicy(StagedGPT):
     def load_hf(self, hf: Mapping[str, torch.Tensor], *, rank: int = 0) -> None:
         """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage, one
         parameter at a time: what it holds beyond them is the whole HF tensors of one parameter (q, k and v of a
-        fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`)."""
+        fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`). Checked against
+        this config first, nothing read (`check_fit`: every stage's HF names and full shapes, which the name table
+        cuts into this rank's, and a tied lm_head may be there if it is the embedding: `check_tied`): DoesNotFit
+        with nothing written, versus a KeyError (a missing tensor) or the copy's RuntimeError (another shape) with
+        the parameters before it written, and an unexpected tensor ignored."""
         c, params = self.config, self._to_write()
-        meta = {k: torch.empty(shape, device="meta") for k, shape in expected_shapes(c).items()}
+        shapes = expected_shapes(c)
+        tied = {"lm_head.weight": shapes["model.embed_tokens.weight"]} if c.tie_word_embeddings else {}
+        check_fit(shapes | tied, shapes_of(hf), optional=tied)
+        if tied:
+            check_tied(hf)
+        meta = {k: torch.empty(shape, device="meta") for k, shape in shapes.items()}
         table = names.to_megatron(meta, c, tp=self.tp, rank=rank, stage=self.stage)
-        if set(table) != set(params):
-            raise AssertionError(f"name table and GPTModel disagree: {sorted(set(table) ^ set(params))}")
+        cut, own = {k: tuple(t.shape) for k, t in table.items()}, {k: tuple(p.shape) for k, p in params.items()}
+        if cut != own:  # (the table cuts the shapes checked into this rank's parts: the GPTModel's, or a bug)
+            raise AssertionError(
+                f"name table and GPTModel disagree: {sorted(k for k in cut | own if cut.get(k) != own.get(k))}"
+            )
         for k, p in params.items():
             p.copy_(names.to_megatron(hf, c, tp=self.tp, rank=rank, stage=self.stage, only={k})[k])
 

@@ -562,3 +562,68 @@ def test_a_mixed_jobs_gauges_give_each_data_sources_figure_as_a_label(tmp_path) 
     assert gauge(name, {"data_source": "openai/gsm8k"}) == 1.0
     assert gauge(name, {"data_source": "lighteval/MATH"}) == 0.0
     assert gauge("rlctl_eval_greedy_reward") == 0.5
+
+
+def test_a_mixed_jobs_evaluation_logs_each_data_sources_figure_on_a_line_of_its_own(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The controller's line of an evaluation gave the mean alone (GSM8K improving while MATH regressed read as one
+    flat figure in its log); one source's evaluation logs its one line, as it did."""
+    import logging
+
+    from rlctl.rl.source import HeldoutScores, heldout_view
+
+    caplog.set_level(logging.INFO, logger="rlctl.agents.evaluation")
+    h = Harness(tmp_path)
+    h.ev.scored(5, (HeldoutScores(0.5, None, 4, 0, {"openai/gsm8k": 0.75, "lighteval/MATH": 0.25}), "u0", (5, 5), 0.0))
+    h.ev.scored(10, (HeldoutScores(0.5, None, 2, 0, None), "u0", (10, 10), 0.0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "controller: held-out v5 on u0: greedy reward 0.5000 over 4 prompts",
+        "controller: held-out v5, data_source openai/gsm8k: greedy reward 0.7500",
+        "controller: held-out v5, data_source lighteval/MATH: greedy reward 0.2500",
+        "controller: held-out v10 on u0: greedy reward 0.5000 over 2 prompts",
+    ]
+    view = heldout_view(h.ev.rows)  # the live status' (rlctl.agents.views): each source's beside the mean
+    assert view is not None and view["first"]["greedy_reward_by_source"] == {
+        "openai/gsm8k": 0.75,
+        "lighteval/MATH": 0.25,
+    }
+    assert "greedy_reward_by_source" not in view["last"]
+
+
+def test_status_gives_each_data_sources_figure_on_a_row_of_its_own() -> None:
+    """`rlctl status` showed the mean alone, first and last; a mixed job's rows now give one short row per source
+    below it (the last evaluation's, its first's beside it), one source's status as it was."""
+    from rlctl.commands.status import _fallback_table, evaluations_line, heldout_source_rows
+    from rlctl.rl.source import heldout_view
+
+    rows = [
+        {"version": 0, "greedy_reward": 0.5, "prompts": 4, "greedy_reward_by_source": {"a/gsm8k": 0.5, "b/MATH": 0.5}},
+        {
+            "version": 8,
+            "greedy_reward": 0.5,
+            "prompts": 4,
+            "greedy_reward_by_source": {"a/gsm8k": 0.75, "b/MATH": 0.25},
+        },
+    ]
+    view = heldout_view(rows)
+    assert evaluations_line(view) == "v8: greedy reward 0.500  (first v0: greedy reward 0.500)  over 4 prompts"
+    assert heldout_source_rows(view) == [
+        ["  a/gsm8k", "v8: greedy reward 0.750  (first v0: 0.500)"],
+        ["  b/MATH", "v8: greedy reward 0.250  (first v0: 0.500)"],
+    ]
+    assert heldout_source_rows(heldout_view(rows[1:])) == [
+        ["  a/gsm8k", "v8: greedy reward 0.750"],
+        ["  b/MATH", "v8: greedy reward 0.250"],
+    ]
+    one = [{k: v for k, v in r.items() if k != "greedy_reward_by_source"} for r in rows]
+    assert heldout_view(one) == {
+        "first": {"version": 0, "greedy_reward": 0.5, "greedy_exact": None, "prompts": 4, "reward_failures": None},
+        "last": {"version": 8, "greedy_reward": 0.5, "greedy_exact": None, "prompts": 4, "reward_failures": None},
+    }
+    assert heldout_source_rows(heldout_view(one)) == heldout_source_rows(None) == []
+    record = {"id": "j", "controller": "gone", "source": "the job's record", "sites_down": [], "agents": []}
+    table = _fallback_table({**record, "heldout": view}).splitlines()  # (`rlctl status` of a job whose controller
+    held = next(i for i, line in enumerate(table) if "held-out" in line)  # is gone: its record's evaluations.jsonl)
+    assert ["a/gsm8k" in table[held + 1], "b/MATH" in table[held + 2]] == [True, True]
+    assert "a/gsm8k" not in _fallback_table({**record, "heldout": heldout_view(one)})

@@ -118,6 +118,46 @@ def test_check_json_says_a_refusal_on_stdout_too(cli: Callable[..., CliResult], 
     assert [(p["file"], p["field"]) for p in data["problems"]] == [(str(inv), "sites.b")]
 
 
+def test_check_reach_json_names_the_site_and_host_of_a_problem_and_the_field_of_the_files(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """`check JOB --reach -o json`: a site's host that the probe cannot ask is a problem naming its inventory file,
+    `sites.<site>`, the site and the host, and the job file's own problem its field, each as its line on stderr says
+    it; versus every problem of a job with --reach a message alone (the whole line, field null)."""
+    inv = tmp_path / "sites.yaml"  # the trainer here, the rollout units on an SSH site that refuses the connection
+    inv.write_text(
+        (ROOT / "clusters" / "local.yaml").read_text()
+        + "  b:\n    datacenter: b\n    scheduler: {kind: ssh, port: 1}\n    gpu: CPU\n"
+        "    nodes: [{host: 127.0.0.1, gpus: 2}]\nlinks:\n  - {between: [local, b], bandwidth_gbps: 10}\n"
+    )
+    job = tmp_path / "job.yaml"
+    text = (ROOT / "jobs" / "demo.yaml").read_text().replace("../clusters/local.yaml", str(inv))
+    text = text.replace("rollout: [{site: local, gpus: 2}]", "rollout: [{site: b, gpus: 2}]")
+    job.write_text(text.replace("heldout_prompts: 512", "heldout_prompts: all"))  # (digits has no held-out file)
+    res = cli("check", str(job), "--reach", "--timeout", "3", "-o", "json")
+    lines = res.stderr.splitlines()
+    assert res.exit_code == 2 and len(lines) == 2, res.stderr
+    own, site = json.loads(res.stdout)["problems"]
+    assert {k: v for k, v in own.items() if k != "message"} == {
+        "file": str(job),
+        "field": "evaluation.heldout_prompts",
+        "hint": None,
+    }
+    assert lines[0] == f"rlctl: error: {own['file']}: {own['field']}: {own['message']}"
+    assert {k: v for k, v in site.items() if k != "message"} == {
+        "file": str(inv),
+        "field": "sites.b",
+        "site": "b",
+        "host": "127.0.0.1",
+        "hint": None,
+    }
+    assert site["message"].startswith("cannot be asked: ssh 127.0.0.1:1: cannot connect")
+    assert lines[1] == f"rlctl: error: site {site['site']} host {site['host']}: {site['message']}"
+    gone = cli("check", str(inv), "--reach", "--timeout", "3", "-o", "json")  # the inventory's: the site alone
+    [row] = json.loads(gone.stdout)["problems"]
+    assert gone.exit_code == 3 and (row["field"], row["site"], row["host"]) == ("sites.b", "b", None)
+
+
 def test_check_says_a_warning_as_it_says_an_error(tmp_path: Path) -> None:
     """A one-shot command's warning reads `rlctl: warning: …`, as its errors read `rlctl: error: …`, versus the raw
     log line (`2026-12-07 04:23:45,039 WARNING rlctl.ops.preflight.fields: …`); `--debug` keeps the time and the

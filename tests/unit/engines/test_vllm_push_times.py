@@ -6,41 +6,18 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from rlctl.engines import vllm as engine_module
 from rlctl.models.hf import QWEN2, TinyGPTConfig
-
-
-class _LLM:
-    def __init__(self, **kwargs: Any) -> None:
-        self.llm_engine = types.SimpleNamespace(reset_prefix_cache=lambda **k: True)
-        self.rpcs = 0
-
-    def collective_rpc(self, fn: Any, **kwargs: Any) -> None:
-        self.rpcs += 1
-
-
-def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    vllm = types.ModuleType("vllm")
-    vllm.LLM = _LLM  # type: ignore[attr-defined]
-    vllm.__version__ = "0.0-fake"  # type: ignore[attr-defined]
-    vllm.platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: False))  # type: ignore[attr-defined]
-    params = types.ModuleType("vllm.sampling_params")
-    params.RequestOutputKind = types.SimpleNamespace(DELTA="delta")  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", params)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from tests.unit.fake_vllm import fake_vllm
 
 
 def test_an_engine_keeps_the_latest_weight_load_times_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_vllm(monkeypatch)
+    fake_vllm(monkeypatch)
     config = TinyGPTConfig(architecture=QWEN2).to_hf()  # the engine reads its context there (max_model_len)
     (tmp_path / "config.json").write_text(json.dumps(config))
     engine = engine_module.VllmEngine(tmp_path, eos_token_ids=[0], weights_via_file=False, weight_transfer=False)

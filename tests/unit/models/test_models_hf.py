@@ -19,12 +19,15 @@ from rlctl.models.hf import (
     file_shapes,
     match_weights,
     read_config,
+    read_config_json,
     safetensors_header,
     torch_dtype,
 )
 from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
+from rlctl.rl.schedule import policy_optimizer
+from tests.unit.fake_vllm import fake_vllm
 from tests.unit.hf_checkpoints import (
     MOE,
     VARIANTS,
@@ -77,6 +80,53 @@ def test_trainer_gradients_equal_transformers(variant: str, tmp_path: Path) -> N
     for name, g in as_transformers_holds(grads, model.config).items():  # (a Phi3's qkv_proj, a MoE's 3-D experts)
         assert ref_grads[name].grad is not None
         torch.testing.assert_close(g, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
+
+
+PAD = 4
+
+
+def test_the_pad_row_gets_no_gradient_from_pad_tokens_as_in_transformers(variant: str, tmp_path: Path) -> None:
+    """With pad tokens inside the sequences (their log-probs and those after them flow through their embedding),
+    transformers' embedding (`padding_idx` pad_token_id) gives the pad row no gradient from them, and so does the
+    trainer's model: an untied pad row is as it was after the learners' optimizer steps, a tied one moves by its
+    lm_head gradient alone, as transformers'. Every other row's gradient is transformers'."""
+    ref = write_checkpoint(variant, tmp_path, pad_token_id=PAD)
+    model = TinyGPT.from_pretrained(tmp_path)
+    assert model.config.pad_token_id == PAD
+    x = tokens(2, 24, seed=1)
+    x[:, 3::4] = PAD
+    assert x[0, 0] != PAD
+    token_logprobs(model, x).sum().backward()
+    logits = ref(input_ids=x).logits[:, :-1]
+    torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).sum().backward()
+    embedding = model.model.embed_tokens.weight
+    got, want = embedding.grad, ref.model.embed_tokens.weight.grad
+    assert got is not None and want is not None
+    # (bit for bit but for a Phi3's: its fused q/k/v round apart, measured ≤ 7.7e-7 of the largest)
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+    before = embedding.detach().clone()
+    policy_optimizer(model, 1e-2).step()
+    if model.config.tie_word_embeddings:  # the lm_head's gradient reaches the row, in transformers too
+        assert want[PAD].abs().min() > 0 and not torch.equal(embedding[PAD], before[PAD])
+    else:
+        assert torch.equal(want[PAD], torch.zeros_like(want[PAD])) and torch.equal(got[PAD], want[PAD])
+        other = int(x[0, 0])  # (a token of the input, not the pad)
+        assert torch.equal(embedding[PAD], before[PAD]) and not torch.equal(embedding[other], before[other])
+
+
+def test_a_pad_token_id_outside_the_vocabulary_is_refused_in_one_line(tmp_path: Path) -> None:
+    """transformers' model of such a config is not built (its padding_idx is no row of the embedding); nor is rlctl's,
+    in one line, where Phi3Config's default 32000 is the id of a config without one too."""
+    write_checkpoint("llama-hd64-eos3", tmp_path, pad_token_id=95)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(AssertionError, match="Padding_idx"):
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**cfg, "pad_token_id": 96}))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "pad_token_id": 96}))
+    refused_in_one_line(tmp_path, "pad_token_id", "96 is not a row of the embedding (vocab_size 96); give an id below")
+    phi3 = {**cfg, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3"}
+    del phi3["pad_token_id"]
+    (tmp_path / "config.json").write_text(json.dumps(phi3))
+    refused_in_one_line(tmp_path, "pad_token_id", "32000 (Phi3Config's default where it has none) is not a row")
 
 
 def test_prefill_then_decode_equals_full_forward(variant: str, tmp_path: Path) -> None:
@@ -234,7 +284,7 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
     [
         ("architectures", ["Gemma2ForCausalLM"], "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "),
         ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}, "supported: default RoPE"),
-        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
+        ("rope_parameters", {"rope_type": "longrope", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
         ("use_sliding_window", True, "supported: false"),
         ("hidden_act", "gelu", "supported: silu"),
         ("mlp_bias", True, "supported: false"),
@@ -281,8 +331,9 @@ def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(archite
     """Each key `_parse_config` gives a default where config.json has none reads as transformers' config class for the
     architecture reads it (vLLM reads it so too): MistralConfig's 8 K/V heads, Qwen's 32, LlamaConfig's and
     MistralConfig's BOS 1 and EOS 2, versus num_attention_heads and no ids for every architecture."""
+    # (a vocabulary of Phi-3's 32064: Phi3Config's default pad_token_id 32000 is a row of it)
     d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
-         "num_attention_heads": 64, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 96}  # fmt: skip
+         "num_attention_heads": 64, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 32064}  # fmt: skip
     theirs = transformers.CONFIG_MAPPING[ARCHITECTURES[architecture]].from_dict(d)
     ours = TinyGPTConfig.from_hf(d)
     if key == "rope_theta":
@@ -294,16 +345,20 @@ def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(archite
     assert getattr(ours, key) == want
 
 
-def test_both_engines_stop_at_the_eos_llamaconfig_reads_where_config_json_has_none(tmp_path: Path) -> None:
+def test_both_engines_stop_at_the_eos_llamaconfig_reads_where_config_json_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The embedded engine's EOS ids are its config's, vLLM's (where the job names none) config.json's: both 2."""
-    from rlctl.engines.vllm import checkpoint_eos_ids
+    from rlctl.engines.vllm import VllmEngine
 
     write_checkpoint("llama-hd64-eos3", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["eos_token_id"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     embedded = EmbeddedEngine(TinyGPT.from_pretrained(tmp_path), max_batch_size=1)
-    assert checkpoint_eos_ids(tmp_path) == tuple(embedded.eos_ids) == (transformers.LlamaConfig().eos_token_id,)
+    fake_vllm(monkeypatch)  # (the vLLM engine's reading of config.json is under test, not vLLM)
+    vllm = VllmEngine(tmp_path, max_batch_size=1, weights_via_file=False, weight_transfer=False)
+    assert vllm.eos_ids == tuple(embedded.eos_ids) == (transformers.LlamaConfig().eos_token_id,)
 
 
 @pytest.mark.parametrize(("architecture", "kv_heads"), [("Qwen2ForCausalLM", 32), ("MistralForCausalLM", 8)])
@@ -644,11 +699,12 @@ def test_vllm_is_told_the_architecture_a_config_without_one_has(tmp_path: Path) 
     from rlctl.engines.vllm import architecture_overrides
 
     write_checkpoint("qwen2-tied-hd32", tmp_path)
-    assert architecture_overrides(tmp_path) == {}
+    assert architecture_overrides(read_config_json(tmp_path), read_config(tmp_path)) == {}
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["architectures"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+    overrides = architecture_overrides(read_config_json(tmp_path), read_config(tmp_path))
+    assert overrides == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
 
 
 def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_path: Path) -> None:
@@ -661,7 +717,7 @@ def test_vllm_s_cpu_kv_cache_is_sized_for_the_head_dim_the_config_reads_as(tmp_p
     del cfg["head_dim"]
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 20}))
     # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^20 positions, 64 rows, +25 %
-    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+    assert cpu_kv_cache_gib(read_config(tmp_path), 64) == 320
 
 
 def test_vllm_s_model_len_and_cpu_kv_cache_follow_the_jobs_context(tmp_path: Path) -> None:
@@ -673,11 +729,12 @@ def test_vllm_s_model_len_and_cpu_kv_cache_follow_the_jobs_context(tmp_path: Pat
     write_checkpoint("qwen3-tied-hd32", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "head_dim": 128, "max_position_embeddings": 1 << 20}))
-    assert max_model_len(tmp_path, 65536) == 65536
-    assert max_model_len(tmp_path, 1 << 21) == max_model_len(tmp_path) == 1 << 20  # never more than the model's
+    c = read_config(tmp_path)
+    assert max_model_len(c, 65536) == 65536
+    assert max_model_len(c, 1 << 21) == max_model_len(c) == 1 << 20  # never more than the model's
     # 2 (K, V) × 2 layers × 2 kv heads × 128 × 4 bytes a position, 2^16 positions, 64 rows, +25 %
-    assert cpu_kv_cache_gib(tmp_path, 64, context=65536) == 20
-    assert cpu_kv_cache_gib(tmp_path, 64) == 320
+    assert cpu_kv_cache_gib(c, 64, context=65536) == 20
+    assert cpu_kv_cache_gib(read_config(tmp_path), 64) == 320
 
 
 def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(tmp_path: Path) -> None:
@@ -690,16 +747,18 @@ def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(t
     cfg["architectures"] = None
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert check_hf_dir(tmp_path).config.architecture == "Qwen2ForCausalLM"
-    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+    overrides = architecture_overrides(read_config_json(tmp_path), read_config(tmp_path))
+    assert overrides == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
 
 
 @pytest.mark.parametrize("architecture", list(ARCHITECTURES))
 def test_a_null_number_of_kv_heads_reads_as_its_config_class_reads_it(tmp_path: Path, architecture: str) -> None:
     """`"num_key_value_heads": null` written out: num_attention_heads for Llama, Qwen2, Qwen3 and Phi3, as their
     config classes read it (versus refused as missing); MistralConfig refuses it, and so does rlctl, in one line."""
+    # (a vocabulary of Phi-3's 32064: Phi3Config's default pad_token_id 32000 is a row of it)
     d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
          "num_attention_heads": 16, "num_key_value_heads": None, "intermediate_size": 96, "num_hidden_layers": 2,
-         "vocab_size": 96}  # fmt: skip
+         "vocab_size": 32064}  # fmt: skip
     if architecture == "MistralForCausalLM":
         with pytest.raises(Exception, match="num_key_value_heads"):
             transformers.CONFIG_MAPPING["mistral"].from_dict(d)

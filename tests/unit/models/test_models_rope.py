@@ -1,6 +1,7 @@
-"""RoPE scaling (Llama 3.1–3.3's `llama3`, and `linear`) in the embedded model and the torch trainer's: transformers'
-LlamaForCausalLM with the same `rope_scaling` is the oracle (fp32, ≤ 1e-5) at positions past the pretraining context;
-config.json read in both of its forms and written back as read; every other scaling refused in one line."""
+"""RoPE scaling (Llama 3.1–3.3's `llama3`, `linear`, and Qwen2.5/Qwen3's `yarn`) in the embedded model and the torch
+trainer's: transformers' LlamaForCausalLM and Qwen2ForCausalLM with the same `rope_scaling` are the oracle (fp32,
+≤ 1e-5) at positions past the pretraining context; config.json read in both of its forms and written back as read;
+bad values and every other scaling refused in one line."""
 
 from __future__ import annotations
 
@@ -15,7 +16,17 @@ import torch
 from rlctl.models.hf import RopeScaling, TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import refused_in_one_line
-from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, THETA, bands, llama
+from tests.unit.rope_checkpoints import (
+    LINEAR,
+    LLAMA3,
+    LLAMA31,
+    THETA,
+    YARN,
+    YARN_ATTENTION,
+    YARN_TUNED,
+    bands,
+    llama,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,17 +44,20 @@ def test_the_llama3_test_configs_have_every_band(rope: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["rope_parameters", "rope_scaling"])
-@pytest.mark.parametrize("rope", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+@pytest.mark.parametrize(
+    ("rope", "qwen2"),
+    [(LLAMA3, False), (LINEAR, False), (YARN, False), (YARN, True), (YARN_TUNED, True), (YARN_ATTENTION, True)],
+    ids=["llama3", "linear", "yarn", "yarn-qwen2", "yarn-tuned-qwen2", "yarn-attention-factor-qwen2"],
+)
 def test_logits_equal_transformers_past_the_pretraining_context(
-    rope: dict[str, Any], legacy: bool, tmp_path: Path
+    rope: dict[str, Any], qwen2: bool, legacy: bool, tmp_path: Path
 ) -> None:
-    ref = llama(rope, tmp_path, legacy=legacy)
+    ref = llama(rope, tmp_path, legacy=legacy, qwen2=qwen2)
     model = TinyGPT.from_pretrained(tmp_path).eval()
     assert model.config.rope_scaling == RopeScaling(
-        rope["rope_type"], rope["factor"], rope.get("low_freq_factor"), rope.get("high_freq_factor"),
-        rope.get("original_max_position_embeddings"),
-    )  # fmt: skip
-    x = tokens(3, 100)  # positions to 99, past the 32 of llama3's pretraining context
+        kind=rope["rope_type"], **{k: v for k, v in rope.items() if k != "rope_type"}
+    )
+    x = tokens(3, 100)  # positions to 99, past the 32 of llama3's and yarn's pretraining context
     with torch.no_grad():
         got, want = model(x), ref(input_ids=x).logits
         unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
@@ -53,9 +67,10 @@ def test_logits_equal_transformers_past_the_pretraining_context(
     assert apart > 100 * ATOL  # the scaling is what the comparison checks
 
 
-def test_decode_runs_the_scaled_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rope", [LLAMA3, YARN], ids=["llama3", "yarn"])
+def test_decode_runs_the_scaled_tables(rope: dict[str, Any], tmp_path: Path) -> None:
     """The rollout path (prefill, then one token at a time at its own position) against the full-sequence pass."""
-    llama(LLAMA3, tmp_path)
+    llama(rope, tmp_path)
     model = TinyGPT.from_pretrained(tmp_path).eval()
     x = tokens(2, 80, seed=1)
     cache = model.new_cache(2, 80)
@@ -68,18 +83,19 @@ def test_decode_runs_the_scaled_tables(tmp_path: Path) -> None:
     torch.testing.assert_close(last, full[:, 79], atol=ATOL, rtol=0)
 
 
-def test_the_scaling_is_written_back_as_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("rope", "qwen2"), [(LLAMA3, False), (YARN_TUNED, True)], ids=["llama3", "yarn-qwen2"])
+def test_the_scaling_is_written_back_as_read(rope: dict[str, Any], qwen2: bool, tmp_path: Path) -> None:
     """A checkpoint's export (save_pretrained: the trainer's, `rlctl pull`'s) carries its scaling: rlctl reads it
     back the same, and transformers (as vLLM, which reads config.json itself) computes the same logits from it."""
-    ref = llama(LLAMA3, tmp_path / "in", legacy=True)
+    ref = llama(rope, tmp_path / "in", legacy=True, qwen2=qwen2)
     model = TinyGPT.from_pretrained(tmp_path / "in").eval()
     model.save_pretrained(tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert written["rope_scaling"] == LLAMA3 and written["rope_theta"] == THETA
+    assert written["rope_scaling"] == rope and written["rope_theta"] == THETA
     assert read_config(tmp_path / "out") == read_config(tmp_path / "in") == model.config
     assert TinyGPTConfig.from_hf(model.config.to_hf()) == model.config
-    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert again.config.rope_parameters["rope_type"] == "llama3"
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(again) is type(ref) and again.config.rope_parameters == {**rope, "rope_theta": THETA}
     x = tokens(2, 100)
     with torch.no_grad():
         torch.testing.assert_close(again(input_ids=x).logits, ref(input_ids=x).logits, atol=ATOL, rtol=0)
@@ -109,9 +125,9 @@ def test_a_partial_rotary_factor_of_1_is_whole_rope(tmp_path: Path, where: str) 
 @pytest.mark.parametrize(
     ("key", "rope", "complaint"),
     [
-        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-         "RoPE 'yarn' is not supported; supported: default RoPE (rope_theta), 'linear' and 'llama3' scaling"),
-        ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}, "RoPE 'dynamic' is not"),
+        ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+         "RoPE 'dynamic' is not supported; supported: default RoPE (rope_theta), 'linear', 'llama3' and 'yarn' "
+         "scaling"),
         ("rope_scaling", {"type": "longrope", "factor": 2.0}, "RoPE 'longrope' is not supported"),
         ("rope_scaling.original_max_position_embeddings", {k: v for k, v in LLAMA3.items() if k[0] != "o"},
          "missing; RoPE 'llama3' needs factor, low_freq_factor, high_freq_factor, original_max_position_embeddings"),
@@ -123,6 +139,17 @@ def test_a_partial_rotary_factor_of_1_is_whole_rope(tmp_path: Path, where: str) 
          "0.5 is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated"),
         ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
         ("rope_scaling", {**LINEAR, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'linear'"),
+        ("rope_scaling", {**YARN, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'yarn' is not supported"),
+        ("rope_scaling.original_max_position_embeddings", {"rope_type": "yarn", "factor": 4.0},
+         "missing; RoPE 'yarn' needs factor, original_max_position_embeddings"),
+        ("rope_scaling.factor", {**YARN, "factor": 0.5},
+         "0.5 is below 1; YaRN's factor is the context's extension, ≥ 1"),
+        ("rope_scaling.beta_fast", {**YARN, "beta_fast": 0.5},
+         "0.5 is below beta_slow 1; YaRN keeps the faster-turning dimensions"),
+        ("rope_scaling.beta_slow", {**YARN, "beta_slow": "1"}, "'1' is not a positive number"),
+        ("rope_scaling.mscale", {**YARN, "mscale": 0, "mscale_all_dim": 1}, "0 is not a positive number"),
+        ("rope_scaling.attention_factor", {**YARN, "attention_factor": -1.0}, "-1.0 is not a positive number"),
+        ("rope_scaling.truncate", {**YARN, "truncate": 0}, "0 is not true or false"),
         ("rope_parameters", "both", "rope_scaling {'rope_type': 'linear', 'factor': 4.0}; keep one"),
     ],
 )  # fmt: skip

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlctl.errors import ConfigError
 from rlctl.models import hf
-from rlctl.models.tensors import CheckpointTensors, ModelTensors, copy_into
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors, copy_into
 from rlctl.models.tinygpt import TinyGPT
-from tests.unit.tiny_models import small_config
+from tests.unit.tiny_models import misfits, small_config
 
 
 @pytest.mark.parametrize("layout", ["one-file", "shards", "torch-bin"])
@@ -79,15 +80,10 @@ def test_copy_into_loads_what_load_weights_loads_and_refuses_what_it_refuses(tmp
 
     whole = hf.load_state_dict(d)
     before = {k: v.clone() for k, v in mine.state_dict().items()}
-    for bad, complaint in (
-        ({k: v for k, v in whole.items() if k != "model.norm.weight"}, "missing ['model.norm.weight']"),
-        ({**whole, "model.extra": torch.zeros(1)}, "unexpected ['model.extra']"),
-        ({**whole, "model.norm.weight": torch.zeros(3)}, "model.norm.weight has shape [3], the model's is [32]"),
-    ):
-        with pytest.raises(ValueError) as e:
+    for bad, complaint in misfits(whole, list(before)):
+        with pytest.raises(DoesNotFit, match=f"^{re.escape(complaint)}$"):
             theirs.load_weights(bad)
-        assert complaint in str(e.value)
-        with pytest.raises(ValueError, match=re.escape(str(e.value))):
+        with pytest.raises(DoesNotFit, match=f"^{re.escape(complaint)}$"):
             copy_into(mine, {k: v + 1 for k, v in bad.items()}, optional=optional)
         assert all(torch.equal(mine.state_dict()[k], v) for k, v in before.items())  # nothing copied
 
@@ -146,3 +142,31 @@ def test_from_pretrained_reads_past_what_a_file_holds_beyond_the_model(tmp_path:
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     got, want = loaded.state_dict(), model.state_dict()
     assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_tied_model_refuses_a_file_whose_lm_head_is_not_its_embedding(tmp_path: Path) -> None:
+    """A file of a tied config (tie_word_embeddings: true) holding an lm_head.weight other than its embedding is two
+    tensors, which transformers loads untied; rlctl's tied model holds one: refused in one line, the model as it was,
+    versus the file's embedding taken (`from_pretrained`) or overwritten by its lm_head (`copy_into`, a resume)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = dataclasses.replace(small_config(), tie_word_embeddings=True)
+    torch.manual_seed(0)
+    d = TinyGPT(cfg).save_pretrained(tmp_path / "model")
+    whole = hf.load_state_dict(d)
+    lm_head = whole["model.embed_tokens.weight"] + 1
+    hf.save_state_dict({**whole, "lm_head.weight": lm_head}, d)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert ref.lm_head.weight is not ref.model.embed_tokens.weight and torch.equal(ref.lm_head.weight, lm_head)
+
+    said = "weights do not fit this model: lm_head.weight differs from model.embed_tokens.weight"
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'{d}: {said}')}"):
+        TinyGPT.from_pretrained(d)
+    model = TinyGPT(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(DoesNotFit, match=f"^{re.escape(said)}"):
+        copy_into(model, CheckpointTensors(d), optional={"lm_head.weight"})
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    hf.save_state_dict({**whole, "lm_head.weight": whole["model.embed_tokens.weight"].clone()}, d)  # equal: one
+    copy_into(model, CheckpointTensors(d), optional={"lm_head.weight"})
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in TinyGPT.from_pretrained(d).state_dict().items())

@@ -85,6 +85,26 @@ def test_held_out_evaluations_during_the_run_get_a_table_and_a_curve(tmp_path: P
     assert "Held-out evaluations" not in build_report(d).html.read_text()
 
 
+def test_a_mixed_jobs_held_out_evaluations_give_each_data_source_a_line_below_the_table(tmp_path: Path) -> None:
+    """The report's held-out table gave the mean alone (GSM8K improving while MATH regressed read as one flat
+    figure); rows of 2+ data_sources now give one line per source, its first and last figure; one source: none."""
+    d = make_job_dir(tmp_path)
+    by = [{"a/gsm8k": 0.5, "b/MATH": 0.5}, {"a/gsm8k": 0.6, "b/MATH": 0.4}, {"a/gsm8k": 0.75, "b/MATH": 0.25}]
+    rows = [
+        {"version": v, "greedy_reward": 0.5, "prompts": 8, "versions": [v, v], "greedy_reward_by_source": b}
+        for v, b in zip((0, 6, 12), by, strict=True)
+    ]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).html.read_text()
+    assert "<p>a/gsm8k: greedy reward 0.5000 at v0 → 0.7500 at v12 (3 evaluations)</p>" in page
+    assert "<p>b/MATH: greedy reward 0.5000 at v0 → 0.2500 at v12 (3 evaluations)</p>" in page
+    for r in rows:
+        del r["greedy_reward_by_source"]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).html.read_text()
+    assert "Held-out evaluations" in page and "greedy reward 0.5000 at v0" not in page
+
+
 def test_the_summary_s_samples_per_s_is_the_job_s_across_its_resumes(tmp_path: Path) -> None:
     """The report's samples/s was summary.json's, its last run's (40 after a resume), beside the job's iterations
     and its wall time since the first start; without a summary, the last row's, one iteration's. It is every

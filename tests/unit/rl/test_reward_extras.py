@@ -4,10 +4,15 @@ averaged over each iteration's trained samples into its metrics row (`reward_ext
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from rlctl.config.task import DatasetTask
 from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.reward import DROPPED_KEYS, check_result
+from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.source import DatasetSource
 from rlctl.rl.tokenizer import load_tokenizer
 from rlctl.tracking import row_to_metrics
@@ -72,3 +77,55 @@ def test_the_controller_puts_an_iterations_extra_figures_in_its_row(tmp_path: Pa
         assert len(asked) == 1 and len(asked[0]) == 4  # the iteration's 2 prompts × 2 samples
     finally:
         r.close()
+
+
+NAMES = """\
+def f(data_source, solution_str, ground_truth):
+    return {
+        "score": 1.0,
+        "acc": True,
+        "pred_len_2": 7,
+        "acc/strict": 1.0,
+        "format score": 0.5,
+        "x" * 65: 1.0,
+        3: 1.0,
+        "note": "not a number",
+        "ratio": float("nan"),
+    }
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_dict_rewards_extra_keys_are_names_and_numbers_others_left_out_said_once_a_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int
+) -> None:
+    # every key was kept as it was (str(3) too): 'acc/strict' nested W&B's panels, 'format score' and a 65-character
+    # name broke a Prometheus or TensorBoard series name; a value that was no number was left out unsaid
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
+    (tmp_path / "r.py").write_text(NAMES)
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=workers) as pool:
+        results = [pool.score(f"s{i}", "d", "x", "y") for i in range(3)]
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=0) as pool:  # (the held-out evaluation's pool: said already)
+        pool.score("h0", "d", "x", "y")
+    assert all(r.ok and r.score == 1.0 for r in results)
+    assert results[0].extra == {"acc": 1.0, "pred_len_2": 7.0}
+    names = "a key is a name of letters, digits and _, at most 64 characters"
+    assert results[0].dropped == {
+        "'acc/strict'": names,
+        "'format score'": names,
+        repr("x" * 65): names,
+        "3": names,
+        "'note'": "its value is no finite number ('not a number')",
+        "'ratio'": "its value is no finite number (nan)",
+    }
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 6  # once a key, over the calls of both pools
+    assert said[0] == (
+        "reward r.py:f returned 'acc/strict' beside 'score' (sample s0): left out of its figures (reward_extra/<key>): "
+        f"{names}; said once a key"
+    )
+
+
+def test_a_dict_with_many_bad_keys_says_its_first_ones() -> None:
+    result = check_result({"score": 0.5, **{f"k/{i}": 1.0 for i in range(1000)}}, on_error=0.0)
+    assert (result.score, result.extra, len(result.dropped)) == (0.5, {}, DROPPED_KEYS)

@@ -15,6 +15,7 @@ from rlctl.rl import dataset
 from rlctl.rl.dataset import check_rows, keeping_rows
 from rlctl.rl.reward import ERROR_CHARS, RewardResult, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
+from rlctl.rl.source import heldout_task
 from rlctl.rl.tokenizer import load_tokenizer
 from tests.unit.hf_tokenizer import write_tokenizer
 from tests.unit.rl.test_dataset import write_jsonl
@@ -173,6 +174,32 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
         cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": reward})
         check_rows(cfg, data_path=path, tokenizer=tok)
         assert caplog.records == []
+
+
+def test_check_warns_where_every_held_out_row_is_a_dataset_a_builtin_scores_and_the_reward_is_exact_match(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the held-out evaluation scores its rows with task.reward too: a held-out file of GSM8K rows read 0 in every
+    # evaluation, and check said nothing (its training file of other rows, or mixed ones, said nothing either)
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    gsm = {"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}
+    train = write_jsonl(tmp_path / "train.jsonl", [gsm, {**gsm, "data_source": "mine"}])
+    held = write_jsonl(tmp_path / "held.jsonl", [gsm] * 2)
+    cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl"})
+    assert check_rows(cfg, data_path=train, tokenizer=tok) == 2
+    assert caplog.records == []
+    assert check_rows(heldout_task(cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "task.reward: exact_match compares the whole output with the ground truth, and the data_source of every "
+        "held-out row (evaluation.path) is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl "
+        "scores them with its GSM8K scorer): an output that is not the bare answer scores 0 (the held-out figures "
+        "read 0 with it); set reward: gsm8k"
+    ]
+    caplog.clear()
+    gsm8k_cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": "gsm8k"})
+    assert check_rows(heldout_task(gsm8k_cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True) == 2
+    assert caplog.records == []
 
 
 FAILING = """

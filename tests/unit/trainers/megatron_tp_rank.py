@@ -26,6 +26,8 @@ from tests.unit.rank_end import end_rank
 # at pp 2 (2 chunks per stage): 2 rows in 2 chunks, 1 row in 1 (the stage-by-stage schedule), 5 rows in 4
 # chunks of 2, 1, 1, 1 rows
 SHAPES = [(2, 24), (1, 24), (5, 24)]
+PAD = 8  # a token of the last shape's input (twice): a checkpoint whose pad_token_id it is has that row's gradient
+# checked as well (none from those positions, as TinyGPT's and transformers' padding_idx)
 
 
 @contextlib.contextmanager
@@ -100,6 +102,7 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, t
         "full_numel": sum(t.numel() for t in checkpoint_sd.values()),
         "logits_max_abs_diff": logits_diff,
         "grad_max_rel_diff": grad_rel,
+        "pad_positions": int((x == ref.config.pad_token_id).sum()) if ref.config.pad_token_id is not None else 0,
         "weights_names_are_the_engine_names": list(weights) == list(ref.state_dict()),
         "send_tags": sent,
         "weights_bit_exact": all(torch.equal(weights[k], v) for k, v in checkpoint_sd.items()),

@@ -4,6 +4,7 @@ steps equal the unsharded steps, and a sharded checkpoint resumes bit for bit (e
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from rlctl.models.hf import MoeConfig
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import Sample
+from tests.unit.tiny_models import misfits
 from tests.unit.trainers.ranks import ENV, start_rank
 
 SCRIPT = Path(__file__).with_name("fsdp_rank.py")
@@ -124,19 +126,37 @@ def test_a_cpu_trainer_on_a_machine_with_a_gpu_shards_on_the_cpu(
         dist.destroy_process_group()
 
 
-def test_a_full_load_missing_a_tensor_is_refused_before_any_is_copied() -> None:
-    """`fsdp.load_full` (a sharded rank's resume) with one of the model's tensors missing: ValueError naming it and
-    the model as it was, versus that tensor silently left at its initial value; a tied lm_head may be left out."""
+def test_a_full_load_that_does_not_fit_the_model_is_refused_before_any_tensor_is_copied(tmp_path: Path) -> None:
+    """`fsdp.load_full` (a sharded rank's resume) of tensors with one missing, one unexpected, one of another shape,
+    or all three: DoesNotFit in one line naming them (`check_fit`) and every shard as it was, bit for bit, versus a
+    missing tensor alone refused, an unexpected one ignored and one of another shape ending the load halfway (a
+    RuntimeError of the copy, the tensors before it new). A tied lm_head may be left out, or be the embedding; one
+    other than the embedding is refused (`check_tied`)."""
+    import torch.distributed as dist
+
+    from rlctl.models.tensors import DoesNotFit
     from rlctl.trainers import fsdp
 
-    model, other = TinyGPT(CFG), TinyGPT(CFG)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    full = dict(other.state_dict())
-    del full["model.norm.weight"]
-    with pytest.raises(ValueError, match=r"missing \['model\.norm\.weight'\]"):
-        fsdp.load_full(model, full, optional={"lm_head.weight"})
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    del full["lm_head.weight"]
-    full["model.norm.weight"] = other.state_dict()["model.norm.weight"]
-    fsdp.load_full(model, full, optional={"lm_head.weight"})
-    assert all(torch.equal(v, other.state_dict()[k]) for k, v in model.state_dict().items())
+    untied = dataclasses.replace(CFG, tie_word_embeddings=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        for cfg in (untied, CFG):
+            torch.manual_seed(0)
+            model, other = TinyGPT(cfg), TinyGPT(cfg)
+            fsdp.shard(model, cuda=False)
+            before = {k: fsdp.local_tensor(v).clone() for k, v in model.state_dict().items()}
+            whole = {k: v + 1 for k, v in other.hf_weights().items()}
+            for bad, said in misfits(whole, list(before)):
+                with pytest.raises(DoesNotFit, match=f"^{re.escape(said)}$"):
+                    fsdp.load_full(model, bad, optional={"lm_head.weight"} if cfg.tie_word_embeddings else ())
+                assert all(torch.equal(fsdp.local_tensor(v), before[k]) for k, v in model.state_dict().items())
+        embed = whole["model.embed_tokens.weight"]
+        with pytest.raises(DoesNotFit, match=r"lm_head\.weight differs from model\.embed_tokens\.weight"):
+            fsdp.load_full(model, {**whole, "lm_head.weight": embed + 1}, optional={"lm_head.weight"})
+        assert all(torch.equal(fsdp.local_tensor(v), before[k]) for k, v in model.state_dict().items())
+        for tensors in (whole, {**whole, "lm_head.weight": embed.clone()}):
+            fsdp.load_full(model, tensors, optional={"lm_head.weight"})
+            got = {k: fsdp.local_tensor(v) for k, v in model.state_dict().items()}
+            assert all(torch.equal(got[k], v) for k, v in whole.items()) and torch.equal(got["lm_head.weight"], embed)
+    finally:
+        dist.destroy_process_group()

@@ -5,16 +5,22 @@ megatron's tensor-parallel attributes on them, logits. A load that would leave a
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlctl.models.tensors import CheckpointTensors, ModelTensors
+from rlctl.errors import ConfigError
+from rlctl.models import hf
+from rlctl.models.hf import expected_shapes
+from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.trainers.base import load_backend
 from rlctl.trainers.megatron.backend import MegatronBackend
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT
 from tests.unit.hf_checkpoints import VARIANTS, write_checkpoint
+from tests.unit.tiny_models import misfits
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("megatron_rank")
@@ -73,13 +79,43 @@ def test_a_load_writes_every_element_of_a_model_built_without_init(variant: str,
     assert_same(trunk, initialised_trunk)
 
 
-def test_a_load_missing_a_tensor_fails_naming_it(tmp_path: Path) -> None:
+def test_a_load_that_does_not_fit_the_config_is_refused_before_any_tensor_is_written(tmp_path: Path) -> None:
+    """Tensors with one missing, one unexpected, one of another shape, or all three: DoesNotFit in one line naming
+    them (`check_fit`) and every parameter as it was, bit for bit, versus a KeyError (missing) or the copy's
+    RuntimeError (another shape) with the parameters before it written, and an unexpected tensor ignored."""
     write_checkpoint("llama-hd64-eos3", tmp_path)
     backend = load_backend("megatron", tmp_path)
-    tensors = dict(CheckpointTensors(tmp_path))
-    del tensors["model.layers.1.mlp.up_proj.weight"]
-    with pytest.raises(KeyError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
-        backend.load_state_dict(tensors)
+    assert isinstance(backend, MegatronBackend)
+    before = {k: v.clone() for k, v in backend.model.megatron_state().items()}
+    whole = {k: v + 1 for k, v in CheckpointTensors(tmp_path).items()}
+    for bad, said in misfits(whole, list(expected_shapes(backend.config))):
+        with pytest.raises(DoesNotFit, match=f"^{re.escape(said)}$"):
+            backend.load_state_dict(bad)
+        assert all(torch.equal(v, before[k]) for k, v in backend.model.megatron_state().items())
+    backend.load_state_dict(whole)
+    assert all(torch.equal(v, whole[k]) for k, v in backend.weights().items())
+
+
+def test_a_tied_load_takes_an_lm_head_that_is_the_embedding_and_refuses_another(tmp_path: Path) -> None:
+    """A tied config's file may hold an lm_head.weight beside the embedding (a file transformers wrote before it left
+    it out) and an older Llama's its rotary_emb.inv_freq buffers: the load reads the names the model needs
+    (`hf.match_weights`' names: `ModelTensors(only=…)`), the model as without them. An lm_head other than the
+    embedding (two tensors: transformers loads them untied) is refused in one line naming the checkpoint, versus
+    ignored (the embedding taken for both)."""
+    write_checkpoint("qwen2-tied-hd32", tmp_path / "start")
+    want = load_backend("megatron", tmp_path / "start").weights()
+    saved = hf.load_state_dict(tmp_path / "start")
+    embed = saved["model.embed_tokens.weight"]
+    for name, lm_head in (("same", embed.clone()), ("other", embed + 1)):
+        d = shutil.copytree(tmp_path / "start", tmp_path / name)
+        buffers = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)}
+        hf.save_state_dict({**saved, "lm_head.weight": lm_head, **buffers}, d)
+        if name == "other":
+            with pytest.raises(ConfigError, match=f"^{re.escape(str(d))}: weights do not fit this model: lm_head"):
+                load_backend("megatron", d)
+            continue
+        got = load_backend("megatron", d).weights()
+        assert list(got) == list(want) and all(torch.equal(got[k], v) for k, v in want.items())
 
 
 def test_a_tensor_the_load_does_not_write_is_refused(tmp_path: Path) -> None:

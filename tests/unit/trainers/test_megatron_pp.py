@@ -20,7 +20,9 @@ from rlctl.models.hf import read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.rope_checkpoints import YARN_8, with_rope
 from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.megatron_tp_rank import PAD
 from tests.unit.trainers.ranks import spawn_ranks
 from tests.unit.trainers.test_megatron_backend import rollouts
 from tests.unit.trainers.test_megatron_tp_grpo import run_ranks as grpo_ranks
@@ -41,8 +43,9 @@ def run_ranks(tmp_path: Path, name: str, *, tp: int, pp: int, checkpoints: list[
 @pytest.mark.parametrize(
     "tp,pp,variants",
     [
-        # tied embeddings with q/k/v bias and one key/value head; grouped-query attention with an untied lm_head
-        (1, 2, ["qwen2-tied-hd32", "llama-hd64-eos3"]),
+        # tied embeddings with q/k/v bias and one key/value head (and again with yarn RoPE: each stage's rotary
+        # tables); grouped-query attention with an untied lm_head
+        (1, 2, ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen2-tied-hd32+yarn"]),
         # tied and vocab-parallel at both ends, o_proj bias; grouped-query attention, untied lm_head; Qwen3's q/k norms
         (2, 2, ["llama-bias-tied", "llama-hd64-eos3", "qwen3-tied-hd32"]),
     ],
@@ -52,7 +55,11 @@ def test_pipeline_stages_give_the_single_process_logits(tmp_path: Path, tp: int,
     require_megatron()
     checkpoints = [tmp_path / v for v in variants]
     for variant, path in zip(variants, checkpoints, strict=True):
-        write_checkpoint(variant, path, num_hidden_layers=LAYERS)
+        write_checkpoint(
+            variant.removesuffix("+yarn"), path, num_hidden_layers=LAYERS, pad_token_id=PAD
+        )  # (its row: no gradient from it)
+        if variant.endswith("+yarn"):
+            with_rope(path, YARN_8)
     procs = run_ranks(tmp_path, "split", tp=tp, pp=pp, checkpoints=checkpoints)
     procs += run_ranks(tmp_path, "whole", tp=1, pp=1, checkpoints=checkpoints)
     errors = [p.communicate(timeout=360)[1] for p in procs]
@@ -76,7 +83,7 @@ def test_pipeline_stages_give_the_single_process_logits(tmp_path: Path, tp: int,
             "backward": [3, 2, 1, 0] if stage > 0 else [],
         }, (r, c)
         assert got["logits_max_abs_diff"] <= 2e-5  # against the torch backend, as at tp 1 (test_megatron_backend)
-        assert got["grad_max_rel_diff"] <= 2e-5
+        assert got["grad_max_rel_diff"] <= 2e-5 and got["pad_positions"] == 2
         assert got["weights_names_are_the_engine_names"] and got["weights_bit_exact"]
 
 

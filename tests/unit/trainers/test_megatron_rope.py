@@ -1,6 +1,7 @@
 """RoPE scaling on the `megatron` trainer backend (one gloo rank on CPU): Llama 3.1's llama3 scaling (megatron-core's
-`rope_scaling`, its bands fixed at 1, 4, 8192) and linear (`seq_len_interpolation_factor`) give the torch backend's
-logits; llama3 with other bands is refused, by the backend and by `rlctl check`, in one line."""
+`rope_scaling`, its bands fixed at 1, 4, 8192), linear (`seq_len_interpolation_factor`) and yarn (YarnRotaryEmbedding)
+give the torch backend's logits; llama3 with other bands, and yarn with an attention factor megatron-core does not
+compute, are refused, by the backend and by `rlctl check`, in one line."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlctl.models.hf import read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import preflight
 from rlctl.trainers.base import load_backend
-from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, llama
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, YARN, YARN_ATTENTION, YARN_TUNED, llama
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("megatron_rank")
@@ -30,9 +31,13 @@ def tokens(batch: int, length: int, *, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("rope", [LLAMA31, LINEAR], ids=["llama3", "linear"])
-def test_logits_equal_the_torch_backend(rope: dict[str, Any], tmp_path: Path) -> None:
-    ref = llama(rope, tmp_path / "in")
+@pytest.mark.parametrize(
+    ("rope", "qwen2"),
+    [(LLAMA31, False), (LINEAR, False), (YARN, False), (YARN, True), (YARN_TUNED, True)],
+    ids=["llama3", "linear", "yarn", "yarn-qwen2", "yarn-tuned-qwen2"],
+)
+def test_logits_equal_the_torch_backend(rope: dict[str, Any], qwen2: bool, tmp_path: Path) -> None:
+    ref = llama(rope, tmp_path / "in", qwen2=qwen2)
     backend = load_backend("megatron", tmp_path / "in")
     model, torch_model = backend.model.eval(), TinyGPT.from_pretrained(tmp_path / "in").eval()
     backend.save_pretrained(tmp_path / "out")  # its exports carry the scaling, as read
@@ -76,6 +81,31 @@ def test_llama3_bands_megatron_fixes_otherwise_are_refused_in_one_line(tmp_path:
         refused[backend] = [p.message for p in problems if p.field == "trainer.backend"]
     assert refused == {"megatron": [f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: {said}"],
                        "torch": []}  # fmt: skip
-    llama(LLAMA31, tmp_path / "model")  # Llama 3.1's bands: megatron runs them
+    llama(YARN_ATTENTION, tmp_path / "model")  # an attention factor of its own: megatron-core computes one
+    said = (
+        "RoPE 'yarn' with attention_factor 1.3: megatron-core computes it from factor, mscale and mscale_all_dim "
+        "(1.13863 here); use trainer.backend 'torch' for this model"
+    )
+    with pytest.raises(ValueError) as e:
+        load_backend("megatron", tmp_path / "model")
+    assert str(e.value) == said
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
+    assert [p.message for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == [
+        f"'megatron' cannot run the model of {tmp_path / 'model'}/config.json: {said}"
+    ]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    for runs in (LLAMA31, YARN_TUNED):  # Llama 3.1's bands, yarn's attention factor as megatron-core computes it
+        llama(runs, tmp_path / "model")
+        assert [p for p in preflight.problems(load_job(tmp_path / "job.yaml")) if p.field == "trainer.backend"] == []
+
+
+def test_the_scaled_context_past_max_position_embeddings_runs(tmp_path: Path) -> None:
+    """linear × 4 of 128 positions: 512 (vLLM's max_model_len, `TinyGPTConfig.max_positions`), which the backend
+    holds as the torch backend does, versus a ValueError past 128 (sequence of 300 tokens > max_position_embeddings)."""
+    ref = llama(LINEAR, tmp_path)
+    model = load_backend("megatron", tmp_path).model.eval()
+    x = tokens(2, 300)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(input_ids=x).logits, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match=r"^sequence of 513 tokens > the model's max_positions 512$"):
+        model(tokens(1, 513))

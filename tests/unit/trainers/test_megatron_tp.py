@@ -12,7 +12,9 @@ import pytest
 from rlctl.models.hf import read_config
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.rope_checkpoints import YARN_8, with_rope
 from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.megatron_tp_rank import PAD
 from tests.unit.trainers.ranks import spawn_ranks
 
 pytest.importorskip("transformers")
@@ -22,7 +24,8 @@ RANK = Path(__file__).with_name("megatron_tp_rank.py")
 # grouped-query attention (2 groups of 2 heads) with an explicit head_dim and an untied lm_head; and tied
 # embeddings (vocab-parallel on both ends) with Llama's o_proj bias (whole on every rank of a row-parallel layer);
 # Qwen3's per-head q/k norms (whole on every rank, each rank's gradient its own heads' part); Phi3's fused qkv_proj and
-# gate_up_proj in its file (each rank's query groups and gate/up rows cut from them)
+# gate_up_proj in its file (each rank's query groups and gate/up rows cut from them); the first with yarn RoPE (each
+# rank's heads rotated by YarnRotaryEmbedding's tables), its 24 positions past a pretraining context of 8
 VARIANTS = ["llama-hd64-eos3", "llama-bias-tied", "qwen3-bias-hd32", "phi3-gqa"]
 
 
@@ -31,7 +34,9 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
     require_megatron()
     checkpoints = [tmp_path / v for v in VARIANTS]
     for variant, path in zip(VARIANTS, checkpoints, strict=True):
-        write_checkpoint(variant, path)
+        write_checkpoint(variant, path, pad_token_id=PAD)  # (the embedding's pad row: no gradient from its tokens)
+    write_checkpoint(VARIANTS[0], tmp_path / "yarn", pad_token_id=PAD)
+    checkpoints.append(with_rope(tmp_path / "yarn", YARN_8))
     procs = spawn_ranks(
         RANK, world=2, tp=2, pp=1, rendezvous=tmp_path / "rendezvous", out=lambda r: tmp_path / f"rank{r}.json",
         checkpoints=checkpoints,
@@ -42,7 +47,7 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
         got = json.loads((tmp_path / f"rank{r}.json").read_text())[str(c)]
         assert got["shard_numel"] < 0.75 * got["full_numel"]  # each rank holds about half (norms are whole)
         assert got["logits_max_abs_diff"] <= 2e-5  # fp32 rounding, as at tp = 1 (test_megatron_backend.py)
-        assert got["grad_max_rel_diff"] <= 2e-5
+        assert got["grad_max_rel_diff"] <= 2e-5 and got["pad_positions"] == 2
         assert got["weights_names_are_the_engine_names"] and got["weights_bit_exact"]
 
 

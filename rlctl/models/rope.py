@@ -1,0 +1,201 @@
+"""RoPE as an HF config.json says it: θ and the scaling (`RopeScaling`) from `rope_theta` and `rope_scaling`, or
+transformers 5's `rope_parameters` (θ inside), validated once (`read_rope`: a ConfigError naming the key); the numbers
+the models compute from a scaling (`RopeScaling.yarn_band`, `RopeScaling.attention_scaling`: transformers 5's
+`modeling_rope_utils`); and the longest sequence vLLM derives from it (`max_positions`). Torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from rlctl.errors import ConfigError
+
+ROPE_SUPPORTED = "default RoPE (rope_theta), 'linear', 'llama3' and 'yarn' scaling"
+# each scaling's keys beside rope_type and θ: (those it needs, those it may have)
+_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (
+        ("factor", "original_max_position_embeddings"),
+        ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+    ),
+}
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # transformers' (the YaRN paper's) where config.json has none
+
+Bad = Callable[[str, str], ConfigError]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE's frequencies θ^(-2i/d) are scaled for a context longer than the pretraining one (HF `rope_scaling`,
+    or transformers 5's `rope_parameters`); no scaling is `TinyGPTConfig.rope_scaling` None. L below is the pretraining
+    context, original_max_position_embeddings.
+
+        linear  every frequency ÷ factor (the same as positions ÷ factor)
+        llama3  by wavelength 2π/freq against L: shorter than L/high_freq_factor kept, longer than L/low_freq_factor
+                ÷ factor, and in between interpolated linearly in L/wavelength (Llama 3.1–3.3: factor 8 or 32, 1, 4,
+                L 8192)
+        yarn    by dimension: those turning more than beta_fast times over L kept, fewer than beta_slow ÷ factor,
+                a linear ramp in the dimension's index between (`yarn_band`); and cos and sin × `attention_scaling`
+                (Qwen2.5/Qwen3 long context: factor 4, L 32768)
+
+    The fields are config.json's keys, None where it has none (`to_hf` writes back what was read).
+    """
+
+    kind: Literal["linear", "llama3", "yarn"]
+    factor: float
+    low_freq_factor: float | None = None  # llama3's
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None  # llama3's and yarn's
+    beta_fast: float | None = None  # yarn's, each optional
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool | None = None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `rope_scaling` entry of config.json (transformers 4 and 5, and vLLM, read it)."""
+        return {"rope_type": self.kind, **{k: v for k, v in asdict(self).items() if k != "kind" and v is not None}}
+
+    def attention_scaling(self) -> float:
+        """What cos and sin are multiplied by (so q·k by its square): yarn's attention_factor, or where config.json has
+        none 0.1·ln(factor) + 1 (`_yarn_mscale`; with mscale and mscale_all_dim both given, the ratio of theirs, as
+        DeepSeek's); 1 for the other scalings."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale is not None and self.mscale_all_dim is not None:
+            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
+        return _yarn_mscale(self.factor)
+
+    def yarn_band(self, head_dim: int, theta: float) -> tuple[float, float]:
+        """yarn's ramp over the frequency index i < head_dim/2: from `low` (a frequency there and before it kept) to
+        `high` (there and after it ÷ factor), the indices whose frequency turns beta_fast and beta_slow times over the
+        pretraining context, rounded outwards unless `truncate` is false; high > low."""
+        context = self.original_max_position_embeddings
+        assert self.kind == "yarn" and context is not None
+
+        def index(turns: float) -> float:  # the i where context·θ^(-2i/d) = 2π·turns
+            return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+        low = index(YARN_BETA_FAST if self.beta_fast is None else self.beta_fast)
+        high = index(YARN_BETA_SLOW if self.beta_slow is None else self.beta_slow)
+        if self.truncate is not False:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        return low, high + 0.001 if high == low else high  # (transformers' guard against 0/0)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def max_positions(max_position_embeddings: int, s: RopeScaling | None) -> int:
+    """The longest sequence (prompt + output) a model is run on: vLLM's derived `max_model_len` (vllm/config/model.py
+    `_get_and_verify_max_len`), which transformers does not bound. A scaling other than llama3 multiplies by its
+    factor: yarn the pretraining context (original_max_position_embeddings, whatever max_position_embeddings says),
+    linear max_position_embeddings; llama3's max_position_embeddings is already the scaled context."""
+    if s is None or s.kind == "llama3":
+        return max_position_embeddings
+    base = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
+    assert base is not None
+    return int(base * s.factor)
+
+
+def positions_said(max_position_embeddings: int, s: RopeScaling | None) -> str | None:
+    """How `max_positions` came from config.json where a scaling multiplied it (None where it is
+    max_position_embeddings): `original_max_position_embeddings 32768 × 'yarn' factor 4`."""
+    if s is None or s.kind == "llama3":
+        return None
+    base = "original_max_position_embeddings" if s.kind == "yarn" else "max_position_embeddings"
+    count = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
+    return f"{base} {count} × {s.kind!r} factor {s.factor:g}"
+
+
+def read_rope(d: Mapping[str, Any], bad: Bad, *, supported: str) -> tuple[float, RopeScaling | None]:
+    """θ and the scaling of RoPE from `rope_theta` and `rope_scaling`, or transformers-5 `rope_parameters` (θ inside);
+    other scalings are refused, saying `supported` (the architecture's) after "supported". Both keys given must say
+    the same (transformers reads `rope_scaling` alone then)."""
+    found: dict[str, tuple[float, RopeScaling | None]] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if d.get(key) is not None:
+            found[key] = _rope_entry(d[key], d.get("rope_theta", 10000.0), key, bad, supported)
+    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
+        raise bad("rope_parameters", f"says {d['rope_parameters']!r}, rope_scaling {d['rope_scaling']!r}; keep one")
+    _whole_rotary(d, "", bad)
+    theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
+        raise bad("rope_theta", f"{theta!r} is not a positive number")
+    return float(theta), scaling
+
+
+def _whole_rotary(d: Mapping[str, Any], where: str, bad: Bad) -> None:
+    """RoPE on every dimension of a head: a `partial_rotary_factor` (Phi-4-mini's 0.75 at the top of config.json;
+    transformers 5 writes a Phi3's 1.0 into its rope_parameters) other than 1 is refused, naming it (`where` + key)."""
+    v = d.get("partial_rotary_factor", 1.0)
+    if isinstance(v, bool) or v != 1:
+        raise bad(
+            f"{where}partial_rotary_factor",
+            f"{v!r} is not supported (RoPE on part of each head); supported: 1.0, every dimension of a head rotated",
+        )
+
+
+def _rope_entry(rope: Any, theta: Any, key: str, bad: Bad, supported: str) -> tuple[Any, RopeScaling | None]:
+    if not isinstance(rope, dict):
+        raise bad(key, f"{rope!r} is not a mapping; supported{supported}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    keys = _KEYS.get(kind) if isinstance(kind, str) else None
+    if keys is None:
+        raise bad(key, f"RoPE {kind!r} is not supported; supported{supported}")
+    needed, optional = keys
+    if extra := sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor", *needed, *optional}):
+        raise bad(key, f"{extra} with RoPE {kind!r} is not supported; supported{supported}")
+    _whole_rotary(rope, f"{key}.", bad)
+    theta = rope.get("rope_theta", theta)
+    if kind == "default":
+        return theta, None
+    got: dict[str, Any] = {}
+    for name in (*needed, *optional):
+        v = rope.get(name)
+        if v is None and name in needed:
+            raise bad(f"{key}.{name}", f"missing; RoPE {kind!r} needs {', '.join(needed)}")
+        if v is not None:
+            got[name] = _value(v, f"{key}.{name}", bad)
+    if kind == "yarn":
+        return theta, _yarn(got, key, bad)
+    if kind == "linear":
+        return theta, RopeScaling("linear", got["factor"])
+    low, high = got["low_freq_factor"], got["high_freq_factor"]
+    if high <= low:  # (the band between them is interpolated over high − low)
+        raise bad(f"{key}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}")
+    return theta, RopeScaling("llama3", got["factor"], low, high, got["original_max_position_embeddings"])
+
+
+def _value(v: Any, where: str, bad: Bad) -> Any:
+    """A scaling's value as its key says: `truncate` true or false, the pretraining context a positive integer, the
+    others a positive number (a float)."""
+    if where.endswith(".truncate"):
+        if not isinstance(v, bool):
+            raise bad(where, f"{v!r} is not true or false")
+        return v
+    integral = where.endswith(".original_max_position_embeddings")
+    if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or v <= 0:
+        raise bad(where, f"{v!r} is not a positive {'integer' if integral else 'number'}")
+    return v if integral else float(v)
+
+
+def _yarn(got: dict[str, Any], key: str, bad: Bad) -> RopeScaling:
+    """yarn's scaling; refused where transformers would warn that it computes something else than YaRN: a factor below
+    1 (a shorter context), beta_fast below beta_slow (the ramp reversed)."""
+    if got["factor"] < 1:
+        raise bad(f"{key}.factor", f"{got['factor']:g} is below 1; YaRN's factor is the context's extension, ≥ 1")
+    fast, slow = got.get("beta_fast", YARN_BETA_FAST), got.get("beta_slow", YARN_BETA_SLOW)
+    if fast < slow:
+        raise bad(f"{key}.beta_fast", f"{fast:g} is below beta_slow {slow:g}; YaRN keeps the faster-turning dimensions")
+    return RopeScaling("yarn", **got)

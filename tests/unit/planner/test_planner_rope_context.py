@@ -1,0 +1,86 @@
+"""A model's context is the longest sequence vLLM would run it on (vllm/config/model.py `_get_and_verify_max_len`):
+max_position_embeddings, times the factor of a linear or yarn RoPE scaling (yarn's of original_max_position_embeddings),
+llama3's not multiplied (`TinyGPTConfig.max_positions`). `rlctl check` and `rlctl plan` allow a job that much, and the
+embedded model, the torch and megatron trainers and vLLM's max_model_len hold sequences to it; the scaled positions
+past max_position_embeddings compute transformers' logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.models.hf import TinyGPTConfig, read_config
+from rlctl.models.rope import RopeScaling
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops.preflight import problems
+from tests.conftest import run_cli
+from tests.unit.ops.test_preflight import hf_dataset_job, only_line, refused
+from tests.unit.rope_checkpoints import LINEAR, YARN, llama
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize(
+    ("positions", "scaling", "context"),
+    [
+        (40960, RopeScaling("yarn", 4.0, original_max_position_embeddings=32768), 131072),  # Qwen3's long context
+        (32768, RopeScaling("yarn", 4.0, original_max_position_embeddings=32768), 131072),  # Qwen2.5-Instruct's
+        (256, RopeScaling("yarn", 2.5, original_max_position_embeddings=32), 80),  # yarn's: less than max_position…
+        (128, RopeScaling("linear", 4.0), 512),
+        (131072, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 131072),  # Llama 3.1's 131072 is the scaled context
+        (4096, None, 4096),
+    ],
+    ids=["qwen3-yarn", "qwen2.5-yarn", "yarn-below", "linear", "llama3", "none"],
+)
+def test_the_context_is_vllms_max_model_len(positions: int, scaling: RopeScaling | None, context: int) -> None:
+    c = TinyGPTConfig(max_position_embeddings=positions, rope_scaling=scaling)
+    assert c.max_positions == c.arch("m").max_positions == context
+
+
+def _scaled(model: Path, rope: dict[str, Any]) -> None:
+    config = model / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rope_scaling": rope}))
+
+
+def test_check_and_plan_allow_the_scaled_context_and_refuse_past_it_in_one_line(tmp_path: Path) -> None:
+    """72 tokens of a 64-position model with yarn (32 × 4 = 128): refused before, as past max_position_embeddings."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 24, "max_output_tokens": 48})
+    assert [p.field for p in problems(job)] == ["task.max_output_tokens"]  # unscaled: 64 positions
+    _scaled(tmp_path / "model", YARN)
+    assert problems(job) == []
+    assert run_cli("plan", str(job.path)).exit_code == 0
+    past = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 100, "max_output_tokens": 48})
+    _scaled(tmp_path / "model", YARN)
+    (p,) = refused(past, "task.max_output_tokens")
+    assert p.message == (
+        "max_prompt_tokens 100 + max_output_tokens 48 = 148 tokens exceed model context 128 "
+        f"({tmp_path / 'model'}/config.json: original_max_position_embeddings 32 × 'yarn' factor 4, as vLLM derives "
+        "it); use max_prompt_tokens + max_output_tokens ≤ 128"
+    )
+    line = only_line(run_cli("check", str(past.path)))
+    assert line == f"rlctl: error: {past.path}: task.max_output_tokens: {p.message}"
+    assert only_line(run_cli("plan", str(past.path))) == line
+
+
+@pytest.mark.parametrize(
+    ("rope", "positions", "length"),
+    [(LINEAR, 128, 300), ({**YARN, "original_max_position_embeddings": 64}, 128, 250)],
+    ids=["linear", "yarn"],
+)
+def test_positions_past_max_position_embeddings_equal_transformers(
+    rope: dict[str, Any], positions: int, length: int, tmp_path: Path
+) -> None:
+    """The embedded model (the torch trainer's) holds the scaled context, where it held max_position_embeddings
+    (a ValueError: sequence of 300 tokens > max_position_embeddings 128), and computes transformers' logits there."""
+    ref = llama(rope, tmp_path, positions=positions)
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    assert model.context == read_config(tmp_path).max_positions == 4 * rope.get("original_max_position_embeddings", 128)
+    x = torch.randint(0, 96, (2, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"^sequence of \d+ tokens > the model's context \(.* × '\w+' factor 4\) \d+$"):
+        model(torch.zeros(1, model.context + 1, dtype=torch.long))
