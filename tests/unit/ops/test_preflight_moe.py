@@ -1,6 +1,5 @@
-"""`rlctl check` on a Qwen3MoE checkpoint: the torch trainer and the embedded engine run it; what does not (the megatron
-backend, vLLM, whose weight pushes corrupt its experts, the embedded engine's compiled step) is refused in one line
-each."""
+"""`rlctl check` on a Qwen3MoE checkpoint: the torch trainer, the embedded engine and vLLM run it; what does not (the
+megatron backend, the embedded engine's compiled step) is refused in one line each."""
 
 from __future__ import annotations
 
@@ -57,14 +56,10 @@ def test_the_megatron_backend_is_refused_for_a_moe_in_one_line(tmp_path: Path) -
     assert "trainer.backend" not in problems(tmp_path, "qwen3-tied-hd32", trainer={"backend": "megatron"})
 
 
-def test_vllm_and_a_compiled_embedded_step_are_refused_for_a_moe(tmp_path: Path) -> None:
+def test_vllm_runs_a_moe_and_a_compiled_embedded_step_is_refused_for_it(tmp_path: Path) -> None:
     config = tmp_path / "qwen3moe-dense1-hd32" / "config.json"
-    vllm = problems(tmp_path, "qwen3moe-dense1-hd32", rollout={"engine": "vllm"})["rollout.engine"]
-    assert (
-        f"'vllm' cannot run the model of {config}: Qwen3MoE: vLLM 0.32 (CPU) decodes the checkpoint as transformers "
-        "does, but a pushed version's experts otherwise (its weight reload corrupts its MoE kernel's packed experts), "
-        "so it would sample from another model than the one trained; use engine 'embedded' for this model"
-    ) in vllm
+    vllm = problems(tmp_path, "qwen3moe-dense1-hd32", rollout={"engine": "vllm"}).get("rollout.engine", [])
+    assert not [p for p in vllm if "cannot run the model" in p]  # (tests/vllm: its pushes decode as transformers)
     compiled = problems(tmp_path, "qwen3moe-dense1-hd32", rollout={"engine": "embedded", "compile": True})
     assert compiled == {
         "rollout.compile": [
