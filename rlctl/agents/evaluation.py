@@ -38,6 +38,7 @@ from rlctl.checkpoint.cut import cut_rows
 from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.metrics import JobMetrics
 from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource, source_key
+from rlctl.textutil import one_line
 from rlctl.tracking import Tracker
 from rlctl.transport import Message
 
@@ -346,7 +347,8 @@ class Evaluator:
             r["prompts"],
         )
         for src, x in r.get("greedy_reward_by_source", {}).items():  # (rows of 2+ sources: a regressing one is seen)
-            log.info("controller: held-out v%d, data_source %s: greedy reward %.4f", version, src, x)
+            # (the source as the rows wrote it, its line breaks and control characters escaped: one line each)
+            log.info("controller: held-out v%d, data_source %s: greedy reward %.4f", version, one_line(src), x)
 
     def lost(self, unit: str) -> None:
         was = self.schedule.stopped

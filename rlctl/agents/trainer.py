@@ -147,7 +147,8 @@ class TrainerAgent:
         self.compute = compute
         init = ctx.jobdir.init_model
         self.backend = _backend(job, init, where=where, compute=compute)
-        ref = _backend(job, init, where=where, compute=compute).model if job.algorithm.kl_coef > 0 else None
+        kl = job.algorithm.kl_coef > 0
+        ref = _backend(job, init, where=where, compute=compute, reference=True).model if kl else None
         # versions travel in the checkpoint's dtype, a tied embedding once (what the planner prices)
         self.config = config = hf.read_config(init)
         self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
@@ -586,18 +587,28 @@ class TrainerAgent:
         )
 
 
-def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None) -> TrainerBackend:
+def _backend(
+    job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None, reference: bool = False
+) -> TrainerBackend:
     """The job's trainer backend on `model_dir`, as this rank's place in the plan's tp × pp (from the launcher).
-    `torch` is data parallel whatever the plan says (one whole replica per rank); `megatron` forms the plan's
-    tp × pp groups and holds this rank's shard. What megatron cannot run here is a one-line ConfigError."""
+    `torch` is data parallel whatever the plan says (one whole replica per rank), with the job's LoRA adapters
+    (`trainer.lora`) unless it is the `reference`; `megatron` forms the plan's tp × pp groups and holds this rank's
+    shard. What megatron cannot run here is a one-line ConfigError."""
     parallel = parallel_from_env()
     tp, pp, shard = int(parallel.get("tp", 1)), int(parallel.get("pp", 1)), bool(parallel.get("fsdp"))
     log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, " fsdp" * shard, model_dir)
     context = job_context(job)
     if job.trainer.backend != "megatron":
         ckpt = job.trainer.activation_checkpointing
+        adapters = None if reference else job.trainer.lora
         return load_backend(
-            "torch", model_dir, compute=compute, shard=shard, activation_checkpointing=ckpt, context=context
+            "torch",
+            model_dir,
+            compute=compute,
+            shard=shard,
+            activation_checkpointing=ckpt,
+            context=context,
+            adapters=adapters,
         )
     try:
         return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute, context=context)

@@ -64,7 +64,7 @@ from rlctl.models import hf
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
-from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
+from rlctl.trainers.fsdp import check_local_fit, load_local, local_state, redistribute_optimizer
 from rlctl.trainers.wire import all_gather_values
 
 log = logging.getLogger(__name__)
@@ -528,9 +528,10 @@ def load_trainer(
         shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
     assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
-    _load_policy(ckpt / MODEL, model)
     shard = torch.load(ckpt / entry["file"], weights_only=True)
     assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
+    _check_modules(ckpt / entry["file"], shard, modules or {})  # (before the policy: a refusal copies nothing)
+    _load_policy(ckpt / MODEL, model)
     for k, m in (modules or {}).items():
         load_local(m, shard[f"module.{k}"])
     for k, o in optimizers.items():
@@ -570,6 +571,20 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
             model.load_state_dict(tensors)
     except DoesNotFit as e:
         raise ConfigError(str(directory), None, str(e)) from e
+
+
+def _check_modules(file: Path, shard: dict[str, Any], modules: Mapping[str, torch.nn.Module]) -> None:
+    """ConfigError naming the shard `file` and the module (`module.critic`: a PPO critic's; `module.policy`: a
+    sharded policy's), where the shard holds no state of one of `modules` or one that does not fit it
+    (`rlctl.trainers.fsdp.check_local_fit`), versus a KeyError's traceback or the tensors before the misfit copied
+    (torch's load_state_dict: every tensor that fit)."""
+    for k, m in modules.items():
+        if f"module.{k}" not in shard:
+            raise ConfigError(str(file), f"module.{k}", "missing: the checkpoint's job trained no such module")
+        try:
+            check_local_fit(m, shard[f"module.{k}"])
+        except DoesNotFit as e:
+            raise ConfigError(str(file), f"module.{k}", str(e)) from e
 
 
 def _load_resplit(

@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.preflight.sites import job_sites
             from rlctl.ops.preflight.slurmoptions import ASK_S, sites_option_problems
             from rlctl.ops.run import JobRun
-            from rlctl.rl.dataset import keeping_rows
+            from rlctl.rl.dataset_scan import keeping_rows
 
             code_digest()  # this launcher's code as it starts, which its agents must run (rlctl.buildid)
             if resume is not None:

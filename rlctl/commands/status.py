@@ -16,7 +16,7 @@ import typer
 from rlctl.commands import said_if_interrupted, seconds_at_least
 from rlctl.errors import PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid, reward_failures_line
-from rlctl.textutil import duration
+from rlctl.textutil import duration, one_line
 
 # one rule for a job named by its name and for none named: the one launched (or resumed) last (`rlctl.ops.jobref`)
 JobArg = Annotated[
@@ -99,11 +99,13 @@ def heldout_source_rows(h: dict[str, Any] | None) -> list[list[str]]:
         return []
     before = first.get(BY_SOURCE) if first["version"] != last["version"] else None
     before = before if isinstance(before, dict) else {}
-    return [
+    return [  # (a source and an edited row's figure as written, line breaks and control characters escaped)
         [
-            f"  {src}",
-            f"v{last.get('version')}: greedy reward {_f(x, '.3f')}"
-            + (f"  (first v{first.get('version')}: {_f(before[src], '.3f')})" if src in before else ""),
+            f"  {one_line(src)}",
+            one_line(
+                f"v{last.get('version')}: greedy reward {_f(x, '.3f')}"
+                + (f"  (first v{first.get('version')}: {_f(before[src], '.3f')})" if src in before else "")
+            ),
         ]
         for src, x in sorted(by_source.items())
     ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from rlctl.config.base import MAX_THREADS, ListenHost, Seconds, SecondsOrZero, Strict
+from rlctl.textutil import did_you_mean
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 HangTimeout = Annotated[
@@ -82,6 +83,54 @@ class Rollout(Strict):
     )
 
 
+# the projections of a decoder layer a LoRA adapter may sit on (PEFT's names; all-linear is all of them: PEFT's
+# all-linear leaves the output layer out too)
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Lora(Strict):
+    """LoRA (`rlctl.models.lora`): the policy's weights frozen, a low-rank update trained on each target projection
+    of every decoder layer; the optimizer holds the adapters alone. Rollout engines and checkpoints' HF directories
+    get the merged weights W + alpha/rank · B·A. The `torch` backend's (dense models: rlctl runs no MoE)."""
+
+    rank: PositiveInt = Field(le=4096, description="the adapters' rank r: A is [r, in], B [out, r]")
+    alpha: PositiveFloat = Field(description="the update's scale is alpha / rank (PEFT's lora_alpha)")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description="the projections adapted, of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
+        "all-linear: all seven (the output layer never)",
+    )
+    dropout: NonNegativeFloat = Field(0.0, description="dropout on an adapter's input; only 0 is implemented")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str):
+            if v != "all-linear":
+                raise ValueError(f"{v!r}: valid: 'all-linear', or a list of {', '.join(TARGETS)}")
+            return v
+        if not v:
+            raise ValueError(f"empty; give some of {', '.join(TARGETS)}, or 'all-linear'")
+        for name in v:
+            if name not in TARGETS:
+                hint = did_you_mean(name, TARGETS)
+                raise ValueError(f"unknown projection {name!r}; valid: {', '.join(TARGETS)}, or 'all-linear'{hint}")
+        if len(set(v)) < len(v):
+            raise ValueError(f"{v}: a projection named twice; name each once")
+        return v
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, v: float) -> float:
+        if v != 0:
+            raise ValueError(f"{v}: adapter dropout is not implemented; valid: 0")
+        return v
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return TARGETS if self.target_modules == "all-linear" else tuple(self.target_modules)
+
+
 class Trainer(Strict):
     backend: Literal["torch", "megatron"] = "torch"
     threads_per_rank: PositiveInt | None = Field(
@@ -108,6 +157,9 @@ class Trainer(Strict):
     )
     activation_checkpointing: bool = Field(
         False, description="'torch': recompute each layer's activations in backward (less memory, ~1/3 more compute)"
+    )
+    lora: Lora | None = Field(
+        None, description="train LoRA adapters instead of the whole policy (`Lora`); unset: every weight is trained"
     )
     hang_timeout_s: HangTimeout = "auto"
     skip_nonfinite: NonNegativeInt = Field(

@@ -107,7 +107,7 @@ TEMPLATE_ARGUMENTS = {
     "return_assistant_tokens_mask",
     "tokenizer_kwargs",
 }
-DATA_SUFFIXES = (".jsonl", ".parquet")  # a dataset file's, in any case (rlctl.rl.dataset reads .parquet so)
+DATA_SUFFIXES = (".jsonl", ".parquet")  # a dataset file's, in any case (rlctl.rl.dataset_rows reads .parquet so)
 
 
 class DatasetTask(OverlongShaping):

@@ -548,8 +548,8 @@ def abandoned(event: dict[str, Any], resumes: list[tuple[float, int]]) -> bool:
     `resumes` (`resume_points`) abandoned, written before it, at or past the checkpoint it went back to (that
     checkpoint's iteration and those after it were trained again); or it is an edited row that says no time, or an
     iteration that is not a number (text, a bool; a null one is a scale at no iteration), which `rlctl report` leaves
-    out, naming it (`report._event_lacks`), and the resumed controller kept ('two': text was a TypeError that killed
-    it as it started, then kept in its summary.json)."""
+    out, naming it (`reportrecord._event_lacks`), and the resumed controller kept ('two': text was a TypeError that
+    killed it as it started, then kept in its summary.json)."""
     if row_count(event.get("t")) is None or (
         event.get("iteration") is not None and row_count(event.get("iteration")) is None
     ):
@@ -774,7 +774,7 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
 # the fields of a job that its checkpoints depend on, as job.json's `launched` keeps them from the launch: an edit of
 # one in job.json is refused by a resume (`rlctl.ops.jobchanges.refuse_fixed_edits`), not run on the checkpoint
 # (a model's path is not: a directory moved since holds the same model, and the checkpoints carry its weights)
-FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind")
+FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind", "trainer.lora")
 # the model kinds whose `model.name` picks the weights' names and shapes (`BUILTIN_MODELS`, an architecture's
 # figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
 NAME_FIXES_WEIGHTS = ("builtin", "arch")

@@ -32,6 +32,7 @@ from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.launch.sitefs import is_remote, site_root
 from rlctl.models.hf import CONFIG_FILE
 from rlctl.ops.runstate import update_summary
+from rlctl.textutil import one_line
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +188,12 @@ def by_source_lines(evaluations: list[dict[str, Any]]) -> list[str]:
     def fig(x: Any) -> str:
         return f"{x:.4f}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
 
-    return [
-        f"{src}: greedy reward {fig(xs[0][1])} at v{xs[0][0]} → {fig(xs[-1][1])} at v{xs[-1][0]} "
-        f"({len(xs)} evaluation{'s' if len(xs) > 1 else ''})"
+    return [  # (a source as the rows wrote it, its line breaks and control characters escaped; the report escapes
+        # each line's HTML)
+        one_line(
+            f"{src}: greedy reward {fig(xs[0][1])} at v{xs[0][0]} → {fig(xs[-1][1])} at v{xs[-1][0]} "
+            f"({len(xs)} evaluation{'s' if len(xs) > 1 else ''})"
+        )
         for src, xs in sorted(seen.items())
     ]
 

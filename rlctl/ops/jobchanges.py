@@ -18,11 +18,12 @@ its plan), and a change of one of those would fail the resume late or train some
 runs the changed job. A hand-edited job.json is used, and said: it is the only way to change a setting of a job
 that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
 went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word. An edit of
-a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind; not an
-HF model's name, only a label) is refused by a resume that continues from a checkpoint (`refuse_fixed_edits`, one
-line with the value at the launch and now), since no checkpoint of the job fits it; a resume of a job that completed
-none starts from the beginning, which nothing of the launch holds back: it runs the edit, said as any other, and
-the job as edited is then the one its checkpoints are of (`take_edits`: the resumes after it compare with that).
+a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind,
+trainer.lora; not an HF model's name, only a label) is refused by a resume that continues from a checkpoint
+(`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits it; a
+resume of a job that completed none starts from the beginning, which nothing of the launch holds back: it runs the
+edit, said as any other, and the job as edited is then the one its checkpoints are of (`take_edits`: the resumes
+after it compare with that).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ FIXED_WHY = {
     "model.name": "its checkpoints hold the weights of the model it was launched with",
     "seed": "the prompts of the iterations after a checkpoint are those the launch's seed draws",
     "task.kind": "its checkpoints' prompts and rewards are the launched task's",
+    "trainer.lora": "its checkpoints hold the launched trainer's trained state (the whole policy, or LoRA adapters "
+    "of the launch's rank and projections)",
 }
 
 

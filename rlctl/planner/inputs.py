@@ -20,6 +20,7 @@ from rlctl.profiler.traincost import (
     TrainingPasses,
     flops_per_token,
     forward_units,
+    lora_params,
     passes_for,
     streamed_units,
 )
@@ -57,6 +58,12 @@ def length_model(job: Job) -> LengthModel:
     return lm.at_iteration(middle)
 
 
+def job_passes(job: Job, trainer: TrainingPasses | None) -> TrainingPasses:
+    """The job's training passes on `trainer`: its reference, and its LoRA adapters (`trainer.lora`)."""
+    spec = job.spec
+    return passes_for(spec.algorithm, trainer, adapter_params=lora_params(spec.model.arch, spec.trainer.lora))
+
+
 def profile_for(
     job: Job, profile: ProfileFile | None, *, profile_file: str = "profile", trainer: TrainingPasses | None = None
 ) -> ProfileFile:
@@ -68,7 +75,7 @@ def profile_for(
             arch,
             {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
             algorithm=job.spec.algorithm.kind,
-            passes=passes_for(job.spec.algorithm, trainer),
+            passes=job_passes(job, trainer),
         )
         return _with_job_splits(job, prof, trainer=trainer)
     if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
@@ -130,7 +137,7 @@ def _with_job_splits(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | N
         ]
     else:
         return prof
-    gpu, passes = job.inventory.sites[t_site].spec, passes_for(spec.algorithm, trainer)
+    gpu, passes = job.inventory.sites[t_site].spec, job_passes(job, trainer)
     extra = [
         training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
         for tp, pp in splits

@@ -96,11 +96,12 @@ def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:
     runs (`rlctl.ops.counts.plan_counts`)."""
     from rlctl.planner.costs import runs_fsdp
     from rlctl.profiler.analytical import training_entry
-    from rlctl.profiler.traincost import passes_for
+    from rlctl.profiler.traincost import lora_params, passes_for
 
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
-    passes = passes_for(spec.algorithm)  # a KL term's reference policy is on the GPU too, as the planner counts it
+    # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
+    passes = passes_for(spec.algorithm, adapter_params=lora_params(spec.model.arch, spec.trainer.lora))
     entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind, passes=passes)
     backend, shard = spec.trainer.backend, spec.trainer.shard
     return runs_fsdp(backend, shard=shard, tp=tp, pp=pp, dp=dp, entry=entry, hbm_bytes=gpu.hbm_gb * 1e9)

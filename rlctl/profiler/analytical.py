@@ -132,6 +132,11 @@ def training_entry(
     # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
     fixed = shard * (4 * trained + REFERENCE_BYTES_PER_PARAM * passes.reference) + RANK_WORKING_BYTES
     sharded = shard * 12 * trained
+    if passes.adapter_params:  # LoRA (GRPO: one trained model): the policy's frozen weights in fp32 (as rlctl's
+        # trainer holds them, 4 B), and only the adapters' weights, gradients and AdamW state (16 B each)
+        adapters = passes.adapter_params / (tp * pp)
+        fixed = shard * (4 + REFERENCE_BYTES_PER_PARAM * passes.reference) + 4 * adapters + RANK_WORKING_BYTES
+        sharded = 12 * adapters
     return TrainingEntry(
         tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm), fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded
     )

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import Strict
+from rlctl.config.runtime import Lora
+from rlctl.models.catalog import ModelArch
 
 AlgorithmKind = Literal["grpo", "ppo"]
 TRAINED_MODELS: dict[str, int] = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state
@@ -44,15 +46,40 @@ class TrainingPasses(Strict):
     epochs: PositiveInt = 1  # passes of the update over the batch per iteration
     mini_batches: PositiveInt = 1  # optimizer steps per epoch
     recompute: bool = False  # activation recomputation: one more forward per update
+    # LoRA (`trainer.lora`): the adapters' parameters, the only ones with gradients and optimizer state (the policy's
+    # weights frozen); 0: the whole policy is trained. The job's, never a profile's (not written: `exclude`)
+    adapter_params: NonNegativeFloat = Field(0.0, exclude=True)
 
     @property
     def optimizer_steps(self) -> int:
         return self.epochs * self.mini_batches
 
 
-def passes_for(algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None) -> TrainingPasses:
-    """The passes of a job's algorithm on `trainer` (default: rlctl's trainer); the job sets `reference`."""
-    return (trainer or TrainingPasses()).model_copy(update={"reference": algorithm.kl_coef > 0})
+def passes_for(
+    algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None, *, adapter_params: float = 0.0
+) -> TrainingPasses:
+    """The passes of a job's algorithm on `trainer` (default: rlctl's trainer); the job sets `reference` and, with
+    LoRA, `adapter_params` (`lora_params`)."""
+    update = {"reference": algorithm.kl_coef > 0, "adapter_params": adapter_params}
+    return (trainer or TrainingPasses()).model_copy(update=update)
+
+
+def lora_params(arch: ModelArch, lora: Lora | None) -> float:
+    """The parameters of `lora`'s adapters on `arch` (0 without LoRA): rank × (in + out) of each target projection
+    of every layer (A is [rank, in], B [out, rank])."""
+    if lora is None:
+        return 0.0
+    q, kv, h, mlp = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.hidden, arch.intermediate
+    sides = {
+        "q_proj": h + q,
+        "k_proj": h + kv,
+        "v_proj": h + kv,
+        "o_proj": q + h,
+        "gate_proj": h + mlp,
+        "up_proj": h + mlp,
+        "down_proj": mlp + h,
+    }
+    return float(arch.layers * lora.rank * sum(sides[t] for t in lora.targets))
 
 
 def trained_models(algorithm: str) -> int:

@@ -52,7 +52,7 @@ from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import Counts, group_advantages, loss_normaliser, needs_max_output_tokens, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, row_tokens
-from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr, trained_parameters
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import broadcast_value
 
@@ -257,8 +257,8 @@ class StreamingLearner:
         n = step.normaliser
         several = self.dp.size > 1
         if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
-            sum_gradients(self.model.parameters(), self.dp.group)  # (sharded: FSDP summed them in backward)
-        for p in self.model.parameters():
+            sum_gradients(trained_parameters(self.model), self.dp.group)  # (sharded: FSDP summed them in backward)
+        for p in trained_parameters(self.model):  # (a LoRA policy's frozen weights have no gradient to divide)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             p.grad /= n

@@ -17,13 +17,16 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
 import numbers
 import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,11 +40,35 @@ RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
+log = logging.getLogger(__name__)
+
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """1.0 when the output, stripped, equals the ground truth (or one of a list of them), else 0.0."""
-    answers = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
-    return 1.0 if solution_str.strip() in {str(a).strip() for a in answers} else 0.0
+    """1.0 when the output, stripped, equals the ground truth (or one of a list of them), each read as text as the
+    gsm8k and math built-ins read it (`answer_text`: 42.0 is "42"), stripped, else 0.0."""
+    return 1.0 if solution_str.strip() in {a.strip() for a in exact_answers(ground_truth)} else 0.0
+
+
+def exact_answers(ground_truth: Any) -> list[str]:
+    """The answers exact_match takes: a string or a number (`answer_text`), or each of a non-empty list of them; a
+    ValueError saying what is not one (a dict's, a bool's or a NaN's str was compared: every output scored 0, or
+    "True" alone 1)."""
+    if not isinstance(ground_truth, list | tuple):
+        try:
+            return [answer_text(ground_truth)]
+        except ValueError as e:
+            if isinstance(ground_truth, numbers.Real) and not isinstance(ground_truth, bool):
+                raise  # a NaN or an infinity, said as such
+            raise ValueError(f"expected a string, a number or a list of them, got {type(ground_truth).__name__}") from e
+    if not ground_truth:
+        raise ValueError("expected a string, a number or a list of them, got an empty list")
+    answers = []
+    for i, answer in enumerate(ground_truth):
+        try:
+            answers.append(answer_text(answer))
+        except ValueError as e:
+            raise ValueError(f"[{i}]: {e}") from e
+    return answers
 
 
 def digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -70,13 +97,16 @@ TEXT_ANSWER_REWARDS = ("gsm8k", "math")
 
 def ground_truth_problem(reward: str, ground_truth: Any) -> str | None:
     """What is wrong with a row's ground truth for built-in `reward` (the gsm8k and math built-ins read it as text,
-    `answer_text`): a list or dict (its str compared) scored 0 on every output; None where it is fine."""
-    if reward not in TEXT_ANSWER_REWARDS:
-        return None
+    `answer_text`, exact_match it or each of a list of them, `exact_answers`): a list or dict (its str compared)
+    scored 0 on every output; None where it is fine."""
     try:
-        answer_text(ground_truth)
+        if reward == "exact_match":
+            exact_answers(ground_truth)
+        elif reward in TEXT_ANSWER_REWARDS:
+            answer_text(ground_truth)
     except ValueError as e:
-        return f"{e} (reward {reward} compares the output's answer with it as text)"
+        compared = "the output" if reward == "exact_match" else "the output's answer"
+        return f"{e} (reward {reward} compares {compared} with it as text)"
     return None
 
 
@@ -95,23 +125,78 @@ BUILTIN_FOR_DATA_SOURCE = {
 }
 
 
-def builtin_scorer_hint(reward: str, data_sources: set[str], *, heldout: bool = False) -> str | None:
+def builtin_scorer_hint(
+    reward: str, data_sources: set[str], *, heldout: bool = False, files: tuple[Path, Path] | None = None
+) -> str | None:
     """What `rlctl check` warns of where the rows are a dataset a built-in scores (each row's data_source
     openai/gsm8k) and the reward is exact_match, the default: its outputs end in a worked answer (`… #### 72`),
     which exact_match scores 0 against the ground truth "72" — every sample 0, nothing said; else None. `heldout`:
-    the rows are the held-out file's (evaluation.path), which the held-out evaluation scores with the same reward."""
-    named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
-    scorer = named.pop() if len(named) == 1 else None
-    if reward != "exact_match" or scorer is None:
+    the rows are the held-out file's (evaluation.path), which the held-out evaluation scores with the same reward;
+    `files`: the rows are the training file's and the held-out file's alike (those two), said in one line."""
+    scorer = _scorer(reward, data_sources)
+    if scorer is None:
         return None
     builtin, verls, example = scorer
-    rows = "the data_source of every held-out row (evaluation.path)" if heldout else "every row's data_source"
-    figures = " (the held-out figures read 0 with it)" if heldout else ""
+    if files is not None:
+        rows = f"every row's data_source in task.path ({files[0]}) and in evaluation.path ({files[1]})"
+    else:
+        rows = "the data_source of every held-out row (evaluation.path)" if heldout else "every row's data_source"
+    figures = " (the held-out figures read 0 with it)" if heldout or files is not None else ""
     return (
         f"task.reward: exact_match compares the whole output with the ground truth, and {rows} is "
         f"{one_of(data_sources)}, whose outputs end in a worked answer ('{example}'; verl scores them with its "
         f"{verls} scorer): an output that is not the bare answer scores 0{figures}; set reward: {builtin}"
     )
+
+
+def _scorer(reward: str, data_sources: set[str]) -> tuple[str, str, str] | None:
+    """The built-in that scores rows of `data_sources`, all one built-in's, where `reward` is exact_match."""
+    named = {BUILTIN_FOR_DATA_SOURCE.get(source) for source in data_sources}
+    return named.pop() if reward == "exact_match" and len(named) == 1 else None
+
+
+@dataclass(frozen=True)
+class _ScoredRows:
+    reward: str
+    data_sources: frozenset[str]
+    path: Path
+    heldout: bool
+
+
+# the files' rows `warn_builtin_scorer` was given while `builtin_scorer_said_once`: said at its end
+_rows_read: ContextVar[list[_ScoredRows] | None] = ContextVar("builtin_scorer_rows", default=None)
+
+
+def warn_builtin_scorer(reward: str, data_sources: set[str], *, path: Path, heldout: bool) -> None:
+    """Warn of `builtin_scorer_hint` for the rows of the file at `path`: now, or, while `builtin_scorer_said_once`,
+    at its end."""
+    if (read := _rows_read.get()) is not None:
+        read.append(_ScoredRows(reward, frozenset(data_sources), path, heldout))
+    elif (hint := builtin_scorer_hint(reward, data_sources, heldout=heldout)) is not None:
+        log.warning("%s", hint)
+
+
+@contextmanager
+def builtin_scorer_said_once() -> Iterator[None]:
+    """Inside (`rlctl check` and the launch's preflight, which read the training and the held-out file), the files'
+    `builtin_scorer_hint` is said at the end, in one line naming both files where the training file's and the
+    held-out file's rows are the same built-in's, versus the same warning twice, once per file."""
+    token = _rows_read.set([])
+    try:
+        yield
+        read = _rows_read.get() or []
+    finally:
+        _rows_read.reset(token)
+    train, held = [r for r in read if not r.heldout], [r for r in read if r.heldout]
+    if len(train) == len(held) == 1 and (t := train[0]).reward == (h := held[0]).reward:
+        scorer = _scorer(t.reward, set(t.data_sources))
+        if scorer is not None and scorer == _scorer(h.reward, set(h.data_sources)):
+            hint = builtin_scorer_hint(t.reward, set(t.data_sources | h.data_sources), files=(t.path, h.path))
+            log.warning("%s", hint)
+            return
+    for r in read:
+        if (hint := builtin_scorer_hint(r.reward, set(r.data_sources), heldout=r.heldout)) is not None:
+            log.warning("%s", hint)
 
 
 # ── loading ───────────────────────────────────────────────────────────────────────────────────────

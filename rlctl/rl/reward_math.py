@@ -36,11 +36,11 @@ def math_boxed(data_source: str, solution_str: str, ground_truth: Any, extra_inf
 
 
 def answer_text(ground_truth: Any) -> str:
-    """A ground truth as the text the gsm8k and math built-ins compare an output's answer with: a string as it is; a
-    number as verl's GSM8K and MATH rows write it (their preprocessing stores the answer as text), in decimal: 42 and
-    42.0 as "42", 0.5 as "0.5", 1e-05 as "0.00001" — versus str(42.0), "42.0", which no `#### 42` or `\\boxed{42}`
-    matched. Anything else (a list, a dict, a bool, a NaN) is a ValueError saying what it is: a row that holds one is
-    refused (`rlctl.rl.reward.ground_truth_problem`)."""
+    """A ground truth as the text the gsm8k, math and exact_match built-ins compare an output (its answer) with: a
+    string as it is; a number as verl's GSM8K and MATH rows write it (their preprocessing stores the answer as text),
+    in decimal: 42 and 42.0 as "42", 0.5 as "0.5", 1e-05 as "0.00001" — versus str(42.0), "42.0", which no `#### 42`,
+    `\\boxed{42}` or bare 42 matched. Anything else (a list, a dict, a bool, a NaN) is a ValueError saying what it
+    is: a row that holds one is refused (`rlctl.rl.reward.ground_truth_problem`)."""
     if isinstance(ground_truth, str):
         return ground_truth
     if isinstance(ground_truth, bool) or not isinstance(ground_truth, numbers.Real):

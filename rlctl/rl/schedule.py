@@ -53,10 +53,16 @@ class StepLr:
         return self.floor + (1.0 - self.floor) * left
 
 
+def trained_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of `model` a step trains: every one, or a LoRA policy's adapters (the rest frozen)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def policy_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """The policy's optimizer in every learner: AdamW, β₂ 0.98. With weight decay, on the matrices and embeddings
-    only (a second group, without it, holds biases and norm weights); without, one group."""
-    params = list(model.parameters())
+    """The policy's optimizer in every learner: AdamW, β₂ 0.98, over its trained parameters (`trained_parameters`). With
+    weight decay, on the matrices and embeddings only (a second group, without it, holds biases and norm weights);
+    without, one group."""
+    params = trained_parameters(model)
     if weight_decay == 0:
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     decayed = [p for p in params if p.ndim >= 2]

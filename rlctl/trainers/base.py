@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this
     import torch
     from torch import nn
 
+    from rlctl.config.runtime import Lora
     from rlctl.devices import Compute
     from rlctl.models.hf import TinyGPTConfig
 
@@ -178,6 +179,7 @@ def load_backend(
     shard: bool = False,
     activation_checkpointing: bool = False,
     context: int | None = None,
+    adapters: Lora | None = None,
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
     where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`); `context`: the longest
@@ -188,8 +190,10 @@ def load_backend(
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
     kw: dict[str, Any] = {"shard": shard, "context": context}
-    if name == "torch":
-        kw |= {"activation_checkpointing": activation_checkpointing}
+    if name == "torch":  # `adapters`: LoRA (`trainer.lora`, rlctl.models.lora), the torch backend's alone
+        kw |= {"activation_checkpointing": activation_checkpointing, "adapters": adapters}
+    else:  # refused by rlctl check
+        assert adapters is None, "trainer.lora is the torch backend's"
     return build(Path(model_dir), tp=tp, pp=pp, compute=compute, **kw)
 
 

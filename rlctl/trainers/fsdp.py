@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from rlctl.devices import as_dtensor
+from rlctl.models import lora
 from rlctl.models.tensors import aliases, check_fit, check_tied, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 
@@ -61,17 +62,52 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
     """Full HF tensors in host memory in `dtype` (integers kept), gathered tensor by tensor; every rank calls it
-    (the gathers are collectives). `host=False`: gathered, but kept only as their layout (meta tensors)."""
+    (the gathers are collectives). `host=False`: gathered, but kept only as their layout (meta tensors). A LoRA
+    policy's adapted weights merged (W + scale·B·A, their adapters gathered beside them), the adapters left out."""
+    sd, adapted = model.state_dict(), lora.adapters(model)
     out = {}
-    for name, t in model.state_dict().items():
-        if tied and name == "lm_head.weight":
+    for name, t in sd.items():
+        if (tied and name == "lm_head.weight") or lora.is_adapter(name):
             continue
-        full = d.full_tensor() if (d := as_dtensor(t)) is not None else t
+        full = _full(t)
+        if (lin := adapted.get(name.removesuffix(".weight"))) is not None and name.endswith(".weight"):
+            owner = name.removesuffix(".weight")
+            full = lin.merged(full, _full(sd[f"{owner}.lora_A"]), _full(sd[f"{owner}.lora_B"]))
         want = dtype if full.is_floating_point() else full.dtype
         if host:
             out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
         else:
             out[name] = torch.empty(full.shape, dtype=want, device="meta")
+    return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective), a plain tensor as it is."""
+    return d.full_tensor() if (d := as_dtensor(t)) is not None else t
+
+
+def merged_shards(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A LoRA policy's tensors as `model.state_dict()` has them (DTensors of this rank's shards), each adapted
+    weight's rows merged: W's rows + scale · B's same rows · A (A gathered: a collective, every rank in order);
+    the adapters left out."""
+    from torch.distributed.tensor import DTensor
+
+    sd, adapted = model.state_dict(), lora.adapters(model)
+    out = {}
+    for name, t in sd.items():
+        if lora.is_adapter(name):
+            continue
+        lin = adapted.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
+        d = as_dtensor(t)
+        if lin is None or d is None:
+            out[name] = t
+            continue
+        owner = name.removesuffix(".weight")
+        with torch.no_grad():
+            rows = lin.merged(d.to_local(), _full(sd[f"{owner}.lora_A"]), local_tensor(sd[f"{owner}.lora_B"]))
+        out[name] = DTensor.from_local(
+            rows.to(d.dtype), d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
+        )
     return out
 
 
@@ -110,9 +146,27 @@ def local_state(state: Any) -> Any:
     return state
 
 
+def check_local_fit(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """DoesNotFit (`check_fit`, one line) unless `state` holds `module`'s tensors at this rank's shapes (its shards':
+    `local_state(module.state_dict())` as saved)."""
+    check_fit(_local_shapes(module.state_dict()), _local_shapes(state))
+
+
+def _local_shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each entry's shape (a DTensor's shard's); an entry that is no tensor, or a module's `_extra_state` (megatron's:
+    None, bytes or a tensor of its own size), held to its name alone."""
+    return {
+        k: tuple(local_tensor(v).shape) if isinstance(v, torch.Tensor) and not k.endswith("_extra_state") else ()
+        for k, v in state.items()
+    }
+
+
 def load_local(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """This rank's shards (`local_state(module.state_dict())` as saved) back into `module`'s DTensors, in place;
-    a module that is not sharded loads its state dict as it is."""
+    a module that is not sharded loads its state dict as it is. Checked first (`check_local_fit`): DoesNotFit with
+    nothing copied, versus the tensors before a missing or misshapen one copied (a KeyError, the copy's
+    RuntimeError; unsharded, torch's load_state_dict copied every tensor that fit, then raised)."""
+    check_local_fit(module, state)
     if not any(as_dtensor(p) is not None for p in module.parameters()):
         module.load_state_dict(state)
         return

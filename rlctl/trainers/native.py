@@ -15,7 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
+from rlctl.models import hf, lora
+from rlctl.models.tensors import check_fit, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
@@ -25,6 +28,7 @@ class TorchBackend(TrainerBackend):
     def __init__(self, model: TinyGPT, *, sharded: bool = False) -> None:
         self.model: TinyGPT = model
         self.sharded = sharded
+        self.lora = bool(lora.adapters(model))  # the trained weights are adapters: what is published is merged
 
     @classmethod
     def load(
@@ -35,6 +39,7 @@ class TorchBackend(TrainerBackend):
         shard: bool = False,
         activation_checkpointing: bool = False,
         context: int | None = None,
+        adapters: Lora | None = None,
     ) -> TorchBackend:
         """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
         `shard`: FSDP2 over every rank of the default process group; `context`: the longest sequence it trains on
@@ -43,6 +48,8 @@ class TorchBackend(TrainerBackend):
         model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
         model.activation_checkpointing = activation_checkpointing
+        if adapters is not None:  # LoRA (`trainer.lora`) on its projections, every other weight frozen
+            lora.add_adapters(model, rank=adapters.rank, alpha=adapters.alpha, targets=adapters.targets)
         if shard:
             fsdp.shard(model, cuda=device.type == "cuda")
         return cls(model, sharded=shard)
@@ -56,10 +63,13 @@ class TorchBackend(TrainerBackend):
     def critic_trunk(self) -> TinyGPT:
         """A copy of the policy (its `hidden` is the trunk; its lm_head is not used)."""
         assert not self.sharded, "PPO's critic on a sharded policy is refused by rlctl check"
+        assert not self.lora, "PPO with trainer.lora is refused by rlctl check"
         return copy.deepcopy(self.model)
 
     def weights(self) -> dict[str, torch.Tensor]:
         assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"
+        if self.lora:  # each adapted weight merged: a new tensor, the rest the parameters
+            return lora.merged_weights(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def wire_weights(
@@ -72,19 +82,31 @@ class TorchBackend(TrainerBackend):
         return fsdp.wire_weights(self.model, dtype=dtype, tied=tied, host=host)  # a collective: every rank, in order
 
     def tensors(self) -> Mapping[str, torch.Tensor]:
-        """Sharded: the DTensors of this rank's shards (the delta encoder reads its rows of each, no gather)."""
-        return self.model.state_dict() if self.sharded else self.weights()
+        """Sharded: the DTensors of this rank's shards (the delta encoder reads its rows of each, no gather); with
+        LoRA each adapted weight's rows merged (`fsdp.merged_shards`: a collective, every rank in order)."""
+        if not self.sharded:
+            return self.weights()
+        return fsdp.merged_shards(self.model) if self.lora else self.model.state_dict()
 
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """Sharded, each rank's checkpoint shard holds its part of the fp32 policy (the HF directory holds the
-        gathered weights in the checkpoint's dtype)."""
+        gathered weights in the checkpoint's dtype). With LoRA, the adapters alone (this rank's part of them,
+        sharded): the frozen weights are the job's model, which every rank loads at its start, resumed or not."""
+        if self.lora:
+            return {"lora": lora.AdapterState(self.model)}
         return {"policy": self.model} if self.sharded else {}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """HF-layout tensors (a tied lm_head may be left out) into the policy, each read from `state_dict` as it is
-        copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them."""
-        if self.sharded:
-            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        copied (a resume's `CheckpointTensors`: one at a time, not the model), as `TinyGPT.load_weights` checks them.
+        With LoRA, checked to fit and not copied: the policy's weights are the job's model, frozen, and its trained
+        state is its adapters, which a resume restores from the rank's shard (`checkpoint_modules`) — the merged
+        model a checkpoint's HF directory holds is their sum, in the checkpoint's dtype."""
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if self.lora:
+            own = {k: tuple(t.shape) for k, t in self.model.state_dict().items() if not lora.is_adapter(k)}
+            check_fit(own, shapes_of(state_dict), optional=tied)
+        elif self.sharded:
             fsdp.load_full(self.model, state_dict, optional=tied)
         else:
             self.model.load_weights(state_dict)  # (copy_into, a tied lm_head optional)
@@ -93,4 +115,9 @@ class TorchBackend(TrainerBackend):
         assert not self.sharded, (
             "a sharded policy is saved from the version it published (agents.weights.PublishedModel)"
         )
+        if self.lora:  # the merged model (what transformers and the engines load), in fp32 as TinyGPT saves
+            sd = self.weights()
+            if self.model.config.tie_word_embeddings:
+                sd.pop("lm_head.weight")
+            return hf.write_pretrained(directory, sd, self.model.config, tokenizer_from=tokenizer_from)
         return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)

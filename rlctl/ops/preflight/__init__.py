@@ -34,6 +34,7 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
 from rlctl.ops.preflight.backends import (
     device_problems,
+    lora_problems,
     megatron_problems,
     moe_compile_problems,
     trainer_split_problems,
@@ -66,6 +67,7 @@ from rlctl.ops.preflight.sites import (
 )
 from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
+from rlctl.rl.reward import builtin_scorer_said_once
 from rlctl.tracking import check_tracking
 
 
@@ -76,6 +78,11 @@ def _missing(module: str) -> bool:
 def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
     launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way."""
+    with builtin_scorer_said_once():  # (the training and the held-out file's rows a built-in scores: one warning)
+        return _problems(job, plan=plan)
+
+
+def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
     spec = job.spec
     out: list[Problem] = []
     if spec.model.kind == "arch":
@@ -153,6 +160,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.trainer.backend == "megatron":
         out += megatron_problems(job)
+    out += lora_problems(job)
     out += trainer_split_problems(job)
     if spec.transport.streams != 1:
         out.append(
@@ -227,7 +235,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
 def _one_no_template(found: list[Problem]) -> list[Problem]:
     """The model.path lines of a tokenizer without a chat template, for the task's data and the held-out file alike,
     as one line naming both files (where the first was), versus one line each saying the same of the model."""
-    from rlctl.rl.dataset import NO_TEMPLATE
+    from rlctl.rl.dataset_rows import NO_TEMPLATE
 
     same = [p for p in found if p.field == "model.path" and NO_TEMPLATE in p.message]
     if len(same) < 2:

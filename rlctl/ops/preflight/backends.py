@@ -52,6 +52,21 @@ def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     return out
 
 
+def lora_problems(job: Job) -> list[Problem]:
+    """`trainer.lora` where its adapters would not run: the megatron backend (none built there) and PPO (its critic
+    is a copy of the policy, which would carry the frozen weights and adapters: not built)."""
+    spec = job.spec
+    if spec.trainer.lora is None:
+        return []
+    if spec.trainer.backend != "torch":
+        return [Problem("trainer.lora", f"LoRA is the 'torch' backend's; not built for {spec.trainer.backend!r}: "
+                        "use trainer.backend 'torch', or leave lora out")]  # fmt: skip
+    if spec.algorithm.kind == "ppo":
+        return [Problem("trainer.lora", "LoRA trains GRPO's policy; PPO's critic on a LoRA policy is not built: "
+                        "use algorithm.kind 'grpo', or leave lora out")]  # fmt: skip
+    return []
+
+
 def device_problems(job: Job) -> list[Problem]:
     """Roles placed on GPUs that their agents could not compute on, as far as this machine can tell. A `local`
     site's agents run on this machine: torch here must see CUDA and as many devices as the site's slots name,

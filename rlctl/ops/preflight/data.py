@@ -239,7 +239,8 @@ def _same_bytes(a: Path, b: Path) -> bool:
 def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
     """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
     rows as `heldout_prompts` asks for."""
-    from rlctl.rl.dataset import NoChatTemplate, check_rows
+    from rlctl.rl.dataset_rows import NoChatTemplate
+    from rlctl.rl.dataset_scan import check_rows
     from rlctl.rl.tokenizer import load_tokenizer
 
     data = job.path.parent / held.path

@@ -1021,14 +1021,14 @@ def test_a_resume_leaves_out_a_scale_event_whose_iteration_is_text_as_the_report
     from v4: the resumed controller's look for the scale events of the job's history compared 'two' >= 4, a TypeError
     that killed it as it started; then it kept the event in summary.json's scale_events, while `rlctl report` leaves
     it out, naming it. Both now keep what the other keeps (rollout-2's)."""
-    from rlctl import report
+    from rlctl import reportrecord
     from rlctl.agents import views
 
     scaled: list[tuple[str, object]] = [("rollout-1", "two"), ("rollout-2", 2), ("rollout-3", 4)]
     with resumed_from_v4_after_scale_outs(tmp_path, monkeypatch, "edited", scaled) as ctl:
         kept = [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]]
         assert kept == ["rollout-2"]
-        assert [e["agent"] for e in report.load(ctl.jobdir.path).scales] == kept
+        assert [e["agent"] for e in reportrecord.load(ctl.jobdir.path).scales] == kept
 
 
 @pytest.mark.parametrize("keep", [0, 2])

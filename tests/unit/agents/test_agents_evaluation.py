@@ -627,3 +627,35 @@ def test_status_gives_each_data_sources_figure_on_a_row_of_its_own() -> None:
     held = next(i for i, line in enumerate(table) if "held-out" in line)  # is gone: its record's evaluations.jsonl)
     assert ["a/gsm8k" in table[held + 1], "b/MATH" in table[held + 2]] == [True, True]
     assert "a/gsm8k" not in _fallback_table({**record, "heldout": heldout_view(one)})
+
+
+def test_a_data_source_with_line_breaks_or_control_characters_stays_on_its_one_line(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A data_source as the rows wrote it ('gsm8k\\nERROR …', an escape sequence) split the controller's log line in
+    two (a forged line below it) and `rlctl status`'s row; each is now written as one line, its breaks and control
+    characters escaped as rlctl writes an error (`one_line`)."""
+    import logging
+
+    from rlctl.commands.status import _fallback_table, heldout_source_rows
+    from rlctl.rl.source import HeldoutScores, heldout_view
+
+    odd = "a/gsm8k\nERROR controller: forged\x1b[31m\r"
+    caplog.set_level(logging.INFO, logger="rlctl.agents.evaluation")
+    h = Harness(tmp_path)
+    h.ev.scored(5, (HeldoutScores(0.5, None, 4, 0, {odd: 0.75, "b/MATH": 0.25}), "u0", (5, 5), 0.0))
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "controller: held-out v5, data_source a/gsm8k\\nERROR controller: forged\\x1b[31m\\r: greedy reward 0.7500",
+        "controller: held-out v5, data_source b/MATH: greedy reward 0.2500",
+    ]
+    view = heldout_view([{"version": 0, "greedy_reward": 0.5, "greedy_reward_by_source": {odd: "x\ny", "b": 0.5}}])
+    assert heldout_source_rows(view) == [
+        ["  a/gsm8k\\nERROR controller: forged\\x1b[31m\\r", "v0: greedy reward x\\ny"],
+        ["  b", "v0: greedy reward 0.500"],
+    ]
+    record = {"id": "j", "controller": "gone", "source": "the job's record", "sites_down": [], "agents": []}
+    table = _fallback_table({**record, "heldout": view})
+    assert "\x1b" not in table and "\r" not in table
+    held = table.splitlines()
+    at = next(i for i, line in enumerate(held) if "held-out" in line)
+    assert "forged" in held[at + 1] and "x\\ny" in held[at + 1] and held[at + 2].strip().startswith("b ")

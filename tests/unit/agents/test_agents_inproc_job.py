@@ -57,9 +57,11 @@ def _job(mode: str, iterations: int = 3, algorithm: str = "grpo", checkpoint: di
     )
 
 
-def run_inproc(job: JobFile, tmp_path, name: str, *, code: int = 0) -> tuple[JobDir, ControllerAgent]:
+def run_inproc(
+    job: JobFile, tmp_path, name: str, *, code: int = 0, agents_out: list | None = None
+) -> tuple[JobDir, ControllerAgent]:
     """Run `job` to its end in this process: controller, trainer and two rollout units on threads; `code`: the
-    controller's exit code expected."""
+    controller's exit code expected; `agents_out`: given the trainer and rollout agents."""
     jd = JobDir.create("inproc", explicit=tmp_path / "job")
     jd.write_job(job, source="test")
     jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
@@ -68,6 +70,8 @@ def run_inproc(job: JobFile, tmp_path, name: str, *, code: int = 0) -> tuple[Job
     ctl = ControllerAgent(jd, job, transport, listen=f"inproc://controller-{name}")
     ctx = AgentContext(jd, job, transport, ctl.listener.address)
     agents = [TrainerAgent(ctx), RolloutAgent(ctx, replica=0), RolloutAgent(ctx, replica=1)]
+    if agents_out is not None:
+        agents_out += agents
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
     for t in threads:
         t.start()

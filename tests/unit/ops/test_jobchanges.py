@@ -170,6 +170,7 @@ def test_a_job_json_edit_its_checkpoints_cannot_run_on_is_refused_naming_the_fie
         ("model.name", lambda j: j["model"].update(name="qwen2.5-7b"), '("tiny-demo" → "qwen2.5-7b")'),
         ("seed", lambda j: j.update(seed=7), "(0 → 7)"),
         ("task.kind", lambda j: j["task"].update(kind="lengths"), '("digits" → "lengths")'),
+        ("trainer.lora", lambda j: j["trainer"].update(lora={"rank": 4, "alpha": 8}), "(null → "),
     ):
         edited = json.loads(json.dumps(data))
         edit(edited["job"])

@@ -2462,6 +2462,49 @@ def test_a_held_out_file_that_is_a_copy_of_the_training_file_is_said_by_check(
     ], warned
 
 
+def test_check_says_the_builtin_scorer_hint_once_where_the_training_and_held_out_rows_are_one_builtins(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both files GSM8K rows and the reward exact_match: the hint was said twice, once per file; now once, naming
+    both files. Rows of two built-ins' datasets, or one file of them, are said as they were."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = yaml.safe_load(job.path.read_text())
+    spec["evaluation"] = {"heldout_prompts": 1, "path": "held.jsonl"}
+    job.path.write_text(yaml.safe_dump(spec))
+    train, held = tmp_path / "data.jsonl", tmp_path / "held.jsonl"
+
+    def row(source: str, prompt: str) -> str:
+        return json.dumps({"data_source": source, "prompt": prompt, "ground_truth": "3"}) + "\n"
+
+    start = "task.reward: exact_match compares the whole output with the ground truth, and "
+    gsm8k = "whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K scorer)"
+    math = "whose outputs end in a worked answer ('… \\boxed{\\frac{1}{2}}'; verl scores them with its MATH scorer)"
+    end = ": an output that is not the bare answer scores 0"
+    cases = {
+        ("openai/gsm8k", "openai/gsm8k"): [
+            f"{start}every row's data_source in task.path ({train}) and in evaluation.path ({held}) is openai/gsm8k, "
+            f"{gsm8k}{end} (the held-out figures read 0 with it); set reward: gsm8k"
+        ],
+        ("openai/gsm8k", "lighteval/MATH"): [  # (two built-ins: each file's line)
+            f"{start}the data_source of every held-out row (evaluation.path) is lighteval/MATH, {math}{end} (the "
+            "held-out figures read 0 with it); set reward: math",
+            f"{start}every row's data_source is openai/gsm8k, {gsm8k}{end}; set reward: gsm8k",
+        ],
+        ("mine", "openai/gsm8k"): [
+            f"{start}the data_source of every held-out row (evaluation.path) is openai/gsm8k, {gsm8k}{end} (the "
+            "held-out figures read 0 with it); set reward: gsm8k"
+        ],
+    }
+    for (in_train, in_held), said in cases.items():
+        train.write_text(row(in_train, "hi") + row(in_train, "ho"))
+        held.write_text(row(in_held, "he"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            r = run_cli("check", str(job.path))
+        assert r.exit_code == 0, r.stderr
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == said
+
+
 def test_launch_into_a_directory_whose_model_dir_is_the_users_writes_nothing_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

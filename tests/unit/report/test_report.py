@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.report import build_report, busy_fractions, load
+from rlctl.report import build_report, busy_fractions
+from rlctl.reportrecord import load
 from tests.conftest import run_cli
 from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row, write_lines
 
@@ -103,6 +104,25 @@ def test_a_mixed_jobs_held_out_evaluations_give_each_data_source_a_line_below_th
     (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     page = build_report(d).html.read_text()
     assert "Held-out evaluations" in page and "greedy reward 0.5000 at v0" not in page
+
+
+def test_a_data_source_is_written_on_one_line_and_html_escaped_in_the_report(tmp_path: Path) -> None:
+    """A data_source as the rows wrote it: its line breaks and control characters escaped (`one_line`, versus a raw
+    escape sequence in the page) and its HTML escaped (versus a <script> run by the browser that opens the report)."""
+    d = make_job_dir(tmp_path)
+    odd = "<script>alert(1)</script>\ngsm8k\x1b[31m"
+    rows = [
+        {"version": v, "greedy_reward": 0.5, "prompts": 8, "versions": [v, v], "greedy_reward_by_source": b}
+        for v, b in ((0, {odd: 0.5, "b": 0.5}), (6, {odd: 0.75, "b": 0.25}))
+    ]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).html.read_text()
+    line = (
+        "&lt;script&gt;alert(1)&lt;/script&gt;\\ngsm8k\\x1b[31m: greedy reward 0.5000 at v0 → 0.7500 at v6 "
+        "(2 evaluations)"
+    )
+    assert f"<p>{line}</p>" in page
+    assert "<script>alert" not in page and "\x1b" not in page
 
 
 def test_the_summary_s_samples_per_s_is_the_job_s_across_its_resumes(tmp_path: Path) -> None:
@@ -573,7 +593,8 @@ def _fmt(v: float) -> str:
 def test_a_scale_out_of_a_unit_that_never_joined_is_a_failed_start_not_a_mark(tmp_path: Path) -> None:
     # rollout-3 was started (its scale "out") but never joined: stopped at its join bound (`scale_failed`); the
     # report drew it as a unit added and listed it as any other scale-out
-    from rlctl.report import _scale_marks, _scale_rows
+    from rlctl.report import _scale_marks
+    from rlctl.reporthtml import _scale_rows
 
     d = make_job_dir(tmp_path)
     scale = {"event": "scale", "site": "h20", "reason": "manual", "direction": "out"}
@@ -609,7 +630,7 @@ def test_a_scale_out_that_exited_before_it_joined_or_a_replacement_not_joined_is
     # the scaler says these with other events than scale_failed: a unit asked for that exited before it joined
     # (`unit_exited_before_joining`), a replacement's attempt not joined within its bound (`replacement_not_joined`,
     # by the unit); the report listed each as a unit added ('out') and drew it as one
-    from rlctl.report import _scale_rows
+    from rlctl.reporthtml import _scale_rows
 
     d = make_job_dir(tmp_path)
     scale = {"event": "scale", "site": "h20", "direction": "out"}

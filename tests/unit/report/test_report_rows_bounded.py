@@ -1,6 +1,6 @@
 """A job of weeks has 10⁵ metrics rows and more, each a few kB of its agents' figures: the report held every one
 parsed (some 31 kB a row of 64 agents: GBs) and drew a bar per agent and iteration. It holds at most REPORT_ROWS
-rows: runs of consecutive iterations merged into one (`rlctl.report._merged`), figures that read the same."""
+rows: runs of consecutive iterations merged into one (`rlctl.reportrows.merged`), figures that read the same."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from rlctl import reportrows
-from rlctl.report import build_report, busy_fractions, busy_rows, job_rate, load
+from rlctl.report import build_report, busy_fractions, busy_rows
+from rlctl.reporthtml import job_rate
+from rlctl.reportrecord import load
 from tests.unit.report.fake_jobdir import make_job_dir
 
 ROWS, AGENTS = 3000, 16

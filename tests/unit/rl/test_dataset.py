@@ -10,8 +10,9 @@ import yaml
 
 from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl import dataset, reward, reward_pool
-from rlctl.rl.dataset import check_rows, check_task, keeping_rows, load_dataset, prepare_dataset, submit_reward
+from rlctl.rl import dataset_scan, reward, reward_pool
+from rlctl.rl.dataset import check_task, load_dataset, prepare_dataset, submit_reward
+from rlctl.rl.dataset_scan import check_rows, keeping_rows
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
 from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
@@ -219,7 +220,7 @@ def test_bad_rows_are_skipped_counted_and_logged(
     tmp_path: Path, tok: HFTokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", BAD_ROWS)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
     cfg = task(max_prompt_tokens=16, bad_rows="skip", shuffle=False)
     data = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert len(data) == 2 and data.num_bad_rows == 8
@@ -258,7 +259,7 @@ def test_a_launch_s_check_and_prepare_read_and_tokenize_its_rows_once(
         assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
     read = len(calls)
     assert read >= 2
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
     caplog.clear()
     kept = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "kept")
     assert len(calls) == read and kept.checksum == plain.checksum and kept.num_bad_rows == 8
@@ -270,9 +271,9 @@ def test_a_launch_s_check_and_prepare_read_and_tokenize_its_rows_once(
     read = len(calls)
     assert len(prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "changed")) == 1
     # (this file's rows: a launch test before this one in the worker, refused or interrupted, may leave its own)
-    assert len(calls) == read + 1 and str(path) not in dataset._kept
+    assert len(calls) == read + 1 and str(path) not in dataset_scan._kept
     check_rows(cfg, data_path=path, tokenizer=tok)
-    assert str(path) not in dataset._kept
+    assert str(path) not in dataset_scan._kept
 
 
 def test_prompts_that_need_a_template_the_tokenizer_lacks_name_the_model_and_the_fixes(tmp_path: Path) -> None:
@@ -733,7 +734,7 @@ def test_a_value_json_cannot_hold_is_said_of_its_type_without_an_article() -> No
     """As the reward's line: 'is of type int64', versus 'is a int64' (a NumPy scalar a row's list held)."""
     import numpy as np
 
-    from rlctl.rl.dataset import _json_safe
+    from rlctl.rl.dataset_rows import _json_safe
 
     with pytest.raises(ValueError, match=r"^extra_info\.ids\[1\] is of type int64$"):
         _json_safe({"ids": [1, np.int64(2)]}, "extra_info")
@@ -780,7 +781,7 @@ def test_the_check_before_a_launch_says_the_rows_it_will_skip_in_one_line(
     tmp_path: Path, tok: HFTokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # a launch with `bad_rows: skip` logged every skipped row twice: its check's read, then its prepare's
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
     path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0), {"ground_truth": "3"}, "not json"])
     assert check_rows(task(bad_rows="skip"), data_path=path, tokenizer=tok) == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -813,7 +814,7 @@ def test_a_prepared_dataset_is_reused_whatever_directory_names_its_file(
     def read_again(*_: object, **__: object) -> None:
         raise AssertionError("the rows were read and tokenized again")
 
-    monkeypatch.setattr(dataset, "_rows", read_again)
+    monkeypatch.setattr(dataset, "tokenized_rows", read_again)
     assert len(prepare_dataset(cfg, data_path=Path("train.jsonl"), tokenizer=tok, out_dir=tmp_path / "d")) == 3
 
 

@@ -184,7 +184,7 @@ def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_w
     messages passed check unsaid (scored by the rule function, trained on text alone, tokenized as JSON text)."""
     import logging
 
-    from rlctl.rl.dataset import check_rows
+    from rlctl.rl.dataset_scan import check_rows
 
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     messages = [{"role": "user", "content": "what is 1 + 2 ?"}]
@@ -196,7 +196,7 @@ def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_w
         {"prompt": "[{not json", "ground_truth": "3"},
     ]
     path = write_jsonl(tmp_path / "train.jsonl", rows)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
     assert check_rows(task(reward="r.py:f"), data_path=path, tokenizer=tok) == 5
     assert [r.getMessage() for r in caplog.records] == [
         f"dataset {path}: 2 of 5 rows have reward_model.style 'model' (verl scores them with a reward model); rlctl "

@@ -1,6 +1,7 @@
-"""The gsm8k and math built-ins read a ground truth that is a number (a jsonl or parquet column of ints or floats) as
-the text verl's rows hold (42 and 42.0 are "42"), and a row whose ground truth they cannot read (a list, a dict) is a
-bad row naming the field, refused by check and by the launch's prepare as other bad rows are."""
+"""The gsm8k, math and exact_match built-ins read a ground truth that is a number (a jsonl or parquet column of ints or
+floats) as the text verl's rows hold (42 and 42.0 are "42"), and a row whose ground truth they cannot read (a list for
+gsm8k and math, a dict, a bool) is a bad row naming the field, refused by check and by the launch's prepare as other
+bad rows are."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 
 from rlctl.errors import ConfigError
-from rlctl.rl.dataset import check_rows, prepare_dataset
-from rlctl.rl.reward import answer_text, gsm8k, math_boxed
+from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.dataset_scan import check_rows
+from rlctl.rl.reward import answer_text, exact_match, gsm8k, math_boxed
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
 from tests.unit.hf_tokenizer import write_tokenizer
@@ -72,6 +74,8 @@ def test_the_math_builtin_takes_a_numeric_ground_truth(output: str, ground_truth
         ("math", [42, 7], ["\\boxed{42}", "\\boxed{7}"]),
         ("math", [42.0, 0.5], ["\\boxed{42}", "\\boxed{\\frac12}"]),
         ("math", ["42", "7"], ["\\boxed{42}", "\\boxed{7}"]),
+        ("exact_match", [42.0, 1e-05], ["42", "0.00001"]),
+        ("exact_match", [[41, 42.0], [0.5]], ["42", "0.5"]),
     ],
 )
 def test_a_files_numeric_ground_truths_score_through_the_prepared_rows(
@@ -124,5 +128,61 @@ def test_a_ground_truth_the_builtin_cannot_read_is_a_bad_row_naming_the_field(
     skip = task(path=path.name, reward=reward, bad_rows="skip")
     assert check_rows(skip, data_path=path, tokenizer=tok) == 1
     assert len(prepare_dataset(skip, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")) == 1
-    exact = task(path=path.name)  # exact_match takes a list (any of the answers): no bad row for it
-    assert check_rows(exact, data_path=path, tokenizer=tok) == 2
+    if isinstance(bad, list):  # exact_match takes a list (any of the answers): no bad row for it
+        assert check_rows(task(path=path.name), data_path=path, tokenizer=tok) == 2
+
+
+@pytest.mark.parametrize(
+    ("output", "ground_truth", "score"),
+    [
+        ("42", 42.0, 1.0),  # str(42.0) is "42.0", which the bare answer never matched
+        (" 42\n", 42, 1.0),
+        ("0.00001", 1e-05, 1.0),  # str(1e-05) is "1e-05"
+        ("42", [41, 42.0], 1.0),  # a list: any of them, each read alike
+        ("7", ["seven", 7.0], 1.0),
+        ("42", " 42 ", 1.0),
+        ("42.0", 42.0, 0.0),  # as gsm8k's `#### 42.0` (verl's rows hold "42")
+        ("41", [42.0, 43], 0.0),
+    ],
+)
+def test_exact_match_reads_a_numeric_ground_truth_as_the_other_builtins_do(
+    output: str, ground_truth: object, score: float
+) -> None:
+    assert exact_match("mine", output, ground_truth) == score
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        ({"value": 42}, "a string, a number or a list of them, got dict"),
+        (True, "a string, a number or a list of them, got bool"),
+        (float("nan"), "a string or a finite number, got nan"),
+        ([], "a string, a number or a list of them, got an empty list"),
+        (["41", ["42"]], "[1]: expected a string or a number, got list"),
+        ([42, None], "[1]: expected a string or a number, got NoneType"),
+    ],
+)
+def test_a_ground_truth_exact_match_cannot_read_is_a_bad_row_naming_the_field(
+    tmp_path: Path, tok: HFTokenizer, bad: object, what: str
+) -> None:
+    # its str was compared: "{'value': 42}", "nan", "['42']" matched no output, "True" alone matched True
+    rows = [
+        {"prompt": "a", "reward_model": {"ground_truth": 42.0}},
+        {"prompt": "b", "reward_model": {"ground_truth": bad}},
+    ]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    cfg = task(path=path.name)  # (exact_match: the default)
+    expected = what if what.startswith("[") else f"expected {what}"
+    said = (
+        f"{path}: 1 of 2 rows are bad: line 2: reward_model.ground_truth: {expected} (reward exact_match compares the "
+        "output with it as text)"
+    )
+    for step in (
+        lambda: check_rows(cfg, data_path=path, tokenizer=tok),
+        lambda: prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            step()
+        assert str(e.value) == said
+    assert check_rows(task(path=path.name, bad_rows="skip"), data_path=path, tokenizer=tok) == 1
+    assert check_rows(task(path=path.name, reward="digits"), data_path=path, tokenizer=tok) == 2  # (its own reading)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.task import DatasetTask
-from rlctl.rl import dataset
-from rlctl.rl.dataset import check_rows, keeping_rows
+from rlctl.rl import dataset_scan
+from rlctl.rl.dataset_scan import check_rows, keeping_rows
 from rlctl.rl.reward import ERROR_CHARS, RewardResult, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.source import heldout_task
@@ -148,7 +148,7 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # verl's GSM8K parquet with the default reward: every output ending '#### 72' scored 0, and check said nothing
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     rows = [{"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}] * 2
     path = write_jsonl(tmp_path / "train.jsonl", rows)
@@ -162,7 +162,7 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
             "is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K "
             "scorer): an output that is not the bare answer scores 0; set reward: gsm8k"
         ]
-    dataset._kept.clear()
+    dataset_scan._kept.clear()
     quiet = [
         ("gsm8k", rows),
         ("r.py:f", rows),
@@ -181,7 +181,7 @@ def test_check_warns_where_every_held_out_row_is_a_dataset_a_builtin_scores_and_
 ) -> None:
     # the held-out evaluation scores its rows with task.reward too: a held-out file of GSM8K rows read 0 in every
     # evaluation, and check said nothing (its training file of other rows, or mixed ones, said nothing either)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     gsm = {"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}
     train = write_jsonl(tmp_path / "train.jsonl", [gsm, {**gsm, "data_source": "mine"}])

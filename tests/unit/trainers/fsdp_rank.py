@@ -2,6 +2,9 @@
 
     python tests/unit/trainers/fsdp_rank.py RANK WORLD RENDEZVOUS PHASE MODEL SAMPLES.pt JOB OUT.pt
 
+With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
+(`trainer.lora`): what is published and checkpointed is the merged model.
+
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
 adds the samples and steps, the other ranks follow its broadcasts. After each step every rank publishes the
@@ -19,6 +22,7 @@ OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +38,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
     from rlctl.config.algorithm import GrpoAlgorithm
     from rlctl.config.pipeline import Batch
-    from rlctl.config.runtime import WeightSync
+    from rlctl.config.runtime import Lora, WeightSync
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
@@ -44,7 +48,9 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     iterations = torch.load(samples, weights_only=False)
-    backend = load_backend("torch", model, shard=world > 1)
+    r, alpha = os.environ["RLCTL_TEST_LORA"].split(",") if "RLCTL_TEST_LORA" in os.environ else (None, None)
+    adapters = Lora(rank=int(r), alpha=float(alpha)) if r is not None else None
+    backend = load_backend("torch", model, shard=world > 1, adapters=adapters)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", dp=dp.size, fsdp=world > 1 or None)
     learner = make_learner(

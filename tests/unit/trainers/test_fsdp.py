@@ -43,10 +43,13 @@ def iterations() -> list[list[Sample]]:
     return out
 
 
-def run(tmp_path: Path, *, world: int, phase: str, job: Path, model: Path, samples: Path) -> dict[str, list]:
+def run(
+    tmp_path: Path, *, world: int, phase: str, job: Path, model: Path, samples: Path, lora: str | None = None
+) -> dict[str, list]:
+    """`lora`: 'RANK,ALPHA' of adapters on every projection (fsdp_rank.py)."""
     rendezvous = tmp_path / f"rdv-{world}-{phase}"
     out = tmp_path / f"out-{world}-{phase}.pt"
-    env = {**ENV, "PATH": "/usr/bin:/bin"}
+    env = {**ENV, "PATH": "/usr/bin:/bin"} | ({"RLCTL_TEST_LORA": lora} if lora else {})
     argv = [str(rendezvous), phase, str(model), str(samples), str(job), str(out)]
     procs = [start_rank(SCRIPT, [str(r), str(world), *argv], env) for r in range(world)]
     for p in procs:

@@ -94,3 +94,82 @@ def data_parallel(model: TinyGPT | TrainerBackend) -> Any:
     from rlctl.trainers.base import DataParallel
 
     return model.data_parallel() if isinstance(model, TrainerBackend) else DataParallel()
+
+
+def critic_of(config: TinyGPTConfig) -> torch.nn.Module:
+    from rlctl.rl.ppo import ValueModel
+
+    critic = ValueModel(TinyGPT(config))
+    torch.nn.init.normal_(critic.head.weight)  # (not the zeros every critic starts from: a copy would show)
+    return critic
+
+
+@pytest.mark.parametrize("kind", ["tinygpt", "torch"])
+def test_a_checkpoints_critic_that_does_not_fit_is_refused_in_one_line_before_anything_is_copied(
+    tmp_path: Path, kind: str
+) -> None:
+    """A PPO checkpoint whose critic is not the job's (the shard's module.critic of another depth): torch's
+    load_state_dict copied every critic tensor that fit, after the checkpoint's policy was loaded, then raised its
+    RuntimeError (a traceback); now one ConfigError line naming the shard and the module, the policy and the critic
+    as they were, bit for bit. A checkpoint of a job without a critic: one line too, versus a KeyError."""
+    torch.manual_seed(0)
+    TinyGPT(SAVED).save_pretrained(tmp_path / "saved")
+    split = ParallelConfig("trainer")
+    saved = policy(kind, tmp_path / "saved")
+    saved_module: Any = saved if isinstance(saved, TinyGPT) else saved.model
+    ckpt = tmp_path / "iter-1"
+    save_trainer(ckpt, model=saved, optimizers={"policy": torch.optim.AdamW(saved_module.parameters())},
+                 modules={"critic": critic_of(SAVED)}, counters={"version": 1}, split=split,
+                 data_parallel=data_parallel(saved))  # fmt: skip
+    no_critic = tmp_path / "iter-2"
+    save_trainer(no_critic, model=saved, optimizers={"policy": torch.optim.AdamW(saved_module.parameters())},
+                 counters={"version": 2}, split=split, data_parallel=data_parallel(saved))  # fmt: skip
+
+    torch.manual_seed(1)  # (the job's own initial weights: not the checkpoint's)
+    TinyGPT(SAVED).save_pretrained(tmp_path / "job")
+    resumed = policy(kind, tmp_path / "job")
+    module: Any = resumed if isinstance(resumed, TinyGPT) else resumed.model
+    critic = critic_of(dataclasses.replace(SAVED, num_hidden_layers=2))
+    before, critic_before = state(resumed), {k: v.clone() for k, v in critic.state_dict().items()}
+    shard = ckpt / "ranks" / "rank-0.pt"
+    cases = [
+        (ckpt, 1, f"{shard}: module.critic: weights do not fit this model: 9 missing \\(body\\.model\\.layers\\.1\\."),
+        (no_critic, 2, f"{no_critic / 'ranks' / 'rank-0.pt'}: module.critic: missing: the checkpoint's job trained"),
+    ]
+    for at, version, said in cases:
+        with pytest.raises(ConfigError, match=f"^{said}") as e:
+            load_trainer(at, model=resumed, optimizers={"policy": torch.optim.AdamW(module.parameters())},
+                         modules={"critic": critic}, split=split, data_parallel=data_parallel(resumed),
+                         version=version)  # fmt: skip
+        assert "\n" not in str(e.value)
+        after = state(resumed)
+        assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
+        assert all(torch.equal(critic.state_dict()[k], v) for k, v in critic_before.items())
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_load_local_refuses_a_state_that_does_not_fit_before_it_copies_a_tensor(
+    request: pytest.FixtureRequest, sharded: bool
+) -> None:
+    """A shard's saved state (`local_state`) of another model: a KeyError or the copy's RuntimeError with the
+    tensors before it copied (sharded), torch's RuntimeError after every tensor that fit was copied (unsharded);
+    now DoesNotFit in one line, nothing copied."""
+    from rlctl.models.tensors import DoesNotFit
+    from rlctl.trainers.fsdp import load_local, local_state, shard
+
+    if sharded:
+        request.getfixturevalue("megatron_rank")  # a gloo group of one rank
+    torch.manual_seed(0)
+    model = TinyGPT(SAVED)
+    other = TinyGPT(dataclasses.replace(SAVED, intermediate_size=SAVED.intermediate_size * 2))
+    if sharded:
+        shard(model, cuda=False)
+        shard(other, cuda=False)
+    saved = local_state(other.state_dict())
+    before = state(model)
+    with pytest.raises(DoesNotFit, match=r"^weights do not fit this model: 3 of another shape \(model\.layers\.0\."):
+        load_local(model, saved)
+    after = state(model)
+    assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
+    load_local(model, local_state(TinyGPT(SAVED).state_dict()))  # one that fits: copied
+    assert not all(torch.equal(state(model)[k], v) for k, v in before.items())

@@ -1,0 +1,107 @@
+"""LoRA on TinyGPT's projections: the base weights frozen, a low-rank update trained beside each target linear.
+
+    y = x·Wᵀ + b + scale · (x·Aᵀ)·Bᵀ        A [rank, in] kaiming-uniform (as PEFT), B [out, rank] zeros,
+                                             scale = alpha / rank; A and B in fp32 (the optimizer's only parameters)
+    merged weight = W + scale · B·A          what rollout engines and HF checkpoints get: the same model, no adapters
+
+`add_adapters(model, …)` swaps each target `nn.Linear` for a `LoraLinear` holding the same weight and bias
+Parameters, so the model's state-dict names are unchanged and the adapters add `<linear>.lora_A` / `.lora_B`
+beside them; `merged_weights` is the state dict under HF names with each target's weight merged and the adapters
+left out. A model without adapters is untouched: nothing here runs on its path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ADAPTER_NAMES = ("lora_A", "lora_B")
+INIT_SEED = 0  # every rank draws the same A: data-parallel replicas and FSDP shards start from one model
+
+
+class LoraLinear(nn.Linear):
+    """An `nn.Linear` (its weight and bias the wrapped one's Parameters) plus a trained low-rank update."""
+
+    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, generator: torch.Generator) -> None:
+        nn.Module.__init__(self)  # (not nn.Linear's: the weight is the base's, never allocated anew)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.register_parameter("bias", base.bias)
+        self.scale = alpha / rank
+        a = torch.empty(rank, base.in_features, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)  # drawn on the CPU: the same on every device
+        device = base.weight.device
+        self.lora_A = nn.Parameter(a.to(device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias) + self.scale * F.linear(F.linear(x, self.lora_A), self.lora_B)
+
+    def merged(self, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """`weight` + scale · `b`·`a` in fp32 (full tensors, or the rows of them one rank holds)."""
+        return weight.float() + self.scale * (b.float() @ a.float())
+
+
+def add_adapters(model: nn.Module, *, rank: int, alpha: float, targets: tuple[str, ...]) -> list[str]:
+    """Put an adapter on every linear of `model` named one of `targets`, freeze every other parameter; the names
+    of the adapted linears, in module order. Every call draws the same A's (`INIT_SEED`)."""
+    generator = torch.Generator().manual_seed(INIT_SEED)
+    adapted = []
+    for name, module in list(model.named_modules()):
+        for child, linear in list(module.named_children()):
+            if child in targets and isinstance(linear, nn.Linear) and not isinstance(linear, LoraLinear):
+                setattr(module, child, LoraLinear(linear, rank=rank, alpha=alpha, generator=generator))
+                adapted.append(f"{name}.{child}" if name else child)
+    assert adapted, f"no linear named one of {targets}"
+    for pname, p in model.named_parameters():
+        p.requires_grad_(pname.rsplit(".", 1)[-1] in ADAPTER_NAMES)
+    return adapted
+
+
+def adapters(model: nn.Module) -> dict[str, LoraLinear]:
+    """The adapted linears of `model` by name (empty: a model without LoRA)."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLinear)}
+
+
+def is_adapter(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in ADAPTER_NAMES
+
+
+def merged_weights(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """`model`'s state dict (or `state`, one of its state dicts) under HF names: each adapted linear's weight
+    merged (W + scale·B·A, a new fp32 tensor), the adapters left out, every other tensor as it is (detached)."""
+    sd = model.state_dict() if state is None else state
+    out = {}
+    for name, t in sd.items():
+        if is_adapter(name):
+            continue
+        owner = name.removesuffix(".weight")
+        lin = _adapted(model, owner) if name.endswith(".weight") else None
+        if lin is None:
+            out[name] = t.detach()
+        else:
+            with torch.no_grad():
+                out[name] = lin.merged(t, sd[f"{owner}.lora_A"], sd[f"{owner}.lora_B"])
+    return out
+
+
+def _adapted(model: nn.Module, name: str) -> LoraLinear | None:
+    try:
+        m = model.get_submodule(name)
+    except AttributeError:
+        return None
+    return m if isinstance(m, LoraLinear) else None
+
+
+class AdapterState(nn.Module):
+    """The adapters of `model` as one module (the same Parameter objects): what a checkpoint's rank shard holds of
+    a LoRA policy (`module.lora`), its frozen weights being the job's model. State names are the adapters' with
+    '.' written '-' (a module's parameter name holds no dot)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.adapters = nn.ParameterDict({n.replace(".", "-"): p for n, p in model.named_parameters() if is_adapter(n)})
