@@ -314,9 +314,10 @@ class SparseMoE(nn.Module):
     renormalised where norm_topk_prob), as Qwen3MoeSparseMoeBlock computes it: expert by expert in index order, each
     adding its tokens' weighted outputs in place (index_add_), so the sums are transformers' own.
 
-    With gradients wanted every expert runs, one without tokens on none: each expert's gradient is then a tensor (zeros
-    where no token chose it, as transformers' one fused experts tensor has), so that every data-parallel rank (and
-    FSDP2's reduce-scatter) sums the same gradients whatever its tokens chose."""
+    With gradients wanted (of any of its parameters: LoRA's adapters on the experts beside a frozen router too) every
+    expert runs, one without tokens on none: each expert's gradient is then a tensor (zeros where no token chose it, as
+    transformers' one fused experts tensor has), so that every data-parallel rank (and FSDP2's reduce-scatter) sums the
+    same gradients whatever its tokens chose."""
 
     def __init__(self, c: TinyGPTConfig) -> None:
         super().__init__()
@@ -344,7 +345,7 @@ class SparseMoE(nn.Module):
             top = top / top.sum(dim=-1, keepdim=True)
         weights = top.to(logits.dtype)
         out = torch.zeros_like(x)
-        every = _training(self.gate.weight)
+        every = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         with torch.no_grad():  # [experts, k, tokens]: which (rank among the k, token) chose each expert
             mask = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
             used = range(len(self.experts)) if every else mask.sum(dim=(1, 2)).nonzero()[:, 0].tolist()

@@ -175,3 +175,27 @@ def test_the_engines_bucketed_steps_decode_a_moe_as_its_exact_ones(tmp_path: Pat
         engine.add([GenRequest(f"p{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)])
         got.append({r.request_id: r.output_tokens for r in engine.run_until_done()})
     assert got[0] == got[1] and len(got[0]) == 3
+
+
+def test_lora_adapters_on_the_experts_get_a_gradient_each_where_no_token_chose_the_expert() -> None:
+    """LoRA (its adapters on each expert's gate/up/down, the router frozen): every expert runs under autograd, so each
+    adapter has a gradient — zeros for the experts no token chose — and data-parallel ranks and FSDP2 shards sum the
+    same tensors whatever their tokens chose, versus the router's frozen weight read as 'no gradients wanted' (the
+    unchosen experts' adapters without one: a collective mismatch across ranks)."""
+    from rlctl.models import lora
+    from rlctl.rl.samples import token_logprobs
+
+    d = {**BASE, "num_experts": 16, "num_experts_per_tok": 1, "moe_intermediate_size": 16, "num_hidden_layers": 2}
+    torch.manual_seed(0)
+    model = TinyGPT(TinyGPTConfig.from_hf(d))
+    lora.add_adapters(model, rank=2, alpha=4.0, targets=("gate_proj", "up_proj", "down_proj"))
+    x = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the experts the 5 tokens chose in layer 0: fewer than 16
+        h = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(x))
+        chosen = set(model.model.layers[0].mlp.gate(h).argmax(-1).flatten().tolist())
+    assert len(chosen) < 16
+    token_logprobs(model, x).sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None for g in grads.values())
+    unchosen = next(e for e in range(16) if e not in chosen)
+    assert all(g.abs().sum() == 0 for n, g in grads.items() if f"layers.0.mlp.experts.{unchosen}." in n)
