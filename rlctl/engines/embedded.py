@@ -69,6 +69,7 @@ from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResu
 from rlctl.engines.graphs import StepGraphs
 from rlctl.engines.kvsize import MIN_WIDTH, bucket, cache_capacity
 from rlctl.engines.sampling import request_seed, sample
+from rlctl.models import rope
 from rlctl.models.tinygpt import KVCache, TinyGPT
 
 GroupBarrier = Literal["auto", "always", "never"]
@@ -123,6 +124,8 @@ class EmbeddedEngine(GenerationEngine):
             raise ValueError(f"group_barrier must be one of {', '.join(GROUP_BARRIERS)}, not {group_barrier!r}")
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
+        if (why := rope.longrope_refusal(model.config.rope_scaling, model.context)) is not None:
+            raise ValueError(f"a model built for {model.context} tokens would {why}; build it for the job's context")
         # a Qwen3MoE's layers read on the host which experts their tokens chose (SparseMoE): no graph to capture
         moe = model.config.moe is not None
         if compile_step and moe:

