@@ -22,7 +22,8 @@ and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context)
 `qkv_proj` and gate/up as one `gate_up_proj`, as transformers writes Phi-3 and Phi-4); `--shape tiny-mistral-window`
 as a Mistral whose `sliding_window` binds as v0.1's does (96 of 256 positions; its 4096 of 32768), the window exactly
 the hf-demo job's context (its max_prompt_tokens + max_output_tokens), so that job runs at the window's edge and
-`rlctl check` refuses one asking a token more.
+`rlctl check` refuses one asking a token more; `--shape tiny-qwen3moe` as a Qwen3MoE (top 2 of 4 routed experts in
+layers 0 and 2, layer 1 dense: `mlp_only_layers`; each expert's tensors apart in its file).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, RopeScaling
+from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, MoeConfig, RopeScaling
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -154,6 +155,12 @@ SHAPES: dict[str, dict[str, object]] = {
         "num_key_value_heads": 2,
         "tie_word_embeddings": False,
         "sliding_window": HF_DEMO_CONTEXT,
+    },
+    "tiny-qwen3moe": {  # Qwen3-30B-A3B's architecture: top 2 of 4 experts renormalised, layer 1 dense
+        **TINY,
+        "architecture": QWEN3_MOE,
+        "tie_word_embeddings": False,
+        "moe": MoeConfig(4, 2, moe_intermediate_size=64, norm_topk_prob=True, mlp_only_layers=(1,)),
     },
     "qwen2-0.5b": {
         "vocab_size": 151_936,

@@ -56,6 +56,11 @@ class ArchFigures(Strict):
         description="an attention head's width where it is not hidden / heads (Qwen3, Gemma: HF's head_dim); it sizes "
         "the KV cache and the attention FLOPs. Default hidden // heads",
     )
+    active_params: PositiveFloat | None = Field(
+        None,
+        description="the parameters one token computes with where fewer than params (a MoE: its routers and top-k "
+        "experts, Qwen3-30B-A3B's 3.35e9 of 30.5e9); FLOPs are priced by it, memory by params. Default params",
+    )
 
     @field_validator("name")
     @classmethod
@@ -69,7 +74,7 @@ class ArchFigures(Strict):
         # a file written without head_dim (every profile before it, every hidden / heads model) is written the same;
         # a job's model without max_positions (`ArchModel`) likewise
         out: dict[str, Any] = dump(self)
-        for key in ("head_dim", "max_positions"):
+        for key in ("head_dim", "max_positions", "active_params"):
             if out.get(key) is None:
                 out.pop(key, None)
         return out
@@ -87,6 +92,7 @@ class ArchFigures(Strict):
             self.intermediate,
             self.params,
             explicit_head_dim=explicit,
+            active_params=self.active_params,
         )
 
 
@@ -106,9 +112,9 @@ class ArchModel(ArchFigures):
 
 
 class HfModel(Strict):
-    """A local Hugging Face checkpoint directory (Qwen3, Qwen2, Llama, Mistral or Phi3 architecture): config.json,
-    safetensors (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks the
-    directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
+    """A local Hugging Face checkpoint directory (Qwen3, Qwen3MoE, Qwen2, Llama, Mistral or Phi3 architecture):
+    config.json, safetensors (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks
+    the directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
 
     kind: Literal["hf"]
     path: str

@@ -1,9 +1,10 @@
 """EmbeddedEngine: continuous batching of TinyGPT on the model's device (the default rollout engine).
 
-It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory (`from_pretrained`) on the
-CPU or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU: `rlctl.devices`); a row
-finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the model's device; what
-the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for a step's read).
+It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory
+(`from_pretrained`) on the CPU or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU:
+`rlctl.devices`); a row finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the
+model's device; what the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for
+a step's read).
 
 One `step()`:
 
@@ -115,7 +116,8 @@ class EmbeddedEngine(GenerationEngine):
     ) -> None:
         """`static_shapes`: run each step at bucketed (rows, width), as CUDA graphs on a CUDA device (None: there
         only); on a CPU they run eagerly, the same step a graph captures (tests), else at the exact shapes.
-        `compile_step`: the decode step through `torch.compile` (module docstring)."""
+        `compile_step`: the decode step through `torch.compile` (module docstring). A Qwen3MoE's steps are never
+        graphs and never compiled (ValueError): its layers read on the host which experts their tokens chose."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if group_barrier not in GROUP_BARRIERS:
@@ -124,6 +126,10 @@ class EmbeddedEngine(GenerationEngine):
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         if (why := rope.longrope_refusal(model.config.rope_scaling, model.context)) is not None:
             raise ValueError(f"a model built for {model.context} tokens would {why}; build it for the job's context")
+        # a Qwen3MoE's layers read on the host which experts their tokens chose (SparseMoE): no graph to capture
+        moe = model.config.moe is not None
+        if compile_step and moe:
+            raise ValueError("compile_step: a Qwen3MoE's expert routing is not one graph; leave it off")
         self.model = model.eval()
         model.fuse_projections()  # q/k/v and gate/up as one matmul each, in the caller's model: fewer kernels a step
         self.device = model.lm_head.weight.device
@@ -175,7 +181,7 @@ class EmbeddedEngine(GenerationEngine):
         self._graphs: StepGraphs | None = None
         self._mixed_graphs: StepGraphs | None = None  # the decode step with greedy rows among sampled ones
         self._prefill_graphs: StepGraphs | None = None
-        if self._static and self.device.type == "cuda":
+        if self._static and self.device.type == "cuda" and not moe:
             pool = torch.cuda.graph_pool_handle()  # the decode and prefill graphs share one memory pool
             self._graphs = StepGraphs(self._decode, pool=pool)
             self._mixed_graphs = StepGraphs(self._decode_mixed, pool=pool)
@@ -194,8 +200,8 @@ class EmbeddedEngine(GenerationEngine):
         context: int | None = None,
         **kw: Any,
     ) -> EmbeddedEngine:
-        """An engine on an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory (or a saved demo model), on `device`
-        in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
+        """An engine on an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory (or a saved demo model), on
+        `device` in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
         max_positions; `TinyGPT.empty`)."""
         return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device, context=context), **kw)
 

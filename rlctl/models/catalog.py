@@ -1,5 +1,5 @@
 """Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1, Mistral and Phi-4
-dense, the demo model).
+dense, Qwen3-30B-A3B's MoE, the demo model).
 
 An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
 """
@@ -18,13 +18,21 @@ class ModelArch:
     kv_heads: int
     vocab: int
     intermediate: int
-    params: float  # total parameter count
+    params: float  # total parameter count: what memory holds and weights travel as
     bytes_per_param: int = 2  # bf16 weights
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden / heads (e.g. Qwen3, Gemma)
     # config.json's max_position_embeddings: the longest prompt + output a job may ask of it (`rlctl plan` and
     # `rlctl check` refuse more: rlctl.planner.context); None where not known (not checked). Not a cost figure: a
     # profile's model (which has none) is the same architecture
     max_positions: int | None = field(default=None, compare=False)
+    # the parameters one token computes with, where fewer than `params`: a MoE's (Qwen3MoE) router and top-k experts
+    # of each sparse layer; None: every parameter (a dense model). FLOPs are priced by it, memory by `params`
+    active_params: float | None = None
+
+    @property
+    def active(self) -> float:
+        """The parameters a token's FLOPs are of (`active_params`, else `params`)."""
+        return self.params if self.active_params is None else self.active_params
 
     @property
     def head_dim(self) -> int:
@@ -39,6 +47,11 @@ class ModelArch:
     def weight_bytes(self) -> float:
         return self.params * self.bytes_per_param
 
+
+# Qwen3-30B-A3B (Qwen3MoeForCausalLM): 128 experts of 768 in each of its 48 layers, top 8 a token; its intermediate
+# the config's dense width (no layer of it dense). Parameters: transformers' count on the meta device, and of them
+# the router and 8 experts a token computes with in each layer
+QWEN3_30B_A3B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 3_353_032_704}
 
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m
@@ -59,6 +72,7 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
             "mistral-nemo-12b", 40, 5120, 32, 8, 131072, 14336, 12.25e9, explicit_head_dim=128, max_positions=1024000
         ),
         ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9, max_positions=16384),  # Phi3ForCausalLM, untied
+        ModelArch("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, 30_532_122_624, **QWEN3_30B_A3B),
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         # (its positions TinyGPTConfig's default max_position_embeddings)

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3, Mistral and Phi3 decoders: the model config
+"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3, Qwen3MoE, Mistral and Phi3 decoders: the model config
 (`TinyGPTConfig`, validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
 
     <dir>/config.json                   HF keys; anything the model would compute differently is refused
@@ -14,15 +14,17 @@ and v0.1, whose `sliding_window` 4096 is below its `max_position_embeddings` 327
 last `window` tokens only, which binds on no sequence of at most `window` tokens, so a job whose context is that short
 runs it: `window_refusal`; `sliding_window` written back as read), Phi3ForCausalLM (Phi-3-mini/medium, Phi-4:
 Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one `qkv_proj` and gate/up as one
-`gate_up_proj`, split on reading and fused on writing: `fusions`), explicit `head_dim`, grouped-query attention, tied
+`gate_up_proj`, split on reading and fused on writing: `fusions`), Qwen3MoeForCausalLM (Qwen3-30B-A3B, 235B-A22B:
+Qwen3's attention with routed experts in the layers `MoeConfig.sparse` names, each expert's gate/up/down a tensor of its
+own in the file, as transformers 5 writes and reads them), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
 (`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context), and a Phi3's `longrope` (Phi-3-mini-128k, Phi-3.5-mini,
 Phi-4-mini) and RoPE on part of each head (`partial_rotary_factor`: Phi-4-mini's 0.75) (`rlctl.models.rope`),
 fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU
-computes in fp32). Refused with one line naming the file and key: other architectures, other RoPE scaling (dynamic, …;
-longrope and partial RoPE but for a Phi3), Qwen's sliding-window attention (`use_sliding_window`), a model built for
-sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`), MLP bias, activations other than SiLU,
-quantized weights.
+computes in fp32). Refused with one line naming the file and key: other architectures (Qwen2-MoE, its shared expert,
+among them), other RoPE scaling (dynamic, …; longrope and partial RoPE but for a Phi3), Qwen's sliding-window attention
+(`use_sliding_window`), a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`),
+MLP bias, activations other than SiLU, quantized weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
 as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.errors import ConfigError
 from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
+from rlctl.models.moe import MoeConfig, parse_moe
 from rlctl.models.rope import PHI3_ROPE_SUPPORTED, ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
 
@@ -72,17 +75,17 @@ TOKENIZER_FILES = (
 )
 TOKENIZER_DIRS = ("additional_chat_templates",)  # transformers' named chat templates (its default.jinja: the one used)
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
-MISTRAL, PHI3 = "MistralForCausalLM", "Phi3ForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3"}
+MISTRAL, PHI3, QWEN3_MOE = "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3", QWEN3_MOE: "qwen3_moe"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096}
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096, QWEN3_MOE: 32768}
 # sliding_window where config.json has no such key: MistralConfig's (v0.1's), Phi3Config's none
 _HF_DEFAULT_WINDOW = {MISTRAL: 4096, PHI3: None}
 _HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
 # where config.json has no such key, its config class's own value (transformers' and vLLM's reading): LlamaConfig's
 # num_key_value_heads is num_attention_heads, the others' a number of their own; Qwen's special ids none
-_HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8}
+_HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8, QWEN3_MOE: 4}
 _HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1, PHI3: 1}
 _HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2, PHI3: 32000}
 _HF_DEFAULT_PAD = {PHI3: 32000}
@@ -137,8 +140,13 @@ class TinyGPTConfig:
     rope_fp64_angles: bool = True
     phi3_extras: Phi3Extras | None = None  # a Phi3's keys written back as read (None: rlctl's own, `Phi3Extras`)
     partial_rotary_factor: float = 1.0  # a Phi3's: RoPE on the first `rotary_dim` dimensions of each head only
+    moe: MoeConfig | None = None  # a Qwen3MoE's experts (None there: Qwen3MoeConfig's defaults); None for the others
 
     def __post_init__(self) -> None:
+        if self.architecture == QWEN3_MOE and self.moe is None:
+            self.moe = MoeConfig()
+        if self.moe is not None and self.architecture != QWEN3_MOE:
+            raise ValueError(f"moe is a {QWEN3_MOE}'s, not a {self.architecture}'s")
         if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads (or give explicit_head_dim)")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -184,7 +192,11 @@ class TinyGPTConfig:
     @property
     def qk_norm(self) -> bool:
         """Per-head RMSNorm (weights [head_dim], eps rms_norm_eps) of q and k before RoPE: Qwen3's q_norm, k_norm."""
-        return self.architecture == QWEN3
+        return self.architecture in (QWEN3, QWEN3_MOE)
+
+    def sparse_layer(self, layer: int) -> bool:
+        """Layer `layer`'s MLP is a Qwen3MoE's experts (`MoeConfig.sparse`), not a dense one."""
+        return self.moe is not None and self.moe.sparse(layer)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -196,7 +208,7 @@ class TinyGPTConfig:
         """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
         d = asdict(self)
         for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window",
-                    "phi3_extras", "partial_rotary_factor"):  # fmt: skip
+                    "phi3_extras", "partial_rotary_factor", "moe"):  # fmt: skip
             del d[key]
         if self.architecture in (QWEN2, MISTRAL, PHI3):  # no such key: their bias is fixed
             del d["attention_bias"]
@@ -213,6 +225,7 @@ class TinyGPTConfig:
             **({"sliding_window": self.sliding_window} if self.architecture == MISTRAL else {}),
             **(_phi3_keys(self) if self.architecture == PHI3 else {}),
             **({"partial_rotary_factor": self.partial_rotary_factor} if self.partial_rotary_factor != 1 else {}),
+            **(self.moe.to_hf() if self.moe is not None else {}),
             **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
         }
 
@@ -221,14 +234,23 @@ class TinyGPTConfig:
         """Validate an HF config dict; ConfigError naming `file` and the key for anything not supported."""
         return _parse_config(d, file)
 
-    def num_params(self) -> int:
+    def num_params(self, *, active: bool = False) -> int:
+        """Every parameter, or (`active`) those a token computes with: a sparse layer's router and its top
+        `num_experts_per_tok` experts of `num_experts` (memory holds them all; a token's FLOPs are the active ones')."""
         h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        per_layer = 2 * h * q + 2 * h * kv + 3 * h * i + 2 * h
+        per_layer = 2 * h * q + 2 * h * kv + 2 * h
         per_layer += (q + 2 * kv if self.qkv_bias else 0) + (h if self.attention_bias else 0)
         per_layer += 2 * self.head_dim if self.qk_norm else 0
+        mlps = 0
+        for layer in range(n):
+            if self.moe is not None and self.moe.sparse(layer):
+                experts = self.moe.num_experts_per_tok if active else self.moe.num_experts
+                mlps += self.moe.num_experts * h + experts * 3 * h * self.moe.moe_intermediate_size
+            else:
+                mlps += 3 * h * i
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + emb + h
+        return n * per_layer + mlps + emb + h
 
     def arch(self, name: str) -> ModelArch:
         """The planner's figures for this model (bytes per parameter from the checkpoint's dtype)."""
@@ -244,6 +266,7 @@ class TinyGPTConfig:
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
             max_positions=self.max_positions,
+            active_params=float(self.num_params(active=True)) if self.moe is not None else None,
         )
 
 
@@ -294,11 +317,18 @@ def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
             out[f"{p}self_attn.o_proj.bias"] = (h,)
         if c.qk_norm:
             out |= {f"{p}self_attn.q_norm.weight": (c.head_dim,), f"{p}self_attn.k_norm.weight": (c.head_dim,)}
-        out |= {
-            f"{p}mlp.gate_proj.weight": (i, h),
-            f"{p}mlp.up_proj.weight": (i, h),
-            f"{p}mlp.down_proj.weight": (h, i),
-        }
+        if c.moe is not None and c.moe.sparse(n):  # (a file's per-expert names: what transformers 5 writes and reads)
+            m = c.moe.moe_intermediate_size
+            out[f"{p}mlp.gate.weight"] = (c.moe.num_experts, h)
+            for e in range(c.moe.num_experts):
+                x = f"{p}mlp.experts.{e}."
+                out |= {f"{x}gate_proj.weight": (m, h), f"{x}up_proj.weight": (m, h), f"{x}down_proj.weight": (h, m)}
+        else:
+            out |= {
+                f"{p}mlp.gate_proj.weight": (i, h),
+                f"{p}mlp.up_proj.weight": (i, h),
+                f"{p}mlp.down_proj.weight": (h, i),
+            }
         out |= {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
     out["model.norm.weight"] = (h,)
     if not c.tie_word_embeddings:
@@ -505,6 +535,7 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         said = "" if "pad_token_id" in d else f" ({arch.removesuffix('ForCausalLM')}Config's default where it has none)"
         row = f"is not a row of the embedding (vocab_size {vocab}); give an id below it, or null"
         raise bad("pad_token_id", f"{pad}{said} {row}")
+    moe = parse_moe(d, bad, num) if arch == QWEN3_MOE else None
     return TinyGPTConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -523,12 +554,13 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         initializer_range=num("initializer_range", 0.02, kind=float),
         architecture=arch,
         explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
-        attention_bias=bias and arch in (LLAMA, QWEN3),  # Qwen2, Mistral, Phi3 have no such key: their bias is fixed
+        attention_bias=bias and arch in (LLAMA, QWEN3, QWEN3_MOE),  # Qwen2, Mistral, Phi3's bias is fixed: no key
         sliding_window=window,
         torch_dtype=dtype,
         rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
         phi3_extras=extras,
         partial_rotary_factor=fraction,
+        moe=moe,
     )
 
 

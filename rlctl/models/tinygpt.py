@@ -1,10 +1,12 @@
-"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Mistral/Phi3 decoder in HF format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 decoder in
+HF format.
 
 Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` /
 `MistralForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o
 bias for Llama and Qwen3, none for Mistral, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied
-embeddings), so a saved directory is an ordinary HF checkpoint and an HF checkpoint of those architectures loads
-(hf.py owns the directory format and what is refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
+embeddings; Qwen3MoE's routed experts, `SparseMoE`), so a saved directory is an ordinary HF checkpoint and an HF
+checkpoint of those architectures loads (hf.py owns the directory format and what is refused). The built-in demo model
+is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
@@ -275,10 +277,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: TinyGPTConfig) -> None:
+    def __init__(self, c: TinyGPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.self_attn = Attention(c)
-        self.mlp = MLP(c)
+        self.mlp: MLP | SparseMoE = SparseMoE(c) if c.sparse_layer(layer) else MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -290,11 +292,12 @@ class DecoderLayer(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: TinyGPTConfig) -> None:
+    def __init__(self, c: TinyGPTConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        i = c.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, i, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, i, bias=False)
+        self.down_proj = nn.Linear(i, c.hidden_size, bias=False)
         self.gate_up: torch.Tensor | None = None  # gate and up as one projection (`fuse`)
 
     def fuse(self) -> bool:
@@ -305,11 +308,62 @@ class MLP(nn.Module):
         self.gate_up, _ = _fuse(*linears)
         return True
 
+    def unfuse(self) -> None:
+        self.gate_up = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is None or _training(self.gate_proj.weight):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+class SparseMoE(nn.Module):
+    """A Qwen3MoE layer's MLP (`hf.MoeConfig`): router `gate`, then each token through its top-k `experts` (SwiGLU
+    MLPs, the file's per-expert names), their outputs summed weighted by the router's softmax over the top k (in fp32,
+    renormalised where norm_topk_prob), as Qwen3MoeSparseMoeBlock computes it: expert by expert in index order, each
+    adding its tokens' weighted outputs in place (index_add_), so the sums are transformers' own.
+
+    With gradients wanted (of any of its parameters: LoRA's adapters on the experts beside a frozen router too) every
+    expert runs, one without tokens on none: each expert's gradient is then a tensor (zeros where no token chose it, as
+    transformers' one fused experts tensor has), so that every data-parallel rank (and FSDP2's reduce-scatter) sums the
+    same gradients whatever its tokens chose."""
+
+    def __init__(self, c: TinyGPTConfig) -> None:
+        super().__init__()
+        assert c.moe is not None
+        self.top_k, self.norm_topk_prob = c.moe.num_experts_per_tok, c.moe.norm_topk_prob
+        self.gate = nn.Linear(c.hidden_size, c.moe.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(c, c.moe.moe_intermediate_size) for _ in range(c.moe.num_experts))
+
+    def fuse(self) -> bool:
+        moved = False
+        for e in self.experts:
+            moved |= cast(MLP, e).fuse()
+        return moved
+
+    def unfuse(self) -> None:
+        for e in self.experts:
+            cast(MLP, e).unfuse()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.gate(x)
+        top, chosen = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float), self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        weights = top.to(logits.dtype)
+        out = torch.zeros_like(x)
+        every = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        with torch.no_grad():  # [experts, k, tokens]: which (rank among the k, token) chose each expert
+            mask = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
+            used = range(len(self.experts)) if every else mask.sum(dim=(1, 2)).nonzero()[:, 0].tolist()
+        for e in used:
+            rank, token = torch.where(mask[e])
+            y = self.experts[e](x[token]) * weights[token, rank, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out.reshape(shape)
 
 
 _INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_")  # what nn.Linear and nn.Embedding call
@@ -342,7 +396,7 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
         super().__init__()
         # the pad token's row gets no gradient from the positions that hold it, as transformers' (padding_idx)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, n) for n in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
@@ -460,7 +514,8 @@ class TinyGPT(nn.Module):
     def unfuse_projections(self) -> None:
         """Back to one matmul per projection (the parameters keep their storage: the same values)."""
         for layer in self.blocks():
-            layer.self_attn.qkv = layer.mlp.gate_up = None
+            layer.self_attn.qkv = None
+            layer.mlp.unfuse()
 
     def _apply(self, fn: Any, recurse: bool = True) -> TinyGPT:
         """`.to`, `.cuda`, `.half`, … that give parameters new storage: the fused tensors are made again from it
@@ -595,10 +650,10 @@ class TinyGPT(nn.Module):
         device: str | torch.device = "cpu",
         context: int | None = None,
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2/Qwen3/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's own) on
-        `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see `empty`);
-        ConfigError for what is not supported. The weights are never initialised first (the model is made on
-        the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
+        """Load an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's
+        own) on `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see `empty`);
+        ConfigError for what is not supported. The weights are never initialised first (the model is made on the meta
+        device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
         held = config.max_positions if context is None else min(context, config.max_positions)

@@ -203,7 +203,7 @@ def site_for_backend(site: SiteProfile, backend: str, *, name: str, profile_file
 def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str, Any]:
     """The job's training passes against the profile's: scale of the profile's seconds per token, and
     the share that streams (the rest waits for the whole batch)."""
-    kind, params = job.spec.algorithm.kind, prof.model.params
+    kind, params = job.spec.algorithm.kind, prof.model.arch.active  # (FLOPs: a MoE's active parameters)
     passes = job_passes(job, trainer)
     units = forward_units(kind, passes, params=params)
     # a profile's passes hold adapters only where its entries were priced with them (the roofline built for a LoRA

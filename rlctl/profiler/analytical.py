@@ -47,7 +47,7 @@ def decode_step_s(model: ModelArch, gpu: GpuSpec, *, tp: int, batch: int, contex
     mem_bytes = model.weight_bytes + batch * context * model.kv_bytes_per_token
     t_mem = mem_bytes / (tp * ETA_BW * gpu.hbm_bytes_per_s)
     # QKᵀ and AV: 2 · head_dim · C each for every query head (heads · head_dim is not hidden where head_dim is explicit)
-    flops = (2 * model.params + 4 * model.layers * model.heads * model.head_dim * context) * batch
+    flops = (2 * model.active + 4 * model.layers * model.heads * model.head_dim * context) * batch  # (a MoE's active)
     t_flops = flops / (tp * ETA_FLOPS * gpu.flops)
     t_comm = 0.0
     if tp > 1:
@@ -57,7 +57,7 @@ def decode_step_s(model: ModelArch, gpu: GpuSpec, *, tp: int, batch: int, contex
 
 
 def prefill_s_per_token(model: ModelArch, gpu: GpuSpec, *, tp: int) -> float:
-    return 2 * model.params / (tp * ETA_FLOPS * gpu.flops)
+    return 2 * model.active / (tp * ETA_FLOPS * gpu.flops)
 
 
 def kv_capacity_tokens(model: ModelArch, gpu: GpuSpec, *, tp: int) -> int:
@@ -118,12 +118,12 @@ def training_entry(
     tensor degree `tp` and pipeline degree `pp`, and the memory of the trained models (+ reference weights if
     it runs)."""
     passes = passes or TrainingPasses()
-    flops = flops_per_token(algorithm, passes, model.params)
+    flops = flops_per_token(algorithm, passes, model.active)  # (a MoE's active parameters; its memory: all)
     trained = trained_models(algorithm)
-    # TP all-reduces scale with the FLOPs of full updates: a LoRA backward all-reduces the activations' gradients
-    # as a full one does (it skips the weight gradients, which need none)
+    # TP all-reduces scale with the FLOPs of full updates (a MoE's active parameters): a LoRA backward all-reduces
+    # the activations' gradients as a full one does (it skips the weight gradients, which need none)
     full = passes.model_copy(update={"adapter_params": 0.0})
-    update_equivalents = flops_per_token(algorithm, full, model.params) / (6 * model.params)
+    update_equivalents = flops_per_token(algorithm, full, model.active) / (6 * model.active)
     compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
     comm = 0.0
     if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)

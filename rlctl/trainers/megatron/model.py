@@ -44,7 +44,7 @@ from torch import nn
 from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
 from rlctl.models.tensors import check_fit, check_tied, shapes_of
 from rlctl.trainers.megatron import cpu, names, pipeline
-from rlctl.trainers.megatron.rope import rope_args, yarn_config
+from rlctl.trainers.megatron.rope import moe_refusal, rope_args, yarn_config
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -85,9 +85,10 @@ def init_parallel(*, tp: int = 1, pp: int = 1) -> None:
 def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1, initialise: bool = True) -> Any:
     """megatron-core's TransformerConfig for an HF config (fp32, local modules, no dropout, no fusion); `initialise`
     False: its layers allocate their tensors and run no init method (`perform_initialization`)."""
+    names.check_split(c, tp, pp)
+    moe_refusal(c)
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    names.check_split(c, tp, pp)
     config = TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,

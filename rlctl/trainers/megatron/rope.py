@@ -1,5 +1,6 @@
-"""The RoPE scaling megatron-core 0.16.1's GPTModel runs, from an HF config's (`hf.RopeScaling`); imports nothing heavy,
-so that `rlctl check` refuses here what the trainer could not build.
+"""The RoPE scaling megatron-core 0.16.1's GPTModel runs, from an HF config's (`hf.RopeScaling`), and the models it
+is not built for (`moe_refusal`); imports nothing heavy, so that `rlctl check` refuses here what the trainer could not
+build.
 
     none     rotary_base θ alone
     linear   seq_len_interpolation_factor = factor (positions ÷ factor: the frequencies' ÷ factor)
@@ -77,3 +78,12 @@ def yarn_config(c: TinyGPTConfig) -> dict[str, Any]:
         "yarn_mscale_all_dim": s.mscale_all_dim if both else None,
         "yarn_correction_range_round_to_int": s.truncate is not False,
     }
+
+
+def moe_refusal(c: TinyGPTConfig) -> None:
+    """ValueError (one line) for a Qwen3MoE: rlctl builds megatron-core's dense GPTModel only (no MoE layers, router or
+    expert weights' names), so `c`'s experts would not be what it trains."""
+    if c.moe is not None:
+        raise ValueError(
+            "a Qwen3MoE's experts (rlctl builds megatron-core's dense GPTModel only); use trainer.backend 'torch'"
+        )

@@ -1,12 +1,13 @@
 """`rlctl launch` of a job on a Qwen3 checkpoint (per-head q/k RMSNorm, an explicit head_dim), on a Llama 3.1 one (its
 `llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass), on a Phi3 one
 (grouped-query attention; its file's q/k/v one `qkv_proj` and gate/up one `gate_up_proj`) and on a Mistral whose
-sliding_window binds as v0.1's does, at exactly the job's context (its longest prompt + max_output_tokens, which
-`rlctl check` passes): each runs its rollout units and trainer to the end, every prompt trained once and the weights
-moving, and the model a checkpoint holds keeps its architecture: its config.json the starting model's keys (the
-Mistral's window), its file the tensors transformers' class of it has (Phi3's fused ones), and transformers loads it
-and computes rlctl's logits over the job's whole context. The jobs train with the policy loss's aggregations (GRPO's
-per-sample mean, Dr. GRPO's constant normaliser, the token mean)."""
+sliding_window binds as v0.1's does, at exactly the job's context (its longest prompt + max_output_tokens, which `rlctl
+check` passes), and on a Qwen3MoE (routed experts, a dense layer): each runs its rollout units and trainer to the end,
+every prompt trained once and the weights moving, and the model a checkpoint holds keeps its architecture: its
+config.json the starting model's keys (the Mistral's window), its file the tensors transformers writes of it (Phi3's
+fused ones, a Qwen3MoE's experts one by one), and transformers loads it and computes rlctl's logits over the job's whole
+context. The jobs train with the policy loss's aggregations (GRPO's per-sample mean, Dr. GRPO's constant normaliser, the
+token mean)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ KEPT = (
     "num_key_value_heads",
     "tie_word_embeddings",
     "sliding_window",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "mlp_only_layers",
 )
 
 
@@ -45,9 +51,10 @@ KEPT = (
         ("tiny-llama3", "constant"),
         ("tiny-phi3", "token_mean"),
         ("tiny-mistral-window", "token_mean"),
+        ("tiny-qwen3moe", "token_mean"),
     ],
 )
-def test_a_job_on_a_qwen3_llama3_phi3_or_windowed_mistral_checkpoint_trains_and_checkpoints_its_architecture(
+def test_a_job_on_a_qwen3_llama3_phi3_windowed_mistral_or_moe_checkpoint_trains_and_checkpoints_its_architecture(
     tmp_path: Path, shape: str, aggregation: str
 ) -> None:
     transformers = pytest.importorskip("transformers")
@@ -76,10 +83,15 @@ def test_a_job_on_a_qwen3_llama3_phi3_or_windowed_mistral_checkpoint_trains_and_
     tokens = torch.arange(3, 3 + context).remainder(int(want["vocab_size"])).unsqueeze(0)
     ours = TinyGPT.from_pretrained(ckpt, context=context).eval()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
-    tied = {"lm_head.weight"} if want["tie_word_embeddings"] else set()
-    assert set(trained) == set(theirs.state_dict()) - tied  # the names transformers' class has, none left out
+    theirs.save_pretrained(tmp_path / "theirs")  # the names transformers writes, none left out (a MoE's experts apart)
+    assert set(trained) == set(load_state_dict(tmp_path / "theirs"))
     if shape == "tiny-mistral-window":  # binding (below max_position_embeddings), at the job's context exactly
         assert got["sliding_window"] == theirs.config.sliding_window == context < got["max_position_embeddings"]
+    if shape == "tiny-qwen3moe":  # the routers and the experts trained (each rank's gradient of every expert)
+        moved = {
+            k.split(".mlp.")[1].split(".")[0] for k in trained if ".mlp." in k and not torch.equal(trained[k], start[k])
+        }
+        assert {"gate", "experts", "gate_proj"} <= moved  # (gate_proj: the dense layer's)
     if shape == "tiny-phi3":
         fused = {k.rpartition(".")[0].rpartition(".")[2] for k in trained if k.startswith("model.layers.0.")}
         assert {"qkv_proj", "gate_up_proj"} <= fused and not fused & {"q_proj", "k_proj", "v_proj", "gate_proj"}

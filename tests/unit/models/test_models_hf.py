@@ -17,10 +17,10 @@ from rlctl.models.hf import (
     check_hf_dir,
     expected_shapes,
     file_shapes,
-    fused_for_file,
     match_weights,
     read_config,
     read_config_json,
+    safetensors_header,
     torch_dtype,
 )
 from rlctl.models.tensors import ModelTensors
@@ -28,14 +28,21 @@ from rlctl.models.tinygpt import TinyGPT, load_state_dict
 from rlctl.rl.samples import token_logprobs
 from rlctl.rl.schedule import policy_optimizer
 from tests.unit.fake_vllm import fake_vllm
-from tests.unit.hf_checkpoints import VARIANTS, WINDOWED, refused_in_one_line, write_checkpoint
+from tests.unit.hf_checkpoints import (
+    MOE,
+    VARIANTS,
+    WINDOWED,
+    as_transformers_holds,
+    refused_in_one_line,
+    write_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-5
 
 
-@pytest.fixture(params=list(VARIANTS))
+@pytest.fixture(params=[*VARIANTS, *MOE])
 def variant(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -70,7 +77,7 @@ def test_trainer_gradients_equal_transformers(variant: str, tmp_path: Path) -> N
     ref_grads = dict(ref.named_parameters())
     grads = {name: p.grad for name, p in model.named_parameters()}  # tied: one parameter, under the embedding's name
     assert all(g is not None for g in grads.values())
-    for name, g in fused_for_file(grads, model.config).items():  # (a Phi3's q/k/v as its qkv_proj: transformers')
+    for name, g in as_transformers_holds(grads, model.config).items():  # (a Phi3's qkv_proj, a MoE's 3-D experts)
         assert ref_grads[name].grad is not None
         torch.testing.assert_close(g, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
 
@@ -223,7 +230,7 @@ def _whole_then_filled(directory: Path, dtype: torch.dtype | None, context: int)
     return model
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, *WINDOWED])
+@pytest.mark.parametrize("variant", [*VARIANTS, *WINDOWED, *MOE])
 @pytest.mark.parametrize(
     ("saved", "loaded"),
     [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
@@ -267,9 +274,9 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
         and a.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
     )
     assert info.weight_files == [tmp_path / SAFETENSORS_FILE] and "tokenizer.json" in info.tokenizer_files
-    assert dict(file_shapes(info.config)) == {
-        k: tuple(v.shape) for k, v in ref.state_dict().items() if not (c.tie_word_embeddings and k == "lm_head.weight")
-    }
+    # the tensors transformers writes (a MoE's experts one by one, where its model holds them as one 3-D tensor)
+    header = safetensors_header(tmp_path / SAFETENSORS_FILE)
+    assert dict(file_shapes(info.config)) == {k: shape for k, (_, shape) in header.items()}
 
 
 @pytest.mark.parametrize(
@@ -658,8 +665,10 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow", "phi3-gqa"]
-)
+    "name",
+    ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow", "phi3-gqa",
+     "qwen3moe-dense1-hd32"],
+)  # fmt: skip
 def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
     """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
     though its model_type names the architecture as transformers' AutoModelForCausalLM reads it."""
@@ -680,8 +689,8 @@ def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(t
         check_hf_dir(tmp_path)
     assert str(e.value) == (
         f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
-        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"], ["MistralForCausalLM"] or '
-        '["Phi3ForCausalLM"], as the checkpoint\'s model is'
+        '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"], ["MistralForCausalLM"], '
+        '["Phi3ForCausalLM"] or ["Qwen3MoeForCausalLM"], as the checkpoint\'s model is'
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlctl.models.hf import MoeConfig
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import Sample
 from tests.unit.tiny_models import misfits
@@ -57,11 +58,18 @@ def run(
     return torch.load(out, weights_only=False)
 
 
-@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM"])  # Qwen3: sharded per-head q/k norms
+# Qwen3: sharded per-head q/k norms; Qwen3MoE: routed experts (top 1 of 16, layer 1 dense), some of which one rank's
+# tokens choose and the other's not: every expert's gradient is reduced on every rank all the same (versus a gloo
+# collective mismatch, one rank reducing more gradients than the other)
+MOE = MoeConfig(num_experts=16, num_experts_per_tok=1, moe_intermediate_size=32, mlp_only_layers=(1,))
+
+
+@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
 def inputs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
-    TinyGPT(dataclasses.replace(CFG, architecture=request.param)).save_pretrained(d / "model")
+    moe = MOE if request.param == "Qwen3MoeForCausalLM" else None
+    TinyGPT(dataclasses.replace(CFG, architecture=request.param, moe=moe)).save_pretrained(d / "model")
     torch.save(iterations(), d / "samples.pt")
     return d / "model", d / "samples.pt"
 

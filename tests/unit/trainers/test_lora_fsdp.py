@@ -66,3 +66,27 @@ def test_a_lora_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[Pat
     saved = load_state_dict(job / "iter-2" / "model")  # the merged model as published at iteration 2
     assert saved.keys() == {k for k in ran["weights"][1] if k != "lm_head.weight"}
     assert all(torch.equal(saved[k], ran["weights"][1][k]) for k in saved)
+
+
+def test_sharded_lora_steps_on_a_moe_equal_the_unsharded(tmp_path: Path) -> None:
+    """A Qwen3MoE (top 1 of 16 experts: some chosen by one rank's tokens and not the other's) with adapters on every
+    projection, its experts' too, the router frozen: every expert's adapters get a gradient on every rank, so the
+    sharded steps equal the unsharded ones (versus a gloo collective mismatch: `SparseMoE` ran the chosen experts
+    alone where its router wanted no gradient)."""
+    from tests.unit.trainers.test_fsdp import MOE
+
+    torch.manual_seed(0)
+    TinyGPT(dataclasses.replace(CFG, architecture="Qwen3MoeForCausalLM", moe=MOE)).save_pretrained(tmp_path / "model")
+    torch.save(iterations(), tmp_path / "samples.pt")
+    model, samples = tmp_path / "model", tmp_path / "samples.pt"
+    whole = run(tmp_path, world=1, phase="run", job=tmp_path / "job1", model=model, samples=samples, lora=LORA)
+    sharded = run(tmp_path, world=2, phase="run", job=tmp_path / "job2", model=model, samples=samples, lora=LORA)
+    start = TinyGPT.from_pretrained(model).hf_weights()
+    for it in range(3):
+        for name, w in whole["weights"][it].items():
+            step = (w - start[name]).abs().max()
+            torch.testing.assert_close(sharded["weights"][it][name], w, atol=1e-6 + 1e-3 * float(step), rtol=1e-4)
+    assert sharded["grad_norms"] == pytest.approx(whole["grad_norms"], rel=1e-4)
+    expert, router = "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.mlp.gate.weight"
+    last = sharded["weights"][2]
+    assert not torch.equal(start[expert], last[expert]) and torch.equal(start[router], last[router])  # (frozen)
