@@ -101,14 +101,17 @@ def longrope(frequencies: int, *, seed: int = 0, **extra: Any) -> dict[str, Any]
     return {"type": "longrope", "short_factor": short, "long_factor": long, **extra}
 
 
-def phi3(directory: Path, *, partial: float = 1.0, legacy: bool = False, seed: int = 0, **extra: Any) -> Any:
+def phi3(
+    directory: Path, *, partial: float = 1.0, legacy: bool = False, seed: int = 0, scaled: bool = True, **extra: Any
+) -> Any:
     """A random fp32 Phi3ForCausalLM with longrope (hidden 64, 2 heads of 32, 1 KV head, 128 positions, pretrained
-    on 32, `extra` keys in its entry), RoPE on `partial` of each head (Phi-4-mini's 0.75), saved by transformers 5
-    (`rope_parameters`; `legacy`: rewritten as the Phi-3/Phi-4-mini files have it, `rope_scaling` with θ,
-    original_max_position_embeddings and partial_rotary_factor at the top). Returns the model."""
+    on 32, `extra` keys in its entry; not `scaled`: default RoPE, no rope_scaling), RoPE on `partial` of each head
+    (Phi-4-mini's 0.75), saved by transformers 5 (`rope_parameters`; `legacy`: rewritten as the Phi-3/Phi-4-mini files
+    have it, `rope_scaling` with θ, original_max_position_embeddings and partial_rotary_factor at the top). Returns
+    the model."""
     import transformers
 
-    rope = longrope(int(HEAD_DIM * partial) // 2, seed=seed, **extra)
+    rope = longrope(int(HEAD_DIM * partial) // 2, seed=seed, **extra) if scaled else None
     config = transformers.Phi3Config(
         vocab_size=96,
         hidden_size=64,
@@ -122,7 +125,7 @@ def phi3(directory: Path, *, partial: float = 1.0, legacy: bool = False, seed: i
         partial_rotary_factor=partial,
         pad_token_id=0,
         eos_token_id=2,
-        rope_scaling=dict(rope),
+        rope_scaling=None if rope is None else dict(rope),
     )
     torch.manual_seed(seed)
     model = transformers.Phi3ForCausalLM(config).eval()
@@ -133,7 +136,8 @@ def phi3(directory: Path, *, partial: float = 1.0, legacy: bool = False, seed: i
                     0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
     model.save_pretrained(directory)
     cfg = json.loads((directory / "config.json").read_text())
-    assert cfg["rope_parameters"]["rope_type"] == "longrope" and cfg["original_max_position_embeddings"] == 32
+    assert cfg["rope_parameters"]["rope_type"] == ("longrope" if scaled else "default")
+    assert cfg["original_max_position_embeddings"] == 32
     if legacy:
         del cfg["rope_parameters"]
         cfg |= {"rope_theta": THETA, "rope_scaling": rope, "partial_rotary_factor": partial}

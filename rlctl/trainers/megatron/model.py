@@ -7,8 +7,9 @@ trains.
     MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
-the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) and its linear,
-Llama 3.1 or yarn scaling (`rope.py`: megatron fixes llama3's bands at Llama 3.1's; others refused), grouped-query
+the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads) or a Phi3's first
+partial_rotary_factor of it (`rotary_percent`), and its linear, Llama 3.1 or yarn scaling (`rope.py`: megatron fixes
+llama3's bands at Llama 3.1's; longrope and others refused), grouped-query
 attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama/Qwen3
 `attention_bias`), Qwen3's per-head q/k RMSNorm before RoPE (`qk_layernorm`: the local spec's q_layernorm and
 k_layernorm over head_dim, eps rms_norm_eps), no other linear bias except o_proj's under `attention_bias` (megatron's
@@ -198,7 +199,7 @@ class StagedGPT(nn.Module):
                 # the trunk has no output layer, so no copy of the embedding on the last stage to keep in step
                 share_embeddings_and_output_weights=c.tie_word_embeddings and self.logits,
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
-                **rope_args(c),  # RoPE, scaled linear, as Llama 3.1 or yarn (rope.py)
+                **rope_args(c),  # RoPE (on part of each head), scaled linear, as Llama 3.1 or yarn (rope.py)
             )
         if not initialise:
             _mark_tensor_parallel(self.gpt)

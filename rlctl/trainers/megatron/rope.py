@@ -6,8 +6,12 @@ build.
     linear   seq_len_interpolation_factor = factor (positions ÷ factor: the frequencies' ÷ factor)
     llama3   rope_scaling=True, rope_scaling_factor = factor; its low/high frequency factors and pretraining context
              are fixed in RotaryEmbedding._apply_scaling at Llama 3.1's (1, 4, 8192): a config with others is refused
-    longrope refused (megatron-core has none; the torch backend runs it), as RoPE on part of a head (a Phi3's
-             partial_rotary_factor)
+    longrope refused (megatron-core has none; the torch backend runs it)
+
+RoPE on part of each head (a Phi3's partial_rotary_factor, Phi-4-mini's 0.75) is GPTModel's `rotary_percent`:
+RotaryEmbedding's frequencies over int(head_dim × fraction) dimensions, which `_apply_rotary_pos_emb_bshd` rotates
+(rotate_half within them) and the rest passed as they are, as transformers' Phi3 does. rlctl reads that fraction for
+a Phi3 alone, whose RoPE is default or longrope, so no other scaling meets it here.
     yarn     position_embedding_type 'yarn' (YarnRotaryEmbedding: transformers' ramp, defaults and truncation), its
              numbers read off the TransformerConfig as `yarn_*` attributes (`yarn_config`: no config class of
              megatron-core declares them); cos and sin × the attention factor megatron-core computes from factor,
@@ -33,11 +37,9 @@ def rope_args(c: TinyGPTConfig) -> dict[str, Any]:
             "RoPE 'longrope' (short_factor and long_factor per frequency) is not in megatron-core 0.16.1; use "
             "trainer.backend 'torch' for this model"
         )
-    if c.partial_rotary_factor != 1:
-        raise ValueError(
-            f"RoPE on part of each head (partial_rotary_factor {c.partial_rotary_factor:g}) is not built on "
-            "megatron-core here; use trainer.backend 'torch' for this model"
-        )
+    if c.partial_rotary_factor != 1:  # (the loaders take it for a Phi3 alone: default RoPE or longrope)
+        assert s is None, s
+        return {"position_embedding_type": "rope", "rotary_percent": c.partial_rotary_factor}
     if s is None:
         return {"position_embedding_type": "rope"}
     if s.kind == "linear":

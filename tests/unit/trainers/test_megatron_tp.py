@@ -25,7 +25,8 @@ RANK = Path(__file__).with_name("megatron_tp_rank.py")
 # embeddings (vocab-parallel on both ends) with Llama's o_proj bias (whole on every rank of a row-parallel layer);
 # Qwen3's per-head q/k norms (whole on every rank, each rank's gradient its own heads' part); Phi3's fused qkv_proj and
 # gate_up_proj in its file (each rank's query groups and gate/up rows cut from them); the first with yarn RoPE (each
-# rank's heads rotated by YarnRotaryEmbedding's tables), its 24 positions past a pretraining context of 8
+# rank's heads rotated by YarnRotaryEmbedding's tables), its 24 positions past a pretraining context of 8; and the Phi3
+# with RoPE on 0.75 of each head, as Phi-4-mini (each rank's heads rotated on their first 24 of 32 dimensions)
 VARIANTS = ["llama-hd64-eos3", "llama-bias-tied", "qwen3-bias-hd32", "phi3-gqa"]
 
 
@@ -37,6 +38,8 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
         write_checkpoint(variant, path, pad_token_id=PAD)  # (the embedding's pad row: no gradient from its tokens)
     write_checkpoint(VARIANTS[0], tmp_path / "yarn", pad_token_id=PAD)
     checkpoints.append(with_rope(tmp_path / "yarn", YARN_8))
+    write_checkpoint("phi3-gqa", tmp_path / "partial", pad_token_id=PAD)
+    checkpoints.append(with_rope(tmp_path / "partial", {"partial_rotary_factor": 0.75}))
     procs = spawn_ranks(
         RANK, world=2, tp=2, pp=1, rendezvous=tmp_path / "rendezvous", out=lambda r: tmp_path / f"rank{r}.json",
         checkpoints=checkpoints,
