@@ -43,6 +43,7 @@ from rlctl.profiler.profile import GenerationEntry
 from rlctl.trainers.base import BACKENDS, megatron_available
 
 if TYPE_CHECKING:  # torch: imported where a measurement runs
+    from rlctl.models.hf import TinyGPTConfig
     from rlctl.profiler.measure_train import TrainMeasurement
 
 ENGINES = ("embedded", "vllm")
@@ -158,6 +159,14 @@ def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
         )
 
 
+def probe_positions(config: TinyGPTConfig) -> int:
+    """The longest sequence the probe runs the model on: the longest a job may ask of it (`rlctl check`,
+    rlctl.planner.context), max_positions, held to a Mistral's binding sliding_window (`hf.window_refusal`) and to a
+    longrope model's pretraining context (`rope.longrope_refusal`: past it engines and trainer switch factors apart)."""
+    held = (config.max_positions, config.binding_window, config.longrope_context)
+    return min(p for p in held if p is not None)
+
+
 def contexts_for(max_positions: int) -> list[int]:
     """The local grid's contexts that fit the model's positions (at least one: half of them)."""
     fit = [c for c in LOCAL_CONTEXTS if c + CONTEXT_MARGIN <= max_positions]
@@ -180,7 +189,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     compute = compute_for(spec.device)  # a GPU site whose host cannot use CUDA stops here, in one line
     torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot on a CPU site
     config = TinyGPTConfig() if spec.checkpoint is None else read_config(spec.checkpoint)
-    positions = config.binding_window or config.max_positions  # (a Mistral's window: no longer sequence)
+    positions = probe_positions(config)
     if compute.is_cuda:
         contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= positions] or [16]
         batches, clock, clock_name = GPU_BATCHES, cuda_clock, "wall"
@@ -198,6 +207,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
                 batch_sizes=batches,
                 kv_capacity_tokens=spec.kv_capacity_tokens,
                 clock=clock,
+                context=config.longrope_context,  # (its max_model_len; None: vLLM's own, as a job's without one)
             )
         else:  # the embedded engine attends over the batch's max length (padded attention)
             entry = measure_generation(

@@ -132,6 +132,38 @@ def test_measure_here_measures_each_engine_and_a_training_step(
     assert out["training"]["gpu_s_per_token"] == 3e-5
 
 
+def test_a_longrope_models_probe_stays_within_its_pretraining_context(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A longrope Phi3 of 128 positions pretrained on 32 (original_max_position_embeddings): the probe's contexts,
+    its embedded engine's model and vLLM's max_model_len are held to 32, as a job's are (`rlctl check`:
+    `rope.longrope_refusal`), versus contexts [16, 64] on a model built for 80 tokens, which the embedded engine
+    refuses (engines and trainer would switch to long_factor apart), and vLLM's max_model_len 128."""
+    pytest.importorskip("transformers")
+    from tests.unit.rope_checkpoints import LONGROPE_CONTEXT, phi3
+
+    phi3(tmp_path / "ckpt", partial=0.75)
+    checkpoint = str(tmp_path / "ckpt")
+    asked: list[Any] = []
+
+    def fake_vllm(path: str, *, contexts: list[int], context: int | None, **kw: Any) -> GenerationEntry:
+        asked.append((contexts, context))
+        return entry(2e-3)
+
+    def fake_train(*args: Any, **kw: Any) -> Any:
+        return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
+
+    monkeypatch.setattr(probe, "vllm_available", lambda: None)
+    monkeypatch.setattr(probe, "measure_vllm", fake_vllm)
+    monkeypatch.setattr(measure_train, "measure_training", fake_train)
+    monkeypatch.setattr(probe, "LOCAL_BATCHES", [1, 2])  # (the embedded engine measured for real, on 2 batches)
+    out = probe.measure_here(spec(engines=("embedded", "vllm"), checkpoint=checkpoint))
+    (embedded, _) = [GenerationEntry.model_validate(g) for g in out["generation"]]
+    assert embedded.contexts == [16] and embedded.batch_sizes == [1, 2]  # 16 + a margin of 16 fits 32; 64 does not
+    assert asked == [([16], LONGROPE_CONTEXT)]  # vLLM's max_model_len: 32
+    assert probe.probe_positions(TinyGPT.from_pretrained(checkpoint).config) == 32
+
+
 def test_contexts_fit_the_models_positions() -> None:
     assert probe.contexts_for(320) == [16, 64, 160]
     assert probe.contexts_for(40) == [16]
