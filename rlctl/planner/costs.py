@@ -98,7 +98,9 @@ class TrainWorkload:
     tokens: float  # trained tokens per iteration (prompt + output, all samples)
     samples: int
     micro_batch_samples: int
-    grad_bytes: float  # bytes all-reduced across DP per optimizer step (bf16 grads of trained models)
+    # the trained parameters' gradients as data-parallel ranks sum them: fp32, 4 B a parameter, in each backend
+    # and sharding (`dp_reduced_bytes`)
+    grad_bytes: float
     # the job's passes relative to those the profile's seconds per token include (traincost.forward_units)
     pass_scale: float = 1.0
     mini_batches: int = 1  # optimizer steps per epoch: a cut holds the samples of one mini-batch at most
@@ -106,6 +108,8 @@ class TrainWorkload:
     # the trainer shards every rank's state over the dp ranks where a replica does not fit (`shards_state`: torch's
     # FSDP2); megatron does not
     shards_state: bool = True
+    # trainer.shard 'fsdp': FSDP2 at every dp > 1, not only where a replica does not fit one GPU (`runs_fsdp`)
+    shards_always: bool = False
     # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
     gathered_bytes: float = 0.0
 
@@ -164,6 +168,27 @@ def runs_fsdp(backend: str, *, shard: str, tp: int, pp: int, dp: int, entry: Tra
     return shard == "fsdp" or not replica_fits(entry, hbm_bytes=hbm_bytes)
 
 
+def step_cuts(w: TrainWorkload) -> tuple[int, int]:
+    """An optimizer step's cuts (one forward and backward each) and the rows of each: `micro_batch_samples`, fewer
+    when a mini-batch holds fewer (`rlctl.rl.cuts`; a cut's token budget is not priced)."""
+    step_samples = math.ceil(w.samples / w.mini_batches)
+    rows = min(w.micro_batch_samples, step_samples)
+    return math.ceil(step_samples / rows), rows
+
+
+def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool) -> float:
+    """The gradient bytes a data-parallel rank hands its collectives each optimizer step. Unsharded, its tp × pp
+    shard's fp32 gradients, all-reduced once after the step's last backward (`rlctl.rl.gradsum.sum_gradients`: the
+    torch trainer's and megatron's, which runs without megatron's DDP; its parameters are fp32). FSDP2 (`fsdp`,
+    `runs_fsdp`) reduce-scatters the gradients in its reduce dtype (fp32: `rlctl.trainers.fsdp.shard`) in every
+    backward, so once a cut (`step_cuts`): the learner accumulates over cuts without holding gradient sync off."""
+    if dp < 2:
+        return 0.0
+    if fsdp:
+        return w.grad_bytes * step_cuts(w)[0]
+    return w.grad_bytes / (tp * pp)
+
+
 def train_time_s(
     entry: TrainingEntry,
     dp: int,
@@ -174,7 +199,7 @@ def train_time_s(
     hosts: int | None = None,
 ) -> float:
     """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut, plus a DP
-    gradient all-reduce and the optimizer's bookkeeping per optimizer step.
+    gradient reduction (`dp_reduced_bytes`) and the optimizer's bookkeeping per optimizer step.
 
     The bubble is the schedule the megatron backend runs (rlctl.trainers.megatron.pipeline): GPipe within
     each cut, whose rows on a data-parallel rank go through the pp stages in m = `pipeline_chunks` chunks,
@@ -191,17 +216,23 @@ def train_time_s(
     # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
     # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows
     # take none (FSDP2's run a row of weight 0) and shorten nothing
-    cut_rows = min(w.micro_batch_samples, math.ceil(w.samples / w.mini_batches))
+    cut_rows = step_cuts(w)[1]
     chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
     bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
     busy = entry.tp * entry.pp * min(dp, cut_rows)
     compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble)
     sync = 0.0
     if dp > 1:
-        shard = w.grad_bytes / (entry.tp * entry.pp)
+        fsdp = (
+            w.shards_state
+            and entry.tp * entry.pp == 1
+            and (w.shards_always or not replica_fits(entry, hbm_bytes=site.hbm_bytes))
+        )
+        reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
         per_gpu_bw = node_bytes_per_s / site.gpus_per_node if across else 300e9
-        sync = 2 * (dp - 1) / dp * shard / per_gpu_bw
+        # a ring all-reduce sends and receives 2 (dp − 1)/dp of the bytes; a reduce-scatter (FSDP2's) half that
+        sync = (1 if fsdp else 2) * (dp - 1) / dp * reduced / per_gpu_bw
     return compute + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
 

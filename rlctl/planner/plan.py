@@ -314,11 +314,12 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
 
 def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: float) -> TrainWorkload:
     """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`). The gradients
-    all-reduced over dp each optimizer step: the trained models' in bf16, or with LoRA the adapters' alone, in fp32
-    as they are trained (`rlctl.rl.learner` sums the trained parameters': the frozen policy's have none)."""
+    summed over dp (`costs.dp_reduced_bytes`): the trained models', or with LoRA the adapters' alone, in fp32 as every
+    backend holds and reduces them (`rlctl.rl.learner` sums the trained parameters': the frozen policy's have none;
+    FSDP2 reduces in fp32 too)."""
     spec = job.spec
     adapters = tcost["lora_adapter_params"]
-    grad_bytes = 4 * adapters if adapters else arch.params * 2 * trained_models(spec.algorithm.kind)
+    grad_bytes = 4 * (adapters or arch.params * trained_models(spec.algorithm.kind))
     sharded = shards_state(spec.trainer.backend, shard=spec.trainer.shard)
     return TrainWorkload(
         tokens,
@@ -329,6 +330,7 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
         shards_state=sharded,
+        shards_always=spec.trainer.shard == "fsdp",
         gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
     )
 

@@ -3,6 +3,7 @@ planner and the simulator use it (profile scaling, streamed vs at-step work, opt
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,11 @@ from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import (
     TRAIN_STEP_OVERHEAD_S,
     TrainWorkload,
+    dp_reduced_bytes,
     fsdp_gathered_bytes,
     rank_bytes,
     shards_state,
+    step_cuts,
     train_curve,
     train_time_s,
 )
@@ -98,13 +101,49 @@ def test_optimizer_steps_and_scale_enter_the_trainer_time() -> None:
     one = TrainWorkload(1e6, 512, 32, P7 * 2)
     t1 = train_time_s(e, 4, one, site=site, node_bytes_per_s=25e9)
     t_scaled = train_time_s(e, 4, TrainWorkload(1e6, 512, 32, P7 * 2, pass_scale=2.0), site=site, node_bytes_per_s=25e9)
-    t_steps = train_time_s(
-        e, 4, TrainWorkload(1e6, 512, 32, P7 * 2, mini_batches=4, optimizer_steps=4), site=site, node_bytes_per_s=25e9
-    )
+    steps = TrainWorkload(1e6, 512, 32, P7 * 2, mini_batches=4, optimizer_steps=4)
+    t_steps = train_time_s(e, 4, steps, site=site, node_bytes_per_s=25e9)
     compute = 1e6 * e.gpu_s_per_token / 4
     assert t_scaled - t1 == pytest.approx(compute)
-    sync_and_step = t1 - compute
-    assert t_steps - t1 == pytest.approx(3 * sync_and_step)  # pp = 1: no bubble to grow
+    # a tp 1 replica does not fit an H800: FSDP2 reduce-scatters once a cut, 16 cuts of 32 rows however many steps
+    # they make, so the steps add their overhead alone
+    assert t_steps - t1 == pytest.approx(3 * TRAIN_STEP_OVERHEAD_S)  # pp = 1: no bubble to grow
+    # a whole tp 2 replica (megatron's) all-reduces its gradients once an optimizer step
+    tp2 = next(x for x in site.training if (x.tp, x.pp) == (2, 1))
+    whole, whole_steps = (dataclasses.replace(w, shards_state=False) for w in (one, steps))
+    t1 = train_time_s(tp2, 4, whole, site=site, node_bytes_per_s=25e9)
+    sync_and_step = t1 - 1e6 * tp2.gpu_s_per_token / 8
+    assert train_time_s(tp2, 4, whole_steps, site=site, node_bytes_per_s=25e9) - t1 == pytest.approx(3 * sync_and_step)
+
+
+def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces() -> None:
+    """Every backend sums fp32 gradients, 4 B a parameter (test_dp_grad_bytes.py counts them in a gloo step), where
+    the planner priced bf16's 2: a whole replica (megatron's tp 2 split, the torch trainer unsharded) all-reduces them
+    once an optimizer step; FSDP2 reduce-scatters them in every backward, 32 cuts of 1,024 samples, where it was
+    priced as one all-reduce. 16 H800s over 2 nodes of 50 GB/s: 6.25 GB/s a GPU."""
+    gpu_bw = 50e9 / 8
+
+    def sync_s(model: str, tp: int, dp: int, w: TrainWorkload) -> float:
+        """The seconds `w`'s gradients add to a step of `model` at tp × dp H800s."""
+        site = analytical_profile(BUILTIN_MODELS[model], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
+        e = next(x for x in site.training if (x.tp, x.pp) == (tp, 1))
+        none = dataclasses.replace(w, grad_bytes=0.0)
+        t, t_none = (train_time_s(e, dp, x, site=site, node_bytes_per_s=50e9) for x in (w, none))
+        return t - t_none
+
+    w = TrainWorkload(1e6, 1024, 32, 4 * P7)
+    assert step_cuts(w) == (32, 32)
+    assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True) == 32 * 4 * P7
+    assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(32 * 15 / 16 * 4 * P7 / gpu_bw)  # 146 s (4.6 s before)
+    whole = dataclasses.replace(w, shards_state=False)
+    assert dp_reduced_bytes(whole, tp=2, pp=1, dp=8, fsdp=False) == 4 * P7 / 2
+    assert sync_s("qwen2.5-7b", 2, 8, whole) == pytest.approx(2 * 7 / 8 * 2 * P7 / gpu_bw)  # 4.3 s (2.1 s before)
+    # a 4B replica fits an H800 whole: `auto` all-reduces it once a step, `trainer.shard: fsdp` reduce-scatters a cut
+    p4 = BUILTIN_MODELS["qwen3-4b"].params
+    auto = TrainWorkload(1e6, 1024, 32, 4 * p4)
+    assert sync_s("qwen3-4b", 1, 16, auto) == pytest.approx(2 * 15 / 16 * 4 * p4 / gpu_bw)
+    forced = dataclasses.replace(auto, shards_always=True)
+    assert sync_s("qwen3-4b", 1, 16, forced) == pytest.approx(32 * 15 / 16 * 4 * p4 / gpu_bw)
 
 
 def test_data_parallel_ranks_beyond_a_cuts_rows_shorten_nothing() -> None:

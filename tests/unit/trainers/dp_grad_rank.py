@@ -1,0 +1,65 @@
+"""One rank of test_dp_grad_bytes.py, as its own process:
+
+    python tests/unit/trainers/dp_grad_rank.py RANK WORLD RENDEZVOUS BACKEND MODEL SAMPLES.pt MICRO OUT.pt
+
+Forms a gloo group of WORLD CPU ranks, loads BACKEND ('torch', 'fsdp': the torch backend sharded with FSDP2, or
+'megatron' at tp = pp = 1) on the HF checkpoint MODEL and the GRPO learner on it as the trainer agent does
+(`make_learner`, micro-batches of MICRO rows): rank 0 adds the samples and steps once, the other ranks follow its
+broadcasts. Every call of `torch.distributed.all_reduce` and `reduce_scatter_single` (what `rlctl.rl.gradsum` and
+FSDP2 hand their gradients to) is recorded as it is made. OUT.pt: [(collective, dtype, bytes of its input)].
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.unit.rank_end import end_rank
+
+
+def record(calls: list[tuple[str, str, int]], name: str, pick: Callable[..., torch.Tensor]) -> None:
+    """Wrap `torch.distributed.<name>` so that each call appends (name, dtype, bytes of the tensor `pick` takes)."""
+    real = getattr(dist, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        t = pick(*args, **kwargs)
+        calls.append((name, str(t.dtype), t.numel() * t.element_size()))
+        return real(*args, **kwargs)
+
+    setattr(dist, name, counted)
+
+
+def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, samples: Path, micro: int, out: Path) -> None:
+    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.pipeline import Batch
+    from rlctl.rl.learner import make_learner
+    from rlctl.trainers.base import load_backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    backend = load_backend("megatron" if kind == "megatron" else "torch", model, shard=kind == "fsdp")
+    batch = Batch(samples_per_prompt=4, train_micro_batch_samples=micro)
+    learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), batch, ref=None)
+    calls: list[tuple[str, str, int]] = []
+    record(calls, "all_reduce", lambda tensor, *a, **k: tensor)
+    record(calls, "reduce_scatter_single", lambda output, input, *a, **k: input)
+    if rank > 0:
+        learner.follow()
+    else:
+        for s in torch.load(samples, weights_only=False):
+            learner.add(s)
+        learner.step()
+        learner.stop_followers()
+    torch.save(calls, out)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(int(a[0]), int(a[1]), Path(a[2]), a[3], Path(a[4]), Path(a[5]), int(a[6]), Path(a[7]))
+    end_rank()  # not through finalization (tests/unit/rank_end.py)
