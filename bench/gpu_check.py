@@ -72,7 +72,7 @@ from bench.gpu_engine import (
 )
 from rlctl.devices import compute_for, torch_build
 from rlctl.hardware import CATALOG
-from rlctl.models.hf import check_hf_dir
+from rlctl.models.hfdir import check_hf_dir
 from rlctl.models.tinygpt import TinyGPT
 
 REPO = Path(__file__).resolve().parents[1]

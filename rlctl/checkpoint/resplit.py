@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from rlctl.launch.agentenv import ParallelConfig
-from rlctl.models.hf import TinyGPTConfig, expected_shapes
+from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hfnames import expected_shapes
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.names import Stage
 

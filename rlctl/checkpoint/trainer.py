@@ -60,7 +60,7 @@ from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_spa
 from rlctl.errors import CheckpointError, ConfigError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
-from rlctl.models import hf
+from rlctl.models import hf, hfdir, hfnames
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
@@ -188,7 +188,7 @@ class HostPolicy:
         self.config = config
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        return hf.write_pretrained(
+        return hfdir.write_pretrained(
             directory, self.state, self.config, tokenizer_from=tokenizer_from, declared_dtype=self.config.torch_dtype
         )
 
@@ -562,7 +562,7 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
     (`rlctl.models.tensors.check_fit`: another model's checkpoint), versus a ValueError's traceback (or, sharded, a
     missing tensor alone refused; megatron, a KeyError's)."""
     file, config = CheckpointTensors(directory), hf.read_config(directory)
-    only = hf.match_weights(file.shapes(), config, where=str(directory))
+    only = hfnames.match_weights(file.shapes(), config, where=str(directory))
     tensors = ModelTensors(file, config, only=only)  # (a Phi3 file's fused tensors under the model's names)
     try:
         if isinstance(model, TinyGPT):

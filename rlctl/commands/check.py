@@ -108,7 +108,7 @@ def staged_model_bytes(spec: JobFile) -> float:
     declares the job's dtype and may hold fp32 tensors, `HfModelInfo.weight_file_bytes`), else the declared dtype's
     bytes (a builtin model is written in it)."""
     from rlctl.config.model import HfModel
-    from rlctl.models.hf import check_hf_dir
+    from rlctl.models.hfdir import check_hf_dir
 
     if isinstance(spec.model, HfModel):
         return float(check_hf_dir(spec.model.path, name=spec.model.name).weight_file_bytes)

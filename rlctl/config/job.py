@@ -195,13 +195,13 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             )
     inventory = _inventories(path, spec, inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
-        from rlctl.models.hf import check_hf_dir
+        from rlctl.models.hfdir import check_hf_dir
 
         model_dir = Path(os.path.normpath(path.parent / _home(path, "model.path", spec.model.path)))
         try:
             check_hf_dir(model_dir, name=spec.model.name)
         except ConfigError as e:
-            from rlctl.models.hf import hub_id_hint
+            from rlctl.models.hfdir import hub_id_hint
 
             hint = hub_id_hint(spec.model.path, model_dir)
             raise ConfigError(str(path), "model.path", str(e), hint=hint) from e

@@ -114,7 +114,7 @@ class ArchModel(ArchFigures):
 class HfModel(Strict):
     """A local Hugging Face checkpoint directory (Qwen3, Qwen3MoE, Qwen2, Llama, Mistral or Phi3 architecture):
     config.json, safetensors (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks
-    the directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
+    the directory (rlctl.models.hfdir.check_hf_dir) and the planner's figures come from its config.json."""
 
     kind: Literal["hf"]
     path: str
@@ -139,7 +139,7 @@ class HfModel(Strict):
 
     @property
     def arch(self) -> ModelArch:
-        from rlctl.models.hf import check_hf_dir
+        from rlctl.models.hfdir import check_hf_dir
 
         return check_hf_dir(self.path, name=self.name).arch
 

@@ -1,7 +1,7 @@
 """Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1, Mistral and Phi-4
 dense, Qwen3-30B-A3B's MoE, the demo model).
 
-An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
+An HF checkpoint directory's figures come from its config.json: `rlctl.models.hfdir.check_hf_dir`.
 """
 
 from __future__ import annotations

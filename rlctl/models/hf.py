@@ -1,11 +1,7 @@
-"""Hugging Face checkpoint directories of Llama, Qwen2, Qwen3, Qwen3MoE, Mistral and Phi3 decoders: the model config
-(`TinyGPTConfig`, validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
-
-    <dir>/config.json                   HF keys; anything the model would compute differently is refused
-    <dir>/model.safetensors             one weight file, or
-    <dir>/model.safetensors.index.json  {"weight_map": {tensor: shard}} + model-0000i-of-0000n.safetensors
-    <dir>/pytorch_model.bin             only where the `safetensors` package is missing (weights_only load)
-    <dir>/tokenizer.json, …             never read; `copy_tokenizer_files` carries them to a new directory
+"""An HF checkpoint's config.json of Llama, Qwen2, Qwen3, Qwen3MoE, Mistral and Phi3 decoders: `TinyGPTConfig`,
+validated from it (`read_config`, `TinyGPTConfig.from_hf`: anything the model would compute differently is refused)
+and written back (`TinyGPTConfig.to_hf`). The directory's other files: `rlctl.models.weightfiles` (the weight files),
+`rlctl.models.hfnames` (the tensors' names and shapes), `rlctl.models.hfdir` (writing a directory, `check_hf_dir`).
 
 Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on q, k, v; none on o),
 Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim]; `attention_bias` as Llama's;
@@ -14,7 +10,7 @@ and v0.1, whose `sliding_window` 4096 is below its `max_position_embeddings` 327
 last `window` tokens only, which binds on no sequence of at most `window` tokens, so a job whose context is that short
 runs it: `window_refusal`; `sliding_window` written back as read), Phi3ForCausalLM (Phi-3-mini/medium, Phi-4:
 Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one `qkv_proj` and gate/up as one
-`gate_up_proj`, split on reading and fused on writing: `fusions`), Qwen3MoeForCausalLM (Qwen3-30B-A3B, 235B-A22B:
+`gate_up_proj`, split on reading, fused on writing: `hfnames.fusions`), Qwen3MoeForCausalLM (Qwen3-30B-A3B, 235B-A22B:
 Qwen3's attention with routed experts in the layers `MoeConfig.sparse` names, each expert's gate/up/down a tensor of its
 own in the file, as transformers 5 writes and reads them), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
@@ -29,19 +25,13 @@ MLP bias, activations other than SiLU, quantized weights.
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
 as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
 written back as read (`Phi3Extras`); the other architectures' exports write none (their config classes read 0.0).
-
-Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
-names and shapes read from the safetensors headers) can run without it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,29 +46,10 @@ if TYPE_CHECKING:
     import torch
 
 CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
-SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "tokenizer.model.v3",  # Mistral's own tokenizer files, beside its tokenizer.json
-    "tekken.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
-TOKENIZER_DIRS = ("additional_chat_templates",)  # transformers' named chat templates (its default.jinja: the one used)
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 MISTRAL, PHI3, QWEN3_MOE = "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"
 MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3", QWEN3_MOE: "qwen3_moe"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096, QWEN3_MOE: 32768}
 # sliding_window where config.json has no such key: MistralConfig's (v0.1's), Phi3Config's none
 _HF_DEFAULT_WINDOW = {MISTRAL: 4096, PHI3: None}
@@ -90,7 +61,6 @@ _HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1, PHI3: 1}
 _HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2, PHI3: 32000}
 _HF_DEFAULT_PAD = {PHI3: 32000}
 _HF_DEFAULT_RMS_EPS = {PHI3: 1e-5}  # the others' 1e-6
-_MAX_HEADER_BYTES = 100 << 20
 ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
 
 
@@ -301,109 +271,6 @@ def torch_dtype(c: TinyGPTConfig) -> torch.dtype:
     return dtype
 
 
-def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape of a checkpoint of `c`, in HF order (no lm_head when embeddings are tied)."""
-    h, i = c.hidden_size, c.intermediate_size
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h)}
-    for n in range(c.num_hidden_layers):
-        p = f"model.layers.{n}."
-        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            out[f"{p}self_attn.{proj}.weight"] = (rows, h)
-            if c.qkv_bias:
-                out[f"{p}self_attn.{proj}.bias"] = (rows,)
-        out[f"{p}self_attn.o_proj.weight"] = (h, q)
-        if c.attention_bias:
-            out[f"{p}self_attn.o_proj.bias"] = (h,)
-        if c.qk_norm:
-            out |= {f"{p}self_attn.q_norm.weight": (c.head_dim,), f"{p}self_attn.k_norm.weight": (c.head_dim,)}
-        if c.moe is not None and c.moe.sparse(n):  # (a file's per-expert names: what transformers 5 writes and reads)
-            m = c.moe.moe_intermediate_size
-            out[f"{p}mlp.gate.weight"] = (c.moe.num_experts, h)
-            for e in range(c.moe.num_experts):
-                x = f"{p}mlp.experts.{e}."
-                out |= {f"{x}gate_proj.weight": (m, h), f"{x}up_proj.weight": (m, h), f"{x}down_proj.weight": (h, m)}
-        else:
-            out |= {
-                f"{p}mlp.gate_proj.weight": (i, h),
-                f"{p}mlp.up_proj.weight": (i, h),
-                f"{p}mlp.down_proj.weight": (h, i),
-            }
-        out |= {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
-    out["model.norm.weight"] = (h,)
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, h)
-    return out
-
-
-def fusions(c: TinyGPTConfig) -> dict[str, tuple[str, ...]]:
-    """A Phi3 checkpoint file's fused tensors → the model's tensors stacked in them along dim 0, in order:
-    `qkv_proj` [q; k; v] and `gate_up_proj` [gate; up]. {} for the other architectures, whose files hold the model's
-    names. The model, the trainers and the engines' weight pushes use the parts (Llama's names: vLLM's Phi3 is its
-    Llama, which stacks q/k/v and gate/up into its fused weights itself); only the files hold the fused tensors
-    (written by `write_pretrained`, read through `rlctl.models.tensors.ModelTensors`)."""
-    if c.architecture != PHI3:
-        return {}
-    out: dict[str, tuple[str, ...]] = {}
-    for n in range(c.num_hidden_layers):
-        attn, mlp = f"model.layers.{n}.self_attn.", f"model.layers.{n}.mlp."
-        out[f"{attn}qkv_proj.weight"] = tuple(f"{attn}{p}_proj.weight" for p in "qkv")
-        out[f"{mlp}gate_up_proj.weight"] = (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight")
-    return out
-
-
-def file_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape in a checkpoint file of `c`, in HF order: `expected_shapes`, with Phi3's fused tensors
-    in place of their parts (`fusions`)."""
-    shapes, fused = expected_shapes(c), fusions(c)
-    first = {parts[0]: name for name, parts in fused.items()}
-    inside = {p for parts in fused.values() for p in parts}
-    out: dict[str, tuple[int, ...]] = {}
-    for name, shape in shapes.items():
-        if name in first:
-            out[first[name]] = (sum(shapes[p][0] for p in fused[first[name]]), *shape[1:])
-        elif name not in inside:
-            out[name] = shape
-    return out
-
-
-def fused_for_file(sd: Mapping[str, torch.Tensor], c: TinyGPTConfig) -> dict[str, torch.Tensor]:
-    """The model's tensors `sd` (all of them) as a checkpoint file of `c` holds them (`fusions`), in order."""
-    fused = fusions(c)
-    if not fused:
-        return dict(sd)
-    import torch
-
-    first = {parts[0]: name for name, parts in fused.items()}
-    inside = {p for parts in fused.values() for p in parts}
-    out: dict[str, torch.Tensor] = {}
-    for name, t in sd.items():
-        if name in first:
-            out[first[name]] = torch.cat([sd[p] for p in fused[first[name]]])
-        elif name not in inside:
-            out[name] = t
-    return out
-
-
-def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, where: str) -> list[str]:
-    """The names to load from a checkpoint file holding `shapes` (`file_shapes`, and a tied lm_head where the file
-    holds one: the load refuses it unless it is the embedding, `rlctl.models.tensors.check_tied`); ConfigError on a
-    missing, extra or misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files)."""
-    want = file_shapes(c)
-    for name, shape in want.items():
-        if name not in shapes:
-            raise ConfigError(where, None, f"tensor {name} is missing ({len(shapes)} tensors in the checkpoint)")
-        if tuple(shapes[name]) != shape:
-            raise ConfigError(
-                where, None, f"tensor {name} has shape {list(shapes[name])}; config.json implies {list(shape)}"
-            )
-    ignorable = {"lm_head.weight"} if c.tie_word_embeddings else set()
-    extra = [k for k in shapes if k not in want and k not in ignorable and not k.endswith("rotary_emb.inv_freq")]
-    if extra:
-        raise ConfigError(where, None, f"tensor {extra[0]} is not part of a {c.architecture} of this config.json")
-    return [*want, *(k for k in ignorable if k in shapes)]
-
-
 # ---- config.json ----
 def read_config(directory: str | Path) -> TinyGPTConfig:
     return _parse_config(read_config_json(directory), str(Path(directory) / CONFIG_FILE))
@@ -589,270 +456,3 @@ def _heads(
     if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
         raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
     return kv_heads, head_dim
-
-
-# ---- weight files ----
-def weight_files(directory: str | Path) -> list[Path]:
-    """The weight files of a checkpoint directory: [model.safetensors], the index's shards, or
-    [pytorch_model.bin]. ConfigError when there are none or a shard is missing."""
-    d = Path(directory)
-    if (d / SAFETENSORS_FILE).exists():
-        return [d / SAFETENSORS_FILE]
-    if (d / INDEX_FILE).exists():
-        shards = sorted(set(_weight_map(d).values()))
-        for s in shards:
-            if not (d / s).exists():
-                raise ConfigError(str(d / INDEX_FILE), "weight_map", f"shard {s} is missing from {d}")
-        return [d / s for s in shards]
-    if (d / TORCH_FILE).exists():
-        return [d / TORCH_FILE]
-    raise ConfigError(str(d), None, f"no weights: expected {SAFETENSORS_FILE}, {INDEX_FILE} + shards, or {TORCH_FILE}")
-
-
-def _weight_map(d: Path) -> dict[str, str]:
-    try:
-        wm = json.loads((d / INDEX_FILE).read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(str(d / INDEX_FILE), "weight_map", f"unreadable: {e}") from e
-    if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v for v in wm.values()):
-        raise ConfigError(str(d / INDEX_FILE), "weight_map", "not a map of tensor name → shard file in this directory")
-    return wm
-
-
-def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name → (dtype, shape) from a .safetensors file's JSON header, without reading tensors.
-    The header's data offsets are checked against the file's size, so that a truncated copy is refused
-    here (check, launch) rather than by safetensors in the trainer."""
-    try:
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if not 0 < n <= _MAX_HEADER_BYTES:
-                raise ValueError(f"header length {n}")
-            header = json.loads(f.read(n))
-            data_bytes = os.fstat(f.fileno()).st_size - 8 - n
-        header.pop("__metadata__", None)
-        tensors = {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}
-        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise ConfigError(str(path), None, f"not a safetensors file: {e}") from e
-    if end != data_bytes:
-        what = "truncated" if end > data_bytes else "not a whole safetensors file"
-        declared = f"its header declares {end} bytes of tensor data, the file holds {data_bytes}"
-        raise ConfigError(str(path), None, f"{what}: {declared}; copy the checkpoint again")
-    return tensors
-
-
-_TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
-def torch_bin_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name → (dtype, shape) of a pytorch_model.bin, mapped, not read (`torch.load(mmap=True)`): a truncated
-    or damaged copy is refused here (check, launch) rather than by torch in the trainer, as a safetensors file's is
-    (`safetensors_header`). One saved in torch's pre-1.6 format cannot be mapped: it is refused, naming the fix."""
-    import torch
-
-    try:
-        sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # whatever torch says of a file it cannot read is the one line said
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            str(path),
-            None,
-            f"cannot read it as a PyTorch state dict ({why}); copy the checkpoint again, or save it "
-            "as safetensors (model.save_pretrained(DIR, safe_serialization=True))",
-        ) from e
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ConfigError(str(path), None, "not a state dict (tensor name → tensor)")
-    return {str(k): (_TORCH_DTYPES.get(str(v.dtype).removeprefix("torch."), str(v.dtype)), tuple(v.shape))
-            for k, v in sd.items()}  # fmt: skip
-
-
-def load_state_dict(directory: str | Path, *, to_fp32: bool = True) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint in `directory` (one file or all shards); floating tensors
-    cast to fp32 unless `to_fp32=False`."""
-    import torch
-
-    sd: dict[str, torch.Tensor] = {}
-    for f in weight_files(directory):
-        if f.name == TORCH_FILE:
-            sd.update(torch.load(f, map_location="cpu", weights_only=True))
-            continue
-        try:
-            from safetensors.torch import load_file
-        except ImportError as e:
-            raise ConfigError(str(f), None, "reading it needs the safetensors package: pip install safetensors") from e
-        sd.update(load_file(str(f)))
-    if to_fp32:
-        sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
-    return sd
-
-
-def save_state_dict(
-    sd: Mapping[str, torch.Tensor], directory: str | Path, *, max_shard_bytes: int | None = None
-) -> list[Path]:
-    """Write `sd` as model.safetensors, or as HF shards + index when it exceeds `max_shard_bytes`
-    (without the `safetensors` package: one pytorch_model.bin). Earlier weight files are removed so
-    the directory never holds two checkpoints. Returns the files written."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    for old in [
-        d / SAFETENSORS_FILE,
-        d / INDEX_FILE,
-        d / TORCH_FILE,
-        *(p for p in d.iterdir() if SHARD_RE.fullmatch(p.name)),
-    ]:
-        old.unlink(missing_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in sd.items()}
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        import torch
-
-        torch.save(tensors, d / TORCH_FILE)
-        return [d / TORCH_FILE]
-    shards = _pack(tensors, max_shard_bytes)
-    if len(shards) == 1:
-        save_file(tensors, str(d / SAFETENSORS_FILE), metadata={"format": "pt"})
-        return [d / SAFETENSORS_FILE]
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for name, keys in zip(names, shards, strict=True):
-        save_file({k: tensors[k] for k in keys}, str(d / name), metadata={"format": "pt"})
-    index = {
-        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-        "weight_map": {k: name for name, keys in zip(names, shards, strict=True) for k in keys},
-    }
-    (d / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    return [d / n for n in names]
-
-
-def write_pretrained(
-    directory: str | Path,
-    sd: Mapping[str, torch.Tensor],
-    config: TinyGPTConfig,
-    *,
-    tokenizer_from: str | Path | None = None,
-    max_shard_bytes: int | None = None,
-    declared_dtype: str | None = None,
-) -> Path:
-    """An HF checkpoint directory: the model's weights `sd` (as a file holds them: `fused_for_file`; `save_state_dict`),
-    config.json naming their dtype (or `declared_dtype`: the dtype the model is to be loaded and served in, for weights
-    kept at a higher precision), and the tokenizer files of checkpoint `tokenizer_from` when given. What every
-    `save_pretrained` writes."""
-    d = Path(directory)
-    save_state_dict(fused_for_file(sd, config), d, max_shard_bytes=max_shard_bytes)
-    dtype = next((t.dtype for t in sd.values() if t.is_floating_point()), None)
-    name = declared_dtype or (str(dtype).removeprefix("torch.") if dtype is not None else "float32")
-    (d / CONFIG_FILE).write_text(json.dumps({**config.to_hf(), "torch_dtype": name}, indent=2) + "\n")
-    if tokenizer_from is not None:
-        copy_tokenizer_files(tokenizer_from, d)
-    return d
-
-
-def _pack(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int | None) -> list[list[str]]:
-    """Tensor names in order, cut into shards of ≤ max_shard_bytes (a larger tensor gets its own)."""
-    shards: list[list[str]] = [[]]
-    used = 0
-    for k, t in tensors.items():
-        size = t.numel() * t.element_size()
-        if max_shard_bytes is not None and shards[-1] and used + size > max_shard_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(k)
-        used += size
-    return shards
-
-
-def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
-    """Copy the tokenizer (and generation-config) files of checkpoint `src` into `dst`; their names."""
-    s, d = Path(src), Path(dst)
-    if s.resolve() == d.resolve():
-        return []
-    d.mkdir(parents=True, exist_ok=True)
-    copied = [n for n in TOKENIZER_FILES if (s / n).is_file()]
-    for n in copied:
-        shutil.copyfile(s / n, d / n)
-    for n in TOKENIZER_DIRS:  # (a checkpoint without them rendered another template than its starting model's)
-        if (s / n).is_dir():
-            shutil.copytree(s / n, d / n, dirs_exist_ok=True)
-            copied.append(n)
-    return copied
-
-
-# ---- the check `rlctl check` runs ----
-@dataclass(frozen=True)
-class HfModelInfo:
-    """What `check_hf_dir` found: the validated config, the planner figures and the weight files."""
-
-    path: Path
-    config: TinyGPTConfig
-    arch: ModelArch
-    weight_files: list[Path] = field(default_factory=list)
-    tokenizer_files: list[str] = field(default_factory=list)
-
-    @property
-    def weight_file_bytes(self) -> int:
-        """The weight files' bytes as they are on disk, what staging copies: `arch.weight_bytes` is the declared
-        dtype's (the wire, the engines, memory), and an rlctl checkpoint declares the job's dtype while it holds
-        fp32 tensors (an unsharded trainer's master weights: twice a bf16 job's figure)."""
-        return sum(f.stat().st_size for f in self.weight_files)
-
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def hub_id_hint(given: str, directory: Path) -> str | None:
-    """What to do about a model.path (`given`, resolved to `directory`) that does not exist and reads as a Hugging Face
-    Hub id (`Qwen/Qwen2.5-0.5B`): rlctl reads a local directory and downloads nothing, so name the id's snapshot in the
-    local Hub cache where it is there, else how to download it."""
-    if not _HUB_ID.fullmatch(given) or os.path.isdir(directory.parent):  # (a local path or its typo: `models/lama`)
-        return None
-    # where huggingface_hub keeps it (its constants): HF_HUB_CACHE, the older HUGGINGFACE_HUB_CACHE, HF_HOME/hub,
-    # else $XDG_CACHE_HOME (~/.cache)/huggingface/hub
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
-    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
-    repo = Path(hub) / f"models--{given.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    snapshots = sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir())
-    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
-        snapshots = [repo / "snapshots" / ref.read_text().strip()]
-    if len(snapshots) == 1:
-        return (
-            f"{given!r} reads as a Hub id, which rlctl does not download; the local Hub cache holds it: {snapshots[0]}"
-        )
-    return (
-        f"{given!r} reads as a Hub id, which rlctl does not download: give a local directory, e.g. "
-        f"`hf download {given} --local-dir DIR` where the Hub is reachable"
-    )
-
-
-def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelInfo:
-    """Validate an HF checkpoint directory without loading tensors: config.json (supported
-    architecture and options), the weight files, and every tensor's name, shape and dtype (from
-    the safetensors headers). Raises ConfigError (one line: file, key, what is supported).
-    `name` names the ModelArch (default: the directory's name)."""
-    d = Path(directory)
-    try:
-        if not d.is_dir():
-            said = "not a directory" if d.exists() else "no such directory"
-            raise ConfigError(str(d), None, f"{said} (a Hugging Face checkpoint directory is expected)")
-        return _check_hf_dir(d, name)
-    except OSError as e:  # a directory this user may not read, a file that went away
-        raise ConfigError(str(d), None, f"cannot read: {e.strerror or e}") from e
-
-
-def _check_hf_dir(d: Path, name: str | None) -> HfModelInfo:
-    config = read_config(d)
-    files = weight_files(d)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        header = torch_bin_header(f) if f.name == TORCH_FILE else safetensors_header(f)
-        for tensor, (dtype, shape) in header.items():
-            if dtype not in _ST_DTYPES:
-                raise ConfigError(
-                    str(f), None, f"tensor {tensor}: dtype {dtype} is not supported; supported: F32, BF16, F16"
-                )
-            shapes[tensor] = shape
-    match_weights(shapes, config, where=str(d))
-    tokenizer = [n for n in TOKENIZER_FILES if (d / n).is_file()]
-    return HfModelInfo(d, config, config.arch(name or d.resolve().name), files, tokenizer)

@@ -5,7 +5,7 @@ and not kept.
                                  ─▶ torch.load(pytorch_model.bin, mmap=True)[name]
 
 What a reader that cuts each tensor to its own part holds at once is that tensor, not the model: a megatron rank
-resuming a checkpoint (`rlctl.checkpoint.trainer`) reads its shard so, versus `hf.load_state_dict`'s whole copy
+resuming a checkpoint (`rlctl.checkpoint.trainer`) reads its shard so, versus `weightfiles.load_state_dict`'s whole copy
 of the model (70B in fp32: 280 GB on every rank of a node). `copy_into` loads a whole module (a `torch` rank's
 TinyGPT, every `TinyGPT.from_pretrained`) so: torch's `load_state_dict` would first make a dict of every tensor of a
 lazy mapping.
@@ -25,26 +25,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlctl.models import hf
+from rlctl.models import hfnames, weightfiles
 from rlctl.models.hf import TinyGPTConfig
 
 
 class CheckpointTensors(Mapping[str, torch.Tensor]):
     """The tensors of the checkpoint in `directory` by name, each read when it is asked for (floating ones cast to
-    fp32); `shapes` from the files' headers, nothing read. ConfigError as `hf.weight_files` and the header readers
-    say it (no weights, a missing shard, a truncated file)."""
+    fp32); `shapes` from the files' headers, nothing read. ConfigError as
+    `weightfiles.weight_files` and the header readers say it (no weights, a missing shard, a truncated file)."""
 
     def __init__(self, directory: str | Path) -> None:
         self._files: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._mapped: dict[str, torch.Tensor] = {}  # a pytorch_model.bin's tensors, mapped (read as they are used)
-        for f in hf.weight_files(directory):
-            if f.name == hf.TORCH_FILE:
-                hf.torch_bin_header(f)  # refused in one line where torch cannot map it
+        for f in weightfiles.weight_files(directory):
+            if f.name == weightfiles.TORCH_FILE:
+                weightfiles.torch_bin_header(f)  # refused in one line where torch cannot map it
                 self._mapped = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
                 header = {k: ("", tuple(v.shape)) for k, v in self._mapped.items()}
             else:
-                header = hf.safetensors_header(f)
+                header = weightfiles.safetensors_header(f)
             for name, (_, shape) in header.items():
                 self._files[name], self._shapes[name] = f, shape
 
@@ -74,15 +74,15 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
 class ModelTensors(Mapping[str, torch.Tensor]):
     """A checkpoint file's tensors `file` (by the file's names: `CheckpointTensors`, or a state dict) under the names
     of the model of `config`: each part of a fused tensor (Phi3's q, k, v of qkv_proj, gate, up of gate_up_proj:
-    `hf.fusions`) its rows of it, in the file's order; the other names as they are; `only`: the file's names to
-    read (`hf.match_weights`'s, leaving out an older Llama's rotary_emb.inv_freq and a tied lm_head; None: every one).
+    `hfnames.fusions`) its rows of it, in the file's order; the other names as they are; `only`: the file's names to
+    read (`hfnames.match_weights`'s, leaving out an older Llama's rotary_emb.inv_freq and a tied lm_head; None: all).
     The fused tensor last read is kept for its next part, so a reader asking for q, k and v in a row reads qkv_proj
     once."""
 
     def __init__(
         self, file: Mapping[str, torch.Tensor], config: TinyGPTConfig, *, only: Collection[str] | None = None
     ) -> None:
-        self._file, fused, shapes = file, hf.fusions(config), hf.expected_shapes(config)
+        self._file, fused, shapes = file, hfnames.fusions(config), hfnames.expected_shapes(config)
         self._parts: dict[str, tuple[str, int, int]] = {}  # part → (fused tensor, first row, rows)
         for name, parts in fused.items():
             at = 0

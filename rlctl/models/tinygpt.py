@@ -5,7 +5,7 @@ Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2Fo
 `MistralForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o
 bias for Llama and Qwen3, none for Mistral, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied
 embeddings; Qwen3MoE's routed experts, `SparseMoE`), so a saved directory is an ordinary HF checkpoint and an HF
-checkpoint of those architectures loads (hf.py owns the directory format and what is refused). The built-in demo model
+checkpoint of those architectures loads (`hfdir` owns the directory, `hf` what is refused). The built-in demo model
 is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
@@ -47,16 +47,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlctl.errors import ConfigError
-from rlctl.models import hf, rope
-from rlctl.models.hf import (
-    CONFIG_FILE,
-    INDEX_FILE,
-    SAFETENSORS_FILE,
-    TORCH_FILE,
-    TinyGPTConfig,
-    load_state_dict,
-)
+from rlctl.models import hf, hfdir, hfnames, rope
+from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors, copy_into
+from rlctl.models.weightfiles import INDEX_FILE, SAFETENSORS_FILE, TORCH_FILE, load_state_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -621,7 +615,7 @@ class TinyGPT(nn.Module):
         logits: torch.Tensor = self.lm_head(self.model.norm(x[:, 0]))
         return logits
 
-    # ---- HF directory format (hf.py) ----
+    # ---- HF directory format (hfdir.py) ----
     def save_pretrained(
         self,
         directory: str | Path,
@@ -637,7 +631,7 @@ class TinyGPT(nn.Module):
             sd = {k: v.clone() if v.untyped_storage().nbytes() > v.nbytes else v for k, v in sd.items()}
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight")
-        return hf.write_pretrained(
+        return hfdir.write_pretrained(
             directory, sd, self.config, tokenizer_from=tokenizer_from, max_shard_bytes=max_shard_bytes
         )
 
@@ -660,7 +654,7 @@ class TinyGPT(nn.Module):
         if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
             raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
         file = CheckpointTensors(d)  # (names and shapes from the files' headers: nothing read yet)
-        names = hf.match_weights(file.shapes(), config, where=str(d))
+        names = hfnames.match_weights(file.shapes(), config, where=str(d))
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
         # each tensor read (in fp32, as `load_state_dict` reads it) and cast into its parameter in turn: what is held
         # beside the model is one tensor, versus a state dict of the whole model (a 7B in bf16: ≈ 30 GB, not 15)

@@ -26,7 +26,7 @@ from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
-from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, weight_files
+from rlctl.models.weightfiles import INDEX_FILE, SAFETENSORS_FILE, weight_files
 from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 from rlctl.textutil import job_relative, not_a_file
@@ -222,14 +222,14 @@ def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None]
     model.save_pretrained(jobdir.init_model)
 
 
-# files of model weights by suffix: those the loader does not read (`hf.weight_files`) are not the model's
+# files of model weights by suffix: those the loader does not read (`weightfiles.weight_files`) are not the model's
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".gguf", ".h5", ".msgpack")
 
 
 def unread_weights(src: Path) -> set[Path]:
     """The files of checkpoint directory `src` that hold weights the model is not read from: a Mistral repo's
     consolidated.safetensors, a pytorch_model.bin beside the safetensors, a .pth/.gguf export; none where the
-    directory's weights cannot be told (`hf.weight_files` refuses it: said where the job's model is checked). A
+    directory's weights cannot be told (`weightfiles.weight_files` refuses it: said where the job's model is checked). A
     model.safetensors.index.json beside the model.safetensors read goes with its shards: vLLM reads an index's shards
     alone where the directory has one (and would find none)."""
     try:

@@ -98,7 +98,7 @@ def request_from_options(
     if model in BUILTIN_MODELS:
         arch, name, checkpoint = BUILTIN_MODELS[model], model, None
     elif model and _is_dir(Path(model)):  # not '': Path('') is '.', the directory rlctl runs in
-        from rlctl.models.hf import check_hf_dir
+        from rlctl.models.hfdir import check_hf_dir
 
         checkpoint = Path(model).resolve()
         arch, name = check_hf_dir(checkpoint).arch, None

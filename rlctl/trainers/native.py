@@ -17,7 +17,7 @@ from torch import nn
 
 from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
-from rlctl.models import hf, lora
+from rlctl.models import hfdir, lora
 from rlctl.models.tensors import check_fit, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
@@ -119,5 +119,5 @@ class TorchBackend(TrainerBackend):
             sd = self.weights()
             if self.model.config.tie_word_embeddings:
                 sd.pop("lm_head.weight")
-            return hf.write_pretrained(directory, sd, self.model.config, tokenizer_from=tokenizer_from)
+            return hfdir.write_pretrained(directory, sd, self.model.config, tokenizer_from=tokenizer_from)
         return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)

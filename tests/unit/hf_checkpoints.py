@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.models.hf import TinyGPTConfig, check_hf_dir, fused_for_file
+from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hfdir import check_hf_dir
+from rlctl.models.hfnames import fused_for_file
 from rlctl.models.tinygpt import TinyGPT
 
 COMMON: dict[str, Any] = {

@@ -29,8 +29,8 @@ def trained_checkpoint(tmp_path: Path, backend: str) -> tuple[float, Any]:
 
     from rlctl.checkpoint.trainer import save_trainer
     from rlctl.launch.agentenv import ParallelConfig
-    from rlctl.models.hf import load_state_dict
     from rlctl.models.tinygpt import TinyGPT
+    from rlctl.models.weightfiles import load_state_dict
     from rlctl.trainers.base import load_backend
     from tests.unit.tiny_models import small_config
 

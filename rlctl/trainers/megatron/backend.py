@@ -57,8 +57,8 @@ from torch import nn
 
 from rlctl.devices import Compute
 from rlctl.errors import ConfigError
-from rlctl.models import hf
-from rlctl.models.hf import expected_shapes
+from rlctl.models import hf, hfdir
+from rlctl.models.hfnames import expected_shapes, match_weights
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
@@ -91,7 +91,7 @@ class MegatronBackend(TrainerBackend):
             raise ConfigError(str(Path(model_dir) / hf.CONFIG_FILE), "sliding_window", why)
         names.check_split(config, tp, pp)
         sd = CheckpointTensors(model_dir)  # each tensor read as its parameter is loaded: one at a time, not the model
-        only = hf.match_weights(sd.shapes(), config, where=str(model_dir))  # (not an older Llama's inv_freq buffers)
+        only = match_weights(sd.shapes(), config, where=str(model_dir))  # (not an older Llama's inv_freq buffers)
         init_parallel(tp=tp, pp=pp)
         policy = MegatronPolicy(
             config,
@@ -240,4 +240,4 @@ class MegatronBackend(TrainerBackend):
         sd = {k: v.detach().cpu() for k, v in self.weights().items()}  # from a GPU's memory: one copy each
         if self.config.tie_word_embeddings:
             del sd["lm_head.weight"]
-        return hf.write_pretrained(directory, sd, self.config, tokenizer_from=tokenizer_from)
+        return hfdir.write_pretrained(directory, sd, self.config, tokenizer_from=tokenizer_from)

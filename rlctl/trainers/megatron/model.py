@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlctl.models.hf import TinyGPTConfig, expected_shapes, window_refusal
+from rlctl.models.hf import TinyGPTConfig, window_refusal
+from rlctl.models.hfnames import expected_shapes
 from rlctl.models.tensors import check_fit, check_tied, shapes_of
 from rlctl.trainers.megatron import cpu, names, pipeline
 from rlctl.trainers.megatron.rope import moe_refusal, rope_args, yarn_config

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlctl.models.hf import TinyGPTConfig, expected_shapes
+from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hfnames import expected_shapes
 
 _ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
 _COLUMNS = ("o_proj.weight", "down_proj.weight")

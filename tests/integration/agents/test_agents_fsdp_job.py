@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.models.hf import load_state_dict
+from rlctl.models.weightfiles import load_state_dict
 from tests.integration.hfdemo import check_and_launch, hf_demo_job
 
 from .test_agents_megatron_job import LENGTH_REWARD

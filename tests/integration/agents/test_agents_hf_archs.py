@@ -19,8 +19,8 @@ import torch
 
 from rlctl.agents.common import job_context
 from rlctl.config import load_job
-from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.weightfiles import load_state_dict
 from tests.integration.hfdemo import check_and_launch, hf_demo_job
 
 from .test_agents_megatron_job import LENGTH_REWARD

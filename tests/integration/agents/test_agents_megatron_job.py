@@ -101,7 +101,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     # the final checkpoint: the full HF directory (Qwen2, shards gathered) the training moved from the start
     import torch
 
-    from rlctl.models.hf import load_state_dict
+    from rlctl.models.weightfiles import load_state_dict
 
     final, start = load_state_dict(run / "checkpoints" / "iter-3" / "model"), load_state_dict(tmp_path / "model")
     assert json.loads((run / "checkpoints/iter-3/model/config.json").read_text())["architectures"] == [

@@ -14,7 +14,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from rlctl.checkpoint import resplit
 from rlctl.launch.agentenv import ParallelConfig
-from rlctl.models.hf import TinyGPTConfig, expected_shapes
+from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hfnames import expected_shapes
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.names import Stage
 

@@ -330,7 +330,7 @@ def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch,
     from rlctl.commands import check
     from rlctl.config.job import Job, load_job
     from rlctl.config.model import HfModel
-    from rlctl.models.hf import check_hf_dir
+    from rlctl.models.hfdir import check_hf_dir
     from rlctl.models.tinygpt import TinyGPT
 
     m = TinyGPT()

@@ -10,21 +10,12 @@ import torch
 from rlctl.engines import EmbeddedEngine, GenRequest
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import (
-    INDEX_FILE,
-    SAFETENSORS_FILE,
-    TinyGPTConfig,
-    check_hf_dir,
-    expected_shapes,
-    file_shapes,
-    match_weights,
-    read_config,
-    read_config_json,
-    safetensors_header,
-    torch_dtype,
-)
+from rlctl.models.hf import TinyGPTConfig, read_config, read_config_json, torch_dtype
+from rlctl.models.hfdir import check_hf_dir
+from rlctl.models.hfnames import expected_shapes, file_shapes, match_weights
 from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT, load_state_dict
+from rlctl.models.weightfiles import INDEX_FILE, SAFETENSORS_FILE, safetensors_header
 from rlctl.rl.samples import token_logprobs
 from rlctl.rl.schedule import policy_optimizer
 from tests.unit.fake_vllm import fake_vllm
@@ -648,7 +639,7 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
     died on torch's traceback. Its tensors are mapped (not read) and matched against config.json."""
     from safetensors.torch import load_file
 
-    from rlctl.models.hf import TORCH_FILE
+    from rlctl.models.weightfiles import TORCH_FILE
 
     write_checkpoint("qwen2-tied-hd32", tmp_path)
     sd = load_file(tmp_path / SAFETENSORS_FILE)

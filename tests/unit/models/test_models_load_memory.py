@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.models import hf
+from rlctl.models import hf, weightfiles
 from rlctl.models.tensors import ModelTensors
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib
@@ -29,7 +29,7 @@ def test_from_pretrained_holds_the_model_and_one_tensor(tmp_path: Path, architec
     cfg = dataclasses.replace(small_config(hidden=384, layers=8, heads=4, positions=64), architecture=architecture)
     torch.manual_seed(0)
     d = TinyGPT(cfg).save_pretrained(tmp_path / "start", dtype=dtype)  # loaded in its own dtype below
-    saved = hf.load_state_dict(d, to_fp32=False)
+    saved = weightfiles.load_state_dict(d, to_fp32=False)
     model_mib = sum(t.numel() * t.element_size() for t in saved.values()) / 2**20
     del saved
     gc.collect()
@@ -41,5 +41,5 @@ def test_from_pretrained_holds_the_model_and_one_tensor(tmp_path: Path, architec
     # measured: fp32 +42 MiB for 41 (+82 read whole first), a bf16 Phi3 +25…29 MiB for 20 (+62: its state dict in fp32)
     assert rise < 1.5 * model_mib, f"the load's peak rose {rise:.1f} MiB for a model of {model_mib:.1f} MiB"
     want = TinyGPT(model.config).to(dtype)
-    want.load_weights(ModelTensors(hf.load_state_dict(d), model.config))
+    want.load_weights(ModelTensors(weightfiles.load_state_dict(d), model.config))
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), want.state_dict().values(), strict=True))

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from rlctl.models.hf import MoeConfig, TinyGPTConfig, check_hf_dir, safetensors_header
+from rlctl.models.hf import MoeConfig, TinyGPTConfig
+from rlctl.models.hfdir import check_hf_dir
 from rlctl.models.tinygpt import SparseMoE, TinyGPT
+from rlctl.models.weightfiles import safetensors_header
 from tests.unit.hf_checkpoints import MOE, as_transformers_holds, refused_in_one_line, write_checkpoint
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,5 @@
-"""`CheckpointTensors` reads what `hf.load_state_dict` reads (fp32), from each layout of a checkpoint directory: one
-model.safetensors, an index and its shards, a pytorch_model.bin; its shapes from the headers alone. `ModelTensors`
+"""`CheckpointTensors` reads what `weightfiles.load_state_dict` reads (fp32) from each layout of a checkpoint directory:
+one model.safetensors, an index and its shards, a pytorch_model.bin; its shapes from the headers alone. `ModelTensors`
 reads a Phi3 file's fused tensors under the model's names; `copy_into` loads and refuses what `TinyGPT.load_weights`
 does."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.models import hf
+from rlctl.models import hf, hfnames, weightfiles
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors, copy_into
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.tiny_models import misfits, small_config
@@ -24,15 +24,15 @@ from tests.unit.tiny_models import misfits, small_config
 def test_each_tensor_is_the_whole_reads(tmp_path: Path, layout: str) -> None:
     torch.manual_seed(0)
     d = TinyGPT(small_config()).save_pretrained(tmp_path / "model")
-    sd = {k: v.to(torch.bfloat16) for k, v in hf.load_state_dict(d).items()}  # read back in fp32
-    for f in hf.weight_files(d):
+    sd = {k: v.to(torch.bfloat16) for k, v in weightfiles.load_state_dict(d).items()}  # read back in fp32
+    for f in weightfiles.weight_files(d):
         f.unlink()
     if layout == "torch-bin":
-        torch.save(sd, d / hf.TORCH_FILE)
+        torch.save(sd, d / weightfiles.TORCH_FILE)
     else:
-        hf.save_state_dict(sd, d, max_shard_bytes=20_000 if layout == "shards" else None)
-    assert (d / hf.INDEX_FILE).exists() == (layout == "shards")
-    whole, tensors = hf.load_state_dict(d), CheckpointTensors(d)
+        weightfiles.save_state_dict(sd, d, max_shard_bytes=20_000 if layout == "shards" else None)
+    assert (d / weightfiles.INDEX_FILE).exists() == (layout == "shards")
+    whole, tensors = weightfiles.load_state_dict(d), CheckpointTensors(d)
     assert list(tensors) == list(whole) and len(tensors) == len(whole) and "lm_head.bias" not in tensors
     assert tensors.shapes() == {k: tuple(v.shape) for k, v in whole.items()}
     for k, v in whole.items():
@@ -40,14 +40,14 @@ def test_each_tensor_is_the_whole_reads(tmp_path: Path, layout: str) -> None:
 
 
 def test_a_phi3_file_reads_under_the_models_names_each_fused_tensor_once(tmp_path: Path) -> None:
-    """A Phi3 file holds q/k/v as one qkv_proj and gate/up as one gate_up_proj (`hf.fusions`); `ModelTensors` reads it
-    under the model's names, each part its rows, a fused tensor read once for its parts."""
+    """A Phi3 file holds q/k/v as one qkv_proj and gate/up as one gate_up_proj (`hfnames.fusions`); `ModelTensors` reads
+    it under the model's names, each part its rows, a fused tensor read once for its parts."""
     torch.manual_seed(0)
     model = TinyGPT(dataclasses.replace(small_config(heads=4), architecture=hf.PHI3))
     d = model.save_pretrained(tmp_path / "model")
     file = CheckpointTensors(d)
     assert "model.layers.0.self_attn.qkv_proj.weight" in file and "model.layers.0.self_attn.q_proj.weight" not in file
-    assert file.shapes() == hf.file_shapes(model.config)
+    assert file.shapes() == hfnames.file_shapes(model.config)
     reads: list[str] = []
     read = CheckpointTensors.__getitem__
 
@@ -74,11 +74,11 @@ def test_copy_into_loads_what_load_weights_loads_and_refuses_what_it_refuses(tmp
     optional = {"lm_head.weight"} if tied else set()
     mine, theirs = TinyGPT(cfg), TinyGPT(cfg)
     copy_into(mine, CheckpointTensors(d), optional=optional)
-    theirs.load_weights(hf.load_state_dict(d))
+    theirs.load_weights(weightfiles.load_state_dict(d))
     assert all(torch.equal(mine.state_dict()[k], v) for k, v in theirs.state_dict().items())
     assert (mine.lm_head.weight is mine.model.embed_tokens.weight) == tied  # a tied model stays tied
 
-    whole = hf.load_state_dict(d)
+    whole = weightfiles.load_state_dict(d)
     before = {k: v.clone() for k, v in mine.state_dict().items()}
     for bad, complaint in misfits(whole, list(before)):
         with pytest.raises(DoesNotFit, match=f"^{re.escape(complaint)}$"):
@@ -130,13 +130,14 @@ def test_load_weights_holds_one_tensor_of_a_lazy_mapping_at_a_time(tmp_path: Pat
 
 def test_from_pretrained_reads_past_what_a_file_holds_beyond_the_model(tmp_path: Path) -> None:
     """An older Llama's file holds `rotary_emb.inv_freq` buffers and a tied checkpoint's may hold `lm_head.weight`:
-    `from_pretrained` reads the tensors `hf.match_weights` names (`ModelTensors(only=…)`), the model as without them."""
+    `from_pretrained` reads the tensors `hfnames.match_weights` names (`ModelTensors(only=…)`), as without them."""
     cfg = dataclasses.replace(small_config(layers=2), tie_word_embeddings=True)
     torch.manual_seed(0)
     model = TinyGPT(cfg)
     d = model.save_pretrained(tmp_path / "model")
     extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16), "lm_head.weight": model.lm_head.weight}
-    hf.save_state_dict({**hf.load_state_dict(d), **{k: v.detach().clone() for k, v in extra.items()}}, d)
+    whole = weightfiles.load_state_dict(d)
+    weightfiles.save_state_dict({**whole, **{k: v.detach().clone() for k, v in extra.items()}}, d)
     assert set(extra) <= set(CheckpointTensors(d))
     loaded = TinyGPT.from_pretrained(d)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
@@ -152,9 +153,9 @@ def test_a_tied_model_refuses_a_file_whose_lm_head_is_not_its_embedding(tmp_path
     cfg = dataclasses.replace(small_config(), tie_word_embeddings=True)
     torch.manual_seed(0)
     d = TinyGPT(cfg).save_pretrained(tmp_path / "model")
-    whole = hf.load_state_dict(d)
+    whole = weightfiles.load_state_dict(d)
     lm_head = whole["model.embed_tokens.weight"] + 1
-    hf.save_state_dict({**whole, "lm_head.weight": lm_head}, d)
+    weightfiles.save_state_dict({**whole, "lm_head.weight": lm_head}, d)
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     assert ref.lm_head.weight is not ref.model.embed_tokens.weight and torch.equal(ref.lm_head.weight, lm_head)
 
@@ -166,7 +167,8 @@ def test_a_tied_model_refuses_a_file_whose_lm_head_is_not_its_embedding(tmp_path
     with pytest.raises(DoesNotFit, match=f"^{re.escape(said)}"):
         copy_into(model, CheckpointTensors(d), optional={"lm_head.weight"})
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
-    hf.save_state_dict({**whole, "lm_head.weight": whole["model.embed_tokens.weight"].clone()}, d)  # equal: one
+    tied = whole["model.embed_tokens.weight"].clone()  # equal: one
+    weightfiles.save_state_dict({**whole, "lm_head.weight": tied}, d)
     copy_into(model, CheckpointTensors(d), optional={"lm_head.weight"})
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert all(torch.equal(model.state_dict()[k], v) for k, v in TinyGPT.from_pretrained(d).state_dict().items())

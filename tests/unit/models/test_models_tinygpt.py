@@ -12,8 +12,10 @@ from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import INDEX_FILE, MISTRAL, QWEN2, QWEN3, expected_shapes, save_state_dict
+from rlctl.models.hf import MISTRAL, QWEN2, QWEN3
+from rlctl.models.hfnames import expected_shapes
 from rlctl.models.tinygpt import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
+from rlctl.models.weightfiles import INDEX_FILE, save_state_dict
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config(layers=2, heads=4, positions=64)

@@ -53,7 +53,7 @@ def test_a_directory_whose_weights_cannot_be_told_leaves_nothing_out(tmp_path: P
 def test_a_mistral_repo_s_own_tokenizer_files_go_with_every_model_written_from_it(tmp_path: Path) -> None:
     """An export, a checkpoint's model and a pull carry the tokenizer files (`copy_tokenizer_files`): Mistral's
     tekken.json and tokenizer.model.v3 too, versus left behind (its own tokenizer gone from every model written)."""
-    from rlctl.models.hf import copy_tokenizer_files
+    from rlctl.models.hfdir import copy_tokenizer_files
 
     src = checkpoint(tmp_path / "ckpt")
     for name in ("tekken.json", "tokenizer.model.v3"):
@@ -68,19 +68,19 @@ def test_an_index_beside_the_one_weight_file_read_stays_out_with_its_shards(tmp_
     model.safetensors, so the shards stay out; the index must go with them, versus kept: vLLM reads the index's
     shards alone where a directory has one (weight_utils.filter_duplicate_safetensors_files), found none in the
     job's model/init and had no weights to load."""
-    from rlctl.models import hf
+    from rlctl.models import weightfiles
 
     src = tmp_path / "ckpt"
     model = TinyGPT(TinyGPTConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=2))
-    hf.save_state_dict(model.state_dict(), tmp_path / "sharded", max_shard_bytes=1 << 16)
+    weightfiles.save_state_dict(model.state_dict(), tmp_path / "sharded", max_shard_bytes=1 << 16)
     model.save_pretrained(src)
     for f in (tmp_path / "sharded").iterdir():
         (src / f.name).write_bytes(f.read_bytes())
-    shards = {f.name for f in src.iterdir() if hf.SHARD_RE.fullmatch(f.name)}
-    assert len(shards) > 1 and hf.weight_files(src) == [src / hf.SAFETENSORS_FILE]
+    shards = {f.name for f in src.iterdir() if weightfiles.SHARD_RE.fullmatch(f.name)}
+    assert len(shards) > 1 and weightfiles.weight_files(src) == [src / weightfiles.SAFETENSORS_FILE]
     jd = JobDir(tmp_path / "job")
     _starting_policy(jd, SimpleNamespace(model=HfModel(kind="hf", path=str(src))))  # type: ignore[arg-type]
-    assert {f.name for f in unread_weights(src)} == shards | {hf.INDEX_FILE}
+    assert {f.name for f in unread_weights(src)} == shards | {weightfiles.INDEX_FILE}
     kept = {f.name for f in jd.init_model.iterdir()}
-    assert hf.SAFETENSORS_FILE in kept and not kept & (shards | {hf.INDEX_FILE}), kept
-    assert hf.weight_files(jd.init_model) == [jd.init_model / hf.SAFETENSORS_FILE]
+    assert weightfiles.SAFETENSORS_FILE in kept and not kept & (shards | {weightfiles.INDEX_FILE}), kept
+    assert weightfiles.weight_files(jd.init_model) == [jd.init_model / weightfiles.SAFETENSORS_FILE]

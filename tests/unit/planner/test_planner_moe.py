@@ -12,7 +12,7 @@ import pytest
 from rlctl.config.model import ArchModel
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import check_hf_dir
+from rlctl.models.hfdir import check_hf_dir
 from rlctl.profiler.analytical import (
     analytical_profile,
     decode_step_s,

@@ -303,7 +303,7 @@ def test_a_kl_jobs_reference_policy_is_priced_at_the_bytes_the_trainer_holds(tmp
     device): 4 bytes a parameter, where the planner and `rlctl check` priced 2 (bf16)."""
     import torch
 
-    from rlctl.models.hf import check_hf_dir
+    from rlctl.models.hfdir import check_hf_dir
     from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
     from rlctl.profiler.analytical import training_entry
     from rlctl.trainers.base import load_backend

@@ -192,7 +192,7 @@ def test_the_default_of_additional_chat_templates_is_the_template_as_transformer
     reads its named templates after chat_template.jinja), versus the template of tokenizer_config.json rendered; and
     the directory goes with the model's tokenizer files (`copy_tokenizer_files`)."""
     transformers = pytest.importorskip("transformers")
-    from rlctl.models.hf import copy_tokenizer_files
+    from rlctl.models.hfdir import copy_tokenizer_files
 
     d = write_tokenizer(tmp_path / "model")
     (d / "additional_chat_templates").mkdir()

@@ -56,9 +56,9 @@ def main(rank: int, world: int, tp: int, pp: int, rendezvous: Path, out: Path, c
 
 
 def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, torch.Tensor]]) -> dict[str, object]:
-    from rlctl.models.hf import load_state_dict
     from rlctl.models.tensors import ModelTensors
     from rlctl.models.tinygpt import TinyGPT
+    from rlctl.models.weightfiles import load_state_dict
     from rlctl.rl.samples import token_logprobs
     from rlctl.trainers.megatron import names
     from rlctl.trainers.megatron.backend import MegatronBackend

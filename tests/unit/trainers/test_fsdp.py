@@ -101,7 +101,7 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[
         assert torch.equal(resumed["weights"][0][name], w), name
     assert resumed["grad_norms"][0] == ran["grad_norms"][2]
     # the checkpoint's HF directory is the version published at iteration 2: the gathered weights then
-    from rlctl.models.hf import load_state_dict
+    from rlctl.models.weightfiles import load_state_dict
 
     saved = load_state_dict(job / "iter-2" / "model")
     assert all(torch.equal(saved[k], ran["weights"][1][k]) for k in saved)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.weightfiles import load_state_dict
 from tests.unit.trainers.test_fsdp import CFG, iterations, run
 
 LORA = "4,8"

@@ -16,8 +16,8 @@ from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.runtime import WeightSync
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
-from rlctl.models.hf import load_state_dict
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.weightfiles import load_state_dict
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample, score, token_logprobs
 from rlctl.rl.schedule import policy_optimizer

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.models import hf
-from rlctl.models.hf import expected_shapes
+from rlctl.models import weightfiles
+from rlctl.models.hfnames import expected_shapes
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.trainers.base import load_backend
 from rlctl.trainers.megatron.backend import MegatronBackend
@@ -99,17 +99,17 @@ def test_a_load_that_does_not_fit_the_config_is_refused_before_any_tensor_is_wri
 def test_a_tied_load_takes_an_lm_head_that_is_the_embedding_and_refuses_another(tmp_path: Path) -> None:
     """A tied config's file may hold an lm_head.weight beside the embedding (a file transformers wrote before it left
     it out) and an older Llama's its rotary_emb.inv_freq buffers: the load reads the names the model needs
-    (`hf.match_weights`' names: `ModelTensors(only=…)`), the model as without them. An lm_head other than the
+    (`hfnames.match_weights`' names: `ModelTensors(only=…)`), the model as without them. An lm_head other than the
     embedding (two tensors: transformers loads them untied) is refused in one line naming the checkpoint, versus
     ignored (the embedding taken for both)."""
     write_checkpoint("qwen2-tied-hd32", tmp_path / "start")
     want = load_backend("megatron", tmp_path / "start").weights()
-    saved = hf.load_state_dict(tmp_path / "start")
+    saved = weightfiles.load_state_dict(tmp_path / "start")
     embed = saved["model.embed_tokens.weight"]
     for name, lm_head in (("same", embed.clone()), ("other", embed + 1)):
         d = shutil.copytree(tmp_path / "start", tmp_path / name)
         buffers = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)}
-        hf.save_state_dict({**saved, "lm_head.weight": lm_head, **buffers}, d)
+        weightfiles.save_state_dict({**saved, "lm_head.weight": lm_head, **buffers}, d)
         if name == "other":
             with pytest.raises(ConfigError, match=f"^{re.escape(str(d))}: weights do not fit this model: lm_head"):
                 load_backend("megatron", d)

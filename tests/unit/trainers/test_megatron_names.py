@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from rlctl.models.hf import TinyGPTConfig, expected_shapes, fused_for_file
+from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hfnames import expected_shapes, fused_for_file
 from rlctl.models.tensors import ModelTensors
 from rlctl.trainers.megatron.names import Stage, check_split, gather_hf, shard_dim, stage_of, to_hf, to_megatron
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlctl.checkpoint.trainer import load_trainer
-from rlctl.models.hf import load_state_dict
+from rlctl.models.weightfiles import load_state_dict
 from rlctl.trainers.base import load_backend
 from tests.unit.resident import peak_resident_mib, reset_peak, resident_mib, trained_checkpoint
 

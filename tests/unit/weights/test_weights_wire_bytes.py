@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.models.hf import check_hf_dir
+from rlctl.models.hfdir import check_hf_dir
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import load_backend, wire_weights
 from rlctl.weights import chunks
