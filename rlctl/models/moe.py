@@ -16,7 +16,8 @@ class MoeConfig:
     """A Qwen3MoE's sparse MLP (Qwen3MoeConfig's keys and defaults): in each sparse layer (`sparse`) a router
     `mlp.gate` [num_experts, hidden] whose softmax's top `num_experts_per_tok` experts (renormalised to sum 1 where
     `norm_topk_prob`) each run a SwiGLU MLP of `moe_intermediate_size` on the token, summed by those weights; the other
-    layers a dense MLP of `intermediate_size`. No shared expert (Qwen2-MoE's, refused with its architecture).
+    layers a dense MLP of `intermediate_size`. No shared expert (Qwen2-MoE's, refused with its architecture; a
+    Qwen3MoE's `shared_expert_intermediate_size`, which vLLM would build one of, refused: `parse_moe`).
 
     The load-balancing loss (`router_aux_loss_coef` × transformers' `load_balancing_loss_func`, added to the loss where
     `output_router_logits`) is read and written back, not trained with: an RL step's loss is the policy's (and verl,
@@ -59,6 +60,12 @@ def parse_moe(d: Mapping[str, Any], bad: Callable[[str, str], ConfigError], num:
     coef = d.get("router_aux_loss_coef", 0.001)
     if isinstance(coef, bool) or not isinstance(coef, int | float) or coef < 0:
         raise bad("router_aux_loss_coef", f"{coef!r} is not a number ≥ 0")
+    shared = d.get("shared_expert_intermediate_size", 0)
+    if type(shared) is int and shared > 0:  # (vLLM's Qwen3MoeSparseMoeBlock builds one where it is > 0)
+        why = "vLLM's Qwen3MoE adds a shared expert of that size, transformers' and rlctl's none; give 0 or drop it"
+        raise bad("shared_expert_intermediate_size", f"{shared} is not supported: {why}")
+    if shared != 0 or type(shared) is not int:
+        raise bad("shared_expert_intermediate_size", f"{shared!r} is not supported; supported: 0 (no shared expert)")
     dense = d.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(type(n) is int and n >= 0 for n in dense):
         raise bad("mlp_only_layers", f"{dense!r} is not a list of layer numbers (from 0)")

@@ -161,6 +161,22 @@ def test_a_qwen2_moe_is_refused_in_one_line(tmp_path: Path) -> None:
     refused_in_one_line(tmp_path, "architectures", "Qwen3MoeForCausalLM")
 
 
+def test_a_qwen3_moe_with_a_shared_expert_size_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`shared_expert_intermediate_size` in a Qwen3MoE's config.json: transformers' Qwen3MoE builds no shared expert
+    from it (nor does rlctl), vLLM's adds one of that size (its Qwen3MoeSparseMoeBlock, where it is > 0), so the
+    engines would sample from another model than the trainer trains: refused naming the key; 0 is what both run."""
+    write_checkpoint("qwen3moe-dense1-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"shared_expert_intermediate_size": 0}))
+    assert check_hf_dir(tmp_path).config.moe == MoeConfig(8, 2, 32, mlp_only_layers=(1,))
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"shared_expert_intermediate_size": 64}))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)  # (loads it, computing without one)
+    assert not any("shared_expert" in name for name in theirs.state_dict())
+    refused_in_one_line(tmp_path, "shared_expert_intermediate_size", "64 is not supported: vLLM's Qwen3MoE adds a")
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"shared_expert_intermediate_size": "64"}))
+    refused_in_one_line(tmp_path, "shared_expert_intermediate_size", "'64' is not supported; supported: 0 (no shared")
+
+
 def test_the_engines_bucketed_steps_decode_a_moe_as_its_exact_ones(tmp_path: Path) -> None:
     """The embedded engine's static shapes (a CUDA device's default: there without graphs for a MoE, whose routing
     reads the chosen experts on the host) decode a Qwen3MoE's free rows (past the live ones) without changing the
