@@ -1,6 +1,6 @@
 """rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2/Qwen3/Mistral/Phi3 decoders (the local
 layer spec; Mistral's names are Llama's, and Phi3's: its file's fused qkv_proj and gate_up_proj are split into them on
-reading and fused back on writing, `rlctl.models.hf.fusions`, so the table sees q/k/v and gate/up apart).
+reading and fused back on writing, `rlctl.models.hfnames.fusions`, so the table sees q/k/v and gate/up apart).
 
     HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n−o.)    split over tp
     model.embed_tokens.weight      [V, h]   ⇄  embedding.word_embeddings.weight                rows
