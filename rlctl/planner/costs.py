@@ -25,6 +25,8 @@ from rlctl.rl.cuts import pipeline_chunks
 
 TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
+# what a ring hop between two GPUs of one node carries a second (NVLink through NVSwitch: each GPU's own link)
+INTRA_NODE_BYTES_PER_S = 300e9
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,32 @@ def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool)
     return w.grad_bytes / (tp * pp)
 
 
+def ring_time_s(
+    nbytes: float,
+    *,
+    ranks: int,
+    node_bytes_per_s: float | None,
+    rings_per_node: int = 1,
+    all_reduce: bool = True,
+) -> float:
+    """Seconds of a ring all-reduce of `nbytes` on each of `ranks` ranks (`all_reduce` False: a reduce-scatter or an
+    all-gather, half its traffic), the ring ordered by host as NCCL orders it. Each hop carries 2 (n − 1)/n of the
+    bytes, (n − 1)/n for the halves (nccl-tests' doc/PERFORMANCE.md: busbw = algbw · 2 (n − 1)/n, the bytes every
+    link moves), and the slowest hop sets the time. Within a node a hop runs at `INTRA_NODE_BYTES_PER_S`; where the
+    ranks span hosts (`node_bytes_per_s` not None: the inventory's `network.bandwidth_gbps`, a node's NICs) one hop a
+    host boundary and direction goes over the network, NCCL's channels spreading it over all the node's NICs, which
+    the `rings_per_node` rings crossing at once share (a tp group's ranks each ring their own dp group). A GPU's
+    1/gpus_per_node of the NICs, every hop's traffic charged to it, was priced until 2026-12-07: 8 × the time of a
+    ring over 8-GPU nodes."""
+    if ranks < 2:
+        return 0.0
+    hop_bytes = (2 if all_reduce else 1) * (ranks - 1) / ranks * nbytes
+    bytes_per_s = INTRA_NODE_BYTES_PER_S
+    if node_bytes_per_s is not None:
+        bytes_per_s = min(bytes_per_s, node_bytes_per_s / rings_per_node)
+    return hop_bytes / bytes_per_s
+
+
 def train_time_s(
     entry: TrainingEntry,
     dp: int,
@@ -230,9 +258,15 @@ def train_time_s(
         )
         reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
-        per_gpu_bw = node_bytes_per_s / site.gpus_per_node if across else 300e9
-        # a ring all-reduce sends and receives 2 (dp − 1)/dp of the bytes; a reduce-scatter (FSDP2's) half that
-        sync = (1 if fsdp else 2) * (dp - 1) / dp * reduced / per_gpu_bw
+        # every tp rank of a host's tp groups rings its own dp group through the host's NICs (tp groups sit on one
+        # host); FSDP2 reduce-scatters
+        sync = ring_time_s(
+            reduced,
+            ranks=dp,
+            node_bytes_per_s=node_bytes_per_s if across else None,
+            rings_per_node=entry.tp,
+            all_reduce=not fsdp,
+        )
     return compute + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
 

@@ -17,11 +17,13 @@ from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import (
+    INTRA_NODE_BYTES_PER_S,
     TRAIN_STEP_OVERHEAD_S,
     TrainWorkload,
     dp_reduced_bytes,
     fsdp_gathered_bytes,
     rank_bytes,
+    ring_time_s,
     shards_state,
     step_cuts,
     train_curve,
@@ -120,8 +122,9 @@ def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces
     """Every backend sums fp32 gradients, 4 B a parameter (test_dp_grad_bytes.py counts them in a gloo step), where
     the planner priced bf16's 2: a whole replica (megatron's tp 2 split, the torch trainer unsharded) all-reduces them
     once an optimizer step; FSDP2 reduce-scatters them in every backward, 32 cuts of 1,024 samples, where it was
-    priced as one all-reduce. 16 H800s over 2 nodes of 50 GB/s: 6.25 GB/s a GPU."""
-    gpu_bw = 50e9 / 8
+    priced as one all-reduce. 16 H800s over 2 nodes of 50 GB/s: a ring's network hop at a node's 50 GB/s, shared by
+    the tp ranks' rings (`ring_time_s`)."""
+    node_bw = 50e9
 
     def sync_s(model: str, tp: int, dp: int, w: TrainWorkload) -> float:
         """The seconds `w`'s gradients add to a step of `model` at tp × dp H800s."""
@@ -134,16 +137,44 @@ def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces
     w = TrainWorkload(1e6, 1024, 32, 4 * P7)
     assert step_cuts(w) == (32, 32)
     assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True) == 32 * 4 * P7
-    assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(32 * 15 / 16 * 4 * P7 / gpu_bw)  # 146 s (4.6 s before)
+    assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(32 * 15 / 16 * 4 * P7 / node_bw)  # 18.3 s
     whole = dataclasses.replace(w, shards_state=False)
     assert dp_reduced_bytes(whole, tp=2, pp=1, dp=8, fsdp=False) == 4 * P7 / 2
-    assert sync_s("qwen2.5-7b", 2, 8, whole) == pytest.approx(2 * 7 / 8 * 2 * P7 / gpu_bw)  # 4.3 s (2.1 s before)
+    assert sync_s("qwen2.5-7b", 2, 8, whole) == pytest.approx(2 * 7 / 8 * 2 * P7 / (node_bw / 2))  # 1.1 s
     # a 4B replica fits an H800 whole: `auto` all-reduces it once a step, `trainer.shard: fsdp` reduce-scatters a cut
     p4 = BUILTIN_MODELS["qwen3-4b"].params
     auto = TrainWorkload(1e6, 1024, 32, 4 * p4)
-    assert sync_s("qwen3-4b", 1, 16, auto) == pytest.approx(2 * 15 / 16 * 4 * p4 / gpu_bw)
+    assert sync_s("qwen3-4b", 1, 16, auto) == pytest.approx(2 * 15 / 16 * 4 * p4 / node_bw)
     forced = dataclasses.replace(auto, shards_always=True)
-    assert sync_s("qwen3-4b", 1, 16, forced) == pytest.approx(32 * 15 / 16 * 4 * p4 / gpu_bw)
+    assert sync_s("qwen3-4b", 1, 16, forced) == pytest.approx(32 * 15 / 16 * 4 * p4 / node_bw)
+
+
+def test_a_ring_is_as_slow_as_its_slowest_hop() -> None:
+    """A ring all-reduce moves 2 (n − 1)/n of its bytes over every hop (nccl-tests' busbw), a reduce-scatter half
+    that; the slowest hop sets the time. One node: NVLink's hops alone. 2 nodes of 8 GPUs at 400 Gbit/s a node: the
+    network hop at the node's 50 GB/s, where each GPU's 1/8 (6.25 GB/s) was priced; tp 2's two rings share it. A node
+    of 3.2 Tbit/s (400 GB/s) outruns NVLink's hops, which set the time then."""
+    s = 30e9
+    assert ring_time_s(s, ranks=1, node_bytes_per_s=50e9) == 0.0
+    assert ring_time_s(s, ranks=8, node_bytes_per_s=None) == pytest.approx(2 * 7 / 8 * s / INTRA_NODE_BYTES_PER_S)
+    assert ring_time_s(s, ranks=8, node_bytes_per_s=None, all_reduce=False) == pytest.approx(
+        7 / 8 * s / INTRA_NODE_BYTES_PER_S
+    )
+    assert ring_time_s(s, ranks=16, node_bytes_per_s=50e9) == pytest.approx(2 * 15 / 16 * s / 50e9)  # 1.1 s (9 s)
+    assert ring_time_s(s, ranks=16, node_bytes_per_s=50e9, all_reduce=False) == pytest.approx(15 / 16 * s / 50e9)
+    assert ring_time_s(s / 2, ranks=8, node_bytes_per_s=50e9, rings_per_node=2) == pytest.approx(2 * 7 / 8 * s / 50e9)
+    assert ring_time_s(s, ranks=16, node_bytes_per_s=400e9) == pytest.approx(2 * 15 / 16 * s / 300e9)
+    # through train_time_s: 16 H800 ranks of a whole 7B replica (4 B a parameter) over 2 hosts vs one host of 16
+    site = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
+    e = next(x for x in site.training if (x.tp, x.pp) == (2, 1))
+    w = TrainWorkload(1e6, 1024, 32, 4 * P7, shards_state=False)
+    t = {
+        (hosts, bw): train_time_s(e, 8, w, site=site, node_bytes_per_s=bw, hosts=hosts)
+        for hosts, bw in ((1, 50e9), (2, 50e9), (2, 400e9), (2, 800e9))
+    }
+    assert t[(2, 50e9)] - t[(1, 50e9)] == pytest.approx(2 * 7 / 8 * 2 * P7 * (1 / 25e9 - 1 / 300e9))
+    assert t[(2, 400e9)] - t[(1, 50e9)] == pytest.approx(2 * 7 / 8 * 2 * P7 * (1 / 200e9 - 1 / 300e9))
+    assert t[(2, 800e9)] == pytest.approx(t[(1, 50e9)])  # 400 GB/s a ring: NVLink's hops are the slower
 
 
 def test_data_parallel_ranks_beyond_a_cuts_rows_shorten_nothing() -> None:
