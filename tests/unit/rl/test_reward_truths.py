@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.dataset_scan import check_rows
@@ -107,24 +108,12 @@ def test_a_ground_truth_the_builtin_cannot_read_is_a_bad_row_naming_the_field(
     tmp_path: Path, tok: HFTokenizer, reward: str, bad: object, what: str
 ) -> None:
     # a list's str was compared ("['42']"): every output scored 0, nothing said
-    rows = [
-        {"prompt": "a", "reward_model": {"ground_truth": "42"}},
-        {"prompt": "b", "reward_model": {"ground_truth": bad}},
-    ]
-    path = write_jsonl(tmp_path / "t.jsonl", rows)
-    cfg = task(path=path.name, reward=reward)
+    path = _bad_second_row(tmp_path, "42", bad)
     said = (
         f"{path}: 1 of 2 rows are bad: line 2: reward_model.ground_truth: expected {what} (reward {reward} compares "
         "the output's answer with it as text)"
     )
-    for step in (
-        lambda: check_rows(cfg, data_path=path, tokenizer=tok),
-        lambda: prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d"),
-    ):
-        with pytest.raises(ConfigError) as e:
-            step()
-        assert str(e.value) == said
-        assert e.value.hint == "fix the rows, or set `task.bad_rows: skip` to train on the others"
+    _refused_by_check_and_prepare(tmp_path, tok, task(path=path.name, reward=reward), said)
     skip = task(path=path.name, reward=reward, bad_rows="skip")
     assert check_rows(skip, data_path=path, tokenizer=tok) == 1
     assert len(prepare_dataset(skip, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")) == 1
@@ -166,17 +155,29 @@ def test_a_ground_truth_exact_match_cannot_read_is_a_bad_row_naming_the_field(
     tmp_path: Path, tok: HFTokenizer, bad: object, what: str
 ) -> None:
     # its str was compared: "{'value': 42}", "nan", "['42']" matched no output, "True" alone matched True
-    rows = [
-        {"prompt": "a", "reward_model": {"ground_truth": 42.0}},
-        {"prompt": "b", "reward_model": {"ground_truth": bad}},
-    ]
-    path = write_jsonl(tmp_path / "t.jsonl", rows)
-    cfg = task(path=path.name)  # (exact_match: the default)
+    path = _bad_second_row(tmp_path, 42.0, bad)
     expected = what if what.startswith("[") else f"expected {what}"
     said = (
         f"{path}: 1 of 2 rows are bad: line 2: reward_model.ground_truth: {expected} (reward exact_match compares the "
         "output with it as text)"
     )
+    _refused_by_check_and_prepare(tmp_path, tok, task(path=path.name), said)  # (exact_match: the default)
+    assert check_rows(task(path=path.name, bad_rows="skip"), data_path=path, tokenizer=tok) == 1
+    assert check_rows(task(path=path.name, reward="digits"), data_path=path, tokenizer=tok) == 2  # (its own reading)
+
+
+def _bad_second_row(tmp_path: Path, good: object, bad: object) -> Path:
+    """A dataset file of two rows, the second's ground truth `bad`."""
+    rows = [
+        {"prompt": "a", "reward_model": {"ground_truth": good}},
+        {"prompt": "b", "reward_model": {"ground_truth": bad}},
+    ]
+    return write_jsonl(tmp_path / "t.jsonl", rows)
+
+
+def _refused_by_check_and_prepare(tmp_path: Path, tok: HFTokenizer, cfg: DatasetTask, said: str) -> None:
+    """`check_rows` and the launch's `prepare_dataset` refuse the task's file in the one line `said`."""
+    path = tmp_path / cfg.path
     for step in (
         lambda: check_rows(cfg, data_path=path, tokenizer=tok),
         lambda: prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d"),
@@ -184,5 +185,4 @@ def test_a_ground_truth_exact_match_cannot_read_is_a_bad_row_naming_the_field(
         with pytest.raises(ConfigError) as e:
             step()
         assert str(e.value) == said
-    assert check_rows(task(path=path.name, bad_rows="skip"), data_path=path, tokenizer=tok) == 1
-    assert check_rows(task(path=path.name, reward="digits"), data_path=path, tokenizer=tok) == 2  # (its own reading)
+        assert e.value.hint == "fix the rows, or set `task.bad_rows: skip` to train on the others"
