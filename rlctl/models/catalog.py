@@ -48,10 +48,11 @@ class ModelArch:
         return self.params * self.bytes_per_param
 
 
-# Qwen3-30B-A3B (Qwen3MoeForCausalLM): 128 experts of 768 in each of its 48 layers, top 8 a token; its intermediate
-# the config's dense width (no layer of it dense). Parameters: transformers' count on the meta device, and of them
-# the router and 8 experts a token computes with in each layer
+# Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen3MoeForCausalLM): 128 experts (of 768 and 1536) in each of their 48 and 94
+# layers, top 8 a token; their intermediate the config's dense width (no layer of them dense). Parameters:
+# transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer
 QWEN3_30B_A3B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 3_353_032_704}
+QWEN3_235B_A22B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 22_190_763_520}
 
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m
@@ -73,6 +74,7 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ),
         ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9, max_positions=16384),  # Phi3ForCausalLM, untied
         ModelArch("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, 30_532_122_624, **QWEN3_30B_A3B),
+        ModelArch("qwen3-235b-a22b", 94, 4096, 64, 4, 151936, 12288, 235_093_634_560, **QWEN3_235B_A22B),
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         # (its positions TinyGPTConfig's default max_position_embeddings)

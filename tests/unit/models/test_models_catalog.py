@@ -44,29 +44,38 @@ def test_a_built_in_architecture_counts_its_parameters_as_its_config_would(name:
     assert m.params == pytest.approx(config.num_params(), rel=2e-3), (m.params, config.num_params())
 
 
-# Qwen3-30B-A3B's published config.json (the keys its figures and Qwen3MoeConfig's defaults do not give)
+# Qwen3-30B-A3B's and Qwen3-235B-A22B's published config.json (the keys their figures and Qwen3MoeConfig's defaults
+# do not give)
 QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 48,
                  "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
                  "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                  "intermediate_size": 6144, "tie_word_embeddings": False, "max_position_embeddings": 40960,
                  "rope_theta": 1000000.0, "norm_topk_prob": True, "torch_dtype": "bfloat16"}  # fmt: skip
+QWEN3_235B_A22B = {**QWEN3_30B_A3B, "num_hidden_layers": 94, "hidden_size": 4096, "num_attention_heads": 64,
+                   "moe_intermediate_size": 1536, "intermediate_size": 12288}  # fmt: skip
+MOES = {"qwen3-30b-a3b": (QWEN3_30B_A3B, 30_532_122_624, 3_353_032_704),
+        "qwen3-235b-a22b": (QWEN3_235B_A22B, 235_093_634_560, 22_190_763_520)}  # fmt: skip
 
 
-def test_qwen3_30b_a3b_counts_transformers_parameters_and_its_active_ones() -> None:
+@pytest.mark.parametrize("name", list(MOES))
+def test_a_qwen3_moe_counts_transformers_parameters_and_its_active_ones(name: str) -> None:
     """Memory holds every expert (transformers' count on the meta device), a token computes with its router and 8 of
-    128 experts in each layer: 3.35e9 of 30.5e9 (the 'A3B'); an HF directory of that config.json says the same."""
+    128 experts in each layer: 3.35e9 of 30.5e9 (the 'A3B'), 22.2e9 of 235.1e9 (the 'A22B'); an HF directory of that
+    config.json says the same."""
     transformers = pytest.importorskip("transformers")
     import torch
 
-    m = BUILTIN_MODELS["qwen3-30b-a3b"]
+    config, params, active = MOES[name]
+    m = BUILTIN_MODELS[name]
     with torch.device("meta"):
-        own = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**QWEN3_30B_A3B))
-    assert m.params == sum(p.numel() for p in own.parameters()) == 30_532_122_624
-    unused_experts = 48 * (128 - 8) * 3 * 2048 * 768  # each layer's 120 experts a token does not choose
-    assert m.active == m.active_params == m.params - unused_experts == 3_353_032_704
-    arch = TinyGPTConfig.from_hf(QWEN3_30B_A3B).arch("qwen3-30b-a3b")
+        own = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**config))
+    assert m.params == sum(p.numel() for p in own.parameters()) == params
+    layers, hidden, width = config["num_hidden_layers"], config["hidden_size"], config["moe_intermediate_size"]
+    unused_experts = layers * (128 - 8) * 3 * hidden * width  # each layer's 120 experts a token does not choose
+    assert m.active == m.active_params == m.params - unused_experts == active
+    arch = TinyGPTConfig.from_hf(config).arch(name)
     assert arch == m and arch.max_positions == m.max_positions
 
 
 def test_every_built_in_but_the_demo_is_counted_above() -> None:
-    assert set(BUILTIN_MODELS) - {"tiny-demo", "qwen3-30b-a3b"} == set(HF)
+    assert set(BUILTIN_MODELS) - {"tiny-demo", *MOES} == set(HF)
