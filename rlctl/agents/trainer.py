@@ -596,7 +596,9 @@ def _backend(
     shard. What megatron cannot run here is a one-line ConfigError."""
     parallel = parallel_from_env()
     tp, pp, shard = int(parallel.get("tp", 1)), int(parallel.get("pp", 1)), bool(parallel.get("fsdp"))
-    log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, " fsdp" * shard, model_dir)
+    once = bool(parallel.get("reduce_per_step"))  # FSDP2 reduces the gradients once an optimizer step, not a cut
+    sharding = " fsdp" * shard + " (gradients reduced once a step)" * once
+    log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, sharding, model_dir)
     context = job_context(job)
     if job.trainer.backend != "megatron":
         ckpt = job.trainer.activation_checkpointing
@@ -606,6 +608,7 @@ def _backend(
             model_dir,
             compute=compute,
             shard=shard,
+            reduce_per_step=once,
             activation_checkpointing=ckpt,
             context=context,
             adapters=adapters,

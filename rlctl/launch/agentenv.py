@@ -56,6 +56,8 @@ class ParallelConfig:
     rank: int | None = None
     replica: int | None = None
     fsdp: bool | None = None  # trainer: its dp ranks shard one replica (FSDP2) instead of each holding one
+    # trainer, fsdp: FSDP2 reduces the gradients once an optimizer step, not once a cut (`DataParallel.reduce_per_step`)
+    reduce_per_step: bool | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)

@@ -51,7 +51,14 @@ class PlannedAgent:
 def trainer_parallel(plan: dict[str, Any]) -> ParallelConfig:
     t = plan["trainer"]
     p = t.get("parallel") or {"tp": 1, "pp": 1, "dp": int(t["ranks"])}
-    return ParallelConfig("trainer", tp=int(p["tp"]), pp=int(p["pp"]), dp=int(p["dp"]), fsdp=p.get("fsdp") or None)
+    return ParallelConfig(
+        "trainer",
+        tp=int(p["tp"]),
+        pp=int(p["pp"]),
+        dp=int(p["dp"]),
+        fsdp=p.get("fsdp") or None,
+        reduce_per_step=p.get("reduce_per_step") or None,
+    )
 
 
 def checkpoint_writers(plan: dict[str, Any], job: JobFile) -> list[int]:

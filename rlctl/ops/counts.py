@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.config.job import Job, JobFile
 from rlctl.config.pipeline import Pipeline
 from rlctl.errors import ConfigError, PlanError
-from rlctl.planner.split import shard_trainer
+from rlctl.planner.split import trainer_sharding
 
 if TYPE_CHECKING:
     from rlctl.profiler.profile import ProfileFile
@@ -111,8 +111,7 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
         parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
     elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
         parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
-    if shard_trainer(job, tp=parallel["tp"], pp=parallel["pp"], dp=parallel["dp"]):
-        parallel["fsdp"] = True
+    parallel |= trainer_sharding(job, tp=parallel["tp"], pp=parallel["pp"], dp=parallel["dp"])
     out: dict[str, Any] = {
         "source": source,
         "trainer": {"site": placement.trainer.site, "ranks": trainer, "parallel": parallel},

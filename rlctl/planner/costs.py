@@ -114,6 +114,7 @@ class TrainWorkload:
     shards_always: bool = False
     # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
     gathered_bytes: float = 0.0
+    lora: bool = False  # the trained parameters are LoRA adapters (`grad_bytes` theirs): FSDP2 reduces once a step
 
 
 def shards_state(backend: str, *, shard: str) -> bool:
@@ -170,6 +171,18 @@ def runs_fsdp(backend: str, *, shard: str, tp: int, pp: int, dp: int, entry: Tra
     return shard == "fsdp" or not replica_fits(entry, hbm_bytes=hbm_bytes)
 
 
+def holds_grad_sync(
+    entry: TrainingEntry, *, dp: int, hbm_bytes: float, gathered_bytes: float, grad_bytes: float, lora: bool
+) -> bool:
+    """Whether an FSDP2 rank holds gradient sync off in every backward of an optimizer step but its last, so that
+    the step reduce-scatters its gradients once (`rlctl.trainers.base.DataParallel.reduce_per_step`): where the
+    whole model's unsharded fp32 gradients (`grad_bytes`: each rank accumulates them meanwhile) fit beside its
+    sharded state and gathered layers (`rank_fits`), and always with LoRA (`lora`: the adapters' are small). Where
+    they do not, FSDP2 reduce-scatters in every backward (`dp_reduced_bytes`). The plan decides it at its layout
+    (`rlctl.planner.split.reduce_per_step`) and the launch runs it, `rlctl check` judging the rank's memory by it."""
+    return lora or rank_fits(entry, shards=dp, hbm_bytes=hbm_bytes, gathered_bytes=gathered_bytes + grad_bytes)
+
+
 def step_cuts(w: TrainWorkload) -> tuple[int, int]:
     """An optimizer step's cuts (one forward and backward each) and the rows of each: `micro_batch_samples`, fewer
     when a mini-batch holds fewer (`rlctl.rl.cuts`; a cut's token budget is not priced)."""
@@ -178,16 +191,17 @@ def step_cuts(w: TrainWorkload) -> tuple[int, int]:
     return math.ceil(step_samples / rows), rows
 
 
-def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool) -> float:
+def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool, per_step: bool = False) -> float:
     """The gradient bytes a data-parallel rank hands its collectives each optimizer step. Unsharded, its tp × pp
     shard's fp32 gradients, all-reduced once after the step's last backward (`rlctl.rl.gradsum.sum_gradients`: the
     torch trainer's and megatron's, which runs without megatron's DDP; its parameters are fp32). FSDP2 (`fsdp`,
-    `runs_fsdp`) reduce-scatters the gradients in its reduce dtype (fp32: `rlctl.trainers.fsdp.shard`) in every
-    backward, so once a cut (`step_cuts`): the learner accumulates over cuts without holding gradient sync off."""
+    `runs_fsdp`) reduce-scatters the gradients in its reduce dtype (fp32: `rlctl.trainers.fsdp.shard`): once a step
+    where it holds gradient sync off but in the step's last backward (`per_step`, `holds_grad_sync`), else in every
+    backward, so once a cut (`step_cuts`)."""
     if dp < 2:
         return 0.0
     if fsdp:
-        return w.grad_bytes * step_cuts(w)[0]
+        return w.grad_bytes * (1 if per_step else step_cuts(w)[0])
     return w.grad_bytes / (tp * pp)
 
 
@@ -256,7 +270,15 @@ def train_time_s(
             and entry.tp * entry.pp == 1
             and (w.shards_always or not replica_fits(entry, hbm_bytes=site.hbm_bytes))
         )
-        reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp)
+        held = fsdp and holds_grad_sync(
+            entry,
+            dp=dp,
+            hbm_bytes=site.hbm_bytes,
+            gathered_bytes=w.gathered_bytes,
+            grad_bytes=w.grad_bytes,
+            lora=w.lora,
+        )
+        reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp, per_step=held)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
         # every tp rank of a host's tp groups rings its own dp group through the host's NICs (tp groups sit on one
         # host); FSDP2 reduce-scatters

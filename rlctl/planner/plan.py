@@ -58,7 +58,7 @@ from rlctl.planner.search import (
 from rlctl.planner.sim import (
     Unit,
 )
-from rlctl.planner.split import shard_trainer
+from rlctl.planner.split import trainer_sharding
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import (
@@ -332,6 +332,7 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
         shards_state=sharded,
         shards_always=spec.trainer.shard == "fsdp",
         gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
+        lora=bool(adapters),
     )
 
 
@@ -378,7 +379,7 @@ def _assemble(
             "gpus_used": tcfg.gpus,
             "gpus_available": inv.sites[t_site].total_gpus,
             # FSDP2 where the torch trainer shards its replica (the launch's `rlctl.ops.counts.plan_counts` too)
-            "config": tcfg.as_dict() | ({"fsdp": True} if shard_trainer(job, **tcfg.as_dict()) else {}),
+            "config": tcfg.as_dict() | trainer_sharding(job, **tcfg.as_dict()),
             "instances": 1,
             "predicted_s": float(tcurve.seconds[chosen.y]),
         }

@@ -94,14 +94,32 @@ def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:
     (`rlctl.planner.costs.runs_fsdp`: `trainer.shard: fsdp`, or `auto` where a whole replica does not fit one GPU of
     its site, on the planner's figures for the model and the site's GPU): what `rlctl plan` shows and the launch
     runs (`rlctl.ops.counts.plan_counts`)."""
-    from rlctl.planner.costs import runs_fsdp
+    return bool(trainer_sharding(job, tp=tp, pp=pp, dp=dp))
+
+
+def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
+    """The plan's trainer config keys for FSDP2 at tp × pp × dp: {} where it does not shard (`shard_trainer`),
+    {"fsdp": True} where it does, with "reduce_per_step" where its ranks hold their unsharded fp32 gradients
+    between reduce-scatters (`rlctl.planner.costs.holds_grad_sync`: once an optimizer step, versus once a cut)."""
+    from rlctl.planner.costs import fsdp_gathered_bytes, holds_grad_sync, runs_fsdp
     from rlctl.profiler.analytical import training_entry
-    from rlctl.profiler.traincost import lora_params, passes_for
+    from rlctl.profiler.traincost import lora_params, passes_for, trained_models
 
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
     # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
-    passes = passes_for(spec.algorithm, adapter_params=lora_params(spec.model.arch, spec.trainer.lora))
-    entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind, passes=passes)
-    backend, shard = spec.trainer.backend, spec.trainer.shard
-    return runs_fsdp(backend, shard=shard, tp=tp, pp=pp, dp=dp, entry=entry, hbm_bytes=gpu.hbm_gb * 1e9)
+    arch, adapters = spec.model.arch, lora_params(spec.model.arch, spec.trainer.lora)
+    passes = passes_for(spec.algorithm, adapter_params=adapters)
+    entry = training_entry(arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind, passes=passes)
+    backend, shard, hbm_bytes = spec.trainer.backend, spec.trainer.shard, gpu.hbm_gb * 1e9
+    if not runs_fsdp(backend, shard=shard, tp=tp, pp=pp, dp=dp, entry=entry, hbm_bytes=hbm_bytes):
+        return {}
+    held = holds_grad_sync(
+        entry,
+        dp=dp,
+        hbm_bytes=hbm_bytes,
+        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters),
+        grad_bytes=4 * (adapters or arch.params * trained_models(spec.algorithm.kind)),  # as `plan.train_workload`
+        lora=bool(adapters),
+    )
+    return {"fsdp": True} | ({"reduce_per_step": True} if held else {})

@@ -205,9 +205,9 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     if isinstance(learner, StreamingLearner):
         share = learner.backward_share
 
-        def counted(chunk: list[tuple[Sample, float]]) -> None:
+        def counted(chunk: list[tuple[Sample, float]], *, reduce: bool = True) -> None:
             trained[0] += rows([s for s, _ in chunk])
-            share(chunk)
+            share(chunk, reduce=reduce)
 
         learner.backward_share = counted  # type: ignore[method-assign]
     else:

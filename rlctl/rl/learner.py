@@ -74,6 +74,7 @@ _SUMMED = (
 class Chunk(msgspec.Struct, tag="chunk"):
     samples: list[Sample]
     advantages: list[float]
+    reduce: bool = True  # its backward reduces the gradients (`DataParallel.reduce_per_step`: the step's last cut)
 
 
 class Step(msgspec.Struct, tag="step"):
@@ -188,24 +189,31 @@ class StreamingLearner:
         """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
 
         Ready samples are cut in length order (rows and padded-token budget, `rlctl.rl.cuts`); the last
-        cut may still grow with the next arrivals, so it waits unless it is full or this flushes.
+        cut may still grow with the next arrivals, so it waits unless it is full or this flushes. Where FSDP2
+        reduces the gradients once a step (`DataParallel.reduce_per_step`) only the step's last cut reduces them,
+        and which is last is known at the flush alone: a full cut that would leave nothing ready waits for it too.
         """
         rows = [row_tokens(s) for s, _ in self.ready]
         cuts, keep = trainable_cuts(rows, self.micro, max_tokens=self.micro_tokens, flush=flush)
-        for idx in cuts:
-            self._micro_step([self.ready[i] for i in idx])
+        once = self.dp.reduce_per_step
+        if once and not flush and cuts and not keep:
+            keep = cuts.pop()
+        for n, idx in enumerate(cuts, 1):
+            self._micro_step([self.ready[i] for i in idx], reduce=not once or (flush and n == len(cuts)))
         self.ready = [self.ready[i] for i in keep]
 
-    def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
+    def _micro_step(self, chunk: list[tuple[Sample, float]], *, reduce: bool) -> None:
         with self.busy("train"):  # one phase per micro-batch, as on the ranks that follow (their hang is theirs)
             if _world()[1] > 1:
-                _broadcast(Chunk([s for s, _ in chunk], [a for _, a in chunk]))
-            self.backward_share(chunk)
+                _broadcast(Chunk([s for s, _ in chunk], [a for _, a in chunk], reduce))
+            self.backward_share(chunk, reduce=reduce)
 
-    def backward_share(self, chunk: list[tuple[Sample, float]]) -> None:
+    def backward_share(self, chunk: list[tuple[Sample, float]], *, reduce: bool = True) -> None:
         """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank). With a
         sharded policy (FSDP) every rank runs every forward and backward (they are collectives): a rank whose slice
-        is empty runs the chunk's first row with weight 0."""
+        is empty runs the chunk's first row with weight 0; `reduce` False (`DataParallel.reduce_per_step`), FSDP2
+        holds gradient sync off: the backward accumulates this rank's unsharded gradients, reduced by the step's
+        last cut's."""
         t0 = time.monotonic()
         mine, weight = chunk[self.dp.rank :: self.dp.size], 1.0
         if not mine and self.dp.sharded and chunk:
@@ -228,6 +236,8 @@ class StreamingLearner:
                 is_cap=self.cfg.behaviour_cap,
                 clip_eps_high=self.cfg.clip_high,
             )
+            if self.dp.reduce_per_step:
+                self.model.set_requires_gradient_sync(reduce)  # type: ignore[operator]
             (loss * weight).backward()
             for k, v in m.items():
                 self.sums[k] += weight * v
@@ -324,7 +334,7 @@ class StreamingLearner:
             else:
                 assert isinstance(item, Chunk), type(item)
                 with busy("train"):
-                    self.backward_share(list(zip(item.samples, item.advantages, strict=True)))
+                    self.backward_share(list(zip(item.samples, item.advantages, strict=True)), reduce=item.reduce)
 
     def announce_checkpoint(self, version: int) -> None:
         """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""

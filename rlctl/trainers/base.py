@@ -53,12 +53,16 @@ class DataParallel:
     """This rank's place among the model replicas: it trains share `rank` of `size` of every micro-batch,
     and its gradients are summed over `group` (None: torch.distributed's default group, every rank).
     `sharded`: parameters, gradients and optimizer state are sharded over those ranks (FSDP2): the backend
-    reduces the gradients, and every rank holds — and checkpoints — its own part of the state."""
+    reduces the gradients, and every rank holds — and checkpoints — its own part of the state. `reduce_per_step`
+    (sharded alone): FSDP2 holds gradient sync off in every backward of an optimizer step but its last, so each
+    step reduce-scatters the gradients once, not once a cut (each rank holds the unsharded fp32 gradients meanwhile:
+    `rlctl.planner.costs.holds_grad_sync` decides where they fit)."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
     sharded: bool = False
+    reduce_per_step: bool = False
 
 
 def whole_replicas() -> DataParallel:
@@ -177,14 +181,16 @@ def load_backend(
     pp: int = 1,
     compute: Compute | None = None,
     shard: bool = False,
+    reduce_per_step: bool = False,
     activation_checkpointing: bool = False,
     context: int | None = None,
     adapters: Lora | None = None,
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
-    where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`); `context`: the longest
-    sequence it trains on (`torch`: its RoPE tables hold that many positions; None: the model's max_positions; both
-    refuse one longer than a Mistral sliding window that binds, `hf.window_refusal`)."""
+    where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`; `reduce_per_step`: reducing
+    the gradients once an optimizer step, `DataParallel.reduce_per_step`); `context`: the longest sequence it trains
+    on (`torch`: its RoPE tables hold that many positions; None: the model's max_positions; both refuse one longer
+    than a Mistral sliding window that binds, `hf.window_refusal`)."""
     try:
         build = BACKENDS[name]
     except KeyError:
@@ -192,6 +198,7 @@ def load_backend(
     kw: dict[str, Any] = {"shard": shard, "context": context}
     if name == "torch":  # `adapters`: LoRA (`trainer.lora`, rlctl.models.lora), the torch backend's alone
         kw |= {"activation_checkpointing": activation_checkpointing, "adapters": adapters}
+        kw |= {"reduce_per_step": reduce_per_step}
     else:  # refused by rlctl check
         assert adapters is None, "trainer.lora is the torch backend's"
     return build(Path(model_dir), tp=tp, pp=pp, compute=compute, **kw)

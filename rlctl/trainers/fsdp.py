@@ -8,7 +8,9 @@ ranks (CI) and over NCCL on GPUs:
     shard(model)         fully_shard every decoder layer, then the root (embeddings, final norm, lm_head; a tied
                          lm_head is the embedding's one parameter); on CUDA bf16 compute with fp32 gradient
                          reduction (MixedPrecisionPolicy), on a CPU fp32. Gradients are summed over the ranks
-                         (divide factor 1: the learner divides by the iteration's token count, as unsharded)
+                         (divide factor 1: the learner divides by the iteration's token count, as unsharded),
+                         in every backward, or once an optimizer step where the learner holds gradient sync off
+                         (`DataParallel.reduce_per_step`: the plan's `reduce_per_step`, LoRA always)
     wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
                          never a whole model on one device (the reason for sharding)
     local_state(...)     this rank's shards as plain tensors (what its checkpoint shard holds: parameters and

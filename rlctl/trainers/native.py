@@ -25,9 +25,11 @@ from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wi
 
 
 class TorchBackend(TrainerBackend):
-    def __init__(self, model: TinyGPT, *, sharded: bool = False) -> None:
+    def __init__(self, model: TinyGPT, *, sharded: bool = False, reduce_per_step: bool = False) -> None:
         self.model: TinyGPT = model
         self.sharded = sharded
+        # LoRA: the adapters' unsharded gradients are small enough to hold always (`costs.holds_grad_sync`)
+        self.reduce_per_step = sharded and (reduce_per_step or bool(lora.adapters(model)))
         self.lora = bool(lora.adapters(model))  # the trained weights are adapters: what is published is merged
 
     @classmethod
@@ -37,13 +39,15 @@ class TorchBackend(TrainerBackend):
         *,
         compute: Compute | None = None,
         shard: bool = False,
+        reduce_per_step: bool = False,
         activation_checkpointing: bool = False,
         context: int | None = None,
         adapters: Lora | None = None,
     ) -> TorchBackend:
         """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
-        `shard`: FSDP2 over every rank of the default process group; `context`: the longest sequence it trains on
-        (`TinyGPT.empty`; None: the model's max_positions)."""
+        `shard`: FSDP2 over every rank of the default process group (`reduce_per_step`: reducing the gradients once
+        an optimizer step, `DataParallel.reduce_per_step`; always with LoRA); `context`: the longest sequence it
+        trains on (`TinyGPT.empty`; None: the model's max_positions)."""
         device = torch.device("cpu") if compute is None else compute.device
         model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
@@ -52,13 +56,15 @@ class TorchBackend(TrainerBackend):
             lora.add_adapters(model, rank=adapters.rank, alpha=adapters.alpha, targets=adapters.targets)
         if shard:
             fsdp.shard(model, cuda=device.type == "cuda")
-        return cls(model, sharded=shard)
+        return cls(model, sharded=shard, reduce_per_step=reduce_per_step)
 
     def data_parallel(self) -> DataParallel:
         """Every rank trains its share of each micro-batch; sharded, FSDP reduces the gradients and each rank holds
         (and checkpoints) its own part of the parameters and optimizer state."""
         every = whole_replicas()
-        return DataParallel(every.rank, every.size, sharded=self.sharded) if self.sharded else every
+        if not self.sharded:
+            return every
+        return DataParallel(every.rank, every.size, sharded=True, reduce_per_step=self.reduce_per_step)
 
     def critic_trunk(self) -> TinyGPT:
         """A copy of the policy (its `hidden` is the trunk; its lm_head is not used)."""

@@ -50,7 +50,7 @@ def trainer_memory_refusal(
     from the job file (a resume's from the job dir's copy of an HF model)."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
-    from rlctl.profiler.traincost import lora_params, passes_for
+    from rlctl.profiler.traincost import lora_params, passes_for, trained_models
 
     tp, pp, dp = split.tp, split.pp, split.dp
     gpu = site.spec
@@ -68,7 +68,10 @@ def trainer_memory_refusal(
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
     shards = dp if split.fsdp else 1
     gathered = fsdp_gathered_bytes(arch, adapter_params=passes.adapter_params) if shards > 1 else 0.0
-    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered) / 1e9
+    # FSDP2 reducing once a step holds the step's unsharded fp32 gradients too (`costs.holds_grad_sync`)
+    grads = 4 * (passes.adapter_params or arch.params * trained_models(spec.algorithm.kind))
+    held = grads if shards > 1 and split.reduce_per_step else 0.0
+    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
         return None
     if shards > 1:
@@ -77,7 +80,7 @@ def trainer_memory_refusal(
             ", optimizer state and the reference policy" if passes.reference else " and optimizer state"
         )
         parts = f"{state} {state_gb:.1f} GB ÷ {shards} (FSDP2), layers gathered "
-        parts += f"{gathered / 1e9:.1f} GB"
+        parts += f"{gathered / 1e9:.1f} GB" + (f", a step's unsharded gradients {held / 1e9:.1f} GB" if held else "")
     else:
         fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
         weights = (

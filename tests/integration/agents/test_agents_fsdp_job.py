@@ -37,10 +37,11 @@ def test_a_job_with_an_fsdp_sharded_trainer_runs_and_checkpoints_each_part(tmp_p
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 12
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     parallel = json.loads((run / "plan.json").read_text())["trainer"]["parallel"]
-    assert parallel == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    # the tiny model's step of gradients fits beside its shards: FSDP2 reduce-scatters them once a step
+    assert parallel == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True, "reduce_per_step": True}
     for rank in (0, 1):
         log = next(run.glob(f"**/trainer-{rank}*.log")).read_text()
-        assert "trainer backend torch, tp 1 pp 1 fsdp" in log, log[:2000]
+        assert "trainer backend torch, tp 1 pp 1 fsdp (gradients reduced once a step)" in log, log[:2000]
     versions = json.loads((run / "summary.json").read_text())["weights"]["versions"]
     assert len(versions) == 3 and versions[0]["encodings"] == {"full": 1}
     start = load_state_dict(tmp_path / "model")

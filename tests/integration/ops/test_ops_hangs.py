@@ -140,13 +140,13 @@ if _PARALLEL.get("role") == "trainer" and _PARALLEL.get("rank") == 1:
 
     _share, _shares = learner.StreamingLearner.backward_share, [0]
 
-    def hanging_backward_share(self, chunk):
+    def hanging_backward_share(self, chunk, **kw):
         _shares[0] += 1
         mark = _MARKS / "trainer-1"
         if _shares[0] == 4 and not mark.exists():
             mark.touch()
             threading.Event().wait()
-        return _share(self, chunk)
+        return _share(self, chunk, **kw)
 
     learner.StreamingLearner.backward_share = hanging_backward_share
 """

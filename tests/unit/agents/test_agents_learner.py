@@ -113,7 +113,7 @@ def test_groups_without_signal_are_not_run_and_the_step_is_the_batch_step() -> N
     learner = StreamingLearner(streamed, cfg, group_size=4, micro_batch_samples=4)
     trained: list[str] = []
     run = learner.backward_share
-    learner.backward_share = lambda chunk: (trained.extend(s.prompt_id for s, _ in chunk), run(chunk))  # type: ignore[method-assign]
+    learner.backward_share = lambda chunk, **kw: (trained.extend(s.prompt_id for s, _ in chunk), run(chunk, **kw))  # type: ignore[method-assign]
     for s in samples:
         learner.add(s)
         learner.train_ready()

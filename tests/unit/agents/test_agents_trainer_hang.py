@@ -117,11 +117,11 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
         else:
             share, calls = learner.backward_share, [0]
 
-            def stuck(chunk):  # type: ignore[no-untyped-def]
+            def stuck(chunk, **kw):  # type: ignore[no-untyped-def]
                 calls[0] += 1
                 if calls[0] == 3:
                     time.sleep(1000)
-                return share(chunk)
+                return share(chunk, **kw)
 
             learner.backward_share = stuck  # type: ignore[method-assign]
     if rank == 1:

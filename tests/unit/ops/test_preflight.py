@@ -106,7 +106,8 @@ def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Pa
     if backend == "megatron":
         assert par == {"tp": 2, "pp": 1, "dp": 8}
     else:
-        assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True}
+        # each rank holds the step's unsharded gradients beside its shards (they fit): a reduce-scatter a step
+        assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True, "reduce_per_step": True}
     assert refused(job, "placement.trainer.gpus") == []
     plan = make_plan(job, options=PlanOptions(curves_in_output=False))
     (t,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
@@ -117,7 +118,7 @@ def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Pa
     # model do not fit one 80 GB GPU); megatron, without a distributed optimizer, would hold all of it on every
     # rank: refused with the memory figures
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
-    fsdp = {"fsdp": True} if backend == "torch" else {}
+    fsdp = {"fsdp": True, "reduce_per_step": True} if backend == "torch" else {}
     assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
     if backend == "torch":
         assert refused(job, "placement.trainer.gpus") == []
@@ -1917,11 +1918,36 @@ def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Pat
     small = with_shard(small, "fsdp")
     assert shard_trainer(small, tp=1, pp=1, dp=2)
     plan = counts.plan_counts(small, small.spec)
-    assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True, "reduce_per_step": True}
     from rlctl.launch.layout import layout
 
     ranks = [a for a in layout(plan, small.inventory.sites, small.spec) if a.role == "trainer"]
-    assert [json.loads(a.parallel.to_json())["fsdp"] for a in ranks] == [True, True]  # each rank's RLCTL_PARALLEL
+    for a in ranks:  # each rank's RLCTL_PARALLEL
+        assert {k: v for k, v in json.loads(a.parallel.to_json()).items() if k in ("fsdp", "reduce_per_step")} == {
+            "fsdp": True,
+            "reduce_per_step": True,
+        }
+
+
+def test_fsdp_reduces_once_a_step_where_the_steps_gradients_fit_beside_the_shards(tmp_path: Path) -> None:
+    """A 7B torch trainer on H800s (`rlctl.planner.costs.holds_grad_sync`): over 16 ranks its 30.5 GB of fp32
+    gradients fit beside the shards, so the plan reduces them once an optimizer step (the launch's RLCTL_PARALLEL
+    `reduce_per_step`, the learner holding FSDP2's gradient sync off but in the step's last cut); over 2 (70.9 GB a
+    rank) they do not: a reduce-scatter a cut. `rlctl check` counts them in a rank's memory where a split holds
+    them."""
+    from rlctl.launch.agentenv import ParallelConfig
+    from rlctl.ops.preflight.memory import trainer_memory_refusal
+
+    wide = gpu_job(tmp_path, trainer_gpus=16, backend="torch")
+    assert counts.plan_counts(wide, wide.spec)["trainer"]["parallel"]["reduce_per_step"] is True
+    two = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    assert counts.plan_counts(two, two.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    site = two.spec.placement.trainer.site
+    split = ParallelConfig("trainer", dp=2, fsdp=True)
+    assert trainer_memory_refusal(two.spec, site, two.inventory.sites[site], split) is None
+    once = dataclasses.replace(split, reduce_per_step=True)
+    held = trainer_memory_refusal(two.spec, site, two.inventory.sites[site], once)
+    assert held is not None and "need 101.4 GB each" in held and "a step's unsharded gradients 30.5 GB" in held, held
 
 
 def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:

@@ -18,10 +18,12 @@ from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import (
     INTRA_NODE_BYTES_PER_S,
+    TRAIN_MEM_FRACTION,
     TRAIN_STEP_OVERHEAD_S,
     TrainWorkload,
     dp_reduced_bytes,
     fsdp_gathered_bytes,
+    holds_grad_sync,
     rank_bytes,
     ring_time_s,
     shards_state,
@@ -107,9 +109,9 @@ def test_optimizer_steps_and_scale_enter_the_trainer_time() -> None:
     t_steps = train_time_s(e, 4, steps, site=site, node_bytes_per_s=25e9)
     compute = 1e6 * e.gpu_s_per_token / 4
     assert t_scaled - t1 == pytest.approx(compute)
-    # a tp 1 replica does not fit an H800: FSDP2 reduce-scatters once a cut, 16 cuts of 32 rows however many steps
-    # they make, so the steps add their overhead alone
-    assert t_steps - t1 == pytest.approx(3 * TRAIN_STEP_OVERHEAD_S)  # pp = 1: no bubble to grow
+    # a tp 1 replica does not fit an H800: FSDP2 shards it over 4 ranks, beside which the step's unsharded gradients
+    # fit (`holds_grad_sync`): it reduce-scatters them once an optimizer step, so each step adds its sync too
+    assert t_steps - t1 == pytest.approx(3 * (t1 - compute))  # pp = 1: no bubble to grow
     # a whole tp 2 replica (megatron's) all-reduces its gradients once an optimizer step
     tp2 = next(x for x in site.training if (x.tp, x.pp) == (2, 1))
     whole, whole_steps = (dataclasses.replace(w, shards_state=False) for w in (one, steps))
@@ -121,9 +123,9 @@ def test_optimizer_steps_and_scale_enter_the_trainer_time() -> None:
 def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces() -> None:
     """Every backend sums fp32 gradients, 4 B a parameter (test_dp_grad_bytes.py counts them in a gloo step), where
     the planner priced bf16's 2: a whole replica (megatron's tp 2 split, the torch trainer unsharded) all-reduces them
-    once an optimizer step; FSDP2 reduce-scatters them in every backward, 32 cuts of 1,024 samples, where it was
-    priced as one all-reduce. 16 H800s over 2 nodes of 50 GB/s: a ring's network hop at a node's 50 GB/s, shared by
-    the tp ranks' rings (`ring_time_s`)."""
+    once an optimizer step; FSDP2 reduce-scatters them once a step where the step's unsharded fp32 gradients fit
+    beside a rank's shards (`holds_grad_sync`), else in every backward, 32 cuts of 1,024 samples. 16 H800s over
+    2 nodes of 50 GB/s: a ring's network hop at a node's 50 GB/s, shared by the tp ranks' rings (`ring_time_s`)."""
     node_bw = 50e9
 
     def sync_s(model: str, tp: int, dp: int, w: TrainWorkload) -> float:
@@ -137,16 +139,32 @@ def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces
     w = TrainWorkload(1e6, 1024, 32, 4 * P7)
     assert step_cuts(w) == (32, 32)
     assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True) == 32 * 4 * P7
-    assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(32 * 15 / 16 * 4 * P7 / node_bw)  # 18.3 s
+    assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True, per_step=True) == 4 * P7
+    # a 7B's 30 GB of gradients fit beside its shards over 16 H800s: once a step, 0.57 s (18.3 s a cut)
+    assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(15 / 16 * 4 * P7 / node_bw)
+    # a 32B's 131 GB do not (its shards alone fit: 47 GB a rank): a reduce-scatter a cut
+    p32 = BUILTIN_MODELS["qwen2.5-32b"].params
+    big = TrainWorkload(1e6, 1024, 32, 4 * p32)
+    assert sync_s("qwen2.5-32b", 1, 16, big) == pytest.approx(32 * 15 / 16 * 4 * p32 / node_bw)
+    # the rule: a rank's memory with the step's gradients (`rank_fits`); with LoRA always (the trainer holds the
+    # adapters' gradients whatever the plan: `TorchBackend`)
+    site = analytical_profile(BUILTIN_MODELS["qwen2.5-32b"], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
+    e32 = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
+    held = {"dp": 16, "hbm_bytes": site.hbm_bytes, "gathered_bytes": 0.0, "grad_bytes": 4 * p32}
+    assert not holds_grad_sync(e32, **held, lora=False) and holds_grad_sync(e32, **held, lora=True)
+    spare = TRAIN_MEM_FRACTION * site.hbm_bytes - rank_bytes(e32, shards=16)
+    assert holds_grad_sync(e32, **held | {"grad_bytes": spare}, lora=False)
+    assert not holds_grad_sync(e32, **held | {"grad_bytes": spare * 1.01}, lora=False)
     whole = dataclasses.replace(w, shards_state=False)
     assert dp_reduced_bytes(whole, tp=2, pp=1, dp=8, fsdp=False) == 4 * P7 / 2
     assert sync_s("qwen2.5-7b", 2, 8, whole) == pytest.approx(2 * 7 / 8 * 2 * P7 / (node_bw / 2))  # 1.1 s
-    # a 4B replica fits an H800 whole: `auto` all-reduces it once a step, `trainer.shard: fsdp` reduce-scatters a cut
+    # a 4B replica fits an H800 whole: `auto` all-reduces it once a step, `trainer.shard: fsdp` reduce-scatters it
+    # once a step (its gradients fit beside the shards): half the all-reduce's traffic
     p4 = BUILTIN_MODELS["qwen3-4b"].params
     auto = TrainWorkload(1e6, 1024, 32, 4 * p4)
     assert sync_s("qwen3-4b", 1, 16, auto) == pytest.approx(2 * 15 / 16 * 4 * p4 / node_bw)
     forced = dataclasses.replace(auto, shards_always=True)
-    assert sync_s("qwen3-4b", 1, 16, forced) == pytest.approx(32 * 15 / 16 * 4 * p4 / node_bw)
+    assert sync_s("qwen3-4b", 1, 16, forced) == pytest.approx(15 / 16 * 4 * p4 / node_bw)
 
 
 def test_a_ring_is_as_slow_as_its_slowest_hop() -> None:

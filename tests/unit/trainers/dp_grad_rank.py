@@ -2,11 +2,13 @@
 
     python tests/unit/trainers/dp_grad_rank.py RANK WORLD RENDEZVOUS BACKEND MODEL SAMPLES.pt MICRO OUT.pt
 
-Forms a gloo group of WORLD CPU ranks, loads BACKEND ('torch', 'fsdp': the torch backend sharded with FSDP2, or
-'megatron' at tp = pp = 1) on the HF checkpoint MODEL and the GRPO learner on it as the trainer agent does
-(`make_learner`, micro-batches of MICRO rows): rank 0 adds the samples and steps once, the other ranks follow its
-broadcasts. Every call of `torch.distributed.all_reduce` and `reduce_scatter_single` (what `rlctl.rl.gradsum` and
-FSDP2 hand their gradients to) is recorded as it is made. OUT.pt: [(collective, dtype, bytes of its input)].
+Forms a gloo group of WORLD CPU ranks, loads BACKEND ('torch', 'fsdp': the torch backend sharded with FSDP2,
+'fsdp-step': sharded, reducing the gradients once a step (`DataParallel.reduce_per_step`), or 'megatron' at
+tp = pp = 1) on the HF checkpoint MODEL and the GRPO learner on it as the trainer agent does
+(`make_learner`, micro-batches of MICRO rows): rank 0 adds the samples, training what is ready, and steps once, the
+other ranks follow its broadcasts. Every call of `torch.distributed.all_reduce` and `reduce_scatter_single` (what
+`rlctl.rl.gradsum` and FSDP2 hand their gradients to) is recorded as it is made. OUT.pt: {"calls": [(collective,
+dtype, bytes of its input)], "weights": the torch backend's full weights after the step (megatron: none)}.
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    backend = load_backend("megatron" if kind == "megatron" else "torch", model, shard=kind == "fsdp")
+    from rlctl.trainers.fsdp import wire_weights
+
+    sharded = kind.startswith("fsdp")
+    backend = load_backend(
+        "megatron" if kind == "megatron" else "torch", model, shard=sharded, reduce_per_step=kind == "fsdp-step"
+    )
     batch = Batch(samples_per_prompt=4, train_micro_batch_samples=micro)
     learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), batch, ref=None)
     calls: list[tuple[str, str, int]] = []
@@ -51,11 +58,13 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
     if rank > 0:
         learner.follow()
     else:
-        for s in torch.load(samples, weights_only=False):
+        for s in torch.load(samples, weights_only=False):  # trained as they arrive, as the trainer agent does
             learner.add(s)
+            learner.train_ready()
         learner.step()
         learner.stop_followers()
-    torch.save(calls, out)
+    weights = wire_weights(backend.model, dtype=torch.float32, tied=False) if kind != "megatron" else {}
+    torch.save({"calls": calls, "weights": weights}, out)
     dist.barrier()
 
 

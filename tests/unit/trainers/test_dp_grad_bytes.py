@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,12 +28,14 @@ EVEN = dataclasses.replace(CFG, vocab_size=68)  # every tensor shards evenly ove
 MICRO = 3  # 16 samples: 6 cuts
 
 
-def collectives(tmp_path: Path, kind: str) -> list[list[tuple[str, str, int]]]:
-    """Each rank's collectives of one GRPO step of `kind` ('torch', 'fsdp', 'megatron') on 2 gloo ranks."""
+def collectives(tmp_path: Path, kind: str, *, micro: int = MICRO) -> list[dict[str, Any]]:
+    """Each rank's collectives of one GRPO step of `kind` ('torch', 'fsdp', 'fsdp-step', 'megatron') on 2 gloo ranks
+    in cuts of `micro` rows, and its full weights after it (dp_grad_rank.py)."""
+    tmp_path.mkdir(exist_ok=True)
     torch.manual_seed(0)
     TinyGPT(EVEN).save_pretrained(tmp_path / "model")
     torch.save(iterations()[0], tmp_path / "samples.pt")
-    argv = [str(tmp_path / "rdv"), kind, str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(MICRO)]
+    argv = [str(tmp_path / "rdv"), kind, str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(micro)]
     procs = [start_rank(SCRIPT, [str(r), "2", *argv, str(tmp_path / f"out-{r}.pt")], ENV) for r in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -44,23 +47,50 @@ def planned_bytes(tmp_path: Path, kind: str) -> float:
     """The planner's figure for this model and batch, as `rlctl plan` prices it (`plan.train_workload`)."""
     job = gpu_job(tmp_path, trainer_gpus=2, backend="megatron" if kind == "megatron" else "torch")
     spec = job.spec
-    trainer = spec.trainer.model_copy(update={"shard": "fsdp" if kind == "fsdp" else "none"})
+    sharded = kind.startswith("fsdp")
+    trainer = spec.trainer.model_copy(update={"shard": "fsdp" if sharded else "none"})
     batch = Batch(prompts_per_iteration=4, samples_per_prompt=4, train_micro_batch_samples=MICRO)
     job = Job(spec.model_copy(update={"trainer": trainer, "batch": batch}), job.inventory, job.path)
     w = train_workload(job, EVEN.arch("tiny"), train_cost(job, profile_for(job, None), TrainingPasses()), tokens=1e4)
-    assert w.shards_always == (kind == "fsdp") and step_cuts(w) == (6, MICRO)
-    return dp_reduced_bytes(w, tp=1, pp=1, dp=2, fsdp=kind == "fsdp")
+    assert w.shards_always == sharded and step_cuts(w) == (6, MICRO)
+    return dp_reduced_bytes(w, tp=1, pp=1, dp=2, fsdp=sharded, per_step=kind == "fsdp-step")
 
 
 @pytest.mark.parametrize(
-    ("kind", "collective"), [("torch", "all_reduce"), ("fsdp", "reduce_scatter_single"), ("megatron", "all_reduce")]
+    ("kind", "collective"),
+    [
+        ("torch", "all_reduce"),
+        ("fsdp", "reduce_scatter_single"),
+        ("fsdp-step", "reduce_scatter_single"),
+        ("megatron", "all_reduce"),
+    ],
 )
 def test_the_planner_prices_the_gradient_bytes_the_trainer_reduces(tmp_path: Path, kind: str, collective: str) -> None:
     params = sum(p.numel() for p in TinyGPT(EVEN).parameters())
     assert EVEN.arch("tiny").params == params
-    for calls in collectives(tmp_path, kind):
-        grads = [(name, dtype, n) for name, dtype, n in calls if dtype == "torch.float32"]
+    for rank in collectives(tmp_path, kind):
+        grads = [(name, dtype, n) for name, dtype, n in rank["calls"] if dtype == "torch.float32"]
         assert {name for name, _, _ in grads} == {collective}  # (the step's summed figures: one float64 all-reduce)
         sent = sum(n for _, _, n in grads)
-        assert sent == 4 * params * (6 if kind == "fsdp" else 1)  # fp32: every cut's backward (FSDP2), or once
+        # fp32: every cut's backward (FSDP2), or once a step (FSDP2 holding gradient sync off but in its last cut's)
+        assert sent == 4 * params * (6 if kind == "fsdp" else 1)
         assert planned_bytes(tmp_path, kind) == sent
+
+
+@pytest.mark.parametrize("micro", [3, 4])
+def test_a_step_reducing_once_equals_the_unsharded_step(tmp_path: Path, micro: int) -> None:
+    """FSDP2 holding gradient sync off in every cut of a streamed step but its last (`DataParallel.reduce_per_step`)
+    takes the unsharded step: each rank's weights after it equal those of two whole replicas that all-reduce once.
+    Cuts of 3: the last has 1 row (rank 1 runs it at weight 0) and is left for the step's flush; of 4, each group
+    of 4 is a full cut as it arrives, so the learner keeps the last back for the flush (versus reducing none)."""
+    whole = collectives(tmp_path / "whole", "torch", micro=micro)
+    once = collectives(tmp_path / "once", "fsdp-step", micro=micro)
+    start = TinyGPT.from_pretrained(tmp_path / "whole" / "model", dtype=torch.float32).state_dict()
+    params = sum(t.numel() for t in start.values()) - start["lm_head.weight"].numel()  # tied: one parameter
+    for rank in once:
+        sent = [n for name, dtype, n in rank["calls"] if dtype == "torch.float32"]
+        assert sum(sent) == 4 * params  # one reduce-scatter of the step's gradients
+        assert rank["weights"].keys() == whole[0]["weights"].keys()
+        for name, w in whole[0]["weights"].items():
+            torch.testing.assert_close(rank["weights"][name], w, atol=1e-6, rtol=1e-5)
+    assert not any(torch.equal(start[k], v) for k, v in once[0]["weights"].items() if k.endswith("proj.weight"))
