@@ -23,7 +23,8 @@ given keeps the plan's value: `tp=1` alone keeps its pp and dp, so the GPU count
 of replicas, which the operator chooses, not the site's free GPUs). job.json keeps the launch's fields: the run reads
 the split from the plan (`launch.layout.trainer_parallel`), and the checkpoint's state is rebuilt for it
 (`rlctl.checkpoint.resplit`). What that loader does not rebuild is refused here, at the option: FSDP's sharded
-state, and a PPO critic's at another tp × pp.
+state, an unsharded state into the shards of a split the planner shards (`planner.split.trainer_sharding`, as a
+launch at it would run), and a PPO critic's at another tp × pp. So the new plan's trainer is never sharded.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from rlctl.models.catalog import ModelArch
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
 from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.ops.preflight.placement import exclusive_room_problems
-from rlctl.planner.split import split_refusals
+from rlctl.planner.split import split_refusals, trainer_sharding
 
 OPTION = "--trainer-split"
 SYNTAX = "tp=T,pp=P[,dp=D]"
@@ -90,11 +91,23 @@ def resplit_plan(
     given = f"{OPTION} {','.join(f'{k}={v}' for k, v in asked.items())}"
     if (tp, pp, dp) == (was.tp, was.pp, was.dp):
         return None
-    if was.fsdp or (spec.trainer.shard == "fsdp" and dp > 1):
+    name = str(plan["trainer"]["site"])
+    site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
+    # what the planner runs at the new split (FSDP2, and its reduce-scatter a step), as a launch at it would
+    job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+    sharding = trainer_sharding(job, tp=tp, pp=pp, dp=dp) if site is not None else {}
+    if was.fsdp:
         raise UsageError(
             f"{given}: the trainer's state is sharded by FSDP (trainer.shard {spec.trainer.shard!r}, the plan at "
             f"{was.short()}), which a resume does not rebuild at another split",
             hint="resume at the plan's split, or launch the job anew at this one",
+        )
+    if sharding:  # (`checkpoint.choose.split_problem`: nor from a state that is not sharded into FSDP's)
+        now = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp, fsdp=True)
+        raise UsageError(
+            f"{given}: the trainer at {now.short()} is sharded by FSDP (trainer.shard {spec.trainer.shard!r}), and a "
+            f"resume does not rebuild the plan's unsharded state ({was.short()}) into FSDP's shards",
+            hint="resume at a split that is not sharded, or launch the job anew at this one",
         )
     if spec.algorithm.kind == "ppo" and (tp, pp) != (was.tp, was.pp):
         raise UsageError(
@@ -105,8 +118,6 @@ def resplit_plan(
     if refused:
         field, why = refused[0]
         raise UsageError(f"{given}: {_PART_OF[field]} {why}", hint=f"use {SYNTAX} with a split the model divides by")
-    name = str(plan["trainer"]["site"])
-    site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
     split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp)
     if site is not None and (why_not := trainer_memory_refusal(spec, name, site, split, arch=arch)) is not None:
         raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(plan, spec, sites, arch=arch, was=was, dp=dp))
@@ -168,7 +179,8 @@ def _repriced(new: dict[str, Any], *, spec: JobFile, inventory: Inventory) -> di
 
 
 def _with_split(plan: dict[str, Any], *, tp: int, pp: int, dp: int) -> dict[str, Any]:
-    """A copy of `plan` with its trainer at tp × pp × dp (`ranks`, `parallel`)."""
+    """A copy of `plan` with its trainer at tp × pp × dp (`ranks`, `parallel`), unsharded (no `fsdp`: a split the
+    planner shards is refused before, `resplit_plan`)."""
     new = copy.deepcopy(plan)
     new["trainer"]["ranks"], new["trainer"]["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
     return new

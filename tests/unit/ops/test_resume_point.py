@@ -947,6 +947,39 @@ def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) 
     assert e.value.exit_code == 2
 
 
+def test_trainer_split_to_a_dp_the_planner_shards_is_refused_at_the_option() -> None:
+    """Qwen3-4B's torch trainer on a CPU site (4 GB a GPU by the catalog: 16 bytes per parameter do not fit; no
+    memory_gb, so `rlctl check` judges no rank's memory): at dp 1 one unsharded rank, and `trainer.shard: auto`
+    shards it at dp 2 (`planner.split.trainer_sharding`, what a launch at dp 2 writes). Resumed at dp 2 the plan was
+    written unsharded (the trainer ran a whole replica on each rank, where the planner shards it); an unsharded
+    checkpoint is not rebuilt into FSDP's shards (`checkpoint.choose.split_problem`), so it is refused at the
+    option. `shard: none` passes, unsharded."""
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import Job
+    from rlctl.models.catalog import BUILTIN_MODELS
+    from rlctl.ops.trainersplit import resplit_plan
+    from rlctl.planner.split import trainer_sharding
+
+    data = spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
+    data["model"] = {"kind": "builtin", "name": "qwen3-4b"}
+    job, sites = JobFile.model_validate(data), {"t": local_site()}
+    launched = trainer_sharding(Job(job, Inventory(sites, [], ["x"]), Path("x")), tp=1, pp=1, dp=2)
+    assert launched == {"fsdp": True}  # what a launch at dp 2 runs
+    plan = {"trainer": {"site": "t", "ranks": 1, "parallel": {"tp": 1, "pp": 1, "dp": 1}}, "rollout": [],
+            "controller_site": "t"}  # fmt: skip
+    arch = BUILTIN_MODELS["qwen3-4b"]
+    with pytest.raises(UsageError) as e:
+        resplit_plan(plan, {"dp": 2}, spec=job, sites=sites, arch=arch)
+    assert str(e.value) == (
+        "--trainer-split dp=2: the trainer at tp1 pp1 dp2 fsdp is sharded by FSDP (trainer.shard 'auto'), and a "
+        "resume does not rebuild the plan's unsharded state (tp1 pp1 dp1) into FSDP's shards"
+    )
+    assert e.value.exit_code == 2
+    data["trainer"] = {"shard": "none"}
+    new = resplit_plan(plan, {"dp": 2}, spec=JobFile.model_validate(data), sites=sites, arch=arch)
+    assert new is not None and new["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2}
+
+
 def test_trainer_split_past_an_exclusive_slurm_sites_nodes_is_refused_at_the_option(tmp_path: Path) -> None:
     """4 nodes of 8 GPUs whose scheduler gives each SLURM job its nodes whole: the controller, the trainer on 8 GPUs
     and 2 rollout units of tp 2 take the 4. At dp 16 the trainer takes 2 nodes, 5 in all: the site's GPUs hold them
