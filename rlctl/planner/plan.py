@@ -371,6 +371,8 @@ def _assemble(
     tcfg = tcurve.configs[chosen.y]
     if tcfg is None:
         raise PlanError("no feasible trainer configuration")
+    sharding = trainer_sharding(job, **tcfg.as_dict())
+    once = bool(sharding.get("reduce_per_step"))  # its learner holds its last cut to the flush (`simulate_modes`)
     allocation: list[dict[str, Any]] = [
         {
             "site": t_site,
@@ -379,7 +381,7 @@ def _assemble(
             "gpus_used": tcfg.gpus,
             "gpus_available": inv.sites[t_site].total_gpus,
             # FSDP2 where the torch trainer shards its replica (the launch's `rlctl.ops.counts.plan_counts` too)
-            "config": tcfg.as_dict() | trainer_sharding(job, **tcfg.as_dict()),
+            "config": tcfg.as_dict() | sharding,
             "instances": 1,
             "predicted_s": float(tcurve.seconds[chosen.y]),
         }
@@ -406,13 +408,23 @@ def _assemble(
     if not units:
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
-    sim = simulate_modes(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=cache)
+    at_step_s = train_s * (1 - streamed_fraction)
+    sim = simulate_modes(job, lm, units, tw, (train_s, at_step_s), per_site, opts, cache=cache, reduce_per_step=once)
 
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
         plus = [*units, Unit(site, gcurves[site].costs[tp])]
         return simulated_async_s(
-            job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=cache
+            job,
+            lm,
+            plus,
+            tw,
+            train_s,
+            more,
+            opts,
+            streamed_fraction=streamed_fraction,
+            cache=cache,
+            reduce_per_step=once,
         )
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]

@@ -41,7 +41,7 @@ class SimCache:
     simulated once."""
 
     batches: dict[UnitsKey, list[Batch]] = field(default_factory=dict)
-    iterations: dict[tuple[UnitsKey, float, float, float, Mode], float] = field(default_factory=dict)
+    iterations: dict[tuple[UnitsKey, float, float, float, bool, Mode], float] = field(default_factory=dict)
 
 
 def _units_key(units: list[Unit]) -> UnitsKey:
@@ -65,10 +65,12 @@ def simulate_modes(
     modes: tuple[Mode, ...] = MODES,
     report: bool = True,
     cache: SimCache | None = None,
+    reduce_per_step: bool = False,
 ) -> dict[str, Any]:
     """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch); the iteration
     time of each of `modes`, and with `report` the dispatch report. `cache`: what a search that simulates many
-    allocations keeps (`SimCache`)."""
+    allocations keeps (`SimCache`). `reduce_per_step`: the trainer's FSDP2 reduces in a step's last cut alone (the
+    plan's `reduce_per_step`), so its learner holds the last cut until the last sample is in."""
     spec = job.spec
     train_s, at_step_s = train
     cache = SimCache() if cache is None else cache
@@ -88,6 +90,7 @@ def simulate_modes(
             micro_batch_tokens=spec.batch.train_micro_batch_tokens,
             group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
             shares=shares,
+            reduce_per_step=reduce_per_step,
         )
         for lengths, _, g, shares in batches
     ]
@@ -105,7 +108,7 @@ def simulate_modes(
     iteration: dict[Mode, float] = {}
     for m in modes:
         # the works are the batches' (by `key`) with this trainer step, and the job's eta and drain
-        done = (key, w_s, train_s, at_step_s, m)
+        done = (key, w_s, train_s, at_step_s, reduce_per_step, m)
         t = cache.iterations.get(done)
         if math.isinf(w_s):  # no route the weight plane takes reaches a site of this allocation: none it can run
             t = math.inf

@@ -285,11 +285,23 @@ def simulated_async_s(
     *,
     streamed_fraction: float,
     cache: SimCache | None = None,
+    reduce_per_step: bool = False,
 ) -> float:
-    """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`."""
+    """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`
+    (`reduce_per_step`: the trainer's, `simulate_modes`)."""
     at_step = train_s * (1 - streamed_fraction)
     sim = simulate_modes(
-        job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False, cache=cache
+        job,
+        lm,
+        units,
+        tw,
+        (train_s, at_step),
+        per_site,
+        opts,
+        modes=("async",),
+        report=False,
+        cache=cache,
+        reduce_per_step=reduce_per_step,
     )
     return float(sim["predicted"]["iteration_s"]["async"])
 

@@ -3,6 +3,7 @@
 rows (prompt + output tokens) ─▶ length order ─▶ cuts of ≤ `size` rows and, with `max_tokens`,
 ≤ `max_tokens` padded tokens (rows × the longest row; a longer row goes alone)
                                ─▶ `trainable_cuts`: all of them but a partial last one, unless flushing
+                                  (`reduce_per_step`: but the last one, full or not, unless flushing)
 
 At pipeline parallel pp > 1 each cut's rows (on one data-parallel rank) are split into
 `pipeline_chunks(rows, pp)` chunks that overlap across the stages (GPipe inside the cut,
@@ -46,21 +47,34 @@ def cut_lengths(row_tokens: Sequence[int | float], size: int, *, max_tokens: int
 
 
 def trainable_cuts(
-    row_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, flush: bool
+    row_tokens: Sequence[int | float],
+    size: int,
+    *,
+    max_tokens: int | None = None,
+    flush: bool,
+    reduce_per_step: bool = False,
 ) -> tuple[list[list[int]], list[int]]:
     """(the cuts the learner trains now, the rows it holds): the last cut may still grow with the next
-    arrivals, so it waits unless it is full or this flushes (the iteration is in)."""
+    arrivals, so it waits unless it is full or this flushes (the iteration is in). `reduce_per_step` (FSDP2
+    reducing the gradients in a step's last cut alone, `DataParallel.reduce_per_step`): which cut is last is
+    known at the flush alone, so the last cut waits for it, full or not."""
     cuts = cut_lengths(row_tokens, size, max_tokens=max_tokens)
-    held = cuts.pop() if cuts and not flush and len(cuts[-1]) < size else []
+    held = cuts.pop() if cuts and not flush and (reduce_per_step or len(cuts[-1]) < size) else []
     return cuts, held
 
 
 def trained_count(
-    sorted_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, flush: bool
+    sorted_tokens: Sequence[int | float],
+    size: int,
+    *,
+    max_tokens: int | None = None,
+    flush: bool,
+    reduce_per_step: bool = False,
 ) -> int:
     """How many of the rows `trainable_cuts` trains now, of rows given in length order (ascending): it trains
-    them in that order, the first ones, and holds the rest (a partial last cut). The rule on the lengths alone,
-    without the indices (the simulator's learner, thousands of times a plan)."""
+    them in that order, the first ones, and holds the rest (a partial last cut; with `reduce_per_step` the last
+    cut, full or not). The rule on the lengths alone, without the indices (the simulator's learner, thousands of
+    times a plan)."""
     n = len(sorted_tokens)
     if max_tokens is None:
         last = (n - 1) // size * size if n else 0  # the last cut starts there
@@ -70,4 +84,4 @@ def trained_count(
             if cur and (cur == size or (cur + 1) * v > max_tokens):
                 last, cur = i, 0
             cur += 1
-    return last if n and not flush and n - last < size else n
+    return last if n and not flush and (reduce_per_step or n - last < size) else n

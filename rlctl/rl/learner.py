@@ -194,10 +194,8 @@ class StreamingLearner:
         and which is last is known at the flush alone: a full cut that would leave nothing ready waits for it too.
         """
         rows = [row_tokens(s) for s, _ in self.ready]
-        cuts, keep = trainable_cuts(rows, self.micro, max_tokens=self.micro_tokens, flush=flush)
         once = self.dp.reduce_per_step
-        if once and not flush and cuts and not keep:
-            keep = cuts.pop()
+        cuts, keep = trainable_cuts(rows, self.micro, max_tokens=self.micro_tokens, flush=flush, reduce_per_step=once)
         for n, idx in enumerate(cuts, 1):
             self._micro_step([self.ready[i] for i in idx], reduce=not once or (flush and n == len(cuts)))
         self.ready = [self.ready[i] for i in keep]

@@ -326,8 +326,33 @@ def test_a_job_of_many_iterations_runs_each_request_once(monkeypatch: pytest.Mon
     assert len(pushed) == 4 * 12
 
 
+def test_with_reduce_per_step_the_trainer_holds_its_last_full_cut_until_the_last_arrival() -> None:
+    """FSDP2 reducing the gradients in a step's last cut alone (the plan's `reduce_per_step`): the learner knows which
+    cut is last only at the flush, so a full cut that would leave nothing ready waits for it (`rlctl.rl.learner`,
+    `cuts.trainable_cuts`), and up to a cut's compute moves after the last arrival. 1 s per token, cuts of 2."""
+    arrivals, tokens = np.array([1.0, 1.0, 5.0]), np.array([10.0, 10.0, 100.0])
+    # a cut each reduce: [10, 10] trains at 1 (→ 21), the long row at 21 → 121
+    assert learner_train(arrivals, tokens, 2, None, whole=False, free=0.0, s=1.0) == 121.0
+    # reduced once a step: [10, 10] waits for the flush at 5, then 20 + 100 → 125
+    assert learner_train(arrivals, tokens, 2, None, whole=False, free=0.0, s=1.0, reduce_per_step=True) == 125.0
+    # a partial last cut waited anyway: the same as a cut each reduce (a full cut before it trains at once)
+    three = np.array([1.0, 1.0, 1.0, 5.0]), np.array([10.0, 10.0, 10.0, 100.0])
+    assert learner_train(*three, 2, None, whole=False, free=0.0, s=1.0, reduce_per_step=True) == 131.0
+    works = [IterationWork(arrivals, tokens, train_s=120.0, micro_batch_samples=2, reduce_per_step=held)
+             for held in (False, True)]  # fmt: skip
+    assert [simulate_job([w], mode="stream", weight_sync_s=0).train_end_s for w in works] == [[121.0], [125.0]]
+
+
 def _reference_learner(
-    arrivals: list[float], tokens: list[float], size: int, max_tokens: int | None, *, whole: bool, free: float, s: float
+    arrivals: list[float],
+    tokens: list[float],
+    size: int,
+    max_tokens: int | None,
+    *,
+    whole: bool,
+    free: float,
+    s: float,
+    reduce_per_step: bool,
 ) -> float:
     """The learner as `rlctl.rl.cuts.trainable_cuts` cuts the rows it holds, indices and all; arrivals within EPS_S of
     the trainer's now are now's (the simulator's rule: a float rounding apart is one event)."""
@@ -338,7 +363,9 @@ def _reference_learner(
         while k < n and arrivals[k] <= now + EPS_S:
             ready.append(k)
             k += 1
-        cuts, held = trainable_cuts([tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
+        cuts, held = trainable_cuts(
+            [tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n, reduce_per_step=reduce_per_step
+        )
         t = now + s * sum(tokens[ready[i]] for c in cuts for i in c)
         ready = [ready[i] for i in held]
     return t
@@ -351,19 +378,22 @@ def _reference_learner(
     st.booleans(),
     st.floats(0.0, 10.0),
     st.sampled_from([0.01, 0.3]),
+    st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
 @example(  # two arrivals a float rounding apart: one event for the simulator, two for a reference by exact equality
-    rows=[(20.0, 1), (19.999999999999996, 1)], size=1, max_tokens=None, whole=False, free=0.0, s=0.01
+    rows=[(20.0, 1), (19.999999999999996, 1)], size=1, max_tokens=None, whole=False, free=0.0, s=0.01, once=False
 )
 def test_the_learner_on_lengths_alone_trains_as_its_cuts_do(
-    rows: list[tuple[float, int]], size: int, max_tokens: int | None, whole: bool, free: float, s: float
+    rows: list[tuple[float, int]], size: int, max_tokens: int | None, whole: bool, free: float, s: float, once: bool
 ) -> None:
-    """The simulator's learner keeps the lengths it holds, not their rows: the same training end, float for float."""
+    """The simulator's learner keeps the lengths it holds, not their rows: the same training end, float for float
+    (`once`: FSDP2 reducing in a step's last cut alone, the last cut held to the flush)."""
     rows = sorted(rows, key=lambda r: r[0])
     arrivals, tokens = [float(a) for a, _ in rows], [float(n) for _, n in rows]
-    got = learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, whole=whole, free=free, s=s)
-    assert got == _reference_learner(arrivals, tokens, size, max_tokens, whole=whole, free=free, s=s)
+    kw = {"whole": whole, "free": free, "s": s, "reduce_per_step": once}
+    got = learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, **kw)
+    assert got == _reference_learner(arrivals, tokens, size, max_tokens, **kw)
 
 
 def _event_loop_instance(
