@@ -23,10 +23,19 @@ PHI3_ROPE_SUPPORTED = " for Phi3: default RoPE (rope_theta) and 'longrope' scali
 _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "default": ((), ()),
     "linear": (("factor",), ()),
-    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    # (llama3's and yarn's pretraining context, where config.json has none, is max_position_embeddings: `resolved`)
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor"), ("original_max_position_embeddings",)),
     "yarn": (
-        ("factor", "original_max_position_embeddings"),
-        ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+        ("factor",),
+        (
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "attention_factor",
+            "truncate",
+        ),
     ),
     # (its pretraining context is a Phi3's top-level original_max_position_embeddings: `fit_to_heads`)
     "longrope": (("short_factor", "long_factor"), ("factor", "attention_factor", "original_max_position_embeddings")),
@@ -55,7 +64,9 @@ class RopeScaling:
                 `attention_scaling` in both (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini: L 4096)
 
     The fields are config.json's keys, None where it has none (`to_hf` writes back what was read), but longrope's L:
-    a Phi3's top-level original_max_position_embeddings (transformers reads that one), always set.
+    a Phi3's top-level original_max_position_embeddings (transformers reads that one), always set. llama3's and yarn's
+    L where config.json has none is the model's max_position_embeddings, as transformers 5's `standardize_rope_params`
+    sets it (and vLLM, which calls it): the computations take a scaling `resolved` against the model.
     """
 
     kind: Literal["linear", "llama3", "yarn", "longrope"]
@@ -122,24 +133,39 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def resolved(s: RopeScaling | None, max_position_embeddings: int) -> RopeScaling | None:
+    """`s` with llama3's or yarn's pretraining context set: max_position_embeddings where config.json has none, as
+    transformers 5 (`standardize_rope_params`) and vLLM 0.32 (which calls it) compute."""
+    if s is None or s.kind not in ("llama3", "yarn") or s.original_max_position_embeddings is not None:
+        return s
+    return dataclasses.replace(s, original_max_position_embeddings=max_position_embeddings)
+
+
 def max_positions(max_position_embeddings: int, s: RopeScaling | None) -> int:
     """The longest sequence (prompt + output) a model is run on: vLLM's derived `max_model_len` (vllm/config/model.py
     `_get_and_verify_max_len`), which transformers does not bound. linear and yarn multiply by their factor: yarn the
     pretraining context (original_max_position_embeddings, whatever max_position_embeddings says), linear
-    max_position_embeddings; llama3's and longrope's max_position_embeddings is already the scaled context."""
-    if s is None or s.kind in ("llama3", "longrope"):
+    max_position_embeddings; llama3's and longrope's max_position_embeddings is already the scaled context, and so is
+    yarn's without original_max_position_embeddings (vLLM 0.32 does not multiply it)."""
+    if _not_multiplied(s):
         return max_position_embeddings
+    assert s is not None
     base = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
     assert base is not None and s.factor is not None
     return int(base * s.factor)
 
 
+def _not_multiplied(s: RopeScaling | None) -> bool:
+    yarn_unsaid = s is not None and s.kind == "yarn" and s.original_max_position_embeddings is None
+    return s is None or s.kind in ("llama3", "longrope") or yarn_unsaid
+
+
 def positions_said(max_position_embeddings: int, s: RopeScaling | None) -> str | None:
     """How `max_positions` came from config.json where a scaling multiplied it (None where it is
     max_position_embeddings): `original_max_position_embeddings 32768 × 'yarn' factor 4`."""
-    if s is None or s.kind in ("llama3", "longrope"):
+    if _not_multiplied(s):
         return None
-    assert s.factor is not None
+    assert s is not None and s.factor is not None
     base = "original_max_position_embeddings" if s.kind == "yarn" else "max_position_embeddings"
     count = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
     return f"{base} {count} × {s.kind!r} factor {s.factor:g}"
@@ -176,6 +202,15 @@ def read_rope(
     if not phi3:
         _whole_rotary(d, "", bad)
     theta, scaling = next(iter(found.values()), (d.get("rope_theta", 10000.0), None))
+    top = d.get("original_max_position_embeddings")
+    if not phi3 and scaling is not None and scaling.kind in ("llama3", "yarn") and top is not None:
+        said = scaling.original_max_position_embeddings  # (standardize_rope_params: the top-level key wins over it)
+        if top != said:
+            raise bad(
+                "original_max_position_embeddings",
+                f"{top!r} at the top of config.json, which transformers and vLLM put over RoPE {scaling.kind!r}'s "
+                f"{'(none: max_position_embeddings)' if said is None else said}; give it in the RoPE entry alone",
+            )
     if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
         raise bad("rope_theta", f"{theta!r} is not a positive number")
     return float(theta), scaling
@@ -284,7 +319,7 @@ def _rope_entry(
     low, high = got["low_freq_factor"], got["high_freq_factor"]
     if high <= low:  # (the band between them is interpolated over high − low)
         raise bad(f"{key}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}")
-    return theta, RopeScaling("llama3", got["factor"], low, high, got["original_max_position_embeddings"])
+    return theta, RopeScaling("llama3", got["factor"], low, high, got.get("original_max_position_embeddings"))
 
 
 def _value(v: Any, where: str, bad: Bad) -> Any:

@@ -114,7 +114,8 @@ def _scaled(inv_freq: torch.Tensor, s: hf.RopeScaling | None, theta: float) -> t
     assert s.low_freq_factor is not None and s.high_freq_factor is not None and s.original_max_position_embeddings
     # turns over the pretraining context (its length ÷ the wavelength 2π/freq): the llama3 bands are [.., low]
     # (÷ factor), [high, ..] (kept), and in between the weight of the kept frequency rises linearly from 0 to 1
-    turns = s.original_max_position_embeddings * inv_freq / (2 * math.pi)
+    # (written as transformers' context / wavelength, which rounds otherwise than context · freq / 2π in fp32)
+    turns = s.original_max_position_embeddings / (2 * math.pi / inv_freq)
     kept = ((turns - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0, 1)
     return (1 - kept) * inv_freq / factor + kept * inv_freq
 
@@ -449,7 +450,9 @@ class TinyGPT(nn.Module):
             return cos, (sin * a).float()
 
         if s is None or s.kind != "longrope":
-            self.rope_cos, self.rope_sin_signed = tables(_scaled(1.0 / (c.rope_theta**half), s, c.rope_theta))
+            self.rope_cos, self.rope_sin_signed = tables(
+                _scaled(1.0 / (c.rope_theta**half), rope.resolved(s, c.max_position_embeddings), c.rope_theta)
+            )
             return
         assert s.short_factor is not None and s.long_factor is not None and c.longrope_context is not None
         # (as transformers' _compute_longrope_parameters: 1 / (factor · θ^(2i/d)))

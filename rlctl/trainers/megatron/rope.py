@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any
 
 from rlctl.models.hf import TinyGPTConfig
-from rlctl.models.rope import YARN_BETA_FAST, YARN_BETA_SLOW
+from rlctl.models.rope import YARN_BETA_FAST, YARN_BETA_SLOW, resolved
 
 MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -42,6 +42,8 @@ def rope_args(c: TinyGPTConfig) -> dict[str, Any]:
         return {"position_embedding_type": "rope", "rotary_percent": c.partial_rotary_factor}
     if s is None:
         return {"position_embedding_type": "rope"}
+    s = resolved(s, c.max_position_embeddings)  # (llama3's and yarn's pretraining context set)
+    assert s is not None
     if s.kind == "linear":
         return {"position_embedding_type": "rope", "seq_len_interpolation_factor": s.factor}
     if s.kind == "yarn":
@@ -67,7 +69,7 @@ def yarn_config(c: TinyGPTConfig) -> dict[str, Any]:
     """The attributes GPTModel (building YarnRotaryEmbedding) and Attention (its cos/sin factor) read off the
     TransformerConfig for RoPE 'yarn'; {} for the others. mscale and mscale_all_dim go in only where both are given:
     transformers' factor is 0.1·ln(factor) + 1 otherwise, megatron-core's too where either is None."""
-    s = c.rope_scaling
+    s = resolved(c.rope_scaling, c.max_position_embeddings)
     if s is None or s.kind != "yarn":
         return {}
     both = s.mscale is not None and s.mscale_all_dim is not None

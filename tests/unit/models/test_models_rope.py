@@ -129,8 +129,13 @@ def test_a_partial_rotary_factor_of_1_is_whole_rope(tmp_path: Path, where: str) 
          "RoPE 'dynamic' is not supported; supported: default RoPE (rope_theta), 'linear', 'llama3' and 'yarn' "
          "scaling"),
         ("rope_scaling", {"type": "longrope", "factor": 2.0}, "RoPE 'longrope' is not supported"),
-        ("rope_scaling.original_max_position_embeddings", {k: v for k, v in LLAMA3.items() if k[0] != "o"},
-         "missing; RoPE 'llama3' needs factor, low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+        ("rope_scaling.low_freq_factor", {k: v for k, v in LLAMA3.items() if k[0] != "l"},
+         "missing; RoPE 'llama3' needs factor, low_freq_factor, high_freq_factor"),
+        ("original_max_position_embeddings", {k: v for k, v in LLAMA3.items() if k[0] != "o"},
+         "64 at the top of config.json, which transformers and vLLM put over RoPE 'llama3''s (none: "
+         "max_position_embeddings); give it in the RoPE entry alone"),
+        ("original_max_position_embeddings", YARN,
+         "64 at the top of config.json, which transformers and vLLM put over RoPE 'yarn''s 32; give it"),
         ("rope_scaling.factor", {**LINEAR, "factor": 0}, "0 is not a positive number"),
         ("rope_scaling.original_max_position_embeddings", {**LLAMA3, "original_max_position_embeddings": 32.5},
          "32.5 is not a positive integer"),
@@ -140,8 +145,8 @@ def test_a_partial_rotary_factor_of_1_is_whole_rope(tmp_path: Path, where: str) 
         ("partial_rotary_factor", 0.75, "0.75 is not supported (RoPE on part of each head); supported: 1.0"),
         ("rope_scaling", {**LINEAR, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'linear'"),
         ("rope_scaling", {**YARN, "low_freq_factor": 1.0}, "['low_freq_factor'] with RoPE 'yarn' is not supported"),
-        ("rope_scaling.original_max_position_embeddings", {"rope_type": "yarn", "factor": 4.0},
-         "missing; RoPE 'yarn' needs factor, original_max_position_embeddings"),
+        ("rope_scaling.factor", {"rope_type": "yarn", "original_max_position_embeddings": 32},
+         "missing; RoPE 'yarn' needs factor"),
         ("rope_scaling.factor", {**YARN, "factor": 0.5},
          "0.5 is below 1; YaRN's factor is the context's extension, ≥ 1"),
         ("rope_scaling.beta_fast", {**YARN, "beta_fast": 0.5},
@@ -160,8 +165,50 @@ def test_other_scalings_are_refused_in_one_line(key: str, rope: Any, complaint: 
         cfg |= {"rope_scaling": LINEAR, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
     elif key == "partial_rotary_factor":  # Phi-4-mini's place for it: beside rope_scaling
         cfg[key] = rope
+    elif key == "original_max_position_embeddings":  # beside the entry (a Phi3's place for it)
+        cfg |= {"rope_scaling": rope, key: 64}
+        cfg.pop("rope_parameters")
     else:
         cfg.pop("rope_parameters")
         cfg[key.split(".")[0]] = rope
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     refused_in_one_line(tmp_path, key, complaint)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize(
+    ("rope", "qwen2"),
+    [({k: v for k, v in LLAMA3.items() if k[0] != "o"}, False), ({"rope_type": "yarn", "factor": 4.0}, True)],
+    ids=["llama3", "yarn-qwen2"],
+)
+def test_a_scaling_without_its_pretraining_context_takes_max_position_embeddings(
+    rope: dict[str, Any], qwen2: bool, legacy: bool, tmp_path: Path
+) -> None:
+    """llama3 and yarn without original_max_position_embeddings: transformers 5 (standardize_rope_params) and vLLM 0.32
+    (which calls it) take max_position_embeddings, 128 here; so rlctl computes, and its context is 128 as vLLM derives
+    it (llama3's, and yarn's without the key, not multiplied). Refused before (missing; RoPE 'llama3' needs ...).
+    Written back as read: transformers computes the same from the export."""
+    ref = llama(rope, tmp_path / "in", legacy=legacy, qwen2=qwen2)
+    cfg = json.loads((tmp_path / "in" / "config.json").read_text())
+    assert cfg.get("rope_parameters", {}).pop("original_max_position_embeddings", 128) == 128  # (transformers' own)
+    (tmp_path / "in" / "config.json").write_text(json.dumps(cfg))
+    model = TinyGPT.from_pretrained(tmp_path / "in").eval()
+    assert model.config.rope_scaling == RopeScaling(
+        kind=rope["rope_type"], **{k: v for k, v in rope.items() if k != "rope_type"}
+    )
+    assert model.context == model.config.max_positions == 128
+    x = tokens(3, 128)
+    with torch.no_grad():
+        got, want = model(x), ref(input_ids=x).logits
+        unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
+        unscaled.load_state_dict(model.state_dict())
+        apart = (unscaled(x) - want).abs().max()
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert apart > 100 * ATOL
+    model.save_pretrained(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["rope_scaling"] == rope and "original_max_position_embeddings" not in written
+    assert read_config(tmp_path / "out") == model.config
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=x).logits, want, atol=ATOL, rtol=0)

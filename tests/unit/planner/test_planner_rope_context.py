@@ -33,8 +33,11 @@ transformers = pytest.importorskip("transformers")
         (128, RopeScaling("linear", 4.0), 512),
         (131072, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 131072),  # Llama 3.1's 131072 is the scaled context
         (4096, None, 4096),
+        # without original_max_position_embeddings: vLLM 0.32 takes max_position_embeddings, not multiplied
+        (64, RopeScaling("yarn", 4.0), 64),
+        (64, RopeScaling("llama3", 8.0, 1.0, 4.0), 64),
     ],
-    ids=["qwen3-yarn", "qwen2.5-yarn", "yarn-below", "linear", "llama3", "none"],
+    ids=["qwen3-yarn", "qwen2.5-yarn", "yarn-below", "linear", "llama3", "none", "yarn-unsaid", "llama3-unsaid"],
 )
 def test_the_context_is_vllms_max_model_len(positions: int, scaling: RopeScaling | None, context: int) -> None:
     c = TinyGPTConfig(max_position_embeddings=positions, rope_scaling=scaling)

@@ -7,6 +7,7 @@ compute, are refused, by the backend and by `rlctl check`, in one line. A Phi3's
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from rlctl.trainers.megatron import names
 from tests.unit.rope_checkpoints import LINEAR, LLAMA3, LLAMA31, YARN, YARN_ATTENTION, YARN_TUNED, llama, phi3
 
 pytest.importorskip("transformers")
+YARN_UNSAID = {"rope_type": "yarn", "factor": 4.0}
 pytestmark = pytest.mark.usefixtures("megatron_rank")
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,11 +55,16 @@ def megatron_job(model: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("rope", "qwen2"),
-    [(LLAMA31, False), (LINEAR, False), (YARN, False), (YARN, True), (YARN_TUNED, True)],
-    ids=["llama3", "linear", "yarn", "yarn-qwen2", "yarn-tuned-qwen2"],
+    [(LLAMA31, False), (LINEAR, False), (YARN, False), (YARN, True), (YARN_TUNED, True), (YARN_UNSAID, True)],
+    ids=["llama3", "linear", "yarn", "yarn-qwen2", "yarn-tuned-qwen2", "yarn-unsaid-qwen2"],
 )
 def test_logits_equal_the_torch_backend(rope: dict[str, Any], qwen2: bool, tmp_path: Path) -> None:
+    """(yarn-unsaid: no original_max_position_embeddings, so max_position_embeddings 128, as transformers takes it)"""
     ref = llama(rope, tmp_path / "in", qwen2=qwen2)
+    if rope is YARN_UNSAID:  # (transformers writes its 128 in)
+        cfg = json.loads((tmp_path / "in" / "config.json").read_text())
+        del cfg["rope_parameters"]["original_max_position_embeddings"]
+        (tmp_path / "in" / "config.json").write_text(json.dumps(cfg))
     backend = load_backend("megatron", tmp_path / "in")
     model, torch_model = backend.model.eval(), TinyGPT.from_pretrained(tmp_path / "in").eval()
     backend.save_pretrained(tmp_path / "out")  # its exports carry the scaling, as read
