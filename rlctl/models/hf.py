@@ -143,7 +143,7 @@ class TinyGPTConfig:
     @property
     def max_positions(self) -> int:
         """The longest sequence (prompt + output) the model is run on, as vLLM derives it (`rope.max_positions`):
-        max_position_embeddings, times a linear or yarn scaling's factor. Every rlctl path holds sequences to it:
+        max_position_embeddings, times a linear scaling's factor. Every rlctl path holds sequences to it:
         `rlctl check`, the engines, the trainers."""
         return rope.max_positions(self.max_position_embeddings, self.rope_scaling)
 

@@ -143,32 +143,24 @@ def resolved(s: RopeScaling | None, max_position_embeddings: int) -> RopeScaling
 
 def max_positions(max_position_embeddings: int, s: RopeScaling | None) -> int:
     """The longest sequence (prompt + output) a model is run on: vLLM's derived `max_model_len` (vllm/config/model.py
-    `_get_and_verify_max_len`), which transformers does not bound. linear and yarn multiply by their factor: yarn the
-    pretraining context (original_max_position_embeddings, whatever max_position_embeddings says), linear
-    max_position_embeddings; llama3's and longrope's max_position_embeddings is already the scaled context, and so is
-    yarn's without original_max_position_embeddings (vLLM 0.32 does not multiply it)."""
-    if _not_multiplied(s):
+    `_get_and_verify_max_len`), which transformers does not bound: a 'linear' scaling multiplies max_position_embeddings
+    by its factor; llama3's, longrope's and yarn's max_position_embeddings is already the scaled context (vLLM 0.32:
+    "YaRN variants leave max_position_embeddings already scaled", as transformers' `_compute_yarn_parameters` assumes),
+    versus yarn's original_max_position_embeddings × factor, which vLLM refuses to start with where it is more
+    (Qwen3's 32768 × 4 against its 40960)."""
+    if s is None or s.kind != "linear":
         return max_position_embeddings
-    assert s is not None
-    base = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
-    assert base is not None and s.factor is not None
-    return int(base * s.factor)
-
-
-def _not_multiplied(s: RopeScaling | None) -> bool:
-    yarn_unsaid = s is not None and s.kind == "yarn" and s.original_max_position_embeddings is None
-    return s is None or s.kind in ("llama3", "longrope") or yarn_unsaid
+    assert s.factor is not None
+    return int(max_position_embeddings * s.factor)
 
 
 def positions_said(max_position_embeddings: int, s: RopeScaling | None) -> str | None:
     """How `max_positions` came from config.json where a scaling multiplied it (None where it is
-    max_position_embeddings): `original_max_position_embeddings 32768 × 'yarn' factor 4`."""
-    if _not_multiplied(s):
+    max_position_embeddings): `max_position_embeddings 4096 × 'linear' factor 4`."""
+    if s is None or s.kind != "linear":
         return None
-    assert s is not None and s.factor is not None
-    base = "original_max_position_embeddings" if s.kind == "yarn" else "max_position_embeddings"
-    count = s.original_max_position_embeddings if s.kind == "yarn" else max_position_embeddings
-    return f"{base} {count} × {s.kind!r} factor {s.factor:g}"
+    assert s.factor is not None
+    return f"max_position_embeddings {max_position_embeddings} × {s.kind!r} factor {s.factor:g}"
 
 
 def longrope_refusal(s: RopeScaling | None, context: int) -> str | None:

@@ -403,7 +403,7 @@ class TinyGPT(nn.Module):
     rope_cos_long: torch.Tensor
     rope_sin_signed_long: torch.Tensor
     # positions the RoPE tables hold, the most a sequence may have: the model's (`TinyGPTConfig.max_positions`:
-    # max_position_embeddings, × a linear or yarn scaling's factor), or a job's context where that is less
+    # max_position_embeddings, × a linear scaling's factor), or a job's context where that is less
     # (`empty`: 1,024,000 positions of fp32 tables are ≈ 1 GiB a model, for none of them used)
     context: int
     # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,

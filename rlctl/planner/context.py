@@ -1,5 +1,5 @@
 """The longest request a job's task sends against its model's context (max_position_embeddings, × the factor of a
-linear or yarn RoPE scaling, as vLLM derives max_model_len: `TinyGPTConfig.max_positions`): the rule `rlctl plan`
+linear RoPE scaling, as vLLM derives max_model_len: `TinyGPTConfig.max_positions`): the rule `rlctl plan`
 refuses a job by and `rlctl check` says (`rlctl.ops.preflight.data.context_problems`), in the same line. The engines
 refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer sequence, inside the agents,
 after launch; a plan of one prices sequences the model cannot hold.

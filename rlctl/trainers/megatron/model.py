@@ -214,7 +214,7 @@ class StagedGPT(nn.Module):
     def _run(self, tokens: torch.Tensor, *, width: int) -> torch.Tensor:
         """The last stage's output [B, T, width] (fp32) on every rank of the pipeline."""
         b, t = tokens.shape
-        if t > self.config.max_positions:  # (max_position_embeddings, × a linear or yarn scaling's factor)
+        if t > self.config.max_positions:  # (max_position_embeddings, × a linear scaling's factor)
             raise ValueError(f"sequence of {t} tokens > the model's max_positions {self.config.max_positions}")
         if (why := window_refusal(self.config, t)) is not None:  # (its attention attends to every earlier position)
             raise ValueError(f"sliding_window {why}")
