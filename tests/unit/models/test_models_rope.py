@@ -37,6 +37,19 @@ def tokens(batch: int, length: int, *, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+def assert_scaled_logits_equal(model: TinyGPT, ref: Any, x: torch.Tensor) -> torch.Tensor:
+    """`model`'s logits of `x` equal transformers' (`ref`) within ATOL, and the same weights without the RoPE scaling
+    give logits more than 100 × ATOL apart: the scaling is what the comparison checks. Returns transformers'."""
+    with torch.no_grad():
+        got, want = model(x), ref(input_ids=x).logits
+        unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
+        unscaled.load_state_dict(model.state_dict())
+        apart = (unscaled(x) - want).abs().max()
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert apart > 100 * ATOL
+    return want
+
+
 @pytest.mark.parametrize("rope", [LLAMA3, LLAMA31], ids=["context-32", "llama-3.1"])
 def test_the_llama3_test_configs_have_every_band(rope: dict[str, Any]) -> None:
     """What makes the parity tests (here and test_megatron_rope.py) check all three of llama3's cases."""
@@ -57,14 +70,8 @@ def test_logits_equal_transformers_past_the_pretraining_context(
     assert model.config.rope_scaling == RopeScaling(
         kind=rope["rope_type"], **{k: v for k, v in rope.items() if k != "rope_type"}
     )
-    x = tokens(3, 100)  # positions to 99, past the 32 of llama3's and yarn's pretraining context
-    with torch.no_grad():
-        got, want = model(x), ref(input_ids=x).logits
-        unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
-        unscaled.load_state_dict(model.state_dict())
-        apart = (unscaled(x) - want).abs().max()
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    assert apart > 100 * ATOL  # the scaling is what the comparison checks
+    # positions to 99, past the 32 of llama3's and yarn's pretraining context
+    assert_scaled_logits_equal(model, ref, tokens(3, 100))
 
 
 @pytest.mark.parametrize("rope", [LLAMA3, YARN], ids=["llama3", "yarn"])
@@ -198,13 +205,7 @@ def test_a_scaling_without_its_pretraining_context_takes_max_position_embeddings
     )
     assert model.context == model.config.max_positions == 128
     x = tokens(3, 128)
-    with torch.no_grad():
-        got, want = model(x), ref(input_ids=x).logits
-        unscaled = TinyGPT(dataclasses.replace(model.config, rope_scaling=None))
-        unscaled.load_state_dict(model.state_dict())
-        apart = (unscaled(x) - want).abs().max()
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    assert apart > 100 * ATOL
+    want = assert_scaled_logits_equal(model, ref, x)
     model.save_pretrained(tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["rope_scaling"] == rope and "original_max_position_embeddings" not in written
