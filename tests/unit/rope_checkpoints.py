@@ -45,6 +45,24 @@ def bands(rope: dict[str, Any]) -> set[str]:
     return {"kept" if t > high else "divided" if t < low else "between" for t in turns}
 
 
+# the tiny models' shape: hidden 64, 2 layers, 2 heads of 32, 1 KV head
+SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
+
+
+def _drawn(model_class: Any, config: Any, seed: int) -> Any:
+    """A `model_class` of `config` in eval mode, its weights drawn wider than HF's init (norms 1 ± 0.1, the rest
+    0.2·N(0, 1), from `seed`), so that the logits are far from uniform."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else
+                    0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
+    return model
+
+
 def llama(
     rope: dict[str, Any] | None,
     directory: Path,
@@ -62,23 +80,12 @@ def llama(
 
     prefix = "Qwen2" if qwen2 else "Llama"
     config = getattr(transformers, f"{prefix}Config")(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        **SHAPE,
         max_position_embeddings=positions,
         rope_theta=THETA,
         rope_scaling=dict(rope) if rope else None,
     )
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # wider than HF's init, so that the logits are far from uniform
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else
-                    0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
+    model = _drawn(getattr(transformers, f"{prefix}ForCausalLM"), config, seed)
     model.save_pretrained(directory)
     cfg = json.loads((directory / "config.json").read_text())
     assert cfg["rope_parameters"]["rope_theta"] == THETA and "rope_scaling" not in cfg
@@ -113,12 +120,7 @@ def phi3(
 
     rope = longrope(int(HEAD_DIM * partial) // 2, seed=seed, **extra) if scaled else None
     config = transformers.Phi3Config(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        **SHAPE,
         max_position_embeddings=128,
         original_max_position_embeddings=LONGROPE_CONTEXT,
         rope_theta=THETA,
@@ -127,13 +129,7 @@ def phi3(
         eos_token_id=2,
         rope_scaling=None if rope is None else dict(rope),
     )
-    torch.manual_seed(seed)
-    model = transformers.Phi3ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else
-                    0.2 * torch.randn(p.shape, generator=g))  # fmt: skip
+    model = _drawn(transformers.Phi3ForCausalLM, config, seed)
     model.save_pretrained(directory)
     cfg = json.loads((directory / "config.json").read_text())
     assert cfg["rope_parameters"]["rope_type"] == ("longrope" if scaled else "default")
