@@ -250,8 +250,9 @@ class VllmEngine(GenerationEngine):
         written = hf.read_config_json(model_dir)
         config = hf.TinyGPTConfig.from_hf(written, file=str(Path(model_dir) / hf.CONFIG_FILE))
         self.eos_ids = tuple(config.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        if (why := rope.longrope_refusal(config.rope_scaling, max_model_len(config, context))) is not None:
-            raise ValueError(f"max_model_len {max_model_len(config, context)} would {why}; give the job's context")
+        model_len = max_model_len(config, context)
+        if (why := rope.longrope_refusal(config.rope_scaling, model_len)) is not None:
+            raise ValueError(f"max_model_len {model_len} would {why}; give the job's context")
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
             kv_gib = cpu_kv_cache_gib(config, max_batch_size, context=context)
@@ -263,7 +264,7 @@ class VllmEngine(GenerationEngine):
         kwargs: dict[str, Any] = {
             # the context that check, the trainer and the embedded engine hold requests to (at most vLLM's own
             # derived max_model_len: `TinyGPTConfig.max_positions`)
-            "max_model_len": max_model_len(config, context),
+            "max_model_len": model_len,
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
             "enable_prefix_caching": True,

@@ -23,7 +23,7 @@ given keeps the plan's value: `tp=1` alone keeps its pp and dp, so the GPU count
 of replicas, which the operator chooses, not the site's free GPUs). job.json keeps the launch's fields: the run reads
 the split from the plan (`launch.layout.trainer_parallel`), and the checkpoint's state is rebuilt for it
 (`rlctl.checkpoint.resplit`). What that loader does not rebuild is refused here, at the option: FSDP's sharded
-state, an unsharded state into the shards of a split the planner shards (`planner.split.trainer_sharding`, as a
+state, an unsharded state into the shards of a split the planner shards (`planner.split.shard_trainer`, as a
 launch at it would run), and a PPO critic's at another tp × pp. So the new plan's trainer is never sharded.
 """
 
@@ -45,7 +45,7 @@ from rlctl.models.catalog import ModelArch
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
 from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.ops.preflight.placement import exclusive_room_problems
-from rlctl.planner.split import split_refusals, trainer_sharding
+from rlctl.planner.split import shard_trainer, split_refusals
 
 OPTION = "--trainer-split"
 SYNTAX = "tp=T,pp=P[,dp=D]"
@@ -93,16 +93,16 @@ def resplit_plan(
         return None
     name = str(plan["trainer"]["site"])
     site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
-    # what the planner runs at the new split (FSDP2, and its reduce-scatter a step), as a launch at it would
-    job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
-    sharding = trainer_sharding(job, tp=tp, pp=pp, dp=dp) if site is not None else {}
     if was.fsdp:
         raise UsageError(
             f"{given}: the trainer's state is sharded by FSDP (trainer.shard {spec.trainer.shard!r}, the plan at "
             f"{was.short()}), which a resume does not rebuild at another split",
             hint="resume at the plan's split, or launch the job anew at this one",
         )
-    if sharding:  # (`checkpoint.choose.split_problem`: nor from a state that is not sharded into FSDP's)
+    # the planner shards the new split with FSDP2, as a launch at it would (`checkpoint.choose.split_problem`: nor
+    # from a state that is not sharded into FSDP's)
+    job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+    if site is not None and shard_trainer(job, tp=tp, pp=pp, dp=dp):
         now = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp, fsdp=True)
         raise UsageError(
             f"{given}: the trainer at {now.short()} is sharded by FSDP (trainer.shard {spec.trainer.shard!r}), and a "

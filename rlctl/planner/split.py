@@ -108,7 +108,8 @@ def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
     # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
-    arch, adapters = spec.model.arch, lora_params(spec.model.arch, spec.trainer.lora)
+    arch = spec.model.arch  # (an HF model's: its directory read)
+    adapters = lora_params(arch, spec.trainer.lora)
     passes = passes_for(spec.algorithm, adapter_params=adapters)
     entry = training_entry(arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind, passes=passes)
     backend, shard, hbm_bytes = spec.trainer.backend, spec.trainer.shard, gpu.hbm_gb * 1e9

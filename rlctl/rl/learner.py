@@ -264,9 +264,10 @@ class StreamingLearner:
         t0 = time.monotonic()
         n = step.normaliser
         several = self.dp.size > 1
+        params = trained_parameters(self.model)  # (a LoRA policy's frozen weights have no gradient)
         if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
-            sum_gradients(trained_parameters(self.model), self.dp.group)  # (sharded: FSDP summed them in backward)
-        for p in trained_parameters(self.model):  # (a LoRA policy's frozen weights have no gradient to divide)
+            sum_gradients(params, self.dp.group)  # (sharded: FSDP summed them in backward)
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             p.grad /= n

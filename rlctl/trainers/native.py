@@ -29,8 +29,8 @@ class TorchBackend(TrainerBackend):
         self.model: TinyGPT = model
         self.sharded = sharded
         # LoRA: the adapters' unsharded gradients are small enough to hold always (`costs.holds_grad_sync`)
-        self.reduce_per_step = sharded and (reduce_per_step or bool(lora.adapters(model)))
         self.lora = bool(lora.adapters(model))  # the trained weights are adapters: what is published is merged
+        self.reduce_per_step = sharded and (reduce_per_step or self.lora)
 
     @classmethod
     def load(
