@@ -62,7 +62,7 @@ from rlctl.planner.split import trainer_sharding
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import (
-    trained_models,
+    grad_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -319,13 +319,13 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
     FSDP2 reduces in fp32 too)."""
     spec = job.spec
     adapters = tcost["lora_adapter_params"]
-    grad_bytes = 4 * (adapters or arch.params * trained_models(spec.algorithm.kind))
+    grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters)
     sharded = shards_state(spec.trainer.backend, shard=spec.trainer.shard)
     return TrainWorkload(
         tokens,
         spec.batch.samples_per_iteration,
         spec.batch.train_micro_batch_samples,
-        grad_bytes,
+        grads,
         pass_scale=tcost["scale_of_profile"],
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],

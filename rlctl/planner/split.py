@@ -103,7 +103,7 @@ def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
     between reduce-scatters (`rlctl.planner.costs.holds_grad_sync`: once an optimizer step, versus once a cut)."""
     from rlctl.planner.costs import fsdp_gathered_bytes, holds_grad_sync, runs_fsdp
     from rlctl.profiler.analytical import training_entry
-    from rlctl.profiler.traincost import lora_params, passes_for, trained_models
+    from rlctl.profiler.traincost import grad_bytes, lora_params, passes_for
 
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
@@ -120,7 +120,7 @@ def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
         dp=dp,
         hbm_bytes=hbm_bytes,
         gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters),
-        grad_bytes=4 * (adapters or arch.params * trained_models(spec.algorithm.kind)),  # as `plan.train_workload`
+        grad_bytes=grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters),
         lora=bool(adapters),
     )
     return {"fsdp": True} | ({"reduce_per_step": True} if held else {})

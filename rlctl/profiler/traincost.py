@@ -92,6 +92,14 @@ def trained_models(algorithm: str) -> int:
     return TRAINED_MODELS[algorithm]
 
 
+def grad_bytes(arch: ModelArch, algorithm: str, *, adapter_params: float) -> float:
+    """A trainer's gradients, fp32 as every backend holds and reduces them: the trained models', or with LoRA
+    (`adapter_params` > 0) the adapters' alone (the frozen policy's have none). What the plan prices the DP reduction
+    on (`plan.train_workload`), decides FSDP2's once-a-step reduction by (`split.trainer_sharding`) and `rlctl check`
+    holds in memory (`preflight.memory`)."""
+    return 4 * (adapter_params or arch.params * trained_models(algorithm))
+
+
 def update_units(passes: TrainingPasses, *, params: float) -> float:
     """Forward units of one update of one trained model of `params` parameters (see the module docstring): 3 (+ 1
     recomputed forward), or with LoRA (`passes.adapter_params`) 2 + 3·A/P (+ 1 + A/P)."""

@@ -50,7 +50,7 @@ def trainer_memory_refusal(
     from the job file (a resume's from the job dir's copy of an HF model)."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
-    from rlctl.profiler.traincost import lora_params, passes_for, trained_models
+    from rlctl.profiler.traincost import grad_bytes, lora_params, passes_for
 
     tp, pp, dp = split.tp, split.pp, split.dp
     gpu = site.spec
@@ -69,7 +69,7 @@ def trainer_memory_refusal(
     shards = dp if split.fsdp else 1
     gathered = fsdp_gathered_bytes(arch, adapter_params=passes.adapter_params) if shards > 1 else 0.0
     # FSDP2 reducing once a step holds the step's unsharded fp32 gradients too (`costs.holds_grad_sync`)
-    grads = 4 * (passes.adapter_params or arch.params * trained_models(spec.algorithm.kind))
+    grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=passes.adapter_params)
     held = grads if shards > 1 and split.reduce_per_step else 0.0
     need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
