@@ -188,13 +188,27 @@ def copy_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], *, optiona
     lm_head to its embedding), DoesNotFit with nothing copied. A tensor the module holds under two names (a tied
     lm_head) is copied once."""
     own = module.state_dict()
+    alias = check_load(module, own, tensors, optional=optional)
+    for name, t in own.items():  # the module's order, as load_state_dict copies
+        if name in tensors and name not in alias:
+            t.copy_(tensors[name])
+
+
+def check_load(
+    module: nn.Module,
+    own: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    optional: Collection[str] = (),
+) -> dict[str, str]:
+    """What every full load into `module` (its state dict `own`) checks before it copies a tensor: `check_fit` (the
+    full shapes), and `check_tied` where the module ties its lm_head to its embedding; DoesNotFit with nothing
+    copied. Returns the module's aliases (`aliases`: names whose tensor an earlier name holds, copied once)."""
     check_fit({k: tuple(t.shape) for k, t in own.items()}, shapes_of(tensors), optional=optional)
     alias = aliases(module)
     if alias:
         check_tied(tensors)
-    for name, t in own.items():  # the module's order, as load_state_dict copies
-        if name in tensors and name not in alias:
-            t.copy_(tensors[name])
+    return alias
 
 
 def aliases(module: nn.Module) -> dict[str, str]:

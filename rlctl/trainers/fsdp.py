@@ -30,7 +30,7 @@ from torch import nn
 
 from rlctl.devices import as_dtensor
 from rlctl.models import lora
-from rlctl.models.tensors import aliases, check_fit, check_tied, shapes_of
+from rlctl.models.tensors import check_fit, check_load
 from rlctl.models.tinygpt import TinyGPT
 
 
@@ -115,14 +115,12 @@ def merged_shards(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, optional: Collection[str] = ()) -> None:
     """Full tensors (every rank passes the same) into this rank's shards; no communication. Checked first as
-    `copy_into` checks them (`check_fit` against the full shapes, `check_tied`): DoesNotFit with nothing copied,
-    versus a missing tensor left as it was and one of another shape or name ending the load halfway (a resume's
-    policy part new, part initial). A tied lm_head (the embedding's parameter) is copied once, as the embedding."""
+    `copy_into` checks them (`check_load`: `check_fit` against the full shapes, `check_tied`): DoesNotFit with
+    nothing copied, versus a missing tensor left as it was and one of another shape or name ending the load halfway
+    (a resume's policy part new, part initial). A tied lm_head (the embedding's parameter) is copied once, as the
+    embedding."""
     own = model.state_dict()
-    check_fit({k: tuple(t.shape) for k, t in own.items()}, shapes_of(state_dict), optional=optional)
-    alias = aliases(model)
-    if alias:
-        check_tied(state_dict)
+    alias = check_load(model, own, state_dict, optional=optional)
     with torch.no_grad():
         for name, p in own.items():
             if name not in state_dict or name in alias:
