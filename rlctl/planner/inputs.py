@@ -110,16 +110,19 @@ def profile_for(
                 f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
                 hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
             )
-    return _with_lora_memory(job, profile, sorted(sites), trainer=trainer)
+    return _with_job_memory(job, profile, sorted(sites), trainer=trainer)
 
 
-def _with_lora_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
-    """A profile file's training entries at `sites` with a LoRA job's memory (`trainer.lora`). A file's is the
-    whole policy trained's, and it is the roofline's formula, measured profiles too (`rlctl profile` times the steps:
-    `rlctl.profiler.build._measured_training`), so the formula with the job's adapters is what a profile of the
-    LoRA job would hold; the seconds per token stay the file's, scaled to the job's passes by `train_cost`."""
+def _with_job_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
+    """A profile file's training entries at `sites` with the job's memory: its LoRA adapters (`trainer.lora`) and
+    its reference policy (a KL term). A file's is the roofline's formula at the passes it was profiled with,
+    measured profiles too (`rlctl profile` times the steps: `rlctl.profiler.build._measured_training`), so the
+    formula with the job's passes is what a profile of the job would hold, and what the launch decides FSDP2 by
+    (`rlctl.planner.split.launch_layout`): a file profiled without the job's reference priced a replica unsharded
+    that the launch shards. The seconds per token stay the file's, scaled to the job's passes by `train_cost`."""
     passes = job_passes(job, trainer)
-    if not passes.adapter_params:
+    have = prof.training_passes
+    if (passes.adapter_params, passes.reference) == (have.adapter_params, have.reference):
         return prof
     arch, kind = job.spec.model.arch, job.spec.algorithm.kind
     out = dict(prof.sites)
