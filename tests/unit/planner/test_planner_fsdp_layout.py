@@ -1,5 +1,5 @@
 """The FSDP2 a plan prices a trainer layout with is the FSDP2 the launch runs at it (`costs.trainer_layout`, one
-decision for both)."""
+decision for both), and the search simulates each candidate with its own layout's once-a-step reduction."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rlctl.config import load_job
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError
 from rlctl.planner.costs import Sharding
 from rlctl.planner.inputs import profile_for, train_cost
 from rlctl.planner.placement import trainer_curve
-from rlctl.planner.plan import train_workload
+from rlctl.planner.plan import make_plan, train_workload
 from rlctl.planner.split import trainer_sharding
 from rlctl.profiler.analytical import analytical_profile
 from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import TrainingPasses
 from tests.unit.ops.test_preflight import GPU_CLUSTERS, load
+from tests.unit.planner.test_planner_plan import OPTS, write_job
 
 MODELS = ("qwen3-4b", "qwen2.5-7b", "qwen2.5-32b")
 GPUS = ("L40S", "H800", "H200")  # 48, 80, 141 GB
@@ -82,3 +85,24 @@ def test_the_fsdp2_a_layout_is_priced_with_is_what_the_launch_runs_there(tmp_pat
             seen.add(layout)
     # the grid reaches every decision: unsharded, FSDP2 a cut, FSDP2 once a step
     assert seen == {Sharding(False, False), Sharding(True, False), Sharding(True, True)}
+
+
+def test_the_search_simulates_each_candidate_as_the_plan_simulates_its_choice(tmp_path: Path) -> None:
+    """An async 7B job on one H800 site, cuts of 32 rows: the trainer's FSDP2 reduces once a step, so its learner
+    holds a step's last cut to the flush (`reduce_per_step`). The split search simulated its candidates with every
+    cut trained as it filled, the plan its choice with the last one held: it chose 16 rollout GPUs by 17.51 s, which
+    the plan then priced at 17.61 s, where 24 run at 17.50 s. Each candidate is simulated with its own trainer
+    layout's reduction now, so the chosen one's figure is the plan's."""
+    path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated")
+    job = yaml.safe_load(path.read_text())
+    job["batch"] |= {"train_micro_batch_samples": 32, "train_micro_batch_tokens": None}
+    path.write_text(yaml.safe_dump(job))
+    plan = make_plan(load_job(path), options=OPTS)
+    (trainer,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
+    assert trainer["config"] == {"tp": 1, "pp": 1, "dp": 8, "fsdp": True, "reduce_per_step": True}
+    search = plan["search"]
+    (chosen,) = [e for e in search["evaluated"] if e["rollout_gpus"] == search["chosen"]]
+    assert chosen["trainer_gpus"] == trainer["gpus_used"]
+    assert chosen["iteration_s"] == pytest.approx(plan["predicted"]["iteration_s"]["async"], rel=1e-12)
+    best = min(e["iteration_s"] for e in search["evaluated"])
+    assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(best)
