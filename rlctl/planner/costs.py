@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -22,7 +23,7 @@ from rlctl.config.hostfill import trainer_slots
 from rlctl.models.catalog import ModelArch
 from rlctl.profiler.analytical import RANK_WORKING_BYTES
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
-from rlctl.rl.cuts import pipeline_chunks
+from rlctl.rl.cuts import cut_lengths, pipeline_chunks
 
 TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
@@ -114,6 +115,15 @@ class TrainConfig:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
 
 
+class StepCuts(NamedTuple):
+    """An optimizer step's cuts as the learner makes them (`step_cuts`): how many, the rows of the largest, and
+    (rows of a cut, the share of the step's tokens in cuts of that many rows) for each cut size."""
+
+    number: int
+    rows: int
+    sizes: tuple[tuple[int, float], ...]
+
+
 @dataclass(frozen=True)
 class TrainWorkload:
     tokens: float  # trained tokens per iteration (prompt + output, all samples)
@@ -134,6 +144,28 @@ class TrainWorkload:
     # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
     gathered_bytes: float = 0.0
     lora: bool = False  # the trained parameters are LoRA adapters (`grad_bytes` theirs): FSDP2 reduces once a step
+    # the learner's padded-token budget a cut (batch.train_micro_batch_tokens; None: rows only), and the tokens
+    # (prompt + output) of one optimizer step's rows it cuts by (the plan's length quantiles; empty: every row the
+    # mean, tokens / samples)
+    micro_batch_tokens: int | None = None
+    row_tokens: tuple[float, ...] = ()
+
+    @cached_property
+    def cuts(self) -> StepCuts:
+        """`step_cuts`, counted once (a plan's trainer curve prices hundreds of layouts on it)."""
+        step_samples = math.ceil(self.samples / self.mini_batches)
+        rows = min(self.micro_batch_samples, step_samples)
+        if self.micro_batch_tokens is not None and not self.row_tokens:
+            # every row the mean: as many a cut as the budget pads, one at least
+            rows = max(1, min(rows, int(self.micro_batch_tokens // (self.tokens / self.samples))))
+        if self.micro_batch_tokens is None or not self.row_tokens:
+            return StepCuts(math.ceil(step_samples / rows), rows, ((rows, 1.0),))
+        cuts = cut_lengths(self.row_tokens, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+        total = sum(self.row_tokens)
+        share: dict[int, float] = {}
+        for c in cuts:
+            share[len(c)] = share.get(len(c), 0.0) + sum(self.row_tokens[i] for i in c) / total
+        return StepCuts(len(cuts), max(share), tuple(sorted(share.items())))
 
 
 def shards_state(backend: str, *, shard: str) -> bool:
@@ -246,11 +278,12 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
 
 
 def step_cuts(w: TrainWorkload) -> tuple[int, int]:
-    """An optimizer step's cuts (one forward and backward each) and the rows of each: `micro_batch_samples`, fewer
-    when a mini-batch holds fewer (`rlctl.rl.cuts`; a cut's token budget is not priced)."""
-    step_samples = math.ceil(w.samples / w.mini_batches)
-    rows = min(w.micro_batch_samples, step_samples)
-    return math.ceil(step_samples / rows), rows
+    """An optimizer step's cuts (one forward and backward each) and the rows of its largest, as the learner cuts a
+    step's rows (`rlctl.rl.cuts.cut_lengths`): in length order, `micro_batch_samples` rows a cut at most, fewer when
+    a mini-batch holds fewer, and with `micro_batch_tokens` no more padded tokens (rows × the longest row) than it.
+    The budget was not priced until 2026-12-07: 1,024 rows of about 3,000 tokens in cuts of 32 rows and 8,192
+    tokens were priced 32 cuts, which the learner makes 512 (2 rows a cut)."""
+    return w.cuts.number, w.cuts.rows
 
 
 def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool, per_step: bool = False) -> float:
@@ -317,14 +350,16 @@ def train_time_s(
     shards = dp if w.shards_state else 1
     if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
         return math.inf
-    # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
-    # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows
-    # take none (FSDP2's run a row of weight 0) and shorten nothing
-    cut_rows = step_cuts(w)[1]
-    chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
-    bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
-    busy = entry.tp * entry.pp * min(dp, cut_rows)
-    compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble)
+    # a cut's rows (`step_cuts`): micro_batch_samples, fewer when a mini-batch holds fewer or the token budget pads
+    # fewer long rows; each data-parallel rank takes every dp-th row of it (rlctl.rl.learner.backward_share), the
+    # first ones the most, so ranks beyond its rows take none (FSDP2's run a row of weight 0) and shorten nothing:
+    # a cut of r rows computes its tokens on min(dp, r) ranks
+    compute = 0.0
+    for cut_rows, share in w.cuts.sizes:
+        chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
+        bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
+        busy = entry.tp * entry.pp * min(dp, cut_rows)
+        compute += w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble) * share
     sync = 0.0
     if dp > 1:
         fsdp, held = trainer_layout(w, entry, dp=dp, hbm_bytes=site.hbm_bytes)

@@ -310,18 +310,27 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
 
 
 def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: float) -> TrainWorkload:
-    """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`), with the job's
+    """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`; the cuts of a step
+    as the learner makes them, `costs.step_cuts`, of rows at the job's length quantiles), with the job's
     `split.shard_rule` that decides FSDP2 at a layout as the launch decides it (`costs.trainer_layout`): among it the
     gradients summed over dp (`costs.dp_reduced_bytes`), the trained models', or with LoRA the adapters' alone, in
     fp32 as every backend holds and reduces them."""
     spec = job.spec
+    batch = spec.batch
+    rows: tuple[float, ...] = ()
+    if batch.train_micro_batch_tokens is not None:  # the learner cuts by padded tokens too: one step's rows' lengths
+        lm = length_model(job)
+        step = math.ceil(batch.samples_per_iteration / tcost["mini_batches"])
+        rows = tuple((lm.quantiles(step) + lm.prompt_tokens).tolist())
     return TrainWorkload(
         tokens,
-        spec.batch.samples_per_iteration,
-        spec.batch.train_micro_batch_samples,
+        batch.samples_per_iteration,
+        batch.train_micro_batch_samples,
         pass_scale=tcost["scale_of_profile"],
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
+        micro_batch_tokens=batch.train_micro_batch_tokens,
+        row_tokens=rows,
         **asdict(shard_rule(spec, arch)),
     )
 
