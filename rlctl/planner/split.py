@@ -105,8 +105,8 @@ def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
 
 def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     """How the job's trainer runs at tp × pp × dp (`rlctl.planner.costs.trainer_layout`, the decision the planner
-    prices too), on the job's `shard_rule` and the planner's figures for the model on its site's GPU: the launch
-    writes it (`rlctl.ops.counts.plan_counts`), the plan shows it and its search simulates each candidate by it."""
+    prices, shows and simulates too: `costs.train_curve`), on the job's `shard_rule` and the planner's figures for
+    the model on its site's GPU: what the launch writes (`rlctl.ops.counts.plan_counts`)."""
     from rlctl.planner.costs import trainer_layout
     from rlctl.profiler.analytical import training_entry
     from rlctl.profiler.traincost import lora_params, passes_for
