@@ -32,7 +32,7 @@ from rlctl.launch.agentrecords import (
 )
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, Backends, read_sites
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import JobDir, record_text, resume_command
+from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.locks import copy_of_running
 from rlctl.launch.record import (
     failed_here,
@@ -40,6 +40,7 @@ from rlctl.launch.record import (
     fetch_record,
     record_view,
 )
+from rlctl.launch.recordfiles import record_text
 from rlctl.ops.client import connect_client
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints, last_row
