@@ -3,7 +3,8 @@
     python tests/unit/trainers/fsdp_rank.py RANK WORLD RENDEZVOUS PHASE MODEL SAMPLES.pt JOB OUT.pt
 
 With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
-(`trainer.lora`): what is published and checkpointed is the merged model.
+(`trainer.lora`): what is published and checkpointed is the merged model; with RLCTL_TEST_MICRO=N its micro-batches
+hold N samples (3 otherwise).
 
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
@@ -16,7 +17,8 @@ HF directory is the published version (`PublishedModel`). SAMPLES.pt holds three
                    sharded, every rank writes its part of the policy and of AdamW's state); iteration 3.
   PHASE "resume":  fresh ranks restore JOB/iter-2 (the HF policy, then each its own shard); iteration 3.
 
-OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "published":
+OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "router_aux": [...],
+"published":
 [whether the root's buffer equals the gathered weights, after each iteration], "encodings": [...]}.
 """
 
@@ -53,8 +55,12 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     backend = load_backend("torch", model, shard=world > 1, adapters=adapters)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", dp=dp.size, fsdp=world > 1 or None)
+    micro = int(os.environ.get("RLCTL_TEST_MICRO", "3"))
     learner = make_learner(
-        backend, GrpoAlgorithm(kind="grpo", lr=1e-3), Batch(samples_per_prompt=4, train_micro_batch_samples=3), ref=None
+        backend,
+        GrpoAlgorithm(kind="grpo", lr=1e-3),
+        Batch(samples_per_prompt=4, train_micro_batch_samples=micro),
+        ref=None,
     )
     optimizers, modules = learner.optimizers(), backend.checkpoint_modules()
     ckpt = job / "iter-2"
@@ -98,13 +104,14 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         dist.barrier()
         pub.close()
         return
-    record: dict[str, list[object]] = {"weights": [], "grad_norms": []}
+    record: dict[str, list[object]] = {"weights": [], "grad_norms": [], "router_aux": []}
     for it in todo:
         for s in iterations[it - 1]:
             learner.add(s)
         stats = learner.step()
         record["weights"].append(published())
         record["grad_norms"].append(stats["grad_norm"])
+        record["router_aux"].append(stats.get("router_aux_loss"))  # a MoE's load-balancing term, where trained
         if phase == "run" and it == 2:
             save_trainer(
                 ckpt,
