@@ -57,7 +57,7 @@ from rlctl.rl.samples import (
     make_batch,
     micro_batches,
 )
-from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr, trained_parameters
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 
 # |log π − log μ| past this is clamped before exp (e^20 ≈ 4.9e8, finite in fp32 and bf16): a token the engine scored
 # far less likely than the trainer does (a numerics mismatch, a stale sample) would otherwise give an infinite ratio,
@@ -292,9 +292,7 @@ def allreduce_grads(model: torch.nn.Module) -> None:
     share of the whole batch's (`batch_counts`' normaliser), so the sum is the whole batch's gradient."""
     if not _distributed():
         return
-    sum_gradients(
-        trained_parameters(model)
-    )  # a rank whose samples reach no row of a parameter: zeros, still in the sum
+    sum_gradients(model.parameters())  # a rank whose samples reach no row of a parameter: zeros, still in the sum
 
 
 class GrpoLearner:
