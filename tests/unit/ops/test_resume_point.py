@@ -332,8 +332,9 @@ def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
 
 def test_a_checkpoint_written_at_another_split_is_picked_and_a_sharded_one_refused_not_skipped(tmp_path: Path) -> None:
     """A trainer at another tp × pp × dp rebuilds each rank's state from the shards (`rlctl.checkpoint.resplit`):
-    the checkpoint is picked. FSDP's sharded state is not rebuilt at another split: one line, exit 2; an older
-    checkpoint is not tried instead (it would not fit either)."""
+    the checkpoint is picked. FSDP's sharded state is rebuilt at another dp, sharded or not (`refsdp`): picked; at
+    another tp × pp it is not: one line, exit 2; an older checkpoint is not tried instead (it would not fit
+    either)."""
     sites = Sites(tmp_path)
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), TP2)
@@ -345,11 +346,13 @@ def test_a_checkpoint_written_at_another_split_is_picked_and_a_sharded_one_refus
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), FSDP_DP2)
         files_part(sites.c.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
+    for split in (ParallelConfig("trainer", dp=1), ParallelConfig("trainer", dp=3, fsdp=True)):
+        assert pick_checkpoint((fs, sites.c), (fs, sites.t), split=split).version == 6
     with pytest.raises(UsageError) as e:
         pick_checkpoint((fs, sites.c), (fs, sites.t), split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
         f"{sites.t.checkpoint(6)}: written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer (tp 1 pp 2 dp 1) "
-        "cannot load: each rank restores its own part of the sharded state at that split"
+        "cannot load: FSDP's sharded state is rebuilt at another dp alone, at tp 1 pp 1"
     )
     assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
     old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest

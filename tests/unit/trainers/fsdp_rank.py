@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -73,6 +74,26 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     state = {"version": 0 if phase == "run" else 2}
     checks: dict[str, list[object]] = {"published": [], "encodings": []}
 
+    def trained_state() -> dict[str, object]:
+        """The whole trained state, gathered (a collective): each optimizer's moments and steps by index, the fp32
+        policy, each checkpointed module; and every rank's parts of each sharded parameter (FSDP2's layout)."""
+        from rlctl.trainers.fsdp import local_tensor
+
+        def whole(t: torch.Tensor) -> torch.Tensor:
+            return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+        out: dict[str, object] = {"policy": {k: whole(v) for k, v in backend.model.state_dict().items()}}
+        for k, o in optimizers.items():
+            params = [p for g in o.param_groups for p in g["params"]]
+            out[f"optimizer.{k}"] = {
+                i: {m: whole(v) for m, v in o.state[p].items()} for i, p in enumerate(params) if p in o.state
+            }
+        out |= {f"module.{k}": {n: whole(v) for n, v in m.state_dict().items()} for k, m in modules.items()}
+        parts: list[dict[str, torch.Tensor]] = [{}] * world
+        mine = {n: local_tensor(p).detach().clone() for n, p in backend.model.named_parameters()}
+        dist.all_gather_object(parts, mine)
+        return out | {"parts": parts}
+
     def gathered() -> dict[str, torch.Tensor]:
         return backend.wire_weights(dtype=torch.float32, tied=tied)
 
@@ -92,19 +113,21 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         load_trainer(
             ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp, version=2
         )
+    loaded = trained_state() if phase == "resume" else None
     pub.publish(state["version"], gathered(), params=backend.tensors())  # the start: a full copy
     todo = [1, 2, 3] if phase == "run" else [3]
     if rank > 0:
         learner.follow(
             on_step=published,
-            on_checkpoint=lambda v: save_shard(
-                job / f"iter-{v}", optimizers=optimizers, modules=modules, split=split, data_parallel=dp
+            on_checkpoint=lambda v: (
+                save_shard(job / f"iter-{v}", optimizers=optimizers, modules=modules, split=split, data_parallel=dp),
+                trained_state(),
             ),
         )
         dist.barrier()
         pub.close()
         return
-    record: dict[str, list[object]] = {"weights": [], "grad_norms": [], "router_aux": []}
+    record: dict[str, Any] = {"weights": [], "grad_norms": [], "router_aux": [], "state": loaded}
     for it in todo:
         for s in iterations[it - 1]:
             learner.add(s)
@@ -123,6 +146,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
                 data_parallel=dp,
                 announce=lambda: learner.announce_checkpoint(2),
             )
+            record["state"] = trained_state()
     learner.stop_followers()
     torch.save(record | checks, out)
     dist.barrier()

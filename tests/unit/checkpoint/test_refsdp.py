@@ -1,0 +1,93 @@
+"""A torch trainer's checkpoint resumed at another dp where FSDP2 shards its state on either side
+(`rlctl.checkpoint.refsdp`), over gloo CPU ranks (tests/unit/trainers/fsdp_rank.py): sharded at dp 2 into dp 3
+(uneven rows, a rank with none of LoRA's A) and into one unsharded rank, and unsharded into dp 2. After the load every
+rank's state, gathered, is the saved state bit for bit (AdamW's moments and steps by index, the fp32 policy, the
+adapters), and the next step equals the run that went on without the restart (within fp32 reduction order). FSDP2's
+layout is `refsdp.rows`: each rank's parts of every parameter, joined in rank order, are the whole of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.checkpoint import refsdp
+from tests.unit.trainers.test_fsdp import CFG, iterations, run
+
+
+def test_rows_cut_as_torch_chunk_with_the_ranks_past_the_rows_empty() -> None:
+    for n in (0, 1, 4, 7, 8, 67):
+        for world in (1, 2, 3, 5, 8):
+            got = [refsdp.rows(n, world=world, rank=r) for r in range(world)]
+            sizes = [len(c) for c in torch.arange(n).chunk(world)] if n else []
+            assert [s.stop - s.start for s in got] == sizes + [0] * (world - len(sizes))
+            assert [i for s in got for i in range(n)[s]] == list(range(n))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Qwen3 (per-head q/k norms of 8 rows; a 67-row vocabulary, tied): sizes dp 2 and 3 do not divide."""
+    import dataclasses
+
+    from rlctl.models.tinygpt import TinyGPT
+
+    d = tmp_path_factory.mktemp("refsdp")
+    torch.manual_seed(0)
+    TinyGPT(dataclasses.replace(CFG, architecture="Qwen3ForCausalLM")).save_pretrained(d / "model")
+    torch.save(iterations(), d / "samples.pt")
+    return d / "model", d / "samples.pt"
+
+
+def assert_same_state(saved: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """The gathered state after the load is the one gathered after the save, bit for bit: every optimizer's moments
+    and steps by index, the policy's weights, and every module both hold (a sharded policy's is its weights)."""
+    assert saved["optimizer.policy"].keys() == loaded["optimizer.policy"].keys() != set()
+    for i, st in saved["optimizer.policy"].items():
+        assert st.keys() == loaded["optimizer.policy"][i].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(loaded["optimizer.policy"][i][m], v) for m, v in st.items()), i
+    for key in ["policy", *(k for k in saved if k.startswith("module.") and k in loaded)]:
+        assert saved[key].keys() == loaded[key].keys()
+        assert all(torch.equal(loaded[key][n], v) for n, v in saved[key].items()), key
+
+
+def assert_fsdp_layout(state: dict[str, Any]) -> None:
+    """Every rank's part of each parameter (`to_local`) is its `refsdp.rows` of the whole, in rank order."""
+    parts, world = state["parts"], len(state["parts"])
+    for name, full in state["policy"].items():
+        if name == "lm_head.weight":  # (tied: the embedding's parameter, named once)
+            continue
+        n = full.shape[0]
+        sizes = [parts[r][name].shape[0] for r in range(world)]
+        assert sizes == [len(range(n)[refsdp.rows(n, world=world, rank=r)]) for r in range(world)], name
+        assert torch.equal(torch.cat([parts[r][name] for r in range(world)]), full), name
+
+
+def assert_next_step(ran: dict[str, Any], resumed: dict[str, Any]) -> None:
+    """The step after the resume equals the third step of the run that went on (within 1e-3 of each tensor's change
+    in it: the sum over the ranks' rows is another order), and so does its gradient norm."""
+    for name, w in ran["weights"][2].items():
+        step = (w - ran["weights"][1][name]).abs().max()
+        torch.testing.assert_close(resumed["weights"][0][name], w, atol=1e-6 + 1e-3 * float(step), rtol=1e-4)
+    assert resumed["grad_norms"][0] == pytest.approx(ran["grad_norms"][2], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("was", "now", "lora"), [(2, 3, None), (2, 1, None), (1, 2, None), (2, 3, "4,8"), (2, 1, "4,8")]
+)
+def test_a_checkpoint_resumes_at_another_dp_sharded_or_not(
+    tmp_path: Path, inputs: tuple[Path, Path], was: int, now: int, lora: str | None
+) -> None:
+    """`was`/`now`: the trainer's ranks, FSDP2 over them where more than one; `lora`: adapters on every projection,
+    which the shards hold (`module.lora`: a rank's part of them, sharded) in place of the policy's weights."""
+    model, samples = inputs
+    job = tmp_path / "job"
+    ran = run(tmp_path, world=was, phase="run", job=job, model=model, samples=samples, lora=lora)
+    resumed = run(tmp_path, world=now, phase="resume", job=job, model=model, samples=samples, lora=lora)
+    held = {k for k in torch.load(job / "iter-2" / "ranks" / "rank-0.pt", weights_only=True) if k.startswith("mod")}
+    assert held == ({"module.lora"} if lora else {"module.policy"} if was > 1 else set())
+    assert_same_state(ran["state"], resumed["state"])
+    if now == 3:
+        assert_fsdp_layout(resumed["state"])
+    assert_next_step(ran, resumed)
