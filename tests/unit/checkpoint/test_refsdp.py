@@ -91,3 +91,56 @@ def test_a_checkpoint_resumes_at_another_dp_sharded_or_not(
     if now == 3:
         assert_fsdp_layout(resumed["state"])
     assert_next_step(ran, resumed)
+
+
+def test_a_sharded_policy_resumes_unsharded_from_its_fp32_shards_not_the_published_bf16_model(
+    tmp_path: Path, inputs: tuple[Path, Path]
+) -> None:
+    """A sharded trainer's checkpoint holds the policy as published (bf16 on a GPU: its HF directory) and its fp32
+    master weights in the ranks' shards (`module.policy`). Resumed unsharded, the policy is the fp32 weights, bit for
+    bit, versus the HF directory's bf16 weights (the precision the sharded run trained at lost). One gloo rank in
+    this process: FSDP2 over it, then an unsharded trainer."""
+    import torch.distributed as dist
+
+    from rlctl.checkpoint.trainer import HostPolicy, load_trainer, save_trainer
+    from rlctl.launch.agentenv import ParallelConfig
+    from rlctl.rl.schedule import policy_optimizer
+    from rlctl.trainers.native import TorchBackend
+
+    model, _ = inputs
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        sharded = TorchBackend.load(model, shard=True)
+        opt = policy_optimizer(sharded.model, 1e-2)
+        sharded.model(torch.randint(0, CFG.vocab_size, (2, 5))).float().logsumexp(-1).sum().backward()
+        opt.step()
+        fp32 = {k: v.full_tensor() for k, v in sharded.model.state_dict().items()}
+        published = {k: v.to(torch.bfloat16) for k, v in fp32.items()}
+        assert any(not torch.equal(v.float(), fp32[k]) for k, v in published.items())  # bf16 loses bits
+        save_trainer(
+            tmp_path / "iter-1",
+            model=HostPolicy(published, sharded.model.config),
+            optimizers={"policy": opt},
+            modules=sharded.checkpoint_modules(),
+            counters={"version": 1},
+            split=ParallelConfig("trainer", dp=1, fsdp=True),
+            data_parallel=sharded.data_parallel(),
+        )
+        whole = TorchBackend.load(model)
+        opt2 = policy_optimizer(whole.model, 1e-2)
+        load_trainer(
+            tmp_path / "iter-1",
+            model=whole,
+            optimizers={"policy": opt2},
+            modules=whole.checkpoint_modules(),
+            split=ParallelConfig("trainer", dp=1),
+            data_parallel=whole.data_parallel(),
+            version=1,
+        )
+        got = whole.model.state_dict()
+        assert got.keys() == fp32.keys() and all(torch.equal(got[k], v) for k, v in fp32.items())
+        pairs = list(zip(opt2.state.values(), opt.state.values(), strict=True))
+        assert len(pairs) == len(fp32) - 1  # (lm_head: the tied embedding)
+        assert all(torch.equal(a["exp_avg"], b["exp_avg"].full_tensor()) for a, b in pairs)
+    finally:
+        dist.destroy_process_group()
