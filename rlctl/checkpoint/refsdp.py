@@ -6,14 +6,15 @@ FSDP2 shards every parameter on dim 0 (Shard(0)) as `torch.chunk` cuts it, a ran
 rank r of W holds rows [r·c, (r+1)·c) ∩ [0, n) of n, c = ⌈n / W⌉ (`rows`; tests/unit/checkpoint/test_refsdp.py
 checks it against FSDP2's DTensors at uneven sizes). So, for each tensor of this rank, one at a time:
 
-    old shards (in rank order, mapped) ──cat on dim 0──▶ the whole tensor   (unsharded: the old shard's tensor)
-      ──rows of this rank (`part`)──▶ its part, a copy (a target not sharded: the whole)    the whole freed then
+    old shards (in rank order, mapped) ──joined on dim 0──▶ the whole tensor   (unsharded: the old shard's tensor)
+      ──rows of this rank (`part`)──▶ its part, a copy (a target not sharded: the whole)
+    (`part` reads only the old parts its rows overlap and holds only its rows: the whole is never made)
 
 An optimizer's moments go by parameter index (the optimizer holds the model's trained parameters in the model's
-order, sharded or not, so the indices are the same on both sides), a module's state by name. A rank reads every old
-rank's shard (an unsharded source: rank 0's alone), mapped (`mmap`): a tensor is read from disk as it is used, and
-the rank holds one whole tensor at a time beside the state it has rebuilt. The step count is carried (every
-parameter steps together); the hyper-parameters are the old shard's.
+order, sharded or not, so the indices are the same on both sides), a module's state by name. A rank maps every old
+rank's shard (an unsharded source: rank 0's alone; `mmap`: a tensor is read from disk as it is used) and holds its
+part of one tensor at a time beside the state it has rebuilt (an unsharded target: the whole tensor). The step
+count is carried (every parameter steps together); the hyper-parameters are the old shard's.
 """
 
 from __future__ import annotations
@@ -56,23 +57,31 @@ def _joined(name: str, pieces: Sequence[torch.Tensor], shape: Sequence[int]) -> 
     raise ValueError(f"{name} is {said} in its shards, this model's {shape}")
 
 
-def whole(name: str, pieces: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
-    """The tensor of `shape` that `pieces` (each old rank's, in rank order) hold: their cat on dim 0, or the first
-    where each is whole (`_joined`)."""
-    return torch.cat(list(pieces)) if _joined(name, pieces, shape) and len(pieces) > 1 else pieces[0]
-
-
-def part(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `full` as `target` (a parameter, or a module's entry) lays it out, a copy: its rows
-    where FSDP2 shards it (a DTensor), else the whole."""
+def part(name: str, pieces: Sequence[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """This rank's part, a copy, of the tensor `pieces` (each old rank's, in rank order: dim-0 parts, or each whole)
+    hold, as `target` (this rank's parameter, or a module's entry) lays it out: its rows where FSDP2 shards it (a
+    DTensor), else the whole. Of the joined parts only those the rows overlap are read (mapped: from disk), and
+    only the rows are held. ValueError where `pieces` are not of `target`'s shape (`_joined`)."""
+    shape = tuple(target.shape)
+    joined = _joined(name, pieces, shape)
     d = as_dtensor(target)
     if d is None:
-        return full.clone()
+        return torch.cat(list(pieces)) if joined else pieces[0].clone()
     from torch.distributed.tensor import Shard
 
     assert tuple(d.placements) == (Shard(0),), d.placements  # what `rlctl.trainers.fsdp.shard` makes
     mesh = d.device_mesh
-    out = full[rows(full.shape[0], world=mesh.size(), rank=mesh.get_local_rank())].clone()
+    want = rows(shape[0], world=mesh.size(), rank=mesh.get_local_rank())
+    if not joined:
+        out = pieces[0][want].clone()
+    else:
+        cuts, start = [], 0
+        for p in pieces:  # old rank's rows [start, start + len): the ones this rank holds of them
+            lo, hi = max(start, want.start), min(start + p.shape[0], want.stop)
+            if lo < hi:
+                cuts.append(p[lo - start : hi - start])
+            start += p.shape[0]
+        out = torch.cat(cuts) if cuts else torch.empty((0, *shape[1:]), dtype=pieces[0].dtype)
     assert out.shape == d.to_local().shape, (out.shape, d.to_local().shape)  # FSDP2's cut is `rows`'
     return out
 
@@ -102,8 +111,8 @@ def rebuilt_optimizer(
             unstepped.append(i)
             continue
         state[i] = {"step": torch.as_tensor(got[0]["step"]).clone()}
-        for m in MOMENTS:  # the whole tensor this part is cut from goes as it is cut
-            state[i][m] = part(whole(f"parameter {i}'s {m}", [st[m] for st in got], p.shape), p)
+        for m in MOMENTS:
+            state[i][m] = part(f"parameter {i}'s {m}", [st[m] for st in got], p)
     if state and unstepped:
         raise ValueError(f"parameter {unstepped[0]} has no optimizer state, and the others took steps")
     return {"state": state, "param_groups": groups}
@@ -127,4 +136,4 @@ def load_module(module: nn.Module, pieces: Sequence[Mapping[str, torch.Tensor]])
     check_module(module, pieces)
     with torch.no_grad():
         for name, t in module.state_dict().items():
-            local_tensor(t).copy_(part(whole(name, [p[name] for p in pieces], t.shape), t))
+            local_tensor(t).copy_(part(name, [p[name] for p in pieces], t))
