@@ -26,6 +26,24 @@ def test_rows_cut_as_torch_chunk_with_the_ranks_past_the_rows_empty() -> None:
             assert [i for s in got for i in range(n)[s]] == list(range(n))
 
 
+def test_shards_of_another_model_are_refused_in_one_line_before_anything_is_copied() -> None:
+    """`load_module` of parts that do not join into the module's tensors (another model's checkpoint): ValueError
+    naming the tensor and both shapes, the module as it was; parts that join (2 + 2 rows) or are each whole load."""
+    from torch import nn
+
+    m = nn.Linear(3, 4)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    w, b = torch.randn(4, 3), torch.randn(4)
+    bad = [{"weight": w[:2], "bias": b}, {"weight": w[1:], "bias": b}]
+    with pytest.raises(ValueError, match=r"^weight is \(2, 3\) \+ \(3, 3\) in its shards, this model's \(4, 3\)$"):
+        refsdp.load_module(m, bad)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in before.items())
+    with pytest.raises(ValueError, match=r"^its shards hold other tensors \(missing \['bias'\], unexpected \[\]\)$"):
+        refsdp.load_module(m, [{"weight": w}])
+    refsdp.load_module(m, [{"weight": w[:2], "bias": b}, {"weight": w[2:], "bias": b}])
+    assert torch.equal(m.weight, w) and torch.equal(m.bias, b)
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Qwen3 (per-head q/k norms of 8 rows; a 67-row vocabulary, tied): sizes dp 2 and 3 do not divide."""
