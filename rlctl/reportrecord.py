@@ -19,7 +19,8 @@ from typing import Any
 
 from rlctl import reportrows
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, abandoned, open_record, record_text, resume_points
+from rlctl.launch.jobdir import JobDir, abandoned, resume_points
+from rlctl.launch.recordfiles import open_record, record_text
 from rlctl.ops.runstate import run_summary
 from rlctl.reportrows import MERGED
 

@@ -299,6 +299,7 @@ SERIES: dict[str, str] = {
     "kl": "train/kl",
     "kl_ref": "train/kl_ref",
     "value_loss": "train/value_loss",
+    "router_aux_loss": "train/router_aux_loss",
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "clip_frac": "train/clip_frac",

@@ -383,6 +383,7 @@ class TrainerAgent:
                                 kl=stats["kl"],
                                 kl_ref=stats.get("kl_ref") if self.ctx.job.algorithm.kl_coef > 0 else None,
                                 value_loss=stats.get("value_loss"),  # PPO's critic
+                                router_aux_loss=stats.get("router_aux_loss"),  # a MoE's load balancing
                                 grad_norm=stats["grad_norm"],
                                 lr=stats["lr"],
                                 clip_frac=stats["clip_frac"],

@@ -200,8 +200,9 @@ def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | No
     """Why a trainer split as `trainer` (tp × pp × dp) cannot load the trainer part whose manifest this is, or
     None. Data-parallel replica 0 wrote a shard per (tp, pp) position at the part's split
     (`ParallelConfig.first_replica_ranks`); a trainer at another tp × pp × dp rebuilds each rank's optimizer
-    state from them (`rlctl.checkpoint.resplit`). Not built: FSDP's sharded state (each rank its own part of
-    the replica) at another split, or from or into a split that is not sharded."""
+    state from them (`rlctl.checkpoint.resplit`). FSDP's sharded state (each rank its own part of the replica) is
+    rebuilt at another dp, and from or into a split that is not sharded (`rlctl.checkpoint.refsdp`), at tp 1 pp 1
+    on both sides (the torch trainer's); not at another tp × pp."""
     split = manifest.get("split")
     if not isinstance(split, dict) or "ranks" not in manifest:
         return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
@@ -209,9 +210,11 @@ def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | No
     sharded = bool(split.get("fsdp"))
     if not sharded and not trainer.fsdp:
         return None
-    if have == (trainer.tp, trainer.pp, trainer.dp) and sharded == bool(trainer.fsdp):
+    if have[:2] == (1, 1) == (trainer.tp, trainer.pp):
         return None
-    return written_at(manifest, trainer) + ": each rank restores its own part of the sharded state at that split"
+    if have == (trainer.tp, trainer.pp, trainer.dp) and sharded == bool(trainer.fsdp):
+        return None  # (each rank restores its own shard as it is)
+    return written_at(manifest, trainer) + ": FSDP's sharded state is rebuilt at another dp alone, at tp 1 pp 1"
 
 
 def written_at(manifest: dict[str, Any], trainer: ParallelConfig) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlctl.checkpoint.files import fsync_dir
-from rlctl.launch.jobdir import JobDir, appending, ends_mid_line
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.recordfiles import appending, ends_mid_line
 
 CHUNK_BYTES = 1 << 20  # the lines set aside are copied this much at a time, never held whole
 

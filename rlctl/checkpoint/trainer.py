@@ -23,9 +23,11 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
     (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line).
     At another split (`rlctl.checkpoint.resplit`): another dp, the shard of its position at the checkpoint's
     split, exactly; another tp × pp (megatron), its AdamW state rebuilt from the old shards its new shard
-    overlaps, gathered whole per parameter and split for its position as the weights are. Refused in one line:
-    FSDP's sharded state at another split, other modules' state (a PPO critic's) at another tp × pp, a shard
-    that does not hold this model's parameters.
+    overlaps, gathered whole per parameter and split for its position as the weights are. A torch trainer whose
+    state FSDP2 shards at either split, at another dp or sharded on one side alone (`rlctl.checkpoint.refsdp`):
+    its part of the AdamW state and of its modules (a sharded policy's fp32 weights, LoRA adapters) cut from the
+    old shards joined per tensor. Refused in one line: FSDP's sharded state at another tp × pp, other modules'
+    state (a PPO critic's) at another tp × pp, a shard that does not hold this model's parameters.
 
 RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
 trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
@@ -54,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.checkpoint import resplit
+from rlctl.checkpoint import refsdp, resplit
 from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
 from rlctl.errors import CheckpointError, ConfigError
@@ -471,10 +473,13 @@ def written_split(manifest: dict[str, Any]) -> ParallelConfig:
 def _shards_read(manifest: dict[str, Any], *, model: Any, split: ParallelConfig, shard_of: int) -> list[int]:
     """The writers of the shards this rank restores from: replica 0's at its (tp, pp) position at the
     checkpoint's split (`shard_of` itself at the same split); at another tp × pp those of the old positions its
-    new shard overlaps (`resplit.stages_read`, every old tp rank of them)."""
+    new shard overlaps (`resplit.stages_read`, every old tp rank of them); FSDP's state at another dp or sharded on
+    one side alone, every old rank's shard (`refsdp`)."""
     if split_problem(manifest, split) is not None:
         return [shard_of]
     was = written_split(manifest)
+    if refsdp.applies(was, split):  # every old rank's part of the sharded state (unsharded: rank 0's, the whole)
+        return [int(s["rank"]) for s in manifest["ranks"]]
     t, p = resplit.position(shard_of, split)
     if (was.tp, was.pp) == (split.tp, split.pp):
         return [resplit.writer(t, p, was)]
@@ -513,6 +518,11 @@ def load_trainer(
     if why is not None:
         raise CheckpointError(f"{ckpt}: {why}")
     was = written_split(manifest)
+    if refsdp.applies(was, split):
+        mine = reads(manifest)
+        return _load_refsdp(
+            ckpt, manifest, model=model, optimizers=optimizers, modules=modules or {}, split=split, reads=mine
+        )
     if (was.tp, was.pp) != (split.tp, split.pp):
         return _load_resplit(
             ckpt,
@@ -639,6 +649,75 @@ def _load_resplit(
     log.info(
         "checkpoint %s was written at %s and is resumed at %s: rank %d rebuilt its optimizer state from ranks %s' "
         "shards (sha256 %s)",
+        ckpt.name,
+        was.short(),
+        split.short(),
+        rank,
+        ",".join(map(str, reads)),
+        optimizer_digest(optimizers),
+    )
+    return dict(manifest["counters"]), str(manifest["digest"])
+
+
+def _load_refsdp(
+    ckpt: Path,
+    manifest: dict[str, Any],
+    *,
+    model: TinyGPT | TrainerBackend,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module],
+    split: ParallelConfig,
+    reads: list[int],
+) -> tuple[dict[str, Any], str]:
+    """`load_trainer` of a torch trainer's part where FSDP2 shards the state at the checkpoint's split or at `split`
+    and the two differ (`refsdp.applies`): the policy, then this rank's part of every optimizer's state and of every
+    module rebuilt from the old shards `reads` (`rlctl.checkpoint.refsdp`), the RNG of this rank's old shard (else the
+    first's). A sharded policy's fp32 weights (`module.policy`) are the old shards' where they hold them, into a
+    policy sharded or not; an unsharded one's are its HF directory's (fp32: `HostPolicy`). CheckpointError for a
+    module the shards lack (but a sharded policy's) or hold other tensors of, or other optimizer state."""
+    was = written_split(manifest)
+    refused = f"{ckpt}: {written_at(manifest, split)}"
+    rank, _ = _rank_world()
+    files = {s["rank"]: s["file"] for s in manifest["ranks"]}
+    shards = [torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads]
+    first = shards[0]
+    held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
+    into = dict(modules)
+    if "policy" in held and "policy" not in into:  # sharded into unsharded: the policy is the backend's whole model
+        from rlctl.trainers.native import TorchBackend
+
+        policy = model.model if isinstance(model, TorchBackend) else model
+        assert isinstance(policy, TinyGPT), type(model)  # (FSDP2 shards the torch trainer's alone)
+        into["policy"] = policy
+    for k in sorted(set(into) - held):
+        if k != "policy":  # (an unsharded part's policy is its HF directory's, in fp32: loaded below)
+            raise CheckpointError(f"{refused}: its shards hold no state of {k}")
+        into.pop(k)
+    if lacking := sorted(k for k in optimizers if f"optimizer.{k}" not in first):
+        raise CheckpointError(f"{refused}: its shards hold no state of optimizer {lacking[0]}")
+    try:
+        for k, m in into.items():
+            refsdp.check_module(m, [s[f"module.{k}"] for s in shards])
+        states = {
+            k: refsdp.rebuilt_optimizer(
+                [s[f"optimizer.{k}"] for s in shards],
+                params=[p for g in o.param_groups for p in g["params"]],
+                current=o.state_dict(),
+            )
+            for k, o in optimizers.items()
+        }
+    except ValueError as e:
+        raise CheckpointError(f"{refused}: {e}") from e
+    _load_policy(ckpt / MODEL, model)
+    for k, m in into.items():
+        refsdp.load_module(m, [s[f"module.{k}"] for s in shards])
+    for k, o in optimizers.items():
+        o.load_state_dict(states[k])
+        redistribute_optimizer(o, [p for g in o.param_groups for p in g["params"]])  # sharded: DTensors again
+    set_rng_state(shards[reads.index(rank)]["rng"] if rank in reads else first["rng"])  # (nothing draws from it)
+    log.info(
+        "checkpoint %s was written at %s and is resumed at %s: rank %d rebuilt its state from ranks %s' shards "
+        "(optimizer sha256 %s)",
         ckpt.name,
         was.short(),
         split.short(),

@@ -53,8 +53,8 @@ def register(app: typer.Typer) -> None:
         """Stop a job: the controller stops its agents and writes the summary; then every agent the job
         started, on every site, is terminated (TERM, grace, KILL) and checked gone."""
         from rlctl.ops.jobref import resolve
-        from rlctl.ops.operate import stop as do_stop
-        from rlctl.ops.operate import stop_cut_short
+        from rlctl.ops.stop import stop as do_stop
+        from rlctl.ops.stop import stop_cut_short
 
         ref = resolve(job, changes="stop")
         since = time.time()

@@ -13,8 +13,9 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines
 from rlctl.launch.base import AgentHandle
-from rlctl.launch.jobdir import record_text, say_once
+from rlctl.launch.jobdir import say_once
 from rlctl.launch.record import record_is_here, record_view
+from rlctl.launch.recordfiles import record_text
 from rlctl.launch.sitefs import host_files
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from rlctl.config.base import first_error
 from rlctl.config.inventory import RECORDED, Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
-from rlctl.launch.jobdir import append_row, json_file, json_lines, record_text
 from rlctl.launch.local import LocalBackend
+from rlctl.launch.recordfiles import append_row, json_file, json_lines, record_text
 
 SITES_FILE = "sites.json"
 AGENTS_FILE = "agents.jsonl"

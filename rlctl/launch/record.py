@@ -27,8 +27,9 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
-from rlctl.launch.jobdir import JobDir, appending, event_time, open_record, record_text, replace_lines, replace_text
+from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.launch.locks import flock, open_lock
+from rlctl.launch.recordfiles import appending, open_record, record_text, replace_lines, replace_text
 from rlctl.launch.sitefs import HostFiles, host_files, is_remote
 from rlctl.launch.spillsort import SpillSort
 from rlctl.launch.stage import Roots, read_staged

@@ -52,8 +52,9 @@ from rlctl.launch.backends import (
 )
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
-from rlctl.launch.jobdir import JobDir, record_text
+from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout, order_tp, rollout_agent, rollout_tp
+from rlctl.launch.recordfiles import record_text
 from rlctl.launch.stage import ensure_staged, root_for
 from rlctl.transport.ucx import ENV_RDMA
 

@@ -35,7 +35,7 @@ from typing import Any
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import SITES_FILE
-from rlctl.launch.jobdir import json_file
+from rlctl.launch.recordfiles import json_file
 from rlctl.launch.sitefs import (
     FileState,
     HostFiles,

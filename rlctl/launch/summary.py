@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlctl.launch.jobdir import record_text, replace_text
+from rlctl.launch.recordfiles import record_text, replace_text
 
 
 def parse_summary(text: str) -> tuple[dict[str, Any] | None, str]:

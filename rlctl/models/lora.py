@@ -7,13 +7,14 @@
 `add_adapters(model, …)` swaps each target `nn.Linear` for a `LoraLinear` holding the same weight and bias
 Parameters, so the model's state-dict names are unchanged and the adapters add `<linear>.lora_A` / `.lora_B`
 beside them; `merged_weights` is the state dict under HF names with each target's weight merged and the adapters
-left out. A model without adapters is untouched: nothing here runs on its path.
+left out (`merged_items`, the merge FSDP's gathers and shards run too). A model without adapters is untouched:
+nothing here runs on its path.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -75,26 +76,35 @@ def merged_weights(model: nn.Module, state: Mapping[str, torch.Tensor] | None = 
     """`model`'s state dict (or `state`, one of its state dicts) under HF names: each adapted linear's weight
     merged (W + scale·B·A, a new fp32 tensor), the adapters left out, every other tensor as it is (detached)."""
     sd = model.state_dict() if state is None else state
-    out = {}
-    for name, t in sd.items():
-        if is_adapter(name):
+    return {name: t if merged else t.detach() for name, t, merged in merged_items(model, sd)}
+
+
+def merged_items(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    whole: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    skip: Container[str] = (),
+) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """`state` (one of `model`'s state dicts) in order, one tensor at a time, the adapters and the names in `skip` left
+    out: each adapted linear's weight merged, `rows`(W) + scale · `rows`(B)·`whole`(A) (a new fp32 tensor, True beside
+    it), every other tensor as it is (False). `whole` gives a tensor whole (FSDP: a DTensor gathered, a collective:
+    every rank iterates in order), `rows` the rows of W and B to merge (default `whole`: all of them; FSDP: this
+    rank's shard's). The one merge of `merged_weights`, FSDP's gathered `wire_weights` and its `merged_shards`."""
+    rows = rows or whole
+    adapted = adapters(model)
+    for name, t in state.items():
+        if is_adapter(name) or name in skip:
             continue
         owner = name.removesuffix(".weight")
-        lin = _adapted(model, owner) if name.endswith(".weight") else None
+        lin = adapted.get(owner) if name.endswith(".weight") else None
         if lin is None:
-            out[name] = t.detach()
-        else:
-            with torch.no_grad():
-                out[name] = lin.merged(t, sd[f"{owner}.lora_A"], sd[f"{owner}.lora_B"])
-    return out
-
-
-def _adapted(model: nn.Module, name: str) -> LoraLinear | None:
-    try:
-        m = model.get_submodule(name)
-    except AttributeError:
-        return None
-    return m if isinstance(m, LoraLinear) else None
+            yield name, t, False
+            continue
+        with torch.no_grad():  # (not around the yield: the caller's code would run without gradients too)
+            merged = lin.merged(rows(t), whole(state[f"{owner}.lora_A"]), rows(state[f"{owner}.lora_B"]))
+        yield name, merged, True
 
 
 class AdapterState(nn.Module):

@@ -19,9 +19,12 @@ class MoeConfig:
     layers a dense MLP of `intermediate_size`. No shared expert (Qwen2-MoE's, refused with its architecture; a
     Qwen3MoE's `shared_expert_intermediate_size`, which vLLM would build one of, refused: `parse_moe`).
 
-    The load-balancing loss (`router_aux_loss_coef` × transformers' `load_balancing_loss_func`, added to the loss where
-    `output_router_logits`) is read and written back, not trained with: an RL step's loss is the policy's (and verl,
-    whose megatron path sets `moe_router_load_balancing_type` "none", "default None for RL", adds none either)."""
+    The load-balancing loss: where `output_router_logits` is true the torch trainer's loss adds `router_aux_loss_coef`
+    × transformers' `load_balancing_loss_func` over each forward pass's real tokens, as Qwen3MoeForCausalLM's does
+    (`rlctl.models.moeloss`, `rlctl.rl.grpo`). Qwen3MoeConfig's default, and the published checkpoints', is false: an
+    RL step's loss is then the policy's alone, as verl trains (its megatron path sets `moe_router_load_balancing_type`
+    "none", "default None for RL"). To train with it, set `"output_router_logits": true` (and the coefficient, 0.001
+    where left out) in the model's config.json."""
 
     num_experts: int = 128
     num_experts_per_tok: int = 8

@@ -10,7 +10,8 @@ is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
-                                                     attention is causal)
+                                                     attention is causal); with router_logits=True also a
+                                                     Qwen3MoE's router logits (the load-balancing loss's)
     prefill(cache, rows, tokens, lengths)            write prompt K/V into cache rows
     decode(cache, tokens[b], rows=b, width=t)        one token for each of the cache's first b rows at position
                                                      cache.lengths[row]; attends over the first t positions
@@ -39,7 +40,7 @@ import math
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -279,11 +280,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's output, and a sparse layer's router logits [B·T, num_experts] (None for a dense one)."""
         a, _, _ = self.self_attn(self.input_layernorm(x), cos, sin)
         x = x + a
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, SparseMoE):
+            y, logits = self.mlp.route(h)
+            return x + y, logits
+        return x + self.mlp(h), None
 
 
 class MLP(nn.Module):
@@ -342,6 +349,11 @@ class SparseMoE(nn.Module):
             cast(MLP, e).unfuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.route(x)[0]
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output, and its router's logits [tokens, num_experts] (with their gradient: the load-balancing
+        loss's input, `rlctl.models.moeloss`)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.gate(x)
@@ -358,7 +370,7 @@ class SparseMoE(nn.Module):
             rank, token = torch.where(mask[e])
             y = self.experts[e](x[token]) * weights[token, rank, None]
             out.index_add_(0, token, y.to(out.dtype))
-        return out.reshape(shape)
+        return out.reshape(shape), logits
 
 
 _INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_")  # what nn.Linear and nn.Embedding call
@@ -531,25 +543,42 @@ class TinyGPT(nn.Module):
     # ---- full-sequence (training, scoring) ----
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] (the critic's value head reads these)."""
+        return self._trunk(tokens)[0]
+
+    def _trunk(self, tokens: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """`hidden`, and each sparse layer's router logits [B·T, num_experts] in layer order (none: a dense model)."""
         t = tokens.shape[1]
         if t > self.context:
             raise ValueError(f"sequence of {t} tokens > {self.context_name} {self.context}")
         cos, sin = self._tables(t)
+        routed: list[torch.Tensor] = []
         with self._autocast(tokens.device):
             x = self.model.embed_tokens(tokens)
             for layer in self.blocks():
                 if self.activation_checkpointing and self.training:
-                    x = cast(torch.Tensor, checkpoint(layer, x, cos, sin, use_reentrant=False))
+                    x, logits = checkpoint(layer, x, cos, sin, use_reentrant=False)
                 else:
-                    x = layer(x, cos, sin)
+                    x, logits = layer(x, cos, sin)
+                if logits is not None:
+                    routed.append(logits)
             out: torch.Tensor = self.model.norm(x)
-        return out
+        return out, tuple(routed)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.hidden(tokens)
+    @overload
+    def forward(self, tokens: torch.Tensor, *, router_logits: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, tokens: torch.Tensor, *, router_logits: Literal[True]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
+    def forward(
+        self, tokens: torch.Tensor, *, router_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Logits [B, T, vocab]; with `router_logits`, also each sparse layer's router logits [B·T, num_experts] (as
+        Qwen3MoeForCausalLM's `output_router_logits`: the load-balancing loss's input, `rlctl.models.moeloss`)."""
+        h, routed = self._trunk(tokens)
         with self._autocast(tokens.device):
             logits: torch.Tensor = self.lm_head(h)
-        return logits
+        return (logits, routed) if router_logits else logits
 
     def _autocast(self, device: torch.device) -> torch.autocast:
         return torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)

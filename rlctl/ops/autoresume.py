@@ -39,8 +39,9 @@ from typing import Any
 
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, event_time, open_record, row_count
+from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.launch.layout import plan_sites
+from rlctl.launch.recordfiles import open_record
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
 from rlctl.ops.jobdb import LIVE, JobDB

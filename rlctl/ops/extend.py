@@ -38,7 +38,8 @@ from rlctl.checkpoint.choose import named_version
 from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, job_digests, replace_text
+from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.recordfiles import replace_text
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.runstate import run_summary
 

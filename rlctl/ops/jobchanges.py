@@ -48,8 +48,8 @@ from rlctl.launch.jobdir import (
     JobDir,
     job_digests,
     job_field,
-    replace_text,
 )
+from rlctl.launch.recordfiles import replace_text
 from rlctl.textutil import home_expanded
 
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`

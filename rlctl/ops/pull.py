@@ -42,8 +42,9 @@ from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
-from rlctl.launch.jobdir import JobDir, record_text, say_once
+from rlctl.launch.jobdir import JobDir, say_once
 from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
+from rlctl.launch.recordfiles import record_text
 from rlctl.launch.sitefs import HostFiles, LocalFiles, Survey, agent_view, host_files, is_remote
 from rlctl.launch.stage import read_staged, root_for
 from rlctl.ops.checkpoints import PartDir, best_checkpoint, sound, surveyed

@@ -37,7 +37,8 @@ def pick_checkpoint(
     manifest is there (the controller writes its part last) are tried, newest first: those on disk, not those the job's
     `checkpoint.every_iterations` makes now (a count edited in job.json since left the ones written before out).
     `split`: the trainer's tp × pp × dp, which may be another than the checkpoint's (each rank rebuilds its state:
-    `rlctl.checkpoint.resplit`) unless the state is sharded by FSDP (`split_problem`), else UsageError. `only`: that
+    `rlctl.checkpoint.resplit`; FSDP's sharded state at another dp, sharded or not: `refsdp`) unless the state is
+    sharded by FSDP at a tp × pp other than 1 × 1 (`split_problem`), else UsageError. `only`: that
     checkpoint or a UsageError saying why not (a roll-back the operator named). RlctlError where none verifies, naming
     the directories its parts were read in and, in its hint, the command `start_over` that launches the job anew."""
     c_fs, c_dir = controller

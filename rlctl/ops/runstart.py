@@ -23,9 +23,10 @@ from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE
 from rlctl.launch.agentrecords import latest_run_names, readable_agents
 from rlctl.launch.backends import AGENTS_FILE, record_agent
 from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
-from rlctl.launch.jobdir import JobDir, event_time, record_text
+from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, trainer_parallel
 from rlctl.launch.record import controller_view, fetching, record_is_here, record_view, summary_lock
+from rlctl.launch.recordfiles import record_text
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import STAGED_FILE, root_for, stage_all, staging_plan

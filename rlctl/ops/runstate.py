@@ -20,7 +20,7 @@ from rlctl.launch.summary import read_summary, replace_damaged, write_summary
 
 log = logging.getLogger(__name__)
 
-STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first (rlctl.ops.operate.stop)
+STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first (rlctl.ops.stop.stop)
 UNSTARTED = "resume_unstarted"  # a resume that ended before any agent started: its `resumed` event is void
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rlctl.launch.jobdir import replace_text
+from rlctl.launch.recordfiles import replace_text
 from rlctl.launch.sitefs import HostFiles, Survey
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,10 @@ figures for it (`planner`: its allocation row, predicted times, rebalance advice
 given keeps the plan's value: `tp=1` alone keeps its pp and dp, so the GPU count follows the split (dp is the number
 of replicas, which the operator chooses, not the site's free GPUs). job.json keeps the launch's fields: the run reads
 the split from the plan (`launch.layout.trainer_parallel`), and the checkpoint's state is rebuilt for it
-(`rlctl.checkpoint.resplit`). What that loader does not rebuild is refused here, at the option: FSDP's sharded
-state, an unsharded state into the shards of a split the planner shards (`planner.split.shard_trainer`, as a
-launch at it would run), and a PPO critic's at another tp × pp. So the new plan's trainer is never sharded.
+(`rlctl.checkpoint.resplit`). The new plan's trainer is sharded by FSDP2 where the planner shards that split
+(`planner.split.trainer_sharding`, as a launch at it would run), and its state, sharded or not, is rebuilt into that
+split's (`rlctl.checkpoint.refsdp`). What the loader does not rebuild is refused here, at the option: FSDP's sharded
+state at a tp × pp other than 1 × 1, and a PPO critic's at another tp × pp.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ from rlctl.launch.backends import SITES_FILE, kind_of
 from rlctl.launch.layout import checkpoint_writers, trainer_parallel
 from rlctl.models.catalog import ModelArch
 from rlctl.ops.agentplan import planned_agents, refuse_unshared_trainer
+from rlctl.ops.preflight.backends import sharding_problems
 from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.ops.preflight.placement import exclusive_room_problems
-from rlctl.planner.split import shard_trainer, split_refusals
+from rlctl.planner.split import split_refusals, trainer_sharding
 
 OPTION = "--trainer-split"
 SYNTAX = "tp=T,pp=P[,dp=D]"
@@ -93,22 +95,16 @@ def resplit_plan(
         return None
     name = str(plan["trainer"]["site"])
     site = sites.get(name)  # a site sites.json lacks: refused as the agents are laid out, below
-    if was.fsdp:
+    if was.fsdp and (tp, pp) != (1, 1):  # (`checkpoint.choose.split_problem`: FSDP's state at another dp alone)
         raise UsageError(
             f"{given}: the trainer's state is sharded by FSDP (trainer.shard {spec.trainer.shard!r}, the plan at "
-            f"{was.short()}), which a resume does not rebuild at another split",
-            hint="resume at the plan's split, or launch the job anew at this one",
+            f"{was.short()}), which a resume rebuilds at another dp alone, at tp 1 pp 1",
+            hint=f"use {OPTION} dp=D",
         )
-    # the planner shards the new split with FSDP2, as a launch at it would (`checkpoint.choose.split_problem`: nor
-    # from a state that is not sharded into FSDP's)
+    # the planner shards the new split with FSDP2 where a launch at it would; the checkpoint's state, sharded or not,
+    # is rebuilt into its shards (`rlctl.checkpoint.refsdp`)
     job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
-    if site is not None and shard_trainer(job, tp=tp, pp=pp, dp=dp):
-        now = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp, fsdp=True)
-        raise UsageError(
-            f"{given}: the trainer at {now.short()} is sharded by FSDP (trainer.shard {spec.trainer.shard!r}), and a "
-            f"resume does not rebuild the plan's unsharded state ({was.short()}) into FSDP's shards",
-            hint="resume at a split that is not sharded, or launch the job anew at this one",
-        )
+    sharding = trainer_sharding(job, tp=tp, pp=pp, dp=dp) if site is not None else {}
     if spec.algorithm.kind == "ppo" and (tp, pp) != (was.tp, was.pp):
         raise UsageError(
             f"{given}: a PPO critic's state is not rebuilt at another tp × pp (the plan's tp {was.tp} pp {was.pp})",
@@ -118,10 +114,12 @@ def resplit_plan(
     if refused:
         field, why = refused[0]
         raise UsageError(f"{given}: {_PART_OF[field]} {why}", hint=f"use {SYNTAX} with a split the model divides by")
-    split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp)
+    split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp, **sharding)
     if site is not None and (why_not := trainer_memory_refusal(spec, name, site, split, arch=arch)) is not None:
         raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(plan, spec, sites, arch=arch, was=was, dp=dp))
-    new = _with_split(plan, tp=tp, pp=pp, dp=dp)
+    new = _with_split(plan, tp=tp, pp=pp, dp=dp, sharding=sharding)
+    if unsharded := sharding_problems(job, new):  # FSDP where a launch at the split is refused (a PPO critic's)
+        raise UsageError(f"{given}: {unsharded[0].field} {unsharded[0].message}", hint=f"use {SYNTAX} with another dp")
     try:
         _check_room(new, spec=spec, sites=sites)
     except (LaunchError, UsageError) as e:
@@ -178,11 +176,14 @@ def _repriced(new: dict[str, Any], *, spec: JobFile, inventory: Inventory) -> di
     return {"allocation": rows}
 
 
-def _with_split(plan: dict[str, Any], *, tp: int, pp: int, dp: int) -> dict[str, Any]:
-    """A copy of `plan` with its trainer at tp × pp × dp (`ranks`, `parallel`), unsharded (no `fsdp`: a split the
-    planner shards is refused before, `resplit_plan`)."""
+def _with_split(
+    plan: dict[str, Any], *, tp: int, pp: int, dp: int, sharding: dict[str, bool] | None = None
+) -> dict[str, Any]:
+    """A copy of `plan` with its trainer at tp × pp × dp (`ranks`, `parallel`), sharded as `sharding` says (the
+    planner's keys at that split, `planner.split.trainer_sharding`: none, unsharded)."""
     new = copy.deepcopy(plan)
-    new["trainer"]["ranks"], new["trainer"]["parallel"] = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
+    parallel = {"tp": tp, "pp": pp, "dp": dp} | (sharding or {})
+    new["trainer"]["ranks"], new["trainer"]["parallel"] = tp * pp * dp, parallel
     return new
 
 
@@ -223,17 +224,26 @@ def _fitting_hint(
     (`_check_room`, as the next try judges it), else the plan's split."""
     name = str(plan["trainer"]["site"])
     site = sites[name]
+    job = Job(spec, Inventory(sites, [], [SITES_FILE]), Path(SITES_FILE))
+
+    def sharding(tp: int, pp: int) -> dict[str, bool]:  # FSDP2 where the planner shards the split (`resplit_plan`)
+        return trainer_sharding(job, tp=tp, pp=pp, dp=dp)
+
     fits = [
         (tp, pp)
         for tp in range(1, site.gpus_per_node + 1)
         for pp in range(1, site.total_gpus // (tp * dp) + 1)
         if not split_refusals(arch, spec.trainer.backend, tp=tp, pp=pp)
         and (spec.algorithm.kind != "ppo" or (tp, pp) == (was.tp, was.pp))  # a critic keeps its tp × pp (above)
-        and trainer_memory_refusal(spec, name, site, ParallelConfig("trainer", tp=tp, pp=pp, dp=dp), arch=arch) is None
+        and not (was.fsdp and (tp, pp) != (1, 1))  # FSDP's state at another dp alone (above)
+        and trainer_memory_refusal(
+            spec, name, site, ParallelConfig("trainer", tp=tp, pp=pp, dp=dp, **sharding(tp, pp)), arch=arch
+        )
+        is None
     ]
     for tp, pp in sorted(fits, key=lambda s: (s[0] * s[1], s[1])):
         try:
-            _check_room(_with_split(plan, tp=tp, pp=pp, dp=dp), spec=spec, sites=sites)
+            _check_room(_with_split(plan, tp=tp, pp=pp, dp=dp, sharding=sharding(tp, pp)), spec=spec, sites=sites)
         except (LaunchError, UsageError):
             continue  # the next try would be refused for the site's room: not suggested
         return f"use {OPTION} tp={tp},pp={pp},dp={dp}, the fewest GPUs a replica fits in"

@@ -15,7 +15,7 @@ from rlctl.errors import ConfigError
 from rlctl.planner.split import split_refusal
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.analytical import TP_DEGREES, analytical_profile, training_entry
-from rlctl.profiler.profile import ProfileFile, SiteProfile
+from rlctl.profiler.profile import ProfileFile, SiteProfile, priced_passes
 from rlctl.profiler.traincost import (
     TrainingPasses,
     flops_per_token,
@@ -76,6 +76,7 @@ def profile_for(
             {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
             algorithm=job.spec.algorithm.kind,
             passes=job_passes(job, trainer),
+            lora=job.spec.trainer.lora,
         )
         return _with_job_splits(job, prof, trainer=trainer)
     if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
@@ -114,14 +115,16 @@ def profile_for(
 
 
 def _with_job_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
-    """A profile file's training entries at `sites` with the job's memory: its LoRA adapters (`trainer.lora`) and
-    its reference policy (a KL term). A file's is the roofline's formula at the passes it was profiled with,
+    """A profile file's training entries at `sites` with the job's memory where the job holds other state than the
+    file's entries: other trained parameters (`trainer.lora` against the file's `lora`: a full fine-tune's file for a
+    LoRA job, one of other adapters, or a LoRA file for a full fine-tune) or a reference policy the file was profiled
+    without (a KL term). A file's memory is the roofline's formula at the passes it prices (`priced_passes`),
     measured profiles too (`rlctl profile` times the steps: `rlctl.profiler.build._measured_training`), so the
     formula with the job's passes is what a profile of the job would hold, and what the launch decides FSDP2 by
     (`rlctl.planner.split.launch_layout`): a file profiled without the job's reference priced a replica unsharded
     that the launch shards. The seconds per token stay the file's, scaled to the job's passes by `train_cost`."""
     passes = job_passes(job, trainer)
-    have = prof.training_passes
+    have = priced_passes(prof)
     if (passes.adapter_params, passes.reference) == (have.adapter_params, have.reference):
         return prof
     arch, kind = job.spec.model.arch, job.spec.algorithm.kind
@@ -209,16 +212,18 @@ def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str
     kind, params = job.spec.algorithm.kind, prof.model.arch.active  # (FLOPs: a MoE's active parameters)
     passes = job_passes(job, trainer)
     units = forward_units(kind, passes, params=params)
-    # a profile's passes hold adapters only where its entries were priced with them (the roofline built for a LoRA
-    # job, `profile_for`); a file's never do (a full fine-tune's): a LoRA job scales its seconds by ≈ 2/3
+    # a profile's passes hold adapters where its entries are of them (its `lora`: `rlctl profile --job` of a LoRA job,
+    # or the roofline built for one, `profile_for`): scaled by 1; a full fine-tune's: a LoRA job's by ≈ 2/3
+    profile_passes = priced_passes(prof)
     return {
         "algorithm": kind,
         "passes": passes.model_dump(),
         "lora_adapter_params": passes.adapter_params,
         "forward_units": units,
         "flops_per_token": flops_per_token(kind, passes, params),
-        "profile_passes": prof.training_passes.model_dump(),
-        "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes, params=params),
+        "profile_passes": profile_passes.model_dump(),
+        "profile_lora_adapter_params": profile_passes.adapter_params,
+        "scale_of_profile": units / forward_units(prof.algorithm, profile_passes, params=params),
         "streamed_fraction": streamed_units(kind, passes, params=params) / units,
         "optimizer_steps": passes.optimizer_steps,
         "mini_batches": passes.mini_batches,

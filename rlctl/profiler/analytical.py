@@ -14,11 +14,12 @@ out (≈5 % at 8K for 7B).
 
 from __future__ import annotations
 
+from rlctl.config.runtime import Lora
 from rlctl.hardware import GpuSpec
 from rlctl.models.catalog import ModelArch
 from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_models
+from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, trained_models
 
 # a trainer rank's memory besides its model state: CUDA context, workspaces, activations of a micro-batch
 RANK_WORKING_BYTES = 2e9
@@ -170,9 +171,11 @@ def analytical_profile(
     *,
     algorithm: str = "grpo",
     passes: TrainingPasses | None = None,
+    lora: Lora | None = None,
 ) -> ProfileFile:
-    """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour)."""
-    passes = passes or TrainingPasses()
+    """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour); `lora`: the entries are of its adapters
+    trained (`passes`' adapter_params: its `lora_params`), as the file records."""
+    passes = (passes or TrainingPasses()).model_copy(update={"adapter_params": lora_params(model, lora)})
     return ProfileFile.model_validate(
         {
             "apiVersion": "rlctl/v1",
@@ -181,6 +184,7 @@ def analytical_profile(
             "model": ModelSpec.of(model),
             "algorithm": algorithm,
             "training_passes": passes,
+            "lora": lora,
             "sites": {
                 name: analytical_site(
                     model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm, passes=passes

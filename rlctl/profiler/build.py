@@ -13,7 +13,9 @@ seconds per token come from a step of rlctl's learner on that backend, on the pr
 that fixes a megatron split (`trainer.tensor_parallel` / `pipeline_parallel`) also gets an entry at that
 split, measured by running its tp·pp ranks: GPU-seconds per token on the wall clock, the stages' waiting
 included (`pipeline_wait_included`; measure_split.py says why the tp 1 pp 1 entry keeps the thread clock).
-Memory figures are analytical (the roofline's, at each entry's split).
+Memory figures are analytical (the roofline's, at each entry's split). A LoRA job's (`trainer.lora`) profile is
+of its adapters trained, the file's `lora`: the probe times the job's LoRA step, the roofline and the memory
+price its passes, and `rlctl plan` takes the seconds as they are for that job.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rlctl.config.inventory import InventoryFile, given_once
 from rlctl.config.job import Job
 from rlctl.config.model import BuiltinModel, HfModel
 from rlctl.config.pipeline import Batch
+from rlctl.config.runtime import Lora
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.backends import kind_of
@@ -38,7 +41,7 @@ from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, passes_for
+from rlctl.profiler.traincost import TrainingPasses, lora_params, passes_for
 from rlctl.textutil import did_you_mean, one_of
 
 Source = Literal["analytical", "measured"]
@@ -57,6 +60,7 @@ class ProfileRequest:
     engines: tuple[str, ...]
     trainer_backend: str = "torch"  # measured: the backend whose training step is timed
     model_split: tuple[int, int] | None = None  # the job's trainer (tp, pp), when it fixes one
+    lora: Lora | None = None  # the job's trainer.lora: its adapters trained, the policy frozen
 
 
 def load_sites(paths: list[Path]) -> dict[str, Site]:
@@ -129,7 +133,7 @@ def request_from_options(
 def request_from_job(
     job: Job, *, sites: list[str] | None, engines: list[str] | None, trainer_backend: str | None = None
 ) -> ProfileRequest:
-    """The job's model, algorithm (its KL term included), rollout engine, trainer backend (unless given),
+    """The job's model, algorithm (its KL term included), rollout engine, trainer backend (unless given), LoRA,
     batch shape and sites."""
     spec = job.spec
     placed = [spec.placement.trainer.site, *(r.site for r in spec.placement.rollout)]
@@ -147,11 +151,12 @@ def request_from_job(
         tuple(engines or [spec.rollout.engine]),
         trainer_backend or spec.trainer.backend,
         spec.trainer.model_split,
+        spec.trainer.lora,
     )
 
 
 def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None = None) -> ProfileFile:
-    passes = passes_for(req.algorithm)
+    passes = passes_for(req.algorithm, adapter_params=lora_params(req.arch, req.lora))
     kind = req.algorithm.kind
     if source == "measured":
         check_measurable(req)
@@ -196,6 +201,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             "model": ModelSpec.of(req.arch),
             "algorithm": kind,
             "training_passes": passes,
+            "lora": req.lora,
             "sites": out,
         }
     )
@@ -244,6 +250,7 @@ def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
         req.trainer_backend,
         _split(req),
         kind_for(site.spec.name),  # on the site's GPUs, as its agents compute
+        req.lora,
     )
 
 

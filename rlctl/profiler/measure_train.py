@@ -2,7 +2,8 @@
 rlctl's own learners on a trainer backend (rlctl.trainers: `torch` or `megatron`), as the trainer agent runs it.
 
     model: the HF checkpoint, or the built-in tiny-demo (random weights) written to a temporary one
-      ─▶ load_backend(backend, model, tp=1, pp=1): the policy, and a reference when the algorithm has a KL term
+      ─▶ load_backend(backend, model, tp=1, pp=1): the policy (a LoRA job's: its adapters on the frozen weights, the
+       step the job's trainer runs), and a reference when the algorithm has a KL term
       ─▶ the trainer agent's learner (`rl.learner.make_learner`: `StreamingLearner` for GRPO, `PpoBatchLearner`
          for PPO, its critic on the backend's `critic_trunk`)
     synthetic batch (P prompts × G samples, random tokens, behaviour log-probs, rewards)
@@ -34,6 +35,7 @@ from torch import nn
 
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
+from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
@@ -90,17 +92,22 @@ def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -
 
 @contextlib.contextmanager
 def trainer_rank(
-    backend: str, checkpoint: str | Path | None, *, reference: bool, compute: Compute | None = None
+    backend: str,
+    checkpoint: str | Path | None,
+    *,
+    reference: bool,
+    compute: Compute | None = None,
+    lora: Lora | None = None,
 ) -> Iterator[tuple[TrainerBackend, nn.Module | None, TinyGPTConfig]]:
-    """The `backend` policy on the checkpoint (tiny-demo when None) as one trainer rank, its reference model
-    when `reference`, and the model's config; megatron's process group and parallel state last as long as
-    the block."""
+    """The `backend` policy on the checkpoint (tiny-demo when None) as one trainer rank, with `lora`'s adapters
+    (the torch backend's), its reference model (without adapters) when `reference`, and the model's config;
+    megatron's process group and parallel state last as long as the block."""
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlctl-measure-train-")))
         model_dir = Path(checkpoint) if checkpoint is not None else TinyGPT().save_pretrained(scratch / "model")
         if backend == "megatron":
             stack.enter_context(_one_rank_group(scratch / "rendezvous"))
-        policy = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT)
+        policy = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT, adapters=lora)
         ref = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT).model if reference else None
         yield policy, ref, read_config(model_dir)
 
@@ -134,9 +141,11 @@ def measure_training(
     learner_factory: Callable[[], Any] | None = None,
     vocab: int | None = None,
     compute: Compute | None = None,
+    lora: Lora | None = None,
 ) -> TrainMeasurement:
     """Seconds per trained token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`,
-    trained by the `backend` trainer backend on one rank (tp = pp = 1).
+    trained by the `backend` trainer backend on one rank (tp = pp = 1); with `lora`, its adapters alone (the
+    policy frozen, as a LoRA job's trainer trains it).
 
     `learner_factory` replaces the real learner (tests); `vocab` is the model's (read from it by default).
     """
@@ -145,7 +154,8 @@ def measure_training(
     if learner_factory is not None:
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
-    with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0, compute=compute) as (policy, ref, config):
+    reference = algorithm.kl_coef > 0
+    with trainer_rank(backend, checkpoint, reference=reference, compute=compute, lora=lora) as (policy, ref, config):
         learner = make_learner(
             policy, algorithm, batch, ref=ref, iterations=warmup_steps + steps, max_output_tokens=OUTPUT_TOKENS[1]
         )  # (the measurement's own longest output: what `loss_aggregation: constant` divides by)

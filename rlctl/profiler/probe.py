@@ -7,7 +7,8 @@ A local site runs it in-process; a SLURM or SSH site through its launch backend,
 Generation: PTL(BS) and prefill of each rollout engine asked for (the embedded engine on the
 built-in tiny-demo or an HF checkpoint; vLLM on an HF checkpoint). Training: seconds per token of
 one iteration of the algorithm with rlctl's learners on the trainer backend asked for (`torch` or
-`megatron`), one rank at tp = pp = 1 on this process's thread clock (`measure_train`); with a megatron
+`megatron`), one rank at tp = pp = 1 on this process's thread clock (`measure_train`), a LoRA job's adapters
+trained on the frozen policy (`--lora-rank`, `--lora-alpha`, `--lora-targets`: its trainer.lora); with a megatron
 split (`--split TP PP`, a job's trainer.tensor_parallel / pipeline_parallel) also GPU-seconds per token at
 that split, its tp·pp ranks run as this process's children and timed by wall clock, and tp = pp = 1 in the
 same harness (`measure_split`: "training_split" in F). The split's ranks need as many cores as this process
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
+from rlctl.config.runtime import Lora
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
 from rlctl.errors import RlctlError, UsageError
 from rlctl.exits import end_after, end_without_finalization
@@ -75,6 +77,7 @@ class ProbeSpec:
     trainer_backend: str = "torch"  # a key of rlctl.trainers.base.BACKENDS
     split: tuple[int, int] | None = None  # megatron (tp, pp) measured over its ranks besides tp 1 pp 1
     device: str = "cpu"  # "cuda" on a GPU site: measured on its GPU as its agents compute (rlctl.devices)
+    lora: Lora | None = None  # a LoRA job's trainer.lora: the step timed trains its adapters (the torch backend's)
 
     def argv(self) -> list[str]:
         """The probe's command-line options for this spec (everything but --out)."""
@@ -88,6 +91,10 @@ class ProbeSpec:
         out += ["--micro-batch-samples", str(b.train_micro_batch_samples)]
         out += ["--micro-batch-tokens", str(b.train_micro_batch_tokens or 0)]
         out += ["--trainer-backend", self.trainer_backend, "--device", self.device]
+        if self.lora is not None:  # (dropout: 0, the only one built)
+            out += ["--lora-rank", str(self.lora.rank), "--lora-alpha", repr(self.lora.alpha)]
+            targets = self.lora.target_modules
+            out += ["--lora-targets", targets if isinstance(targets, str) else ",".join(targets)]
         return out + (["--split", *map(str, self.split)] if self.split else [])
 
 
@@ -118,6 +125,12 @@ def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
     """UsageError unless the trainer backend of `spec` runs its split (before anything starts); with `here` (the
     probe runs on this host), megatron-core must be importable here and the split's ranks must fit the cores this
     process may use."""
+    if spec.lora is not None and (spec.trainer_backend != "torch" or spec.algorithm.kind != "grpo"):
+        raise UsageError(
+            f"the job's trainer.lora trains GRPO's policy on the 'torch' backend; the probe would time "
+            f"{spec.algorithm.kind} on {spec.trainer_backend!r}, where LoRA is not built",
+            hint="measure the torch backend: --trainer-backend torch (rlctl check refuses the job as it is)",
+        )
     if spec.trainer_backend != "megatron":
         if spec.split is not None:
             raise UsageError(
@@ -226,6 +239,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
         checkpoint=spec.checkpoint,
         clock=clock,
         compute=compute,
+        lora=spec.lora,
     )
     out: dict[str, Any] = {
         "host": os.uname().nodename,
@@ -267,6 +281,9 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     ap.add_argument("--trainer-backend", choices=sorted(BACKENDS), default="torch")
     ap.add_argument("--split", type=int, nargs=2, metavar=("TP", "PP"), help="megatron: also measure this split")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: on this host's first GPU")
+    ap.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank (a job's trainer.lora)")
+    ap.add_argument("--lora-alpha", type=float)
+    ap.add_argument("--lora-targets", default="all-linear", help="the adapted projections, comma-separated")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
@@ -280,8 +297,12 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     )
     engines = tuple(dict.fromkeys(a.engine or ["embedded"]))
     split = (a.split[0], a.split[1]) if a.split else None
+    lora = None
+    if a.lora_rank is not None:
+        targets = a.lora_targets if a.lora_targets == "all-linear" else a.lora_targets.split(",")
+        lora = Lora(rank=a.lora_rank, alpha=a.lora_alpha, target_modules=targets)
     spec = ProbeSpec(
-        a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split, a.device
+        a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split, a.device, lora
     )
     return spec, a.out
 

@@ -6,6 +6,7 @@
     model: {name: qwen2.5-7b, params: 7.62e9, ...}
     algorithm: grpo
     training_passes: {reference: true, old_logprobs: false, epochs: 1, mini_batches: 1, recompute: false}
+    lora: {rank: 16, alpha: 32, ...}  # a LoRA job's trainer.lora (`rlctl profile --job`); null: the policy trained
     sites:
       h20:
         gpu: H20
@@ -40,9 +41,10 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
 from rlctl.config.model import ArchFigures
+from rlctl.config.runtime import Lora
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
-from rlctl.profiler.traincost import TrainingPasses
+from rlctl.profiler.traincost import TrainingPasses, lora_params
 
 
 class ModelSpec(ArchFigures):
@@ -146,7 +148,19 @@ class ProfileFile(Strict):
     training_passes: TrainingPasses = Field(
         default_factory=TrainingPasses, description="the passes the training entries' seconds per token include"
     )
+    lora: Lora | None = Field(
+        None,
+        description="the LoRA the training entries are of (a job's trainer.lora: its adapters trained, the policy "
+        "frozen; measured, the probe trained them); None: the whole policy trained",
+    )
     sites: dict[Annotated[str, Field(min_length=1)], SiteProfile] = Field(min_length=1)
+
+
+def priced_passes(profile: ProfileFile) -> TrainingPasses:
+    """The passes `profile`'s training entries price: its `training_passes` with its LoRA's adapters (`lora`), what
+    `rlctl plan` scales a job's passes against (a LoRA profile of a LoRA job: not again)."""
+    adapters = lora_params(profile.model.arch, profile.lora)
+    return profile.training_passes.model_copy(update={"adapter_params": adapters})
 
 
 def load_profile(path: Path) -> ProfileFile:

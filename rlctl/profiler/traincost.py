@@ -53,7 +53,7 @@ class TrainingPasses(Strict):
     mini_batches: PositiveInt = 1  # optimizer steps per epoch
     recompute: bool = False  # activation recomputation: one more forward per update
     # LoRA (`trainer.lora`): the adapters' parameters, the only ones with gradients and optimizer state (the policy's
-    # weights frozen); 0: the whole policy is trained. The job's, never a profile's (not written: `exclude`)
+    # weights frozen); 0: the whole policy is trained. Not written (`exclude`): a profile's come from its `lora`
     adapter_params: NonNegativeFloat = Field(0.0, exclude=True)
 
     @property

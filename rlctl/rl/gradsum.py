@@ -1,6 +1,6 @@
 """Summing gradients over data-parallel ranks in buckets: one all-reduce per bucket, not one per parameter.
 
-    parameters' gradients (a missing one: zeros, still in the sum) ─▶ buckets of one dtype and device, in
+    trained parameters' gradients (a missing one: zeros, still in the sum) ─▶ buckets of one dtype and device, in
     parameter order, up to BUCKET_BYTES each ─▶ one flat copy per bucket, all-reduced, copied back
 
 A 0.5B policy has 291 parameters: one NCCL call each is 291 launches and latencies per optimizer step, where
@@ -22,10 +22,11 @@ BUCKET_BYTES = 25 << 20
 
 
 def sum_gradients(params: Iterable[torch.nn.Parameter], group: Any = None, *, bucket_bytes: int = BUCKET_BYTES) -> int:
-    """Sum the gradients of `params` over `group` (None: the default group) in place; the all-reduce calls made.
-    A parameter without a gradient gets zeros first: a rank whose samples reach no row of it is still in the sum."""
+    """Sum the gradients of the parameters of `params` that require one (a LoRA policy's adapters, its frozen
+    weights left as they are) over `group` (None: the default group) in place; the all-reduce calls made. A
+    parameter without a gradient gets zeros first: a rank whose samples reach no row of it is still in the sum."""
     grads = []
-    for p in params:
+    for p in (p for p in params if p.requires_grad):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)

@@ -17,6 +17,16 @@ micro-batches accumulate their weighted sums with N as the common normaliser, so
 micro-batches or shares of ranks leaves the gradient as it is. Under token_mean long samples are not
 down-weighted; under sequence_mean each sample weighs alike whatever its length; constant divides by a number no
 length changes.
+A Qwen3MoE whose config.json sets `output_router_logits` (`rlctl.models.moeloss.balanced`) adds to the loss, as
+Qwen3MoeForCausalLM does, router_aux_loss_coef × its load-balancing loss (`moeloss.load_balancing_loss`), reported as
+`router_aux_loss`. Each forward pass (a micro-batch of one rank) computes it over its rows' real tokens, prompt and
+output alike: every token the router routed, padding not, as transformers' attention mask counts them (the experts'
+balance is over all the tokens they compute on, and the prompt's routing is the policy's too). A pass weighs in as its
+share of N (Σ w_t / N over its tokens): one pass over the whole batch adds transformers' own term, several add the
+mean of theirs weighed by their tokens' weights. Data-parallel ranks sum their gradients, so the term is that mean
+over every rank's passes, each over that rank's rows (as in DDP training with transformers, whose ranks' terms are
+averaged: the loss is not linear in the tokens, so it is not the one pass over the whole batch's). Groups a learner
+does not run (no signal, `rlctl.rl.learner`) are in N but in no pass: they shrink the term in proportion.
 `kl` is the k3 estimate of KL(behaviour ‖ θ) on the behaviour's own samples, from the log-probs the
 loss computes anyway: θ is the trainer's policy *before* this step's update, so it measures how far
 off-policy the batch was (staleness, engine vs trainer numerics), not how far the update moved.
@@ -35,6 +45,7 @@ import torch.distributed as dist
 
 from rlctl.config.algorithm import GrpoAlgorithm, LossAggregation, OffPolicy
 from rlctl.devices import sync
+from rlctl.models.moeloss import balanced, load_balancing_loss
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.samples import (
@@ -42,11 +53,11 @@ from rlctl.rl.samples import (
     TokenBatch,
     device_of,
     fill_ref_logprobs,
-    logprobs_and_entropy,
+    logprobs_of,
     make_batch,
     micro_batches,
 )
-from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr, trained_parameters
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 
 # |log π − log μ| past this is clamped before exp (e^20 ≈ 4.9e8, finite in fp32 and bf16): a token the engine scored
 # far less likely than the trainer does (a numerics mismatch, a stale sample) would otherwise give an infinite ratio,
@@ -184,7 +195,9 @@ def policy_loss(
     weights' sum, is what a mean of them divides by; `tokens` counts the tokens unweighed); `kl_sum` is the k3
     KL(behaviour ‖ θ) (no gradient); `is_weight_sum` the behaviour weights' sum and `is_capped_sum` the tokens the
     cap truncated (`tis`) or left out (`decoupled`); `entropy_sum` the policy's next-token entropy at the sampling
-    temperature (a policy collapsing onto few answers shows it first).
+    temperature (a policy collapsing onto few answers shows it first); `router_aux_sum` a Qwen3MoE's load-balancing
+    loss × this batch's weights' sum (its share of the term, as the loss adds it), `aux_loss_sum` it × the coefficient
+    (both 0 without one).
     """
     batch = batch.to(device_of(model))
     mask = batch.mask.float()
@@ -193,7 +206,9 @@ def policy_loss(
         assert aggregation != "constant", "loss_aggregation 'constant' divides by the whole batch's normaliser: pass it"
         own = int(batch.mask.any(dim=1).sum()) if aggregation == "sequence_mean" else batch.num_tokens
         normaliser = float(max(own, 1))
-    logp, entropy = logprobs_and_entropy(model, batch.tokens, temperature)
+    moe = balanced(model)
+    logits, routed = model(batch.tokens, router_logits=True) if moe is not None else (model(batch.tokens), ())
+    logp, entropy = logprobs_of(logits, batch.tokens, temperature)
     assert entropy is not None
     behaviour = batch.old_logprobs
     weight: torch.Tensor | None = None
@@ -228,6 +243,11 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
         kl_ref = (kl * w).sum().detach()
     loss = (per_token * w).sum() / normaliser
+    aux = mask.new_zeros(())
+    if moe is not None:  # this batch's part of the load-balancing term: its share of the normaliser (module doc)
+        real = torch.ones_like(batch.tokens, dtype=torch.bool) if batch.real is None else batch.real
+        aux = load_balancing_loss(routed, real, num_experts=moe.num_experts, top_k=moe.num_experts_per_tok)
+        loss = loss + moe.router_aux_loss_coef * aux * (w.sum() / normaliser)
     with torch.no_grad():
         to_behaviour = log_ratio if weight is None else ((logp - behaviour) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + high)).float() * w
@@ -244,6 +264,8 @@ def policy_loss(
             "is_weight_sum": (weight * w).sum() if weight is not None else w.sum(),
             "is_capped_sum": zero if capped is None else capped,
             "entropy_sum": (entropy * w).sum(),
+            "router_aux_sum": aux.detach() * w.sum(),
+            "aux_loss_sum": aux.detach() * w.sum() * (0.0 if moe is None else moe.router_aux_loss_coef),
         }
         # one read-back of them all: on a GPU the host waits for the pass once, not once a figure
         metrics = dict(zip(sums, torch.stack([v.float() for v in sums.values()]).tolist(), strict=True))
@@ -270,9 +292,7 @@ def allreduce_grads(model: torch.nn.Module) -> None:
     share of the whole batch's (`batch_counts`' normaliser), so the sum is the whole batch's gradient."""
     if not _distributed():
         return
-    sum_gradients(
-        trained_parameters(model)
-    )  # a rank whose samples reach no row of a parameter: zeros, still in the sum
+    sum_gradients(model.parameters())  # a rank whose samples reach no row of a parameter: zeros, still in the sum
 
 
 class GrpoLearner:
@@ -349,8 +369,9 @@ class GrpoLearner:
         rewards = [s.reward for s in samples]
         sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         return {
-            "loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
+            "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"] + sums["aux_loss_sum"]) / n,
             "kl_ref": sums["kl_ref_sum"] / n,
+            **({"router_aux_loss": sums["router_aux_sum"] / n} if balanced(self.model) is not None else {}),
             **weighted_means(sums),
             "grad_norm": grad_norm,
             "lr": lr,

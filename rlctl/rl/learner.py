@@ -47,6 +47,7 @@ import torch.distributed as dist
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.devices import sync
+from rlctl.models.moeloss import balanced
 from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import Counts, group_advantages, loss_normaliser, needs_max_output_tokens, policy_loss
@@ -67,6 +68,8 @@ _SUMMED = (
     "entropy_sum",
     "tokens",
     "weight_sum",
+    "router_aux_sum",
+    "aux_loss_sum",
 )
 
 
@@ -291,8 +294,11 @@ class StreamingLearner:
         # sequence_mean their samples'; none: the per-token figures are NaN
         trained = sums["weight_sum"] or math.nan
         return {
-            "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"]) / n,  # what the gradient is of
+            # what the gradient is of
+            "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"] + sums["aux_loss_sum"]) / n,
             "kl_ref": sums["kl_ref_sum"] / n,  # KL(θ ‖ reference), k3, as the loss's term (kl_coef > 0: 0 otherwise)
+            # a Qwen3MoE's load-balancing loss, its passes' weighted mean (`rlctl.rl.grpo`), where its loss has it
+            **({"router_aux_loss": sums["router_aux_sum"] / n} if balanced(self.model) is not None else {}),
             "clip_frac": sums["clip_sum"] / trained,
             "kl": sums["kl_sum"] / trained,
             "is_weight_mean": sums["is_weight_sum"] / trained,  # π_prox / μ over the tokens trained (clip: 1)

@@ -38,6 +38,7 @@ from torch import nn
 
 from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.devices import sync
+from rlctl.models.moeloss import balanced
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import (
     Counts,
@@ -64,6 +65,8 @@ _SUMMED = (
     "is_weight_sum",
     "is_capped_sum",
     "weight_sum",
+    "router_aux_sum",
+    "aux_loss_sum",
 )  # what step() reports
 
 
@@ -238,7 +241,8 @@ class PpoLearner:
         n = max(sums["tokens"], 1.0)
         mean = max(sums["weight_sum"], 1.0)  # the tokens' weights: their count, or under sequence_mean the samples'
         return {
-            "loss": sums["pg_loss_sum"] / normaliser,  # what the policy's gradient is of
+            "loss": (sums["pg_loss_sum"] + sums["aux_loss_sum"]) / normaliser,  # what the policy's gradient is of
+            **({"router_aux_loss": sums["router_aux_sum"] / normaliser} if balanced(self.model) is not None else {}),
             "value_loss": sums["value_loss"] / n,
             "kl_ref": sums["kl_ref_sum"] / mean,  # k1 KL(behaviour ‖ reference) the rewards penalise (kl_coef 0: 0)
             **weighted_means(sums),

@@ -59,6 +59,9 @@ class TokenBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    # [N, T]: the grid positions that hold a row's token, prompt or output (what a MoE's load-balancing loss counts,
+    # as transformers' attention mask does); None: every position does (no padding)
+    real: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -66,9 +69,14 @@ class TokenBatch:
 
     def to(self, device: torch.device) -> TokenBatch:
         """The batch on `device` (the model's: batches are built on the host)."""
-        ref = None if self.ref_logprobs is None else self.ref_logprobs.to(device)
+        ref, real = (None if t is None else t.to(device) for t in (self.ref_logprobs, self.real))
         return TokenBatch(
-            self.tokens.to(device), self.mask.to(device), self.old_logprobs.to(device), self.advantages.to(device), ref
+            self.tokens.to(device),
+            self.mask.to(device),
+            self.old_logprobs.to(device),
+            self.advantages.to(device),
+            ref,
+            real,
         )
 
 
@@ -104,7 +112,9 @@ def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]
         adv[i, span] = torch.tensor(a) if isinstance(a, list) else float(a)
         if ref is not None and s.ref_logprobs is not None:
             ref[i, span] = torch.tensor(s.ref_logprobs)
-    return TokenBatch(tokens, mask, old, adv, ref)
+    lengths = torch.tensor([len(s.prompt_tokens) + len(s.output_tokens) for s in samples])
+    real = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    return TokenBatch(tokens, mask, old, adv, ref, real)
 
 
 ENTROPY_CHUNK = 1 << 24  # elements (64 MiB in fp32) per piece of the entropy's no-grad pass
@@ -127,7 +137,14 @@ def logprobs_and_entropy(
     """`token_logprobs`, and with `entropy` the entropy of each position's next-token distribution at the sampling
     temperature (shape [N, T-1], no gradient; computed over ≤ `ENTROPY_CHUNK` elements at a time, so it holds two
     such temporaries beside the log-softmax, whatever the vocabulary)."""
-    logits = model(tokens)[:, :-1].float()
+    return logprobs_of(model(tokens), tokens, temperature, entropy=entropy)
+
+
+def logprobs_of(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, *, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`logprobs_and_entropy` from the model's logits [N, T, vocab] of `tokens`."""
+    logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     log_p = torch.log_softmax(logits, dim=-1)

@@ -66,15 +66,10 @@ def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool
     """Full HF tensors in host memory in `dtype` (integers kept), gathered tensor by tensor; every rank calls it
     (the gathers are collectives). `host=False`: gathered, but kept only as their layout (meta tensors). A LoRA
     policy's adapted weights merged (W + scale·B·A, their adapters gathered beside them), the adapters left out."""
-    sd, adapted = model.state_dict(), lora.adapters(model)
     out = {}
-    for name, t in sd.items():
-        if (tied and name == "lm_head.weight") or lora.is_adapter(name):
-            continue
-        full = _full(t)
-        if (lin := adapted.get(name.removesuffix(".weight"))) is not None and name.endswith(".weight"):
-            owner = name.removesuffix(".weight")
-            full = lin.merged(full, _full(sd[f"{owner}.lora_A"]), _full(sd[f"{owner}.lora_B"]))
+    skip = ("lm_head.weight",) if tied else ()
+    for name, t, merged in lora.merged_items(model, model.state_dict(), whole=_full, skip=skip):
+        full = t if merged else _full(t)
         want = dtype if full.is_floating_point() else full.dtype
         if host:
             out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
@@ -94,21 +89,14 @@ def merged_shards(model: nn.Module) -> dict[str, torch.Tensor]:
     the adapters left out."""
     from torch.distributed.tensor import DTensor
 
-    sd, adapted = model.state_dict(), lora.adapters(model)
+    sd = model.state_dict()
     out = {}
-    for name, t in sd.items():
-        if lora.is_adapter(name):
-            continue
-        lin = adapted.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
-        d = as_dtensor(t)
-        if lin is None or d is None:
+    for name, t, merged in lora.merged_items(model, sd, whole=_full, rows=local_tensor):
+        if not merged or (d := as_dtensor(sd[name])) is None:
             out[name] = t
             continue
-        owner = name.removesuffix(".weight")
-        with torch.no_grad():
-            rows = lin.merged(d.to_local(), _full(sd[f"{owner}.lora_A"]), local_tensor(sd[f"{owner}.lora_B"]))
         out[name] = DTensor.from_local(
-            rows.to(d.dtype), d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
+            t.to(d.dtype), d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
         )
     return out
 

@@ -36,9 +36,10 @@ def resume_job(
     `checkpoint`: the one it continues from instead of the latest (a roll-back). `trainer_split`: `--trainer-split`'s
     text, the trainer's new tp × pp × dp (`rlctl.ops.trainersplit`), checked before anything is written and written to
     plan.json as the run starts; `dry_run`: that split checked and shown, nothing written or started."""
-    from rlctl.launch.jobdir import JobDir, replace_text
+    from rlctl.launch.jobdir import JobDir
     from rlctl.launch.layout import plan_sites, trainer_parallel
     from rlctl.launch.locks import LOCK_FD_ENV
+    from rlctl.launch.recordfiles import replace_text
     from rlctl.ops.extend import (
         completed_checkpoints,
         replace_job_json,

@@ -264,6 +264,41 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_at_tp1_pp2_by_trainer_split_
         assert rebuilt in log, log[-2000:]
 
 
+def test_an_fsdp_trainer_killed_then_resumed_at_dp3_by_trainer_split_trains_every_prompt_exactly_once(
+    tmp_path, launcher
+):
+    """A torch trainer sharded by FSDP2 over 2 ranks (`trainer.shard: fsdp`), its trainer-0 SIGKILLed past a
+    checkpoint, resumed on 3 (`launch --resume JOB --trainer-split dp=3`: the plan's trainer sharded at dp 3, as a
+    launch there would be): each rank rebuilds its part of the policy and of AdamW's state from both old ranks'
+    shards (`rlctl.checkpoint.refsdp`), and the job finishes with every prompt trained once. Versus refused at the
+    option (FSDP's sharded state was restored at its own split alone)."""
+    job_dir = tmp_path / "run"
+    job = hf_job(
+        tmp_path,
+        job_dir=job_dir,
+        iterations=MEGATRON_ITERATIONS,
+        every=3,
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer={"shard": "fsdp"},
+    )
+    latest = held_then_killed(tmp_path, launcher, job, job_dir, every=3)
+    manifest = json.loads((job_dir / "checkpoints" / f"iter-{latest}" / "MANIFEST.trainer.json").read_text())
+    assert manifest["split"] == {"tp": 1, "pp": 1, "dp": 2, "world": 2, "fsdp": True}
+
+    code, s = rlctl_json("launch", "--resume", str(job_dir), "--trainer-split", "dp=3", timeout_s=400)
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
+    trainer = json.loads((job_dir / "plan.json").read_text())["trainer"]
+    assert trainer["ranks"] == 3 and trainer["parallel"]["fsdp"] is True and trainer["parallel"]["dp"] == 3
+    trained_every_prompt_once(job_dir, s)
+    for rank in (0, 1, 2):  # each rank rebuilt its part from both old ranks' shards
+        log = next(job_dir.glob(f"**/trainer-{rank}*.log")).read_text()
+        rebuilt = (
+            f"checkpoint iter-{latest} was written at tp1 pp1 dp2 fsdp and is resumed at tp1 pp1 dp3 fsdp: rank {rank} "
+            "rebuilt its state from ranks 0,1' shards"
+        )
+        assert rebuilt in log, log[-2000:]
+
+
 def test_a_rollout_unit_killed_mid_generation_is_replaced(tmp_path, launcher):
     job = job_yaml(
         tmp_path / "heal.yaml",

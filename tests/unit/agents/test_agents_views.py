@@ -677,6 +677,15 @@ def test_ppo_s_critic_loss_and_reference_kl_are_in_the_row_and_absent_where_no_f
     assert (t.value_loss, t.kl_ref) == (None, None)  # the message's defaults: no figure
 
 
+def test_a_moes_load_balancing_loss_is_in_the_row_where_its_loss_has_it():
+    """A Qwen3MoE with output_router_logits: its step's router_aux_loss reaches the row and the trackers; a model whose
+    loss has no such term (the message's default, None) none."""
+    core, t, _ = _one_iteration()
+    moe = metrics_row(_snapshot(core, []), msgspec.structs.replace(t, router_aux_loss=1.02345678), wall_time=0)
+    assert moe["router_aux_loss"] == 1.023457 and row_to_metrics(moe)["train/router_aux_loss"] == 1.023457
+    assert "router_aux_loss" not in metrics_row(_snapshot(core, []), t, wall_time=0) and t.router_aux_loss is None
+
+
 def test_the_iteration_gauge_counts_completed_iterations_as_the_weight_version_and_status_do():
     # it read the last trained iteration's 0-based index: one behind rlctl_weights_version and status's iteration
     core, t, _ = _one_iteration()

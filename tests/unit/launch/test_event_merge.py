@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.launch import record, spillsort
-from rlctl.launch.jobdir import event_time, record_text
+from rlctl.launch.jobdir import event_time
+from rlctl.launch.recordfiles import record_text
 
 
 def _line(t: object, event: str, **more: object) -> str:

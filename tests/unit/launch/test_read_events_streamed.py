@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlctl.launch import jobdir
-from rlctl.launch.jobdir import JobDir, json_lines
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.recordfiles import json_lines
 
 FILLER = 20_000  # `weights_applied` lines of ~120 B: a 2.4 MB file
 

@@ -15,8 +15,8 @@ from rlctl.ops.counts import resolve_job
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import resolve
 from rlctl.ops.launchdir import launch_dir
-from rlctl.ops.operate import stop
 from rlctl.ops.runstate import STOP_REQUESTED
+from rlctl.ops.stop import stop
 
 DEMO = Path(__file__).resolve().parents[3] / "jobs" / "demo.yaml"
 

@@ -25,7 +25,7 @@ def test_two_writers_of_one_file_at_once_each_write_under_their_own_temporary_na
     """Both wrote NAME.tmp: one's rename took the other's half-written file, the other's then failed on a name gone."""
     import threading
 
-    from rlctl.launch.jobdir import replace_text
+    from rlctl.launch.recordfiles import replace_text
 
     path = tmp_path / "summary.json"
     errors: list[BaseException] = []

@@ -18,7 +18,7 @@ from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import autoresume, refusals
-from rlctl.ops.operate import STOP_REQUESTED
+from rlctl.ops.runstate import STOP_REQUESTED
 from tests.conftest import ROOT
 
 

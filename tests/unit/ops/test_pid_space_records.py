@@ -22,11 +22,12 @@ from rlctl.errors import UsageError
 from rlctl.launch import stage
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import detach, operate
+from rlctl.ops import detach
+from rlctl.ops import stop as opstop
 from rlctl.ops.runstate import STOP_REQUESTED
 from tests.unit.lock_probe import probed_until_a_retry
 from tests.unit.ops.test_detach import row
-from tests.unit.ops.test_operate_stop import LOCAL_SITE
+from tests.unit.ops.test_stop import LOCAL_SITE
 
 OTHER = "00000000-0000-0000-0000-000000000000-4026531836"  # another machine's boot, the same pid namespace number
 
@@ -93,11 +94,11 @@ def test_a_stop_request_of_another_pid_space_under_this_host_name_is_under_way(
     gone = _gone_pid()
     with monkeypatch.context() as m:
         m.setattr(procfs, "pid_space", lambda: OTHER)
-        stopper = operate._stopper() | {"pid": gone}
+        stopper = opstop._stopper() | {"pid": gone}
     assert stopper["pid_space"] == OTHER
     jd.event(STOP_REQUESTED, stopper=stopper)
-    assert operate.stop_under_way(jd)
+    assert opstop.stop_under_way(jd)
     jd.event(STOP_REQUESTED, stopper=stopper | {"pid_space": procfs.pid_space()})  # of this pid space: gone
-    assert not operate.stop_under_way(jd)
+    assert not opstop.stop_under_way(jd)
     jd.event(STOP_REQUESTED, stopper={k: v for k, v in stopper.items() if k != "pid_space"})  # an older rlctl's
-    assert not operate.stop_under_way(jd)
+    assert not opstop.stop_under_way(jd)

@@ -250,9 +250,9 @@ def test_the_job_checkpoint_versions_are_the_trainers() -> None:
         assert [v for v in range(12) if checkpoints_at(job, v)] == sorted(checkpoint_versions(job))
 
 
-def local_site() -> Site:
+def local_site(*, gpus: int = 2) -> Site:
     return Site.model_validate(
-        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": 2}]}
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": gpus}]}
     )
 
 
@@ -332,8 +332,9 @@ def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
 
 def test_a_checkpoint_written_at_another_split_is_picked_and_a_sharded_one_refused_not_skipped(tmp_path: Path) -> None:
     """A trainer at another tp × pp × dp rebuilds each rank's state from the shards (`rlctl.checkpoint.resplit`):
-    the checkpoint is picked. FSDP's sharded state is not rebuilt at another split: one line, exit 2; an older
-    checkpoint is not tried instead (it would not fit either)."""
+    the checkpoint is picked. FSDP's sharded state is rebuilt at another dp, sharded or not (`refsdp`): picked; at
+    another tp × pp it is not: one line, exit 2; an older checkpoint is not tried instead (it would not fit
+    either)."""
     sites = Sites(tmp_path)
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), TP2)
@@ -345,11 +346,13 @@ def test_a_checkpoint_written_at_another_split_is_picked_and_a_sharded_one_refus
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), FSDP_DP2)
         files_part(sites.c.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
+    for split in (ParallelConfig("trainer", dp=1), ParallelConfig("trainer", dp=3, fsdp=True)):
+        assert pick_checkpoint((fs, sites.c), (fs, sites.t), split=split).version == 6
     with pytest.raises(UsageError) as e:
         pick_checkpoint((fs, sites.c), (fs, sites.t), split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
         f"{sites.t.checkpoint(6)}: written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer (tp 1 pp 2 dp 1) "
-        "cannot load: each rank restores its own part of the sharded state at that split"
+        "cannot load: FSDP's sharded state is rebuilt at another dp alone, at tp 1 pp 1"
     )
     assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
     old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest
@@ -930,30 +933,47 @@ def test_trainer_split_refused_for_memory_suggests_only_a_split_the_sites_room_h
     assert "tp2 pp1 dp1 (2 ranks) → tp1 pp2 dp2 (4 ranks)" in r.stdout
 
 
-def test_trainer_split_of_an_fsdp_plan_is_refused_at_the_option(tmp_path: Path) -> None:
-    """FSDP's sharded state is not rebuilt at another split (`checkpoint.choose.split_problem`): refused at the
-    option, before the plan is judged further."""
+def test_trainer_split_of_an_fsdp_plan_changes_dp_and_is_refused_at_another_tp_pp(tmp_path: Path) -> None:
+    """FSDP's sharded state is rebuilt at another dp, sharded or not (`checkpoint.refsdp`): with `trainer.shard:
+    fsdp`, dp 3 is an FSDP plan; with `auto` (a tiny model: a replica fits), dp 1 an unsharded one. At another
+    tp × pp it is refused at the option, before the plan is judged further (versus any split refused: a node lost
+    meant the job started over); so is `fsdp` over one rank, as `rlctl check` refuses it."""
     from rlctl.models.catalog import BUILTIN_MODELS
     from rlctl.ops.trainersplit import resplit_plan
 
     plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}},
             "rollout": [], "controller_site": "t"}  # fmt: skip
+    arch, sites = BUILTIN_MODELS["tiny-demo"], {"t": local_site(gpus=4)}
+    data = spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
+    fsdp = JobFile.model_validate(data | {"trainer": {"shard": "fsdp"}})
+    new = resplit_plan(plan, {"dp": 3}, spec=fsdp, sites=sites, arch=arch)
+    assert new is not None and new["trainer"]["parallel"] == {
+        "tp": 1,
+        "pp": 1,
+        "dp": 3,
+        "fsdp": True,
+        "reduce_per_step": True,
+    }
+    assert new["trainer"]["ranks"] == 3
+    new = resplit_plan(plan, {"dp": 1}, spec=spec(), sites=sites, arch=arch)
+    assert new is not None and new["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 1}
     with pytest.raises(UsageError) as e:
-        resplit_plan(plan, {"dp": 1}, spec=spec(), sites={"t": local_site()}, arch=BUILTIN_MODELS["tiny-demo"])
+        resplit_plan(plan, {"pp": 2}, spec=spec(), sites=sites, arch=arch)
     assert str(e.value) == (
-        "--trainer-split dp=1: the trainer's state is sharded by FSDP (trainer.shard 'auto', the plan at tp1 pp1 dp2 "
-        "fsdp), which a resume does not rebuild at another split"
+        "--trainer-split pp=2: the trainer's state is sharded by FSDP (trainer.shard 'auto', the plan at tp1 pp1 dp2 "
+        "fsdp), which a resume rebuilds at another dp alone, at tp 1 pp 1"
     )
     assert e.value.exit_code == 2
+    with pytest.raises(UsageError, match=r"^--trainer-split dp=1: trainer.shard 'fsdp' over the trainer's 1 GPU"):
+        resplit_plan(plan, {"dp": 1}, spec=fsdp, sites=sites, arch=arch)
 
 
-def test_trainer_split_to_a_dp_the_planner_shards_is_refused_at_the_option() -> None:
+def test_trainer_split_to_a_dp_the_planner_shards_is_sharded() -> None:
     """Qwen3-4B's torch trainer on a CPU site (4 GB a GPU by the catalog: 16 bytes per parameter do not fit; no
     memory_gb, so `rlctl check` judges no rank's memory): at dp 1 one unsharded rank, and `trainer.shard: auto`
-    shards it at dp 2 (`planner.split.trainer_sharding`, what a launch at dp 2 writes). Resumed at dp 2 the plan was
-    written unsharded (the trainer ran a whole replica on each rank, where the planner shards it); an unsharded
-    checkpoint is not rebuilt into FSDP's shards (`checkpoint.choose.split_problem`), so it is refused at the
-    option. `shard: none` passes, unsharded."""
+    shards it at dp 2 (`planner.split.trainer_sharding`, what a launch at dp 2 writes). Resumed at dp 2 the new plan
+    is sharded as a launch at dp 2 would be, and the unsharded checkpoint is rebuilt into FSDP's shards
+    (`checkpoint.refsdp`), versus refused at the option. `shard: none` stays unsharded."""
     from rlctl.config.inventory import Inventory
     from rlctl.config.job import Job
     from rlctl.models.catalog import BUILTIN_MODELS
@@ -968,13 +988,8 @@ def test_trainer_split_to_a_dp_the_planner_shards_is_refused_at_the_option() -> 
     plan = {"trainer": {"site": "t", "ranks": 1, "parallel": {"tp": 1, "pp": 1, "dp": 1}}, "rollout": [],
             "controller_site": "t"}  # fmt: skip
     arch = BUILTIN_MODELS["qwen3-4b"]
-    with pytest.raises(UsageError) as e:
-        resplit_plan(plan, {"dp": 2}, spec=job, sites=sites, arch=arch)
-    assert str(e.value) == (
-        "--trainer-split dp=2: the trainer at tp1 pp1 dp2 fsdp is sharded by FSDP (trainer.shard 'auto'), and a "
-        "resume does not rebuild the plan's unsharded state (tp1 pp1 dp1) into FSDP's shards"
-    )
-    assert e.value.exit_code == 2
+    new = resplit_plan(plan, {"dp": 2}, spec=job, sites=sites, arch=arch)
+    assert new is not None and new["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2} | launched
     data["trainer"] = {"shard": "none"}
     new = resplit_plan(plan, {"dp": 2}, spec=JobFile.model_validate(data), sites=sites, arch=arch)
     assert new is not None and new["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import operate
+from rlctl.ops import stop as opstop
 from rlctl.ops.jobref import JobRef, resolve
 from tests.conftest import run_cli
 from tests.unit.job_rows import indexed_row
@@ -33,14 +33,14 @@ def test_ctrl_c_while_the_stop_waits_for_the_controller_says_the_stop_is_not_see
     def ctrl_c(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
         raise KeyboardInterrupt  # while it waits for the controller's answer to `shutdown`
 
-    monkeypatch.setattr(operate, "ask_controller", ctrl_c)
+    monkeypatch.setattr(opstop, "ask_controller", ctrl_c)
     r = run_cli("stop", "demo-1")
     assert r.exit_code == 130 and r.stdout == ""
     assert r.stderr == (
         "rlctl: interrupted: the stop of job demo-1 was asked for but not seen through (its launcher will not resume "
         "the job); `rlctl stop demo-1` again finishes it, `rlctl status demo-1` says where the job stands\n"
     )
-    assert [e["event"] for e in jd.read_events()] == ["controller_listening", operate.STOP_REQUESTED]
+    assert [e["event"] for e in jd.read_events()] == ["controller_listening", opstop.STOP_REQUESTED]
 
 
 def test_ctrl_c_before_the_stop_asked_anything_says_the_job_was_not_asked_to_stop(
@@ -48,14 +48,14 @@ def test_ctrl_c_before_the_stop_asked_anything_says_the_job_was_not_asked_to_sto
 ) -> None:
     jd = _running(tmp_path, monkeypatch)
     long_ago = time.time() - 3600  # an earlier stop, seen through, then a resume: not this stop's request
-    earlier = [{"event": operate.STOP_REQUESTED}, {"event": "stopped_by_operator"}, {"event": "controller_listening"}]
+    earlier = [{"event": opstop.STOP_REQUESTED}, {"event": "stopped_by_operator"}, {"event": "controller_listening"}]
     with jd.events.open("a") as f:
         f.writelines(json.dumps({"t": long_ago, **e}) + "\n" for e in earlier)
 
     def ctrl_c(_: JobDir) -> bool:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(operate, "stop_under_way", ctrl_c)
+    monkeypatch.setattr(opstop, "stop_under_way", ctrl_c)
     r = run_cli("stop", "demo-1")
     assert r.exit_code == 130
     assert r.stderr == "rlctl: interrupted: job demo-1 was not asked to stop (`rlctl status demo-1`)\n"
@@ -71,10 +71,9 @@ def test_an_event_without_a_number_for_its_time_is_read_as_before_the_stop(
 
     jd = _running(tmp_path, monkeypatch)
     with jd.events.open("a") as f:
-        f.write(json.dumps({"t": t, "event": operate.STOP_REQUESTED}) + "\n")
+        f.write(json.dumps({"t": t, "event": opstop.STOP_REQUESTED}) + "\n")
     ref = resolve("demo-1")
     assert (
-        operate.stop_cut_short(ref, since=time.time() - 60)
-        == "job demo-1 was not asked to stop (`rlctl status demo-1`)"
+        opstop.stop_cut_short(ref, since=time.time() - 60) == "job demo-1 was not asked to stop (`rlctl status demo-1`)"
     )
     assert stop_requested(jd, since=time.time() - 60) is False

@@ -104,9 +104,9 @@ def test_measure_here_measures_each_engine_and_a_training_step(
         return entry(1e-3).model_copy(update={"padded_attention": padded_attention})
 
     def fake_train(
-        algorithm: Any, batch: Batch, *, backend: str, checkpoint: str | None, clock: Any, compute: Any
+        algorithm: Any, batch: Batch, *, backend: str, checkpoint: str | None, clock: Any, compute: Any, lora: Any
     ) -> Any:
-        assert compute.device.type == "cpu"  # a CPU site's probe: the CPU, fp32
+        assert compute.device.type == "cpu" and lora is None  # a CPU site's probe: the CPU, fp32; no LoRA asked
         events.append(("train", backend, algorithm.kind, algorithm.kl_coef, checkpoint, clock is time.thread_time))
         return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
 

@@ -1,5 +1,6 @@
 """Gradients are summed over data-parallel ranks in buckets: one all-reduce per bucket of one dtype and device,
-the same sums as one all-reduce per parameter, and a parameter without a gradient still in the sum."""
+the same sums as one all-reduce per parameter, a parameter without a gradient still in the sum, and a frozen one
+(a LoRA policy's base weights) left out whoever calls."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.rl.gradsum import _buckets
+from rlctl.rl.gradsum import _buckets, sum_gradients
 from rlctl.rl.grpo import allreduce_grads
 from tests.unit.rank_end import end_rank
 from tests.unit.tiny_models import small_config
@@ -25,13 +26,15 @@ def _grads(model: TinyGPT, rank: int) -> None:
         p.grad = None if (rank == 1 and i == 0) else torch.full_like(p, float(rank + 1) * (i + 1))
 
 
-def _rank(rank: int, init: str, out: mp.Queue) -> None:
+def _rank(rank: int, init: str, frozen: bool, out: mp.Queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         torch.manual_seed(0)
         model = TinyGPT(SMALL)
         _grads(model, rank)
+        for i, p in enumerate(model.parameters()):
+            p.requires_grad_(not (frozen and i % 2))
         calls = []
         real = dist.all_reduce
 
@@ -41,7 +44,10 @@ def _rank(rank: int, init: str, out: mp.Queue) -> None:
 
         dist.all_reduce = counted  # type: ignore[assignment]
         try:
-            allreduce_grads(model)
+            if frozen:  # every parameter passed, as PPO passes a module's: the frozen ones are left out inside
+                sum_gradients(model.parameters())
+            else:
+                allreduce_grads(model)
         finally:
             dist.all_reduce = real
         if rank == 0:
@@ -53,12 +59,14 @@ def _rank(rank: int, init: str, out: mp.Queue) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_two_ranks_sum_every_gradient_in_one_all_reduce(tmp_path: Path) -> None:
-    # one all_reduce per parameter before: TinyGPT's 0.5B shape made 291 NCCL calls an optimizer step
+@pytest.mark.parametrize("frozen", [False, True])
+def test_two_ranks_sum_every_trained_gradient_in_one_all_reduce(tmp_path: Path, frozen: bool) -> None:
+    # one all_reduce per parameter before: TinyGPT's 0.5B shape made 291 NCCL calls an optimizer step. Frozen (every
+    # other parameter): each rank's own gradient, not summed (versus summed, zeros given where a rank had none)
     ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, out), daemon=True) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, init, frozen, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     calls, summed = out.get(timeout=100)
@@ -70,7 +78,8 @@ def test_two_ranks_sum_every_gradient_in_one_all_reduce(tmp_path: Path) -> None:
     names = [n for n, _ in alone.named_parameters()]
     assert len(names) > 5 and calls == 1  # every fp32 gradient of the small model fits one 25 MiB bucket
     for i, (name, p) in enumerate(alone.named_parameters()):
-        expected = torch.full_like(p, float(i + 1) * (1 if i == 0 else 3))  # rank 0's (i+1) + rank 1's 2(i+1)
+        own = i == 0 or (frozen and i % 2)  # rank 1 has none for the first: rank 0's alone
+        expected = torch.full_like(p, float(i + 1) * (1 if own else 3))  # rank 0's (i+1) + rank 1's 2(i+1)
         assert torch.equal(torch.from_numpy(summed[name]), expected), name
 
 

@@ -3,7 +3,8 @@
     python tests/unit/trainers/fsdp_rank.py RANK WORLD RENDEZVOUS PHASE MODEL SAMPLES.pt JOB OUT.pt
 
 With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
-(`trainer.lora`): what is published and checkpointed is the merged model.
+(`trainer.lora`): what is published and checkpointed is the merged model; with RLCTL_TEST_MICRO=N its micro-batches
+hold N samples (3 otherwise).
 
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
@@ -16,7 +17,8 @@ HF directory is the published version (`PublishedModel`). SAMPLES.pt holds three
                    sharded, every rank writes its part of the policy and of AdamW's state); iteration 3.
   PHASE "resume":  fresh ranks restore JOB/iter-2 (the HF policy, then each its own shard); iteration 3.
 
-OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "published":
+OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "router_aux": [...],
+"published":
 [whether the root's buffer equals the gathered weights, after each iteration], "encodings": [...]}.
 """
 
@@ -26,6 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,8 +56,12 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     backend = load_backend("torch", model, shard=world > 1, adapters=adapters)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", dp=dp.size, fsdp=world > 1 or None)
+    micro = int(os.environ.get("RLCTL_TEST_MICRO", "3"))
     learner = make_learner(
-        backend, GrpoAlgorithm(kind="grpo", lr=1e-3), Batch(samples_per_prompt=4, train_micro_batch_samples=3), ref=None
+        backend,
+        GrpoAlgorithm(kind="grpo", lr=1e-3),
+        Batch(samples_per_prompt=4, train_micro_batch_samples=micro),
+        ref=None,
     )
     optimizers, modules = learner.optimizers(), backend.checkpoint_modules()
     ckpt = job / "iter-2"
@@ -66,6 +73,26 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     )
     state = {"version": 0 if phase == "run" else 2}
     checks: dict[str, list[object]] = {"published": [], "encodings": []}
+
+    def trained_state() -> dict[str, object]:
+        """The whole trained state, gathered (a collective): each optimizer's moments and steps by index, the fp32
+        policy, each checkpointed module; and every rank's parts of each sharded parameter (FSDP2's layout)."""
+        from rlctl.trainers.fsdp import local_tensor
+
+        def whole(t: torch.Tensor) -> torch.Tensor:
+            return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+        out: dict[str, object] = {"policy": {k: whole(v) for k, v in backend.model.state_dict().items()}}
+        for k, o in optimizers.items():
+            params = [p for g in o.param_groups for p in g["params"]]
+            out[f"optimizer.{k}"] = {
+                i: {m: whole(v) for m, v in o.state[p].items()} for i, p in enumerate(params) if p in o.state
+            }
+        out |= {f"module.{k}": {n: whole(v) for n, v in m.state_dict().items()} for k, m in modules.items()}
+        parts: list[dict[str, torch.Tensor]] = [{}] * world
+        mine = {n: local_tensor(p).detach().clone() for n, p in backend.model.named_parameters()}
+        dist.all_gather_object(parts, mine)
+        return out | {"parts": parts}
 
     def gathered() -> dict[str, torch.Tensor]:
         return backend.wire_weights(dtype=torch.float32, tied=tied)
@@ -86,25 +113,28 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         load_trainer(
             ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp, version=2
         )
+    loaded = trained_state() if phase == "resume" else None
     pub.publish(state["version"], gathered(), params=backend.tensors())  # the start: a full copy
     todo = [1, 2, 3] if phase == "run" else [3]
     if rank > 0:
         learner.follow(
             on_step=published,
-            on_checkpoint=lambda v: save_shard(
-                job / f"iter-{v}", optimizers=optimizers, modules=modules, split=split, data_parallel=dp
+            on_checkpoint=lambda v: (
+                save_shard(job / f"iter-{v}", optimizers=optimizers, modules=modules, split=split, data_parallel=dp),
+                trained_state(),
             ),
         )
         dist.barrier()
         pub.close()
         return
-    record: dict[str, list[object]] = {"weights": [], "grad_norms": []}
+    record: dict[str, Any] = {"weights": [], "grad_norms": [], "router_aux": [], "state": loaded}
     for it in todo:
         for s in iterations[it - 1]:
             learner.add(s)
         stats = learner.step()
         record["weights"].append(published())
         record["grad_norms"].append(stats["grad_norm"])
+        record["router_aux"].append(stats.get("router_aux_loss"))  # a MoE's load-balancing term, where trained
         if phase == "run" and it == 2:
             save_trainer(
                 ckpt,
@@ -116,6 +146,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
                 data_parallel=dp,
                 announce=lambda: learner.announce_checkpoint(2),
             )
+            record["state"] = trained_state()
     learner.stop_followers()
     torch.save(record | checks, out)
     dist.barrier()

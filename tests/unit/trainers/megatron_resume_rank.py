@@ -76,9 +76,10 @@ def main(
     opts, modules, ckpt = learner.optimizers(), learner.modules(), job / "iter-2"
     result: dict[str, Any] = {"errors": [], "counters": None}
     if phase == "resume":
-        # a split no rank can rebuild its state at: FSDP's sharded state (GRPO's), a PPO critic's at another tp × pp
+        # a split no rank can rebuild its state at: FSDP's sharded state at a pp > 1 (GRPO's; at tp 1 pp 1 it is
+        # rebuilt: `rlctl.checkpoint.refsdp`), a PPO critic's at another tp × pp
         other = (
-            ParallelConfig("trainer", split.tp, split.pp, dp=dp.size, fsdp=True)
+            ParallelConfig("trainer", split.tp, 2 * split.pp, dp=dp.size, fsdp=True)
             if algorithm == "grpo"
             else ParallelConfig("trainer", split.pp, split.tp, dp=dp.size)
         )

@@ -44,12 +44,20 @@ def iterations() -> list[list[Sample]]:
 
 
 def run(
-    tmp_path: Path, *, world: int, phase: str, job: Path, model: Path, samples: Path, lora: str | None = None
+    tmp_path: Path,
+    *,
+    world: int,
+    phase: str,
+    job: Path,
+    model: Path,
+    samples: Path,
+    lora: str | None = None,
+    micro: int = 3,
 ) -> dict[str, list]:
-    """`lora`: 'RANK,ALPHA' of adapters on every projection (fsdp_rank.py)."""
+    """`lora`: 'RANK,ALPHA' of adapters on every projection; `micro`: samples a micro-batch (fsdp_rank.py)."""
     rendezvous = tmp_path / f"rdv-{world}-{phase}"
     out = tmp_path / f"out-{world}-{phase}.pt"
-    env = {**ENV, "PATH": "/usr/bin:/bin"} | ({"RLCTL_TEST_LORA": lora} if lora else {})
+    env = {**ENV, "PATH": "/usr/bin:/bin", "RLCTL_TEST_MICRO": str(micro)} | ({"RLCTL_TEST_LORA": lora} if lora else {})
     argv = [str(rendezvous), phase, str(model), str(samples), str(job), str(out)]
     procs = [start_rank(SCRIPT, [str(r), str(world), *argv], env) for r in range(world)]
     for p in procs:
@@ -94,6 +102,24 @@ def test_sharded_steps_equal_the_unsharded_steps(tmp_path: Path, inputs: tuple[P
     # weights a gather gives
     assert sharded["published"] == [True] * 3 and sharded["encodings"] == [["delta", "full"]] * 3
     assert not any(torch.equal(start[k], v) for k, v in sharded["weights"][2].items() if k.endswith("proj.weight"))
+
+
+def test_a_moes_load_balancing_term_takes_the_same_steps_sharded(tmp_path: Path) -> None:
+    """A Qwen3MoE whose config.json sets output_router_logits: each rank's pass takes the load-balancing term over its
+    own rows, weighed by their share of the whole batch's normaliser, and FSDP2 sums the ranks' gradients. 2 ranks
+    given 1 row each of every 2-row micro-batch take the steps 1 rank takes in 1-row micro-batches (each term over
+    the same row), and report the same term, versus none trained (1 rank in 2-row micro-batches, a term over 2 rows,
+    differs from both: by 2e-3 in a router weight after 3 steps, against a tolerance of 2e-6)."""
+    torch.manual_seed(0)
+    aux = dataclasses.replace(MOE, output_router_logits=True, router_aux_loss_coef=0.1)
+    TinyGPT(dataclasses.replace(CFG, architecture="Qwen3MoeForCausalLM", moe=aux)).save_pretrained(tmp_path / "model")
+    torch.save(iterations(), tmp_path / "samples.pt")
+    paths = {"model": tmp_path / "model", "samples": tmp_path / "samples.pt"}
+    whole = run(tmp_path, world=1, phase="run", job=tmp_path / "job1", micro=1, **paths)
+    sharded = run(tmp_path, world=2, phase="run", job=tmp_path / "job2", micro=2, **paths)
+    assert_same_steps(whole, sharded, TinyGPT.from_pretrained(tmp_path / "model").hf_weights())
+    assert all(a is not None and a > 1.0 for a in whole["router_aux"])  # (1: every expert chosen alike)
+    assert sharded["router_aux"] == pytest.approx(whole["router_aux"], rel=1e-5)
 
 
 def test_a_sharded_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[Path, Path]) -> None:

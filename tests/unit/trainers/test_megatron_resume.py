@@ -6,7 +6,7 @@ replica 0's other ranks theirs, told through the learner's broadcasts; the other
 third → W_a; fresh ranks restore the checkpoint (the HF policy through the backend, each the shard of its
 (tp, pp) position: optimizers, modules, RNG) and train that same third iteration → W_b. W_a and W_b are equal
 bit for bit, and so is every rank's optimizer state (and PPO's critic), which is the same on every replica of a
-position; a flipped bit in a shard, or a split the ranks cannot rebuild their state at (sharded by FSDP; PPO's
+position; a flipped bit in a shard, or a split the ranks cannot rebuild their state at (sharded by FSDP at pp > 1; PPO's
 critic at another tp × pp), is refused naming the checkpoint (and the rank that wrote the shard) on rank 0 and on
 the ranks that read it. Resuming at another split: test_megatron_resplit.py."""
 
@@ -135,7 +135,11 @@ def test_a_resumed_sharded_trainer_trains_on_bit_for_bit(
             assert e.startswith(f"{damaged}: rank {bad}'s shard is not usable: ranks/rank-{bad}.pt does not match")
         want = f"{ckpt}: written by a trainer at tp {tp} pp {pp} dp {dp}, which this trainer"
         assert split_error.startswith(want), split_error
-        why = "sharded state at that split" if algorithm == "grpo" else "critic's state at another tp × pp is not built"
+        why = (
+            "sharded state is rebuilt at another dp alone"
+            if algorithm == "grpo"
+            else "critic's state at another tp × pp is not built"
+        )
         assert why in split_error, split_error
         assert same_rng(b["rng"], resumed[peer[rank]]["rng"]), rank  # replica 0's RNG at this position
         assert list(a["weights"]) == list(b["weights"])

@@ -16,7 +16,7 @@ from rlctl.config.inventory import Site
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
-from rlctl.ops import operate
+from rlctl.ops import stop as opstop
 from rlctl.ops.jobref import JobRef
 from tests.conftest import run_cli
 
@@ -43,11 +43,11 @@ def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, list[
         )
     )
     asked: list[str] = []
-    monkeypatch.setattr(operate, "ask_controller", lambda _ref, what, *a, **k: asked.append(what) or {})
+    monkeypatch.setattr(opstop, "ask_controller", lambda _ref, what, *a, **k: asked.append(what) or {})
     monkeypatch.setattr(SshBackend, "poll", lambda self, handle: 0)  # (the controller ended)
     stopped: list[list[str]] = []
     monkeypatch.setattr(
-        operate, "stop_agents", lambda b, hs, grace_s, **_: stopped.append([h.spec.name for h in hs]) or []
+        opstop, "stop_agents", lambda b, hs, grace_s, **_: stopped.append([h.spec.name for h in hs]) or []
     )
     jd = JobDir(tmp_path)
     opened = pathlib.Path.open
@@ -65,7 +65,7 @@ def test_a_stop_whose_events_cannot_be_written_stops_the_job_and_says_what_it_co
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     jd, stopped, asked = _job(tmp_path, monkeypatch)
-    out = operate.stop(JobRef("stopjob", jd, None), grace_s=2)  # was: PermissionError, nothing stopped
+    out = opstop.stop(JobRef("stopjob", jd, None), grace_s=2)  # was: PermissionError, nothing stopped
     assert asked == ["shutdown"] and stopped == [["controller-0", "rollout-0"]]
     assert out["problems"] == [] and out["agents"] == ["controller-0", "rollout-0"]
     assert out["unrecorded"] == [

@@ -1,4 +1,4 @@
-"""`rlctl stop` (rlctl.ops.operate.stop): when the controller's site stops answering the forced stop still runs; a
+"""`rlctl stop` (rlctl.ops.stop.stop): when the controller's site stops answering the forced stop still runs; a
 job that ended is left as it is, but a launcher that may still run is told not to resume it; a stop that kills the
 controller past its grace ends the job `stopped`, whichever of the launcher and the operator writes the index first."""
 
@@ -26,7 +26,8 @@ from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
-from rlctl.ops import operate, refusals, runstate
+from rlctl.ops import refusals, runstate
+from rlctl.ops import stop as opstop
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.refusals import refuse_if_running
@@ -54,7 +55,7 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
             for n, r, h, g in agents
         )
     )
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: {})  # it accepted `shutdown`
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: {})  # it accepted `shutdown`
 
     def poll(self: SshBackend, handle: object) -> None:
         raise LaunchError("ssh h1: cannot connect: timed out")
@@ -62,9 +63,9 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
     monkeypatch.setattr(SshBackend, "poll", poll)
     stopped: list[list[str]] = []
     monkeypatch.setattr(
-        operate, "stop_agents", lambda b, hs, grace_s, **_: stopped.append([h.spec.name for h in hs]) or []
+        opstop, "stop_agents", lambda b, hs, grace_s, **_: stopped.append([h.spec.name for h in hs]) or []
     )
-    out = operate.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
+    out = opstop.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
     assert stopped == [["controller-0", "rollout-0"]] and out["problems"] == []
 
 
@@ -91,7 +92,7 @@ def test_agents_of_a_site_the_stop_could_not_reach_are_not_said_to_be_stopped(
             for n, r, s, h in agents
         )
     )
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: {})
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: {})
     monkeypatch.setattr(local.LocalBackend, "poll", lambda self, h: 0)
     monkeypatch.setattr(local.LocalBackend, "stop", lambda self, hs, grace_s: None)
 
@@ -99,7 +100,7 @@ def test_agents_of_a_site_the_stop_could_not_reach_are_not_said_to_be_stopped(
         raise LaunchError("ssh h1: cannot connect: timed out")
 
     monkeypatch.setattr(SshBackend, "stop", unreachable)
-    out = operate.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
+    out = opstop.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
     assert out["agents"] == ["controller-0"], out
     assert out["problems"] == ["site far: ssh h1: cannot connect: timed out"], out
 
@@ -155,13 +156,13 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
             jd.event(event, **fields)
         return {"ok": True, "grace_s": 1.0, "checkpoint": 4}
 
-    monkeypatch.setattr(operate, "ask_controller", ask)
+    monkeypatch.setattr(opstop, "ask_controller", ask)
     monkeypatch.setattr(SshBackend, "poll", lambda self, handle: None)  # the controller runs on: the grace ends
     graces: list[float] = []
-    monkeypatch.setattr(operate, "stop_agents", lambda b, hs, grace_s, **_: graces.append(grace_s) or [])
+    monkeypatch.setattr(opstop, "stop_agents", lambda b, hs, grace_s, **_: graces.append(grace_s) or [])
     said: list[str] = []
     t0 = time.monotonic()
-    out = operate.stop(JobRef("stopjob", jd, None), say=said.append)
+    out = opstop.stop(JobRef("stopjob", jd, None), say=said.append)
     assert 1.0 <= time.monotonic() - t0 < 10.0  # the controller's 1 s, not the 15 s of a stop that sets none
     assert asked == [{}] and graces == [1.0]
     assert said == ["job stopjob: the trainer may be completing checkpoint iter-4; the controller waits for it "
@@ -207,11 +208,11 @@ def test_a_stop_of_a_finished_job_says_so_and_changes_nothing(
     # its index row became `stopped`, a stop event was written and its exited agents listed as stopped
     ref = _ended_job(tmp_path, monkeypatch, "finished")
     exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
-    out = operate.stop(ref, grace_s=2)
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = opstop.stop(ref, grace_s=2)
     assert out == {"id": "short2", "ended": "finished", "graceful": "-", "agents": [], "problems": []}
-    assert operate._index_state("short2") == "finished" and not ref.jobdir.events.exists()
+    assert opstop._index_state("short2") == "finished" and not ref.jobdir.events.exists()
     assert stop_cli._table(out) == "job short2 already ended (finished)"
 
 
@@ -225,9 +226,9 @@ def test_a_stop_of_a_finished_job_dir_the_index_lacks_says_so_and_changes_nothin
     write_sites(jd.path, {})
     jd.write_json(jd.summary_json, {"state": "done"})
     exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
-    out = operate.stop(JobRef("copied", jd, None), grace_s=2)
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = opstop.stop(JobRef("copied", jd, None), grace_s=2)
     assert out == {"id": "copied", "ended": "done", "graceful": "-", "agents": [], "problems": []}
     assert not jd.events.exists()
 
@@ -240,12 +241,12 @@ def test_a_stop_of_a_done_job_whose_gone_launcher_never_recorded_its_end_says_so
     ref = _ended_job(tmp_path, monkeypatch, "running")
     ref.jobdir.write_json(ref.jobdir.summary_json, {"state": "done"})
     exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
-    out = operate.stop(ref, grace_s=2)
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = opstop.stop(ref, grace_s=2)
     assert out == {"id": "short2", "ended": "done", "graceful": "-", "agents": [], "problems": []}
-    assert operate._index_state("short2") == "running" and not ref.jobdir.events.exists()
+    assert opstop._index_state("short2") == "running" and not ref.jobdir.events.exists()
     assert stop_cli._table(out) == "job short2 already ended (done)"
 
 
@@ -254,12 +255,12 @@ def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
 ) -> None:
     ref = _ended_job(tmp_path, monkeypatch, "failed")
     running = [{"name": "rollout-0", "state": "running"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (running, []))
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: [])
-    out = operate.stop(ref, grace_s=2)
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: (running, []))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: [])
+    out = opstop.stop(ref, grace_s=2)
     assert "ended" not in out and out["graceful"].startswith("controller did not answer")
-    assert operate._index_state("short2") == "failed"  # the stop of a leftover is not the job's end
+    assert opstop._index_state("short2") == "failed"  # the stop of a leftover is not the job's end
 
 
 def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
@@ -270,13 +271,13 @@ def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
     began = time.time() - 10  # the launcher's start: it looks for a stop request since then (`Runs._stops_since`)
     ref = _ended_job(tmp_path, monkeypatch, "failed", launcher)
     exited = [{"name": "controller-0", "state": "exited 1"}, {"name": "trainer-0", "state": "exited 143"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
-    out = operate.stop(ref, grace_s=2)
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = opstop.stop(ref, grace_s=2)
     assert stop_requested(ref.jobdir, since=began), "the launcher would resume the job"
     assert out["ended"] == "failed" and out["launcher"] == f"pid {launcher['pid']} on {launcher['host']}, finishing"
     assert stop_cli._table(out).endswith("(failed); its launcher (" + out["launcher"] + ") is told not to resume it")
-    assert operate._index_state("short2") == "failed"
+    assert opstop._index_state("short2") == "failed"
 
 
 def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
@@ -287,12 +288,12 @@ def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
     db = JobDB()
     db.update("short2", state="launching")
     db.close()
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: ([], []))
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("not yet")))
+    monkeypatch.setattr(opstop, "site_view", lambda ref, timeout_s, handles: ([], []))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("not yet")))
     stopped: list[int] = []
-    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: stopped.append(1) or [])
-    out = operate.stop(ref, grace_s=2)
-    assert "ended" not in out and stopped == [1] and operate._index_state("short2") == "stopped"
+    monkeypatch.setattr(opstop, "stop_agents", lambda *a, **k: stopped.append(1) or [])
+    out = opstop.stop(ref, grace_s=2)
+    assert "ended" not in out and stopped == [1] and opstop._index_state("short2") == "stopped"
     assert [e["event"] for e in ref.jobdir.read_lines(ref.jobdir.events)] == [STOP_REQUESTED, "stopped_by_operator"]
 
 
@@ -360,7 +361,7 @@ def test_the_launcher_of_a_job_a_forced_stop_ended_says_it_was_stopped(
         while db.get("j1").info.get("launcher", {}).get("pid") != launcher.pid or not ready.exists():
             assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
             time.sleep(0.05)
-        out = operate.stop(JobRef("j1", jd, db.get("j1")), grace_s=0.2)
+        out = opstop.stop(JobRef("j1", jd, db.get("j1")), grace_s=0.2)
         assert out["graceful"].startswith("controller did not answer") and out["agents"] == ["controller-0"]
         _, err = launcher.communicate(timeout=60)
     finally:
@@ -402,7 +403,7 @@ def test_a_stop_of_an_ended_job_leaves_a_process_that_reused_an_agents_pid_alone
     ticks = local.start_ticks(stranger.pid)
     assert ticks is not None
     _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks - 1})
-    out = operate.stop(ref, grace_s=1)
+    out = opstop.stop(ref, grace_s=1)
     assert out["ended"] == "finished" and out["agents"] == []
     assert stranger.poll() is None, "the stop killed a process that is not the job's"
 
@@ -413,7 +414,7 @@ def test_a_stop_of_an_ended_job_does_not_signal_an_agent_of_an_old_record_it_can
     # an agents.jsonl of an older rlctl records no start time: the group may be the job's orphan or a stranger's
     ref = _ended_job(tmp_path, monkeypatch, "finished")
     _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid})
-    out = operate.stop(ref, grace_s=1)
+    out = opstop.stop(ref, grace_s=1)
     assert out["ended"] == "finished" and stranger.poll() is None
     assert out["problems"] == [
         f"rollout-0: not stopped: its record (an older rlctl's) has no start time to tell its process group "
@@ -456,7 +457,7 @@ def _running_job_of(
     ref = _ended_job(tmp_path, monkeypatch, state)
     ticks = local.start_ticks(stranger.pid)
     _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
     return ref
 
 
@@ -467,7 +468,7 @@ def test_a_stop_of_a_job_whose_plan_cannot_be_read_still_stops_its_agents(
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
     ref.jobdir.write_json(ref.jobdir.path / "staged.json", {"local": {"roots": {"localhost": str(ref.jobdir.path)}}})
     ref.jobdir.plan_json.write_text('{"controller_site": "lo')
-    out = operate.stop(ref, grace_s=2)
+    out = opstop.stop(ref, grace_s=2)
     assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and "plan.json: not valid JSON" in out["problems"][0]
 
@@ -488,7 +489,7 @@ def test_a_stop_stops_every_agent_it_can_read_past_a_damaged_line_of_agents_json
     # stopped and the damaged line is one of its problems
     ref = _running_job_of(stranger, tmp_path, monkeypatch, state=state)
     agents = _damage(ref)
-    out = operate.stop(ref, grace_s=2)
+    out = opstop.stop(ref, grace_s=2)
     assert "ended" not in out and out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
 
@@ -519,7 +520,7 @@ def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_co
     monkeypatch.setattr(
         agentrecords, "remote_agent_lines", lambda job_dir, *view: fetched.append(job_dir) or real(job_dir, *view)
     )
-    out = operate.stop(ref, grace_s=2)
+    out = opstop.stop(ref, grace_s=2)
     assert len(fetched) == 1  # it read it twice: once for the agents, once for which of them are this run's
     assert out["agents"] == ["rollout-0", "rollout-5"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
@@ -556,8 +557,8 @@ def test_a_stop_with_no_grace_still_gives_the_controller_time_to_answer(
     # `--grace 0` asked the controller with a 0 s timeout: a healthy one read as "did not answer; forcing"
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
     asked: list[float] = []
-    monkeypatch.setattr(operate, "ask_controller", lambda ref, kind, body, *, timeout_s: asked.append(timeout_s) or {})
-    out = operate.stop(ref, grace_s=0)
+    monkeypatch.setattr(opstop, "ask_controller", lambda ref, kind, body, *, timeout_s: asked.append(timeout_s) or {})
+    out = opstop.stop(ref, grace_s=0)
     assert out["graceful"] == "requested" and len(asked) == 1 and asked[0] >= 1.0
     assert stranger.wait(timeout=5) < 0  # and the agents stopped, with no grace
 
@@ -572,7 +573,7 @@ def test_a_stop_after_a_resume_lists_this_runs_agents_and_an_earlier_runs_orphan
     # the list named every unit any run had recorded. An orphan of run 1 that still runs is stopped and listed.
     ref = _ended_job(tmp_path, monkeypatch, "running")
     write_sites(ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE)})
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
     backend = local.LocalBackend()
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -586,7 +587,7 @@ def test_a_stop_after_a_resume_lists_this_runs_agents_and_an_earlier_runs_orphan
     backend.stop(run1[:3], grace_s=2)  # run 1 ended (rollout-2 scaled in before)
     run2 = [started("controller", 0, runs=True), started("rollout", 0, runs=True)]
     try:
-        out = operate.stop(ref, grace_s=2)
+        out = opstop.stop(ref, grace_s=2)
         assert sorted(out["agents"]) == ["controller-0", "rollout-0", "rollout-3"], out
         assert all(backend.poll(h) is not None for h in [*run2, run1[3]]), "every agent that ran is stopped"
     finally:
@@ -628,7 +629,7 @@ def test_a_stop_returns_once_the_jobs_launcher_let_go_of_it(
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
     holder = _lock_holder(ref.jobdir, tmp_path, linger_s=0.5)
     try:
-        out = operate.stop(ref, grace_s=2)
+        out = opstop.stop(ref, grace_s=2)
         with ref.jobdir.launcher_lock():  # what `launch --resume` takes first: refused while the launcher holds it
             pass
     finally:
@@ -643,10 +644,10 @@ def test_a_stop_waits_for_a_launcher_that_does_not_end_only_so_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
 ) -> None:
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
-    monkeypatch.setattr(operate, "LAUNCHER_END_S", 0.5)
+    monkeypatch.setattr(opstop, "LAUNCHER_END_S", 0.5)
     holder = _lock_holder(ref.jobdir, tmp_path, linger_s=600)
     try:
-        out = operate.stop(ref, grace_s=2)
+        out = opstop.stop(ref, grace_s=2)
         assert ref.jobdir.launcher_holder() == f"pid {holder.pid} on {socket.gethostname()}"
     finally:
         holder.kill()
@@ -682,7 +683,7 @@ def test_a_checkpoint_the_stop_cannot_tell_of_names_the_one_a_resume_takes_from_
     jd.event("controller_listening", address="tcp://h1:1")
     jd.event("checkpoint", version=10)
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
-    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert opstop._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
 
 
 @pytest.mark.parametrize("versions", [None, "20", 20])
@@ -694,7 +695,7 @@ def test_an_abandoned_checkpoint_event_whose_versions_are_not_a_list_says_nothin
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
     jd.event("checkpoint_abandoned", versions=versions, latest=10)
     jd.event("job_end", state="stopped")
-    assert operate._checkpoint_outcome(jd, 20) == NOT_BEGUN
+    assert opstop._checkpoint_outcome(jd, 20) == NOT_BEGUN
 
 
 def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_from(tmp_path: Path) -> None:
@@ -704,7 +705,7 @@ def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_fro
     jd.event("resumed", version=10, pointer="", skipped=[])
     jd.event("controller_listening", address="tcp://h1:1")
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
-    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert opstop._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
 
 
 def test_what_became_of_the_checkpoint_a_stop_waited_for_is_read_from_the_events_that_say(
@@ -723,7 +724,7 @@ def test_what_became_of_the_checkpoint_a_stop_waited_for_is_read_from_the_events
     parsed: list[str] = []
     loads = json.loads
     monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
-    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert opstop._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
     assert [s for s in parsed if "weights_applied" in s] == [applied.splitlines()[-1]]  # (the last line: always)
 
 
@@ -743,7 +744,7 @@ def test_a_checkpoint_or_resume_event_whose_version_is_no_number_is_passed_over(
     checkpointed.event("checkpoint", version=version)
     for jd in (checkpointed, resumed):
         jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
-        assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+        assert opstop._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
 
 
 def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Path) -> None:
@@ -755,7 +756,7 @@ def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Pat
     jd.event("resumed", version=5, pointer="", skipped=[])  # the refused roll-back's
     jd.event(runstate.UNSTARTED, version=5)
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
-    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert opstop._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
     assert [e["version"] for e in runstate.resumes(jd.read_events())] == [10]
 
 
@@ -767,24 +768,24 @@ def test_a_second_stop_waits_for_the_first_ones_controller_to_end_rather_than_fo
     a stop asked for before and not over is joined: the controller ends by itself, then what is left is stopped."""
     ref = _ended_job(tmp_path, monkeypatch, "running")
     write_sites(ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE)})
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
     backend = local.LocalBackend()
     ending = backend.start(AgentSpec("controller", 0, "local", [sys.executable, "-c", "import time; time.sleep(2)"]))
     unit = backend.start(AgentSpec("rollout", 0, "local", [sys.executable, "-c", "import time; time.sleep(60)"]))
     for h in (ending, unit):
         record_agent(ref.jobdir.path, h)
     ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
-    ref.jobdir.event(operate.STOP_REQUESTED)  # the first stop's, still waiting for the controller
-    assert operate.stop_under_way(ref.jobdir)
+    ref.jobdir.event(opstop.STOP_REQUESTED)  # the first stop's, still waiting for the controller
+    assert opstop.stop_under_way(ref.jobdir)
     said: list[str] = []
     try:
-        out = operate.stop(ref, grace_s=30, say=said.append)
+        out = opstop.stop(ref, grace_s=30, say=said.append)
         assert out["graceful"] == "requested" and "a stop before this one is under way" in said[0], (out, said)
         assert backend.poll(ending) == 0  # it ended by itself, not by the stop's TERM
         assert backend.poll(unit) is not None
     finally:
         backend.stop([ending, unit], grace_s=2)
-    assert not operate.stop_under_way(ref.jobdir)  # this stop is over (its stopped_by_operator)
+    assert not opstop.stop_under_way(ref.jobdir)  # this stop is over (its stopped_by_operator)
 
 
 def test_a_jobs_recorded_sites_with_a_relative_work_root_still_read(tmp_path: Path) -> None:
@@ -814,12 +815,12 @@ def test_a_stop_of_a_run_begun_since_an_earlier_stop_request_is_not_one_under_wa
     jd = JobDir(tmp_path)
     jd.event("controller_listening", address="tcp://h1:1")  # the finished run's (fetched with its record)
     jd.event(STOP_REQUESTED)  # the ended job's stop, while its launcher evaluated it
-    assert operate.stop_under_way(jd)
+    assert opstop.stop_under_way(jd)
     jd.event("agent_started", agent="controller-0", site="h", backend="slurm", ident={}, gpus=None, run="r2")
     jd.event("agent_started", agent="trainer-0", site="h", backend="slurm", ident={}, gpus=None)
-    assert not operate.stop_under_way(jd)
+    assert not opstop.stop_under_way(jd)
     jd.event(STOP_REQUESTED)  # this run's first stop, waiting for its controller to end
-    assert operate.stop_under_way(jd)
+    assert opstop.stop_under_way(jd)
 
 
 def test_a_stop_reads_only_the_events_that_say_where_its_run_and_stops_stand(
@@ -839,8 +840,8 @@ def test_a_stop_reads_only_the_events_that_say_where_its_run_and_stops_stand(
     parsed: list[str] = []
     loads = json.loads
     monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
-    assert operate.stop_under_way(jd)
-    assert "not seen through" in operate.stop_cut_short(JobRef("j", jd, None), since=0.0)
+    assert opstop.stop_under_way(jd)
+    assert "not seen through" in opstop.stop_cut_short(JobRef("j", jd, None), since=0.0)
     assert len(parsed) <= 2 * 3  # each: the run's start, the stop, the last line
 
 
@@ -859,14 +860,14 @@ def test_a_stop_whose_process_was_killed_before_the_controller_took_it_is_not_un
     killed.kill()
     killed.wait(timeout=10)
     ref.jobdir.event(STOP_REQUESTED, stopper=stopper)  # the killed stop's
-    assert not operate.stop_under_way(ref.jobdir)
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
+    assert not opstop.stop_under_way(ref.jobdir)
+    monkeypatch.setattr(opstop, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
     backend = local.LocalBackend()
     hung = backend.start(AgentSpec("controller", 0, "local", [sys.executable, "-c", "import time; time.sleep(60)"]))
     record_agent(ref.jobdir.path, hung)
     said: list[str] = []
     try:
-        out = operate.stop(ref, grace_s=600, say=said.append)
+        out = opstop.stop(ref, grace_s=600, say=said.append)
         assert out["graceful"] == "controller did not answer (refused); forcing" and said == [], (out, said)
         assert backend.poll(hung) is not None
     finally:
@@ -875,10 +876,10 @@ def test_a_stop_whose_process_was_killed_before_the_controller_took_it_is_not_un
     ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
     ref.jobdir.event(STOP_REQUESTED, stopper=stopper)
     ref.jobdir.event(STOP_REQUESTED, by="client-0", grace_s=15.0, checkpoint=None)
-    assert operate.stop_under_way(ref.jobdir)
+    assert opstop.stop_under_way(ref.jobdir)
     ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
-    ref.jobdir.event(STOP_REQUESTED, stopper=operate._stopper())
-    assert operate.stop_under_way(ref.jobdir)
+    ref.jobdir.event(STOP_REQUESTED, stopper=opstop._stopper())
+    assert opstop.stop_under_way(ref.jobdir)
 
 
 def test_a_stop_racing_a_job_that_just_finished_says_it_finished_as_its_launcher_records_it(
@@ -896,8 +897,8 @@ def test_a_stop_racing_a_job_that_just_finished_says_it_finished_as_its_launcher
             db.close()
         return "pid 1 on h: ended 0.2 s after the agents (waited for it)"
 
-    monkeypatch.setattr(operate, "_launcher_end", launcher_records_finished)
-    out = operate.stop(ref, grace_s=2)
+    monkeypatch.setattr(opstop, "_launcher_end", launcher_records_finished)
+    out = opstop.stop(ref, grace_s=2)
     assert out["graceful"] == "not needed: the job ended (finished) as the stop came, as its launcher recorded it"
     table = stop_cli._table(out)
     assert "forcing" not in table and "agents stopped" not in table and "agents checked gone" in table
@@ -921,9 +922,9 @@ def test_a_gone_stops_request_is_under_way_where_the_controller_keeps_its_events
     killed.kill()
     killed.wait(timeout=10)
     jd.event(STOP_REQUESTED, stopper=stopper)  # the Ctrl-C'd stop's; the controller's `by` is on its site
-    assert operate.stop_under_way(jd)
+    assert opstop.stop_under_way(jd)
     stage.write_staged(jd.path, {"far": {"roots": {"h": str(jd.path)}}})  # its events here: it did not take it
-    assert not operate.stop_under_way(jd)
+    assert not opstop.stop_under_way(jd)
 
 
 def test_a_controller_keeping_its_events_in_the_job_dir_reached_through_a_symlink_has_them_here(
@@ -947,5 +948,5 @@ def test_a_controller_keeping_its_events_in_the_job_dir_reached_through_a_symlin
     killed.kill()
     killed.wait(timeout=10)
     jd.event(STOP_REQUESTED, stopper=stopper)
-    assert not operate.stop_under_way(jd)
+    assert not opstop.stop_under_way(jd)
     assert record.fetch_record(jd.path, far, "h", str(real / "far")) == []

@@ -1,0 +1,139 @@
+"""A `torch` trainer's checkpoint resumed at another dp where FSDP2 shards the state on either side (another number
+of shards, or sharded ⇄ unsharded; tp = pp = 1 always): each rank's part of the AdamW state and of the modules its
+shard holds (a sharded policy's fp32 weights, LoRA adapters) rebuilt from the old shards.
+
+FSDP2 shards every parameter on dim 0 (Shard(0)) as `torch.chunk` cuts it, a rank past the rows holding none:
+rank r of W holds rows [r·c, (r+1)·c) ∩ [0, n) of n, c = ⌈n / W⌉ (`rows`; tests/unit/checkpoint/test_refsdp.py
+checks it against FSDP2's DTensors at uneven sizes). So, for each tensor of this rank, one at a time:
+
+    old shards (in rank order, mapped) ──joined on dim 0──▶ the whole tensor   (unsharded: the old shard's tensor)
+      ──rows of this rank (`part`)──▶ its part, a copy (a target not sharded: the whole)
+    (`part` reads only the old parts its rows overlap and holds only its rows: the whole is never made)
+
+An optimizer's moments go by parameter index (the optimizer holds the model's trained parameters in the model's
+order, sharded or not, so the indices are the same on both sides), a module's state by name. A rank maps every old
+rank's shard (an unsharded source: rank 0's alone; `mmap`: a tensor is read from disk as it is used) and holds its
+part of one tensor at a time beside the state it has rebuilt (an unsharded target: the whole tensor). The step
+count is carried (every parameter steps together); the hyper-parameters are the old shard's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlctl.devices import as_dtensor
+from rlctl.launch.agentenv import ParallelConfig
+from rlctl.trainers.fsdp import local_tensor
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def applies(was: ParallelConfig, now: ParallelConfig) -> bool:
+    """Whether a part written at `was` loads at `now` through this module: FSDP2 on either side, and another dp or
+    sharded on one side alone (at the same split, each rank restores its own shard as it is)."""
+    return bool(was.fsdp or now.fsdp) and (was.dp != now.dp or bool(was.fsdp) != bool(now.fsdp))
+
+
+def rows(n: int, *, world: int, rank: int) -> slice:
+    """The rows of a dim-0 size `n` that FSDP2 gives rank `rank` of `world` (Shard(0), `torch.chunk`'s cut)."""
+    per = -(-n // world)
+    return slice(min(rank * per, n), min((rank + 1) * per, n))
+
+
+def _joined(name: str, pieces: Sequence[torch.Tensor], shape: Sequence[int]) -> bool:
+    """Whether `pieces` (each old rank's tensor `name`) are the dim-0 parts of a tensor of `shape` (True) or each
+    the whole of it (False: a tensor the old ranks did not shard, or one rank). ValueError for neither."""
+    shape = tuple(shape)
+    got = [tuple(p.shape) for p in pieces]
+    if shape and all(g[1:] == shape[1:] for g in got) and sum(g[0] for g in got) == shape[0]:
+        return True
+    if all(g == shape for g in got):
+        return False
+    said = " + ".join(map(str, got)) if len(got) > 1 else str(got[0])
+    raise ValueError(f"{name} is {said} in its shards, this model's {shape}")
+
+
+def part(name: str, pieces: Sequence[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """This rank's part, a copy, of the tensor `pieces` (each old rank's, in rank order: dim-0 parts, or each whole)
+    hold, as `target` (this rank's parameter, or a module's entry) lays it out: its rows where FSDP2 shards it (a
+    DTensor), else the whole. Of the joined parts only those the rows overlap are read (mapped: from disk), and
+    only the rows are held. ValueError where `pieces` are not of `target`'s shape (`_joined`)."""
+    shape = tuple(target.shape)
+    joined = _joined(name, pieces, shape)
+    d = as_dtensor(target)
+    if d is None:
+        return torch.cat(list(pieces)) if joined else pieces[0].clone()
+    from torch.distributed.tensor import Shard
+
+    assert tuple(d.placements) == (Shard(0),), d.placements  # what `rlctl.trainers.fsdp.shard` makes
+    mesh = d.device_mesh
+    want = rows(shape[0], world=mesh.size(), rank=mesh.get_local_rank())
+    if not joined:
+        out = pieces[0][want].clone()
+    else:
+        cuts, start = [], 0
+        for p in pieces:  # old rank's rows [start, start + len): the ones this rank holds of them
+            lo, hi = max(start, want.start), min(start + p.shape[0], want.stop)
+            if lo < hi:
+                cuts.append(p[lo - start : hi - start])
+            start += p.shape[0]
+        out = torch.cat(cuts) if cuts else torch.empty((0, *shape[1:]), dtype=pieces[0].dtype)
+    assert out.shape == d.to_local().shape, (out.shape, d.to_local().shape)  # FSDP2's cut is `rows`'
+    return out
+
+
+def rebuilt_optimizer(
+    states: Sequence[Mapping[str, Any]], *, params: Sequence[torch.Tensor], current: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The state dict of an optimizer over `params` (this rank's, in index order; `current`: its state dict, for
+    its groups' indices), rebuilt from `states` (each old shard's state dict of it, in rank order), one moment of
+    one parameter at a time: plain tensors, as `local_state` saves them (`redistribute_optimizer` makes the
+    sharded ones DTensors after the load). ValueError where the old optimizer holds other parameters (another
+    model, other groups) or some parameters took a step and others none."""
+    old_groups = states[0]["param_groups"]
+    now_groups = current["param_groups"]
+    if [len(g["params"]) for g in old_groups] != [len(g["params"]) for g in now_groups]:
+        raise ValueError(
+            f"its optimizer holds {[len(g['params']) for g in old_groups]} parameters per group, this trainer's "
+            f"{[len(g['params']) for g in now_groups]}"
+        )
+    groups = [g | {"params": list(now["params"])} for g, now in zip(old_groups, now_groups, strict=True)]
+    indices = [i for g in now_groups for i in g["params"]]
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    unstepped = []
+    for i, p in zip(indices, params, strict=True):
+        got = [sd["state"].get(i) for sd in states]
+        if any(st is None for st in got):  # (a torch optimizer has a parameter's state once it stepped it)
+            unstepped.append(i)
+            continue
+        state[i] = {"step": torch.as_tensor(got[0]["step"]).clone()}
+        for m in MOMENTS:
+            state[i][m] = part(f"parameter {i}'s {m}", [st[m] for st in got], p)
+    if state and unstepped:
+        raise ValueError(f"parameter {unstepped[0]} has no optimizer state, and the others took steps")
+    return {"state": state, "param_groups": groups}
+
+
+def check_module(module: nn.Module, pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    """ValueError, one line, unless `pieces` (each old shard's state of `module`) hold `module`'s tensors, whole or
+    in dim-0 parts (their shapes alone: nothing read)."""
+    own = module.state_dict()
+    if set(own) != set(pieces[0]):
+        missing, extra = sorted(set(own) - set(pieces[0])), sorted(set(pieces[0]) - set(own))
+        raise ValueError(f"its shards hold other tensors (missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, t in own.items():
+        _joined(name, [p[name] for p in pieces], t.shape)
+
+
+def load_module(module: nn.Module, pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    """`module`'s state from `pieces` (each old shard's state of it, in rank order), one tensor at a time: this
+    rank's rows of each tensor FSDP2 shards, the whole of the others. Checked first (`check_module`): ValueError
+    with nothing copied."""
+    check_module(module, pieces)
+    with torch.no_grad():
+        for name, t in module.state_dict().items():
+            local_tensor(t).copy_(part(name, [p[name] for p in pieces], t))

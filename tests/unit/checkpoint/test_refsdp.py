@@ -1,0 +1,168 @@
+"""A torch trainer's checkpoint resumed at another dp where FSDP2 shards its state on either side
+(`rlctl.checkpoint.refsdp`), over gloo CPU ranks (tests/unit/trainers/fsdp_rank.py): sharded at dp 2 into dp 3
+(uneven rows, a rank with none of LoRA's A) and into one unsharded rank, and unsharded into dp 2. After the load every
+rank's state, gathered, is the saved state bit for bit (AdamW's moments and steps by index, the fp32 policy, the
+adapters), and the next step equals the run that went on without the restart (within fp32 reduction order). FSDP2's
+layout is `refsdp.rows`: each rank's parts of every parameter, joined in rank order, are the whole of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.checkpoint import refsdp
+from tests.unit.trainers.test_fsdp import CFG, iterations, run
+
+
+def test_rows_cut_as_torch_chunk_with_the_ranks_past_the_rows_empty() -> None:
+    for n in (0, 1, 4, 7, 8, 67):
+        for world in (1, 2, 3, 5, 8):
+            got = [refsdp.rows(n, world=world, rank=r) for r in range(world)]
+            sizes = [len(c) for c in torch.arange(n).chunk(world)] if n else []
+            assert [s.stop - s.start for s in got] == sizes + [0] * (world - len(sizes))
+            assert [i for s in got for i in range(n)[s]] == list(range(n))
+
+
+def test_shards_of_another_model_are_refused_in_one_line_before_anything_is_copied() -> None:
+    """`load_module` of parts that do not join into the module's tensors (another model's checkpoint): ValueError
+    naming the tensor and both shapes, the module as it was; parts that join (2 + 2 rows) or are each whole load."""
+    from torch import nn
+
+    m = nn.Linear(3, 4)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    w, b = torch.randn(4, 3), torch.randn(4)
+    bad = [{"weight": w[:2], "bias": b}, {"weight": w[1:], "bias": b}]
+    with pytest.raises(ValueError, match=r"^weight is \(2, 3\) \+ \(3, 3\) in its shards, this model's \(4, 3\)$"):
+        refsdp.load_module(m, bad)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in before.items())
+    with pytest.raises(ValueError, match=r"^its shards hold other tensors \(missing \['bias'\], unexpected \[\]\)$"):
+        refsdp.load_module(m, [{"weight": w}])
+    refsdp.load_module(m, [{"weight": w[:2], "bias": b}, {"weight": w[2:], "bias": b}])
+    assert torch.equal(m.weight, w) and torch.equal(m.bias, b)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Qwen3 (per-head q/k norms of 8 rows; a 67-row vocabulary, tied): sizes dp 2 and 3 do not divide."""
+    import dataclasses
+
+    from rlctl.models.tinygpt import TinyGPT
+
+    d = tmp_path_factory.mktemp("refsdp")
+    torch.manual_seed(0)
+    TinyGPT(dataclasses.replace(CFG, architecture="Qwen3ForCausalLM")).save_pretrained(d / "model")
+    torch.save(iterations(), d / "samples.pt")
+    return d / "model", d / "samples.pt"
+
+
+def assert_same_state(saved: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """The gathered state after the load is the one gathered after the save, bit for bit: every optimizer's moments
+    and steps by index, the policy's weights, and every module both hold (a sharded policy's is its weights)."""
+    assert saved["optimizer.policy"].keys() == loaded["optimizer.policy"].keys() != set()
+    for i, st in saved["optimizer.policy"].items():
+        assert st.keys() == loaded["optimizer.policy"][i].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(loaded["optimizer.policy"][i][m], v) for m, v in st.items()), i
+    for key in ["policy", *(k for k in saved if k.startswith("module.") and k in loaded)]:
+        assert saved[key].keys() == loaded[key].keys()
+        assert all(torch.equal(loaded[key][n], v) for n, v in saved[key].items()), key
+
+
+def assert_fsdp_layout(state: dict[str, Any]) -> set[int]:
+    """Every rank's part of each parameter (`to_local`) is its `refsdp.rows` of the whole, in rank order; the rows
+    of the last rank's parts where it held fewer than the first rank (none: 0)."""
+    parts, world = state["parts"], len(state["parts"])
+    uneven = set()
+    for name, full in state["policy"].items():
+        if name == "lm_head.weight":  # (tied: the embedding's parameter, named once)
+            continue
+        n = full.shape[0]
+        sizes = [parts[r][name].shape[0] for r in range(world)]
+        assert sizes == [len(range(n)[refsdp.rows(n, world=world, rank=r)]) for r in range(world)], name
+        assert torch.equal(torch.cat([parts[r][name] for r in range(world)]), full), name
+        uneven |= {sizes[-1]} if sizes[-1] < sizes[0] else set()
+    return uneven
+
+
+def assert_next_step(ran: dict[str, Any], resumed: dict[str, Any]) -> None:
+    """The step after the resume equals the third step of the run that went on (within 1e-3 of each tensor's change
+    in it: the sum over the ranks' rows is another order), and so does its gradient norm."""
+    for name, w in ran["weights"][2].items():
+        step = (w - ran["weights"][1][name]).abs().max()
+        torch.testing.assert_close(resumed["weights"][0][name], w, atol=1e-6 + 1e-3 * float(step), rtol=1e-4)
+    assert resumed["grad_norms"][0] == pytest.approx(ran["grad_norms"][2], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("was", "now", "lora"), [(2, 3, None), (2, 1, None), (1, 2, None), (2, 3, "4,8"), (2, 1, "4,8")]
+)
+def test_a_checkpoint_resumes_at_another_dp_sharded_or_not(
+    tmp_path: Path, inputs: tuple[Path, Path], was: int, now: int, lora: str | None
+) -> None:
+    """`was`/`now`: the trainer's ranks, FSDP2 over them where more than one; `lora`: adapters on every projection,
+    which the shards hold (`module.lora`: a rank's part of them, sharded) in place of the policy's weights."""
+    model, samples = inputs
+    job = tmp_path / "job"
+    ran = run(tmp_path, world=was, phase="run", job=job, model=model, samples=samples, lora=lora)
+    resumed = run(tmp_path, world=now, phase="resume", job=job, model=model, samples=samples, lora=lora)
+    held = {k for k in torch.load(job / "iter-2" / "ranks" / "rank-0.pt", weights_only=True) if k.startswith("mod")}
+    assert held == ({"module.lora"} if lora else {"module.policy"} if was > 1 else set())
+    assert_same_state(ran["state"], resumed["state"])
+    if now == 3:  # the vocabulary's 67 rows: 23, 23, 21; LoRA's A of 4 rows: 2, 2, 0 (the last rank none)
+        assert assert_fsdp_layout(resumed["state"]) >= ({0, 21} if lora else {21})
+    assert_next_step(ran, resumed)
+
+
+def test_a_sharded_policy_resumes_unsharded_from_its_fp32_shards_not_the_published_bf16_model(
+    tmp_path: Path, inputs: tuple[Path, Path]
+) -> None:
+    """A sharded trainer's checkpoint holds the policy as published (bf16 on a GPU: its HF directory) and its fp32
+    master weights in the ranks' shards (`module.policy`). Resumed unsharded, the policy is the fp32 weights, bit for
+    bit, versus the HF directory's bf16 weights (the precision the sharded run trained at lost). One gloo rank in
+    this process: FSDP2 over it, then an unsharded trainer."""
+    import torch.distributed as dist
+
+    from rlctl.checkpoint.trainer import HostPolicy, load_trainer, save_trainer
+    from rlctl.launch.agentenv import ParallelConfig
+    from rlctl.rl.schedule import policy_optimizer
+    from rlctl.trainers.native import TorchBackend
+
+    model, _ = inputs
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        sharded = TorchBackend.load(model, shard=True)
+        opt = policy_optimizer(sharded.model, 1e-2)
+        sharded.model(torch.randint(0, CFG.vocab_size, (2, 5))).float().logsumexp(-1).sum().backward()
+        opt.step()
+        fp32 = {k: v.full_tensor() for k, v in sharded.model.state_dict().items()}
+        published = {k: v.to(torch.bfloat16) for k, v in fp32.items()}
+        assert any(not torch.equal(v.float(), fp32[k]) for k, v in published.items())  # bf16 loses bits
+        save_trainer(
+            tmp_path / "iter-1",
+            model=HostPolicy(published, sharded.model.config),
+            optimizers={"policy": opt},
+            modules=sharded.checkpoint_modules(),
+            counters={"version": 1},
+            split=ParallelConfig("trainer", dp=1, fsdp=True),
+            data_parallel=sharded.data_parallel(),
+        )
+        whole = TorchBackend.load(model)
+        opt2 = policy_optimizer(whole.model, 1e-2)
+        load_trainer(
+            tmp_path / "iter-1",
+            model=whole,
+            optimizers={"policy": opt2},
+            modules=whole.checkpoint_modules(),
+            split=ParallelConfig("trainer", dp=1),
+            data_parallel=whole.data_parallel(),
+            version=1,
+        )
+        got = whole.model.state_dict()
+        assert got.keys() == fp32.keys() and all(torch.equal(got[k], v) for k, v in fp32.items())
+        pairs = list(zip(opt2.state.values(), opt.state.values(), strict=True))
+        assert len(pairs) == len(fp32) - 1  # (lm_head: the tied embedding)
+        assert all(torch.equal(a["exp_avg"], b["exp_avg"].full_tensor()) for a, b in pairs)
+    finally:
+        dist.destroy_process_group()
