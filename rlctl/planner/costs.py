@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from rlctl.config.hostfill import trainer_slots
 from rlctl.models.catalog import ModelArch
 from rlctl.profiler.analytical import RANK_WORKING_BYTES
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
-from rlctl.rl.cuts import pipeline_chunks
+from rlctl.rl.cuts import cut_lengths, pipeline_chunks
 
 TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
@@ -81,11 +83,29 @@ def decode_cost(entry: GenerationEntry, *, context: float, seq_tokens: float, en
     )
 
 
+class Sharding(NamedTuple):
+    """How the trainer runs at a layout (`trainer_layout`): FSDP2 or not, and whether FSDP2 reduce-scatters the
+    gradients once an optimizer step (in its last cut) rather than once a cut."""
+
+    fsdp: bool
+    reduce_per_step: bool
+
+    def config(self) -> dict[str, bool]:
+        """The plan's trainer config keys: {} unsharded, {"fsdp": True} and "reduce_per_step" where it holds."""
+        if not self.fsdp:
+            return {}
+        return {"fsdp": True} | ({"reduce_per_step": True} if self.reduce_per_step else {})
+
+
+UNSHARDED = Sharding(False, False)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     tp: int
     pp: int
     dp: int
+    layout: Sharding = UNSHARDED  # the FSDP2 its time was priced with (`trainer_layout`), as the launch runs it
 
     @property
     def gpus(self) -> int:
@@ -93,6 +113,15 @@ class TrainConfig:
 
     def as_dict(self) -> dict[str, int]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+
+
+class StepCuts(NamedTuple):
+    """An optimizer step's cuts as the learner makes them (`step_cuts`): how many, the rows of the largest, and
+    (rows of a cut, the share of the step's tokens in cuts of that many rows) for each cut size."""
+
+    number: int
+    rows: int
+    sizes: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -110,11 +139,33 @@ class TrainWorkload:
     # the trainer shards every rank's state over the dp ranks where a replica does not fit (`shards_state`: torch's
     # FSDP2); megatron does not
     shards_state: bool = True
-    # trainer.shard 'fsdp': FSDP2 at every dp > 1, not only where a replica does not fit one GPU (`runs_fsdp`)
+    # trainer.shard 'fsdp': FSDP2 at every dp > 1, not only where a replica does not fit one GPU (`trainer_layout`)
     shards_always: bool = False
     # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
     gathered_bytes: float = 0.0
     lora: bool = False  # the trained parameters are LoRA adapters (`grad_bytes` theirs): FSDP2 reduces once a step
+    # the learner's padded-token budget a cut (batch.train_micro_batch_tokens; None: rows only), and the tokens
+    # (prompt + output) of one optimizer step's rows it cuts by (the plan's length quantiles; empty: every row the
+    # mean, tokens / samples)
+    micro_batch_tokens: int | None = None
+    row_tokens: tuple[float, ...] = ()
+
+    @cached_property
+    def cuts(self) -> StepCuts:
+        """`step_cuts`, counted once (a plan's trainer curve prices hundreds of layouts on it)."""
+        step_samples = math.ceil(self.samples / self.mini_batches)
+        rows = min(self.micro_batch_samples, step_samples)
+        if self.micro_batch_tokens is not None and not self.row_tokens:
+            # every row the mean: as many a cut as the budget pads, one at least
+            rows = max(1, min(rows, int(self.micro_batch_tokens // (self.tokens / self.samples))))
+        if self.micro_batch_tokens is None or not self.row_tokens:
+            return StepCuts(math.ceil(step_samples / rows), rows, ((rows, 1.0),))
+        cuts = cut_lengths(self.row_tokens, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+        total = sum(self.row_tokens)
+        share: dict[int, float] = {}
+        for c in cuts:
+            share[len(c)] = share.get(len(c), 0.0) + sum(self.row_tokens[i] for i in c) / total
+        return StepCuts(len(cuts), max(share), tuple(sorted(share.items())))
 
 
 def shards_state(backend: str, *, shard: str) -> bool:
@@ -162,15 +213,6 @@ def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
     return rank_fits(entry, shards=1, hbm_bytes=hbm_bytes)
 
 
-def runs_fsdp(backend: str, *, shard: str, tp: int, pp: int, dp: int, entry: TrainingEntry, hbm_bytes: float) -> bool:
-    """Whether the trainer shards its replica over its dp ranks with FSDP2 at this layout: the `torch` trainer
-    with `trainer.shard: fsdp`, or `auto` where a whole replica does not fit one GPU (`replica_fits`); never with
-    one rank, nor at a model split. The plan shows it and the launch runs it (`rlctl.planner.split.shard_trainer`)."""
-    if backend != "torch" or shard == "none" or dp < 2 or tp * pp > 1:
-        return False
-    return shard == "fsdp" or not replica_fits(entry, hbm_bytes=hbm_bytes)
-
-
 def holds_grad_sync(
     entry: TrainingEntry, *, dp: int, hbm_bytes: float, gathered_bytes: float, grad_bytes: float, lora: bool
 ) -> bool:
@@ -178,25 +220,78 @@ def holds_grad_sync(
     the step reduce-scatters its gradients once (`rlctl.trainers.base.DataParallel.reduce_per_step`): where the
     whole model's unsharded fp32 gradients (`grad_bytes`: each rank accumulates them meanwhile) fit beside its
     sharded state and gathered layers (`rank_fits`), and always with LoRA (`lora`: the adapters' are small). Where
-    they do not, FSDP2 reduce-scatters in every backward (`dp_reduced_bytes`). The plan decides it at its layout
-    (`rlctl.planner.split.reduce_per_step`) and the launch runs it, `rlctl check` judging the rank's memory by it."""
+    they do not, FSDP2 reduce-scatters in every backward (`dp_reduced_bytes`). Decided with FSDP2 itself at a layout
+    by `trainer_layout`, `rlctl check` judging the rank's memory by it."""
     return lora or rank_fits(entry, shards=dp, hbm_bytes=hbm_bytes, gathered_bytes=gathered_bytes + grad_bytes)
 
 
+class ShardInputs(Protocol):
+    """What decides a trainer layout's FSDP2 and its once-a-step reduction (`trainer_layout`): the planner's
+    `TrainWorkload` and the launch's `rlctl.planner.split.shard_rule` hold the same fields, built from the job alike."""
+
+    @property
+    def shards_state(self) -> bool: ...
+    @property
+    def shards_always(self) -> bool: ...
+    @property
+    def gathered_bytes(self) -> float: ...
+    @property
+    def grad_bytes(self) -> float: ...
+    @property
+    def lora(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ShardRule:
+    """A job's `ShardInputs` without its workload (`rlctl.planner.split.shard_rule`): what the launch decides by."""
+
+    shards_state: bool
+    shards_always: bool
+    gathered_bytes: float
+    grad_bytes: float
+    lora: bool
+
+
+def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_bytes: float) -> Sharding:
+    """The one decision of FSDP2 and its once-a-step reduction at `entry`'s tp × pp × `dp`, which the planner prices
+    (`train_time_s`) and the launch runs (`rlctl.planner.split.launch_layout`), so the two cannot differ.
+
+    FSDP2: where the trainer shards its state (`shards_state`: the `torch` trainer, not `trainer.shard: none`) at
+    dp > 1 and no model split, always with `trainer.shard: fsdp` (`shards_always`), with `auto` where a whole
+    replica does not fit one GPU (`replica_fits`). Once a step: where an FSDP2 rank holds the step's unsharded fp32
+    gradients beside its shards (`holds_grad_sync`)."""
+    fsdp = (
+        rule.shards_state
+        and dp > 1
+        and entry.tp * entry.pp == 1
+        and (rule.shards_always or not replica_fits(entry, hbm_bytes=hbm_bytes))
+    )
+    held = fsdp and holds_grad_sync(
+        entry,
+        dp=dp,
+        hbm_bytes=hbm_bytes,
+        gathered_bytes=rule.gathered_bytes,
+        grad_bytes=rule.grad_bytes,
+        lora=rule.lora,
+    )
+    return Sharding(fsdp, held)
+
+
 def step_cuts(w: TrainWorkload) -> tuple[int, int]:
-    """An optimizer step's cuts (one forward and backward each) and the rows of each: `micro_batch_samples`, fewer
-    when a mini-batch holds fewer (`rlctl.rl.cuts`; a cut's token budget is not priced)."""
-    step_samples = math.ceil(w.samples / w.mini_batches)
-    rows = min(w.micro_batch_samples, step_samples)
-    return math.ceil(step_samples / rows), rows
+    """An optimizer step's cuts (one forward and backward each) and the rows of its largest, as the learner cuts a
+    step's rows (`rlctl.rl.cuts.cut_lengths`): in length order, `micro_batch_samples` rows a cut at most, fewer when
+    a mini-batch holds fewer, and with `micro_batch_tokens` no more padded tokens (rows × the longest row) than it.
+    The budget was not priced until 2026-12-07: 1,024 rows of about 3,000 tokens in cuts of 32 rows and 8,192
+    tokens were priced 32 cuts, which the learner makes 512 (2 rows a cut)."""
+    return w.cuts.number, w.cuts.rows
 
 
 def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool, per_step: bool = False) -> float:
     """The gradient bytes a data-parallel rank hands its collectives each optimizer step. Unsharded, its tp × pp
     shard's fp32 gradients, all-reduced once after the step's last backward (`rlctl.rl.gradsum.sum_gradients`: the
     torch trainer's and megatron's, which runs without megatron's DDP; its parameters are fp32). FSDP2 (`fsdp`,
-    `runs_fsdp`) reduce-scatters the gradients in its reduce dtype (fp32: `rlctl.trainers.fsdp.shard`): once a step
-    where it holds gradient sync off but in the step's last backward (`per_step`, `holds_grad_sync`), else in every
+    `trainer_layout`) reduce-scatters the gradients in its reduce dtype (fp32: `rlctl.trainers.fsdp.shard`): once a step
+    where it holds gradient sync off but in the step's last backward (`per_step`, `trainer_layout`), else in every
     backward, so once a cut (`step_cuts`)."""
     if dp < 2:
         return 0.0
@@ -255,29 +350,19 @@ def train_time_s(
     shards = dp if w.shards_state else 1
     if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
         return math.inf
-    # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
-    # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows
-    # take none (FSDP2's run a row of weight 0) and shorten nothing
-    cut_rows = step_cuts(w)[1]
-    chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
-    bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
-    busy = entry.tp * entry.pp * min(dp, cut_rows)
-    compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble)
+    # a cut's rows (`step_cuts`): micro_batch_samples, fewer when a mini-batch holds fewer or the token budget pads
+    # fewer long rows; each data-parallel rank takes every dp-th row of it (rlctl.rl.learner.backward_share), the
+    # first ones the most, so ranks beyond its rows take none (FSDP2's run a row of weight 0) and shorten nothing:
+    # a cut of r rows computes its tokens on min(dp, r) ranks
+    compute = 0.0
+    for cut_rows, share in w.cuts.sizes:
+        chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
+        bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
+        busy = entry.tp * entry.pp * min(dp, cut_rows)
+        compute += w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble) * share
     sync = 0.0
     if dp > 1:
-        fsdp = (
-            w.shards_state
-            and entry.tp * entry.pp == 1
-            and (w.shards_always or not replica_fits(entry, hbm_bytes=site.hbm_bytes))
-        )
-        held = fsdp and holds_grad_sync(
-            entry,
-            dp=dp,
-            hbm_bytes=site.hbm_bytes,
-            gathered_bytes=w.gathered_bytes,
-            grad_bytes=w.grad_bytes,
-            lora=w.lora,
-        )
+        fsdp, held = trainer_layout(w, entry, dp=dp, hbm_bytes=site.hbm_bytes)
         reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp, per_step=held)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
         # every tp rank of a host's tp groups rings its own dp group through the host's NICs (tp groups sit on one
@@ -329,7 +414,8 @@ def train_curve(
             y, hosts = placed
             t = train_time_s(e, dp, w, site=site, node_bytes_per_s=node_bytes_per_s, hosts=hosts)
             if t < best[y]:
-                best[y], cfg[y] = t, TrainConfig(e.tp, e.pp, dp)
+                layout = trainer_layout(w, e, dp=dp, hbm_bytes=site.hbm_bytes)  # as `train_time_s` priced it
+                best[y], cfg[y] = t, TrainConfig(e.tp, e.pp, dp, layout)
     # a larger budget may leave GPUs idle: carry the best smaller config forward
     for y in range(1, max_gpus + 1):
         if best[y - 1] <= best[y]:

@@ -111,18 +111,21 @@ def profile_for(
                 f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
                 hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
             )
-    return _with_lora_memory(job, profile, sorted(sites), trainer=trainer)
+    return _with_job_memory(job, profile, sorted(sites), trainer=trainer)
 
 
-def _with_lora_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
-    """A profile file's training entries at `sites` with the job's memory where the job trains other parameters than
-    the file's entries hold (`trainer.lora` against the file's `lora`: a full fine-tune's file for a LoRA job, one of
-    other adapters, or a LoRA file for a full fine-tune). A file's memory is the roofline's formula, measured profiles
-    too (`rlctl profile` times the steps: `rlctl.profiler.build._measured_training`), so the formula with the job's
-    adapters is what a profile of the job would hold; the seconds per token stay the file's, scaled to the job's
-    passes by `train_cost`."""
+def _with_job_memory(job: Job, prof: ProfileFile, sites: list[str], *, trainer: TrainingPasses | None) -> ProfileFile:
+    """A profile file's training entries at `sites` with the job's memory where the job holds other state than the
+    file's entries: other trained parameters (`trainer.lora` against the file's `lora`: a full fine-tune's file for a
+    LoRA job, one of other adapters, or a LoRA file for a full fine-tune) or a reference policy the file was profiled
+    without (a KL term). A file's memory is the roofline's formula at the passes it prices (`priced_passes`),
+    measured profiles too (`rlctl profile` times the steps: `rlctl.profiler.build._measured_training`), so the
+    formula with the job's passes is what a profile of the job would hold, and what the launch decides FSDP2 by
+    (`rlctl.planner.split.launch_layout`): a file profiled without the job's reference priced a replica unsharded
+    that the launch shards. The seconds per token stay the file's, scaled to the job's passes by `train_cost`."""
     passes = job_passes(job, trainer)
-    if passes.adapter_params == priced_passes(prof).adapter_params:
+    have = priced_passes(prof)
+    if (passes.adapter_params, passes.reference) == (have.adapter_params, have.reference):
         return prof
     arch, kind = job.spec.model.arch, job.spec.algorithm.kind
     out = dict(prof.sites)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from rlctl.errors import ConfigError, PlanError
 from rlctl.models.catalog import ModelArch
 from rlctl.planner import alloc
 from rlctl.planner.context import context_refusal
-from rlctl.planner.costs import DecodeCost, TrainWorkload, fsdp_gathered_bytes, shards_state
+from rlctl.planner.costs import DecodeCost, TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve
 from rlctl.planner.inputs import (
     PlanOptions,
@@ -58,12 +58,9 @@ from rlctl.planner.search import (
 from rlctl.planner.sim import (
     Unit,
 )
-from rlctl.planner.split import trainer_sharding
+from rlctl.planner.split import shard_rule
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.profile import ProfileFile
-from rlctl.profiler.traincost import (
-    grad_bytes,
-)
 
 log = logging.getLogger(__name__)
 
@@ -313,26 +310,28 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
 
 
 def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: float) -> TrainWorkload:
-    """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`). The gradients
-    summed over dp (`costs.dp_reduced_bytes`): the trained models', or with LoRA the adapters' alone, in fp32 as every
-    backend holds and reduces them (`rlctl.rl.learner` sums the trained parameters': the frozen policy's have none;
-    FSDP2 reduces in fp32 too)."""
+    """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`; the cuts of a step
+    as the learner makes them, `costs.step_cuts`, of rows at the job's length quantiles), with the job's
+    `split.shard_rule` that decides FSDP2 at a layout as the launch decides it (`costs.trainer_layout`): among it the
+    gradients summed over dp (`costs.dp_reduced_bytes`), the trained models', or with LoRA the adapters' alone, in
+    fp32 as every backend holds and reduces them."""
     spec = job.spec
-    adapters = tcost["lora_adapter_params"]
-    grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters)
-    sharded = shards_state(spec.trainer.backend, shard=spec.trainer.shard)
+    batch = spec.batch
+    rows: tuple[float, ...] = ()
+    if batch.train_micro_batch_tokens is not None:  # the learner cuts by padded tokens too: one step's rows' lengths
+        lm = length_model(job)
+        step = math.ceil(batch.samples_per_iteration / tcost["mini_batches"])
+        rows = tuple((lm.quantiles(step) + lm.prompt_tokens).tolist())
     return TrainWorkload(
         tokens,
-        spec.batch.samples_per_iteration,
-        spec.batch.train_micro_batch_samples,
-        grads,
+        batch.samples_per_iteration,
+        batch.train_micro_batch_samples,
         pass_scale=tcost["scale_of_profile"],
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
-        shards_state=sharded,
-        shards_always=spec.trainer.shard == "fsdp",
-        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
-        lora=bool(adapters),
+        micro_batch_tokens=batch.train_micro_batch_tokens,
+        row_tokens=rows,
+        **asdict(shard_rule(spec, arch)),
     )
 
 
@@ -371,8 +370,8 @@ def _assemble(
     tcfg = tcurve.configs[chosen.y]
     if tcfg is None:
         raise PlanError("no feasible trainer configuration")
-    sharding = trainer_sharding(job, **tcfg.as_dict())
-    once = bool(sharding.get("reduce_per_step"))  # its learner holds its last cut to the flush (`simulate_modes`)
+    # the FSDP2 its time was priced with, which the launch runs (`costs.trainer_layout`, `split.launch_layout`)
+    once = tcfg.layout.reduce_per_step  # its learner holds its last cut to the flush (`simulate_modes`)
     allocation: list[dict[str, Any]] = [
         {
             "site": t_site,
@@ -381,7 +380,7 @@ def _assemble(
             "gpus_used": tcfg.gpus,
             "gpus_available": inv.sites[t_site].total_gpus,
             # FSDP2 where the torch trainer shards its replica (the launch's `rlctl.ops.counts.plan_counts` too)
-            "config": tcfg.as_dict() | sharding,
+            "config": tcfg.as_dict() | tcfg.layout.config(),
             "instances": 1,
             "predicted_s": float(tcurve.seconds[chosen.y]),
         }

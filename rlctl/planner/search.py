@@ -17,9 +17,7 @@ from rlctl.planner.costs import TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve
 from rlctl.planner.inputs import PlanOptions
 from rlctl.planner.predict import SimCache, simulate_modes
-from rlctl.planner.sim import (
-    Unit,
-)
+from rlctl.planner.sim import Unit
 from rlctl.planner.workload import LengthModel
 
 
@@ -260,15 +258,27 @@ def simulated_cross(
 
 def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: float) -> Callable[[int, int], float]:
     """The simulated async iteration (s) with x rollout GPUs (split per site as the stages' fill table says) and
-    the trainer configuration at index y of `train` (the trainer curve's seconds)."""
-    job, lm, gcurves, _, tw, _, fill, opts, cache = stages
+    the trainer configuration at index y of `train` (the trainer curve's seconds), its learner cutting as that
+    configuration's trainer does (its priced `reduce_per_step`, `costs.trainer_layout`), as the plan simulates its
+    choice (it simulated every candidate reducing once a cut before)."""
+    job, lm, gcurves, tcurve, tw, _, fill, opts, cache = stages
     r_sites = list(gcurves)
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
         units = units_for(gcurves, per_site)
+        cfg = tcurve.configs[y]
         return simulated_async_s(
-            job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction, cache=cache
+            job,
+            lm,
+            units,
+            tw,
+            float(train[y]),
+            per_site,
+            opts,
+            streamed_fraction=streamed_fraction,
+            cache=cache,
+            reduce_per_step=cfg is not None and cfg.layout.reduce_per_step,
         )
 
     return run

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from rlctl.models.catalog import ModelArch
 
 if TYPE_CHECKING:
-    from rlctl.config.job import Job
+    from rlctl.config.job import Job, JobFile
+    from rlctl.planner.costs import Sharding, ShardRule
 
 
 def split_refusal(arch: ModelArch, backend: str, *, tp: int, pp: int) -> tuple[str, str] | None:
@@ -91,36 +92,49 @@ def rollout_tp_refusal(arch: ModelArch, tp: int) -> str | None:
 
 def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:
     """Whether the job's trainer shards its replica over its dp ranks with FSDP2 at tp × pp × dp
-    (`rlctl.planner.costs.runs_fsdp`: `trainer.shard: fsdp`, or `auto` where a whole replica does not fit one GPU of
-    its site, on the planner's figures for the model and the site's GPU): what `rlctl plan` shows and the launch
-    runs (`rlctl.ops.counts.plan_counts`)."""
-    return bool(trainer_sharding(job, tp=tp, pp=pp, dp=dp))
+    (`launch_layout`): what `rlctl plan` shows and the launch runs (`rlctl.ops.counts.plan_counts`)."""
+    return launch_layout(job, tp=tp, pp=pp, dp=dp).fsdp
 
 
 def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:
-    """The plan's trainer config keys for FSDP2 at tp × pp × dp: {} where it does not shard (`shard_trainer`),
-    {"fsdp": True} where it does, with "reduce_per_step" where its ranks hold their unsharded fp32 gradients
-    between reduce-scatters (`rlctl.planner.costs.holds_grad_sync`: once an optimizer step, versus once a cut)."""
-    from rlctl.planner.costs import fsdp_gathered_bytes, holds_grad_sync, runs_fsdp
+    """The plan's trainer config keys for FSDP2 at tp × pp × dp (`launch_layout`, `costs.Sharding.config`): {}
+    where it does not shard, {"fsdp": True} where it does, with "reduce_per_step" where its ranks hold their
+    unsharded fp32 gradients between reduce-scatters (once an optimizer step, versus once a cut)."""
+    return launch_layout(job, tp=tp, pp=pp, dp=dp).config()
+
+
+def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
+    """How the job's trainer runs at tp × pp × dp (`rlctl.planner.costs.trainer_layout`, the decision the planner
+    prices, shows and simulates too: `costs.train_curve`), on the job's `shard_rule` and the planner's figures for
+    the model on its site's GPU: what the launch writes (`rlctl.ops.counts.plan_counts`)."""
+    from rlctl.planner.costs import trainer_layout
     from rlctl.profiler.analytical import training_entry
-    from rlctl.profiler.traincost import grad_bytes, lora_params, passes_for
+    from rlctl.profiler.traincost import lora_params, passes_for
 
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
     # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
     arch = spec.model.arch  # (an HF model's: its directory read)
+    passes = passes_for(spec.algorithm, adapter_params=lora_params(arch, spec.trainer.lora))
+    # FSDP2 runs at no model split: the replica's entry decides (a split's never shards)
+    entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
+    return trainer_layout(shard_rule(spec, arch), entry, dp=dp, hbm_bytes=gpu.hbm_bytes)
+
+
+def shard_rule(spec: JobFile, arch: ModelArch) -> ShardRule:
+    """What decides the job's FSDP2 at a layout (`rlctl.planner.costs.ShardInputs`): whether its trainer shards
+    (`costs.shards_state`), always (`trainer.shard: fsdp`) or where a replica does not fit, the layers an FSDP2 rank
+    gathers (`costs.fsdp_gathered_bytes`), the trained gradients (`traincost.grad_bytes`: the models', or LoRA's
+    adapters'). The plan's workload holds the same (`rlctl.planner.plan.train_workload`)."""
+    from rlctl.planner.costs import ShardRule, fsdp_gathered_bytes, shards_state
+    from rlctl.profiler.traincost import grad_bytes, lora_params
+
     adapters = lora_params(arch, spec.trainer.lora)
-    passes = passes_for(spec.algorithm, adapter_params=adapters)
-    entry = training_entry(arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind, passes=passes)
-    backend, shard, hbm_bytes = spec.trainer.backend, spec.trainer.shard, gpu.hbm_gb * 1e9
-    if not runs_fsdp(backend, shard=shard, tp=tp, pp=pp, dp=dp, entry=entry, hbm_bytes=hbm_bytes):
-        return {}
-    held = holds_grad_sync(
-        entry,
-        dp=dp,
-        hbm_bytes=hbm_bytes,
-        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters),
+    sharded = shards_state(spec.trainer.backend, shard=spec.trainer.shard)
+    return ShardRule(
+        shards_state=sharded,
+        shards_always=spec.trainer.shard == "fsdp",
+        gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
         grad_bytes=grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters),
         lora=bool(adapters),
     )
-    return {"fsdp": True} | ({"reduce_per_step": True} if held else {})

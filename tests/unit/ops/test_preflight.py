@@ -98,13 +98,14 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
 def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Path, backend: str) -> None:
-    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 2 pp 1 dp 8), which its ranks form from the
-    plan (`rlctl.agents.trainer._backend`), so check passes it (it refused it before, advising a GPU count no count
-    met); torch's plan is data parallel only and shards with FSDP2 (it chose tp 2 too, which check refused)."""
+    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 4 pp 2 dp 2: the default token budget cuts
+    the job's rows, 3,262 tokens at the median, 1 to 9 a cut, which few dp ranks share), which its ranks form from
+    the plan (`rlctl.agents.trainer._backend`), so check passes it (it refused it before, advising a GPU count no
+    count met); torch's plan is data parallel only and shards with FSDP2 (it chose tp 2 too, which check refused)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
     par = counts.plan_counts(job, job.spec)["trainer"]["parallel"]
     if backend == "megatron":
-        assert par == {"tp": 2, "pp": 1, "dp": 8}
+        assert par == {"tp": 4, "pp": 2, "dp": 2}
     else:
         # each rank holds the step's unsharded gradients beside its shards (they fit): a reduce-scatter a step
         assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True, "reduce_per_step": True}

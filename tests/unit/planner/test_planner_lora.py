@@ -188,6 +188,9 @@ def test_a_lora_job_planned_from_a_measured_profile_gets_its_own_memory_and_time
     assert from_file["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
 
 
+ROWS_ONLY = {"train_micro_batch_tokens": None}
+
+
 def test_a_lora_trainer_all_reduces_its_adapters_gradients_alone(tmp_path: Path) -> None:
     """Data-parallel ranks sum the trained parameters' gradients (`rlctl.rl.learner`): a LoRA job's adapters (fp32,
     4 B each: 161 MB for a 7B at r 16), not the policy's 30.5 GB. 16 H800s over 2 nodes: the step is half of 8's
@@ -199,6 +202,8 @@ def test_a_lora_trainer_all_reduces_its_adapters_gradients_alone(tmp_path: Path)
     t_train = {}
     for gpus in (8, 16):
         full = gpu_job(tmp_path, trainer_gpus=gpus, backend="torch")
+        # cuts of 32 rows, each rank 2 of them at 16 (the default token budget cuts the 3,262-token rows 1 to 3 a cut)
+        full.spec = full.spec.model_copy(update={"batch": full.spec.batch.model_copy(update=ROWS_ONLY)})
         lora_job = with_lora(full, Lora(rank=16, alpha=32))
         tcost = train_cost(lora_job, profile_for(lora_job, None), TrainingPasses())
         assert train_workload(lora_job, arch, tcost, tokens=1e6).grad_bytes == 4 * a
