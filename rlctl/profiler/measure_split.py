@@ -171,7 +171,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch.distributed as dist
 
     from rlctl.models.hf import read_config
-    from rlctl.profiler.measure_train import OUTPUT_TOKENS, TRAIN_CONTEXT, synthetic_samples
+    from rlctl.profiler.measure_train import SampleLengths, synthetic_samples
     from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample
     from rlctl.trainers.base import load_backend
@@ -181,9 +181,11 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     dist.init_process_group(
         "gloo", init_method=f"file://{spec.rendezvous}", rank=rank, world_size=spec.world, timeout=timeout
     )
-    policy = load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=TRAIN_CONTEXT)
+    config = read_config(spec.model_dir)
+    lengths = SampleLengths.of(config, model=spec.model_dir)  # (as the one-rank probe's: measure_train)
+    policy = load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=lengths.context)
     ref = (
-        load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=TRAIN_CONTEXT).model
+        load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp, context=lengths.context).model
         if spec.algorithm.kl_coef > 0
         else None
     )
@@ -193,9 +195,9 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
         spec.batch,
         ref=ref,
         iterations=spec.warmup_steps + spec.steps,
-        max_output_tokens=OUTPUT_TOKENS[1],  # the synthetic samples' longest (`loss_aggregation: constant`)
+        max_output_tokens=lengths.output_tokens[1],  # the synthetic samples' longest (`loss_aggregation: constant`)
     )
-    vocab = read_config(spec.model_dir).vocab_size
+    vocab = config.vocab_size
 
     def rows(samples: list[Sample]) -> int:
         return sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
@@ -235,7 +237,11 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     if rank == 0:
         for i in range(spec.warmup_steps + spec.steps):
             samples = synthetic_samples(
-                prompts=spec.batch.prompts_per_iteration, group_size=spec.batch.samples_per_prompt, vocab=vocab, seed=i
+                prompts=spec.batch.prompts_per_iteration,
+                group_size=spec.batch.samples_per_prompt,
+                vocab=vocab,
+                seed=i,
+                lengths=lengths,
             )
             start()
             for s in samples:  # as the trainer hands them over (measure_train._time_steps)

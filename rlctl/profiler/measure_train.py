@@ -37,6 +37,7 @@ from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
+from rlctl.errors import UsageError
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import make_learner
@@ -44,10 +45,42 @@ from rlctl.rl.samples import Sample
 from rlctl.trainers.base import TrainerBackend, load_backend
 
 PROMPT_TOKENS = 8
-OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in this range
-# the synthetic samples' longest sequence: what the measured trainer is built for (its RoPE tables; a Mistral whose
-# sliding_window binds past it is built at all: `rlctl.models.hf.window_refusal`)
+OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in this range (`SampleLengths.of`)
+# the synthetic samples' longest sequence where the model holds it: what the measured trainer is built for
 TRAIN_CONTEXT = PROMPT_TOKENS + OUTPUT_TOKENS[1]
+
+
+@dataclass(frozen=True)
+class SampleLengths:
+    """The synthetic samples' prompt length and the range their output lengths are drawn from."""
+
+    prompt_tokens: int = PROMPT_TOKENS
+    output_tokens: tuple[int, int] = OUTPUT_TOKENS
+
+    @property
+    def context(self) -> int:
+        """The longest sample: what the trainer is built for (its RoPE tables)."""
+        return self.prompt_tokens + self.output_tokens[1]
+
+    @classmethod
+    def of(cls, config: TinyGPTConfig, *, model: str) -> SampleLengths:
+        """The lengths for `model` (its config `config`): outputs held to the most the probe runs it on
+        (`probe_positions`: max_positions, a Mistral's binding sliding_window, a longrope model's pretraining
+        context, as a job's sequences are held by `rlctl check`), versus 56-token sequences a model of fewer
+        positions refused (or a longrope one computed past its pretraining context); UsageError where it holds less
+        than a prompt and one output token."""
+        from rlctl.profiler.probe import probe_positions
+
+        positions = probe_positions(config)
+        if positions <= PROMPT_TOKENS:
+            raise UsageError(
+                f"model {model}: holds sequences of {positions} tokens (max_position_embeddings, a binding "
+                f"sliding_window or longrope's pretraining context: the least); the training probe needs "
+                f"{PROMPT_TOKENS + 1} (a prompt of {PROMPT_TOKENS} tokens and an output token)",
+                hint="use --source analytical for this model",
+            )
+        most = min(OUTPUT_TOKENS[1], positions - PROMPT_TOKENS)
+        return cls(PROMPT_TOKENS, (min(OUTPUT_TOKENS[0], most), most))
 
 
 @dataclass(frozen=True)
@@ -75,16 +108,18 @@ def load_policy(
     return TinyGPT.from_pretrained(checkpoint, dtype=compute.engine_dtype, device=compute.device, context=context)
 
 
-def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Sample]:
-    """A batch shaped like an RL iteration's: groups of samples per prompt, varied output lengths; rewards 0 and 1
-    alternate within each group, so every group has signal and trains (the learner skips a group whose rewards are
-    all equal: the cost measured is that of a trained token)."""
+def synthetic_samples(
+    *, prompts: int, group_size: int, vocab: int, seed: int, lengths: SampleLengths = SampleLengths()
+) -> list[Sample]:
+    """A batch shaped like an RL iteration's: groups of samples per prompt, varied output lengths (`lengths`); rewards
+    0 and 1 alternate within each group, so every group has signal and trains (the learner skips a group whose rewards
+    are all equal: the cost measured is that of a trained token)."""
     rng = random.Random(seed)
     out = []
     for p in range(prompts):
-        prompt = [1] + [rng.randrange(2, vocab) for _ in range(PROMPT_TOKENS - 1)]
+        prompt = [1] + [rng.randrange(2, vocab) for _ in range(lengths.prompt_tokens - 1)]
         for i in range(group_size):
-            n = rng.randint(*OUTPUT_TOKENS)
+            n = rng.randint(*lengths.output_tokens)
             tokens = [rng.randrange(2, vocab) for _ in range(n)]
             out.append(Sample(f"p{p}", prompt, tokens, [-2.0] * n, float(i % 2)))
     return out
@@ -98,18 +133,21 @@ def trainer_rank(
     reference: bool,
     compute: Compute | None = None,
     lora: Lora | None = None,
-) -> Iterator[tuple[TrainerBackend, nn.Module | None, TinyGPTConfig]]:
+) -> Iterator[tuple[TrainerBackend, nn.Module | None, TinyGPTConfig, SampleLengths]]:
     """The `backend` policy on the checkpoint (tiny-demo when None) as one trainer rank, with `lora`'s adapters
-    (the torch backend's), its reference model (without adapters) when `reference`, and the model's config;
-    megatron's process group and parallel state last as long as the block."""
+    (the torch backend's), its reference model (without adapters) when `reference`, the model's config and the
+    synthetic samples' lengths it is built for; megatron's process group and parallel state last as long as the
+    block."""
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlctl-measure-train-")))
         model_dir = Path(checkpoint) if checkpoint is not None else TinyGPT().save_pretrained(scratch / "model")
+        config = read_config(model_dir)
+        lengths = SampleLengths.of(config, model=str(checkpoint or "tiny-demo"))  # (before anything is loaded)
         if backend == "megatron":
             stack.enter_context(_one_rank_group(scratch / "rendezvous"))
-        policy = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT, adapters=lora)
-        ref = load_backend(backend, model_dir, compute=compute, context=TRAIN_CONTEXT).model if reference else None
-        yield policy, ref, read_config(model_dir)
+        policy = load_backend(backend, model_dir, compute=compute, context=lengths.context, adapters=lora)
+        ref = load_backend(backend, model_dir, compute=compute, context=lengths.context).model if reference else None
+        yield policy, ref, config, lengths
 
 
 @contextlib.contextmanager
@@ -155,22 +193,47 @@ def measure_training(
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
     reference = algorithm.kl_coef > 0
-    with trainer_rank(backend, checkpoint, reference=reference, compute=compute, lora=lora) as (policy, ref, config):
+    with trainer_rank(backend, checkpoint, reference=reference, compute=compute, lora=lora) as rank:
+        policy, ref, config, lengths = rank
         learner = make_learner(
-            policy, algorithm, batch, ref=ref, iterations=warmup_steps + steps, max_output_tokens=OUTPUT_TOKENS[1]
+            policy,
+            algorithm,
+            batch,
+            ref=ref,
+            iterations=warmup_steps + steps,
+            max_output_tokens=lengths.output_tokens[1],
         )  # (the measurement's own longest output: what `loss_aggregation: constant` divides by)
-        m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
+        m = _time_steps(
+            learner,
+            batch,
+            vocab=config.vocab_size,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            clock=clock,
+            lengths=lengths,
+        )
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
 
 
 def _time_steps(
-    learner: Any, batch: Batch, *, vocab: int, steps: int, warmup_steps: int, clock: Callable[[], float]
+    learner: Any,
+    batch: Batch,
+    *,
+    vocab: int,
+    steps: int,
+    warmup_steps: int,
+    clock: Callable[[], float],
+    lengths: SampleLengths = SampleLengths(),
 ) -> TrainMeasurement:
     times: list[float] = []
     counts: list[int] = []
     for i in range(warmup_steps + steps):
         samples = synthetic_samples(
-            prompts=batch.prompts_per_iteration, group_size=batch.samples_per_prompt, vocab=vocab, seed=i
+            prompts=batch.prompts_per_iteration,
+            group_size=batch.samples_per_prompt,
+            vocab=vocab,
+            seed=i,
+            lengths=lengths,
         )
         tokens = sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
         t0 = clock()

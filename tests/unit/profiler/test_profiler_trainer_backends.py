@@ -268,3 +268,69 @@ def test_a_training_step_of_a_model_whose_window_binds_is_measured_within_it(tmp
         GrpoAlgorithm(kind="grpo", kl_coef=0.05), SMALL, backend=backend, checkpoint=tmp_path, steps=1, warmup_steps=0
     )
     assert m.backend == backend and m.gpu_s_per_token > 0
+
+
+def short_model(directory: Path, kind: str) -> Path:
+    """A checkpoint of 32 positions (Llama's shape), or a longrope Phi3 of 128 positions pretrained on 32."""
+    if kind == "longrope":
+        pytest.importorskip("transformers")
+        from tests.unit.rope_checkpoints import phi3
+
+        phi3(directory)
+        return directory
+    return TinyGPT(TinyGPTConfig(max_position_embeddings=32)).save_pretrained(directory)
+
+
+@pytest.mark.parametrize(
+    "kind,backend", [("positions", "torch"), ("positions", "megatron"), ("longrope", "torch")]
+)  # fmt: skip
+def test_a_training_step_of_a_model_of_few_positions_is_measured_on_sequences_it_holds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str, backend: str
+) -> None:
+    """A model that holds 32 tokens (max_position_embeddings 32, or a longrope model's pretraining context 32, which
+    `rlctl check` holds a job's sequences to) is trained by the probe on samples of at most 32 tokens, its trainer
+    built for 32, versus 56-token samples (`TRAIN_CONTEXT`): `sequence of 54 tokens > max_position_embeddings 32`
+    ended the measurement, and the longrope model was timed past its pretraining context (its long_factor pass)."""
+    if backend == "megatron":
+        require_megatron()
+    checkpoint = short_model(tmp_path / "model", kind)
+    longest: list[int] = []
+    real = measure_train.synthetic_samples
+
+    def samples(**kw: Any) -> Any:
+        out = real(**kw)
+        longest.append(max(len(s.prompt_tokens) + len(s.output_tokens) for s in out))
+        return out
+
+    monkeypatch.setattr(measure_train, "synthetic_samples", samples)
+    m = measure_train.measure_training(
+        GrpoAlgorithm(kind="grpo", kl_coef=0.05), SMALL, backend=backend, checkpoint=checkpoint, steps=2, warmup_steps=0
+    )
+    assert m.gpu_s_per_token > 0 and len(longest) == 2 and max(longest) <= 32, longest
+    lengths = measure_train.SampleLengths.of(TinyGPT.from_pretrained(checkpoint).config, model="m")
+    assert (lengths.prompt_tokens, lengths.output_tokens, lengths.context) == (8, (16, 24), 32)
+
+
+def test_a_model_that_holds_no_prompt_and_output_is_refused_by_the_training_probe_in_one_line(tmp_path: Path) -> None:
+    checkpoint = TinyGPT(TinyGPTConfig(max_position_embeddings=8)).save_pretrained(tmp_path / "m")
+    with pytest.raises(UsageError) as e:
+        measure_train.measure_training(GrpoAlgorithm(kind="grpo"), SMALL, checkpoint=checkpoint, steps=1)
+    assert str(e.value) == (
+        f"model {checkpoint}: holds sequences of 8 tokens (max_position_embeddings, a binding sliding_window or "
+        "longrope's pretraining context: the least); the training probe needs 9 (a prompt of 8 tokens and an output "
+        "token)"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_megatron_split_of_a_model_of_few_positions_is_measured_on_sequences_it_holds(tmp_path: Path) -> None:
+    """The split's ranks (measure_split.run_rank) hold their samples to the model's 32 positions as the one-rank
+    probe does, versus each rank ending in `sequence of … tokens > max_position_embeddings 32`."""
+    require_megatron()
+    from rlctl.profiler import measure_split
+
+    checkpoint = short_model(tmp_path / "model", "positions")
+    m = measure_split.measure_split(
+        GrpoAlgorithm(kind="grpo"), SMALL, tp=1, pp=1, checkpoint=checkpoint, steps=1, warmup_steps=0
+    )
+    assert m.gpu_s_per_token > 0 and m.step_tokens[0] <= 8 * 32
