@@ -109,6 +109,14 @@ class JobMetrics:
         self.entropy = Gauge(
             "rlctl_train_entropy", "The policy's mean next-token entropy (nats) over the last iteration", registry=r
         )
+        self.router_aux_loss = Gauge(
+            "rlctl_train_router_aux_loss",
+            "A MoE's router load-balancing loss (before router_aux_loss_coef), last iteration; NaN where the model's "
+            "loss has no such term (config.json's output_router_logits false, or a dense model)",
+            registry=r,
+        )
+        # NaN, a gap on a graph, until a trained iteration's loss has the term: a dense model's is no figure, not 0
+        self.router_aux_loss.set(float("nan"))
         self.no_signal_fraction = Gauge(
             "rlctl_train_no_signal_fraction",
             "Share of the last iteration's samples in groups whose rewards were all equal (no gradient)",

@@ -208,7 +208,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
         "training": {k: last.get(k) for k in TRAINING}
-        | {k: last[k] for k in ("dropped_groups",) if k in last}
+        | {k: last[k] for k in ("dropped_groups", "router_aux_loss") if k in last}
         | ({"skipped_in_a_row": len(core.skipped_in_a_row)} if core.skipped_in_a_row else {}),
         "heldout": heldout_view(s.evaluations),
         "delta_window_s": None if r is None else round(r.delta_s, 4),
@@ -498,6 +498,8 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.learning_rate.set(t.lr)
     m.clip_fraction.set(t.clip_frac)  # NaN when the iteration trained no token: a gap, not the last value
     m.entropy.set(t.entropy)
+    if t.router_aux_loss is not None:  # a MoE whose loss has the term (else the gauge stays NaN: no figure)
+        m.router_aux_loss.set(t.router_aux_loss)
     m.no_signal_fraction.set(t.no_signal_frac)
     m.dropped_groups.inc(stats.dropped)
     m.weight_version.set(t.version)

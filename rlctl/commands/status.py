@@ -58,14 +58,17 @@ def _weights_line(w: dict[str, Any]) -> str:
 
 def training_line(t: dict[str, Any]) -> str:
     """The last optimizer step: its rate, gradient norm, the policy's entropy, clipped tokens, samples without
-    signal (`-` for a figure the iteration did not have), the groups dynamic sampling dropped meanwhile, and whether
-    the latest steps were skipped for a gradient that was not finite."""
+    signal (`-` for a figure the iteration did not have), a MoE's router load-balancing loss where its loss has the
+    term, the groups dynamic sampling dropped meanwhile, and whether the latest steps were skipped for a gradient
+    that was not finite."""
+    router = f"  router aux loss {_f(t['router_aux_loss'], '.4f')}" if "router_aux_loss" in t else ""
     dropped = f"  dropped {t['dropped_groups']} groups" if t.get("dropped_groups") else ""
     # NaN or infinite gradients: the latest steps made no update
     skipped = f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)" if t.get("skipped_in_a_row") else ""
     return (
         f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
-        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}{skipped}"
+        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{router}{dropped}"
+        f"{skipped}"
     )
 
 

@@ -3,6 +3,7 @@ and the Scaler's scale-in and refusals — no sockets, no threads."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -949,3 +950,27 @@ def test_launchs_line_counts_the_running_agents_and_names_the_others() -> None:
     assert agents_text([]) == "-"
     line = progress_line({"iteration": 1, "iterations": 5, "weight_version": 1, "agents": [*units, *gone]})
     assert line.endswith("weights v1  agents 64 running, rollout-7 lost, rollout-9 stopping") and len(line) < 200
+
+
+def test_a_moes_load_balancing_loss_is_a_gauge_and_on_the_status_line_where_its_loss_has_it():
+    """rlctl_train_router_aux_loss and `rlctl status`'s last step carry a Qwen3MoE's load-balancing loss, versus the
+    row and trackers alone; a model whose loss has no such term reads NaN (no figure, a gap), not 0, and no status
+    field."""
+    core, t, _ = _one_iteration()
+    m = JobMetrics()
+    value = m.registry.get_sample_value
+    dense = metrics_row(_snapshot(core, []), t, wall_time=0)
+    iteration_gauges(m, dense, t, core.stats[0], RowBook([dense]))
+    assert math.isnan(value("rlctl_train_router_aux_loss"))
+    st = status(_snapshot(core, [dense]), now=110.0)
+    assert "router_aux_loss" not in st["training"] and "router" not in training_line(st["training"])
+    moe_t = msgspec.structs.replace(t, router_aux_loss=1.02345678)
+    moe = metrics_row(_snapshot(core, []), moe_t, wall_time=0)
+    iteration_gauges(m, moe, moe_t, core.stats[0], RowBook([moe]))
+    assert value("rlctl_train_router_aux_loss") == 1.02345678
+    st = status(_snapshot(core, [moe]), now=110.0)
+    assert st["training"]["router_aux_loss"] == 1.023457
+    assert training_line(st["training"]) == (
+        "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33  router aux loss 1.0235"
+    )
+    assert training_line({**st["training"], "router_aux_loss": None}).endswith("router aux loss -")  # NaN: no figure
