@@ -38,8 +38,9 @@ from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.backends import kind_of
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
+from rlctl.planner.context import longest_request
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
-from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
+from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, job_context, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, lora_params, passes_for
 from rlctl.textutil import did_you_mean, one_of
@@ -61,6 +62,7 @@ class ProfileRequest:
     trainer_backend: str = "torch"  # measured: the backend whose training step is timed
     model_split: tuple[int, int] | None = None  # the job's trainer (tp, pp), when it fixes one
     lora: Lora | None = None  # the job's trainer.lora: its adapters trained, the policy frozen
+    job_context: int | None = None  # the longest context the job's plan reads a decode curve at (probe.job_context)
 
 
 def load_sites(paths: list[Path]) -> dict[str, Site]:
@@ -134,7 +136,7 @@ def request_from_job(
     job: Job, *, sites: list[str] | None, engines: list[str] | None, trainer_backend: str | None = None
 ) -> ProfileRequest:
     """The job's model, algorithm (its KL term included), rollout engine, trainer backend (unless given), LoRA,
-    batch shape and sites."""
+    batch shape, sites and the longest context its plan reads a decode curve at (its task's longest request)."""
     spec = job.spec
     placed = [spec.placement.trainer.site, *(r.site for r in spec.placement.rollout)]
     known = {s: job.inventory.sites[s] for s in dict.fromkeys(placed)}
@@ -152,6 +154,7 @@ def request_from_job(
         trainer_backend or spec.trainer.backend,
         spec.trainer.model_split,
         spec.trainer.lora,
+        job_context(*longest_request(spec.task)),
     )
 
 
@@ -251,6 +254,7 @@ def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
         _split(req),
         kind_for(site.spec.name),  # on the site's GPUs, as its agents compute
         req.lora,
+        req.job_context,
     )
 
 

@@ -33,6 +33,7 @@ class Engine(Protocol):
 
 
 LOCAL_CONTEXTS = [16, 64, 160]
+LOCAL_MAX_CONTEXT = 640  # a job's longest context measured on a CPU: 4 × the grid's top (probe.contexts_for)
 BOS_TOKEN, PROMPT_TOKEN = 1, 3
 LOCAL_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 

@@ -37,6 +37,7 @@ from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.profiler.measure import (
     LOCAL_BATCHES,
     LOCAL_CONTEXTS,
+    LOCAL_MAX_CONTEXT,
     embedded_engines_on,
     measure_generation,
     measure_vllm,
@@ -78,6 +79,8 @@ class ProbeSpec:
     split: tuple[int, int] | None = None  # megatron (tp, pp) measured over its ranks besides tp 1 pp 1
     device: str = "cpu"  # "cuda" on a GPU site: measured on its GPU as its agents compute (rlctl.devices)
     lora: Lora | None = None  # a LoRA job's trainer.lora: the step timed trains its adapters (the torch backend's)
+    # a job's longest context its plan reads the decode curve at (`job_context`): the CPU grid's top (`contexts_for`)
+    job_context: int | None = None
 
     def argv(self) -> list[str]:
         """The probe's command-line options for this spec (everything but --out)."""
@@ -95,6 +98,7 @@ class ProbeSpec:
             out += ["--lora-rank", str(self.lora.rank), "--lora-alpha", repr(self.lora.alpha)]
             targets = self.lora.target_modules
             out += ["--lora-targets", targets if isinstance(targets, str) else ",".join(targets)]
+        out += ["--job-context", str(self.job_context)] if self.job_context is not None else []
         return out + (["--split", *map(str, self.split)] if self.split else [])
 
 
@@ -180,10 +184,26 @@ def probe_positions(config: TinyGPTConfig) -> int:
     return min(p for p in held if p is not None)
 
 
-def contexts_for(max_positions: int) -> list[int]:
-    """The local grid's contexts that fit the model's positions (at least one: half of them)."""
-    fit = [c for c in LOCAL_CONTEXTS if c + CONTEXT_MARGIN <= max_positions]
-    return fit or [max(2, max_positions // 2)]
+def contexts_for(max_positions: int, job_context: int | None = None) -> list[int]:
+    """The local grid's contexts that fit the model's positions (at least one: half of them). With a job's
+    `job_context` (the longest context its plan reads the curve at), the grid's contexts below it and that context
+    itself, held to the positions and to LOCAL_MAX_CONTEXT (the CPU's cost: a point costs about its context × the
+    batches), versus 16, 64 and 160 for every job: a job of longer sequences was priced by extrapolating past 160, one
+    of shorter ones measured at contexts its plan never reads."""
+    if job_context is None:
+        fit = [c for c in LOCAL_CONTEXTS if c + CONTEXT_MARGIN <= max_positions]
+        return fit or [max(2, max_positions // 2)]
+    top = min(job_context, max_positions - CONTEXT_MARGIN, LOCAL_MAX_CONTEXT)
+    if top < 2:
+        return [max(2, max_positions // 2)]
+    return [c for c in LOCAL_CONTEXTS if c < top] + [top]
+
+
+def job_context(prompt_tokens: int, output_tokens: int) -> int:
+    """The longest context a plan reads a decode curve at, for a job whose longest request is `prompt_tokens` +
+    `output_tokens` (`rlctl.planner.context.longest_request`): a padded step's, the prompt + half the longest output
+    (`rlctl.planner.curves.live_context`; a paged step's is less)."""
+    return prompt_tokens + -(-output_tokens // 2)
 
 
 def measure_here(spec: ProbeSpec) -> dict[str, Any]:
@@ -207,7 +227,8 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
         contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= positions] or [16]
         batches, clock, clock_name = GPU_BATCHES, cuda_clock, "wall"
     else:  # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
-        contexts, batches, clock, clock_name = contexts_for(positions), LOCAL_BATCHES, time.thread_time, "thread"
+        contexts, batches = contexts_for(positions, spec.job_context), LOCAL_BATCHES
+        clock, clock_name = time.thread_time, "thread"
     # built for the longest sequence measured, versus every position a checkpoint has (1,024,000: ≈ 1 GiB of tables)
     net = load_policy(spec.checkpoint, compute=compute, context=min(positions, max(contexts) + CONTEXT_MARGIN))
     entries: list[GenerationEntry] = []
@@ -284,6 +305,7 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     ap.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank (a job's trainer.lora)")
     ap.add_argument("--lora-alpha", type=float)
     ap.add_argument("--lora-targets", default="all-linear", help="the adapted projections, comma-separated")
+    ap.add_argument("--job-context", type=int, help="the longest context the job's plan reads (the CPU grid's top)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
@@ -302,7 +324,17 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
         targets = a.lora_targets if a.lora_targets == "all-linear" else a.lora_targets.split(",")
         lora = Lora(rank=a.lora_rank, alpha=a.lora_alpha, target_modules=targets)
     spec = ProbeSpec(
-        a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split, a.device, lora
+        a.model,
+        a.checkpoint,
+        engines,
+        a.kv_capacity_tokens,
+        algo,
+        batch,
+        a.trainer_backend,
+        split,
+        a.device,
+        lora,
+        a.job_context,
     )
     return spec, a.out
 

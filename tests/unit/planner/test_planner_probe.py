@@ -57,6 +57,8 @@ def test_probe_spec_round_trips_through_its_command_line() -> None:
     assert back == s and out == Path("/tmp/x.json")
     builtin = probe.ProbeSpec("tiny-demo", None, ("embedded",), 5, GrpoAlgorithm(kind="grpo"), Batch())
     assert probe.parse_spec([*builtin.argv(), "--out", "o"])[0] == builtin
+    of_a_job = dataclasses.replace(builtin, job_context=159)  # (a remote site's probe: the job's context too)
+    assert "--job-context" not in builtin.argv() and probe.parse_spec([*of_a_job.argv(), "--out", "o"])[0] == of_a_job
 
 
 def test_engines_are_checked_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,6 +170,43 @@ def test_contexts_fit_the_models_positions() -> None:
     assert probe.contexts_for(320) == [16, 64, 160]
     assert probe.contexts_for(40) == [16]
     assert probe.contexts_for(24) == [12]
+
+
+def test_a_jobs_cpu_grid_ends_at_the_context_its_plan_reads_held_to_the_positions_and_the_cpu_bound() -> None:
+    """The grid's contexts below the job's and the job's (the prompt + half the longest output: a padded decode step's
+    in the plan, `curves.live_context`), versus 16, 64, 160 for every job: 160 extrapolated past for a job of longer
+    sequences, measured for nothing for a job of shorter ones."""
+    assert probe.job_context(31, 256) == 159  # jobs/demo.yaml: digits, max_output_tokens 256
+    assert probe.job_context(8, 15) == 16
+    assert probe.contexts_for(320, 159) == [16, 64, 159]
+    assert probe.contexts_for(320, 28) == [16, 28] and probe.contexts_for(320, 12) == [12]
+    assert probe.contexts_for(320, 500) == [16, 64, 160, 304]  # tiny-demo's 320 positions, less the decode margin
+    assert probe.contexts_for(32768, 4096) == [16, 64, 160, 640]  # the CPU's bound (LOCAL_MAX_CONTEXT)
+    assert probe.contexts_for(24, 500) == [8]  # 24 positions less the decode margin
+
+
+def test_a_jobs_measured_profile_is_measured_at_the_contexts_its_plan_reads(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`rlctl profile --job` of the demo with max_output_tokens 40 (longest request 8 + 40: its plan reads the decode
+    curve at 28 at most) measures the embedded engine at 16 and 28, versus 16, 64 and 160; the plan of the job reads
+    the profile."""
+    data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
+    data["inventory"] = [str(ROOT / "clusters/local.yaml")]
+    data["task"] = {"kind": "digits", "max_output_tokens": 40}
+    (job := tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+
+    def fake_train(*args: Any, **kw: Any) -> Any:  # (the training step is not what this measures)
+        return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
+
+    monkeypatch.setattr(measure_train, "measure_training", fake_train)
+    monkeypatch.setattr(probe, "LOCAL_BATCHES", [1, 2])  # (the embedded engine measured for real, on 2 batches)
+    r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
+    assert r.exit_code == 0, r.stderr
+    (embedded,) = load_profile(tmp_path / "p.yaml").sites["local"].generation
+    assert embedded.contexts == [16, 28] and embedded.batch_sizes == [1, 2]
+    r = cli("plan", str(job), "--profile", str(tmp_path / "p.yaml"), "-o", "json")
+    assert r.exit_code == 0, r.stderr
 
 
 def test_measured_profile_names_its_engines_and_holds_the_measured_training(
