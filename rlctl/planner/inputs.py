@@ -59,9 +59,12 @@ def length_model(job: Job) -> LengthModel:
 
 
 def job_passes(job: Job, trainer: TrainingPasses | None) -> TrainingPasses:
-    """The job's training passes on `trainer`: its reference, and its LoRA adapters (`trainer.lora`)."""
-    spec = job.spec
-    return passes_for(spec.algorithm, trainer, adapter_params=lora_params(spec.model.arch, spec.trainer.lora))
+    """The job's training passes on `trainer`: its reference, and its LoRA adapters (`trainer.lora`). The model's
+    architecture is read for the adapters alone: an HF model's is its directory read (config.json and every weight
+    file's header), for a job without LoRA to no use."""
+    spec, adapters = job.spec, job.spec.trainer.lora
+    adapter_params = 0.0 if adapters is None else lora_params(spec.model.arch, adapters)
+    return passes_for(spec.algorithm, trainer, adapter_params=adapter_params)
 
 
 def profile_for(

@@ -293,3 +293,24 @@ def rope_rows_loaded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(TinyGPT, "from_pretrained", recorded)
     return rows
+
+
+def config_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The config.json files read from now on (this test's), once per read (`Path.read_bytes` and `read_text`, which
+    `hf.read_config_json` and the tokenizer read JSON with), in order."""
+    reads: list[Path] = []
+    read_bytes, read_text = Path.read_bytes, Path.read_text
+
+    def bytes_read(self: Path) -> bytes:
+        if self.name == "config.json":
+            reads.append(self)
+        return read_bytes(self)
+
+    def text_read(self: Path, *args: Any, **kw: Any) -> str:
+        if self.name == "config.json":
+            reads.append(self)
+        return read_text(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "read_bytes", bytes_read)
+    monkeypatch.setattr(Path, "read_text", text_read)
+    return reads

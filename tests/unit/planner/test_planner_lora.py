@@ -18,19 +18,35 @@ from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, fsdp_gathered_bytes
-from rlctl.planner.inputs import PlanOptions, profile_for, train_cost
+from rlctl.planner.inputs import PlanOptions, job_passes, profile_for, train_cost
 from rlctl.planner.plan import make_plan, train_workload
 from rlctl.planner.split import shard_trainer
 from rlctl.planner.view import plan_table
 from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
 from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, passes_for, streamed_units
-from tests.unit.ops.test_preflight import GPU_CLUSTERS, gpu_job, load
+from tests.unit.hf_checkpoints import config_reads
+from tests.unit.ops.test_preflight import GPU_CLUSTERS, gpu_job, hf_dataset_job, load
 
 
 def with_lora(job: Job, adapters: Lora) -> Job:
     trainer = job.spec.trainer.model_copy(update={"lora": adapters})
     return Job(job.spec.model_copy(update={"trainer": trainer}), job.inventory, job.path)
+
+
+def test_a_jobs_passes_read_an_hf_models_directory_for_its_adapters_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without LoRA the passes hold no adapters, and the model's directory (config.json, every weight file's header)
+    was read for them all the same: once for each of the plan's calls."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    adapters = Lora(rank=4, alpha=8)
+    arch = job.spec.model.arch
+    reads = config_reads(monkeypatch)
+    assert job_passes(job, None) == passes_for(job.spec.algorithm, None, adapter_params=0.0)
+    assert reads == []
+    assert job_passes(with_lora(job, adapters), None).adapter_params == lora_params(arch, adapters) > 0
+    assert reads == [tmp_path / "model" / "config.json"]
 
 
 @pytest.mark.parametrize("targets", [TARGETS, ("q_proj", "v_proj"), ("o_proj", "down_proj")])
