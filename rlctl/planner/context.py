@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rlctl.config.model import HfModel
 from rlctl.config.task import DatasetTask, DigitsTask, LengthsTask
 from rlctl.models.hf import CONFIG_FILE, read_config
-from rlctl.models.rope import longrope_refusal, positions_said
+from rlctl.models.rope import RopeScaling, longrope_refusal, positions_said
 
 if TYPE_CHECKING:
     from rlctl.config.job import Job
@@ -48,17 +48,24 @@ def model_positions(job: Job) -> tuple[int, str] | None:
     for an HF checkpoint with RoPE scaling `context 512 (…/config.json: max_position_embeddings 128 × 'linear' factor
     4, as vLLM derives it)`); None where it is not known (a built-in's not recorded, a `kind: arch` model without
     max_positions)."""
+    return None if (known := _context(job)) is None else known[:2]
+
+
+def _context(job: Job) -> tuple[int, str, RopeScaling | None] | None:
+    """`model_positions`, and an HF model's RoPE scaling: its config.json read once for both, versus once for each
+    and once more for the architecture (`HfModel.arch`: the weight files' headers too)."""
     model = job.spec.model
-    if (limit := model.arch.max_positions) is None:
-        return None
     if isinstance(model, HfModel):
         c = read_config(model.path)
+        context, where = c.max_positions, f"{model.path}/{CONFIG_FILE}"
         if (scaled := positions_said(c.max_position_embeddings, c.rope_scaling)) is not None:
-            return limit, f"context {limit} ({model.path}/{CONFIG_FILE}: {scaled}, as vLLM derives it)"
-        return limit, f"max_position_embeddings {limit} ({model.path}/{CONFIG_FILE})"
+            return context, f"context {context} ({where}: {scaled}, as vLLM derives it)", c.rope_scaling
+        return context, f"max_position_embeddings {context} ({where})", c.rope_scaling
+    if (limit := model.arch.max_positions) is None:
+        return None
     if model.kind == "builtin":
-        return limit, f"max_position_embeddings {limit} (built-in {model.name!r})"
-    return limit, f"max_position_embeddings {limit} (the job's model.max_positions)"
+        return limit, f"max_position_embeddings {limit} (built-in {model.name!r})", None
+    return limit, f"max_position_embeddings {limit} (the job's model.max_positions)", None
 
 
 def context_refusal(job: Job) -> tuple[str, str] | None:
@@ -66,9 +73,9 @@ def context_refusal(job: Job) -> tuple[str, str] | None:
     task may ask for exceed the model's context, or pass a longrope model's pretraining context (`longrope_refusal`:
     engines and trainer would disagree past it); None where they fit, or the context is not known."""
     task = job.spec.task
-    if (known := model_positions(job)) is None:
+    if (known := _context(job)) is None:
         return None
-    limit, said = known
+    limit, said, scaling = known
     prompt, output = longest_request(task)
     asked = (
         f"{dataset_request(task)} = {prompt + output}"
@@ -76,8 +83,6 @@ def context_refusal(job: Job) -> tuple[str, str] | None:
         else (f"{prompt} prompt + {output} output")
     )
     if prompt + output <= limit:
-        model = job.spec.model
-        scaling = read_config(model.path).rope_scaling if isinstance(model, HfModel) else None
         if (why := longrope_refusal(scaling, prompt + output)) is None:
             return None
         assert scaling is not None and scaling.original_max_position_embeddings is not None

@@ -17,7 +17,9 @@ from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.rope import RopeScaling
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops.preflight import problems
+from rlctl.planner.context import context_refusal, model_positions
 from tests.conftest import run_cli
+from tests.unit.hf_checkpoints import config_reads
 from tests.unit.ops.test_preflight import hf_dataset_job, only_line, refused
 from tests.unit.rope_checkpoints import LINEAR, YARN, llama
 
@@ -72,6 +74,27 @@ def test_check_and_plan_allow_the_scaled_context_and_refuse_past_it_in_one_line(
     line = only_line(run_cli("check", str(past.path)))
     assert line == f"rlctl: error: {past.path}: task.max_output_tokens: {p.message}"
     assert only_line(run_cli("plan", str(past.path))) == line
+
+
+def test_the_context_refusal_reads_config_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its context, the line saying it and the RoPE scaling come from one read of config.json, versus three (the
+    architecture's, the context's line's and the scaling's), for a job that fits and one refused alike."""
+    fits = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 24, "max_output_tokens": 48})
+    _scaled(tmp_path / "model", LINEAR)
+    past = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 200, "max_output_tokens": 100})
+    _scaled(tmp_path / "model", LINEAR)
+    config = tmp_path / "model" / "config.json"
+    reads = config_reads(monkeypatch)
+    assert context_refusal(fits) is None
+    assert reads == [config]
+    refusal = context_refusal(past)
+    assert refusal is not None and "exceed model context 256" in refusal[1]
+    assert reads == [config] * 2
+    assert model_positions(past) == (
+        256,
+        f"context 256 ({config}: max_position_embeddings 64 × 'linear' factor 4, as vLLM derives it)",
+    )
+    assert reads == [config] * 3
 
 
 def test_positions_past_max_position_embeddings_equal_transformers(tmp_path: Path) -> None:
