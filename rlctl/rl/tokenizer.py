@@ -91,13 +91,13 @@ def _config_eos(model_dir: Path) -> list[int]:
     """config.json's eos_token_id, or where it has no such key its architecture's as transformers reads it (Llama's
     and Mistral's 2, Phi3's 32000: `hf.read_config`), as the engines stop at it: the held-out evaluation's outputs
     end where the run's did."""
-    raw = _read_json(model_dir / "config.json")
+    raw = _read_json(config := model_dir / "config.json")
     if not raw or "eos_token_id" in raw:
         return _ids(raw.get("eos_token_id"))
     from rlctl.models import hf
 
-    try:
-        return list(hf.read_config(model_dir).eos_token_ids)
+    try:  # (the dict read, versus the file read again by `hf.read_config`)
+        return list(hf.TinyGPTConfig.from_hf(raw, file=str(config)).eos_token_ids)
     except ConfigError:  # (a config check refuses, in its own words)
         return []
 

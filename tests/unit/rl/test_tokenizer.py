@@ -7,6 +7,7 @@ from rlctl.errors import ConfigError
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.tokenizer import cut_at_eos, decode_output, load_tokenizer, render_chat_template
+from tests.unit.hf_checkpoints import config_reads
 from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
 
 ID = {t: i for i, t in enumerate(SPECIALS)}
@@ -133,11 +134,12 @@ def test_a_chat_template_is_compiled_once_for_every_row_it_renders() -> None:
 
 @pytest.mark.parametrize(("key", "want"), [(None, (2,)), ([], ()), (7, (7,))], ids=["none", "empty", "named"])
 def test_a_config_without_eos_token_id_gives_its_architectures_as_the_engines_read_it(
-    tmp_path: Path, key: object, want: tuple[int, ...]
+    tmp_path: Path, key: object, want: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Llama whose config.json has no eos_token_id (nor its tokenizer files an EOS): LlamaConfig's 2, which the
     engines stop at (`hf.read_config`), versus none — the held-out evaluation generating past the run's ends. A
-    key given (a list, even empty) is as given."""
+    key given (a list, even empty) is as given. config.json is read once (its architecture's EOS was read from the
+    file again)."""
     d = write_tokenizer(tmp_path / "m", chat_template=None)
     (d / "generation_config.json").unlink()
     (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
@@ -146,7 +148,9 @@ def test_a_config_without_eos_token_id_gives_its_architectures_as_the_engines_re
     del config["eos_token_id"]
     (d / "config.json").write_text(json.dumps(config if key is None else config | {"eos_token_id": key}))
     assert read_config(d).eos_token_ids == (want if key is not None else (2,))
+    reads = config_reads(monkeypatch)
     assert load_tokenizer(d).eos_ids == want
+    assert reads == [d / "config.json"]
 
 
 BOS_TEMPLATE = "{{ bos_token }}{% for m in messages %} <|{{ m['role'] }}|> {{ m['content'] }}{% endfor %}"
