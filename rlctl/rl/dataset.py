@@ -33,6 +33,7 @@ from rlctl.launch.jobdir import refuse_theirs
 from rlctl.rl.dataset_rows import NoChatTemplate
 from rlctl.rl.dataset_scan import (
     LOGGED_BAD_ROWS,
+    RowsChecked,
     check_rows,
     identity_of,
     report_bad_rows,
@@ -301,9 +302,10 @@ def _tokens_fit_the_model(tokenizer: HFTokenizer, model_dir: Path) -> None:
         )
 
 
-def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> None:
+def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> RowsChecked | None:
     """What `rlctl check` verifies: the data file exists, the reward function loads, and — given the model's
-    directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`)."""
+    directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`: what it read, else
+    None)."""
     base = job_file.parent
     data = base / cfg.path
     if not data.is_file():
@@ -315,7 +317,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
     except ConfigError as e:  # a module of it that cannot be copied into the job (`copy_reward`), named
         raise ConfigError(str(job_file), "task.reward", f"{e.file}: {e.detail}", hint=e.hint) from e
     if model_dir is None or not model_dir.is_dir():
-        return
+        return None
     from rlctl.rl.tokenizer import load_tokenizer
 
     try:  # the tokenizer is the model directory's: a missing or bad one is model.path's, not the data's
@@ -324,7 +326,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
     except ConfigError as e:
         raise ConfigError(str(job_file), "model.path", str(e), hint=e.hint) from e
     try:
-        check_rows(cfg, data_path=data, tokenizer=tokenizer)
+        return check_rows(cfg, data_path=data, tokenizer=tokenizer)
     except NoChatTemplate as e:  # the model's to fix, or the prompts' form: not the data file's rows
         raise ConfigError(str(job_file), "model.path", f"{e.file}: {e.detail}", hint=e.hint) from e
     except ConfigError as e:

@@ -21,7 +21,6 @@ from typing import Any
 from rlctl.config.task import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl.dataset_rows import MISSING, NULL_ANSWER, BadRow, lookup, parse_row, read_rows
-from rlctl.rl.reward import warn_builtin_scorer
 from rlctl.rl.tokenizer import TextTokenizer
 from rlctl.textutil import one_of
 
@@ -224,11 +223,21 @@ def _optional_keys_set(cfg: DatasetTask) -> dict[str, str]:
     }
 
 
-def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, heldout: bool = False) -> int:
+@dataclass(frozen=True)
+class RowsChecked:
+    """What `check_rows` read of a file: its usable rows (what the launch will prepare), and their data_sources (a
+    dataset a built-in reward scores is warned of: `rlctl.rl.reward.builtin_scorer_hints`)."""
+
+    good: int
+    data_sources: frozenset[str]
+    path: Path
+
+
+def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, heldout: bool = False) -> RowsChecked:
     """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
-    kept or written, unless `keeping_rows`), refused as the launch would; the number of usable rows (what the launch
-    will prepare). `heldout`: the file is evaluation.path (what a skip of its bad rows leaves is evaluated)."""
-    sources: set[str] = set()  # the rows' data_source: a dataset a built-in reward scores is said (warned of)
+    kept or written, unless `keeping_rows`), refused as the launch would; the usable rows and their data_sources.
+    `heldout`: the file is evaluation.path (what a skip of its bad rows leaves is evaluated)."""
+    sources: set[str] = set()
 
     def source(_: str, row: tuple[list[int], dict[str, Any]]) -> None:
         sources.add(row[1]["data_source"])
@@ -240,9 +249,7 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, h
         kept = tokenized_rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
         _kept[str(data_path)] = (identity, kept)
         good, sources = len(kept[1]), {row["data_source"] for row in kept[1]}
-    # (the held-out file's too: the held-out evaluation calls the same reward, its figures 0 where the rows say so)
-    warn_builtin_scorer(cfg.reward, sources, path=data_path, heldout=heldout)
-    return good
+    return RowsChecked(good, frozenset(sources), data_path)
 
 
 def report_bad_rows(

@@ -24,17 +24,18 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlctl.rl.reward_files import local_modules
 from rlctl.rl.reward_math import answer_text, math_boxed
 from rlctl.rl.reward_scope import ImportScope
 from rlctl.textutil import did_you_mean, home_expanded, job_relative, not_a_file, one_line, one_of
+
+if TYPE_CHECKING:
+    from rlctl.rl.dataset_scan import RowsChecked
 
 RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
@@ -155,48 +156,24 @@ def _scorer(reward: str, data_sources: set[str]) -> tuple[str, str, str] | None:
     return named.pop() if reward == "exact_match" and len(named) == 1 else None
 
 
-@dataclass(frozen=True)
-class _ScoredRows:
-    reward: str
-    data_sources: frozenset[str]
-    path: Path
-    heldout: bool
-
-
-# the files' rows `warn_builtin_scorer` was given while `builtin_scorer_said_once`: said at its end
-_rows_read: ContextVar[list[_ScoredRows] | None] = ContextVar("builtin_scorer_rows", default=None)
-
-
-def warn_builtin_scorer(reward: str, data_sources: set[str], *, path: Path, heldout: bool) -> None:
-    """Warn of `builtin_scorer_hint` for the rows of the file at `path`: now, or, while `builtin_scorer_said_once`,
-    at its end."""
-    if (read := _rows_read.get()) is not None:
-        read.append(_ScoredRows(reward, frozenset(data_sources), path, heldout))
-    elif (hint := builtin_scorer_hint(reward, data_sources, heldout=heldout)) is not None:
-        log.warning("%s", hint)
-
-
-@contextmanager
-def builtin_scorer_said_once() -> Iterator[None]:
-    """Inside (`rlctl check` and the launch's preflight, which read the training and the held-out file), the files'
-    `builtin_scorer_hint` is said at the end, in one line naming both files where the training file's and the
-    held-out file's rows are the same built-in's, versus the same warning twice, once per file."""
-    token = _rows_read.set([])
-    try:
-        yield
-        read = _rows_read.get() or []
-    finally:
-        _rows_read.reset(token)
-    train, held = [r for r in read if not r.heldout], [r for r in read if r.heldout]
-    if len(train) == len(held) == 1 and (t := train[0]).reward == (h := held[0]).reward:
-        scorer = _scorer(t.reward, set(t.data_sources))
-        if scorer is not None and scorer == _scorer(h.reward, set(h.data_sources)):
-            hint = builtin_scorer_hint(t.reward, set(t.data_sources | h.data_sources), files=(t.path, h.path))
-            log.warning("%s", hint)
-            return
-    for r in read:
-        if (hint := builtin_scorer_hint(r.reward, set(r.data_sources), heldout=r.heldout)) is not None:
-            log.warning("%s", hint)
+def builtin_scorer_hints(reward: str, *, train: RowsChecked | None, heldout: RowsChecked | None) -> list[str]:
+    """`builtin_scorer_hint` of the rows `rlctl check` and the launch's preflight read (`check_rows`: the training
+    file's, the held-out file's, where read), in the order read (the held-out file's first): one line naming both
+    files where both files' rows are the same built-in's, versus the same warning twice, once per file."""
+    if (
+        train is not None
+        and heldout is not None
+        and _scorer(reward, set(train.data_sources)) == _scorer(reward, set(heldout.data_sources))
+    ):
+        both = set(train.data_sources | heldout.data_sources)  # (neither's a built-in's: nor are both)
+        hint = builtin_scorer_hint(reward, both, files=(train.path, heldout.path))
+        return [] if hint is None else [hint]
+    hints = [
+        builtin_scorer_hint(reward, set(rows.data_sources), heldout=held)
+        for rows, held in ((heldout, True), (train, False))
+        if rows is not None
+    ]
+    return [hint for hint in hints if hint is not None]
 
 
 # ── loading ───────────────────────────────────────────────────────────────────────────────────────

@@ -22,6 +22,7 @@ against its cluster: `check --reach`).
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,11 @@ from rlctl.ops.preflight.sites import (
 )
 from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
-from rlctl.rl.reward import builtin_scorer_said_once
+from rlctl.rl.dataset_scan import RowsChecked
+from rlctl.rl.reward import builtin_scorer_hints
 from rlctl.tracking import check_tracking
+
+log = logging.getLogger(__name__)
 
 
 def _missing(module: str) -> bool:
@@ -78,11 +82,6 @@ def _missing(module: str) -> bool:
 def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
     launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way."""
-    with builtin_scorer_said_once():  # (the training and the held-out file's rows a built-in scores: one warning)
-        return _problems(job, plan=plan)
-
-
-def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
     spec = job.spec
     out: list[Problem] = []
     if spec.model.kind == "arch":
@@ -186,15 +185,17 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
         out.append(
             Problem("transport.kind", "'ucx' needs the ucxx package, which is not installed", "pip install rlctl[ucx]")
         )
+    heldout_rows: RowsChecked | None = None  # (the held-out file's and the task's rows as read: `builtin_scorer_hints`)
     if spec.evaluation.heldout_prompts:
-        out += evaluation_problems(job)
+        found, heldout_rows = evaluation_problems(job)
+        out += found
     else:
         out += [
             Problem(f"evaluation.{name}", "read only when evaluation.heldout_prompts > 0; set it, or leave it out")
             for name, value in (("path", spec.evaluation.path), ("every_iterations", spec.evaluation.every_iterations))
             if value
         ]
-    task = spec.task
+    task, task_rows = spec.task, None
     if isinstance(task, DatasetTask):
         if spec.model.kind != "hf":
             out.append(
@@ -205,7 +206,10 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
                 Problem("rollout.dispatch", "'oracle' needs the true output lengths, which a dataset does not have")
             )
         model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
-        out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
+        try:
+            task_rows = check_task(task, job_file=job.path, model_dir=model_dir)
+        except ConfigError as e:
+            out.append(_problem("task", e))
     if spec.warmup.sft_steps and (isinstance(task, DatasetTask) or spec.model.kind == "hf"):
         out.append(
             Problem(
@@ -229,6 +233,9 @@ def _problems(job: Job, *, plan: dict[str, Any] | None) -> list[Problem]:
         out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += placement_problems(job, plan)
     out = _one_no_template(out)
+    if isinstance(task, DatasetTask):  # said after every check (in one line where both files are one built-in's)
+        for hint in builtin_scorer_hints(task.reward, train=task_rows, heldout=heldout_rows):
+            log.warning("%s", hint)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above
 
 
@@ -253,12 +260,17 @@ def _one_no_template(found: list[Problem]) -> list[Problem]:
 
 
 def _raised(field: str, check: Callable[[], None]) -> list[Problem]:
-    """A check that raises ConfigError, as a Problem (its message already names the file and field)."""
+    """A check that raises ConfigError, as a Problem (`_problem`)."""
     try:
         check()
     except ConfigError as e:
-        return [Problem(e.field or field, str(e).removeprefix(f"{e.file}: ").removeprefix(f"{e.field}: "), e.hint)]
+        return [_problem(field, e)]
     return []
+
+
+def _problem(field: str, e: ConfigError) -> Problem:
+    """A check's ConfigError as a Problem of its field, else `field` (its message already names the file and field)."""
+    return Problem(e.field or field, str(e).removeprefix(f"{e.file}: ").removeprefix(f"{e.field}: "), e.hint)
 
 
 def preflight(job: Job, *, plan: dict[str, Any] | None = None) -> None:

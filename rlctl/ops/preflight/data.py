@@ -19,6 +19,7 @@ from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.ops.preflight.base import Problem
 from rlctl.planner.context import context_refusal, dataset_request, model_positions
+from rlctl.rl.dataset_scan import RowsChecked
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE, VOCAB_SIZE
 from rlctl.rl.tasks import DigitsTask as Digits
@@ -164,10 +165,12 @@ def window_problems(job: Job) -> list[Problem]:
     return [Problem("task.max_output_tokens", f"{binds}, and the job's context is {said}; use {valid}, {instead}")]
 
 
-def evaluation_problems(job: Job) -> list[Problem]:
+def evaluation_problems(job: Job) -> tuple[list[Problem], RowsChecked | None]:
     """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
-    read it), and reads the final checkpoint where launch runs (rlctl.ops.evaluation)."""
+    read it: its rows as read, where they were), and reads the final checkpoint where launch runs
+    (rlctl.ops.evaluation)."""
     spec, out, task = job.spec, [], job.spec.task
+    read: RowsChecked | None = None
     if isinstance(task, DatasetTask):
         path = spec.evaluation.path
         if path is None:
@@ -177,7 +180,8 @@ def evaluation_problems(job: Job) -> list[Problem]:
         else:
             _same_as_training(job, task, path)
             if isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
-                out += _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
+                found, read = _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
+                out += found
     elif spec.task.kind != "digits":
         out.append(
             Problem(
@@ -203,7 +207,7 @@ def evaluation_problems(job: Job) -> list[Problem]:
                 "use 0, or a trainer site on this machine",
             )
         )
-    return out
+    return out, read
 
 
 def _same_as_training(job: Job, task: DatasetTask, path: str) -> None:
@@ -236,9 +240,9 @@ def _same_bytes(a: Path, b: Path) -> bool:
         return False
 
 
-def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
+def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> tuple[list[Problem], RowsChecked | None]:
     """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
-    rows as `heldout_prompts` asks for."""
+    rows as `heldout_prompts` asks for; the rows as read (None where they could not be)."""
     from rlctl.rl.dataset_rows import NoChatTemplate
     from rlctl.rl.dataset_scan import check_rows
     from rlctl.rl.tokenizer import load_tokenizer
@@ -247,27 +251,25 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
     try:
         tokenizer = load_tokenizer(model_dir)
     except ConfigError as e:  # the model directory's, as check_task says it (one line, not one per file read)
-        return [Problem("model.path", str(e), e.hint)]
+        return [Problem("model.path", str(e), e.hint)], None
     try:
-        good = check_rows(held, data_path=data, tokenizer=tokenizer, heldout=True)
+        read = check_rows(held, data_path=data, tokenizer=tokenizer, heldout=True)
     except NoChatTemplate as e:  # the model's to fix, or the prompts' form (as check_task says it)
-        return [Problem("model.path", f"{e.file}: {e.detail}", e.hint)]
+        return [Problem("model.path", f"{e.file}: {e.detail}", e.hint)], None
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
-        return [Problem("evaluation.path", f"{data}: {said}", e.hint)]  # the data's own: a skip helps only some
-    asked = job.spec.evaluation.heldout_prompts
-    if asked == "all":
-        if good <= MAX_PROMPTS_PER_ITERATION:
-            return []
+        return [Problem("evaluation.path", f"{data}: {said}", e.hint)], None  # the data's own: a skip helps only some
+    asked, good = job.spec.evaluation.heldout_prompts, read.good
+    if asked == "all" and good > MAX_PROMPTS_PER_ITERATION:
         return [
             Problem(
                 "evaluation.heldout_prompts",
                 f"'all' asked, but {data} has {good} usable rows, more than the {MAX_PROMPTS_PER_ITERATION} evaluated "
                 f"at most; give a number ≤ {MAX_PROMPTS_PER_ITERATION}, or a smaller file",
             )
-        ]
-    if good < asked:
+        ], read
+    if asked != "all" and good < asked:
         return [
             Problem("evaluation.heldout_prompts", f"{asked} asked, but {data} has {good} usable rows; use ≤ {good}")
-        ]
-    return []
+        ], read
+    return [], read

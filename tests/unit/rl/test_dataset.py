@@ -256,7 +256,7 @@ def test_a_launch_s_check_and_prepare_read_and_tokenize_its_rows_once(
         real = getattr(tok, name)
         monkeypatch.setattr(tok, name, lambda *a, _real=real, **k: calls.append("tokenized") or _real(*a, **k))
     with keeping_rows():
-        assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
+        assert check_rows(cfg, data_path=path, tokenizer=tok).good == 2
     read = len(calls)
     assert read >= 2
     caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
@@ -384,7 +384,7 @@ def test_a_heldout_file_whose_rows_lack_the_data_source_or_extra_info_key_takes_
     without it does."""
     held = write_jsonl(tmp_path / "held.jsonl", [{"prompt": "hello", "ground_truth": "a"}])
     cfg = task(path=held.name, data_source_key="source", extra_info_key="meta")
-    assert check_rows(cfg, data_path=held, tokenizer=tok, heldout=True) == 1
+    assert check_rows(cfg, data_path=held, tokenizer=tok, heldout=True).good == 1
     got = prepare_dataset(cfg, data_path=held, tokenizer=tok, out_dir=tmp_path / "h", heldout=True).prompt(0)
     assert (got.data_source, got.extra_info) == ("held", None)
     with pytest.raises(ConfigError, match="no row has 'source'"):  # (a training file's: a typo)
@@ -783,7 +783,7 @@ def test_the_check_before_a_launch_says_the_rows_it_will_skip_in_one_line(
     # a launch with `bad_rows: skip` logged every skipped row twice: its check's read, then its prepare's
     caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
     path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0), {"ground_truth": "3"}, "not json"])
-    assert check_rows(task(bad_rows="skip"), data_path=path, tokenizer=tok) == 1
+    assert check_rows(task(bad_rows="skip"), data_path=path, tokenizer=tok).good == 1
     assert [r.getMessage() for r in caplog.records] == [
         f"dataset {path}: 2 of 3 rows will be skipped (task.bad_rows: skip); the first: line 2: prompt: missing"
     ]

@@ -197,7 +197,7 @@ def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_w
     ]
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset_scan")
-    assert check_rows(task(reward="r.py:f"), data_path=path, tokenizer=tok) == 5
+    assert check_rows(task(reward="r.py:f"), data_path=path, tokenizer=tok).good == 5
     assert [r.getMessage() for r in caplog.records] == [
         f"dataset {path}: 2 of 5 rows have reward_model.style 'model' (verl scores them with a reward model); rlctl "
         "runs none: task.reward 'r.py:f' scores them",
@@ -208,7 +208,7 @@ def test_verl_shapes_rlctl_does_not_train_are_warned_of_at_check_one_line_each_w
     ]
     caplog.clear()
     plain = write_jsonl(tmp_path / "plain.jsonl", rows[2:3])
-    assert check_rows(task(), data_path=plain, tokenizer=tok) == 1
+    assert check_rows(task(), data_path=plain, tokenizer=tok).good == 1
     assert caplog.records == []
 
 

@@ -85,7 +85,7 @@ def test_a_files_numeric_ground_truths_score_through_the_prepared_rows(
     rows = [{"prompt": f"question {i}", "ground_truth": a} for i, a in enumerate(answers)]
     path = write_jsonl(tmp_path / "t.jsonl", rows) if fmt == "jsonl" else write_parquet(tmp_path / "t.parquet", rows)
     cfg = task(path=path.name, reward=reward, shuffle=False)
-    assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
+    assert check_rows(cfg, data_path=path, tokenizer=tok).good == 2
     data = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     with RewardPool(reward, base_dir=tmp_path, workers=0) as pool:
         for i, output in enumerate(outputs):
@@ -115,10 +115,10 @@ def test_a_ground_truth_the_builtin_cannot_read_is_a_bad_row_naming_the_field(
     )
     _refused_by_check_and_prepare(tmp_path, tok, task(path=path.name, reward=reward), said)
     skip = task(path=path.name, reward=reward, bad_rows="skip")
-    assert check_rows(skip, data_path=path, tokenizer=tok) == 1
+    assert check_rows(skip, data_path=path, tokenizer=tok).good == 1
     assert len(prepare_dataset(skip, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")) == 1
     if isinstance(bad, list):  # exact_match takes a list (any of the answers): no bad row for it
-        assert check_rows(task(path=path.name), data_path=path, tokenizer=tok) == 2
+        assert check_rows(task(path=path.name), data_path=path, tokenizer=tok).good == 2
 
 
 @pytest.mark.parametrize(
@@ -162,8 +162,10 @@ def test_a_ground_truth_exact_match_cannot_read_is_a_bad_row_naming_the_field(
         "output with it as text)"
     )
     _refused_by_check_and_prepare(tmp_path, tok, task(path=path.name), said)  # (exact_match: the default)
-    assert check_rows(task(path=path.name, bad_rows="skip"), data_path=path, tokenizer=tok) == 1
-    assert check_rows(task(path=path.name, reward="digits"), data_path=path, tokenizer=tok) == 2  # (its own reading)
+    assert check_rows(task(path=path.name, bad_rows="skip"), data_path=path, tokenizer=tok).good == 1
+    assert (
+        check_rows(task(path=path.name, reward="digits"), data_path=path, tokenizer=tok).good == 2
+    )  # (its own reading)
 
 
 def _bad_second_row(tmp_path: Path, good: object, bad: object) -> Path:

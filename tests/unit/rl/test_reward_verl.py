@@ -12,8 +12,8 @@ import pytest
 
 from rlctl.config.task import DatasetTask
 from rlctl.rl import dataset_scan
-from rlctl.rl.dataset_scan import check_rows, keeping_rows
-from rlctl.rl.reward import ERROR_CHARS, RewardResult, call_reward, gsm8k, load_reward
+from rlctl.rl.dataset_scan import RowsChecked, check_rows, keeping_rows
+from rlctl.rl.reward import ERROR_CHARS, RewardResult, builtin_scorer_hints, call_reward, gsm8k, load_reward
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tokenizer import load_tokenizer
@@ -145,19 +145,18 @@ def test_the_gsm8k_builtin_scores_as_verls_gsm8k_scorer(output: str, ground_trut
 
 
 def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_reward_is_exact_match(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
 ) -> None:
     # verl's GSM8K parquet with the default reward: every output ending '#### 72' scored 0, and check said nothing
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     rows = [{"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}] * 2
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl"})  # (exact_match: the default)
     for kept in (False, True):  # `rlctl check`'s, and a launch's preflight's
-        caplog.clear()
         with keeping_rows() if kept else contextlib.nullcontext():
-            assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
-        assert [r.getMessage() for r in caplog.records] == [
+            read = check_rows(cfg, data_path=path, tokenizer=tok)
+        assert read == RowsChecked(2, frozenset({"openai/gsm8k"}), path)
+        assert builtin_scorer_hints(cfg.reward, train=read, heldout=None) == [
             "task.reward: exact_match compares the whole output with the ground truth, and every row's data_source "
             "is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K "
             "scorer): an output that is not the bare answer scores 0; set reward: gsm8k"
@@ -170,36 +169,33 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
     ]
     for reward, these in quiet:  # the built-in itself, a reward of the user's, rows of other data too: nothing said
         write_jsonl(path, these)
-        caplog.clear()
         cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": reward})
-        check_rows(cfg, data_path=path, tokenizer=tok)
-        assert caplog.records == []
+        read = check_rows(cfg, data_path=path, tokenizer=tok)
+        assert builtin_scorer_hints(reward, train=read, heldout=None) == []
 
 
 def test_check_warns_where_every_held_out_row_is_a_dataset_a_builtin_scores_and_the_reward_is_exact_match(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
 ) -> None:
     # the held-out evaluation scores its rows with task.reward too: a held-out file of GSM8K rows read 0 in every
     # evaluation, and check said nothing (its training file of other rows, or mixed ones, said nothing either)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     gsm = {"data_source": "openai/gsm8k", "prompt": "what is 1 + 2 ?", "ground_truth": "3"}
     train = write_jsonl(tmp_path / "train.jsonl", [gsm, {**gsm, "data_source": "mine"}])
     held = write_jsonl(tmp_path / "held.jsonl", [gsm] * 2)
     cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl"})
-    assert check_rows(cfg, data_path=train, tokenizer=tok) == 2
-    assert caplog.records == []
-    assert check_rows(heldout_task(cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True) == 2
-    assert [r.getMessage() for r in caplog.records] == [
+    trained = check_rows(cfg, data_path=train, tokenizer=tok)
+    assert trained == RowsChecked(2, frozenset({"openai/gsm8k", "mine"}), train)
+    assert builtin_scorer_hints(cfg.reward, train=trained, heldout=None) == []
+    heldout = check_rows(heldout_task(cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True)
+    assert heldout == RowsChecked(2, frozenset({"openai/gsm8k"}), held)
+    assert builtin_scorer_hints(cfg.reward, train=trained, heldout=heldout) == [
         "task.reward: exact_match compares the whole output with the ground truth, and the data_source of every "
         "held-out row (evaluation.path) is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl "
         "scores them with its GSM8K scorer): an output that is not the bare answer scores 0 (the held-out figures "
         "read 0 with it); set reward: gsm8k"
     ]
-    caplog.clear()
-    gsm8k_cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", "reward": "gsm8k"})
-    assert check_rows(heldout_task(gsm8k_cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True) == 2
-    assert caplog.records == []
+    assert builtin_scorer_hints("gsm8k", train=trained, heldout=heldout) == []
 
 
 FAILING = """
