@@ -439,6 +439,9 @@ class TinyGPT(nn.Module):
             return
         self._rope_tables()
         self.apply(self._init)
+        if c.pad_token_id is not None:  # as transformers' _init_weights zeroes an nn.Embedding's padding_idx row
+            # (after every module's init: a tied lm_head's, visited after the embedding, draws the same tensor again)
+            nn.init.zeros_(self.model.embed_tokens.weight[c.pad_token_id])
 
     def _rope_tables(self) -> None:
         """cos and sin of position·θ^(-2i/d) over the `rotary_dim` dimensions RoPE turns (each frequency scaled as

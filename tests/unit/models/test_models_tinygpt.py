@@ -328,3 +328,22 @@ def test_an_empty_model_makes_each_weight_once_in_its_dtype(tied: bool) -> None:
     built = TinyGPT(cfg).to(torch.bfloat16)
     assert model.rope_cos.dtype == torch.bfloat16 and torch.equal(model.rope_cos, built.rope_cos)
     assert torch.equal(model.rope_sin_signed, built.rope_sin_signed)
+
+
+@pytest.mark.parametrize(("pad", "tied"), [(0, False), (5, True), (None, False)])
+def test_the_pad_tokens_embedding_row_is_zero_after_init_as_transformers_makes_it(
+    pad: int | None, tied: bool, tmp_path: Path
+) -> None:
+    """transformers' _init_weights zeroes an nn.Embedding's padding_idx row (the pad token's: a tied lm_head's row
+    with it); TinyGPT left it drawn, as every other row."""
+    transformers = pytest.importorskip("transformers")
+    c = dataclasses.replace(small_config(), pad_token_id=pad, tie_word_embeddings=tied)
+    (tmp_path / "config.json").write_text(json.dumps(c.to_hf()))
+    theirs = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+
+    def zero_rows(m: torch.nn.Module) -> list[list[int]]:
+        weights = (m.model.embed_tokens.weight, m.lm_head.weight)
+        return [(w.detach() == 0).all(dim=1).nonzero().flatten().tolist() for w in weights]
+
+    assert zero_rows(theirs) == [[] if pad is None else [pad], [pad] if tied and pad is not None else []]
+    assert zero_rows(TinyGPT(c)) == zero_rows(theirs)
