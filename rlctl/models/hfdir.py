@@ -1,5 +1,6 @@
 """An HF checkpoint directory as a whole: writing one (`write_pretrained`: weights, config.json, the tokenizer files
-`copy_tokenizer_files` carries) and checking one without loading a tensor (`check_hf_dir`, what `rlctl check` runs).
+`copy_tokenizer_files` carries) and checking one without loading a tensor (`check_hf_dir`, what `rlctl check` runs), but
+a tied model's lm_head and embedding where the files hold both (`tied_head_refusal`).
 
     <dir>/config.json                   HF keys (`rlctl.models.hf`: anything the model would compute otherwise, refused)
     <dir>/model.safetensors, …          the weights (`rlctl.models.weightfiles`), named as `rlctl.models.hfnames` says
@@ -163,3 +164,19 @@ def _check_hf_dir(d: Path, name: str | None) -> HfModelInfo:
     match_weights(shapes, config, where=str(d))
     tokenizer = [n for n in TOKENIZER_FILES if (d / n).is_file()]
     return HfModelInfo(d, config, config.arch(name or d.resolve().name), files, tokenizer)
+
+
+def tied_head_refusal(directory: str | Path) -> str | None:
+    """Why a model of tie_word_embeddings: true cannot load the checkpoint in `directory`, the line the loader refuses
+    it in at launch (`tensors.check_tied`, said as `TinyGPT.from_pretrained` says it): its files hold an lm_head.weight
+    other than its model.embed_tokens.weight. Those two tensors are read (`tensors.check_tied_files`), where the
+    config ties them and the files hold an lm_head; None where nothing is wrong, or the model is not tied."""
+    if not read_config(directory).tie_word_embeddings:
+        return None
+    from rlctl.models.tensors import CheckpointTensors, DoesNotFit, check_tied_files
+
+    try:
+        check_tied_files(CheckpointTensors(directory))
+    except DoesNotFit as e:
+        return f"{directory}: {e}"
+    return None

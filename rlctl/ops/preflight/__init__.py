@@ -49,6 +49,7 @@ from rlctl.ops.preflight.data import (
     dynamic_sampling_problems,
     evaluation_problems,
     overlong_problems,
+    tied_head_problems,
     weight_manifest_problems,
     window_problems,
 )
@@ -221,6 +222,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += unread_field_problems(job)
     warn_past_the_end(job)
     out += weight_manifest_problems(job)
+    out += tied_head_problems(job)
     out += digits_vocab_problems(job)
     out += context_problems(job) or window_problems(job)  # (a context past the model's own is past its window)
     out += rollout_memory_problems(job)

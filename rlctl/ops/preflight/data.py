@@ -1,6 +1,6 @@
 """Preflight of what the job feeds the runtime: the model's context (and a Mistral sliding window) against the longest
-request the task sends, the digits task's bounds and prompt numbering, the weight manifest's chunks, and the held-out
-evaluation's file and rows.
+request the task sends, a tied model's lm_head against its embedding, the digits task's bounds and prompt numbering,
+the weight manifest's chunks, and the held-out evaluation's file and rows.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rlctl.config.task import DatasetTask, DigitsTask
 from rlctl.errors import ConfigError
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
+from rlctl.models.hfdir import tied_head_refusal
 from rlctl.ops.preflight.base import Problem
 from rlctl.planner.context import context_refusal, dataset_request, model_positions
 from rlctl.rl.dataset_scan import RowsChecked
@@ -47,6 +48,15 @@ def weight_manifest_problems(job: Job) -> list[Problem]:
             f"take of a message header; use at least {manifest.least_chunk_bytes(weights)}",
         )
     ]
+
+
+def tied_head_problems(job: Job) -> list[Problem]:
+    """A tied model's checkpoint whose lm_head.weight is not its embedding, refused in the line the loader refuses it
+    in at launch (`hfdir.tied_head_refusal`: those two tensors read, where every other check reads the headers)."""
+    model = job.spec.model
+    if not isinstance(model, HfModel) or (why := tied_head_refusal(model.path)) is None:
+        return []
+    return [Problem("model.path", why)]
 
 
 def overlong_problems(job: Job) -> list[Problem]:
