@@ -370,20 +370,22 @@ def extra_figures(value: dict[Any, Any]) -> tuple[dict[str, float], dict[str, st
     """The keys of a dict return beside 'score' that are figures (verl's reward_extra_info), and those left out with
     why: a key is a name of letters, digits and `_` of at most EXTRA_NAME_CHARS (it becomes a tracker's series
     reward_extra/<key>: a '/' nested W&B's panels, a space or a 5000-character key broke a Prometheus or TensorBoard
-    name), its value a finite number (a bool is one, as verl's 'acc' often is)."""
+    name), its value a finite number (a bool is one, as verl's 'acc' often is). Of those left out the first
+    DROPPED_KEYS are said, the others passed over (each value's repr was made, then thrown away)."""
     kept: dict[str, float] = {}
     dropped: dict[str, str] = {}
     for k, v in value.items():
         if k == "score":
             continue
-        if not isinstance(k, str) or not EXTRA_NAME.fullmatch(k):
-            why = f"a key is a name of letters, digits and _, at most {EXTRA_NAME_CHARS} characters"
-        elif not _real(v):
-            why = f"its value is no finite number ({_line(f'{v!r:.40}')})"
-        else:
+        named = isinstance(k, str) and EXTRA_NAME.fullmatch(k) is not None
+        if named and _real(v):
             kept[k] = float(v)
-            continue
-        if len(dropped) < DROPPED_KEYS:
+        elif len(dropped) < DROPPED_KEYS:
+            why = (
+                f"its value is no finite number ({_line(f'{v!r:.40}')})"
+                if named
+                else f"a key is a name of letters, digits and _, at most {EXTRA_NAME_CHARS} characters"
+            )
             dropped[_line(f"{k!r:.80}")] = why
     return kept, dropped
 

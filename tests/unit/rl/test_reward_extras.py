@@ -11,7 +11,7 @@ import pytest
 
 from rlctl.config.task import DatasetTask
 from rlctl.rl.dataset import prepare_dataset
-from rlctl.rl.reward import DROPPED_KEYS, check_result
+from rlctl.rl.reward import DROPPED_KEYS, check_result, extra_figures
 from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.source import DatasetSource
 from rlctl.rl.tokenizer import load_tokenizer
@@ -129,3 +129,21 @@ def test_a_dict_rewards_extra_keys_are_names_and_numbers_others_left_out_said_on
 def test_a_dict_with_many_bad_keys_says_its_first_ones() -> None:
     result = check_result({"score": 0.5, **{f"k/{i}": 1.0 for i in range(1000)}}, on_error=0.0)
     assert (result.score, result.extra, len(result.dropped)) == (0.5, {}, DROPPED_KEYS)
+
+
+def test_a_dict_of_many_values_that_are_no_numbers_reprs_those_it_says_alone() -> None:
+    """Each value left out past the DROPPED_KEYS said was repr'd all the same (a scorer's 1000 debug lists: 1000
+    reprs a sample, 992 thrown away); the values kept are all kept."""
+    made: list[int] = []
+
+    class Debug:
+        def __repr__(self) -> str:
+            made.append(1)
+            return "Debug()"
+
+    value = {"score": 0.5, "acc": 1.0, **{f"debug_{i}": Debug() for i in range(1000)}, "len": 7}
+    kept, dropped = extra_figures(value)
+    assert kept == {"acc": 1.0, "len": 7.0}
+    assert list(dropped) == [f"'debug_{i}'" for i in range(DROPPED_KEYS)]
+    assert set(dropped.values()) == {"its value is no finite number (Debug())"}
+    assert len(made) == DROPPED_KEYS
