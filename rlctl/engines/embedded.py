@@ -1,6 +1,6 @@
 """EmbeddedEngine: continuous batching of TinyGPT on the model's device (the default rollout engine).
 
-It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory
+It runs the built-in demo model or any HF Llama/Qwen2/Qwen3/Qwen3MoE/Qwen2MoE/Mistral/Phi3 checkpoint directory
 (`from_pretrained`) on the CPU or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU:
 `rlctl.devices`); a row finishes on any of the model's EOS ids. Every tensor the engine computes with lives on the
 model's device; what the host sends or reads goes in one buffer each way (`to_device` for an admission, `_host_out` for
@@ -70,6 +70,7 @@ from rlctl.engines.graphs import StepGraphs
 from rlctl.engines.kvsize import MIN_WIDTH, bucket, cache_capacity
 from rlctl.engines.sampling import request_seed, sample
 from rlctl.models import rope
+from rlctl.models.hf import MOE_ARCHITECTURES
 from rlctl.models.tinygpt import KVCache, TinyGPT
 
 GroupBarrier = Literal["auto", "always", "never"]
@@ -126,10 +127,11 @@ class EmbeddedEngine(GenerationEngine):
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         if (why := rope.longrope_refusal(model.config.rope_scaling, model.context)) is not None:
             raise ValueError(f"a model built for {model.context} tokens would {why}; build it for the job's context")
-        # a Qwen3MoE's layers read on the host which experts their tokens chose (SparseMoE): no graph to capture
+        # a Qwen MoE's layers read on the host which experts their tokens chose (SparseMoE): no graph to capture
         moe = model.config.moe is not None
         if compile_step and moe:
-            raise ValueError("compile_step: a Qwen3MoE's expert routing is not one graph; leave it off")
+            name = MOE_ARCHITECTURES[model.config.architecture]
+            raise ValueError(f"compile_step: a {name}'s expert routing is not one graph; leave it off")
         self.model = model.eval()
         model.fuse_projections()  # q/k/v and gate/up as one matmul each, in the caller's model: fewer kernels a step
         self.device = model.lm_head.weight.device
@@ -200,9 +202,9 @@ class EmbeddedEngine(GenerationEngine):
         context: int | None = None,
         **kw: Any,
     ) -> EmbeddedEngine:
-        """An engine on an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory (or a saved demo model), on
-        `device` in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the model's
-        max_positions; `TinyGPT.empty`)."""
+        """An engine on an HF Llama/Qwen2/Qwen3/Qwen3MoE/Qwen2MoE/Mistral/Phi3 checkpoint directory (or a saved demo
+        model), on `device` in `dtype` (None: the checkpoint's), for requests of up to `context` tokens (None: the
+        model's max_positions; `TinyGPT.empty`)."""
         return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device, context=context), **kw)
 
     @property

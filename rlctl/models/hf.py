@@ -1,7 +1,8 @@
-"""An HF checkpoint's config.json of Llama, Qwen2, Qwen3, Qwen3MoE, Mistral and Phi3 decoders: `TinyGPTConfig`,
-validated from it (`read_config`, `TinyGPTConfig.from_hf`: anything the model would compute differently is refused)
-and written back (`TinyGPTConfig.to_hf`). The directory's other files: `rlctl.models.weightfiles` (the weight files),
-`rlctl.models.hfnames` (the tensors' names and shapes), `rlctl.models.hfdir` (writing a directory, `check_hf_dir`).
+"""An HF checkpoint's config.json of Llama, Qwen2, Qwen3, Qwen3MoE, Qwen2MoE, Mistral and Phi3 decoders:
+`TinyGPTConfig`, validated from it (`read_config`, `TinyGPTConfig.from_hf`: anything the model would compute
+differently is refused) and written back (`TinyGPTConfig.to_hf`). The directory's other files:
+`rlctl.models.weightfiles` (the weight files), `rlctl.models.hfnames` (the tensors' names and shapes),
+`rlctl.models.hfdir` (writing a directory, `check_hf_dir`).
 
 Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o), Qwen2ForCausalLM (bias on q, k, v; none on o),
 Qwen3ForCausalLM (per-head RMSNorm of q and k before RoPE, `q_norm`/`k_norm` [head_dim]; `attention_bias` as Llama's;
@@ -12,15 +13,18 @@ runs it: `window_refusal`; `sliding_window` written back as read), Phi3ForCausal
 Mistral's, Phi-3-mini-4k's window 2047 as v0.1's, its file holding q/k/v as one `qkv_proj` and gate/up as one
 `gate_up_proj`, split on reading, fused on writing: `hfnames.fusions`), Qwen3MoeForCausalLM (Qwen3-30B-A3B, 235B-A22B:
 Qwen3's attention with routed experts in the layers `MoeConfig.sparse` names, each expert's gate/up/down a tensor of its
-own in the file, as transformers 5 writes and reads them), explicit `head_dim`, grouped-query attention, tied
+own in the file, as transformers 5 writes and reads them), Qwen2MoeForCausalLM (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B:
+Qwen2's attention, its q/k/v bias, with Qwen3MoE's routed experts and beside them a shared expert, gated: `MoeConfig`;
+`qkv_bias` false, which vLLM's ignores, refused), explicit `head_dim`, grouped-query attention, tied
 embeddings (no lm_head in the file), one or several EOS ids, RoPE with any theta, unscaled or scaled as Llama 3.1–3.3
 (`llama3`), `linear` or `yarn` (Qwen2.5/Qwen3 long context), and a Phi3's `longrope` (Phi-3-mini-128k, Phi-3.5-mini,
 Phi-4-mini) and RoPE on part of each head (`partial_rotary_factor`: Phi-4-mini's 0.75) (`rlctl.models.rope`),
 fp32/bf16/fp16 weights (the file's dtype is `torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU
-computes in fp32). Refused with one line naming the file and key: other architectures (Qwen2-MoE, its shared expert,
-among them), other RoPE scaling (dynamic, …; longrope and partial RoPE but for a Phi3), Qwen's sliding-window attention
-(`use_sliding_window`), a model built for sequences longer than a Mistral or Phi3 `sliding_window` (`window_refusal`),
-MLP bias, activations other than SiLU, quantized weights.
+computes in fp32). Refused with one line naming the file and key: other architectures, a Qwen3MoE's
+`shared_expert_intermediate_size` (vLLM's would build one, transformers' not), other RoPE scaling (dynamic, …; longrope
+and partial RoPE but for a Phi3), Qwen's sliding-window attention (`use_sliding_window`), a model built for sequences
+longer than a Mistral or Phi3 `sliding_window` (`window_refusal`), MLP bias, activations other than SiLU, quantized
+weights.
 
 Dropout (`attention_dropout`, Phi3's `resid_pdrop` and `embd_pdrop`) is read and not applied: the policy is trained
 as the engines sample from it, without dropout (its log-probs are the rollouts' behaviour log-probs). A Phi3's are
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.errors import ConfigError
 from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
-from rlctl.models.moe import MoeConfig, parse_moe
+from rlctl.models.moe import QWEN2_MOE_DEFAULTS, MoeConfig, parse_moe
 from rlctl.models.rope import PHI3_ROPE_SUPPORTED, ROPE_SUPPORTED, RopeScaling, read_rope
 from rlctl.textutil import undecodable_at
 
@@ -48,15 +52,19 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.json"
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 MISTRAL, PHI3, QWEN3_MOE = "MistralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3", QWEN3_MOE: "qwen3_moe"}
+QWEN2_MOE = "Qwen2MoeForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3", MISTRAL: "mistral", PHI3: "phi3", QWEN3_MOE: "qwen3_moe",
+               QWEN2_MOE: "qwen2_moe"}  # fmt: skip
+MOE_ARCHITECTURES = {QWEN3_MOE: "Qwen3MoE", QWEN2_MOE: "Qwen2MoE"}  # (their names in messages)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096, QWEN3_MOE: 32768}
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768, QWEN3: 32768, MISTRAL: 4096 * 32, PHI3: 4096, QWEN3_MOE: 32768,
+                         QWEN2_MOE: 32768}  # fmt: skip
 # sliding_window where config.json has no such key: MistralConfig's (v0.1's), Phi3Config's none
 _HF_DEFAULT_WINDOW = {MISTRAL: 4096, PHI3: None}
 _HF_DEFAULT_HEAD_DIM = {QWEN3: 128}  # Qwen3Config's own default: not hidden / heads
 # where config.json has no such key, its config class's own value (transformers' and vLLM's reading): LlamaConfig's
 # num_key_value_heads is num_attention_heads, the others' a number of their own; Qwen's special ids none
-_HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8, QWEN3_MOE: 4}
+_HF_DEFAULT_KV_HEADS = {QWEN2: 32, QWEN3: 32, MISTRAL: 8, QWEN3_MOE: 4, QWEN2_MOE: 16}
 _HF_DEFAULT_BOS = {LLAMA: 1, MISTRAL: 1, PHI3: 1}
 _HF_DEFAULT_EOS = {LLAMA: 2, MISTRAL: 2, PHI3: 32000}
 _HF_DEFAULT_PAD = {PHI3: 32000}
@@ -110,13 +118,16 @@ class TinyGPTConfig:
     rope_fp64_angles: bool = True
     phi3_extras: Phi3Extras | None = None  # a Phi3's keys written back as read (None: rlctl's own, `Phi3Extras`)
     partial_rotary_factor: float = 1.0  # a Phi3's: RoPE on the first `rotary_dim` dimensions of each head only
-    moe: MoeConfig | None = None  # a Qwen3MoE's experts (None there: Qwen3MoeConfig's defaults); None for the others
+    # a Qwen3MoE's or Qwen2MoE's experts (None there: its config class's defaults); None for the others
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture == QWEN3_MOE and self.moe is None:
-            self.moe = MoeConfig()
-        if self.moe is not None and self.architecture != QWEN3_MOE:
-            raise ValueError(f"moe is a {QWEN3_MOE}'s, not a {self.architecture}'s")
+        if self.architecture in MOE_ARCHITECTURES and self.moe is None:
+            self.moe = QWEN2_MOE_DEFAULTS if self.architecture == QWEN2_MOE else MoeConfig()
+        if self.moe is not None and self.architecture not in MOE_ARCHITECTURES:
+            raise ValueError(f"moe is a {' or '.join(MOE_ARCHITECTURES)}'s, not a {self.architecture}'s")
+        if self.moe is not None and bool(self.moe.shared_expert_intermediate_size) != (self.architecture == QWEN2_MOE):
+            raise ValueError(f"a shared expert is a {QWEN2_MOE}'s (shared_expert_intermediate_size > 0), none other's")
         if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads (or give explicit_head_dim)")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -157,7 +168,7 @@ class TinyGPTConfig:
 
     @property
     def qkv_bias(self) -> bool:
-        return self.attention_bias or self.architecture == QWEN2
+        return self.attention_bias or self.architecture in (QWEN2, QWEN2_MOE)
 
     @property
     def qk_norm(self) -> bool:
@@ -165,7 +176,7 @@ class TinyGPTConfig:
         return self.architecture in (QWEN3, QWEN3_MOE)
 
     def sparse_layer(self, layer: int) -> bool:
-        """Layer `layer`'s MLP is a Qwen3MoE's experts (`MoeConfig.sparse`), not a dense one."""
+        """Layer `layer`'s MLP is a Qwen MoE's experts (`MoeConfig.sparse`), not a dense one."""
         return self.moe is not None and self.moe.sparse(layer)
 
     @property
@@ -180,7 +191,7 @@ class TinyGPTConfig:
         for key in ("architecture", "explicit_head_dim", "rope_fp64_angles", "rope_scaling", "sliding_window",
                     "phi3_extras", "partial_rotary_factor", "moe"):  # fmt: skip
             del d[key]
-        if self.architecture in (QWEN2, MISTRAL, PHI3):  # no such key: their bias is fixed
+        if self.architecture in (QWEN2, MISTRAL, PHI3, QWEN2_MOE):  # no such key: their bias is fixed
             del d["attention_bias"]
         return {
             "architectures": [self.architecture],
@@ -190,7 +201,9 @@ class TinyGPTConfig:
             "head_dim": self.head_dim,
             **d,
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling is not None else {}),
-            **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
+            **(
+                {"use_sliding_window": False, "sliding_window": None} if self.architecture in (QWEN2, QWEN2_MOE) else {}
+            ),
             # (a Mistral's null written as null: absent, MistralConfig reads 4096)
             **({"sliding_window": self.sliding_window} if self.architecture == MISTRAL else {}),
             **(_phi3_keys(self) if self.architecture == PHI3 else {}),
@@ -205,8 +218,9 @@ class TinyGPTConfig:
         return _parse_config(d, file)
 
     def num_params(self, *, active: bool = False) -> int:
-        """Every parameter, or (`active`) those a token computes with: a sparse layer's router and its top
-        `num_experts_per_tok` experts of `num_experts` (memory holds them all; a token's FLOPs are the active ones')."""
+        """Every parameter, or (`active`) those a token computes with: a sparse layer's router, its top
+        `num_experts_per_tok` experts of `num_experts` and a Qwen2MoE's shared expert and its gate (memory holds them
+        all; a token's FLOPs are the active ones')."""
         h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         per_layer = 2 * h * q + 2 * h * kv + 2 * h
@@ -217,6 +231,8 @@ class TinyGPTConfig:
             if self.moe is not None and self.moe.sparse(layer):
                 experts = self.moe.num_experts_per_tok if active else self.moe.num_experts
                 mlps += self.moe.num_experts * h + experts * 3 * h * self.moe.moe_intermediate_size
+                shared = self.moe.shared_expert_intermediate_size
+                mlps += 3 * h * shared + h if shared else 0
             else:
                 mlps += 3 * h * i
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
@@ -402,7 +418,9 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         said = "" if "pad_token_id" in d else f" ({arch.removesuffix('ForCausalLM')}Config's default where it has none)"
         row = f"is not a row of the embedding (vocab_size {vocab}); give an id below it, or null"
         raise bad("pad_token_id", f"{pad}{said} {row}")
-    moe = parse_moe(d, bad, num) if arch == QWEN3_MOE else None
+    moe = parse_moe(d, bad, num, shared=arch == QWEN2_MOE) if arch in MOE_ARCHITECTURES else None
+    if arch == QWEN2_MOE and d.get("qkv_bias", True) is not True:  # (vLLM's Qwen2MoeAttention: a bias whatever it says)
+        raise bad("qkv_bias", f"{d['qkv_bias']!r} is not supported; supported: true (Qwen2MoeConfig's and vLLM's)")
     return TinyGPTConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -441,8 +459,9 @@ def _heads(
 ) -> tuple[int, int | None]:
     """`num_key_value_heads` and `head_dim` (None: hidden / heads) as the architecture's config class reads them where
     config.json leaves them out (or gives num_key_value_heads null: num_attention_heads, but for MistralConfig, which
-    refuses it); ConfigError (`bad`) where they do not fit `heads` and `hidden`."""
-    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and arch != MISTRAL:
+    refuses it, and Qwen2MoeConfig, whose model cannot be built from it); ConfigError (`bad`) where they do not fit
+    `heads` and `hidden`."""
+    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and arch not in (MISTRAL, QWEN2_MOE):
         kv_heads = heads
     else:
         kv_heads = num("num_key_value_heads", _HF_DEFAULT_KV_HEADS.get(arch, heads))

@@ -37,6 +37,10 @@ def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
             for e in range(c.moe.num_experts):
                 x = f"{p}mlp.experts.{e}."
                 out |= {f"{x}gate_proj.weight": (m, h), f"{x}up_proj.weight": (m, h), f"{x}down_proj.weight": (h, m)}
+            if s := c.moe.shared_expert_intermediate_size:  # a Qwen2MoE's
+                x = f"{p}mlp.shared_expert."
+                out |= {f"{x}gate_proj.weight": (s, h), f"{x}up_proj.weight": (s, h), f"{x}down_proj.weight": (h, s)}
+                out[f"{p}mlp.shared_expert_gate.weight"] = (1, h)
         else:
             out |= {
                 f"{p}mlp.gate_proj.weight": (i, h),

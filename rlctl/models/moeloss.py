@@ -1,6 +1,6 @@
-"""A Qwen3MoE's load-balancing loss, the auxiliary loss its router trains with where its config.json sets
+"""A Qwen3MoE's or Qwen2MoE's load-balancing loss, the auxiliary loss its router trains with where its config.json sets
 `output_router_logits` (transformers' `load_balancing_loss_func`, Switch Transformer's eqs. 4–6), over one forward
-pass's real tokens:
+pass's real tokens (of the routers' logits: a Qwen2MoE's shared expert, which every token runs, takes no part):
 
     f_e = (top-k choices of expert e) / (L · T)      over the L sparse layers and the T real tokens (not gradient)
     P_e = (Σ softmax probability of e)  / (L · T)    the router's, with its gradient
@@ -22,9 +22,10 @@ from rlctl.models.tinygpt import TinyGPT
 
 
 def balanced(model: nn.Module) -> MoeConfig | None:
-    """The MoE config of `model` where its loss takes the load-balancing term: a TinyGPT Qwen3MoE (sharded by FSDP2 or
-    with LoRA adapters alike) whose config.json says `output_router_logits` true, as Qwen3MoeForCausalLM adds it to
-    the loss; None otherwise (a dense model, `output_router_logits` false, Qwen3MoeConfig's default)."""
+    """The MoE config of `model` where its loss takes the load-balancing term: a TinyGPT Qwen3MoE or Qwen2MoE (sharded
+    by FSDP2 or with LoRA adapters alike) whose config.json says `output_router_logits` true, as Qwen3MoeForCausalLM
+    and Qwen2MoeForCausalLM add it to the loss; None otherwise (a dense model, `output_router_logits` false, their
+    config classes' default)."""
     moe = model.config.moe if isinstance(model, TinyGPT) else None
     return moe if moe is not None and moe.output_router_logits and moe.num_experts > 0 else None
 

@@ -1,12 +1,12 @@
-"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 decoder in
-HF format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2/Qwen3/Qwen3MoE/Qwen2MoE/Mistral/Phi3
+decoder in HF format.
 
 Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` /
 `MistralForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o
 bias for Llama and Qwen3, none for Mistral, Qwen3's per-head q/k RMSNorm before RoPE, explicit head_dim, tied
-embeddings; Qwen3MoE's routed experts, `SparseMoE`), so a saved directory is an ordinary HF checkpoint and an HF
-checkpoint of those architectures loads (`hfdir` owns the directory, `hf` what is refused). The built-in demo model
-is `TinyGPT()` (Llama, fp32, no biases).
+embeddings; Qwen3MoE's routed experts, and Qwen2MoE's beside a gated shared expert: `SparseMoE`), so a saved
+directory is an ordinary HF checkpoint and an HF checkpoint of those architectures loads (`hfdir` owns the
+directory, `hf` what is refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
@@ -321,10 +321,12 @@ class MLP(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """A Qwen3MoE layer's MLP (`hf.MoeConfig`): router `gate`, then each token through its top-k `experts` (SwiGLU
-    MLPs, the file's per-expert names), their outputs summed weighted by the router's softmax over the top k (in fp32,
-    renormalised where norm_topk_prob), as Qwen3MoeSparseMoeBlock computes it: expert by expert in index order, each
-    adding its tokens' weighted outputs in place (index_add_), so the sums are transformers' own.
+    """A Qwen3MoE or Qwen2MoE layer's MLP (`hf.MoeConfig`): router `gate`, then each token through its top-k `experts`
+    (SwiGLU MLPs, the file's per-expert names), their outputs summed weighted by the router's softmax over the top k (in
+    fp32, renormalised where norm_topk_prob), as Qwen3MoeSparseMoeBlock computes it: expert by expert in index order,
+    each adding its tokens' weighted outputs in place (index_add_), so the sums are transformers' own. A Qwen2MoE's
+    `shared_expert` (every token's) is added to that sum times sigmoid(`shared_expert_gate`(x)), as
+    Qwen2MoeSparseMoeBlock adds it.
 
     With gradients wanted (of any of its parameters: LoRA's adapters on the experts beside a frozen router too) every
     expert runs, one without tokens on none: each expert's gradient is then a tensor (zeros where no token chose it, as
@@ -337,16 +339,22 @@ class SparseMoE(nn.Module):
         self.top_k, self.norm_topk_prob = c.moe.num_experts_per_tok, c.moe.norm_topk_prob
         self.gate = nn.Linear(c.hidden_size, c.moe.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(c, c.moe.moe_intermediate_size) for _ in range(c.moe.num_experts))
+        shared = c.moe.shared_expert_intermediate_size  # (after the experts: transformers' order of the tensors)
+        self.shared_expert = MLP(c, shared) if shared else None
+        self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False) if shared else None
+
+    def _mlps(self) -> list[MLP]:
+        return [cast(MLP, e) for e in self.experts] + ([self.shared_expert] if self.shared_expert is not None else [])
 
     def fuse(self) -> bool:
         moved = False
-        for e in self.experts:
-            moved |= cast(MLP, e).fuse()
+        for e in self._mlps():
+            moved |= e.fuse()
         return moved
 
     def unfuse(self) -> None:
-        for e in self.experts:
-            cast(MLP, e).unfuse()
+        for e in self._mlps():
+            e.unfuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.route(x)[0]
@@ -370,6 +378,8 @@ class SparseMoE(nn.Module):
             rank, token = torch.where(mask[e])
             y = self.experts[e](x[token]) * weights[token, rank, None]
             out.index_add_(0, token, y.to(out.dtype))
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(shape), logits
 
 
@@ -679,10 +689,10 @@ class TinyGPT(nn.Module):
         device: str | torch.device = "cpu",
         context: int | None = None,
     ) -> TinyGPT:
-        """Load an HF Llama/Qwen2/Qwen3/Qwen3MoE/Mistral/Phi3 checkpoint directory in `dtype` (None: the checkpoint's
-        own) on `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see `empty`);
-        ConfigError for what is not supported. The weights are never initialised first (the model is made on the meta
-        device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
+        """Load an HF Llama/Qwen2/Qwen3/Qwen3MoE/Qwen2MoE/Mistral/Phi3 checkpoint directory in `dtype` (None: the
+        checkpoint's own) on `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see
+        `empty`); ConfigError for what is not supported. The weights are never initialised first (the model is made on
+        the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
         d = Path(directory)
         config = hf.read_config(d)
         held = config.max_positions if context is None else min(context, config.max_positions)

@@ -125,7 +125,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "pad_token_id": None,  # (transformers' embedding leaves its row untrained: padding_idx)
     },
 }
-# Qwen3MoE (Qwen3-30B-A3B's architecture, its file holding each expert's gate/up/down apart, as transformers 5 writes):
+# Qwen3MoE (Qwen3-30B-A3B's architecture, its file holding each expert's gate/up/down apart, as transformers 5 writes)
+# and Qwen2MoE:
 # apart from VARIANTS, which the megatron tests run (megatron is refused for a MoE)
 MOE: dict[str, dict[str, Any]] = {
     "qwen3moe-dense1-hd32": {  # layer 1 dense (mlp_only_layers), top 2 of 8 not renormalised (Qwen3-30B-A3B's: true)
@@ -150,6 +151,36 @@ MOE: dict[str, dict[str, Any]] = {
         "num_experts": 6,
         "num_experts_per_tok": 3,
         "moe_intermediate_size": 48,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 2,
+        "tie_word_embeddings": True,
+        "eos_token_id": [2, 3],
+    },
+    # Qwen2MoE (Qwen1.5-MoE-A2.7B's, Qwen2-57B-A14B's: Qwen2's q/k/v bias, and a shared expert beside the routed ones,
+    # gated by sigmoid(shared_expert_gate · x)); head_dim hidden / heads, as vLLM's Qwen2MoeAttention reads it
+    "qwen2moe-dense1": {  # layer 1 dense (mlp_only_layers), top 2 of 8 not renormalised (Qwen2MoeConfig's default)
+        "arch": "qwen2_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "mlp_only_layers": [1],
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "rope_theta": 1000000.0,
+    },
+    "qwen2moe-step2-norm-tied": {  # experts in every 2nd layer, top 3 of 6 renormalised, 48 wide (vLLM's CPU pads it)
+        "arch": "qwen2_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 48,
+        "shared_expert_intermediate_size": 80,
         "norm_topk_prob": True,
         "decoder_sparse_step": 2,
         "tie_word_embeddings": True,
@@ -197,6 +228,8 @@ def hf_model(
         Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
@@ -216,6 +249,7 @@ def hf_model(
         "mistral": (MistralConfig, MistralForCausalLM),
         "phi3": (Phi3Config, Phi3ForCausalLM),
         "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
     }[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**spec)).eval()
@@ -255,9 +289,9 @@ def write_checkpoint(
 
 def as_transformers_holds(tensors: dict[str, torch.Tensor], config: TinyGPTConfig) -> dict[str, torch.Tensor]:
     """The model's tensors (or their gradients) under the names and layout a transformers 5 model holds them in: a
-    Phi3's q/k/v fused as its file's; a Qwen3MoE layer's experts as its 3-D `mlp.experts.gate_up_proj` [experts,
-    2 × moe_intermediate, hidden] ([gate; up] per expert) and `mlp.experts.down_proj` (its file: one tensor per
-    expert, `expected_shapes`)."""
+    Phi3's q/k/v fused as its file's; a Qwen3MoE or Qwen2MoE layer's experts as its 3-D `mlp.experts.gate_up_proj`
+    [experts, 2 × moe_intermediate, hidden] ([gate; up] per expert) and `mlp.experts.down_proj` (its file: one tensor
+    per expert, `expected_shapes`)."""
     out = fused_for_file(tensors, config)
     for n in range(config.num_hidden_layers):
         if not config.sparse_layer(n):

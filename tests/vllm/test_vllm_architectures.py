@@ -16,6 +16,10 @@
                   own experts changes every prompt's tokens)
     qwen3moe-padded  every 2nd layer routes to 3 of 6 experts, renormalised, tied embeddings; the experts 48 wide, which
                   vLLM's CPU kernel pads to 64 (without the layout: the push fails, 128 rows against 96)
+    qwen2moe      Qwen2MoeForCausalLM: qwen3moe's routing (no q/k norm, q/k/v bias, 2 heads of 32 over 1 K/V head) with
+                  a shared expert 48 wide beside the experts, its output × sigmoid(shared_expert_gate · x) (vLLM's
+                  FusedMoE runs it as its shared_experts; its gate/up pushed apart, which vLLM stacks)
+    qwen2moe-padded  qwen3moe-padded's routing with a shared expert 80 wide
     linear-rope   'linear' RoPE scaling (factor 4, transformers 5's `rope_parameters`): a context of 4 times
                   max_position_embeddings (512), as rlctl and vLLM both derive it
     yarn-rope     Qwen2 with 'yarn' RoPE scaling as Qwen2.5's config.json has it (`rope_scaling`), with each of its
@@ -55,6 +59,10 @@ def write(kind: str, directory: Path) -> None:
         write_checkpoint("qwen3moe-dense1-hd32", directory)
     elif kind == "qwen3moe-padded":
         write_checkpoint("qwen3moe-step2-norm-tied", directory)
+    elif kind == "qwen2moe":
+        write_checkpoint("qwen2moe-dense1", directory)
+    elif kind == "qwen2moe-padded":
+        write_checkpoint("qwen2moe-step2-norm-tied", directory)
 
     elif kind == "phi3":
         write_checkpoint("phi3-gqa", directory)
@@ -88,9 +96,10 @@ def test_vllm_drops_a_qwen3_o_proj_bias(tmp_path: Path) -> None:
     assert [got[f"r{i}"].output_tokens for i in range(len(PROMPTS))] == zeroed != unbiased
 
 
-@pytest.fixture(
-    scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope", "yarn-rope", "qwen3moe", "qwen3moe-padded"]
-)
+MOES = ["qwen3moe", "qwen3moe-padded", "qwen2moe", "qwen2moe-padded"]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "llama3-rope", "linear-rope", "yarn-rope", *MOES])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory = tmp_path_factory.mktemp(request.param)
     write(request.param, directory)

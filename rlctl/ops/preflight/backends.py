@@ -11,6 +11,7 @@ from rlctl.config.job import Job
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_model_problem, vllm_problem
 from rlctl.launch.backends import kind_of
+from rlctl.models.hf import MOE_ARCHITECTURES
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config
 from rlctl.planner.split import split_refusals
@@ -117,11 +118,12 @@ def vllm_model_problems(job: Job) -> list[Problem]:
 
 
 def moe_compile_problems(job: Job) -> list[Problem]:
-    """The embedded engine's compiled step (`rollout.compile`, a full graph) for a Qwen3MoE, whose layers read on the
+    """The embedded engine's compiled step (`rollout.compile`, a full graph) for a Qwen MoE, whose layers read on the
     host which experts their tokens chose (rlctl.models.tinygpt.SparseMoE): no full graph there."""
     if not job.spec.rollout.compile or (model := job_model_config(job)) is None or model[0].moe is None:
         return []
-    why = f"the model of {model[1]} is a Qwen3MoE, whose expert routing the embedded engine's compiled step cannot hold"
+    name = MOE_ARCHITECTURES[model[0].architecture]
+    why = f"the model of {model[1]} is a {name}, whose expert routing the embedded engine's compiled step cannot hold"
     return [Problem("rollout.compile", f"true: {why}; leave it false")]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlctl.models.hf import TinyGPTConfig
+from rlctl.models.hf import MOE_ARCHITECTURES, TinyGPTConfig
 from rlctl.models.rope import YARN_BETA_FAST, YARN_BETA_SLOW, resolved
 
 MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -85,9 +85,10 @@ def yarn_config(c: TinyGPTConfig) -> dict[str, Any]:
 
 
 def moe_refusal(c: TinyGPTConfig) -> None:
-    """ValueError (one line) for a Qwen3MoE: rlctl builds megatron-core's dense GPTModel only (no MoE layers, router or
-    expert weights' names), so `c`'s experts would not be what it trains."""
+    """ValueError (one line) for a Qwen3MoE or Qwen2MoE: rlctl builds megatron-core's dense GPTModel only (no MoE
+    layers, router or expert weights' names), so `c`'s experts would not be what it trains."""
     if c.moe is not None:
+        name = MOE_ARCHITECTURES[c.architecture]
         raise ValueError(
-            "a Qwen3MoE's experts (rlctl builds megatron-core's dense GPTModel only); use trainer.backend 'torch'"
+            f"a {name}'s experts (rlctl builds megatron-core's dense GPTModel only); use trainer.backend 'torch'"
         )

@@ -309,7 +309,8 @@ def test_a_qwen3_config_without_head_dim_reads_it_as_transformers_does() -> None
 
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                 "MistralForCausalLM": "mistral", "Phi3ForCausalLM": "phi3"}  # fmt: skip
+                 "MistralForCausalLM": "mistral", "Phi3ForCausalLM": "phi3",
+                 "Qwen2MoeForCausalLM": "qwen2_moe"}  # fmt: skip
 DEFAULTED = [
     "num_key_value_heads", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings", "rms_norm_eps",
     "rope_theta", "initializer_range", "tie_word_embeddings", "attention_bias", "head_dim", "sliding_window",
@@ -331,6 +332,9 @@ def test_a_key_config_json_leaves_out_reads_as_its_config_class_reads_it(archite
         want = theirs.rope_parameters["rope_theta"]
     elif key == "attention_bias":  # (Qwen2's and Mistral's have no such key: never a bias on o)
         want = getattr(theirs, key, False)
+    elif key == "sliding_window" and architecture == "Qwen2MoeForCausalLM":  # (its 0 without use_sliding_window)
+        assert theirs.sliding_window == 0 and not theirs.use_sliding_window
+        want = None  # no window either way, as Qwen2's
     else:
         want = getattr(theirs, key, ours.head_dim if key == "head_dim" else None)
     assert getattr(ours, key) == want
@@ -658,7 +662,7 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
 @pytest.mark.parametrize(
     "name",
     ["qwen2-tied-hd32", "llama-hd64-eos3", "qwen3-tied-hd32", "mistral-hd32-nowindow", "phi3-gqa",
-     "qwen3moe-dense1-hd32"],
+     "qwen3moe-dense1-hd32", "qwen2moe-dense1"],
 )  # fmt: skip
 def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
     """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
@@ -681,7 +685,7 @@ def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(t
     assert str(e.value) == (
         f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
         '"architectures": ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["Qwen3ForCausalLM"], ["MistralForCausalLM"], '
-        '["Phi3ForCausalLM"] or ["Qwen3MoeForCausalLM"], as the checkpoint\'s model is'
+        '["Phi3ForCausalLM"], ["Qwen3MoeForCausalLM"] or ["Qwen2MoeForCausalLM"], as the checkpoint\'s model is'
     )
 
 
@@ -746,14 +750,19 @@ def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(t
 @pytest.mark.parametrize("architecture", list(ARCHITECTURES))
 def test_a_null_number_of_kv_heads_reads_as_its_config_class_reads_it(tmp_path: Path, architecture: str) -> None:
     """`"num_key_value_heads": null` written out: num_attention_heads for Llama, Qwen2, Qwen3 and Phi3, as their
-    config classes read it (versus refused as missing); MistralConfig refuses it, and so does rlctl, in one line."""
+    config classes read it (versus refused as missing); MistralConfig refuses it, and so does rlctl, in one line, as it
+    does a Qwen2MoE's (Qwen2MoeConfig keeps the null, of which Qwen2MoeAttention cannot be built)."""
     # (a vocabulary of Phi-3's 32064: Phi3Config's default pad_token_id 32000 is a row of it)
     d = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "hidden_size": 1024,
          "num_attention_heads": 16, "num_key_value_heads": None, "intermediate_size": 96, "num_hidden_layers": 2,
          "vocab_size": 32064}  # fmt: skip
-    if architecture == "MistralForCausalLM":
-        with pytest.raises(Exception, match="num_key_value_heads"):
-            transformers.CONFIG_MAPPING["mistral"].from_dict(d)
+    if architecture in ("MistralForCausalLM", "Qwen2MoeForCausalLM"):
+        if architecture == "MistralForCausalLM":
+            with pytest.raises(Exception, match="num_key_value_heads"):
+                transformers.CONFIG_MAPPING["mistral"].from_dict(d)
+        else:
+            with torch.device("meta"), pytest.raises(TypeError, match="NoneType"):
+                transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig.from_dict(d))
         with pytest.raises(ConfigError, match=r"^.*config\.json: num_key_value_heads: missing"):
             TinyGPTConfig.from_hf(d, file=str(tmp_path / "config.json"))
         return

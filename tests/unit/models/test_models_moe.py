@@ -1,6 +1,7 @@
-"""Qwen3MoE checkpoints (Qwen3-30B-A3B, Qwen3-235B-A22B): config.json read as transformers 5's Qwen3MoeConfig reads
-it, which layers have experts, the files rlctl writes read back by transformers. Logits, gradients, decoding and
-export against transformers run with the other architectures' (test_models_hf, its `MOE` variants)."""
+"""Qwen3MoE checkpoints (Qwen3-30B-A3B, Qwen3-235B-A22B) and Qwen2MoE ones (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B):
+config.json read as transformers 5's Qwen3MoeConfig and Qwen2MoeConfig read it, which layers have experts, the files
+rlctl writes read back by transformers. Logits, gradients, decoding and export against transformers run with the
+other architectures' (test_models_hf, its `MOE` variants)."""
 
 import json
 from pathlib import Path
@@ -77,9 +78,10 @@ def test_transformers_5s_num_local_experts_reads_as_num_experts(tmp_path: Path) 
 
 @pytest.mark.parametrize("variant", list(MOE))
 def test_an_export_is_the_file_and_config_transformers_reads(tmp_path: Path, variant: str) -> None:
-    """rlctl's save: each expert's gate/up/down and the router under the names transformers 5 writes (its file, not
-    its model's 3-D tensors), loaded by transformers into the same tensors, and a config.json Qwen3MoeConfig reads
-    as the checkpoint's own (num_experts under the name published checkpoints and transformers 4 use)."""
+    """rlctl's save: each expert's gate/up/down, the router (and a Qwen2MoE's shared expert and its gate) under the
+    names transformers 5 writes (its file, not its model's 3-D tensors), loaded by transformers into the same tensors,
+    and a config.json its config class reads as the checkpoint's own (num_experts under the name published checkpoints
+    and transformers 4 use)."""
     ref = write_checkpoint(variant, tmp_path / "src")
     TinyGPT.from_pretrained(tmp_path / "src").save_pretrained(tmp_path / "out")
     assert safetensors_header(tmp_path / "out/model.safetensors") == safetensors_header(
@@ -89,9 +91,12 @@ def test_an_export_is_the_file_and_config_transformers_reads(tmp_path: Path, var
     want, got = ref.state_dict(), back.state_dict()
     assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
     out = json.loads((tmp_path / "out/config.json").read_text())
-    assert (out["architectures"], out["model_type"]) == (["Qwen3MoeForCausalLM"], "qwen3_moe")
-    read = transformers.Qwen3MoeConfig.from_pretrained(tmp_path / "out")
-    assert all(getattr(read, k) == getattr(ref.config, k) for k in [*MOE_KEYS, "attention_bias", "tie_word_embeddings"])
+    assert (out["architectures"], out["model_type"]) == (ref.config.architectures, ref.config.model_type)
+    read = type(ref.config).from_pretrained(tmp_path / "out")
+    qwen2 = ref.config.model_type == "qwen2_moe"
+    keys = [*MOE_KEYS, "tie_word_embeddings", *(["shared_expert_intermediate_size", "qkv_bias"] if qwen2 else [])]
+    assert all(getattr(read, k) == getattr(ref.config, k) for k in [*keys, "qkv_bias" if qwen2 else "attention_bias"])
+    assert qwen2 == ("shared_expert_intermediate_size" in out)
     hidden_per_head = ref.config.hidden_size // ref.config.num_attention_heads  # (Qwen3MoeAttention's without one)
     assert read.head_dim == getattr(ref.config, "head_dim", hidden_per_head)
 
@@ -117,8 +122,11 @@ def test_the_router_weighs_each_tokens_top_k_experts_as_qwen3moe_does() -> None:
 
 
 def _file_names(block: Any) -> dict[str, torch.Tensor]:
-    """A Qwen3MoeSparseMoeBlock's tensors under a file's names (each expert apart)."""
+    """A Qwen3MoeSparseMoeBlock's (or Qwen2MoeSparseMoeBlock's) tensors under a file's names (each expert apart)."""
     out = {"gate.weight": block.gate.weight.detach()}
+    if (shared := getattr(block, "shared_expert", None)) is not None:  # a Qwen2MoeSparseMoeBlock's
+        out |= {f"shared_expert.{k}": v.detach() for k, v in shared.state_dict().items()}
+        out["shared_expert_gate.weight"] = block.shared_expert_gate.weight.detach()
     m = block.experts.intermediate_dim
     for e in range(block.experts.num_experts):
         gate, up = block.experts.gate_up_proj[e].detach().split(m)
@@ -151,14 +159,92 @@ def test_a_moe_key_that_is_not_valid_is_refused_in_one_line(
     refused_in_one_line(tmp_path, key, complaint)
 
 
-def test_a_qwen2_moe_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Qwen2-MoE (a shared expert beside the routed ones) is not the Qwen3MoE rlctl runs: refused naming what is."""
-    write_checkpoint("qwen3moe-dense1-hd32", tmp_path)
+BASE2 = {**BASE, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_attention_heads": 16}
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{}, {"decoder_sparse_step": 2}, {"mlp_only_layers": [0, 5]}, {"num_experts": 0}, {"tie_word_embeddings": True}],
+)
+def test_a_qwen2_moes_layers_and_tensors_are_transformers_own(keys: dict[str, Any]) -> None:
+    """Qwen2MoeDecoderLayer's rule for which layers have experts (Qwen3MoE's), each such layer's shared expert and its
+    gate beside them, the q/k/v bias: the same tensors and shapes as Qwen2MoeForCausalLM, and its parameter count."""
+    d = {**BASE2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+         "shared_expert_intermediate_size": 24, **keys}  # fmt: skip
+    with torch.device("meta"):
+        theirs = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**d))
+        ours = TinyGPT(TinyGPTConfig.from_hf(d))
+    want = [type(layer.mlp).__name__ == "Qwen2MoeSparseMoeBlock" for layer in theirs.model.layers]
+    assert [isinstance(layer.mlp, SparseMoE) for layer in ours.blocks()] == want
+    shapes = {k: tuple(v.shape) for k, v in as_transformers_holds(ours.state_dict(), ours.config).items()}
+    assert shapes == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    assert ours.config.num_params() == sum(p.numel() for p in theirs.parameters())
+    assert any("mlp.shared_expert_gate" in k for k in shapes) == any(want)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [*MOE_KEYS, "shared_expert_intermediate_size", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
+     "eos_token_id", "qkv_bias"],
+)  # fmt: skip
+def test_a_key_config_json_leaves_out_reads_as_qwen2moeconfig_reads_it(key: str) -> None:
+    """Qwen2MoeConfig's defaults (Qwen1.5-MoE-A2.7B's 60 experts, top 4 not renormalised, 1408 wide, a shared expert
+    5632 wide; 16 K/V heads, 32768 positions, q/k/v bias), not Qwen3MoeConfig's."""
+    theirs = transformers.Qwen2MoeConfig.from_dict(BASE2)
+    ours = TinyGPTConfig.from_hf(BASE2)
+    assert ours.moe is not None
+    if key in (*MOE_KEYS, "shared_expert_intermediate_size"):
+        got = getattr(ours.moe, key)
+        assert (list(got) if key == "mlp_only_layers" else got) == getattr(theirs, key)
+    else:
+        assert getattr(ours, key) == getattr(theirs, key)
+
+
+def test_the_shared_expert_is_added_gated_as_qwen2moe_adds_it() -> None:
+    """One Qwen2MoE layer on its own against Qwen2MoeSparseMoeBlock, in fp32 and bf16: the routed experts' sum plus
+    sigmoid(shared_expert_gate · x) × the shared expert's output, renormalised and not; and the shared expert counts
+    (the same block without it is further off than the tolerance)."""
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    for norm in (False, True):
+        d = {**BASE2, "num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 16,
+             "shared_expert_intermediate_size": 40, "norm_topk_prob": norm}  # fmt: skip
+        torch.manual_seed(0)
+        theirs = Qwen2MoeSparseMoeBlock(transformers.Qwen2MoeConfig(**d))
+        for p in theirs.parameters():
+            torch.nn.init.normal_(p, std=0.2)
+        ours = SparseMoE(TinyGPTConfig.from_hf(d))
+        ours.load_state_dict(_file_names(theirs))
+        x = torch.randn(2, 9, 64)
+        for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):  # (its grouped_mm: another order)
+            with torch.no_grad():
+                got, want = ours.to(dtype)(x.to(dtype)), theirs.to(dtype)(x.to(dtype))
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        ours.float().shared_expert = None
+        with torch.no_grad():
+            assert (ours(x) - theirs.float()(x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "complaint"),
+    [
+        ("shared_expert_intermediate_size", 0, "0 is not a positive integer"),
+        ("qkv_bias", False, "False is not supported; supported: true"),
+        ("num_local_experts", 8, "is not a Qwen2MoeConfig key (it reads num_experts); give num_experts"),
+        ("num_experts_per_tok", 9, "9 is more than num_experts 8"),
+    ],
+)
+def test_what_a_qwen2_moe_would_compute_otherwise_is_refused_in_one_line(
+    tmp_path: Path, key: str, value: object, complaint: str
+) -> None:
+    """A Qwen2MoE without a shared expert (vLLM's builds none of width 0, transformers' one), without q/k/v bias
+    (vLLM's Qwen2MoeAttention has one whatever config.json says), or with its experts counted under transformers 5's
+    Qwen3MoE name, which Qwen2MoeConfig does not read (its 60 experts): refused naming the key."""
+    write_checkpoint("qwen2moe-dense1", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg |= {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "shared_expert_intermediate_size": 64}
+    cfg[key] = value
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    refused_in_one_line(tmp_path, "architectures", "is not supported; supported: LlamaForCausalLM")
-    refused_in_one_line(tmp_path, "architectures", "Qwen3MoeForCausalLM")
+    refused_in_one_line(tmp_path, key, complaint)
 
 
 def test_a_qwen3_moe_with_a_shared_expert_size_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -217,3 +303,31 @@ def test_lora_adapters_on_the_experts_get_a_gradient_each_where_no_token_chose_t
     assert grads and all(g is not None for g in grads.values())
     unchosen = next(e for e in range(16) if e not in chosen)
     assert all(g.abs().sum() == 0 for n, g in grads.items() if f"layers.0.mlp.experts.{unchosen}." in n)
+
+
+def test_lora_on_a_qwen2_moe_adapts_its_shared_expert_and_merges_into_the_file_transformers_reads(
+    tmp_path: Path,
+) -> None:
+    """Adapters on gate/up/down reach the shared expert beside the routed ones (its gate, a [1, hidden] linear named
+    otherwise, not); the merged weights (W + scale·B·A), exported, are the file transformers loads and computes the
+    adapted model's logits from."""
+    from rlctl.models import lora
+
+    write_checkpoint("qwen2moe-dense1", tmp_path / "m")
+    model = TinyGPT.from_pretrained(tmp_path / "m")
+    names = lora.add_adapters(model, rank=2, alpha=4.0, targets=("gate_proj", "up_proj", "down_proj"))
+    assert {f"model.layers.0.mlp.shared_expert.{p}_proj" for p in ("gate", "up", "down")} <= set(names)
+    assert not any("shared_expert_gate" in n for n in names)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for lin in lora.adapters(model).values():
+            lin.lora_B.copy_(0.2 * torch.randn(lin.lora_B.shape, generator=g))
+    out = TinyGPT.from_pretrained(tmp_path / "m")
+    out.load_weights(lora.merged_weights(model))
+    out.save_pretrained(tmp_path / "out")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    x = torch.randint(0, 96, (2, 20), generator=g)
+    with torch.no_grad():
+        adapted, base = model(x), TinyGPT.from_pretrained(tmp_path / "m")(x)
+        torch.testing.assert_close(theirs(input_ids=x).logits, adapted, atol=1e-5, rtol=0)
+    assert (adapted - base).abs().max() > 1e-2  # (the adapters count)

@@ -1,6 +1,7 @@
-"""A Qwen3MoE's load-balancing loss in the torch trainer's loss, where its config.json sets output_router_logits:
-transformers' Qwen3MoeForCausalLM (CE + router_aux_loss_coef × load_balancing_loss_func over the attention mask's
-tokens) is the oracle for the value and the gradients (fp32, ≤ 1e-5)."""
+"""A Qwen3MoE's (and a Qwen2MoE's) load-balancing loss in the torch trainer's loss, where its config.json sets
+output_router_logits: transformers' Qwen3MoeForCausalLM (Qwen2MoeForCausalLM) (CE + router_aux_loss_coef ×
+load_balancing_loss_func over the attention mask's tokens) is the oracle for the value and the gradients (fp32,
+≤ 1e-5), each `MOE` variant's own."""
 
 import json
 from pathlib import Path

@@ -3,6 +3,7 @@ megatron backend, the embedded engine's compiled step) is refused in one line ea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,32 @@ def test_the_megatron_model_and_a_compiled_engine_refuse_a_moe_themselves(tmp_pa
         transformer_config(model.config)
     with pytest.raises(ValueError, match=r"^compile_step: a Qwen3MoE's expert routing is not one graph"):
         EmbeddedEngine(model, compile_step=True)
+
+
+def test_a_qwen2_moe_runs_where_a_qwen3_moe_does_and_is_refused_where_it_is(tmp_path: Path) -> None:
+    """A Qwen2MoE (a shared expert beside the routed ones): the torch trainer, the embedded engine and vLLM run it; the
+    megatron backend and the compiled embedded step are refused naming it, versus the architecture refused outright."""
+    config = tmp_path / "qwen2moe-dense1" / "config.json"
+    assert problems(tmp_path, "qwen2moe-dense1", trainer={"backend": "torch"}) == {}
+    vllm = problems(tmp_path, "qwen2moe-dense1", rollout={"engine": "vllm"}).get("rollout.engine", [])
+    assert not [p for p in vllm if "cannot run the model" in p]
+    megatron = problems(tmp_path, "qwen2moe-dense1", trainer={"backend": "megatron"})["trainer.backend"]
+    assert f"'megatron' cannot run the model of {config}: a Qwen2MoE's experts (rlctl builds" in megatron[0]
+    compiled = problems(tmp_path, "qwen2moe-dense1", rollout={"engine": "embedded", "compile": True})
+    assert compiled["rollout.compile"][0].startswith(f"true: the model of {config} is a Qwen2MoE, whose expert routing")
+
+
+def test_vllm_is_refused_a_qwen2_moe_whose_head_dim_it_would_not_read(tmp_path: Path) -> None:
+    """vLLM's Qwen2MoeAttention takes hidden_size / num_attention_heads as its head size, whatever head_dim says
+    (transformers' reads it): a Qwen2MoE with another head_dim is refused for the vllm engine in one line."""
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+
+    write_checkpoint("qwen2moe-dense1", tmp_path / "m")
+    config = tmp_path / "m" / "config.json"
+    TinyGPT(TinyGPTConfig.from_hf(json.loads(config.read_text()) | {"head_dim": 64})).save_pretrained(tmp_path / "m")
+    got = problems(tmp_path, "m", rollout={"engine": "vllm"})["rollout.engine"]
+    assert [p for p in got if "cannot run the model" in p] == [
+        f"'vllm' cannot run the model of {config}: Qwen2MoE with head_dim 64: vLLM's Qwen2MoeForCausalLM reads none "
+        "(hidden_size / num_attention_heads, 32), so it would build another attention than the one trained; use engine "
+        "'embedded' for this model"
+    ]

@@ -70,13 +70,15 @@ def run(
 # tokens choose and the other's not: every expert's gradient is reduced on every rank all the same (versus a gloo
 # collective mismatch, one rank reducing more gradients than the other)
 MOE = MoeConfig(num_experts=16, num_experts_per_tok=1, moe_intermediate_size=32, mlp_only_layers=(1,))
+# Qwen2MoE: those experts beside a shared expert (every rank's tokens run it) and its gate
+MOES = {"Qwen3MoeForCausalLM": MOE, "Qwen2MoeForCausalLM": dataclasses.replace(MOE, shared_expert_intermediate_size=48)}
 
 
-@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM", *MOES])
 def inputs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
-    moe = MOE if request.param == "Qwen3MoeForCausalLM" else None
+    moe = MOES.get(request.param)
     TinyGPT(dataclasses.replace(CFG, architecture=request.param, moe=moe)).save_pretrained(d / "model")
     torch.save(iterations(), d / "samples.pt")
     return d / "model", d / "samples.pt"
