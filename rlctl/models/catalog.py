@@ -1,5 +1,5 @@
 """Model architectures the cost models need, with built-ins (StreamRL Table 2, Qwen3, Llama 3.1, Mistral and Phi-4
-dense, Qwen3-30B-A3B's MoE, the demo model).
+dense, the Qwen3 and Qwen2 MoEs, the demo model).
 
 An HF checkpoint directory's figures come from its config.json: `rlctl.models.hfdir.check_hf_dir`.
 """
@@ -25,8 +25,9 @@ class ModelArch:
     # `rlctl check` refuse more: rlctl.planner.context); None where not known (not checked). Not a cost figure: a
     # profile's model (which has none) is the same architecture
     max_positions: int | None = field(default=None, compare=False)
-    # the parameters one token computes with, where fewer than `params`: a MoE's (Qwen3MoE) router and top-k experts
-    # of each sparse layer; None: every parameter (a dense model). FLOPs are priced by it, memory by `params`
+    # the parameters one token computes with, where fewer than `params`: a MoE's router and top-k experts of each
+    # sparse layer (and a Qwen2MoE's shared expert and its gate, which every token runs); None: every parameter (a
+    # dense model). FLOPs are priced by it, memory by `params`
     active_params: float | None = None
 
     @property
@@ -53,6 +54,12 @@ class ModelArch:
 # transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer
 QWEN3_30B_A3B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 3_353_032_704}
 QWEN3_235B_A22B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 22_190_763_520}
+# Qwen1.5-MoE-A2.7B and Qwen2-57B-A14B (Qwen2MoeForCausalLM): 60 experts of 1408, top 4, and 64 of 2560, top 8, in each
+# of their 24 and 28 layers, beside a shared expert of 5632 and 20480 every token runs (gated); their intermediate the
+# config's dense width (no layer of them dense). max_positions: the base models' config.json (Qwen1.5-MoE-A2.7B-Chat's
+# says 32768). Parameters as for Qwen3's: transformers' count on the meta device, and the active ones of it
+QWEN15_MOE_A27B = {"max_positions": 8192, "active_params": 2_689_173_504}
+QWEN2_57B_A14B = {"max_positions": 131072, "active_params": 14_249_270_784}
 
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m
@@ -75,6 +82,8 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("phi4-14b", 40, 5120, 40, 10, 100352, 17920, 14.66e9, max_positions=16384),  # Phi3ForCausalLM, untied
         ModelArch("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, 30_532_122_624, **QWEN3_30B_A3B),
         ModelArch("qwen3-235b-a22b", 94, 4096, 64, 4, 151936, 12288, 235_093_634_560, **QWEN3_235B_A22B),
+        ModelArch("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 151936, 5632, 14_315_784_192, **QWEN15_MOE_A27B),
+        ModelArch("qwen2-57b-a14b", 28, 3584, 28, 4, 151936, 18944, 57_408_658_944, **QWEN2_57B_A14B),
         # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         # (its positions TinyGPTConfig's default max_position_embeddings)

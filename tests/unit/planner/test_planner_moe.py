@@ -67,6 +67,26 @@ def test_an_hf_moe_checkpoint_and_a_kind_arch_model_carry_the_active_count(tmp_p
     assert "active_params" not in ArchModel.model_validate({"kind": "arch", **figures}).model_dump()
 
 
+def test_a_qwen2_moe_checkpoint_counts_its_shared_expert_as_active(tmp_path: Path) -> None:
+    """A Qwen2MoE's shared expert and its gate run for every token: active, beside the router and the top k; and the
+    built-in Qwen2-57B-A14B is priced by its 14.2e9 active parameters, held by all 57.4e9."""
+    pytest.importorskip("transformers")
+    from tests.unit.hf_checkpoints import write_checkpoint
+
+    ref = write_checkpoint("qwen2moe-dense1", tmp_path / "model")
+    arch = check_hf_dir(tmp_path / "model").arch
+    expert = 3 * 64 * 32  # gate, up, down of 32 wide over hidden 64; layer 0 of 2 has experts, top 2 of 8
+    shared = sum(p.numel() for n, p in ref.named_parameters() if "shared_expert" in n)
+    assert shared == 3 * 64 * 48 + 64  # the shared expert (48 wide) and its gate [1, 64]
+    assert arch.params == sum(p.numel() for p in ref.parameters())
+    assert arch.active == arch.params - (8 - 2) * expert
+    big, g = BUILTIN_MODELS["qwen2-57b-a14b"], CATALOG["H800"]
+    dense = dataclasses.replace(big, active_params=None)
+    share = big.active / big.params  # 0.25
+    assert prefill_s_per_token(big, g, tp=1) == pytest.approx(prefill_s_per_token(dense, g, tp=1) * share)
+    assert kv_capacity_tokens(big, g, tp=1) == kv_capacity_tokens(dense, g, tp=1)
+
+
 def test_a_profile_of_a_moe_keeps_its_active_count(tmp_path: Path) -> None:
     prof = analytical_profile(MOE, {"h": (CATALOG["H800"], 8, 2.85)})
     save_profile(prof, tmp_path / "p.yaml")
