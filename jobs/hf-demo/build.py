@@ -23,7 +23,8 @@ and as Llama 3.1 (its `llama3` RoPE scaling over a 32-token pretraining context)
 as a Mistral whose `sliding_window` binds as v0.1's does (96 of 256 positions; its 4096 of 32768), the window exactly
 the hf-demo job's context (its max_prompt_tokens + max_output_tokens), so that job runs at the window's edge and
 `rlctl check` refuses one asking a token more; `--shape tiny-qwen3moe` as a Qwen3MoE (top 2 of 4 routed experts in
-layers 0 and 2, layer 1 dense: `mlp_only_layers`; each expert's tensors apart in its file).
+layers 0 and 2, layer 1 dense: `mlp_only_layers`; each expert's tensors apart in its file); `--shape tiny-qwen2moe` as
+a Qwen2MoE (Qwen1.5-MoE-A2.7B's: those experts, not renormalised, beside a gated shared expert 96 wide).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, MoeConfig, RopeScaling
+from rlctl.models.hf import LLAMA, MISTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE, MoeConfig, RopeScaling
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -161,6 +162,12 @@ SHAPES: dict[str, dict[str, object]] = {
         "architecture": QWEN3_MOE,
         "tie_word_embeddings": False,
         "moe": MoeConfig(4, 2, moe_intermediate_size=64, norm_topk_prob=True, mlp_only_layers=(1,)),
+    },
+    "tiny-qwen2moe": {  # Qwen1.5-MoE-A2.7B's architecture: top 2 of 4 experts and a shared expert, layer 1 dense
+        **TINY,
+        "architecture": QWEN2_MOE,
+        "tie_word_embeddings": False,
+        "moe": MoeConfig(4, 2, moe_intermediate_size=64, mlp_only_layers=(1,), shared_expert_intermediate_size=96),
     },
     "qwen2-0.5b": {
         "vocab_size": 151_936,

@@ -1,7 +1,7 @@
 """`rollout.engine: vllm` in a real job: `rlctl launch` (this virtualenv's python, so the agents run here too) of the HF
-demo's Qwen2-architecture checkpoint (and its Qwen3MoE one) and dataset, with the rollout unit on vLLM — weights pushed
-from the job's weight plane every iteration through vLLM's weight-transfer API without restarting the engine, running
-requests keeping their K/V (`rollout.on_new_weights: keep`); every prompt trained once."""
+demo's Qwen2-architecture checkpoint (and its Qwen3MoE and Qwen2MoE ones) and dataset, with the rollout unit on vLLM —
+weights pushed from the job's weight plane every iteration through vLLM's weight-transfer API without restarting the
+engine, running requests keeping their K/V (`rollout.on_new_weights: keep`); every prompt trained once."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .conftest import ROOT, skip_reason
 pytestmark = [pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""), pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3moe"])  # (the Qwen3MoE: its experts pushed every iteration)
+@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3moe", "tiny-qwen2moe"])  # (the MoEs: experts pushed each time)
 def test_a_job_with_the_vllm_engine_runs_end_to_end(tmp_path: Path, shape: str) -> None:
     build = [sys.executable, str(ROOT / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps", "0"]
     build += ["--shape", shape]

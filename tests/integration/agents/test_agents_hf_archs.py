@@ -2,7 +2,8 @@
 `llama3` RoPE scaling over a 32-token pretraining context, which the job's prompts and outputs pass), on a Phi3 one
 (grouped-query attention; its file's q/k/v one `qkv_proj` and gate/up one `gate_up_proj`) and on a Mistral whose
 sliding_window binds as v0.1's does, at exactly the job's context (its longest prompt + max_output_tokens, which `rlctl
-check` passes), and on a Qwen3MoE (routed experts, a dense layer): each runs its rollout units and trainer to the end,
+check` passes), and on a Qwen3MoE (routed experts, a dense layer) and a Qwen2MoE (the same beside a gated shared
+expert): each runs its rollout units and trainer to the end,
 every prompt trained once and the weights moving, and the model a checkpoint holds keeps its architecture: its
 config.json the starting model's keys (the Mistral's window), its file the tensors transformers writes of it (Phi3's
 fused ones, a Qwen3MoE's experts one by one), and transformers loads it and computes rlctl's logits over the job's whole
@@ -41,6 +42,7 @@ KEPT = (
     "moe_intermediate_size",
     "norm_topk_prob",
     "mlp_only_layers",
+    "shared_expert_intermediate_size",
 )
 
 
@@ -52,6 +54,7 @@ KEPT = (
         ("tiny-phi3", "token_mean"),
         ("tiny-mistral-window", "token_mean"),
         ("tiny-qwen3moe", "token_mean"),
+        ("tiny-qwen2moe", "sequence_mean"),
     ],
 )
 def test_a_job_on_a_qwen3_llama3_phi3_windowed_mistral_or_moe_checkpoint_trains_and_checkpoints_its_architecture(
@@ -87,11 +90,12 @@ def test_a_job_on_a_qwen3_llama3_phi3_windowed_mistral_or_moe_checkpoint_trains_
     assert set(trained) == set(load_state_dict(tmp_path / "theirs"))
     if shape == "tiny-mistral-window":  # binding (below max_position_embeddings), at the job's context exactly
         assert got["sliding_window"] == theirs.config.sliding_window == context < got["max_position_embeddings"]
-    if shape == "tiny-qwen3moe":  # the routers and the experts trained (each rank's gradient of every expert)
+    if shape in ("tiny-qwen3moe", "tiny-qwen2moe"):  # routers and experts trained (each rank's gradient of each)
         moved = {
             k.split(".mlp.")[1].split(".")[0] for k in trained if ".mlp." in k and not torch.equal(trained[k], start[k])
         }
-        assert {"gate", "experts", "gate_proj"} <= moved  # (gate_proj: the dense layer's)
+        shared = {"shared_expert", "shared_expert_gate"} if shape == "tiny-qwen2moe" else set()
+        assert {"gate", "experts", "gate_proj", *shared} <= moved  # (gate_proj: the dense layer's)
     if shape == "tiny-phi3":
         fused = {k.rpartition(".")[0].rpartition(".")[2] for k in trained if k.startswith("model.layers.0.")}
         assert {"qkv_proj", "gate_up_proj"} <= fused and not fused & {"q_proj", "k_proj", "v_proj", "gate_proj"}
