@@ -298,11 +298,13 @@ def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
             prompt_tokens=lm.prompt_tokens,
             rng=rng,
         )
-        tw = TrainWorkload(
+        tw = TrainWorkload(  # cut as the learner cuts these rows (the job's budgets, a rank's share each)
             float(lengths.sum() + len(lengths) * lm.prompt_tokens),
             len(lengths),
-            32,
+            job.spec.batch.train_micro_batch_samples,
             job.spec.model.arch.params * 2 * trained_models("ppo"),
+            micro_batch_tokens=job.spec.batch.train_micro_batch_tokens,
+            row_tokens=tuple((lengths + lm.prompt_tokens).astype(float).tolist()),
         )
         t_train = train_time_s(tentry, trn["config"]["dp"], tw, site=prof.sites["h800"], node_bytes_per_s=200e9)
         est = GenEstimator(np.sort(lengths)[::-1], cost, prompt_tokens=lm.prompt_tokens)

@@ -22,9 +22,13 @@ class Batch(Strict):
     samples_per_prompt: Annotated[int, Field(gt=0, le=MAX_SAMPLES_PER_PROMPT)] = Field(
         8, description=f"the group size; at most {MAX_SAMPLES_PER_PROMPT} (published runs: 4–64)"
     )
-    train_micro_batch_samples: PositiveInt = 32
+    train_micro_batch_samples: PositiveInt = Field(
+        32, description="rows per micro-batch on each data-parallel rank (a cut over dp ranks holds dp × as many)"
+    )
     train_micro_batch_tokens: PositiveInt | None = Field(
-        8192, description="padded tokens per micro-batch (rows × longest row); null: rows only"
+        8192,
+        description="padded tokens per micro-batch on each data-parallel rank (its rows × its longest row; a longer "
+        "row alone); null: rows only",
     )
 
     @model_validator(mode="after")

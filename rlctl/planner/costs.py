@@ -152,20 +152,36 @@ class TrainWorkload:
 
     @cached_property
     def cuts(self) -> StepCuts:
-        """`step_cuts`, counted once (a plan's trainer curve prices hundreds of layouts on it)."""
+        """The cuts at dp 1: a rank's share of a cut at any dp holds as many rows and tokens at most (the budgets are
+        a rank's, `rlctl.rl.cuts.cut_lengths`)."""
+        return self.cuts_at(1)
+
+    def cuts_at(self, dp: int) -> StepCuts:
+        """`step_cuts` at `dp` data-parallel ranks, counted once each (a plan's trainer curve prices hundreds of
+        layouts on it)."""
+        if dp not in self._cuts_by_dp:
+            self._cuts_by_dp[dp] = self._count_cuts(dp)
+        return self._cuts_by_dp[dp]
+
+    @cached_property
+    def _cuts_by_dp(self) -> dict[int, StepCuts]:
+        return {}
+
+    def _count_cuts(self, dp: int) -> StepCuts:
         step_samples = math.ceil(self.samples / self.mini_batches)
-        rows = min(self.micro_batch_samples, step_samples)
+        share = self.micro_batch_samples  # a rank's rows a cut
         if self.micro_batch_tokens is not None and not self.row_tokens:
-            # every row the mean: as many a cut as the budget pads, one at least
-            rows = max(1, min(rows, int(self.micro_batch_tokens // (self.tokens / self.samples))))
+            # every row the mean: as many a rank as the budget pads, one at least
+            share = max(1, min(share, int(self.micro_batch_tokens // (self.tokens / self.samples))))
         if self.micro_batch_tokens is None or not self.row_tokens:
+            rows = min(share * dp, step_samples)
             return StepCuts(math.ceil(step_samples / rows), rows, ((rows, 1.0),))
-        cuts = cut_lengths(self.row_tokens, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+        cuts = cut_lengths(self.row_tokens, self.micro_batch_samples, max_tokens=self.micro_batch_tokens, ranks=dp)
         total = sum(self.row_tokens)
-        share: dict[int, float] = {}
+        shares: dict[int, float] = {}
         for c in cuts:
-            share[len(c)] = share.get(len(c), 0.0) + sum(self.row_tokens[i] for i in c) / total
-        return StepCuts(len(cuts), max(share), tuple(sorted(share.items())))
+            shares[len(c)] = shares.get(len(c), 0.0) + sum(self.row_tokens[i] for i in c) / total
+        return StepCuts(len(cuts), max(shares), tuple(sorted(shares.items())))
 
 
 def shards_state(backend: str, *, shard: str) -> bool:
@@ -277,13 +293,17 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
     return Sharding(fsdp, held)
 
 
-def step_cuts(w: TrainWorkload) -> tuple[int, int]:
-    """An optimizer step's cuts (one forward and backward each) and the rows of its largest, as the learner cuts a
-    step's rows (`rlctl.rl.cuts.cut_lengths`): in length order, `micro_batch_samples` rows a cut at most, fewer when
-    a mini-batch holds fewer, and with `micro_batch_tokens` no more padded tokens (rows × the longest row) than it.
-    The budget was not priced until 2026-12-07: 1,024 rows of about 3,000 tokens in cuts of 32 rows and 8,192
-    tokens were priced 32 cuts, which the learner makes 512 (2 rows a cut)."""
-    return w.cuts.number, w.cuts.rows
+def step_cuts(w: TrainWorkload, *, dp: int = 1) -> tuple[int, int]:
+    """An optimizer step's cuts (one forward and backward each) and the rows of its largest (over its `dp`
+    data-parallel ranks, each taking every dp-th row), as the learner cuts a step's rows at `dp`
+    (`rlctl.rl.cuts.cut_lengths`): in length order, each rank's share `micro_batch_samples` rows at most, a cut fewer
+    when a mini-batch holds fewer, and with `micro_batch_tokens` no more padded tokens (its rows × its longest row)
+    than it. The budget was not priced until 2026-12-07: 1,024 rows of about 3,000 tokens in cuts of 32 rows and
+    8,192 tokens were priced 32 cuts, which the learner makes 512 (2 rows a cut); and until the budgets became a
+    rank's (2026-12-07) a cut held them whatever the dp: 604 cuts of 1,024 rows at a median of 3,262 tokens, 1 to 9
+    rows each, at dp 8 as at dp 1."""
+    cuts = w.cuts_at(dp)
+    return cuts.number, cuts.rows
 
 
 def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool, per_step: bool = False) -> float:
@@ -296,7 +316,7 @@ def dp_reduced_bytes(w: TrainWorkload, *, tp: int, pp: int, dp: int, fsdp: bool,
     if dp < 2:
         return 0.0
     if fsdp:
-        return w.grad_bytes * (1 if per_step else step_cuts(w)[0])
+        return w.grad_bytes * (1 if per_step else step_cuts(w, dp=dp)[0])
     return w.grad_bytes / (tp * pp)
 
 
@@ -350,12 +370,13 @@ def train_time_s(
     shards = dp if w.shards_state else 1
     if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
         return math.inf
-    # a cut's rows (`step_cuts`): micro_batch_samples, fewer when a mini-batch holds fewer or the token budget pads
-    # fewer long rows; each data-parallel rank takes every dp-th row of it (rlctl.rl.learner.backward_share), the
-    # first ones the most, so ranks beyond its rows take none (FSDP2's run a row of weight 0) and shorten nothing:
-    # a cut of r rows computes its tokens on min(dp, r) ranks
+    # a cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
+    # budget pads fewer long rows; each data-parallel rank takes every dp-th row of it
+    # (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows take none (FSDP2's run a
+    # row of weight 0) and shorten nothing: a cut of r rows computes its tokens on min(dp, r) ranks (a step's last
+    # cut, or one of rows past the budget each)
     compute = 0.0
-    for cut_rows, share in w.cuts.sizes:
+    for cut_rows, share in w.cuts_at(dp).sizes:
         chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
         bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
         busy = entry.tp * entry.pp * min(dp, cut_rows)

@@ -408,7 +408,9 @@ def _assemble(
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
     at_step_s = train_s * (1 - streamed_fraction)
-    sim = simulate_modes(job, lm, units, tw, (train_s, at_step_s), per_site, opts, cache=cache, reduce_per_step=once)
+    sim = simulate_modes(
+        job, lm, units, tw, (train_s, at_step_s), per_site, opts, cache=cache, reduce_per_step=once, dp=tcfg.dp
+    )
 
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
@@ -424,6 +426,7 @@ def _assemble(
             streamed_fraction=streamed_fraction,
             cache=cache,
             reduce_per_step=once,
+            dp=tcfg.dp,
         )
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]

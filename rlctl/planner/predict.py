@@ -36,12 +36,13 @@ UnitsKey = tuple[tuple[str, int], ...]  # rollout units by site and cost (`_unit
 class SimCache:
     """What `simulate_modes` keeps across the allocations a search simulates (the plan's own among them), each by what
     it depends on: the simulated batches by rollout units (the same beside every trainer), and a mode's simulated
-    iteration by those units, their weight sync and the trainer's step, so two allocations that differ only in GPUs
-    left idle (13 and 15 GPUs of tp 4 units) or a trainer count whose fastest configuration is another's are
-    simulated once."""
+    iteration by those units, their weight sync and the trainer's step and dp (its learner's cuts), so two
+    allocations that differ only in GPUs left idle (13 and 15 GPUs of tp 4 units) or a trainer count whose fastest
+    configuration is another's are simulated once."""
 
     batches: dict[UnitsKey, list[Batch]] = field(default_factory=dict)
-    iterations: dict[tuple[UnitsKey, float, float, float, bool, Mode], float] = field(default_factory=dict)
+    # (units, weight sync s, train s, at-step s, reduce_per_step, dp, mode) → the simulated iteration (s)
+    iterations: dict[tuple[UnitsKey, float, float, float, bool, int, Mode], float] = field(default_factory=dict)
 
 
 def _units_key(units: list[Unit]) -> UnitsKey:
@@ -66,11 +67,13 @@ def simulate_modes(
     report: bool = True,
     cache: SimCache | None = None,
     reduce_per_step: bool = False,
+    dp: int = 1,
 ) -> dict[str, Any]:
     """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch); the iteration
     time of each of `modes`, and with `report` the dispatch report. `cache`: what a search that simulates many
     allocations keeps (`SimCache`). `reduce_per_step`: the trainer's FSDP2 reduces in a step's last cut alone (the
-    plan's `reduce_per_step`), so its learner holds the last cut until the last sample is in."""
+    plan's `reduce_per_step`), so its learner holds the last cut until the last sample is in. `dp`: the trainer's
+    data-parallel ranks, whose shares of a cut the learner's budgets bound (`rlctl.rl.cuts`)."""
     spec = job.spec
     train_s, at_step_s = train
     cache = SimCache() if cache is None else cache
@@ -91,6 +94,7 @@ def simulate_modes(
             group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
             shares=shares,
             reduce_per_step=reduce_per_step,
+            dp=dp,
         )
         for lengths, _, g, shares in batches
     ]
@@ -108,7 +112,7 @@ def simulate_modes(
     iteration: dict[Mode, float] = {}
     for m in modes:
         # the works are the batches' (by `key`) with this trainer step, and the job's eta and drain
-        done = (key, w_s, train_s, at_step_s, reduce_per_step, m)
+        done = (key, w_s, train_s, at_step_s, reduce_per_step, dp, m)
         t = cache.iterations.get(done)
         if math.isinf(w_s):  # no route the weight plane takes reaches a site of this allocation: none it can run
             t = math.inf

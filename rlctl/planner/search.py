@@ -279,6 +279,7 @@ def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: fl
             streamed_fraction=streamed_fraction,
             cache=cache,
             reduce_per_step=cfg is not None and cfg.layout.reduce_per_step,
+            dp=cfg.dp if cfg is not None else 1,
         )
 
     return run
@@ -296,9 +297,10 @@ def simulated_async_s(
     streamed_fraction: float,
     cache: SimCache | None = None,
     reduce_per_step: bool = False,
+    dp: int = 1,
 ) -> float:
     """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`
-    (`reduce_per_step`: the trainer's, `simulate_modes`)."""
+    (`reduce_per_step`, `dp`: the trainer's, `simulate_modes`)."""
     at_step = train_s * (1 - streamed_fraction)
     sim = simulate_modes(
         job,
@@ -312,6 +314,7 @@ def simulated_async_s(
         report=False,
         cache=cache,
         reduce_per_step=reduce_per_step,
+        dp=dp,
     )
     return float(sim["predicted"]["iteration_s"]["async"])
 

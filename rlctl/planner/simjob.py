@@ -72,6 +72,7 @@ class IterationWork:
     shares: dict[int, UnitShare] | None = None  # by unit (the indices of `unit_of`)
     unit_delay_s: float = 0.0  # with shares: weights ready → the unit's share reaches its engine (fetch, load)
     reduce_per_step: bool = False  # FSDP2 reduces in the step's last cut: the learner holds its last cut to the flush
+    dp: int = 1  # the trainer's data-parallel ranks: the learner's budgets are each one's share of a cut
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ def simulate_job(
             free=t,
             s=streamed_s / total,
             reduce_per_step=w.reduce_per_step,
+            ranks=w.dp,
         )
         if w.at_step_s > 0:
             t = max(t, g_end) + w.at_step_s
@@ -233,13 +235,15 @@ def learner_train(
     free: float,
     s: float,
     reduce_per_step: bool = False,
+    ranks: int = 1,
 ) -> float:
     """When the trainer, free at `free`, has trained one iteration (`s` seconds per token) as its learner cuts
     it (`rlctl.rl.learner.train_ready`): whenever the trainer is free, it takes every sample that has arrived
     (sorted `arrivals`; what came while it trained waits in its inbox), cuts those not yet trained and trains
     all cuts but a partial last one, which may still grow; after the last arrival, all of them (the learner's
     own rule, `trainable_cuts`). `whole` (sync): everything once the last sample is in. `reduce_per_step` (FSDP2
-    reducing in a step's last cut alone): the last cut waits for the last arrival, full or not, as the learner's."""
+    reducing in a step's last cut alone): the last cut waits for the last arrival, full or not, as the learner's.
+    `ranks`: the trainer's data-parallel ranks, whose shares of a cut the budgets bound (`rlctl.rl.cuts`)."""
     t, k, n = free, 0, len(arrivals)
     times, rows = arrivals.tolist(), [float(x) for x in tokens]  # plain floats: numpy scalars cost more than a cut
     held: list[float] = []  # the rows cut but not trained (a partial last cut), in length order
@@ -251,7 +255,9 @@ def learner_train(
         # only the lengths matter: the trained rows' sum (in length order, as the cuts train them) and what is held
         ready = sorted(held + rows[k:j])
         k = j
-        m = trained_count(ready, size, max_tokens=max_tokens, flush=k == n, reduce_per_step=reduce_per_step)
+        m = trained_count(
+            ready, size, max_tokens=max_tokens, ranks=ranks, flush=k == n, reduce_per_step=reduce_per_step
+        )
         t = now + s * sum(ready[:m])
         held = ready[m:]
     return t

@@ -1,7 +1,8 @@
 """The learner's micro-batch rule on row lengths alone (no torch: the simulator and planner price it too).
 
-rows (prompt + output tokens) ─▶ length order ─▶ cuts of ≤ `size` rows and, with `max_tokens`,
-≤ `max_tokens` padded tokens (rows × the longest row; a longer row goes alone)
+rows (prompt + output tokens) ─▶ length order ─▶ cuts over `ranks` data-parallel ranks, each rank's share (every
+                               `ranks`-th row: rlctl.rl.learner.backward_share) ≤ `size` rows and, with `max_tokens`,
+                               ≤ `max_tokens` padded tokens (its rows × its longest row; a longer row alone)
                                ─▶ `trainable_cuts`: all of them but a partial last one, unless flushing
                                   (`reduce_per_step`: but the last one, full or not, unless flushing)
 
@@ -31,13 +32,27 @@ def pipeline_chunks(rows: int, pp: int) -> int:
     return 1 if pp == 1 else max(1, min(rows, CHUNKS_PER_STAGE * pp))
 
 
-def cut_lengths(row_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None) -> list[list[int]]:
-    """Indices of the rows in length order (ties: index order), cut into micro-batches."""
+def _closes(rows: int, n: int | float, size: int, max_tokens: int | None, ranks: int) -> bool:
+    """Whether a cut of `rows` rows (in length order) is closed before a row of `n` tokens: that row would go to rank
+    rows % ranks as its share's longest, one row more than the share held, past `size` rows or, padded, `max_tokens`
+    (a share's first row goes in whatever its length)."""
+    mine = rows // ranks + 1  # the share's rows with it
+    return mine > size or (max_tokens is not None and mine > 1 and mine * n > max_tokens)
+
+
+def cut_lengths(
+    row_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, ranks: int = 1
+) -> list[list[int]]:
+    """Indices of the rows in length order (ties: index order), cut into micro-batches over `ranks` data-parallel
+    ranks: each rank takes every `ranks`-th row of a cut (`rlctl.rl.learner.backward_share`), so its share holds at
+    most `size` rows and pads to at most `max_tokens` tokens (its rows × its longest row; a longer row alone), the
+    budgets a GPU's memory sets (verl's ppo_micro_batch_size_per_gpu and ppo_max_token_len_per_gpu). Until
+    2026-12-07 they bounded the whole cut, which its ranks then divided: at dp 8 rows of 3,000 tokens in cuts of
+    8,192 left 6 of 8 ranks idle."""
     out: list[list[int]] = []
     cur: list[int] = []
     for i in sorted(range(len(row_tokens)), key=row_tokens.__getitem__):
-        n = row_tokens[i]
-        if cur and (len(cur) == size or (max_tokens is not None and (len(cur) + 1) * n > max_tokens)):
+        if cur and _closes(len(cur), row_tokens[i], size, max_tokens, ranks):
             out.append(cur)
             cur = []
         cur.append(i)
@@ -51,6 +66,7 @@ def trainable_cuts(
     size: int,
     *,
     max_tokens: int | None = None,
+    ranks: int = 1,
     flush: bool,
     reduce_per_step: bool = False,
 ) -> tuple[list[list[int]], list[int]]:
@@ -58,8 +74,8 @@ def trainable_cuts(
     arrivals, so it waits unless it is full or this flushes (the iteration is in). `reduce_per_step` (FSDP2
     reducing the gradients in a step's last cut alone, `DataParallel.reduce_per_step`): which cut is last is
     known at the flush alone, so the last cut waits for it, full or not."""
-    cuts = cut_lengths(row_tokens, size, max_tokens=max_tokens)
-    held = cuts.pop() if cuts and not flush and (reduce_per_step or len(cuts[-1]) < size) else []
+    cuts = cut_lengths(row_tokens, size, max_tokens=max_tokens, ranks=ranks)
+    held = cuts.pop() if cuts and not flush and (reduce_per_step or len(cuts[-1]) < size * ranks) else []
     return cuts, held
 
 
@@ -68,6 +84,7 @@ def trained_count(
     size: int,
     *,
     max_tokens: int | None = None,
+    ranks: int = 1,
     flush: bool,
     reduce_per_step: bool = False,
 ) -> int:
@@ -75,13 +92,13 @@ def trained_count(
     them in that order, the first ones, and holds the rest (a partial last cut; with `reduce_per_step` the last
     cut, full or not). The rule on the lengths alone, without the indices (the simulator's learner, thousands of
     times a plan)."""
-    n = len(sorted_tokens)
+    n, full = len(sorted_tokens), size * ranks
     if max_tokens is None:
-        last = (n - 1) // size * size if n else 0  # the last cut starts there
+        last = (n - 1) // full * full if n else 0  # the last cut starts there
     else:
         last = cur = 0
         for i, v in enumerate(sorted_tokens):
-            if cur and (cur == size or (cur + 1) * v > max_tokens):
+            if cur and _closes(cur, v, size, max_tokens, ranks):
                 last, cur = i, 0
             cur += 1
-    return last if n and not flush and (reduce_per_step or n - last < size) else n
+    return last if n and not flush and (reduce_per_step or n - last < full) else n

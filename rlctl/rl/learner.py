@@ -191,14 +191,17 @@ class StreamingLearner:
     def train_ready(self, *, flush: bool = False) -> None:
         """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
 
-        Ready samples are cut in length order (rows and padded-token budget, `rlctl.rl.cuts`); the last
-        cut may still grow with the next arrivals, so it waits unless it is full or this flushes. Where FSDP2
-        reduces the gradients once a step (`DataParallel.reduce_per_step`) only the step's last cut reduces them,
-        and which is last is known at the flush alone: a full cut that would leave nothing ready waits for it too.
+        Ready samples are cut in length order (the rows and padded-token budgets of each data-parallel rank's share,
+        `rlctl.rl.cuts`); the last cut may still grow with the next arrivals, so it waits unless it is full or this
+        flushes. Where FSDP2 reduces the gradients once a step (`DataParallel.reduce_per_step`) only the step's last
+        cut reduces them, and which is last is known at the flush alone: a full cut that would leave nothing ready
+        waits for it too.
         """
         rows = [row_tokens(s) for s, _ in self.ready]
         once = self.dp.reduce_per_step
-        cuts, keep = trainable_cuts(rows, self.micro, max_tokens=self.micro_tokens, flush=flush, reduce_per_step=once)
+        cuts, keep = trainable_cuts(
+            rows, self.micro, max_tokens=self.micro_tokens, ranks=self.dp.size, flush=flush, reduce_per_step=once
+        )
         for n, idx in enumerate(cuts, 1):
             self._micro_step([self.ready[i] for i in idx], reduce=not once or (flush and n == len(cuts)))
         self.ready = [self.ready[i] for i in keep]

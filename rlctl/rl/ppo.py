@@ -137,7 +137,7 @@ class PpoLearner:
 
     def _cuts(self, samples: list[Sample]) -> list[list[int]]:
         """This data-parallel rank's rows of each micro-batch (similar lengths: little padding); empty cuts dropped."""
-        cuts = micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+        cuts = micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens, ranks=self.dp.size)
         return [mine for idx in cuts if (mine := idx[self.dp.rank :: self.dp.size])]
 
     @torch.no_grad()

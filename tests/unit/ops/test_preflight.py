@@ -98,14 +98,15 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
 def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Path, backend: str) -> None:
-    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 4 pp 2 dp 2: the default token budget cuts
-    the job's rows, 3,262 tokens at the median, 1 to 9 a cut, which few dp ranks share), which its ranks form from
+    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 2 dp 8: its state does not fit a GPU at tp 1,
+    and the default token budget is each dp rank's, so 8 ranks share the step's cuts; until 2026-12-07 it bounded a
+    whole cut, 1 to 9 of the job's 3,262-token rows, and the plan chose tp 4 pp 2 dp 2), which its ranks form from
     the plan (`rlctl.agents.trainer._backend`), so check passes it (it refused it before, advising a GPU count no
     count met); torch's plan is data parallel only and shards with FSDP2 (it chose tp 2 too, which check refused)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
     par = counts.plan_counts(job, job.spec)["trainer"]["parallel"]
     if backend == "megatron":
-        assert par == {"tp": 4, "pp": 2, "dp": 2}
+        assert par == {"tp": 2, "pp": 1, "dp": 8}
     else:
         # each rank holds the step's unsharded gradients beside its shards (they fit): a reduce-scatter a step
         assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True, "reduce_per_step": True}

@@ -88,18 +88,18 @@ def test_the_fsdp2_a_layout_is_priced_with_is_what_the_launch_runs_there(tmp_pat
 
 
 def test_the_search_simulates_each_candidate_as_the_plan_simulates_its_choice(tmp_path: Path) -> None:
-    """An async 7B job on one H800 site, cuts of 32 rows: the trainer's FSDP2 reduces once a step, so its learner
+    """An async 7B job on one H800 site, 32 rows a rank a cut: the trainer's FSDP2 reduces once a step, so its learner
     holds a step's last cut to the flush (`reduce_per_step`). The split search simulated its candidates with every
     cut trained as it filled, the plan its choice with the last one held: it chose 16 rollout GPUs by 17.51 s, which
     the plan then priced at 17.61 s, where 24 run at 17.50 s. Each candidate is simulated with its own trainer
-    layout's reduction now, so the chosen one's figure is the plan's."""
+    layout's reduction and dp (the learner's budgets are a rank's) now, so the chosen one's figure is the plan's."""
     path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated")
     job = yaml.safe_load(path.read_text())
     job["batch"] |= {"train_micro_batch_samples": 32, "train_micro_batch_tokens": None}
     path.write_text(yaml.safe_dump(job))
     plan = make_plan(load_job(path), options=OPTS)
     (trainer,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
-    assert trainer["config"] == {"tp": 1, "pp": 1, "dp": 8, "fsdp": True, "reduce_per_step": True}
+    assert trainer["config"] == {"tp": 1, "pp": 1, "dp": 7, "fsdp": True, "reduce_per_step": True}
     search = plan["search"]
     (chosen,) = [e for e in search["evaluated"] if e["rollout_gpus"] == search["chosen"]]
     assert chosen["trainer_gpus"] == trainer["gpus_used"]

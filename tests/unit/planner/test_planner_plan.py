@@ -464,11 +464,10 @@ def test_the_async_iteration_is_the_pipeline_s_steady_state_not_its_last_iterati
     placement = job.spec.placement
     trainer = placement.trainer.model_copy(update={"gpus": 26})
     rollout = [placement.rollout[0].model_copy(update={"gpus": 20})]
-    # cuts of 32 rows: the default token budget cuts its 3,262-token rows 1 to 3 a cut, which leaves most of the 26
-    # ranks idle (a trainer-bound iteration)
-    batch = job.spec.batch.model_copy(update={"train_micro_batch_tokens": None})
+    # the default budgets, a data-parallel rank's (until 2026-12-07 they bounded a whole cut: 1 to 3 rows of its
+    # 3,262-token rows, most of the 26 ranks idle, a trainer-bound iteration; the test cut by 32 rows alone then)
     job.spec = job.spec.model_copy(
-        update={"placement": placement.model_copy(update={"trainer": trainer, "rollout": rollout}), "batch": batch}
+        update={"placement": placement.model_copy(update={"trainer": trainer, "rollout": rollout})}
     )
     seen: list[tuple[Any, dict[str, Any]]] = []
 

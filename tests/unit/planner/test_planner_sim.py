@@ -353,6 +353,7 @@ def _reference_learner(
     free: float,
     s: float,
     reduce_per_step: bool,
+    ranks: int,
 ) -> float:
     """The learner as `rlctl.rl.cuts.trainable_cuts` cuts the rows it holds, indices and all; arrivals within EPS_S of
     the trainer's now are now's (the simulator's rule: a float rounding apart is one event)."""
@@ -364,7 +365,12 @@ def _reference_learner(
             ready.append(k)
             k += 1
         cuts, held = trainable_cuts(
-            [tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n, reduce_per_step=reduce_per_step
+            [tokens[i] for i in ready],
+            size,
+            max_tokens=max_tokens,
+            ranks=ranks,
+            flush=k == n,
+            reduce_per_step=reduce_per_step,
         )
         t = now + s * sum(tokens[ready[i]] for c in cuts for i in c)
         ready = [ready[i] for i in held]
@@ -379,19 +385,35 @@ def _reference_learner(
     st.floats(0.0, 10.0),
     st.sampled_from([0.01, 0.3]),
     st.booleans(),
+    st.integers(1, 4),
 )
 @settings(max_examples=300, deadline=None)
 @example(  # two arrivals a float rounding apart: one event for the simulator, two for a reference by exact equality
-    rows=[(20.0, 1), (19.999999999999996, 1)], size=1, max_tokens=None, whole=False, free=0.0, s=0.01, once=False
+    rows=[(20.0, 1), (19.999999999999996, 1)],
+    size=1,
+    max_tokens=None,
+    whole=False,
+    free=0.0,
+    s=0.01,
+    once=False,
+    ranks=1,
 )
 def test_the_learner_on_lengths_alone_trains_as_its_cuts_do(
-    rows: list[tuple[float, int]], size: int, max_tokens: int | None, whole: bool, free: float, s: float, once: bool
+    rows: list[tuple[float, int]],
+    size: int,
+    max_tokens: int | None,
+    whole: bool,
+    free: float,
+    s: float,
+    once: bool,
+    ranks: int,
 ) -> None:
     """The simulator's learner keeps the lengths it holds, not their rows: the same training end, float for float
-    (`once`: FSDP2 reducing in a step's last cut alone, the last cut held to the flush)."""
+    (`once`: FSDP2 reducing in a step's last cut alone, the last cut held to the flush; `ranks`: the data-parallel
+    ranks whose shares of a cut the budgets bound)."""
     rows = sorted(rows, key=lambda r: r[0])
     arrivals, tokens = [float(a) for a, _ in rows], [float(n) for _, n in rows]
-    kw = {"whole": whole, "free": free, "s": s, "reduce_per_step": once}
+    kw = {"whole": whole, "free": free, "s": s, "reduce_per_step": once, "ranks": ranks}
     got = learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, **kw)
     assert got == _reference_learner(arrivals, tokens, size, max_tokens, **kw)
 

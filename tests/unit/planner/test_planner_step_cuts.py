@@ -1,5 +1,6 @@
 """The cuts the planner prices a trainer step by (`costs.step_cuts`) are those the learner makes (`rlctl.rl.cuts`):
-rows in length order, `train_micro_batch_samples` a cut and no more padded tokens than `train_micro_batch_tokens`."""
+rows in length order, each data-parallel rank's share of a cut (every dp-th row) `train_micro_batch_samples` rows
+and no more padded tokens than `train_micro_batch_tokens`."""
 
 from __future__ import annotations
 
@@ -21,30 +22,33 @@ from tests.unit.ops.test_preflight import gpu_job
 P7 = BUILTIN_MODELS["qwen2.5-7b"].params
 
 
-def learner_cuts(rows: list[float], size: int, max_tokens: int | None) -> tuple[int, int]:
-    """(cuts, rows of the largest) as the learner cuts `rows` (`rlctl.rl.cuts.cut_lengths`)."""
-    cuts = cut_lengths(rows, size, max_tokens=max_tokens)
+def learner_cuts(rows: list[float], size: int, max_tokens: int | None, *, ranks: int = 1) -> tuple[int, int]:
+    """(cuts, rows of the largest) as the learner cuts `rows` over `ranks` (`rlctl.rl.cuts.cut_lengths`)."""
+    cuts = cut_lengths(rows, size, max_tokens=max_tokens, ranks=ranks)
     return len(cuts), max(len(c) for c in cuts)
 
 
 def test_a_steps_cuts_are_the_learners_of_its_rows() -> None:
     """64 rows of 200 to 6,086 tokens in cuts of 32 rows and 8,192 padded tokens: the learner cuts them 1 to 10
     rows a cut, 36 cuts (2 by rows alone); the planner counts the same, from the rows or, without them, from their mean
-    (3,000 tokens: 2 rows a cut, 32 cuts)."""
+    (3,000 tokens: 2 rows a cut, 32 cuts); at dp 4, each rank's share so: 10 cuts of 4 to 16 rows."""
     rows = [200.0 + (i * 2909) % 6300 for i in range(64)]
     w = TrainWorkload(sum(rows), 64, 32, 4 * P7, micro_batch_tokens=8192, row_tokens=tuple(rows))
     assert step_cuts(w) == learner_cuts(rows, 32, 8192) == (36, 10)
     assert step_cuts(dataclasses.replace(w, micro_batch_tokens=None)) == learner_cuts(rows, 32, None) == (2, 32)
     mean = TrainWorkload(64 * 3000.0, 64, 32, 4 * P7, micro_batch_tokens=8192)
     assert step_cuts(mean) == learner_cuts([3000.0] * 64, 32, 8192) == (32, 2)
+    assert step_cuts(w, dp=4) == learner_cuts(rows, 32, 8192, ranks=4) == (10, 16)
+    assert step_cuts(mean, dp=4) == learner_cuts([3000.0] * 64, 32, 8192, ranks=4) == (8, 8)
     # the token shares of each cut size add up to the step's
     assert sum(share for _, share in w.cuts.sizes) == pytest.approx(1.0)
 
 
 def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: Path) -> None:
     """A 7B job of 1,024 rows at 3,262 tokens at the median (512 prompt + 2,750 output), cuts of 32 rows and the
-    default 8,192 padded tokens: the learner makes 604 cuts of 1 to 9 rows of the plan's length quantiles, which the
-    planner priced as 32 cuts of 32 rows (the budget unpriced)."""
+    default 8,192 padded tokens: at dp 1 the learner makes 604 cuts of 1 to 9 rows of the plan's length quantiles,
+    which the planner priced as 32 cuts of 32 rows (the budget unpriced); the budgets being a rank's, at dp 16 it makes
+    39 cuts of up to 95 rows (604 of 1 to 9 before 2026-12-07)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend="torch")
     batch = job.spec.batch
     assert (batch.samples_per_iteration, batch.train_micro_batch_samples, batch.train_micro_batch_tokens) == (
@@ -56,12 +60,14 @@ def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: P
     rows = (lm.quantiles(1024) + lm.prompt_tokens).tolist()
     w = train_workload(job, job.spec.model.arch, train_cost(job, profile_for(job, None), TrainingPasses()), tokens=1e6)
     assert step_cuts(w) == learner_cuts(rows, 32, 8192) == (604, 9)
+    assert step_cuts(w, dp=16) == learner_cuts(rows, 32, 8192, ranks=16) == (39, 95)
 
 
-def test_a_cut_of_fewer_rows_than_ranks_leaves_the_others_idle_and_fsdp2_reduces_each() -> None:
-    """64 rows of 3,000 tokens at 8,192 padded tokens a cut: 2 rows a cut, so of 8 data-parallel ranks 2 compute
-    each cut (every rank takes every 8th row of it: `rlctl.rl.learner.backward_share`), 4 × the compute of cuts of
-    32 rows; and FSDP2 reducing in every backward reduce-scatters 32 times a step, not 2."""
+def test_the_budgets_are_each_ranks_so_every_rank_computes_and_fsdp2_reduces_once_a_cut() -> None:
+    """64 rows of 3,000 tokens at 8,192 padded tokens and 32 rows a rank: at dp 8 a cut holds 16 rows, 2 a rank
+    (`rlctl.rl.cuts.cut_lengths`), so every rank computes every cut: the compute of cuts by rows alone, 1/8 of the
+    step's. Until the budgets were a rank's (2026-12-07) a cut held 2 rows whatever the dp, so 2 of 8 ranks computed:
+    4 × that. FSDP2 reducing in every backward reduce-scatters 4 times a step (32 before), 1 by rows alone."""
     site = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
     (e,) = [x for x in site.training if (x.tp, x.pp) == (1, 1)]
     rows = (3000.0,) * 64
@@ -72,9 +78,11 @@ def test_a_cut_of_fewer_rows_than_ranks_leaves_the_others_idle_and_fsdp2_reduces
         return train_time_s(e, 8, w, site=site, node_bytes_per_s=50e9) - TRAIN_STEP_OVERHEAD_S
 
     assert compute_s(by_rows) == pytest.approx(sum(rows) * e.gpu_s_per_token / 8)
-    assert compute_s(budget) == pytest.approx(4 * compute_s(by_rows))
+    assert compute_s(budget) == pytest.approx(compute_s(by_rows))
+    assert step_cuts(budget, dp=8) == learner_cuts(list(rows), 32, 8192, ranks=8) == (4, 16)
+    assert step_cuts(budget) == (32, 2)  # at dp 1 the cut is the rank's share
     grads = dataclasses.replace(budget, grad_bytes=4 * P7)
-    assert dp_reduced_bytes(grads, tp=1, pp=1, dp=8, fsdp=True) == 32 * 4 * P7
+    assert dp_reduced_bytes(grads, tp=1, pp=1, dp=8, fsdp=True) == 4 * 4 * P7
     assert dp_reduced_bytes(dataclasses.replace(grads, micro_batch_tokens=None), tp=1, pp=1, dp=8, fsdp=True) == (
-        2 * 4 * P7
+        4 * P7
     )

@@ -124,7 +124,8 @@ def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces
     """Every backend sums fp32 gradients, 4 B a parameter (test_dp_grad_bytes.py counts them in a gloo step), where
     the planner priced bf16's 2: a whole replica (megatron's tp 2 split, the torch trainer unsharded) all-reduces them
     once an optimizer step; FSDP2 reduce-scatters them once a step where the step's unsharded fp32 gradients fit
-    beside a rank's shards (`holds_grad_sync`), else in every backward, 32 cuts of 1,024 samples. 16 H800s over
+    beside a rank's shards (`holds_grad_sync`), else in every backward: 1,024 samples in 2 cuts at dp 16 (32 rows a
+    rank; 32 cuts before the budgets were a rank's, 2026-12-07). 16 H800s over
     2 nodes of 50 GB/s: a ring's network hop at a node's 50 GB/s, shared by the tp ranks' rings (`ring_time_s`)."""
     node_bw = 50e9
 
@@ -138,14 +139,15 @@ def test_the_data_parallel_reduction_is_priced_at_the_bytes_each_backend_reduces
 
     w = TrainWorkload(1e6, 1024, 32, 4 * P7)
     assert step_cuts(w) == (32, 32)
-    assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True) == 32 * 4 * P7
+    assert step_cuts(w, dp=16) == (2, 512)
+    assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True) == 2 * 4 * P7
     assert dp_reduced_bytes(w, tp=1, pp=1, dp=16, fsdp=True, per_step=True) == 4 * P7
     # a 7B's 30 GB of gradients fit beside its shards over 16 H800s: once a step, 0.57 s (18.3 s a cut)
     assert sync_s("qwen2.5-7b", 1, 16, w) == pytest.approx(15 / 16 * 4 * P7 / node_bw)
     # a 32B's 131 GB do not (its shards alone fit: 47 GB a rank): a reduce-scatter a cut
     p32 = BUILTIN_MODELS["qwen2.5-32b"].params
     big = TrainWorkload(1e6, 1024, 32, 4 * p32)
-    assert sync_s("qwen2.5-32b", 1, 16, big) == pytest.approx(32 * 15 / 16 * 4 * p32 / node_bw)
+    assert sync_s("qwen2.5-32b", 1, 16, big) == pytest.approx(2 * 15 / 16 * 4 * p32 / node_bw)
     # the rule: a rank's memory with the step's gradients (`rank_fits`); with LoRA always (the trainer holds the
     # adapters' gradients whatever the plan: `TorchBackend`)
     site = analytical_profile(BUILTIN_MODELS["qwen2.5-32b"], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
@@ -196,13 +198,13 @@ def test_a_ring_is_as_slow_as_its_slowest_hop() -> None:
 
 
 def test_data_parallel_ranks_beyond_a_cuts_rows_shorten_nothing() -> None:
-    """Each data-parallel rank trains every dp-th row of a learner cut (`backward_share`): at dp 64 and cuts of 32
+    """Each data-parallel rank trains every dp-th row of a learner cut (`backward_share`): at dp 64 and a step of 32
     rows half the ranks have none, so the step is no shorter than at dp 32. The planner priced 1/dp at any dp: on
     10,000 H800s it gave a 7B trainer 8,976 ranks for 1,024 samples."""
     prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})
     site = prof.sites["h"]
     e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
-    w = TrainWorkload(1e6, 1024, 32, 0.0)  # no gradient bytes: no all-reduce, compute and overhead only
+    w = TrainWorkload(1e6, 32, 32, 0.0)  # no gradient bytes: no all-reduce, compute and overhead only
     at = {dp: train_time_s(e, dp, w, site=site, node_bytes_per_s=25e9) for dp in (16, 32, 64)}
     assert at[64] == pytest.approx(at[32]) and at[32] < at[16]
     _, configs = train_curve(site, w, 512, node_bytes_per_s=25e9)
@@ -226,8 +228,8 @@ def test_the_pipeline_bubble_is_the_chunked_schedule_of_every_cut() -> None:
 
     assert factor(4, TrainWorkload(1e6, 512, 32, 0.0)) == pytest.approx(1 + 1 / 4)  # 8 rows per rank: 4 chunks
     assert factor(4, TrainWorkload(1e6, 64, 32, 0.0)) == pytest.approx(1 + 1 / 4)  # fewer cuts: the same bubble
-    assert factor(2, TrainWorkload(1e6, 512, 6, 0.0)) == pytest.approx(1 + 1 / 3)  # 3 rows per rank: 3 chunks
-    assert factor(32, TrainWorkload(1e6, 512, 32, 0.0)) == pytest.approx(2.0)  # 1 row: stage by stage
+    assert factor(2, TrainWorkload(1e6, 512, 3, 0.0)) == pytest.approx(1 + 1 / 3)  # 3 rows per rank: 3 chunks
+    assert factor(32, TrainWorkload(1e6, 512, 1, 0.0)) == pytest.approx(2.0)  # 1 row per rank: stage by stage
     # 128 mini-batches of 4 samples: cuts of 4 rows, 2 per rank
     assert factor(2, TrainWorkload(1e6, 512, 32, 0.0, mini_batches=128, optimizer_steps=128)) == pytest.approx(1.5)
 

@@ -1,7 +1,7 @@
 """The gradient bytes the planner prices a data-parallel step's reduction at (`rlctl.planner.costs.dp_reduced_bytes`)
 are those the trainer hands its collectives, counted in a real step of 2 gloo ranks: the unsharded torch trainer and
 megatron all-reduce their fp32 gradients once a step (`rlctl.rl.gradsum`), FSDP2 reduce-scatters them in fp32 in
-every backward (a cut of the step's samples)."""
+every backward (a cut of the step's samples: `train_micro_batch_samples` rows on each rank)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.unit.trainers.test_fsdp import CFG, iterations
 
 SCRIPT = Path(__file__).with_name("dp_grad_rank.py")
 EVEN = dataclasses.replace(CFG, vocab_size=68)  # every tensor shards evenly over 2 ranks: FSDP2 pads none
-MICRO = 3  # 16 samples: 6 cuts
+MICRO = 3  # a rank's rows a cut: 16 samples in 3 cuts of 6 rows over the 2 ranks (6 cuts of 3 before 2026-12-07)
 
 
 def collectives(tmp_path: Path, kind: str, *, micro: int = MICRO) -> list[dict[str, Any]]:
@@ -55,7 +55,7 @@ def planned_bytes(tmp_path: Path, kind: str) -> float:
     batch = batch.model_copy(update={"train_micro_batch_tokens": None})
     job = Job(spec.model_copy(update={"trainer": trainer, "batch": batch}), job.inventory, job.path)
     w = train_workload(job, EVEN.arch("tiny"), train_cost(job, profile_for(job, None), TrainingPasses()), tokens=1e4)
-    assert w.shards_always == sharded and step_cuts(w) == (6, MICRO)
+    assert w.shards_always == sharded and step_cuts(w, dp=2) == (3, 2 * MICRO)
     return dp_reduced_bytes(w, tp=1, pp=1, dp=2, fsdp=sharded, per_step=kind == "fsdp-step")
 
 
@@ -76,7 +76,7 @@ def test_the_planner_prices_the_gradient_bytes_the_trainer_reduces(tmp_path: Pat
         assert {name for name, _, _ in grads} == {collective}  # (the step's summed figures: one float64 all-reduce)
         sent = sum(n for _, _, n in grads)
         # fp32: every cut's backward (FSDP2), or once a step (FSDP2 holding gradient sync off but in its last cut's)
-        assert sent == 4 * params * (6 if kind == "fsdp" else 1)
+        assert sent == 4 * params * (3 if kind == "fsdp" else 1)
         assert planned_bytes(tmp_path, kind) == sent
 
 

@@ -109,16 +109,17 @@ def test_sharded_steps_equal_the_unsharded_steps(tmp_path: Path, inputs: tuple[P
 def test_a_moes_load_balancing_term_takes_the_same_steps_sharded(tmp_path: Path) -> None:
     """A Qwen3MoE whose config.json sets output_router_logits: each rank's pass takes the load-balancing term over its
     own rows, weighed by their share of the whole batch's normaliser, and FSDP2 sums the ranks' gradients. 2 ranks
-    given 1 row each of every 2-row micro-batch take the steps 1 rank takes in 1-row micro-batches (each term over
-    the same row), and report the same term, versus none trained (1 rank in 2-row micro-batches, a term over 2 rows,
-    differs from both: by 2e-3 in a router weight after 3 steps, against a tolerance of 2e-6)."""
+    given 1 row each of every 2-row micro-batch (`train_micro_batch_samples` 1: a rank's) take the steps 1 rank takes
+    in 1-row micro-batches (each term over the same row), and report the same term, versus none trained (1 rank in
+    2-row micro-batches, a term over 2 rows, differs from both: by 2e-3 in a router weight after 3 steps, against a
+    tolerance of 2e-6)."""
     torch.manual_seed(0)
     aux = dataclasses.replace(MOE, output_router_logits=True, router_aux_loss_coef=0.1)
     TinyGPT(dataclasses.replace(CFG, architecture="Qwen3MoeForCausalLM", moe=aux)).save_pretrained(tmp_path / "model")
     torch.save(iterations(), tmp_path / "samples.pt")
     paths = {"model": tmp_path / "model", "samples": tmp_path / "samples.pt"}
     whole = run(tmp_path, world=1, phase="run", job=tmp_path / "job1", micro=1, **paths)
-    sharded = run(tmp_path, world=2, phase="run", job=tmp_path / "job2", micro=2, **paths)
+    sharded = run(tmp_path, world=2, phase="run", job=tmp_path / "job2", micro=1, **paths)
     assert_same_steps(whole, sharded, TinyGPT.from_pretrained(tmp_path / "model").hf_weights())
     assert all(a is not None and a > 1.0 for a in whole["router_aux"])  # (1: every expert chosen alike)
     assert sharded["router_aux"] == pytest.approx(whole["router_aux"], rel=1e-5)
