@@ -321,6 +321,10 @@ class GrpoLearner:
         self.schedule = StepLr.of(cfg, iterations=iterations)
         self.steps = 0
 
+    def _cuts(self, samples: list[Sample]) -> list[list[int]]:
+        """The micro-batches `step` runs the reference's forward and the policy's forward/backward in."""
+        return micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+
     def advantages(self, samples: list[Sample]) -> list[float]:
         return group_advantages(
             [s.reward for s in samples], [s.prompt_id for s in samples], scale=self.cfg.advantage_std
@@ -330,16 +334,18 @@ class GrpoLearner:
         """One GRPO step on `samples` (this rank's). None (a rank given no share of the batch): a step with no
         gradient of its own, still in the sums over the ranks, as one of empty outputs."""
         t0 = time.monotonic()
-        if self.cfg.kl_coef > 0:
-            fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv = self.advantages(samples)
         agg, most = self.cfg.loss_aggregation, self.max_output_tokens
         normaliser = loss_normaliser(agg, batch_counts(samples), max_output_tokens=most)  # the whole batch's
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
-            batch = make_batch([samples[i] for i in idx], [adv[i] for i in idx], pad=self.pad)
+        for idx in self._cuts(samples):
+            part = [samples[i] for i in idx]
+            if self.cfg.kl_coef > 0:  # a cut at a time, as the training forward: one over the whole batch held fp32
+                # logits of rows × its longest row × vocab (hundreds of GB at scale) where the cuts fit
+                fill_ref_logprobs(self.ref_model, part, temperature=self.cfg.temperature, pad=self.pad)
+            batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(
                 self.model,
                 batch,
