@@ -7,8 +7,10 @@ Forms a gloo group of WORLD CPU ranks, loads BACKEND ('torch', 'fsdp': the torch
 tp = pp = 1) on the HF checkpoint MODEL and the GRPO learner on it as the trainer agent does
 (`make_learner`, micro-batches of MICRO rows): rank 0 adds the samples, training what is ready, and steps once, the
 other ranks follow its broadcasts. Every call of `torch.distributed.all_reduce` and `reduce_scatter_single` (what
-`rlctl.rl.gradsum` and FSDP2 hand their gradients to) is recorded as it is made. OUT.pt: {"calls": [(collective,
-dtype, bytes of its input)], "weights": the torch backend's full weights after the step (megatron: none)}.
+`rlctl.rl.gradsum` and FSDP2 hand their gradients to) is recorded as it is made, and the full gradient of each
+parameter as the optimizer's step takes it (reduced, divided by the normaliser and clipped; FSDP2's shards gathered).
+OUT.pt: {"calls": [(collective, dtype, bytes of its input)], "grads": {name: full fp32 gradient} (megatron: none),
+"weights": the torch backend's full weights after the step (megatron: none)}.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ def record(calls: list[tuple[str, str, int]], name: str, pick: Callable[..., tor
     setattr(dist, name, counted)
 
 
+def record_grads(grads: dict[str, torch.Tensor], model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Before each step of `opt`, copy each of `model`'s parameters' full gradient into `grads` (a DTensor's shards
+    gathered: a collective, which every rank makes as its optimizer steps, in the same order)."""
+    from rlctl.devices import as_dtensor
+
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+    def before_step(*_: Any) -> None:
+        for name, p in named:
+            assert p.grad is not None, name
+            d = as_dtensor(p.grad)
+            full = d.full_tensor() if d is not None else p.grad
+            grads[name] = full.detach().to(torch.float32, copy=True).cpu()
+
+    opt.register_step_pre_hook(before_step)
+
+
 def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, samples: Path, micro: int, out: Path) -> None:
     from rlctl.config.algorithm import GrpoAlgorithm
     from rlctl.config.pipeline import Batch
@@ -55,6 +74,9 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
     calls: list[tuple[str, str, int]] = []
     record(calls, "all_reduce", lambda tensor, *a, **k: tensor)
     record(calls, "reduce_scatter_single", lambda output, input, *a, **k: input)
+    grads: dict[str, torch.Tensor] = {}
+    if kind != "megatron":
+        record_grads(grads, backend.model, learner.optimizers()["policy"])
     if rank > 0:
         learner.follow()
     else:
@@ -64,7 +86,7 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
         learner.step()
         learner.stop_followers()
     weights = wire_weights(backend.model, dtype=torch.float32, tied=False) if kind != "megatron" else {}
-    torch.save({"calls": calls, "weights": weights}, out)
+    torch.save({"calls": calls, "grads": grads, "weights": weights}, out)
     dist.barrier()
 
 
