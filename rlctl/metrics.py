@@ -109,14 +109,38 @@ class JobMetrics:
         self.entropy = Gauge(
             "rlctl_train_entropy", "The policy's mean next-token entropy (nats) over the last iteration", registry=r
         )
+        self.loss = Gauge(
+            "rlctl_train_loss",
+            "The policy's loss, last iteration: what its gradient is of (PPO's, of whitened advantages, is about 0)",
+            registry=r,
+        )
+        self.kl = Gauge(
+            "rlctl_train_kl",
+            "Mean per-token KL(sampling policy || trainer policy before the step), last iteration: how off-policy "
+            "the batch was (staleness, engine numerics); NaN when the iteration trained no token",
+            registry=r,
+        )
+        self.kl_ref = Gauge(
+            "rlctl_train_kl_ref",
+            "Mean per-token KL to the reference policy that algorithm.kl_coef multiplies (GRPO's loss term, PPO's "
+            "reward penalty), last iteration; NaN with kl_coef 0 (no reference model)",
+            registry=r,
+        )
+        self.value_loss = Gauge(
+            "rlctl_train_value_loss",
+            "PPO's critic loss, 1/2 (V - R)^2 per token, last iteration; NaN without a critic (GRPO)",
+            registry=r,
+        )
         self.router_aux_loss = Gauge(
             "rlctl_train_router_aux_loss",
             "A MoE's router load-balancing loss (before router_aux_loss_coef), last iteration; NaN where the model's "
             "loss has no such term (config.json's output_router_logits false, or a dense model)",
             registry=r,
         )
-        # NaN, a gap on a graph, until a trained iteration's loss has the term: a dense model's is no figure, not 0
-        self.router_aux_loss.set(float("nan"))
+        # NaN, a gap on a graph, until a trained iteration has the figure: a dense model's load-balancing loss, GRPO's
+        # critic loss and a job's KL to a reference it has not are no figure, not 0
+        for gauge in (self.loss, self.kl, self.kl_ref, self.value_loss, self.router_aux_loss):
+            gauge.set(float("nan"))
         self.no_signal_fraction = Gauge(
             "rlctl_train_no_signal_fraction",
             "Share of the last iteration's samples in groups whose rewards were all equal (no gradient)",

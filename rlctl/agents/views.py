@@ -480,6 +480,11 @@ def forget_agent_gauges(m: JobMetrics, p: AgentRecord, sites: Mapping[str, str])
         gauge.remove(*labels)
 
 
+def _or_nan(x: float | None) -> float:
+    """A gauge's value for a figure the job may not have: NaN (a gap on a graph) for none."""
+    return math.nan if x is None else x
+
+
 def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats, rows: RowBook) -> None:
     """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core); the rates over the last
     iterations (`rows`, which hold `row`)."""
@@ -498,8 +503,13 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.learning_rate.set(t.lr)
     m.clip_fraction.set(t.clip_frac)  # NaN when the iteration trained no token: a gap, not the last value
     m.entropy.set(t.entropy)
-    if t.router_aux_loss is not None:  # a MoE whose loss has the term (else the gauge stays NaN: no figure)
-        m.router_aux_loss.set(t.router_aux_loss)
+    m.loss.set(t.loss)
+    m.kl.set(t.kl)  # NaN when the iteration trained no token, as the clip fraction
+    # NaN, no figure (a gap, not 0), where the job has none: no reference model (kl_coef 0), no critic (GRPO), no
+    # load-balancing term (a dense model, or a MoE whose config.json leaves output_router_logits false)
+    m.kl_ref.set(_or_nan(t.kl_ref))
+    m.value_loss.set(_or_nan(t.value_loss))
+    m.router_aux_loss.set(_or_nan(t.router_aux_loss))
     m.no_signal_fraction.set(t.no_signal_frac)
     m.dropped_groups.inc(stats.dropped)
     m.weight_version.set(t.version)

@@ -131,6 +131,15 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
         assert all(f is not None and f.generated_tokens == f.sent_tokens and f.dropped_tokens == 0 for f in flights)
 
 
+def _train_gauges(port: int) -> dict[str, float]:
+    """The controller's rlctl_train_* gauges as /metrics serves them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        scraped = resp.read().decode()
+    return {
+        k: float(v) for k, v in (line.split(" ") for line in scraped.splitlines() if line.startswith("rlctl_train"))
+    }
+
+
 @pytest.mark.timeout(120)
 def test_a_ppo_job_with_a_reference_reports_the_kl_its_rewards_penalise_and_its_critic_loss(tmp_path):
     """PPO applies kl_coef as a reward penalty: every row has that KL and the critic's loss (before, kl_ref read 0.0
@@ -138,10 +147,13 @@ def test_a_ppo_job_with_a_reference_reports_the_kl_its_rewards_penalise_and_its_
     torch.manual_seed(0)
     job = _job("sync", iterations=3, algorithm="ppo")
     job = job.model_copy(update={"algorithm": job.algorithm.model_copy(update={"kl_coef": 0.05, "lr": 1e-2})})
-    jd, _ = run_inproc(job, tmp_path, "ppo-kl")
+    jd, ctl = run_inproc(job, tmp_path, "ppo-kl")
     rows = jd.read_lines(jd.metrics)
     assert all(r["value_loss"] > 0 and math.isfinite(r["kl_ref"]) for r in rows), rows
     assert rows[-1]["kl_ref"] != 0.0, rows  # the policy moved off its reference: the sampled tokens' KL is not 0
+    gauges = _train_gauges(ctl.metrics_port)  # Prometheus has them too, the last row's
+    for key in ("value_loss", "kl_ref", "loss"):
+        assert gauges[f"rlctl_train_{key}"] == pytest.approx(rows[-1][key], abs=1e-5), key
 
 
 @pytest.mark.timeout(120)
@@ -162,18 +174,21 @@ def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_
             assert "entropy" not in r and "kl" not in r, r
         else:
             assert 0 < r["entropy"] <= math.log(TinyGPT().config.vocab_size), r
-    with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
-        scraped = resp.read().decode()
-    gauges = {
-        k: float(v) for k, v in (line.split(" ") for line in scraped.splitlines() if line.startswith("rlctl_train"))
-    }
+    gauges = _train_gauges(ctl.metrics_port)
     last = rows[-1]  # the gauges hold the last iteration's figures (NaN for one that trained no token)
-    for gauge, key in [("learning_rate", "lr"), ("grad_norm", "grad_norm"), ("no_signal_fraction", "no_signal_frac")]:
+    for gauge, key in [
+        ("learning_rate", "lr"),
+        ("grad_norm", "grad_norm"),
+        ("no_signal_fraction", "no_signal_frac"),
+        ("loss", "loss"),
+    ]:
         assert gauges[f"rlctl_train_{gauge}"] == pytest.approx(last[key], abs=1e-4), gauge
-    for gauge, key in [("clip_fraction", "clip_frac"), ("entropy", "entropy")]:
+    for gauge, key in [("clip_fraction", "clip_frac"), ("entropy", "entropy"), ("kl", "kl")]:
         value = gauges[f"rlctl_train_{gauge}"]
         assert value == pytest.approx(last[key], abs=1e-4) if key in last else math.isnan(value), gauge
     assert math.isnan(gauges["rlctl_train_router_aux_loss"])  # tiny-demo is dense: no load-balancing loss, not 0
+    # GRPO at kl_coef 0: no reference model, no critic; no figure (a gap), not 0
+    assert math.isnan(gauges["rlctl_train_kl_ref"]) and math.isnan(gauges["rlctl_train_value_loss"])
 
 
 @pytest.mark.timeout(120)

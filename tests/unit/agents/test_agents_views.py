@@ -974,3 +974,25 @@ def test_a_moes_load_balancing_loss_is_a_gauge_and_on_the_status_line_where_its_
         "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33  router aux loss 1.0235"
     )
     assert training_line({**st["training"], "router_aux_loss": None}).endswith("router aux loss -")  # NaN: no figure
+
+
+def test_the_losses_and_kls_are_gauges_nan_where_the_job_has_no_such_figure():
+    """rlctl_train_loss, _kl, _kl_ref and _value_loss carry the row's figures, versus metrics.jsonl and the trackers
+    alone; a GRPO job without a reference model has no critic loss nor reference KL, and an iteration that trained
+    no token no off-policy KL: NaN (a gap), not 0 nor the last value."""
+    core, t, _ = _one_iteration()
+    m = JobMetrics()
+    value = m.registry.get_sample_value
+    figures = ("loss", "kl", "kl_ref", "value_loss")
+    assert all(math.isnan(value(f"rlctl_train_{f}")) for f in figures)  # before the first trained iteration
+    ppo_t = msgspec.structs.replace(t, kl_ref=0.0456789, value_loss=0.8765432)
+    ppo = metrics_row(_snapshot(core, []), ppo_t, wall_time=0)
+    iteration_gauges(m, ppo, ppo_t, core.stats[0], RowBook([ppo]))
+    assert {f: value(f"rlctl_train_{f}") for f in figures} == pytest.approx({f: ppo[f] for f in figures}, abs=1e-5)
+    assert (value("rlctl_train_kl_ref"), value("rlctl_train_value_loss")) == (0.0456789, 0.8765432)
+    grpo_t = msgspec.structs.replace(t, loss=-0.25, kl=math.nan)  # no reference, no critic, no token trained
+    grpo = metrics_row(_snapshot(core, []), grpo_t, wall_time=0)
+    assert not {"kl", "kl_ref", "value_loss"} & grpo.keys()
+    iteration_gauges(m, grpo, grpo_t, core.stats[0], RowBook([grpo]))
+    assert value("rlctl_train_loss") == -0.25
+    assert all(math.isnan(value(f"rlctl_train_{f}")) for f in ("kl", "kl_ref", "value_loss"))
