@@ -15,11 +15,16 @@ order, sharded or not, so the indices are the same on both sides), a module's st
 rank's shard (an unsharded source: rank 0's alone; `mmap`: a tensor is read from disk as it is used) and holds its
 part of one tensor at a time beside the state it has rebuilt (an unsharded target: the whole tensor). The step
 count is carried (every parameter steps together); the hyper-parameters are the old shard's.
+
+A sharded rank verifies (SHA-256) only the old shards its rows overlap (`shards_read`, the union over every dim-0
+size of its state: the same old ranks for each only where the sizes divide evenly); the others stand in as their
+tensors' shapes alone (`stand_in`: meta tensors, a read of which fails), versus every old shard hashed in full on
+every rank (rank 0 still checks the whole part: it answers for it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +49,45 @@ def rows(n: int, *, world: int, rank: int) -> slice:
     return slice(min(rank * per, n), min((rank + 1) * per, n))
 
 
+def shards_read(
+    was: ParallelConfig, now: ParallelConfig, *, rank: int, sizes: Iterable[int], written: Sequence[int]
+) -> list[int]:
+    """The old ranks, of `written` (those whose shards the part lists), whose data rank `rank` at `now` reads: where
+    FSDP2 shards both sides, those holding rows of a dim-0 size in `sizes` that `rank` holds too (`rows` on either
+    side; none: the first, for the step and hyper-parameters); else every one (an unsharded source wrote one, an
+    unsharded target holds the whole of every tensor)."""
+    if not (was.fsdp and now.fsdp):
+        return list(written)
+    want = set()
+    for n in set(sizes):
+        ours = rows(n, world=now.dp, rank=rank)
+        want |= {r for r in range(was.dp) if _overlap(rows(n, world=was.dp, rank=r), ours)}
+    return [r for r in written if r in want] or list(written[:1])
+
+
+def _overlap(a: slice, b: slice) -> bool:
+    return max(a.start, b.start) < min(a.stop, b.stop)
+
+
+def stand_in(shard: Mapping[str, Any]) -> dict[str, Any]:
+    """An old shard this rank reads no rows of (`shards_read`), as `part` needs it: its optimizers' and modules'
+    tensors as their shapes alone (meta tensors: reading one fails), no hyper-parameters (`param_groups` None): a
+    file this rank did not verify lends nothing but the row counts."""
+
+    def meta(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty(v.shape, dtype=v.dtype, device="meta")
+        return {k: meta(x) for k, x in v.items()} if isinstance(v, Mapping) else None
+
+    out: dict[str, Any] = {}
+    for k, v in shard.items():
+        if k.startswith("optimizer."):
+            out[k] = {"state": meta(v["state"]), "param_groups": None}
+        elif k.startswith("module."):
+            out[k] = meta(v)
+    return out
+
+
 def _joined(name: str, pieces: Sequence[torch.Tensor], shape: Sequence[int]) -> bool:
     """Whether `pieces` (each old rank's tensor `name`) are the dim-0 parts of a tensor of `shape` (True) or each
     the whole of it (False: a tensor the old ranks did not shard, or one rank). ValueError for neither."""
@@ -65,20 +109,23 @@ def part(name: str, pieces: Sequence[torch.Tensor], target: torch.Tensor) -> tor
     shape = tuple(target.shape)
     joined = _joined(name, pieces, shape)
     d = as_dtensor(target)
+    whole = next((p for p in pieces if not p.is_meta), pieces[0])  # not joined: each the whole (a verified one)
     if d is None:
-        return torch.cat(list(pieces)) if joined else pieces[0].clone()
+        return torch.cat(list(pieces)) if joined else whole.clone()
     from torch.distributed.tensor import Shard
 
     assert tuple(d.placements) == (Shard(0),), d.placements  # what `rlctl.trainers.fsdp.shard` makes
     mesh = d.device_mesh
     want = rows(shape[0], world=mesh.size(), rank=mesh.get_local_rank())
     if not joined:
-        out = pieces[0][want].clone()
+        out = whole[want].clone()
     else:
         cuts, start = [], 0
         for p in pieces:  # old rank's rows [start, start + len): the ones this rank holds of them
             lo, hi = max(start, want.start), min(start + p.shape[0], want.stop)
             if lo < hi:
+                if p.is_meta:  # (`shards_read` went by `rows`: the old parts are not FSDP2's cut)
+                    raise ValueError(f"{name}'s rows {lo}..{hi} are in an old shard this rank did not read")
                 cuts.append(p[lo - start : hi - start])
             start += p.shape[0]
         out = torch.cat(cuts) if cuts else torch.empty((0, *shape[1:]), dtype=pieces[0].dtype)
@@ -94,7 +141,8 @@ def rebuilt_optimizer(
     one parameter at a time: plain tensors, as `local_state` saves them (`redistribute_optimizer` makes the
     sharded ones DTensors after the load). ValueError where the old optimizer holds other parameters (another
     model, other groups) or some parameters took a step and others none."""
-    old_groups = states[0]["param_groups"]
+    real = next(j for j, sd in enumerate(states) if sd["param_groups"] is not None)  # (not a `stand_in`)
+    old_groups = states[real]["param_groups"]
     now_groups = current["param_groups"]
     if [len(g["params"]) for g in old_groups] != [len(g["params"]) for g in now_groups]:
         raise ValueError(
@@ -110,7 +158,7 @@ def rebuilt_optimizer(
         if any(st is None for st in got):  # (a torch optimizer has a parameter's state once it stepped it)
             unstepped.append(i)
             continue
-        state[i] = {"step": torch.as_tensor(got[0]["step"]).clone()}
+        state[i] = {"step": torch.as_tensor(got[real]["step"]).clone()}
         for m in MOMENTS:
             state[i][m] = part(f"parameter {i}'s {m}", [st[m] for st in got], p)
     if state and unstepped:

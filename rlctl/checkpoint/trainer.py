@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -470,16 +470,26 @@ def written_split(manifest: dict[str, Any]) -> ParallelConfig:
     return ParallelConfig("trainer", int(split["tp"]), int(split["pp"]), dp=int(split["dp"]), fsdp=split.get("fsdp"))
 
 
-def _shards_read(manifest: dict[str, Any], *, model: Any, split: ParallelConfig, shard_of: int) -> list[int]:
+def _shards_read(
+    manifest: dict[str, Any],
+    *,
+    model: Any,
+    split: ParallelConfig,
+    shard_of: int,
+    rank: int,
+    sizes: Callable[[], Iterable[int]],
+) -> list[int]:
     """The writers of the shards this rank restores from: replica 0's at its (tp, pp) position at the
     checkpoint's split (`shard_of` itself at the same split); at another tp × pp those of the old positions its
     new shard overlaps (`resplit.stages_read`, every old tp rank of them); FSDP's state at another dp or sharded on
-    one side alone, every old rank's shard (`refsdp`)."""
+    one side alone, the old ranks' shards holding rows `rank` holds of a tensor of a dim-0 size in `sizes()`
+    (`refsdp.shards_read`: every one for an unsharded target, rank 0's for an unsharded source)."""
     if split_problem(manifest, split) is not None:
         return [shard_of]
     was = written_split(manifest)
-    if refsdp.applies(was, split):  # every old rank's part of the sharded state (unsharded: rank 0's, the whole)
-        return [int(s["rank"]) for s in manifest["ranks"]]
+    if refsdp.applies(was, split):
+        written = [int(s["rank"]) for s in manifest["ranks"]]
+        return refsdp.shards_read(was, split, rank=rank, sizes=sizes(), written=written)
     t, p = resplit.position(shard_of, split)
     if (was.tp, was.pp) == (split.tp, split.pp):
         return [resplit.writer(t, p, was)]
@@ -510,8 +520,13 @@ def load_trainer(
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]
 
+    def sizes() -> set[int]:  # the dim-0 sizes of the state FSDP2 shards (a DTensor's shape is the whole tensor's)
+        held = [p for o in optimizers.values() for g in o.param_groups for p in g["params"]]
+        held += [t for m in (modules or {}).values() for t in m.state_dict().values()]
+        return {int(t.shape[0]) for t in held if isinstance(t, torch.Tensor) and t.dim() > 0}
+
     def reads(manifest: dict[str, Any]) -> list[int]:
-        return _shards_read(manifest, model=model, split=split, shard_of=shard_of)
+        return _shards_read(manifest, model=model, split=split, shard_of=shard_of, rank=rank, sizes=sizes)
 
     manifest = _verified(ckpt, rank=rank, reads=reads, version=version)
     why = split_problem(manifest, split)
@@ -674,13 +689,17 @@ def _load_refsdp(
     module rebuilt from the old shards `reads` (`rlctl.checkpoint.refsdp`), the RNG of this rank's old shard (else the
     first's). A sharded policy's fp32 weights (`module.policy`) are the old shards' where they hold them, into a
     policy sharded or not; an unsharded one's are its HF directory's (fp32: `HostPolicy`). CheckpointError for a
-    module the shards lack (but a sharded policy's) or hold other tensors of, or other optimizer state."""
+    module the shards lack (but a sharded policy's) or hold other tensors of, or other optimizer state. The old shards
+    but `reads` (those this rank verified) lend their tensors' shapes alone (`refsdp.stand_in`)."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     rank, _ = _rank_world()
-    files = {s["rank"]: s["file"] for s in manifest["ranks"]}
-    shards = [torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads]
-    first = shards[0]
+    files = {int(s["rank"]): s["file"] for s in manifest["ranks"]}
+    shards = []
+    for r in files:  # (rank order: the manifest's)
+        shard = torch.load(ckpt / files[r], weights_only=True, mmap=True)
+        shards.append(shard if r in reads else refsdp.stand_in(shard))
+    first = shards[list(files).index(reads[0])]
     held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
     into = dict(modules)
     if "policy" in held and "policy" not in into:  # sharded into unsharded: the policy is the backend's whole model
@@ -714,7 +733,7 @@ def _load_refsdp(
     for k, o in optimizers.items():
         o.load_state_dict(states[k])
         redistribute_optimizer(o, [p for g in o.param_groups for p in g["params"]])  # sharded: DTensors again
-    set_rng_state(shards[reads.index(rank)]["rng"] if rank in reads else first["rng"])  # (nothing draws from it)
+    set_rng_state(shards[list(files).index(rank)]["rng"] if rank in reads else first["rng"])  # (nothing draws from it)
     log.info(
         "checkpoint %s was written at %s and is resumed at %s: rank %d rebuilt its state from ranks %s' shards "
         "(optimizer sha256 %s)",

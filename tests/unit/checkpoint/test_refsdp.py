@@ -26,6 +26,28 @@ def test_rows_cut_as_torch_chunk_with_the_ranks_past_the_rows_empty() -> None:
             assert [i for s in got for i in range(n)[s]] == list(range(n))
 
 
+def test_a_sharded_rank_reads_the_old_shards_its_rows_overlap_of_any_size() -> None:
+    """dp 8 → 4: a rank reads two old shards where every size divides, a third where one does not (67 rows: 9 an old
+    rank, 17 a new one; new rank 1's rows 17..33 are old ranks 1 to 3's); an unsharded side reads every shard
+    written."""
+    from rlctl.launch.agentenv import ParallelConfig
+
+    old, new = ParallelConfig("trainer", dp=8, fsdp=True), ParallelConfig("trainer", dp=4, fsdp=True)
+    written = list(range(8))
+    assert [refsdp.shards_read(old, new, rank=r, sizes=[32, 64], written=written) for r in range(4)] == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6, 7],
+    ]
+    assert refsdp.shards_read(old, new, rank=1, sizes=[32, 67], written=written) == [1, 2, 3]
+    assert refsdp.shards_read(old, new, rank=0, sizes=[32, 67], written=written) == [0, 1]
+    assert refsdp.shards_read(new, old, rank=7, sizes=[4, 3], written=[0, 1, 2, 3]) == [0]  # no rows: the first
+    unsharded = ParallelConfig("trainer", dp=4)
+    assert refsdp.shards_read(old, unsharded, rank=3, sizes=[32], written=written) == written
+    assert refsdp.shards_read(unsharded, new, rank=3, sizes=[32], written=[0]) == [0]
+
+
 def test_shards_of_another_model_are_refused_in_one_line_before_anything_is_copied() -> None:
     """`load_module` of parts that do not join into the module's tensors (another model's checkpoint): ValueError
     naming the tensor and both shapes, the module as it was; parts that join (2 + 2 rows) or are each whole load."""
@@ -113,6 +135,18 @@ def test_a_checkpoint_resumes_at_another_dp_sharded_or_not(
     if now == 3:  # the vocabulary's 67 rows: 23, 23, 21; LoRA's A of 4 rows: 2, 2, 0 (the last rank none)
         assert assert_fsdp_layout(resumed["state"]) >= ({0, 21} if lora else {21})
     assert_next_step(ran, resumed)
+    hashed = [shards_hashed(tmp_path / f"out-{now}-resume.pt.hashed-{r}") for r in range(now)]
+    if (was, now) in {(2, 3)}:  # rank 0 answers for the whole part; rank 2's rows of every tensor are old rank 1's
+        assert hashed == [{0, 1}, {0, 1}, {1}]
+    else:  # an unsharded side: every old shard (one where the source was unsharded)
+        assert hashed == [set(range(max(1, was)))] * now
+
+
+def shards_hashed(listing: Path) -> set[int]:
+    """The old ranks whose shards a rank hashed as it loaded (fsdp_rank.py's OUT.pt.hashed-RANK)."""
+    names = listing.read_text().split()
+    assert "MANIFEST.trainer.json" in names  # (the listing is of the loading's reads)
+    return {int(n.removeprefix("ranks/rank-").removesuffix(".pt")) for n in names if n.startswith("ranks/")}
 
 
 def test_a_sharded_policy_resumes_unsharded_from_its_fp32_shards_not_the_published_bf16_model(

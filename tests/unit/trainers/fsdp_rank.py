@@ -15,7 +15,8 @@ HF directory is the published version (`PublishedModel`). SAMPLES.pt holds three
 
   PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, the followers `save_shard`:
                    sharded, every rank writes its part of the policy and of AdamW's state); iteration 3.
-  PHASE "resume":  fresh ranks restore JOB/iter-2 (the HF policy, then each its own shard); iteration 3.
+  PHASE "resume":  fresh ranks restore JOB/iter-2 (the HF policy, then each its own shard); iteration 3. Each rank
+                   writes the checkpoint files it hashed (SHA-256) as it loaded to OUT.pt.hashed-RANK, one a line.
 
 OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "router_aux": [...],
 "published":
@@ -110,9 +111,15 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         return full
 
     if phase == "resume":
+        from rlctl.launch.sitefs import LocalFiles
+
+        hashed, states = [], LocalFiles.states
+        LocalFiles.states = lambda self, root, names, **kw: hashed.extend(names) or states(self, root, names, **kw)  # type: ignore[method-assign]
         load_trainer(
             ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp, version=2
         )
+        LocalFiles.states = states  # type: ignore[method-assign]
+        Path(f"{out}.hashed-{rank}").write_text("".join(f"{n}\n" for n in hashed))
     loaded = trained_state() if phase == "resume" else None
     pub.publish(state["version"], gathered(), params=backend.tensors())  # the start: a full copy
     todo = [1, 2, 3] if phase == "run" else [3]
