@@ -307,7 +307,12 @@ def register(app: typer.Typer) -> None:
         """
         what = " ".join(shlex.quote(str(f)) for f in files)
         data: dict[str, Any] = {"ok": True, "problems": []}  # and what is known of the files, as it is read
-        with said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"):
+        from rlctl.models.readonce import reads_once
+
+        with (
+            said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"),
+            reads_once(),  # (a model's config.json and weight headers read once)
+        ):
             try:
                 failed = _checked(files, data, reach=reach, timeout_s=timeout_s)
             except RlctlError as e:  # a program reading the JSON gets the verdict too, and the lines' fields

@@ -32,12 +32,16 @@ def register(app: typer.Typer) -> None:
         """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
         from rlctl.config import load_job
         from rlctl.errors import ConfigError, UsageError
+        from rlctl.models.readonce import reads_once
         from rlctl.ops.counts import job_profile
         from rlctl.planner.plan import make_plan
         from rlctl.planner.view import plan_plot, plan_table, plot_path
 
-        with said_if_interrupted(
-            lambda: f"the plan of {shlex.quote(str(job))} was not made (planning changes nothing); run it again"
+        with (
+            said_if_interrupted(
+                lambda: f"the plan of {shlex.quote(str(job))} was not made (planning changes nothing); run it again"
+            ),
+            reads_once(),  # (a model's config.json and weight headers read once)
         ):
             png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
             j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten

@@ -289,7 +289,15 @@ def torch_dtype(c: TinyGPTConfig) -> torch.dtype:
 
 # ---- config.json ----
 def read_config(directory: str | Path) -> TinyGPTConfig:
-    return _parse_config(read_config_json(directory), str(Path(directory) / CONFIG_FILE))
+    """A checkpoint's config.json, read as HF's config class reads it; read once in a command's `reads_once` scope
+    while the file is unchanged."""
+    from rlctl.models.readonce import kept, stamp
+
+    path = Path(directory) / CONFIG_FILE
+    return kept(
+        ("config", str(path.absolute()), stamp(path)),
+        lambda: _parse_config(read_config_json(directory), str(path)),
+    )
 
 
 def read_config_json(directory: str | Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from rlctl.errors import ConfigError
 from rlctl.models.catalog import ModelArch
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.models.hfnames import fused_for_file, match_weights
+from rlctl.models.readonce import dir_stamp, kept
 from rlctl.models.weightfiles import TORCH_FILE, safetensors_header, save_state_dict, torch_bin_header, weight_files
 
 if TYPE_CHECKING:
@@ -138,13 +139,15 @@ def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelIn
     """Validate an HF checkpoint directory without loading tensors: config.json (supported
     architecture and options), the weight files, and every tensor's name, shape and dtype (from
     the safetensors headers). Raises ConfigError (one line: file, key, what is supported).
-    `name` names the ModelArch (default: the directory's name)."""
+    `name` names the ModelArch (default: the directory's name). Read once in a command's `reads_once` scope while
+    the directory's files are unchanged."""
     d = Path(directory)
     try:
         if not d.is_dir():
             said = "not a directory" if d.exists() else "no such directory"
             raise ConfigError(str(d), None, f"{said} (a Hugging Face checkpoint directory is expected)")
-        return _check_hf_dir(d, name)
+        key = ("hf_dir", str(d.absolute()), name, dir_stamp(d))  # (in a command's scope: read once, unchanged)
+        return kept(key, lambda: _check_hf_dir(d, name))
     except OSError as e:  # a directory this user may not read, a file that went away
         raise ConfigError(str(d), None, f"cannot read: {e.strerror or e}") from e
 
