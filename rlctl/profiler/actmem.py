@@ -1,0 +1,189 @@
+"""A trainer rank's activation memory: what a learner cut's forward keeps for its backward, priced from the model's
+shape and the cut's tokens, for the planner's `rlctl.planner.costs.rank_bytes` and `rlctl check`.
+
+Measured, not guessed: the bytes the torch trainer's forward and GRPO loss (`rlctl.rl.grpo.policy_loss`) save for
+backward, each storage once (`torch.autograd.graph.saved_tensors_hooks`), TinyGPT under bf16 autocast as it trains
+on a GPU (tests/unit/profiler/test_actmem.py holds this formula to them, within 2 %, on shapes it was not read from).
+A token of a cut keeps, in bytes (h hidden, q = heads·head_dim, kv = kv_heads·head_dim, i intermediate, V vocab):
+
+    each layer   26·h      the residual stream is fp32 (the embedding's output plus bf16 sums): each RMSNorm's input
+                           and output (4 × 4 B), and the normed input cast to bf16 once for each of q, k, v, gate, up
+                 4·q       q after RoPE and the attention's output (bf16)
+                 4·kv      k after RoPE and v (bf16)
+                 8·i       gate, silu(gate), up and their product (bf16)
+                 4·heads   SDPA's log-sum-exp (fp32); flash attention keeps no heads × seq² scores (CPU and CUDA)
+                 8         the two RMSNorms' 1/rms (fp32)
+    once         10·h      the final norm's input and output (fp32) and lm_head's bf16 input
+                 4·V       the fp32 log-probabilities the log-softmax keeps
+                 40        the loss's per-token figures
+    a layer and sequence: 4·seq·head_dim (RoPE's tables cast to bf16)
+
+and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
+The log-softmax's backward then holds two more fp32 [tokens, V] tensors beside the log-probabilities (their
+gradient and the logits'): 8·V a token, at the start of the backward, when every layer's are held still.
+
+With `trainer.activation_checkpointing` a layer keeps its fp32 input alone (4·h) and recomputes the rest in the
+backward, one layer at a time: a rank holds the inputs, the final figures, and the larger of the log-softmax's
+backward and one layer's recomputed set (with its weights' bf16 copies). Under FSDP2 (`fsdp`) the mixed-precision
+policy computes on the gathered bf16 parameters (`costs.fsdp_gathered_bytes`), so no copies.
+
+Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), so its share
+of the largest cut (`rank_tokens`). The megatron trainer is priced by the same per-token figures, not measured on
+it: tp divides the per-head and MLP terms (its column- and row-parallel layers; no sequence parallelism, so the
+hidden-width terms stay whole) and not the logits (gathered over the tp group: every rank holds the full fp32
+logits); a pipeline stage holds its layers' share (ceil(layers / pp)) for every chunk of the cut until the cut's
+backward (GPipe, `rlctl.rl.cuts`), and the full logits (every stage returns them); no weight copies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlctl.models.catalog import ModelArch
+
+if TYPE_CHECKING:
+    from rlctl.config.job import JobFile
+
+LAYER_HIDDEN_BYTES = 26  # a token's bytes per hidden unit, per layer (see the module docstring for each term)
+LAYER_HEAD_DIM_BYTES = 4  # per q and per kv unit (heads · head_dim, kv_heads · head_dim)
+LAYER_INTERMEDIATE_BYTES = 8
+LAYER_HEAD_BYTES = 4  # SDPA's fp32 log-sum-exp, per query head
+LAYER_TOKEN_BYTES = 8
+CHECKPOINT_HIDDEN_BYTES = 4  # with activation checkpointing, a layer's fp32 input alone
+FINAL_HIDDEN_BYTES = 10
+LOGPROB_BYTES = 4  # fp32 log-softmax output, per vocabulary entry
+LOGITS_BACKWARD_BYTES = 8  # two fp32 [tokens, V] gradients in the log-softmax's backward
+LOSS_TOKEN_BYTES = 40
+ROPE_POSITION_BYTES = 4  # bf16 cos and sin, per position and head dimension, per layer
+WEIGHT_COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What a trainer rank's activation memory is priced on: the model, the learner's cuts (`rlctl.rl.cuts`:
+    at most `rows` rows and, with `max_tokens`, at most that many padded tokens, a longer row alone) of rows up to
+    `seq_tokens` long (the task's longest prompt + output), the trainer's backend and checkpointing."""
+
+    arch: ModelArch
+    rows: int  # batch.train_micro_batch_samples, no more than an optimizer step's samples
+    seq_tokens: int
+    max_tokens: int | None = None  # batch.train_micro_batch_tokens
+    checkpointing: bool = False  # trainer.activation_checkpointing (the torch trainer's)
+    backend: str = "torch"
+
+    def rank_tokens(self, dp: int) -> int:
+        """The most padded tokens one of `dp` data-parallel ranks trains in one cut: its ceil(rows / dp) rows of the
+        cut's longest, over every longest row L ≤ seq_tokens (a cut of L-long rows holds max_tokens // L of them)."""
+        lengths = {self.seq_tokens}
+        if self.max_tokens is not None:
+            lengths |= {
+                self.max_tokens // r for r in range(1, self.rows + 1) if 0 < self.max_tokens // r <= self.seq_tokens
+            }
+        best = 0
+        for length in lengths:
+            rows = self.rows if self.max_tokens is None else max(1, min(self.rows, self.max_tokens // length))
+            best = max(best, math.ceil(rows / dp) * length)
+        return best
+
+    def rank_bytes(self, *, tp: int = 1, pp: int = 1, dp: int = 1, fsdp: bool = False) -> float:
+        """A rank's peak activation memory at tp × pp × dp (`fsdp`: the torch trainer shards with FSDP2)."""
+        return activation_bytes(
+            self.arch,
+            tokens=self.rank_tokens(dp),
+            seq_tokens=self.seq_tokens,
+            checkpointing=self.checkpointing and self.backend == "torch",
+            weight_copies=self.backend == "torch" and not fsdp,
+            tp=tp,
+            pp=pp,
+        )
+
+
+def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> Activations | None:
+    """The `Activations` of job `spec` training `arch`: its cuts (batch.train_micro_batch_samples, no more than an
+    optimizer step's samples, one of `mini_batches` a pass; batch.train_micro_batch_tokens) of rows up to its
+    task's longest prompt + output, its trainer's backend and checkpointing. None for a digits task past the
+    alphabet, which has no longest row (`rlctl check` refuses it: `context_problems`)."""
+    from rlctl.config.task import DigitsTask
+    from rlctl.planner.context import longest_request
+    from rlctl.rl.tasks import MAX_DIGITS
+
+    task, batch = spec.task, spec.batch
+    if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
+        return None
+    step_samples = math.ceil(batch.samples_per_iteration / mini_batches)
+    return Activations(
+        arch,
+        rows=max(1, min(batch.train_micro_batch_samples, step_samples)),
+        seq_tokens=sum(longest_request(task)),
+        max_tokens=batch.train_micro_batch_tokens,
+        checkpointing=spec.trainer.activation_checkpointing,
+        backend=spec.trainer.backend,
+    )
+
+
+def layer_bytes_per_token(arch: ModelArch, *, tp: int = 1) -> float:
+    """What one layer keeps for its backward, a token (tp dividing the per-head and MLP terms)."""
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    split = (
+        LAYER_HEAD_DIM_BYTES * (q + kv) + LAYER_INTERMEDIATE_BYTES * arch.intermediate + LAYER_HEAD_BYTES * arch.heads
+    )
+    return LAYER_HIDDEN_BYTES * arch.hidden + split / tp + LAYER_TOKEN_BYTES
+
+
+def _layer_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, tp: int) -> float:
+    return tokens * layer_bytes_per_token(arch, tp=tp) + ROPE_POSITION_BYTES * seq_tokens * arch.head_dim
+
+
+def _final_bytes(arch: ModelArch, *, tokens: int) -> float:
+    return tokens * (FINAL_HIDDEN_BYTES * arch.hidden + LOGPROB_BYTES * arch.vocab + LOSS_TOKEN_BYTES)
+
+
+def _matmul_params(arch: ModelArch) -> float:
+    return max(arch.params - arch.vocab * arch.hidden, 0.0)  # every weight but the embedding's (not cast)
+
+
+def saved_bytes(
+    arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, weight_copies: bool = True
+) -> float:
+    """The bytes a cut of `tokens` tokens in rows of `seq_tokens` keeps from its forward to its backward on one rank
+    holding the whole model (what `saved_tensors_hooks` counts): every layer's set, or with `checkpointing` every
+    layer's input; the final norm's and the log-probabilities; autocast's bf16 weight copies (`weight_copies`:
+    those of every matmul, or with `checkpointing` lm_head's alone)."""
+    held: float
+    copies: float
+    if checkpointing:
+        held = arch.layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
+        copies = arch.vocab * arch.hidden
+    else:
+        held = arch.layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=1)
+        copies = _matmul_params(arch)
+    return held + _final_bytes(arch, tokens=tokens) + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
+
+
+def activation_bytes(
+    arch: ModelArch,
+    *,
+    tokens: int,
+    seq_tokens: int,
+    checkpointing: bool,
+    weight_copies: bool,
+    tp: int = 1,
+    pp: int = 1,
+) -> float:
+    """A rank's peak activation memory for a cut of `tokens` tokens (its share) in rows of `seq_tokens`: what its
+    forward keeps (`saved_bytes`, a stage's ceil(layers / pp) at pipeline parallel `pp`) plus the backward's
+    transient peak (the log-softmax's gradients; with `checkpointing`, or one layer's recomputed set where that is
+    larger). See the module docstring."""
+    layers = math.ceil(arch.layers / pp)
+    logits_backward = LOGITS_BACKWARD_BYTES * tokens * arch.vocab
+    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+    layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
+    if checkpointing:
+        held = layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
+        copies = WEIGHT_COPY_BYTES * arch.vocab * arch.hidden if weight_copies else 0.0
+        recompute = layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0)
+        return held + _final_bytes(arch, tokens=tokens) + copies + max(logits_backward, recompute)
+    copies = WEIGHT_COPY_BYTES * _matmul_params(arch) / (tp * pp) if weight_copies else 0.0
+    return layers * layer + _final_bytes(arch, tokens=tokens) + copies + logits_backward

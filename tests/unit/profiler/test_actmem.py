@@ -1,0 +1,106 @@
+"""The activation-memory formula (`rlctl.profiler.actmem`) against the bytes the torch trainer's forward and GRPO loss
+save for backward, counted by `torch.autograd.graph.saved_tensors_hooks` (each storage once, the parameters and
+buffers left out): TinyGPT under bf16 autocast on the CPU, the dtypes it trains in on a GPU (`TorchBackend.load`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from rlctl.models.catalog import BUILTIN_MODELS
+from rlctl.models.hf import QWEN2, TinyGPTConfig
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.profiler.actmem import Activations, saved_bytes
+from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.grpo import policy_loss
+from rlctl.rl.samples import TokenBatch
+
+
+def measured_saved_bytes(config: TinyGPTConfig, *, rows: int, seq: int, checkpointing: bool) -> int:
+    """Bytes of the distinct storages `policy_loss`'s forward saves for backward (not the parameters' or buffers')."""
+    torch.manual_seed(0)
+    model = TinyGPT(config)
+    model.autocast_dtype, model.activation_checkpointing = torch.bfloat16, checkpointing
+    model.train()
+    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in fixed:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    tokens = torch.randint(3, config.vocab_size, (rows, seq))
+    mask = torch.zeros(rows, seq - 1, dtype=torch.bool)
+    mask[:, seq // 2 :] = True
+    batch = TokenBatch(tokens, mask, torch.full(mask.shape, -1.0), torch.randn(mask.shape))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = policy_loss(model, batch, 0.2)
+    loss.backward()  # (the pass is whole: what was saved was needed)
+    return sum(saved.values())
+
+
+# shapes the formula was not read from (it was read off a 1- and 2-layer model of hidden 128, q 192, kv 96, i 320,
+# vocab 448, 2 rows of 40): other widths, GQA ratios, an explicit head_dim, a Qwen2's q/k/v biases, rows and lengths
+SHAPES = [
+    dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
+         vocab_size=66),
+    dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+         vocab_size=1000),
+    dict(hidden_size=64, intermediate_size=640, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+         vocab_size=300, explicit_head_dim=64, architecture=QWEN2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize(("shape", "rows", "seq"), [(SHAPES[0], 3, 50), (SHAPES[1], 2, 96), (SHAPES[2], 5, 33)])
+def test_formula_is_the_saved_bytes(shape: dict, rows: int, seq: int, checkpointing: bool) -> None:
+    config = TinyGPTConfig(max_position_embeddings=128, **shape)
+    measured = measured_saved_bytes(config, rows=rows, seq=seq, checkpointing=checkpointing)
+    priced = saved_bytes(config.arch("tiny"), tokens=rows * seq, seq_tokens=seq, checkpointing=checkpointing)
+    assert priced == pytest.approx(measured, rel=0.02)
+    # a fixed figure would not do: these cuts save from ~0.1 MB to a few MB, and twice the tokens ≈ twice the bytes
+    double = measured_saved_bytes(config, rows=2 * rows, seq=seq, checkpointing=checkpointing)
+    assert saved_bytes(config.arch("tiny"), tokens=2 * rows * seq, seq_tokens=seq, checkpointing=checkpointing) == (
+        pytest.approx(double, rel=0.02)
+    )
+
+
+@pytest.mark.parametrize(("rows", "max_tokens", "seq", "dp"), [(8, 64, 50, 1), (8, 64, 50, 3), (4, None, 30, 2)])
+def test_rank_tokens_is_the_largest_share_of_a_cut_the_learner_gives_a_rank(
+    rows: int, max_tokens: int | None, seq: int, dp: int
+) -> None:
+    """`Activations.rank_tokens` against the learner's own cuts (`rlctl.rl.cuts.cut_lengths`): a rank's share of a
+    cut is every dp-th row (ceil(rows / dp) of them) padded to the cut's longest; of every length up to `seq` the
+    largest share is it, and of random lengths none is larger."""
+    arch = TinyGPTConfig().arch("tiny")
+    a = Activations(arch, rows=rows, seq_tokens=seq, max_tokens=max_tokens)
+
+    def largest_share(lengths: list[int]) -> int:
+        cuts = cut_lengths(lengths, rows, max_tokens=max_tokens)
+        return max(-(-len(c) // dp) * max(lengths[i] for i in c) for c in cuts)
+
+    assert max(largest_share([n] * 4 * rows) for n in range(1, seq + 1)) == a.rank_tokens(dp)
+    draw = random.Random(0)
+    for _ in range(200):
+        assert largest_share([draw.randint(1, seq) for _ in range(draw.randint(1, 40))]) <= a.rank_tokens(dp)
+
+
+def test_a_7b_cut_of_16k_tokens_holds_tens_of_gb_of_activations_less_recomputed() -> None:
+    """Qwen2.5-7B, one row of 16,384 tokens on a rank (FSDP2: no autocast weight copies): every layer's 7.3 MB a
+    token is 119.8 GB, the log-probabilities and their backward's two fp32 [tokens, vocab] tensors 30 GB; checkpointed,
+    the layers' inputs 6.6 GB, the final figures 10.5 GB and the log-softmax's backward 19.9 GB."""
+    arch = BUILTIN_MODELS["qwen2.5-7b"]
+    a = Activations(arch, rows=32, seq_tokens=16384, max_tokens=8192)
+    assert a.rank_tokens(8) == 16384  # a row longer than the budget goes alone, whatever dp
+    assert a.rank_bytes(dp=8, fsdp=True) / 1e9 == pytest.approx(150.6, abs=0.05)
+    recomputed = dataclasses.replace(a, checkpointing=True)
+    assert recomputed.rank_bytes(dp=8, fsdp=True) / 1e9 == pytest.approx(37.1, abs=0.05)
+    # megatron: tp divides the heads' and the MLP's terms, pp the layers; every rank holds the full fp32 logits
+    megatron = dataclasses.replace(a, backend="megatron", checkpointing=True)  # (checkpointing: the torch trainer's)
+    assert megatron.rank_bytes(dp=8) == a.rank_bytes(dp=8, fsdp=True)
+    assert megatron.rank_bytes(tp=4, pp=4, dp=1) / 1e9 == pytest.approx(46.0, abs=0.05)
