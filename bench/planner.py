@@ -60,9 +60,12 @@ def write_cluster(directory: Path, total_gpus: int) -> Path:
         "name": f"scale-{total_gpus}",
         "inventory": ["inv.yaml"],
         "model": {"kind": "builtin", "name": "qwen2.5-7b"},
-        "task": {"kind": "lengths"},
+        # rows of up to 4,512 tokens, recomputed: a 7B's FSDP2 rank holds a cut's activations (10.2 GB) on the 4
+        # trainer GPUs of 16 (`rlctl.profiler.actmem`; the default 20,000 output tokens fit no count of them)
+        "task": {"kind": "lengths", "max_output_tokens": 4000},
         "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
         "rollout": {"engine": "vllm", "max_batch_size": 256},
+        "trainer": {"activation_checkpointing": True},
         "placement": {"trainer": {"site": "train"}, "rollout": [{"site": n} for n, _, _ in SITES[1:]]},
     }
     path = directory / "job.yaml"

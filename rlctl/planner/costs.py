@@ -21,6 +21,7 @@ import numpy as np
 
 from rlctl.config.hostfill import trainer_slots
 from rlctl.models.catalog import ModelArch
+from rlctl.profiler.actmem import Activations
 from rlctl.profiler.analytical import RANK_WORKING_BYTES
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
 from rlctl.rl.cuts import cut_lengths, pipeline_chunks
@@ -149,6 +150,8 @@ class TrainWorkload:
     # mean, tokens / samples)
     micro_batch_tokens: int | None = None
     row_tokens: tuple[float, ...] = ()
+    # a rank's activation memory (`rlctl.profiler.actmem`: the model and the learner's cuts); None: not priced
+    activations: Activations | None = None
 
     @cached_property
     def cuts(self) -> StepCuts:
@@ -184,6 +187,12 @@ class TrainWorkload:
         return StepCuts(len(cuts), max(shares), tuple(sorted(shares.items())))
 
 
+def workload_activation_bytes(w: ShardInputs, *, tp: int, pp: int, dp: int, fsdp: bool) -> float:
+    """A rank's peak activation memory at tp × pp × dp (`fsdp`: FSDP2 shards it, no autocast weight copies):
+    `Activations.rank_bytes` of the workload's (or the launch's `ShardRule`'s), 0 where it has none."""
+    return 0.0 if w.activations is None else w.activations.rank_bytes(tp=tp, pp=pp, dp=dp, fsdp=fsdp)
+
+
 def shards_state(backend: str, *, shard: str) -> bool:
     """Whether the trainer divides a rank's state over its dp ranks: the `torch` trainer's FSDP2 does (weights,
     gradients and AdamW state: `rlctl.trainers.fsdp`; trainer.shard 'auto' turns it on where a whole replica does
@@ -206,39 +215,61 @@ def fsdp_gathered_bytes(arch: ModelArch, *, adapter_params: float) -> float:
     return 6 * (min(root, arch.params) + layer)
 
 
-def rank_bytes(entry: TrainingEntry, *, shards: int, gathered_bytes: float = 0.0) -> float:
+def rank_bytes(
+    entry: TrainingEntry, *, shards: int, gathered_bytes: float = 0.0, activation_bytes: float = 0.0
+) -> float:
     """Memory of one trainer rank at this entry's (tp, pp): the one figure the planner prices a layout by and
     `rlctl check` (`rlctl.ops.preflight`) judges a placement by. Unsharded (`shards` 1): the weights and gradients
     of its shard and its whole optimizer state. Sharded over `shards` dp ranks (FSDP2, `shards_state`): all of
     that state divided, plus the rank's fixed working memory (`RANK_WORKING_BYTES`) and `gathered_bytes`
-    (`fsdp_gathered_bytes`)."""
+    (`fsdp_gathered_bytes`). Either way plus `activation_bytes`, what its cut's forward keeps for the backward
+    (`rlctl.profiler.actmem`: it grows with the cut's tokens; `workload_activation_bytes`)."""
     whole = entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu
     if shards <= 1:
-        return whole
-    return RANK_WORKING_BYTES + (whole - RANK_WORKING_BYTES) / shards + gathered_bytes
+        return whole + activation_bytes
+    return RANK_WORKING_BYTES + (whole - RANK_WORKING_BYTES) / shards + gathered_bytes + activation_bytes
 
 
-def rank_fits(entry: TrainingEntry, *, shards: int, hbm_bytes: float, gathered_bytes: float = 0.0) -> bool:
+def rank_fits(
+    entry: TrainingEntry,
+    *,
+    shards: int,
+    hbm_bytes: float,
+    gathered_bytes: float = 0.0,
+    activation_bytes: float = 0.0,
+) -> bool:
     """One trainer rank (`rank_bytes`) fits the usable share of a GPU's `hbm_bytes`."""
-    return rank_bytes(entry, shards=shards, gathered_bytes=gathered_bytes) <= TRAIN_MEM_FRACTION * hbm_bytes
+    need = rank_bytes(entry, shards=shards, gathered_bytes=gathered_bytes, activation_bytes=activation_bytes)
+    return need <= TRAIN_MEM_FRACTION * hbm_bytes
 
 
-def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
+def replica_fits(entry: TrainingEntry, *, hbm_bytes: float, activation_bytes: float = 0.0) -> bool:
     """A whole replica at this entry's (tp, pp) fits one GPU unsharded (dp = 1): its weights, gradients and
-    optimizer state. The torch trainer shards with FSDP2 where it does not (`rlctl.ops.counts.plan_counts`)."""
-    return rank_fits(entry, shards=1, hbm_bytes=hbm_bytes)
+    optimizer state, and its cut's activations (`activation_bytes`, unsharded: `workload_activation_bytes` with
+    fsdp False). The torch trainer shards with FSDP2 where it does not (`rlctl.ops.counts.plan_counts`)."""
+    return rank_fits(entry, shards=1, hbm_bytes=hbm_bytes, activation_bytes=activation_bytes)
 
 
 def holds_grad_sync(
-    entry: TrainingEntry, *, dp: int, hbm_bytes: float, gathered_bytes: float, grad_bytes: float, lora: bool
+    entry: TrainingEntry,
+    *,
+    dp: int,
+    hbm_bytes: float,
+    gathered_bytes: float,
+    grad_bytes: float,
+    lora: bool,
+    activation_bytes: float = 0.0,
 ) -> bool:
     """Whether an FSDP2 rank holds gradient sync off in every backward of an optimizer step but its last, so that
     the step reduce-scatters its gradients once (`rlctl.trainers.base.DataParallel.reduce_per_step`): where the
     whole model's unsharded fp32 gradients (`grad_bytes`: each rank accumulates them meanwhile) fit beside its
-    sharded state and gathered layers (`rank_fits`), and always with LoRA (`lora`: the adapters' are small). Where
-    they do not, FSDP2 reduce-scatters in every backward (`dp_reduced_bytes`). Decided with FSDP2 itself at a layout
-    by `trainer_layout`, `rlctl check` judging the rank's memory by it."""
-    return lora or rank_fits(entry, shards=dp, hbm_bytes=hbm_bytes, gathered_bytes=gathered_bytes + grad_bytes)
+    sharded state, gathered layers and activations (`rank_fits`), and always with LoRA (`lora`: the adapters' are
+    small). Where they do not, FSDP2 reduce-scatters in every backward (`dp_reduced_bytes`). Decided with FSDP2
+    itself at a layout by `trainer_layout`, `rlctl check` judging the rank's memory by it."""
+    gathered = gathered_bytes + grad_bytes
+    return lora or rank_fits(
+        entry, shards=dp, hbm_bytes=hbm_bytes, gathered_bytes=gathered, activation_bytes=activation_bytes
+    )
 
 
 class ShardInputs(Protocol):
@@ -255,6 +286,8 @@ class ShardInputs(Protocol):
     def grad_bytes(self) -> float: ...
     @property
     def lora(self) -> bool: ...
+    @property
+    def activations(self) -> Activations | None: ...
 
 
 @dataclass(frozen=True)
@@ -266,6 +299,7 @@ class ShardRule:
     gathered_bytes: float
     grad_bytes: float
     lora: bool
+    activations: Activations | None = None  # a rank's cut's (`rlctl.profiler.actmem`); None: not priced
 
 
 def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_bytes: float) -> Sharding:
@@ -275,12 +309,21 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
     FSDP2: where the trainer shards its state (`shards_state`: the `torch` trainer, not `trainer.shard: none`) at
     dp > 1 and no model split, always with `trainer.shard: fsdp` (`shards_always`), with `auto` where a whole
     replica does not fit one GPU (`replica_fits`). Once a step: where an FSDP2 rank holds the step's unsharded fp32
-    gradients beside its shards (`holds_grad_sync`)."""
+    gradients beside its shards (`holds_grad_sync`). Both count a rank's share of a cut's activations
+    (`workload_activation_bytes`): unsharded, with autocast's bf16 weight copies; under FSDP2, without."""
+    tp, pp = entry.tp, entry.pp
     fsdp = (
         rule.shards_state
         and dp > 1
-        and entry.tp * entry.pp == 1
-        and (rule.shards_always or not replica_fits(entry, hbm_bytes=hbm_bytes))
+        and tp * pp == 1
+        and (
+            rule.shards_always
+            or not replica_fits(
+                entry,
+                hbm_bytes=hbm_bytes,
+                activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, dp=dp, fsdp=False),
+            )
+        )
     )
     held = fsdp and holds_grad_sync(
         entry,
@@ -289,6 +332,7 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
         gathered_bytes=rule.gathered_bytes,
         grad_bytes=rule.grad_bytes,
         lora=rule.lora,
+        activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, dp=dp, fsdp=True),
     )
     return Sharding(fsdp, held)
 
@@ -364,11 +408,16 @@ def train_time_s(
     (1 + (pp − 1)/m), however many cuts a mini-batch holds (no 1F1B across them). None on an entry measured
     over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already. `hosts`: the
     hosts the ranks span (`rlctl.config.hostfill.trainer_slots`); default as many as fill hosts of gpus_per_node.
-    Infinite where a rank does not fit a GPU (`rank_fits`: its state divided over dp only where `w.shards_state`).
+    Infinite where a rank does not fit a GPU (`rank_fits`: its state divided over dp only where `w.shards_state`;
+    its cut's activations, `workload_activation_bytes`).
     """
     gpus = entry.tp * entry.pp * dp
     shards = dp if w.shards_state else 1
-    if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
+    tp, pp = entry.tp, entry.pp
+    acts = workload_activation_bytes(w, tp=tp, pp=pp, dp=dp, fsdp=shards > 1)
+    if not rank_fits(
+        entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes, activation_bytes=acts
+    ):
         return math.inf
     # a cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
     # budget pads fewer long rows; each data-parallel rank takes every dp-th row of it

@@ -100,7 +100,7 @@ def trainer_curve(
         tp_pp = split or ((1, 1) if backend != "megatron" else None)
         asked = f" at tp {tp_pp[0]} pp {tp_pp[1]}" if tp_pp else " at any tp × pp"
         why = (
-            f"{prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
+            f"{prof.model.arch.name} training state and activations do not fit in {t_fixed or site.total_gpus} × "
             f"{prof.sites[t_site].gpu}{asked}{_rank_state(job, tw, gpus=t_fixed or site.total_gpus)}"
         )
         if backend != "megatron" and not tw.shards_state:  # no GPU count helps: the job's choice not to shard
@@ -112,6 +112,12 @@ def trainer_curve(
             hint = more + ", or another trainer.tensor_parallel / pipeline_parallel"
         else:
             hint = more
+        # a cut's activations do not shrink with dp where its rows are few (one long row: `actmem.rank_tokens`)
+        acts = tw.activations
+        if acts is not None and acts.rank_tokens(t_fixed or site.total_gpus) > acts.seq_tokens:
+            hint += ", or fewer tokens a cut (batch.train_micro_batch_tokens)"
+        if acts is not None and backend == "torch" and not acts.checkpointing:
+            hint += ", or trainer.activation_checkpointing: true"
         if t_fixed is not None:  # the job's count: a field of its file
             raise ConfigError(str(job.path), "placement.trainer.gpus", f"{t_fixed}: {why}", hint=hint)
         raise PlanError(f"site {t_site!r}: {why}", hint=hint)
@@ -127,6 +133,10 @@ def trainer_curve(
 def _rank_state(job: Job, tw: TrainWorkload, *, gpus: int) -> str:
     """Why a rank holds its whole state, where it does (`costs.shards_state`): the memory the planner priced a
     trainer rank at, said where no layout fits on `gpus` GPUs."""
+    return _state_said(job, tw, gpus=gpus)[:-1] + _activations_said(tw, gpus=gpus) + ")"
+
+
+def _state_said(job: Job, tw: TrainWorkload, *, gpus: int) -> str:
     if tw.shards_state and gpus == 1:
         return " (one rank holds its whole state: FSDP2 shards it over 2 or more)"
     if tw.shards_state:
@@ -134,3 +144,12 @@ def _rank_state(job: Job, tw: TrainWorkload, *, gpus: int) -> str:
     if job.spec.trainer.backend == "megatron":
         return " (the megatron trainer has no distributed optimizer: every rank holds its tp × pp shard's whole state)"
     return " (every rank holds its whole state)"
+
+
+def _activations_said(tw: TrainWorkload, *, gpus: int) -> str:
+    """A rank's activations at tp 1 pp 1 over `gpus` data-parallel ranks (`profiler.actmem`), where priced."""
+    a = tw.activations
+    if a is None:
+        return ""
+    at = a.rank_bytes(dp=gpus, fsdp=tw.shards_state and gpus > 1) / 1e9
+    return f"; a cut's activations {at:.1f} GB a rank at tp 1 pp 1, its {a.rank_tokens(gpus):,} tokens"

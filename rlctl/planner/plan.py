@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -314,9 +314,10 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
     as the learner makes them, `costs.step_cuts`, of rows at the job's length quantiles), with the job's
     `split.shard_rule` that decides FSDP2 at a layout as the launch decides it (`costs.trainer_layout`): among it the
     gradients summed over dp (`costs.dp_reduced_bytes`), the trained models', or with LoRA the adapters' alone, in
-    fp32 as every backend holds and reduces them."""
+    fp32 as every backend holds and reduces them, and a rank's cut's activations (`profiler.actmem`)."""
     spec = job.spec
     batch = spec.batch
+    rule = shard_rule(spec, arch, mini_batches=tcost["mini_batches"])
     rows: tuple[float, ...] = ()
     if batch.train_micro_batch_tokens is not None:  # the learner cuts by padded tokens too: one step's rows' lengths
         lm = length_model(job)
@@ -331,7 +332,7 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
         optimizer_steps=tcost["optimizer_steps"],
         micro_batch_tokens=batch.train_micro_batch_tokens,
         row_tokens=rows,
-        **asdict(shard_rule(spec, arch)),
+        **{f.name: getattr(rule, f.name) for f in fields(rule)},  # (shallow: its Activations stay one object)
     )
 
 

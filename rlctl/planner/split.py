@@ -118,15 +118,19 @@ def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     passes = passes_for(spec.algorithm, adapter_params=lora_params(arch, spec.trainer.lora))
     # FSDP2 runs at no model split: the replica's entry decides (a split's never shards)
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
-    return trainer_layout(shard_rule(spec, arch), entry, dp=dp, hbm_bytes=gpu.hbm_bytes)
+    rule = shard_rule(spec, arch, mini_batches=passes.mini_batches)
+    return trainer_layout(rule, entry, dp=dp, hbm_bytes=gpu.hbm_bytes)
 
 
-def shard_rule(spec: JobFile, arch: ModelArch) -> ShardRule:
+def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> ShardRule:
     """What decides the job's FSDP2 at a layout (`rlctl.planner.costs.ShardInputs`): whether its trainer shards
     (`costs.shards_state`), always (`trainer.shard: fsdp`) or where a replica does not fit, the layers an FSDP2 rank
     gathers (`costs.fsdp_gathered_bytes`), the trained gradients (`traincost.grad_bytes`: the models', or LoRA's
-    adapters'). The plan's workload holds the same (`rlctl.planner.plan.train_workload`)."""
+    adapters'), and a rank's share of the learner's largest cut, whose activations it holds (`profiler.actmem`,
+    its cuts no more than an optimizer step of `mini_batches` a pass). The plan's workload holds the same
+    (`rlctl.planner.plan.train_workload`)."""
     from rlctl.planner.costs import ShardRule, fsdp_gathered_bytes, shards_state
+    from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.traincost import grad_bytes, lora_params
 
     adapters = lora_params(arch, spec.trainer.lora)
@@ -137,4 +141,5 @@ def shard_rule(spec: JobFile, arch: ModelArch) -> ShardRule:
         gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
         grad_bytes=grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters),
         lora=bool(adapters),
+        activations=job_activations(spec, arch, mini_batches=mini_batches),
     )

@@ -21,7 +21,10 @@ from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, trained_models
 
-# a trainer rank's memory besides its model state: CUDA context, workspaces, activations of a micro-batch
+# a trainer rank's memory besides its model state and its cut's activations (`rlctl.profiler.actmem`, priced apart
+# since they grow with the cut's tokens): the CUDA context (≈ 0.5 GB with torch's kernels), NCCL's buffers (≈ 0.3–0.6
+# GB a communicator at its default 4 MiB a channel and protocol; a rank has up to three: tp, pp, dp) and cuBLAS's
+# workspaces. Not measured here (no GPU); the 2 GB it held with the activations in it, kept as the fixed part's bound
 RANK_WORKING_BYTES = 2e9
 REFERENCE_BYTES_PER_PARAM = 4  # a KL term's reference policy, held in fp32 by rlctl's trainers as the policy is
 

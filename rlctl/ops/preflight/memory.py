@@ -25,17 +25,20 @@ from rlctl.rl.tasks import MAX_DIGITS
 
 def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     """The plan's trainer placement where its ranks do not fit its site's GPUs (`trainer_memory_refusal`), with the
-    job fields that change it."""
+    job fields that change it: where the model's state alone fits and its cut's activations do not, the cut's
+    fields (`_activation_hint`)."""
     spec, name = job.spec, str(plan["trainer"]["site"])
-    why = trainer_memory_refusal(spec, name, job.inventory.sites[name], trainer_parallel(plan))
-    if why is None:
+    m = _trainer_memory(spec, name, job.inventory.sites[name], trainer_parallel(plan))
+    if m is None or m.fits:
         return []
+    if m.need_gb - m.activations_gb <= m.usable_gb:
+        return [Problem("batch.train_micro_batch_tokens", m.why, hint=_activation_hint(spec, m))]
     hint = (
         "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
         if spec.trainer.backend == "megatron"
         else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
     )
-    return [Problem("placement.trainer.gpus", why, hint=hint)]
+    return [Problem("placement.trainer.gpus", m.why, hint=hint)]
 
 
 def trainer_memory_refusal(
@@ -43,12 +46,38 @@ def trainer_memory_refusal(
 ) -> str | None:
     """Why the trainer of `spec` at `split` (its tp × pp × dp ranks, FSDP2 where `split.fsdp`) does not fit site
     `site_name`, one line with the figures: its ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`:
-    weights, gradients and the optimizer state, all divided over dp where FSDP2 shards it) exceeds what a GPU of the
-    site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked where the
-    inventory does not say). None where it fits. `rlctl check` judges the plan's split by it, `launch --resume
-    --trainer-split` the split it asks (`rlctl.ops.trainersplit`); `arch`: the model's figures where they are not read
-    from the job file (a resume's from the job dir's copy of an HF model)."""
+    weights, gradients and the optimizer state, all divided over dp where FSDP2 shards it, and the activations of its
+    share of a cut, `rlctl.profiler.actmem`) exceeds what a GPU of the site holds — or, on a `gpu: CPU` site, the host
+    memory its nodes give a slot (`memory_gb`; not checked where the inventory does not say). None where it fits.
+    `rlctl check` judges the plan's split by it, `launch --resume --trainer-split` the split it asks
+    (`rlctl.ops.trainersplit`); `arch`: the model's figures where they are not read from the job file (a resume's from
+    the job dir's copy of an HF model)."""
+    m = _trainer_memory(spec, site_name, site, split, arch=arch)
+    return None if m is None or m.fits else m.why
+
+
+@dataclass(frozen=True)
+class _TrainerMemory:
+    """A trainer rank's memory at a split against what it gets (`_trainer_memory`)."""
+
+    need_gb: float  # the rank's, activations included
+    activations_gb: float
+    usable_gb: float  # TRAIN_MEM_FRACTION of what it gets
+    rank_tokens: int  # the padded tokens of its share of the largest cut
+    seq_tokens: int  # the longest row's
+    why: str  # one line with the figures
+
+    @property
+    def fits(self) -> bool:
+        return self.need_gb <= self.usable_gb
+
+
+def _trainer_memory(
+    spec: JobFile, site_name: str, site: Site, split: ParallelConfig, *, arch: ModelArch | None = None
+) -> _TrainerMemory | None:
+    """`trainer_memory_refusal`'s figures; None where what a rank gets is not known."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
+    from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
     from rlctl.profiler.traincost import grad_bytes, lora_params, passes_for
 
@@ -71,9 +100,9 @@ def trainer_memory_refusal(
     # FSDP2 reducing once a step holds the step's unsharded fp32 gradients too (`costs.holds_grad_sync`)
     grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=passes.adapter_params)
     held = grads if shards > 1 and split.reduce_per_step else 0.0
-    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held) / 1e9
-    if need_gb <= TRAIN_MEM_FRACTION * have_gb:
-        return None
+    cuts = job_activations(spec, arch, mini_batches=passes.mini_batches)  # (None: its state alone judged)
+    acts = 0.0 if cuts is None else cuts.rank_bytes(tp=tp, pp=pp, dp=dp, fsdp=shards > 1)
+    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held, activation_bytes=acts) / 1e9
     if shards > 1:
         state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
         state = "weights, gradients" + (
@@ -87,10 +116,39 @@ def trainer_memory_refusal(
             "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
         )
         parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
-    return (
+    tokens, seq = 0, 0
+    if cuts is not None:
+        seq = cuts.seq_tokens
+        tokens = cuts.rank_tokens(dp)
+        recomputed = cuts.checkpointing and cuts.backend == "torch"
+        parts += f", activations{' (recomputed)' if recomputed else ''} of a cut's {tokens:,} tokens a rank "
+        parts += f"{acts / 1e9:.1f} GB"
+    why = (
         f"the trainer's {tp * pp * dp} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
         f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)"
     )
+    return _TrainerMemory(need_gb, acts / 1e9, TRAIN_MEM_FRACTION * have_gb, tokens, seq, why)
+
+
+def _activation_hint(spec: JobFile, m: _TrainerMemory) -> str:
+    """The fixes of a rank whose state fits and whose cut's activations do not: fewer tokens a cut (about the most
+    that fit), checkpointing (torch), more tp (megatron), more data-parallel ranks."""
+    batch = spec.batch
+    room = max(m.usable_gb - (m.need_gb - m.activations_gb), 0.0)
+    per_token_gb = m.activations_gb / max(m.rank_tokens, 1)  # (roughly linear in the tokens: `actmem`)
+    fit = int(room / per_token_gb) if per_token_gb else 0
+    fixes = [
+        f"lower batch.train_micro_batch_tokens ({batch.train_micro_batch_tokens or 'unset'}; about {fit:,} tokens a "
+        "rank fit)"
+        if fit >= m.seq_tokens
+        else f"shorten the task's longest prompt + output ({m.seq_tokens:,} tokens; a cut holds one row at least)"
+    ]
+    if spec.trainer.backend == "torch" and not spec.trainer.activation_checkpointing:
+        fixes.append("turn on trainer.activation_checkpointing")
+    if spec.trainer.backend == "megatron":
+        fixes.append("more tensor parallel (trainer.tensor_parallel)")
+    fixes.append("more trainer GPUs (a data-parallel rank trains its share of a cut's rows)")
+    return ", or ".join(fixes)
 
 
 ROLLOUT_MEM_FRACTION = 0.9  # of a GPU's or a slot's memory, as the trainer's (`TRAIN_MEM_FRACTION`)

@@ -83,7 +83,9 @@ def test_the_demo_jobs_pass() -> None:
 
 # -- 1. the plan's trainer split, the plan's rollout tp ---------------------------------------------
 def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
-    """A 7B job on the H800 trainer site: the planner splits the model at some GPU counts (tp 2 at 16)."""
+    """A 7B job on the H800 trainer site, rows of up to 20,512 tokens: the planner splits megatron's model (tp 4 pp 4
+    at 16: a rank holds a cut's activations, `rlctl.profiler.actmem`); the torch trainer recomputes them (its 46.4 GB
+    a rank checkpointed, 188.5 GB not)."""
     return load(
         tmp_path,
         inventory=GPU_CLUSTERS,
@@ -92,24 +94,25 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
         batch={"prompts_per_iteration": 128, "samples_per_prompt": 8},
         placement={"trainer": {"site": "h800", "gpus": trainer_gpus}, "rollout": [{"site": "h20", "gpus": 12}]},
         rollout={"engine": "vllm", "tensor_parallel": 2},
-        trainer={"backend": backend},
+        trainer={"backend": backend} | ({"activation_checkpointing": True} if backend == "torch" else {}),
     )
 
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
 def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Path, backend: str) -> None:
-    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 2 dp 8: its state does not fit a GPU at tp 1,
-    and the default token budget is each dp rank's, so 8 ranks share the step's cuts; until 2026-12-07 it bounded a
-    whole cut, 1 to 9 of the job's 3,262-token rows, and the plan chose tp 4 pp 2 dp 2), which its ranks form from
-    the plan (`rlctl.agents.trainer._backend`), so check passes it (it refused it before, advising a GPU count no
-    count met); torch's plan is data parallel only and shards with FSDP2 (it chose tp 2 too, which check refused)."""
+    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 4 pp 4 dp 1: a rank holds its stage's
+    activations of a 20,512-token row and the full logits; tp 4 pp 2 dp 2 before they were priced, the default token
+    budget cutting the job's rows 1 to 9 a cut), which its ranks form from the plan (`rlctl.agents.trainer._backend`),
+    so check passes it (it refused it before, advising a GPU count no count met); torch's plan is data parallel only
+    and shards with FSDP2 (it chose tp 2 too, which check refused)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
     par = counts.plan_counts(job, job.spec)["trainer"]["parallel"]
     if backend == "megatron":
-        assert par == {"tp": 2, "pp": 1, "dp": 8}
+        assert par == {"tp": 4, "pp": 4, "dp": 1}
     else:
-        # each rank holds the step's unsharded gradients beside its shards (they fit): a reduce-scatter a step
-        assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True, "reduce_per_step": True}
+        # the step's unsharded gradients (30.5 GB) do not fit beside the shards and the recomputed activations
+        # (46.4 GB): a reduce-scatter every cut
+        assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True}
     assert refused(job, "placement.trainer.gpus") == []
     plan = make_plan(job, options=PlanOptions(curves_in_output=False))
     (t,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
@@ -120,15 +123,15 @@ def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Pa
     # model do not fit one 80 GB GPU); megatron, without a distributed optimizer, would hold all of it on every
     # rank: refused with the memory figures
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
-    fsdp = {"fsdp": True, "reduce_per_step": True} if backend == "torch" else {}
+    fsdp = {"fsdp": True} if backend == "torch" else {}
     assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
     if backend == "torch":
         assert refused(job, "placement.trainer.gpus") == []
     else:
         (p,) = refused(job, "placement.trainer.gpus")
         assert p.message == (
-            "the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 123.9 GB each (weights and gradients 32.5 GB, optimizer "
-            "state 91.4 GB), and a H800 holds 80 GB (90% usable)"
+            "the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 312.4 GB each (weights and gradients 32.5 GB, optimizer "
+            "state 91.4 GB, activations of a cut's 20,512 tokens a rank 188.5 GB), and a H800 holds 80 GB (90% usable)"
         )
         assert p.hint is not None and "trainer.tensor_parallel" in p.hint
 
@@ -139,23 +142,31 @@ def test_a_fixed_trainer_count_is_planned_at_every_split_that_divides_it_or_refu
     """7 H800s for a megatron 7B trainer: the roofline grid's pp are powers of two, and the plan said "training state
     does not fit in 7 × H800 at any tp × pp" (exit 1; check blamed the rollout's `auto`), though pp 7 divides the 28
     layers and fits. A count no split fits is the job's field, exit 2: `placement.trainer.gpus` (more GPUs help),
-    or `trainer.shard` for a torch trainer told not to shard (no count helps)."""
+    or `trainer.shard` for a torch trainer told not to shard (no count helps). Rows of 4,512 tokens: a stage of 4
+    layers holds their activations and the full logits (13.1 GB) beside its state (19.4 GB)."""
     job = gpu_job(tmp_path, trainer_gpus=7, backend="megatron")
+    data = yaml.safe_load(job.path.read_text())
+    data["task"]["max_output_tokens"] = 4000
+    job.path.write_text(yaml.safe_dump(data))
+    job = load_job(job.path)
     assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 7, "dp": 1}
     assert refused(job, "placement.trainer.gpus") == [] and refused(job, "placement.rollout[0].gpus") == []
     one = gpu_job(tmp_path, trainer_gpus=1, backend="torch")
     line = only_line(run_cli("plan", str(one.path)))
     assert line == (
-        f"rlctl: error: {one.path}: placement.trainer.gpus: 1: qwen2.5-7b training state does not fit in 1 × H800 at "
-        "tp 1 pp 1 (one rank holds its whole state: FSDP2 shards it over 2 or more) (hint: more GPUs "
-        "(placement.trainer.gpus))"
+        f"rlctl: error: {one.path}: placement.trainer.gpus: 1: qwen2.5-7b training state and activations do not fit in "
+        "1 × H800 at "
+        "tp 1 pp 1 (one rank holds its whole state: FSDP2 shards it over 2 or more; a cut's activations 47.5 GB a rank "
+        "at tp 1 pp 1, its 20,512 tokens) (hint: more GPUs (placement.trainer.gpus))"
     )
     data = yaml.safe_load(one.path.read_text())
     data["trainer"]["shard"] = "none"
     data["placement"]["trainer"]["gpus"] = 8
     one.path.write_text(yaml.safe_dump(data))
     line = only_line(run_cli("plan", str(one.path)))
-    assert line.startswith(f"rlctl: error: {one.path}: trainer.shard: 'none': qwen2.5-7b training state does not fit")
+    assert line.startswith(
+        f"rlctl: error: {one.path}: trainer.shard: 'none': qwen2.5-7b training state and activations do not fit"
+    )
     assert line.endswith("(hint: 'auto': FSDP2 divides it over the ranks)")
 
 
@@ -186,37 +197,41 @@ def test_a_fixed_rollout_count_its_units_leave_gpus_of_is_refused_or_said(tmp_pa
 
 
 def test_a_torch_trainer_too_large_for_its_gpus_sharded_is_refused_with_the_fsdp_figures(tmp_path: Path) -> None:
-    """FSDP2 divides all of a rank's state (`rlctl.planner.costs.rank_bytes`): a 7B torch trainer on one H800 holds it
-    whole (123.9 GB); `trainer.shard: fsdp` on 2 would need 2 + 121.9 / 2 + 7.9 = 70.9 GB a rank and fits."""
+    """FSDP2 divides all of a rank's state (`rlctl.planner.costs.rank_bytes`), not its cut's activations: a 7B torch
+    trainer on one H800 holds it whole (123.9 GB, and 47.5 GB of recomputed activations of a 20,512-token row);
+    FSDP2 on 8 needs 2 + 121.9 / 8 + 7.9 + 46.4 = 71.5 GB a rank and fits (on 2, 70.9 GB before activations)."""
     job = gpu_job(tmp_path, trainer_gpus=1, backend="torch")
     (p,) = refused(job, "placement.trainer.gpus")
-    assert p.message.startswith("the trainer's 1 rank(s) at tp 1 pp 1 dp 1 need 123.9 GB each"), p.message
-    job = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
-    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    assert p.message.startswith("the trainer's 1 rank(s) at tp 1 pp 1 dp 1 need 171.4 GB each"), p.message
+    job = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
+    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 8, "fsdp": True}
     assert refused(job, "placement.trainer.gpus") == []
     data = yaml.safe_load(job.path.read_text())
     data["model"] = {"kind": "builtin", "name": "qwen2.5-72b"}
     job.path.write_text(yaml.safe_dump(data))
     (p,) = refused(load_job(job.path), "placement.trainer.gpus")
-    assert p.message.startswith("the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need "), p.message
-    assert "(weights, gradients and optimizer state " in p.message and " ÷ 2 (FSDP2), layers gathered " in p.message
+    assert p.message.startswith("the trainer's 8 rank(s) at tp 1 pp 1 dp 8 need "), p.message
+    assert "(weights, gradients and optimizer state " in p.message and " ÷ 8 (FSDP2), layers gathered " in p.message
     assert p.hint is not None and "trainer.shard" in p.hint
 
 
 def test_a_kl_jobs_reference_policy_counts_in_the_trainers_memory_as_the_planner_counts_it(tmp_path: Path) -> None:
-    """A 7B torch trainer sharded over 2 H800s fits at 70.9 GB a rank; with `kl_coef > 0` its reference policy is on
+    """A 7B torch trainer sharded over 8 H800s fits at 71.5 GB a rank; with `kl_coef > 0` its reference policy is on
     the GPUs too (fp32: 4 bytes a parameter more, as `rlctl plan` counts it, which refused the job): check passed it."""
-    job = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    job = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
     assert refused(job, "placement.trainer.gpus") == []
     data = yaml.safe_load(job.path.read_text())
     data["algorithm"] = {"kind": "grpo", "kl_coef": 0.05}
     job.path.write_text(yaml.safe_dump(data))
-    (p,) = refused(load_job(job.path), "placement.trainer.gpus")
+    # the state alone fits (29.0 GB a rank): refused at the cut's field, whose 20,512-token row leaves no room
+    (p,) = refused(load_job(job.path), "batch.train_micro_batch_tokens")
     assert p.message == (
-        "the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 86.1 GB each (weights, gradients, optimizer state and the "
-        "reference policy 152.4 GB ÷ 2 (FSDP2), layers gathered 7.9 GB), and a H800 holds 80 GB (90% usable)"
+        "the trainer's 8 rank(s) at tp 1 pp 1 dp 8 need 75.4 GB each (weights, gradients, optimizer state and the "
+        "reference policy 152.4 GB ÷ 8 (FSDP2), layers gathered 7.9 GB, activations (recomputed) of a cut's 20,512 "
+        "tokens a rank 46.4 GB), and a H800 holds 80 GB (90% usable)"
     )
-    assert "does not fit in 2 × H800" in only_line(run_cli("plan", str(job.path)))  # the planner's own verdict
+    assert p.hint is not None and p.hint.startswith("shorten the task's longest prompt + output (20,512 tokens")
+    assert "do not fit in 8 × H800" in only_line(run_cli("plan", str(job.path)))  # the planner's own verdict
 
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
@@ -225,10 +240,11 @@ def test_the_trainer_layout_rlctl_plan_picks_is_one_check_does_not_refuse_for_me
 ) -> None:
     """jobs/cross-dc-7b.yaml (megatron, 7B on H800s): the planner divided the optimizer state over dp for every
     backend and picked tp 1 pp 1 dp 7, which check refused at 124 GB a rank (megatron has no distributed optimizer).
-    One memory model now (`planner.costs.rank_bytes`): megatron splits the replica; torch keeps FSDP2 at tp 1."""
+    One memory model now (`planner.costs.rank_bytes`): megatron splits the replica; torch keeps FSDP2 at tp 1, its
+    20,512-token rows' activations recomputed (188.5 GB a rank kept whole: no count fits)."""
     data = yaml.safe_load((ROOT / "jobs" / "cross-dc-7b.yaml").read_text())
     data["inventory"] = GPU_CLUSTERS
-    data["trainer"] = {"backend": backend}
+    data["trainer"] = {"backend": backend} | ({"activation_checkpointing": True} if backend == "torch" else {})
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     job = load_job(path)
@@ -1934,22 +1950,29 @@ def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Pat
 def test_fsdp_reduces_once_a_step_where_the_steps_gradients_fit_beside_the_shards(tmp_path: Path) -> None:
     """A 7B torch trainer on H800s (`rlctl.planner.costs.holds_grad_sync`): over 16 ranks its 30.5 GB of fp32
     gradients fit beside the shards, so the plan reduces them once an optimizer step (the launch's RLCTL_PARALLEL
-    `reduce_per_step`, the learner holding FSDP2's gradient sync off but in the step's last cut); over 2 (70.9 GB a
-    rank) they do not: a reduce-scatter a cut. `rlctl check` counts them in a rank's memory where a split holds
-    them."""
+    `reduce_per_step`, the learner holding FSDP2's gradient sync off but in the step's last cut); over 4 (50.6 GB a
+    rank with a 4,512-token row's recomputed activations; 81.1 GB with them) they do not: a reduce-scatter a cut.
+    `rlctl check` counts them in a rank's memory where a split holds them. (Rows of 20,512 tokens leave no count room
+    for them.)"""
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.ops.preflight.memory import trainer_memory_refusal
 
-    wide = gpu_job(tmp_path, trainer_gpus=16, backend="torch")
+    def shorter(job: Job) -> Job:
+        data = yaml.safe_load(job.path.read_text())
+        data["task"]["max_output_tokens"] = 4000
+        job.path.write_text(yaml.safe_dump(data))
+        return load_job(job.path)
+
+    wide = shorter(gpu_job(tmp_path, trainer_gpus=16, backend="torch"))
     assert counts.plan_counts(wide, wide.spec)["trainer"]["parallel"]["reduce_per_step"] is True
-    two = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
-    assert counts.plan_counts(two, two.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    two = shorter(gpu_job(tmp_path, trainer_gpus=4, backend="torch"))
+    assert counts.plan_counts(two, two.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 4, "fsdp": True}
     site = two.spec.placement.trainer.site
-    split = ParallelConfig("trainer", dp=2, fsdp=True)
+    split = ParallelConfig("trainer", dp=4, fsdp=True)
     assert trainer_memory_refusal(two.spec, site, two.inventory.sites[site], split) is None
     once = dataclasses.replace(split, reduce_per_step=True)
     held = trainer_memory_refusal(two.spec, site, two.inventory.sites[site], once)
-    assert held is not None and "need 101.4 GB each" in held and "a step's unsharded gradients 30.5 GB" in held, held
+    assert held is not None and "need 81.1 GB each" in held and "a step's unsharded gradients 30.5 GB" in held, held
 
 
 def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:
@@ -2074,7 +2097,7 @@ def test_a_trainer_that_does_not_fit_its_slots_memory_is_refused_with_the_figure
     placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]}
     small = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="auto", memory_gb=2)], placement=placement)
     (p,) = refused(small, "placement.trainer.gpus")
-    assert "need 2.0 GB each" in p.message and "a slot of site 't' gets 1 GB of its nodes' memory_gb" in p.message
+    assert "need 2.2 GB each" in p.message and "a slot of site 't' gets 1 GB of its nodes' memory_gb" in p.message
     big = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="auto", memory_gb=64)], placement=placement)
     assert refused(big, "placement.trainer.gpus") == []
     seven_b = gpu_job(tmp_path, trainer_gpus=1, backend="torch")  # a 7.6B replica on one 80 GB H800

@@ -760,11 +760,20 @@ def test_a_resume_interrupted_as_it_compares_the_job_file_leaves_the_count_itera
 
 
 def split_job(
-    tmp_path: Path, *, algorithm: str = "grpo", gpus: int = 2, model: dict[str, Any] | None = None, gpu: str = "CPU"
+    tmp_path: Path,
+    *,
+    algorithm: str = "grpo",
+    gpus: int = 2,
+    model: dict[str, Any] | None = None,
+    gpu: str = "CPU",
+    cut_tokens: int | None = None,
 ) -> JobDir:
     """A megatron job launched at tp 2 on a local site of `gpus` GPUs (`gpu`; a model that tp 1, 2, 4 and pp 1, 2
-    split; not tp 3 or pp 3, or `model`), its checkpoint v3 written at tp 2."""
+    split; not tp 3 or pp 3, or `model`), its checkpoint v3 written at tp 2; `cut_tokens`: its
+    batch.train_micro_batch_tokens (a rank's activations: `rlctl.profiler.actmem`)."""
     job = spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if cut_tokens is not None:
+        job.setdefault("batch", {})["train_micro_batch_tokens"] = cut_tokens
     job["model"] = model or {"kind": "arch", "name": "m", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 4,
                              "vocab": 64, "intermediate": 128, "params": 1e5}  # fmt: skip
     job["trainer"] = {"backend": "megatron", "tensor_parallel": 2}
@@ -886,21 +895,23 @@ def test_launch_resume_trainer_split_a_rank_of_which_does_not_fit_the_sites_gpus
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A megatron 7B trainer launched at tp 2 on 4 H100s (62 GB a rank), resumed at tp 1: each rank would hold the
-    whole model's weights, gradients and AdamW state (123.9 GB; megatron has no distributed optimizer), and an H100
+    whole model's weights, gradients and AdamW state (123.9 GB, and 3.1 GB of a 340-token cut's activations; megatron
+    has no distributed optimizer), and an H100
     80 GB. Refused as `rlctl check` refuses such a plan (`preflight.memory.trainer_memory_refusal`, its figures),
     naming the option and the fewest GPUs a replica fits in at the asked dp; before, the split was written and the
     trainer ran out of memory as it loaded. A split that fits (dp 2 at tp 2) passes."""
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100")
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
     before = jd.plan_json.read_text()
     r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,dp=2", "--dry-run")
     assert r.exit_code == 2, r.stderr
     assert r.stderr == (
-        "rlctl: error: --trainer-split tp=1,dp=2: the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 123.9 GB each "
-        "(weights and gradients 32.5 GB, optimizer state 91.4 GB), and a H100 holds 80 GB (90% usable) (hint: use "
-        "--trainer-split tp=2,pp=1,dp=2, the fewest GPUs a replica fits in)\n"
+        "rlctl: error: --trainer-split tp=1,dp=2: the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 127.0 GB each "
+        "(weights and gradients 32.5 GB, optimizer state 91.4 GB, activations of a cut's 340 tokens a rank 3.1 GB), "
+        "and a H100 holds 80 GB (90% usable) (hint: use --trainer-split tp=2,pp=1,dp=2, the fewest GPUs a replica fits "
+        "in)\n"
     )
     assert jd.plan_json.read_text() == before
     r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "dp=2", "--dry-run")
@@ -918,7 +929,7 @@ def test_trainer_split_refused_for_memory_suggests_only_a_split_the_sites_room_h
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = split_job(tmp_path, gpus=2, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100")
+    jd = split_job(tmp_path, gpus=2, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
     nodes = [{"host": "h1", "gpus": 2}, {"host": "h2", "gpus": 1}, {"host": "h3", "gpus": 1}]
     t = Site.model_validate({"datacenter": "d", "gpu": "H100", "scheduler": {"kind": "local"}, "nodes": nodes})
     write_sites(jd.path, {"c": local_site(), "t": t})

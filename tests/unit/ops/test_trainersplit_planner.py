@@ -37,10 +37,12 @@ def megatron_job(
     gbps: float = 10,
     uplink: bool = False,
 ) -> Job:
-    """A 7B megatron job at tp `tp` on `gpus` H100s of site t, its rollout on 4 of site r: one datacenter, or
+    """A 7B megatron job at tp `tp` on `gpus` H200s of site t, its rollout on 4 of site r: one datacenter, or
     (`across`) t in datacenter a, r in b, joined by a `gbps` link between t and r, or (`uplink`) between r and a2,
-    another site of a that the job does not use. `model`: another than the 7B."""
-    site = {"gpu": "H100", "scheduler": {"kind": "ssh"}}
+    another site of a that the job does not use. `model`: another than the 7B. (H200s: a tp 2 rank holds its
+    shard's whole state, 63.0 GB, and its share of a cut's activations, 37.3 GB with the full fp32 logits,
+    `profiler.actmem`: more than an H100's 72 GB usable.)"""
+    site = {"gpu": "H200", "scheduler": {"kind": "ssh"}}
     inv = {
         "apiVersion": "rlctl/v1",
         "kind": "Inventory",

@@ -29,17 +29,19 @@ DPS = (1, 2, 8, 16)
 
 
 def torch_job(tmp_path: Path, *, model: str, gpu: str, shard: str, dp: int, kl_coef: float) -> Job:
-    """A torch trainer of `dp` ranks on `gpu`s (the h800 site's GPUs replaced), rollout on 12 H20s."""
+    """A torch trainer of `dp` ranks on `gpu`s (the h800 site's GPUs replaced), rollout on 12 H20s; rows of up to
+    4,512 tokens, recomputed (activation checkpointing): a rank holds its cut's activations (`profiler.actmem`), and
+    with 20,512-token rows no replica fits unsharded on any of the GPUs."""
     job = load(
         tmp_path,
         inventory=GPU_CLUSTERS,
         model={"kind": "builtin", "name": model},
         algorithm={"kind": "grpo", "kl_coef": kl_coef},
-        task={"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 20000},
+        task={"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 4000},
         batch={"prompts_per_iteration": 128, "samples_per_prompt": 8},
         placement={"trainer": {"site": "h800", "gpus": dp}, "rollout": [{"site": "h20", "gpus": 12}]},
         rollout={"engine": "vllm", "tensor_parallel": 2},
-        trainer={"backend": "torch", "shard": shard},
+        trainer={"backend": "torch", "shard": shard, "activation_checkpointing": True},
     )
     sites = job.inventory.sites | {"h800": job.inventory.sites["h800"].model_copy(update={"gpu": gpu})}
     job.inventory.sites = sites
@@ -67,7 +69,9 @@ def test_the_fsdp2_a_layout_is_priced_with_is_what_the_launch_runs_there(tmp_pat
     once-a-step reduction) is the one `rlctl launch` writes (`split.trainer_sharding`, `ops.counts.plan_counts`).
     A GRPO job with a KL term holds the reference policy beside the replica; a profile file taken without it priced
     the smaller replica's memory, so a layout unsharded where the launch shards it (a 4B on H800s: 66 GB a replica
-    priced whole within 72 GB usable, 82 GB with the reference, which the launch shards over 2 ranks)."""
+    priced whole within 72 GB usable, 82 GB with the reference, which the launch shards over 2 ranks), or reducing
+    once a step where the launch reduces every cut (a 4B over 8 L40S with its cut's 10.0 GB of activations: 41.3 GB
+    a rank, 43.3 GB with the reference, 43.2 GB usable). Both decisions count a rank's activations alike."""
     seen: set[tuple[bool, bool]] = set()
     for shard, model, gpu in itertools.product(("auto", "fsdp", "none"), MODELS, GPUS):
         profile = None
@@ -92,10 +96,13 @@ def test_the_search_simulates_each_candidate_as_the_plan_simulates_its_choice(tm
     holds a step's last cut to the flush (`reduce_per_step`). The split search simulated its candidates with every
     cut trained as it filled, the plan its choice with the last one held: it chose 16 rollout GPUs by 17.51 s, which
     the plan then priced at 17.61 s, where 24 run at 17.50 s. Each candidate is simulated with its own trainer
-    layout's reduction and dp (the learner's budgets are a rank's) now, so the chosen one's figure is the plan's."""
+    layout's reduction now, so the chosen one's figure is the plan's. (Rows of up to 1,512 tokens: a rank's share of
+    a cut, 4 rows, keeps its recomputed activations small enough for the step's gradients beside them at 8 ranks,
+    `profiler.actmem`; the search reducing once a cut simulated its choice at 10.47 s, the plan at 10.55 s.)"""
     path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated")
     job = yaml.safe_load(path.read_text())
     job["batch"] |= {"train_micro_batch_samples": 32, "train_micro_batch_tokens": None}
+    job["task"]["max_output_tokens"] = 1000
     path.write_text(yaml.safe_dump(job))
     plan = make_plan(load_job(path), options=OPTS)
     (trainer,) = [a for a in plan["allocation"] if a["role"] == "trainer"]

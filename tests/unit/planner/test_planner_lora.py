@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rlctl.config import load_job
 from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.job import Job
 from rlctl.config.model import BuiltinModel
@@ -27,6 +29,18 @@ from rlctl.profiler.profile import ProfileFile
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, passes_for, streamed_units
 from tests.unit.hf_checkpoints import config_reads
 from tests.unit.ops.test_preflight import GPU_CLUSTERS, gpu_job, hf_dataset_job, load
+
+
+def shorter_rows(job: Job, *, cut_tokens: int | None = None, **task: int) -> Job:
+    """`job` with rows of up to 4,512 tokens (default), or the task's fields `task`, and `cut_tokens` a cut
+    (batch.train_micro_batch_tokens): its cut's activations small enough to sit beside a LoRA rank's frozen weights
+    (`rlctl.profiler.actmem`)."""
+    data = yaml.safe_load(job.path.read_text())
+    data["task"] |= task or {"max_output_tokens": 4000}
+    if cut_tokens is not None:
+        data["batch"]["train_micro_batch_tokens"] = cut_tokens
+    job.path.write_text(yaml.safe_dump(data))
+    return load_job(job.path)
 
 
 def with_lora(job: Job, adapters: Lora) -> Job:
@@ -76,15 +90,16 @@ def test_a_lora_rank_holds_its_frozen_weights_once_and_the_adapters_state() -> N
 
 
 def test_a_7b_lora_trainer_fits_one_h800_where_full_training_shards_or_is_refused(tmp_path: Path) -> None:
-    full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    full = shorter_rows(gpu_job(tmp_path, trainer_gpus=2, backend="torch"))
     lora_job = with_lora(full, Lora(rank=16, alpha=32))
-    # 7.6e9 × 16 B ≈ 122 GB does not fit an 80 GB H800: FSDP2 over 2; with LoRA ≈ 30.5 GB + 0.6 GB: whole
+    # 7.6e9 × 16 B ≈ 122 GB does not fit an 80 GB H800: FSDP2 over 2; with LoRA ≈ 30.5 GB + 0.6 GB (and a cut's
+    # recomputed activations, 19.6 GB at 8,192 tokens): whole
     assert shard_trainer(full, tp=1, pp=1, dp=2) is True
     assert shard_trainer(lora_job, tp=1, pp=1, dp=2) is False
     one = ParallelConfig("trainer", dp=1)
     site = full.inventory.sites["h800"]
     why = trainer_memory_refusal(full.spec, "h800", site, one)
-    assert why is not None and "need 123.9 GB each" in why, why
+    assert why is not None and "need 143.5 GB each" in why, why
     assert trainer_memory_refusal(lora_job.spec, "h800", site, one) is None
 
 
@@ -134,22 +149,29 @@ def test_plan_prices_a_lora_jobs_training_as_its_passes(tmp_path: Path) -> None:
 
 def test_an_fsdp_lora_rank_gathers_its_layer_without_the_frozen_weights_gradients(tmp_path: Path) -> None:
     """FSDP2 gathers the root and the layer computed in bf16; with LoRA only the layer's adapters get fp32 gradients
-    before the reduce-scatter. 72B at r 16 over 4 H20s (86.4 GB usable): 2 + 294.2 / 4 + 6.8 = 82.3 GB a rank, fits,
-    versus 95.8 GB (refused) with gradients of every gathered weight."""
+    before the reduce-scatter. 72B at r 16 over 4 H20s (86.4 GB usable): 2 + 294.2 / 4 + 6.8 + 2.3 (a 512-token cut's
+    recomputed activations) = 84.6 GB a rank, fits, versus 98.1 GB (refused) with gradients of every gathered weight."""
     arch = BUILTIN_MODELS["qwen2.5-72b"]
     a = lora_params(arch, Lora(rank=16, alpha=32))
     root = 2 * arch.vocab * arch.hidden
     layer = (arch.params - root) / arch.layers
     assert fsdp_gathered_bytes(arch, adapter_params=0.0) == pytest.approx(6 * (root + layer))
     assert fsdp_gathered_bytes(arch, adapter_params=a) == pytest.approx(2 * (root + layer) + 6 * a / arch.layers)
-    base = gpu_job(tmp_path, trainer_gpus=4, backend="torch")
+    # rows of 512 tokens at most, a cut of one: a rank's recomputed activations ≈ 2.3 GB
+    base = shorter_rows(
+        gpu_job(tmp_path, trainer_gpus=4, backend="torch"),
+        prompt_tokens=256,
+        median_output_tokens=128,
+        max_output_tokens=256,
+        cut_tokens=512,
+    )
     spec = base.spec.model_copy(update={"model": BuiltinModel(kind="builtin", name="qwen2.5-72b")})
     trainer = spec.trainer.model_copy(update={"lora": Lora(rank=16, alpha=32), "shard": "fsdp"})
     spec = spec.model_copy(update={"trainer": trainer})
     four = ParallelConfig("trainer", dp=4, fsdp=True)
     assert trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], four) is None
     why = trainer_memory_refusal(spec, "h20", base.inventory.sites["h20"], ParallelConfig("trainer", dp=3, fsdp=True))
-    assert why is not None and "need 106.8 GB each" in why and "layers gathered 6.8 GB" in why, why
+    assert why is not None and "need 109.1 GB each" in why and "layers gathered 6.8 GB" in why, why
 
 
 def as_measured(prof: ProfileFile) -> ProfileFile:
@@ -166,7 +188,8 @@ def as_measured(prof: ProfileFile) -> ProfileFile:
 def test_a_lora_job_planned_from_a_measured_profile_gets_its_own_memory_and_time(tmp_path: Path) -> None:
     """A measured profile planned for a LoRA job: each trainer entry holds the LoRA rank's memory and its seconds
     scale to the job's passes, so the plan is the one the roofline built for the LoRA job gives. 72B at r 16 on 4
-    H20s: FSDP2, 82.3 GB a rank, versus 'training state does not fit' (a full fine-tune's 16 B a parameter)."""
+    H20s: FSDP2, 84.6 GB a rank (its cuts of 512 tokens recomputed), versus 'training state does not fit' (a full
+    fine-tune's 16 B a parameter)."""
     full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
     lora_job = with_lora(full, Lora(rank=16, alpha=32))
     measured = as_measured(profile_for(full, None))
@@ -187,7 +210,9 @@ def test_a_lora_job_planned_from_a_measured_profile_gets_its_own_memory_and_time
             model={"kind": "builtin", "name": "qwen2.5-72b"},
             placement={"trainer": {"site": "h20", "gpus": 4}, "rollout": [{"site": "h800", "gpus": 16}]},
             rollout={"engine": "vllm", "tensor_parallel": 4},
-            trainer={"backend": "torch"},
+            # a rank's recomputed activations of 512 tokens a cut (≈ 2.3 GB) beside the frozen 72B's shards
+            batch={"train_micro_batch_tokens": 512},
+            trainer={"backend": "torch", "activation_checkpointing": True},
         )
         return with_lora(job, adapters) if adapters is not None else job
 
@@ -217,8 +242,12 @@ def test_a_lora_trainer_all_reduces_its_adapters_gradients_alone(tmp_path: Path)
     opts = PlanOptions(sim_iterations=1, curves_in_output=False)
     t_train = {}
     for gpus in (8, 16):
-        full = gpu_job(tmp_path, trainer_gpus=gpus, backend="torch")
-        # cuts of 32 rows, each rank 2 of them at 16 (the default token budget cuts the 3,262-token rows 1 to 3 a cut)
+        # rows of up to 2,512 tokens: 4 a rank at 8 (10,048 tokens) keep their activations beside a LoRA rank's whole
+        # frozen weights (`profiler.actmem`), as the launch runs it (no FSDP2)
+        full = shorter_rows(
+            gpu_job(tmp_path, trainer_gpus=gpus, backend="torch"), median_output_tokens=1000, max_output_tokens=2000
+        )
+        # cuts of 32 rows, each rank 2 of them at 16 (the default token budget would cut a few rows a cut)
         full.spec = full.spec.model_copy(update={"batch": full.spec.batch.model_copy(update=ROWS_ONLY)})
         lora_job = with_lora(full, Lora(rank=16, alpha=32))
         tcost = train_cost(lora_job, profile_for(lora_job, None), TrainingPasses())

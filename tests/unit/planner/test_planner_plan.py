@@ -76,6 +76,8 @@ def write_job(
         "planning": {"rule": rule, "epsilon": 0.05},
         "pipeline": {"mode": mode},
         "placement": {"trainer": {"site": "trn", "gpus": trainer_gpus}, "rollout": rollout},
+        # long rows (5,512 tokens) of a 7B: their activations fit beside FSDP2's shards recomputed (`profiler.actmem`)
+        "trainer": {"activation_checkpointing": True},
     }
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -168,10 +170,10 @@ def test_launch_and_check_run_the_allocation_rlctl_plan_prints(tmp_path: Path) -
 
 
 def test_a_site_too_small_for_both_stages_says_what_each_needs(tmp_path: Path) -> None:
-    """2 H100s, 7B: the FSDP2 trainer needs both and a rollout unit one. The planner said 'no feasible (x, y): every
-    split has an infinite stage time'."""
+    """3 H100s, 7B: the FSDP2 trainer needs all three (its shards and a 5,512-token row's recomputed activations) and
+    a rollout unit one. The planner said 'no feasible (x, y): every split has an infinite stage time'."""
     path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="paper")
-    site = {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H100", "nodes": [{"host": "h1", "gpus": 2}]}
+    site = {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H100", "nodes": [{"host": "h1", "gpus": 3}]}
     inv = {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}}
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
     job = yaml.safe_load(path.read_text())
@@ -180,7 +182,7 @@ def test_a_site_too_small_for_both_stages_says_what_each_needs(tmp_path: Path) -
     with pytest.raises(PlanError) as e:
         make_plan(load_job(path), options=OPTS)
     assert str(e.value) == (
-        "site 's': its 2 GPU(s) cannot hold both stages of qwen2.5-7b: the trainer needs 2 at least and a rollout "
+        "site 's': its 3 GPU(s) cannot hold both stages of qwen2.5-7b: the trainer needs 3 at least and a rollout "
         "unit 1"
     )
 
@@ -363,8 +365,9 @@ def test_across_datacenters_a_fixed_count_is_kept_and_the_other_stage_searched(t
     assert plan["rule_applied"] == "paper" and "search" not in plan  # both given: nothing to search
 
 
-# a 2-GPU trainer (≈ 24 s a step) is slower than generation on fewer than all 16 GPUs of r20: it holds the iteration
-@pytest.mark.parametrize(("trainer_gpus", "fixed", "auto"), [("auto", "r20", "r100"), (2, "r100", "r20")])
+# a fixed 3-GPU trainer (the fewest a 7B's shards and recomputed activations fit; 2 before activations were priced,
+# slow enough then to hold the iteration, so that r20 gave up GPUs: at 3 it does not)
+@pytest.mark.parametrize(("trainer_gpus", "fixed", "auto"), [("auto", "r20", "r100"), (3, "r100", "r20")])
 def test_across_datacenters_a_fixed_rollout_site_holds_its_count_and_the_others_are_searched(
     tmp_path: Path, trainer_gpus: int | str, fixed: str, auto: str
 ) -> None:
@@ -380,9 +383,8 @@ def test_across_datacenters_a_fixed_rollout_site_holds_its_count_and_the_others_
     tried = {e["rollout_gpus"] for e in plan["search"]["evaluated"]}
     assert min(tried) >= 4 and len(tried) > 1, tried  # never below the fixed count; the auto site searched
     assert sites[auto] == plan["search"]["chosen"] - 4
-    if trainer_gpus != "auto":  # the trainer holds the iteration: the full allocation is more than needed
-        assert sites[auto] < 16
-        assert {e["trainer_gpus"] for e in plan["search"]["evaluated"]} == {2} and _used(plan, "trainer") == 2
+    if trainer_gpus != "auto":  # every allocation tried holds the trainer's fixed count
+        assert {e["trainer_gpus"] for e in plan["search"]["evaluated"]} == {3} and _used(plan, "trainer") == 3
 
 
 @pytest.mark.parametrize("rule", ["paper", "fewest_gpus"])
@@ -679,7 +681,8 @@ def _trainer_of(plan: dict[str, Any]) -> tuple[dict[str, int], float]:
     return t["config"], t["predicted_s"]
 
 
-@pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen2.5-32b"])
+# (a 32B's state at 8 ranks, 67.6 GB a rank at tp 4 pp 2, leaves no room for a cut's activations: not planned)
+@pytest.mark.parametrize("model", ["qwen2.5-7b"])
 def test_a_fixed_trainer_count_on_its_own_site_gets_its_fastest_split(tmp_path: Path, model: str) -> None:
     """8 ranks on 6-GPU hosts: tp 2 takes 8 slots, tp 4 (faster here) 10, its groups passing over host 1's
     leftover. On a site the trainer has to itself the slots beyond its ranks cost nothing: the plan, hence the

@@ -244,8 +244,12 @@ def _job(algorithm: dict[str, object]) -> Job:
 
 def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
     """A PPO profile without reference, planned for a PPO job with KL: ×16/14, the same trainer time
-    as the profile built for the job's own passes (the analytical entries are linear in FLOPs)."""
+    as the profile built for the job's own passes (the analytical entries are linear in FLOPs). Rows of 4,512
+    tokens: at 20,512 the policy, critic and reference (36 B a parameter) beside a stage's activations and the full
+    logits fit no split of megatron's grid on H800s."""
     job = _job({"kind": "ppo", "kl_coef": 0.01})
+    task = job.spec.task.model_copy(update={"max_output_tokens": 4000})
+    job = Job(job.spec.model_copy(update={"task": task}), job.inventory, job.path)
     opts = PlanOptions(sim_iterations=1, curves_in_output=False)
     plain = analytical_profile(
         job.spec.model.arch,

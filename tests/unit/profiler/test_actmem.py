@@ -5,15 +5,19 @@ buffers left out): TinyGPT under bf16 autocast on the CPU, the dtypes it trains 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
 import torch
 
+from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.models.hf import QWEN2, TinyGPTConfig
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.planner.costs import Sharding, ShardRule, TrainWorkload, fsdp_gathered_bytes, train_time_s, trainer_layout
 from rlctl.profiler.actmem import Activations, saved_bytes
+from rlctl.profiler.analytical import analytical_profile, training_entry
 from rlctl.rl.cuts import cut_lengths
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.samples import TokenBatch
@@ -104,3 +108,30 @@ def test_a_7b_cut_of_16k_tokens_holds_tens_of_gb_of_activations_less_recomputed(
     megatron = dataclasses.replace(a, backend="megatron", checkpointing=True)  # (checkpointing: the torch trainer's)
     assert megatron.rank_bytes(dp=8) == a.rank_bytes(dp=8, fsdp=True)
     assert megatron.rank_bytes(tp=4, pp=4, dp=1) / 1e9 == pytest.approx(46.0, abs=0.05)
+
+
+def test_the_planner_prices_a_rank_with_its_cuts_activations() -> None:
+    """`costs.train_time_s` (what `rlctl plan` picks a layout by): a 7B torch trainer over 8 H800s with FSDP2 fits
+    on its state alone (25.1 GB a rank), not with a 16,384-token row's activations (150.6 GB), and fits recomputed
+    (37.1 GB more); the FSDP2 decision (`trainer_layout`) counts the unsharded replica's activations with autocast's
+    bf16 weight copies."""
+    arch = BUILTIN_MODELS["qwen2.5-7b"]
+    prof = analytical_profile(arch, {"h": (CATALOG["H800"], 8, 2.85)})
+    site = prof.sites["h"]
+    e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
+    gathered = fsdp_gathered_bytes(arch, adapter_params=0.0)
+    cuts = Activations(arch, rows=32, seq_tokens=16384, max_tokens=8192)
+    kw: dict = {"site": site, "node_bytes_per_s": 25e9}
+    state_only = TrainWorkload(1e6, 512, 32, 4 * arch.params, gathered_bytes=gathered)
+    assert math.isfinite(train_time_s(e, 8, state_only, **kw))
+    assert train_time_s(e, 8, dataclasses.replace(state_only, activations=cuts), **kw) == math.inf
+    recomputed = dataclasses.replace(cuts, checkpointing=True)
+    assert math.isfinite(train_time_s(e, 8, dataclasses.replace(state_only, activations=recomputed), **kw))
+    # a small model whose replica fits one H800 unsharded (16 B a parameter) but not with its cut's activations
+    small = BUILTIN_MODELS["qwen3-4b"]
+    e4 = training_entry(small, CATALOG["H800"], tp=1, pp=1, algorithm="grpo")
+    rule = ShardRule(True, False, fsdp_gathered_bytes(small, adapter_params=0.0), 4 * small.params, False)
+    assert trainer_layout(rule, e4, dp=8, hbm_bytes=80e9) == Sharding(False, False)
+    # 66.3 GB of state and 39.2 GB of a 4,096-token row's activations unsharded; sharded, the step's gradients fit
+    with_cut = dataclasses.replace(rule, activations=Activations(small, rows=32, seq_tokens=4096, max_tokens=8192))
+    assert trainer_layout(with_cut, e4, dp=8, hbm_bytes=80e9) == Sharding(True, True)
