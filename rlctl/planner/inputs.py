@@ -59,12 +59,17 @@ def length_model(job: Job) -> LengthModel:
 
 
 def job_passes(job: Job, trainer: TrainingPasses | None) -> TrainingPasses:
-    """The job's training passes on `trainer`: its reference, and its LoRA adapters (`trainer.lora`). The model's
-    architecture is read for the adapters alone: an HF model's is its directory read (config.json and every weight
-    file's header), for a job without LoRA to no use."""
+    """The job's training passes on `trainer`: its reference, its LoRA adapters (`trainer.lora`), and the torch
+    trainer's `activation_checkpointing` as a recomputed forward an update (`TrainingPasses.recompute`: what it runs,
+    `TinyGPT.hidden` checkpointing every layer; its memory: `rlctl.profiler.actmem`). The model's architecture is
+    read for the adapters alone: an HF model's is its directory read (config.json and every weight file's header),
+    for a job without LoRA to no use."""
     spec, adapters = job.spec, job.spec.trainer.lora
     adapter_params = 0.0 if adapters is None else lora_params(spec.model.arch, adapters)
-    return passes_for(spec.algorithm, trainer, adapter_params=adapter_params)
+    passes = passes_for(spec.algorithm, trainer, adapter_params=adapter_params)
+    if spec.trainer.activation_checkpointing and spec.trainer.backend == "torch":
+        passes = passes.model_copy(update={"recompute": True})
+    return passes
 
 
 def profile_for(

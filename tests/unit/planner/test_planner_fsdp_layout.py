@@ -98,7 +98,7 @@ def test_the_search_simulates_each_candidate_as_the_plan_simulates_its_choice(tm
     the plan then priced at 17.61 s, where 24 run at 17.50 s. Each candidate is simulated with its own trainer
     layout's reduction now, so the chosen one's figure is the plan's. (Rows of up to 1,512 tokens: a rank's share of
     a cut, 4 rows, keeps its recomputed activations small enough for the step's gradients beside them at 8 ranks,
-    `profiler.actmem`; the search reducing once a cut simulated its choice at 10.47 s, the plan at 10.55 s.)"""
+    `profiler.actmem`; the search reducing once a cut simulated its choice at 11.17 s, the plan at 11.25 s.)"""
     path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated")
     job = yaml.safe_load(path.read_text())
     job["batch"] |= {"train_micro_batch_samples": 32, "train_micro_batch_tokens": None}

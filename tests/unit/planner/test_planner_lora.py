@@ -131,17 +131,20 @@ def test_a_lora_trainer_steps_in_two_thirds_of_a_full_fine_tunes_time() -> None:
 
 def test_plan_prices_a_lora_jobs_training_as_its_passes(tmp_path: Path) -> None:
     """`rlctl plan`'s training cost for a LoRA job: its FLOPs, its adapters named, and a profile priced without them
-    (a file: a full fine-tune's) scaled by (4P + 6A) / 6P; the roofline built for the job is not scaled again."""
+    (a file: a full fine-tune's) scaled by (4P + 6A) / 6P; the roofline built for the job is not scaled again. (The
+    job recomputes its activations: a forward of 2P + 2A more, and the full fine-tune's 2P.)"""
     full = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
     lora_job = with_lora(full, Lora(rank=16, alpha=32))
     arch = full.spec.model.arch
     p, a = arch.params, lora_params(arch, Lora(rank=16, alpha=32))
     own = profile_for(lora_job, None)
     t = train_cost(lora_job, own, TrainingPasses())
-    assert t["flops_per_token"] == pytest.approx(4 * p + 6 * a) and t["scale_of_profile"] == pytest.approx(1.0)
+    recomputed = 2 * p + 2 * a
+    assert t["flops_per_token"] == pytest.approx(4 * p + 6 * a + recomputed)
+    assert t["scale_of_profile"] == pytest.approx(1.0)
     as_file = ProfileFile.model_validate(profile_for(full, None).model_dump(by_alias=True, mode="json"))
     scale = train_cost(lora_job, as_file, TrainingPasses())["scale_of_profile"]
-    assert scale == pytest.approx((4 * p + 6 * a) / (6 * p))
+    assert scale == pytest.approx((4 * p + 6 * a + recomputed) / (6 * p + 2 * p))
     assert train_cost(full, as_file, TrainingPasses())["scale_of_profile"] == 1.0
     plan = make_plan(lora_job, None, PlanOptions(sim_iterations=1, curves_in_output=False))
     assert "LoRA (40.4 M adapter parameters)" in plan_table(plan)

@@ -375,3 +375,29 @@ def test_a_kl_jobs_reference_policy_is_priced_at_the_bytes_the_trainer_holds(tmp
         for up in ({"reference": True}, {})
     ]
     assert priced[0].fixed_bytes_per_gpu - priced[1].fixed_bytes_per_gpu == held == 4 * arch.params
+
+
+def test_activation_checkpointing_is_priced_as_a_recomputed_forward_an_update() -> None:
+    """The torch trainer with `trainer.activation_checkpointing` runs every layer's forward again in the backward
+    (`TinyGPT.hidden`): GRPO's update is 4 forward units, not 3 (8P FLOPs a token against 6P), and a profile priced
+    without it scales by 4/3; the plan priced it at 3 (its memory, `profiler.actmem`, at the recomputed figure).
+    Megatron recomputes nothing (check refuses the field with it)."""
+    job = _job({"kind": "grpo"})
+    torch_job = Job(
+        job.spec.model_copy(update={"trainer": job.spec.trainer.model_copy(update={"backend": "torch"})}),
+        job.inventory,
+        job.path,
+    )
+    on = job.spec.trainer.model_copy(update={"backend": "torch", "activation_checkpointing": True})
+    recomputed = Job(job.spec.model_copy(update={"trainer": on}), job.inventory, job.path)
+    plain = analytical_profile(
+        job.spec.model.arch,
+        {s: (site.spec, site.gpus_per_node, site.gpu_cost_per_hour) for s, site in job.inventory.sites.items()},
+    )
+    assert train_cost(torch_job, plain, TrainingPasses())["flops_per_token"] == pytest.approx(6 * P7)
+    cost = train_cost(recomputed, plain, TrainingPasses())
+    assert cost["flops_per_token"] == pytest.approx(8 * P7) and cost["scale_of_profile"] == pytest.approx(4 / 3)
+    assert train_cost(recomputed, profile_for(recomputed, None), TrainingPasses())["scale_of_profile"] == 1.0
+    megatron = job.spec.trainer.model_copy(update={"activation_checkpointing": True})
+    assert train_cost(Job(job.spec.model_copy(update={"trainer": megatron}), job.inventory, job.path), plain,
+                      TrainingPasses())["forward_units"] == 3  # fmt: skip
