@@ -187,10 +187,10 @@ class TrainWorkload:
         return StepCuts(len(cuts), max(shares), tuple(sorted(shares.items())))
 
 
-def workload_activation_bytes(w: ShardInputs, *, tp: int, pp: int, dp: int, fsdp: bool) -> float:
-    """A rank's peak activation memory at tp × pp × dp (`fsdp`: FSDP2 shards it, no autocast weight copies):
+def workload_activation_bytes(w: ShardInputs, *, tp: int, pp: int, fsdp: bool) -> float:
+    """A rank's peak activation memory at tp × pp, any dp (`fsdp`: FSDP2 shards it, no autocast weight copies):
     `Activations.rank_bytes` of the workload's (or the launch's `ShardRule`'s), 0 where it has none."""
-    return 0.0 if w.activations is None else w.activations.rank_bytes(tp=tp, pp=pp, dp=dp, fsdp=fsdp)
+    return 0.0 if w.activations is None else w.activations.rank_bytes(tp=tp, pp=pp, fsdp=fsdp)
 
 
 def shards_state(backend: str, *, shard: str) -> bool:
@@ -321,7 +321,7 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
             or not replica_fits(
                 entry,
                 hbm_bytes=hbm_bytes,
-                activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, dp=dp, fsdp=False),
+                activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, fsdp=False),
             )
         )
     )
@@ -332,7 +332,7 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
         gathered_bytes=rule.gathered_bytes,
         grad_bytes=rule.grad_bytes,
         lora=rule.lora,
-        activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, dp=dp, fsdp=True),
+        activation_bytes=workload_activation_bytes(rule, tp=tp, pp=pp, fsdp=True),
     )
     return Sharding(fsdp, held)
 
@@ -414,7 +414,7 @@ def train_time_s(
     gpus = entry.tp * entry.pp * dp
     shards = dp if w.shards_state else 1
     tp, pp = entry.tp, entry.pp
-    acts = workload_activation_bytes(w, tp=tp, pp=pp, dp=dp, fsdp=shards > 1)
+    acts = workload_activation_bytes(w, tp=tp, pp=pp, fsdp=shards > 1)
     if not rank_fits(
         entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes, activation_bytes=acts
     ):

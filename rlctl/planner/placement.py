@@ -112,9 +112,9 @@ def trainer_curve(
             hint = more + ", or another trainer.tensor_parallel / pipeline_parallel"
         else:
             hint = more
-        # a cut's activations do not shrink with dp where its rows are few (one long row: `actmem.rank_tokens`)
+        # a rank's share of a cut is its budgets' at any dp: fewer tokens help where it holds more than one row
         acts = tw.activations
-        if acts is not None and acts.rank_tokens(t_fixed or site.total_gpus) > acts.seq_tokens:
+        if acts is not None and acts.rank_tokens > acts.seq_tokens:
             hint += ", or fewer tokens a cut (batch.train_micro_batch_tokens)"
         if acts is not None and backend == "torch" and not acts.checkpointing:
             hint += ", or trainer.activation_checkpointing: true"
@@ -151,5 +151,5 @@ def _activations_said(tw: TrainWorkload, *, gpus: int) -> str:
     a = tw.activations
     if a is None:
         return ""
-    at = a.rank_bytes(dp=gpus, fsdp=tw.shards_state and gpus > 1) / 1e9
-    return f"; a cut's activations {at:.1f} GB a rank at tp 1 pp 1, its {a.rank_tokens(gpus):,} tokens"
+    at = a.rank_bytes(fsdp=tw.shards_state and gpus > 1) / 1e9
+    return f"; a cut's activations {at:.1f} GB a rank at tp 1 pp 1, its {a.rank_tokens:,} tokens"

@@ -27,8 +27,9 @@ backward, one layer at a time: a rank holds the inputs, the final figures, and t
 backward and one layer's recomputed set (with its weights' bf16 copies). Under FSDP2 (`fsdp`) the mixed-precision
 policy computes on the gathered bf16 parameters (`costs.fsdp_gathered_bytes`), so no copies.
 
-Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), so its share
-of the largest cut (`rank_tokens`). The megatron trainer is priced by the same per-token figures, not measured on
+Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), a share that
+the micro-batch budgets bound at any dp (`rank_tokens`; until 2026-12-07 they bounded the whole cut, and a rank held
+ceil(rows / dp) of its rows). The megatron trainer is priced by the same per-token figures, not measured on
 it: tp divides the per-head and MLP terms (its column- and row-parallel layers; no sequence parallelism, so the
 hidden-width terms stay whole) and not the logits (gathered over the tp group: every rank holds the full fp32
 logits); a pipeline stage holds its layers' share (ceil(layers / pp)) for every chunk of the cut until the cut's
@@ -62,9 +63,9 @@ WEIGHT_COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight
 
 @dataclass(frozen=True)
 class Activations:
-    """What a trainer rank's activation memory is priced on: the model, the learner's cuts (`rlctl.rl.cuts`:
-    at most `rows` rows and, with `max_tokens`, at most that many padded tokens, a longer row alone) of rows up to
-    `seq_tokens` long (the task's longest prompt + output), the trainer's backend and checkpointing."""
+    """What a trainer rank's activation memory is priced on: the model, its share of the learner's cuts
+    (`rlctl.rl.cuts`: at most `rows` rows and, with `max_tokens`, that many padded tokens, a longer row alone) of
+    rows up to `seq_tokens` long (the task's longest prompt + output), the trainer's backend and checkpointing."""
 
     arch: ModelArch
     rows: int  # batch.train_micro_batch_samples, no more than an optimizer step's samples
@@ -73,9 +74,11 @@ class Activations:
     checkpointing: bool = False  # trainer.activation_checkpointing (the torch trainer's)
     backend: str = "torch"
 
-    def rank_tokens(self, dp: int) -> int:
-        """The most padded tokens one of `dp` data-parallel ranks trains in one cut: its ceil(rows / dp) rows of the
-        cut's longest, over every longest row L ≤ seq_tokens (a cut of L-long rows holds max_tokens // L of them)."""
+    @property
+    def rank_tokens(self) -> int:
+        """The most padded tokens a data-parallel rank trains in one cut, at any dp: its share of a cut holds at most
+        `rows` rows and `max_tokens` padded tokens (a longer row alone; `rlctl.rl.cuts.cut_lengths`, the budgets
+        being a rank's), over every longest row L ≤ seq_tokens (a share of L-long rows holds max_tokens // L)."""
         lengths = {self.seq_tokens}
         if self.max_tokens is not None:
             lengths |= {
@@ -84,14 +87,14 @@ class Activations:
         best = 0
         for length in lengths:
             rows = self.rows if self.max_tokens is None else max(1, min(self.rows, self.max_tokens // length))
-            best = max(best, math.ceil(rows / dp) * length)
+            best = max(best, rows * length)
         return best
 
-    def rank_bytes(self, *, tp: int = 1, pp: int = 1, dp: int = 1, fsdp: bool = False) -> float:
-        """A rank's peak activation memory at tp × pp × dp (`fsdp`: the torch trainer shards with FSDP2)."""
+    def rank_bytes(self, *, tp: int = 1, pp: int = 1, fsdp: bool = False) -> float:
+        """A rank's peak activation memory at tp × pp, whatever its dp (`fsdp`: the torch trainer shards with FSDP2)."""
         return activation_bytes(
             self.arch,
-            tokens=self.rank_tokens(dp),
+            tokens=self.rank_tokens,
             seq_tokens=self.seq_tokens,
             checkpointing=self.checkpointing and self.backend == "torch",
             weight_copies=self.backend == "torch" and not fsdp,

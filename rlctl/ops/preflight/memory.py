@@ -4,9 +4,10 @@ embedded rollout unit's K/V storage plus weights against what it gets, alone or 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile
@@ -21,6 +22,9 @@ from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config
 from rlctl.planner.context import longest_request
 from rlctl.rl.tasks import MAX_DIGITS
+
+if TYPE_CHECKING:
+    from rlctl.profiler.actmem import Activations
 
 
 def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
@@ -63,8 +67,8 @@ class _TrainerMemory:
     need_gb: float  # the rank's, activations included
     activations_gb: float
     usable_gb: float  # TRAIN_MEM_FRACTION of what it gets
-    rank_tokens: int  # the padded tokens of its share of the largest cut
-    seq_tokens: int  # the longest row's
+    cuts: Activations | None  # what its activations are priced on (None: not priced)
+    split: ParallelConfig
     why: str  # one line with the figures
 
     @property
@@ -101,7 +105,7 @@ def _trainer_memory(
     grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=passes.adapter_params)
     held = grads if shards > 1 and split.reduce_per_step else 0.0
     cuts = job_activations(spec, arch, mini_batches=passes.mini_batches)  # (None: its state alone judged)
-    acts = 0.0 if cuts is None else cuts.rank_bytes(tp=tp, pp=pp, dp=dp, fsdp=shards > 1)
+    acts = 0.0 if cuts is None else cuts.rank_bytes(tp=tp, pp=pp, fsdp=shards > 1)
     need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held, activation_bytes=acts) / 1e9
     if shards > 1:
         state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
@@ -116,10 +120,8 @@ def _trainer_memory(
             "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
         )
         parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
-    tokens, seq = 0, 0
     if cuts is not None:
-        seq = cuts.seq_tokens
-        tokens = cuts.rank_tokens(dp)
+        tokens = cuts.rank_tokens
         recomputed = cuts.checkpointing and cuts.backend == "torch"
         parts += f", activations{' (recomputed)' if recomputed else ''} of a cut's {tokens:,} tokens a rank "
         parts += f"{acts / 1e9:.1f} GB"
@@ -127,27 +129,43 @@ def _trainer_memory(
         f"the trainer's {tp * pp * dp} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
         f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)"
     )
-    return _TrainerMemory(need_gb, acts / 1e9, TRAIN_MEM_FRACTION * have_gb, tokens, seq, why)
+    return _TrainerMemory(need_gb, acts / 1e9, TRAIN_MEM_FRACTION * have_gb, cuts, split, why)
+
+
+def _fit_tokens(m: _TrainerMemory, cuts: Activations) -> int:
+    """The largest batch.train_micro_batch_tokens at which a rank's share of a cut (`Activations.rank_tokens`: that
+    budget at any dp) fits beside its state at its split; 0 where one longest row alone does not."""
+    room_bytes = (m.usable_gb - (m.need_gb - m.activations_gb)) * 1e9
+    tp, pp, fsdp = m.split.tp, m.split.pp, bool(m.split.fsdp) and m.split.dp > 1
+
+    def fits(budget: int) -> bool:
+        return dataclasses.replace(cuts, max_tokens=budget).rank_bytes(tp=tp, pp=pp, fsdp=fsdp) <= room_bytes
+
+    lo, hi = cuts.seq_tokens, cuts.rank_tokens  # (the share only grows with the budget)
+    if not fits(lo):
+        return 0
+    while lo < hi:  # the largest budget that fits, in [seq_tokens, rank_tokens)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def _activation_hint(spec: JobFile, m: _TrainerMemory) -> str:
-    """The fixes of a rank whose state fits and whose cut's activations do not: fewer tokens a cut (about the most
-    that fit), checkpointing (torch), more tp (megatron), more data-parallel ranks."""
-    batch = spec.batch
-    room = max(m.usable_gb - (m.need_gb - m.activations_gb), 0.0)
-    per_token_gb = m.activations_gb / max(m.rank_tokens, 1)  # (roughly linear in the tokens: `actmem`)
-    fit = int(room / per_token_gb) if per_token_gb else 0
+    """The fixes of a rank whose state fits and whose cut's activations do not: fewer tokens a rank's share of a cut
+    (the most that fit: the budget is a rank's at any dp), checkpointing (torch), more tp or pp (megatron). More
+    data-parallel ranks do not help: a rank's share is its budgets' whatever the dp."""
+    assert m.cuts is not None  # (activations priced: their excess is what this hints at)
+    fit = _fit_tokens(m, m.cuts)
     fixes = [
-        f"lower batch.train_micro_batch_tokens ({batch.train_micro_batch_tokens or 'unset'}; about {fit:,} tokens a "
+        f"lower batch.train_micro_batch_tokens ({spec.batch.train_micro_batch_tokens or 'unset'}; {fit:,} tokens a "
         "rank fit)"
-        if fit >= m.seq_tokens
-        else f"shorten the task's longest prompt + output ({m.seq_tokens:,} tokens; a cut holds one row at least)"
+        if fit
+        else f"shorten the task's longest prompt + output ({m.cuts.seq_tokens:,} tokens; a rank holds one row at least)"
     ]
     if spec.trainer.backend == "torch" and not spec.trainer.activation_checkpointing:
         fixes.append("turn on trainer.activation_checkpointing")
     if spec.trainer.backend == "megatron":
-        fixes.append("more tensor parallel (trainer.tensor_parallel)")
-    fixes.append("more trainer GPUs (a data-parallel rank trains its share of a cut's rows)")
+        fixes.append("more tensor or pipeline parallel (trainer.tensor_parallel, trainer.pipeline_parallel)")
     return ", or ".join(fixes)
 
 

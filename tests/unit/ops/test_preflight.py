@@ -101,8 +101,8 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
 def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Path, backend: str) -> None:
     """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 4 pp 4 dp 1: a rank holds its stage's
-    activations of a 20,512-token row and the full logits; tp 4 pp 2 dp 2 before they were priced, the default token
-    budget cutting the job's rows 1 to 9 a cut), which its ranks form from the plan (`rlctl.agents.trainer._backend`),
+    activations of a 20,512-token row, alone in its share of a cut at any dp, and the full logits; tp 2 dp 8 before
+    they were priced), which its ranks form from the plan (`rlctl.agents.trainer._backend`),
     so check passes it (it refused it before, advising a GPU count no count met); torch's plan is data parallel only
     and shards with FSDP2 (it chose tp 2 too, which check refused)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
@@ -1950,8 +1950,9 @@ def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Pat
 def test_fsdp_reduces_once_a_step_where_the_steps_gradients_fit_beside_the_shards(tmp_path: Path) -> None:
     """A 7B torch trainer on H800s (`rlctl.planner.costs.holds_grad_sync`): over 16 ranks its 30.5 GB of fp32
     gradients fit beside the shards, so the plan reduces them once an optimizer step (the launch's RLCTL_PARALLEL
-    `reduce_per_step`, the learner holding FSDP2's gradient sync off but in the step's last cut); over 4 (50.6 GB a
-    rank with a 4,512-token row's recomputed activations; 81.1 GB with them) they do not: a reduce-scatter a cut.
+    `reduce_per_step`, the learner holding FSDP2's gradient sync off but in the step's last cut); over 4 (58.9 GB a
+    rank with the recomputed activations of its share of a cut, 8,192 tokens of rows up to 4,512; 89.4 GB with them)
+    they do not: a reduce-scatter a cut.
     `rlctl check` counts them in a rank's memory where a split holds them. (Rows of 20,512 tokens leave no count room
     for them.)"""
     from rlctl.launch.agentenv import ParallelConfig
@@ -1972,7 +1973,7 @@ def test_fsdp_reduces_once_a_step_where_the_steps_gradients_fit_beside_the_shard
     assert trainer_memory_refusal(two.spec, site, two.inventory.sites[site], split) is None
     once = dataclasses.replace(split, reduce_per_step=True)
     held = trainer_memory_refusal(two.spec, site, two.inventory.sites[site], once)
-    assert held is not None and "need 81.1 GB each" in held and "a step's unsharded gradients 30.5 GB" in held, held
+    assert held is not None and "need 89.4 GB each" in held and "a step's unsharded gradients 30.5 GB" in held, held
 
 
 def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:

@@ -895,8 +895,8 @@ def test_launch_resume_trainer_split_a_rank_of_which_does_not_fit_the_sites_gpus
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A megatron 7B trainer launched at tp 2 on 4 H100s (62 GB a rank), resumed at tp 1: each rank would hold the
-    whole model's weights, gradients and AdamW state (123.9 GB, and 3.1 GB of a 340-token cut's activations; megatron
-    has no distributed optimizer), and an H100
+    whole model's weights, gradients and AdamW state (123.9 GB, and 4.7 GB of a rank's 512-token share of a cut's
+    activations; megatron has no distributed optimizer), and an H100
     80 GB. Refused as `rlctl check` refuses such a plan (`preflight.memory.trainer_memory_refusal`, its figures),
     naming the option and the fewest GPUs a replica fits in at the asked dp; before, the split was written and the
     trainer ran out of memory as it loaded. A split that fits (dp 2 at tp 2) passes."""
@@ -908,8 +908,8 @@ def test_launch_resume_trainer_split_a_rank_of_which_does_not_fit_the_sites_gpus
     r = run_cli("launch", "--resume", str(jd.path), "--trainer-split", "tp=1,dp=2", "--dry-run")
     assert r.exit_code == 2, r.stderr
     assert r.stderr == (
-        "rlctl: error: --trainer-split tp=1,dp=2: the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 127.0 GB each "
-        "(weights and gradients 32.5 GB, optimizer state 91.4 GB, activations of a cut's 340 tokens a rank 3.1 GB), "
+        "rlctl: error: --trainer-split tp=1,dp=2: the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 128.6 GB each "
+        "(weights and gradients 32.5 GB, optimizer state 91.4 GB, activations of a cut's 512 tokens a rank 4.7 GB), "
         "and a H100 holds 80 GB (90% usable) (hint: use --trainer-split tp=2,pp=1,dp=2, the fewest GPUs a replica fits "
         "in)\n"
     )

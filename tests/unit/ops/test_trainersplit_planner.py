@@ -40,8 +40,9 @@ def megatron_job(
     """A 7B megatron job at tp `tp` on `gpus` H200s of site t, its rollout on 4 of site r: one datacenter, or
     (`across`) t in datacenter a, r in b, joined by a `gbps` link between t and r, or (`uplink`) between r and a2,
     another site of a that the job does not use. `model`: another than the 7B. (H200s: a tp 2 rank holds its
-    shard's whole state, 63.0 GB, and its share of a cut's activations, 37.3 GB with the full fp32 logits,
-    `profiler.actmem`: more than an H100's 72 GB usable.)"""
+    shard's whole state, 63.0 GB, and its share of a cut's activations, 8,192 tokens (two 4,096-token rows in the
+    default budget): 56.0 GB with the full fp32 logits, `profiler.actmem`; 118.9 GB, more than an H100's 72 GB
+    usable, within an H200's 126.9 GB.)"""
     site = {"gpu": "H200", "scheduler": {"kind": "ssh"}}
     inv = {
         "apiVersion": "rlctl/v1",

@@ -30,15 +30,15 @@ DPS = (1, 2, 8, 16)
 
 def torch_job(tmp_path: Path, *, model: str, gpu: str, shard: str, dp: int, kl_coef: float) -> Job:
     """A torch trainer of `dp` ranks on `gpu`s (the h800 site's GPUs replaced), rollout on 12 H20s; rows of up to
-    4,512 tokens, recomputed (activation checkpointing): a rank holds its cut's activations (`profiler.actmem`), and
-    with 20,512-token rows no replica fits unsharded on any of the GPUs."""
+    4,512 tokens, one a rank a cut (its token budget), recomputed (activation checkpointing): a rank holds its cut's
+    activations (`profiler.actmem`), and with 20,512-token rows no replica fits unsharded on any of the GPUs."""
     job = load(
         tmp_path,
         inventory=GPU_CLUSTERS,
         model={"kind": "builtin", "name": model},
         algorithm={"kind": "grpo", "kl_coef": kl_coef},
         task={"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 4000},
-        batch={"prompts_per_iteration": 128, "samples_per_prompt": 8},
+        batch={"prompts_per_iteration": 128, "samples_per_prompt": 8, "train_micro_batch_tokens": 4512},
         placement={"trainer": {"site": "h800", "gpus": dp}, "rollout": [{"site": "h20", "gpus": 12}]},
         rollout={"engine": "vllm", "tensor_parallel": 2},
         trainer={"backend": "torch", "shard": shard, "activation_checkpointing": True},
@@ -92,21 +92,21 @@ def test_the_fsdp2_a_layout_is_priced_with_is_what_the_launch_runs_there(tmp_pat
 
 
 def test_the_search_simulates_each_candidate_as_the_plan_simulates_its_choice(tmp_path: Path) -> None:
-    """An async 7B job on one H800 site, 32 rows a rank a cut: the trainer's FSDP2 reduces once a step, so its learner
+    """An async 7B job on one H800 site, 4 rows a rank a cut: the trainer's FSDP2 reduces once a step, so its learner
     holds a step's last cut to the flush (`reduce_per_step`). The split search simulated its candidates with every
     cut trained as it filled, the plan its choice with the last one held: it chose 16 rollout GPUs by 17.51 s, which
     the plan then priced at 17.61 s, where 24 run at 17.50 s. Each candidate is simulated with its own trainer
-    layout's reduction now, so the chosen one's figure is the plan's. (Rows of up to 1,512 tokens: a rank's share of
-    a cut, 4 rows, keeps its recomputed activations small enough for the step's gradients beside them at 8 ranks,
-    `profiler.actmem`; the search reducing once a cut simulated its choice at 11.17 s, the plan at 11.25 s.)"""
+    layout's reduction and dp (the learner's budgets are a rank's) now, so the chosen one's figure is the plan's.
+    (Rows of up to 1,512 tokens: a rank's share of a cut, 4 rows, keeps its recomputed activations small enough for
+    the step's gradients beside them, `profiler.actmem`; 32 rows a rank, 48,384 tokens, fit at no count.)"""
     path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated")
     job = yaml.safe_load(path.read_text())
-    job["batch"] |= {"train_micro_batch_samples": 32, "train_micro_batch_tokens": None}
+    job["batch"] |= {"train_micro_batch_samples": 4, "train_micro_batch_tokens": None}
     job["task"]["max_output_tokens"] = 1000
     path.write_text(yaml.safe_dump(job))
     plan = make_plan(load_job(path), options=OPTS)
     (trainer,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
-    assert trainer["config"] == {"tp": 1, "pp": 1, "dp": 7, "fsdp": True, "reduce_per_step": True}
+    assert trainer["config"] == {"tp": 1, "pp": 1, "dp": 8, "fsdp": True, "reduce_per_step": True}
     search = plan["search"]
     (chosen,) = [e for e in search["evaluated"] if e["rollout_gpus"] == search["chosen"]]
     assert chosen["trainer_gpus"] == trainer["gpus_used"]

@@ -232,7 +232,7 @@ def test_a_lora_job_planned_from_a_measured_profile_gets_its_own_memory_and_time
     assert from_file["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
 
 
-ROWS_ONLY = {"train_micro_batch_tokens": None}
+FOUR_ROWS = {"train_micro_batch_samples": 4, "train_micro_batch_tokens": None}  # a rank's share of a cut
 
 
 def test_a_lora_trainer_all_reduces_its_adapters_gradients_alone(tmp_path: Path) -> None:
@@ -245,13 +245,13 @@ def test_a_lora_trainer_all_reduces_its_adapters_gradients_alone(tmp_path: Path)
     opts = PlanOptions(sim_iterations=1, curves_in_output=False)
     t_train = {}
     for gpus in (8, 16):
-        # rows of up to 2,512 tokens: 4 a rank at 8 (10,048 tokens) keep their activations beside a LoRA rank's whole
-        # frozen weights (`profiler.actmem`), as the launch runs it (no FSDP2)
+        # rows of up to 2,512 tokens: 4 a rank (10,048 tokens) keep their activations beside a LoRA rank's whole
+        # frozen weights (`profiler.actmem`), as the launch runs it (no FSDP2); 32 rows a rank (the default with no
+        # token budget, 80,384 tokens) would not
         full = shorter_rows(
             gpu_job(tmp_path, trainer_gpus=gpus, backend="torch"), median_output_tokens=1000, max_output_tokens=2000
         )
-        # cuts of 32 rows, each rank 2 of them at 16 (the default token budget would cut a few rows a cut)
-        full.spec = full.spec.model_copy(update={"batch": full.spec.batch.model_copy(update=ROWS_ONLY)})
+        full.spec = full.spec.model_copy(update={"batch": full.spec.batch.model_copy(update=FOUR_ROWS)})
         lora_job = with_lora(full, Lora(rank=16, alpha=32))
         tcost = train_cost(lora_job, profile_for(lora_job, None), TrainingPasses())
         assert train_workload(lora_job, arch, tcost, tokens=1e6).grad_bytes == 4 * a

@@ -464,10 +464,11 @@ def test_the_async_iteration_is_the_pipeline_s_steady_state_not_its_last_iterati
     iterations, none of them the last)."""
     job = load_job(ROOT / "jobs/cross-dc-7b.yaml")
     placement = job.spec.placement
-    trainer = placement.trainer.model_copy(update={"gpus": 26})
+    trainer = placement.trainer.model_copy(update={"gpus": 128})
     rollout = [placement.rollout[0].model_copy(update={"gpus": 20})]
     # the default budgets, a data-parallel rank's (until 2026-12-07 they bounded a whole cut: 1 to 3 rows of its
-    # 3,262-token rows, most of the 26 ranks idle, a trainer-bound iteration; the test cut by 32 rows alone then)
+    # 3,262-token rows, most ranks idle, a trainer-bound iteration; the test cut by 32 rows alone then); 128 H800s:
+    # a rank holds a 20,512-token row's activations at tp 4 pp 4 alone (`profiler.actmem`), 26 hold no split of it
     job.spec = job.spec.model_copy(
         update={"placement": placement.model_copy(update={"trainer": trainer, "rollout": rollout})}
     )
@@ -613,6 +614,11 @@ def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: P
 
 
 # -- tensor-parallel trainer groups, each on one host (`rlctl.config.hostfill`) ------------------------------
+# megatron (no activation checkpointing) at tp 4: a rank's share of a cut one 5,512-token row of write_job's (or two
+# of half that), whose activations fit beside its state; the default 8,192 tokens a rank do not (75.2 GB at tp 1)
+ROW_A_RANK = {"prompts_per_iteration": 32, "samples_per_prompt": 8, "train_micro_batch_tokens": 5512}
+
+
 def _six_gpu_trainer(
     tmp: Path, *, trainer_gpus: int | str, rollout: list[dict[str, Any]], hosts: str = "t-[1-4]"
 ) -> Path:
@@ -620,7 +626,7 @@ def _six_gpu_trainer(
     job = write_job(tmp, rollout=rollout, links=LINKS, trainer_gpus=trainer_gpus, mode="sync")
     trn = {"nodes": [{"host": hosts, "gpus": 6}], "network": {"bandwidth_gbps": 400}}  # dp pays across hosts
     _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(trn))
-    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}, batch=ROW_A_RANK))
     return job
 
 
@@ -716,7 +722,7 @@ def _slurm_trainer(tmp: Path, *, trainer_gpus: int | str) -> Path:
     """trn as a SLURM partition of four 8-GPU nodes, the trainer at tp 4 (megatron)."""
     job = write_job(tmp, rollout=[{"site": "r20"}], links=LINKS, trainer_gpus=trainer_gpus, mode="sync")
     _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(scheduler={"kind": "slurm", "partition": "p"}))
-    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}, batch=ROW_A_RANK))
     return job
 
 
@@ -760,7 +766,7 @@ def test_a_host_too_small_for_a_trainer_group_is_the_rollouts_on_a_shared_site(
     nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate(hosts, 1)]
     _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["trn"].update(nodes=nodes))
     trainer = {"backend": "megatron", "tensor_parallel": 4}
-    _edit(job, lambda j: j.update(trainer=trainer, rollout={"tensor_parallel": 1}))
+    _edit(job, lambda j: j.update(trainer=trainer, rollout={"tensor_parallel": 1}, batch=ROW_A_RANK))
     loaded = load_job(job)
     plan = make_plan(loaded, options=PlanOptions(sim_iterations=1, curves_in_output=False))
     (r,) = [a for a in plan["allocation"] if a["role"] == "rollout"]
@@ -785,7 +791,7 @@ def test_where_the_planner_chooses_the_trainers_tp_a_host_too_small_for_its_grou
         tmp.mkdir()
         job = write_job(tmp, rollout=[{"site": "trn"}], links=LINKS, trainer_gpus=8, mode="sync")
         _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(nodes=nodes))
-        _edit(job, lambda j, t=trainer: j.update(trainer=t, rollout={"tensor_parallel": 1}))
+        _edit(job, lambda j, t=trainer: j.update(trainer=t, rollout={"tensor_parallel": 1}, batch=ROW_A_RANK))
         plans.append(make_plan(load_job(job), options=PlanOptions(sim_iterations=1, curves_in_output=False)))
     unset, tp4 = plans
     assert unset["allocation"] == tp4["allocation"] and unset["predicted"] == tp4["predicted"]

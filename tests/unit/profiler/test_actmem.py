@@ -78,20 +78,21 @@ def test_formula_is_the_saved_bytes(shape: dict, rows: int, seq: int, checkpoint
 def test_rank_tokens_is_the_largest_share_of_a_cut_the_learner_gives_a_rank(
     rows: int, max_tokens: int | None, seq: int, dp: int
 ) -> None:
-    """`Activations.rank_tokens` against the learner's own cuts (`rlctl.rl.cuts.cut_lengths`): a rank's share of a
-    cut is every dp-th row (ceil(rows / dp) of them) padded to the cut's longest; of every length up to `seq` the
-    largest share is it, and of random lengths none is larger."""
+    """`Activations.rank_tokens` against the learner's own cuts (`rlctl.rl.cuts.cut_lengths` over dp ranks): a
+    rank's share of a cut is every dp-th row padded to its longest, at most `rows` rows and `max_tokens` padded
+    tokens (a longer row alone) at any dp; of every length up to `seq` the largest share is it, and of random
+    lengths none is larger. (Until 2026-12-07 the budgets bounded the whole cut: ceil(rows / dp) rows a rank.)"""
     arch = TinyGPTConfig().arch("tiny")
     a = Activations(arch, rows=rows, seq_tokens=seq, max_tokens=max_tokens)
 
     def largest_share(lengths: list[int]) -> int:
-        cuts = cut_lengths(lengths, rows, max_tokens=max_tokens)
-        return max(-(-len(c) // dp) * max(lengths[i] for i in c) for c in cuts)
+        cuts = cut_lengths(lengths, rows, max_tokens=max_tokens, ranks=dp)
+        return max(len(c[r::dp]) * max((lengths[i] for i in c[r::dp]), default=0) for c in cuts for r in range(dp))
 
-    assert max(largest_share([n] * 4 * rows) for n in range(1, seq + 1)) == a.rank_tokens(dp)
+    assert max(largest_share([n] * 4 * rows * dp) for n in range(1, seq + 1)) == a.rank_tokens
     draw = random.Random(0)
     for _ in range(200):
-        assert largest_share([draw.randint(1, seq) for _ in range(draw.randint(1, 40))]) <= a.rank_tokens(dp)
+        assert largest_share([draw.randint(1, seq) for _ in range(draw.randint(1, 40 * dp))]) <= a.rank_tokens
 
 
 def test_a_7b_cut_of_16k_tokens_holds_tens_of_gb_of_activations_less_recomputed() -> None:
@@ -100,14 +101,14 @@ def test_a_7b_cut_of_16k_tokens_holds_tens_of_gb_of_activations_less_recomputed(
     the layers' inputs 6.6 GB, the final figures 10.5 GB and the log-softmax's backward 19.9 GB."""
     arch = BUILTIN_MODELS["qwen2.5-7b"]
     a = Activations(arch, rows=32, seq_tokens=16384, max_tokens=8192)
-    assert a.rank_tokens(8) == 16384  # a row longer than the budget goes alone, whatever dp
-    assert a.rank_bytes(dp=8, fsdp=True) / 1e9 == pytest.approx(150.6, abs=0.05)
+    assert a.rank_tokens == 16384  # a row longer than the budget goes alone
+    assert a.rank_bytes(fsdp=True) / 1e9 == pytest.approx(150.6, abs=0.05)
     recomputed = dataclasses.replace(a, checkpointing=True)
-    assert recomputed.rank_bytes(dp=8, fsdp=True) / 1e9 == pytest.approx(37.1, abs=0.05)
+    assert recomputed.rank_bytes(fsdp=True) / 1e9 == pytest.approx(37.1, abs=0.05)
     # megatron: tp divides the heads' and the MLP's terms, pp the layers; every rank holds the full fp32 logits
     megatron = dataclasses.replace(a, backend="megatron", checkpointing=True)  # (checkpointing: the torch trainer's)
-    assert megatron.rank_bytes(dp=8) == a.rank_bytes(dp=8, fsdp=True)
-    assert megatron.rank_bytes(tp=4, pp=4, dp=1) / 1e9 == pytest.approx(46.0, abs=0.05)
+    assert megatron.rank_bytes() == a.rank_bytes(fsdp=True)
+    assert megatron.rank_bytes(tp=4, pp=4) / 1e9 == pytest.approx(46.0, abs=0.05)
 
 
 def test_the_planner_prices_a_rank_with_its_cuts_activations() -> None:
@@ -132,6 +133,7 @@ def test_the_planner_prices_a_rank_with_its_cuts_activations() -> None:
     e4 = training_entry(small, CATALOG["H800"], tp=1, pp=1, algorithm="grpo")
     rule = ShardRule(True, False, fsdp_gathered_bytes(small, adapter_params=0.0), 4 * small.params, False)
     assert trainer_layout(rule, e4, dp=8, hbm_bytes=80e9) == Sharding(False, False)
-    # 66.3 GB of state and 39.2 GB of a 4,096-token row's activations unsharded; sharded, the step's gradients fit
-    with_cut = dataclasses.replace(rule, activations=Activations(small, rows=32, seq_tokens=4096, max_tokens=8192))
+    # 66.3 GB of state and 39.2 GB of a 4,096-token row's activations unsharded (a rank's budget of 4,096 tokens: at
+    # 8,192, two such rows a rank, the step's gradients no longer fit beside FSDP2's shards)
+    with_cut = dataclasses.replace(rule, activations=Activations(small, rows=32, seq_tokens=4096, max_tokens=4096))
     assert trainer_layout(with_cut, e4, dp=8, hbm_bytes=80e9) == Sharding(True, True)
