@@ -68,11 +68,12 @@ def test_kl_by_hand() -> None:
     assert stats["kl"] == pytest.approx(0.0968912, abs=1e-6) and stats["tokens"] == 6
 
 
-def rank_learner(state: dict[str, torch.Tensor]) -> StreamingLearner:
-    """One rank's learner of the two-rank tests, on the weights `state` every rank starts from."""
+def rank_learner(state: dict[str, torch.Tensor], *, micro: int = 4) -> StreamingLearner:
+    """One rank's learner of the two-rank tests, on the weights `state` every rank starts from; `micro`: the rows of
+    its share of a cut (`batch.train_micro_batch_samples`, a rank's: a cut over the two ranks holds twice as many)."""
     model = TinyGPT(SMALL)
     model.load_state_dict(state)
-    return StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+    return StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=micro)
 
 
 def _rank(rank: int, init: str, state: dict[str, torch.Tensor], samples: list[Sample], out: mp.Queue) -> None:

@@ -94,7 +94,7 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
     trainer.make = lambda kind, figures: figures  # type: ignore[assignment]  # the heartbeat: its state alone
     store = init_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, secret=b"job")
     assert store is not None
-    learner = rank_learner(state)
+    learner = rank_learner(state, micro=2)  # cuts of 4 rows, 2 a rank: a third share comes
     agent = _shell(store, rank)
     exiting = threading.Lock()  # never released: the first caller's exit ends the process
 
@@ -166,7 +166,7 @@ def _rank(rank: int, init: str, state: dict[str, torch.Tensor], out: mp.Queue) -
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        learner = rank_learner(state)
+        learner = rank_learner(state, micro=2)
         if rank == 1:
             phases: list[str] = []
 
@@ -203,5 +203,5 @@ def test_a_follower_marks_its_work_as_busy_phases(tmp_path: Path) -> None:
     for p in procs:
         p.join(timeout=30)
     assert [p.exitcode for p in procs] == [0, 0]
-    # 3 groups of 4 in micro-batches of 4: 3 chunks trained, then the step, then publishing (on_step), twice
+    # 3 groups of 4 in cuts of 4 (2 rows a rank): 3 chunks trained, then the step, then publishing (on_step), twice
     assert phases == ["train", "train", "train", "optimizer step", "stepped"] * 2
