@@ -19,7 +19,11 @@ count is carried (every parameter steps together); the hyper-parameters are the 
 A sharded rank verifies (SHA-256) only the old shards its rows overlap (`shards_read`, the union over every dim-0
 size of its state: the same old ranks for each only where the sizes divide evenly); the others stand in as their
 tensors' shapes alone (`stand_in`: meta tensors, a read of which fails), versus every old shard hashed in full on
-every rank (rank 0 still checks the whole part: it answers for it).
+every rank (rank 0 still checks the whole part: it answers for it). A stand-in is made by FSDP2's rule (`rows` of
+each tensor's whole size at this trainer) with a verified shard's structure, its file never opened (versus each file
+mapped for its shapes: a truncated or missing shard this rank does not read raised torch's raw error, and a wrong
+shape in it shifted the rows `part` cut from the verified ones); a verified shard not cut by that rule is refused
+(`check_rows`).
 """
 
 from __future__ import annotations
@@ -69,22 +73,70 @@ def _overlap(a: slice, b: slice) -> bool:
     return max(a.start, b.start) < min(a.stop, b.stop)
 
 
-def stand_in(shard: Mapping[str, Any]) -> dict[str, Any]:
-    """An old shard this rank reads no rows of (`shards_read`), as `part` needs it: its optimizers' and modules'
-    tensors as their shapes alone (meta tensors: reading one fails), no hyper-parameters (`param_groups` None): a
-    file this rank did not verify lends nothing but the row counts."""
+def whole_rows(optimizers: Mapping[str, torch.optim.Optimizer], modules: Mapping[str, nn.Module]) -> dict[str, dict]:
+    """Each tensor's whole dim-0 size at this trainer (a DTensor's shape is the whole tensor's), by shard key and
+    entry: `optimizer.K` by parameter index (its moments have the parameter's rows), `module.K` by name; scalars
+    none (FSDP2 cuts no rows of them)."""
+    out: dict[str, dict] = {}
+    for k, o in optimizers.items():
+        indices = [i for g in o.state_dict()["param_groups"] for i in g["params"]]
+        params = [p for g in o.param_groups for p in g["params"]]
+        out[f"optimizer.{k}"] = {i: int(p.shape[0]) for i, p in zip(indices, params, strict=True) if p.dim() > 0}
+    for k, m in modules.items():
+        out[f"module.{k}"] = {n: int(t.shape[0]) for n, t in m.state_dict().items() if t.dim() > 0}
+    return out
 
-    def meta(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return torch.empty(v.shape, dtype=v.dtype, device="meta")
-        return {k: meta(x) for k, x in v.items()} if isinstance(v, Mapping) else None
 
-    out: dict[str, Any] = {}
+def _held(rows_n: int, *, world: int, rank: int) -> int:
+    s = rows(rows_n, world=world, rank=rank)
+    return s.stop - s.start
+
+
+def _entries(shard: Mapping[str, Any]) -> Iterable[tuple[str, Any, str, torch.Tensor]]:
+    """(shard key, entry, name for an error, tensor) of each optimizer moment and module tensor of `shard`."""
     for k, v in shard.items():
         if k.startswith("optimizer."):
-            out[k] = {"state": meta(v["state"]), "param_groups": None}
+            for i, st in v["state"].items():
+                yield from ((k, i, f"{k} parameter {i}'s {m}", t) for m, t in st.items() if m in MOMENTS)
         elif k.startswith("module."):
-            out[k] = meta(v)
+            yield from ((k, n, f"{k} {n}", t) for n, t in v.items() if isinstance(t, torch.Tensor))
+
+
+def check_rows(shard: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, int]], world: int, rank: int) -> None:
+    """ValueError, one line, unless every tensor of `shard` (old rank `rank`'s of `world`, verified) this trainer
+    holds (`whole`: `whole_rows`) has FSDP2's rows of it (`rows`): `part` places every old rank's rows by that rule,
+    so a shard cut otherwise would shift the rows taken from the others."""
+    for k, e, name, t in _entries(shard):
+        n = whole.get(k, {}).get(e)
+        if n is not None and t.dim() > 0 and t.shape[0] != (want := _held(n, world=world, rank=rank)):
+            raise ValueError(
+                f"{name} has {t.shape[0]} rows; FSDP2 cuts {want} of its {n} to old rank {rank} of {world}"
+            )
+
+
+def stand_in(
+    verified: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, int]], world: int, rank: int
+) -> dict[str, Any]:
+    """Old rank `rank`'s shard (of `world`), one this rank reads no rows of (`shards_read`), as `part` needs it,
+    without its file: `verified`'s (a shard this rank verified, `check_rows`) optimizer state indices and module
+    tensors, each of FSDP2's rows of rank `rank` (`rows` of `whole`'s size, the other dims as `verified`'s), as meta
+    tensors (reading one fails); no hyper-parameters (`param_groups` None). A tensor this trainer does not hold keeps
+    `verified`'s shape (refused by `check_module`, or not read)."""
+
+    def meta(k: str, e: Any, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return None
+        n = whole.get(k, {}).get(e)
+        shape = (_held(n, world=world, rank=rank), *t.shape[1:]) if n is not None and t.dim() > 0 else t.shape
+        return torch.empty(shape, dtype=t.dtype, device="meta")
+
+    out: dict[str, Any] = {}
+    for k, v in verified.items():
+        if k.startswith("optimizer."):
+            state = {i: {m: meta(k, i, t) for m, t in st.items()} for i, st in v["state"].items()}
+            out[k] = {"state": state, "param_groups": None}
+        elif k.startswith("module."):
+            out[k] = {n: meta(k, n, t) for n, t in v.items()}
     return out
 
 

@@ -690,16 +690,14 @@ def _load_refsdp(
     first's). A sharded policy's fp32 weights (`module.policy`) are the old shards' where they hold them, into a
     policy sharded or not; an unsharded one's are its HF directory's (fp32: `HostPolicy`). CheckpointError for a
     module the shards lack (but a sharded policy's) or hold other tensors of, or other optimizer state. The old shards
-    but `reads` (those this rank verified) lend their tensors' shapes alone (`refsdp.stand_in`)."""
+    but `reads` (those this rank verified) are not opened: FSDP2's rule stands in for them (`refsdp.stand_in`), and a
+    verified shard not cut by it is refused (`refsdp.check_rows`)."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     rank, _ = _rank_world()
     files = {int(s["rank"]): s["file"] for s in manifest["ranks"]}
-    shards = []
-    for r in files:  # (rank order: the manifest's)
-        shard = torch.load(ckpt / files[r], weights_only=True, mmap=True)
-        shards.append(shard if r in reads else refsdp.stand_in(shard))
-    first = shards[list(files).index(reads[0])]
+    verified = {r: torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in files if r in reads}
+    first = verified[reads[0]]
     held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
     into = dict(modules)
     if "policy" in held and "policy" not in into:  # sharded into unsharded: the policy is the backend's whole model
@@ -714,6 +712,16 @@ def _load_refsdp(
         into.pop(k)
     if lacking := sorted(k for k in optimizers if f"optimizer.{k}" not in first):
         raise CheckpointError(f"{refused}: its shards hold no state of optimizer {lacking[0]}")
+    whole = refsdp.whole_rows(optimizers, into)
+    if was.fsdp:  # (FSDP2 cut the old shards by `refsdp.rows`: the stand-ins are made by it)
+        for r, shard in verified.items():
+            try:
+                refsdp.check_rows(shard, whole=whole, world=was.dp, rank=r)
+            except ValueError as e:
+                raise CheckpointError(f"{refused}: {files[r]}: {e}") from e
+    shards = [  # (rank order: the manifest's)
+        verified[r] if r in verified else refsdp.stand_in(first, whole=whole, world=was.dp, rank=r) for r in files
+    ]
     try:
         for k, m in into.items():
             refsdp.check_module(m, [s[f"module.{k}"] for s in shards])
@@ -733,7 +741,7 @@ def _load_refsdp(
     for k, o in optimizers.items():
         o.load_state_dict(states[k])
         redistribute_optimizer(o, [p for g in o.param_groups for p in g["params"]])  # sharded: DTensors again
-    set_rng_state(shards[list(files).index(rank)]["rng"] if rank in reads else first["rng"])  # (nothing draws from it)
+    set_rng_state(verified[rank]["rng"] if rank in verified else first["rng"])  # (nothing draws from it)
     log.info(
         "checkpoint %s was written at %s and is resumed at %s: rank %d rebuilt its state from ranks %s' shards "
         "(optimizer sha256 %s)",

@@ -200,3 +200,76 @@ def test_a_sharded_policy_resumes_unsharded_from_its_fp32_shards_not_the_publish
         assert all(torch.equal(a["exp_avg"], b["exp_avg"].full_tensor()) for a, b in pairs)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_rank_resumes_without_opening_the_old_shards_it_does_not_read(
+    tmp_path: Path, inputs: tuple[Path, Path]
+) -> None:
+    """dp 2 → 3: new rank 2's rows of every tensor are old rank 1's, so old rank 0's shard, truncated or missing where
+    rank 2 sees the checkpoint, is not opened there (its stand-in is FSDP2's rule): rank 2 resumes, the state the
+    saved one bit for bit, versus torch's raw error on opening the file for its shapes (the others see it whole)."""
+    import shutil
+
+    model, samples = inputs
+    job = tmp_path / "job"
+    ran = run(tmp_path, world=2, phase="run", job=job, model=model, samples=samples)
+    for broken in ("truncated", "missing"):
+        seen, at = tmp_path / f"seen-{broken}", tmp_path / broken
+        shutil.copytree(job / "iter-2", seen)
+        at.mkdir()
+        shard = seen / "ranks" / "rank-0.pt"
+        if broken == "truncated":
+            shard.write_bytes(shard.read_bytes()[:4096])
+        else:
+            shard.unlink()
+        extra = {"RLCTL_TEST_CKPT_2": str(seen)}
+        resumed = run(at, world=3, phase="resume", job=job, model=model, samples=samples, extra=extra)
+        assert shards_hashed(at / "out-3-resume.pt.hashed-2") == {1}
+        assert_same_state(ran["state"], resumed["state"])
+        assert_next_step(ran, resumed)
+
+
+def test_old_shards_stand_in_by_fsdp2_rows_and_a_verified_shard_cut_otherwise_is_refused() -> None:
+    """A stand-in for old rank r of 2 has FSDP2's rows of each tensor's whole size (`rows`), the structure of a verified
+    shard, whatever it held; a verified shard whose rows are not FSDP2's (3 + 5 of 8, which join into the 8 rows:
+    `part` would cut rank 1's rows one off) is refused in one line naming the tensor."""
+    from torch import nn
+
+    lin = nn.Linear(3, 8)
+    opt = torch.optim.AdamW(lin.parameters())
+    whole = refsdp.whole_rows({"policy": opt}, {"policy": lin})
+    assert whole == {"optimizer.policy": {0: 8, 1: 8}, "module.policy": {"weight": 8, "bias": 8}}
+    state = {
+        i: {"step": torch.tensor(1.0), "exp_avg": torch.ones(5, *s), "exp_avg_sq": torch.ones(5, *s)}
+        for i, s in [(0, (3,)), (1, ())]
+    }
+    verified = {
+        "optimizer.policy": {"state": state, "param_groups": [{"params": [0, 1]}]},
+        "module.policy": {"weight": torch.ones(5, 3), "bias": torch.ones(5)},
+        "rng": {},
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"^optimizer.policy parameter 0's exp_avg has 5 rows; FSDP2 cuts 4 of its 8 to old rank 1 of 2$",
+    ):
+        refsdp.check_rows(verified, whole=whole, world=2, rank=1)
+    got = refsdp.stand_in(verified, whole=whole, world=2, rank=0)
+    assert got.keys() == {"optimizer.policy", "module.policy"} and got["optimizer.policy"]["param_groups"] is None
+    shapes = {
+        i: {m: (tuple(t.shape), t.is_meta) for m, t in st.items()} for i, st in got["optimizer.policy"]["state"].items()
+    }
+    assert shapes == {
+        0: {"step": ((), True), "exp_avg": ((4, 3), True), "exp_avg_sq": ((4, 3), True)},
+        1: {"step": ((), True), "exp_avg": ((4,), True), "exp_avg_sq": ((4,), True)},
+    }
+    assert {n: tuple(t.shape) for n, t in got["module.policy"].items()} == {"weight": (4, 3), "bias": (4,)}
+    fsdp = {
+        "optimizer.policy": {
+            "state": {
+                i: {**st, "exp_avg": st["exp_avg"][:4], "exp_avg_sq": st["exp_avg_sq"][:4]} for i, st in state.items()
+            },
+            "param_groups": [],
+        },
+        "module.policy": {"weight": torch.ones(4, 3), "bias": torch.ones(4)},
+    }
+    refsdp.check_rows(fsdp, whole=whole, world=2, rank=1)

@@ -4,7 +4,8 @@
 
 With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
 (`trainer.lora`): what is published and checkpointed is the merged model; with RLCTL_TEST_MICRO=N its micro-batches
-hold N samples (3 otherwise).
+hold N samples (3 otherwise); with RLCTL_TEST_CKPT_RANK=DIR rank RANK resumes from DIR (a copy of JOB/iter-2 as that
+rank sees it, a file broken) in place of JOB/iter-2.
 
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
@@ -65,7 +66,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         ref=None,
     )
     optimizers, modules = learner.optimizers(), backend.checkpoint_modules()
-    ckpt = job / "iter-2"
+    ckpt = Path(os.environ.get(f"RLCTL_TEST_CKPT_{rank}", job / "iter-2"))
 
     tied = backend.model.config.tie_word_embeddings
     group = dist.new_group(backend="gloo")

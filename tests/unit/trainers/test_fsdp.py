@@ -53,11 +53,14 @@ def run(
     samples: Path,
     lora: str | None = None,
     micro: int = 3,
+    extra: dict[str, str] | None = None,
 ) -> dict[str, list]:
-    """`lora`: 'RANK,ALPHA' of adapters on every projection; `micro`: samples a micro-batch (fsdp_rank.py)."""
+    """`lora`: 'RANK,ALPHA' of adapters on every projection; `micro`: samples a micro-batch; `extra`: more of the
+    ranks' environment (fsdp_rank.py)."""
     rendezvous = tmp_path / f"rdv-{world}-{phase}"
     out = tmp_path / f"out-{world}-{phase}.pt"
     env = {**ENV, "PATH": "/usr/bin:/bin", "RLCTL_TEST_MICRO": str(micro)} | ({"RLCTL_TEST_LORA": lora} if lora else {})
+    env |= extra or {}
     argv = [str(rendezvous), phase, str(model), str(samples), str(job), str(out)]
     procs = [start_rank(SCRIPT, [str(r), str(world), *argv], env) for r in range(world)]
     for p in procs:
