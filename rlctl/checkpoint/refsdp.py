@@ -6,9 +6,9 @@ FSDP2 shards every parameter on dim 0 (Shard(0)) as `torch.chunk` cuts it, a ran
 rank r of W holds rows [r·c, (r+1)·c) ∩ [0, n) of n, c = ⌈n / W⌉ (`rows`; tests/unit/checkpoint/test_refsdp.py
 checks it against FSDP2's DTensors at uneven sizes). So, for each tensor of this rank, one at a time:
 
-    old shards (in rank order, mapped) ──joined on dim 0──▶ the whole tensor   (unsharded: the old shard's tensor)
-      ──rows of this rank (`part`)──▶ its part, a copy (a target not sharded: the whole)
-    (`part` reads only the old parts its rows overlap and holds only its rows: the whole is never made)
+    old shards (in rank order, mapped; those it reads no rows of: shapes alone)
+      ──rows of this rank (`part`: read from the old parts they overlap)──▶ its part, a copy
+    (an unsharded source: the old shard's tensor; a target not sharded: the whole; else the whole is never made)
 
 An optimizer's moments go by parameter index (the optimizer holds the model's trained parameters in the model's
 order, sharded or not, so the indices are the same on both sides), a module's state by name. A rank maps every old

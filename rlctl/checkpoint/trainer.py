@@ -25,9 +25,10 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
     split, exactly; another tp × pp (megatron), its AdamW state rebuilt from the old shards its new shard
     overlaps, gathered whole per parameter and split for its position as the weights are. A torch trainer whose
     state FSDP2 shards at either split, at another dp or sharded on one side alone (`rlctl.checkpoint.refsdp`):
-    its part of the AdamW state and of its modules (a sharded policy's fp32 weights, LoRA adapters) cut from the
-    old shards joined per tensor. Refused in one line: FSDP's sharded state at another tp × pp, other modules'
-    state (a PPO critic's) at another tp × pp, a shard that does not hold this model's parameters.
+    its part of the AdamW state and of its modules (a sharded policy's fp32 weights, LoRA adapters) cut per
+    tensor from the old shards its rows overlap, which alone it verifies and reads (the whole tensor never made).
+    Refused in one line: FSDP's sharded state at another tp × pp, other modules' state (a PPO critic's) at another
+    tp × pp, a shard that does not hold this model's parameters.
 
 RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
 trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
