@@ -115,7 +115,7 @@ def trainer_curve(
         # a rank's share of a cut is its budgets' at any dp: fewer tokens help where it holds more than one row
         acts = tw.activations
         if acts is not None and acts.rank_tokens > acts.seq_tokens:
-            hint += ", or fewer tokens a cut (batch.train_micro_batch_tokens)"
+            hint += ", or fewer tokens a rank's share of a cut (batch.train_micro_batch_tokens)"
         if acts is not None and backend == "torch" and not acts.checkpointing:
             hint += ", or trainer.activation_checkpointing: true"
         if t_fixed is not None:  # the job's count: a field of its file

@@ -6,8 +6,9 @@ For iteration i (0-based), with staleness bound η (version v = number of finish
     sample k of i  arrives at start[i, u(k)] + finish_k (streamed as soon as it is done); with groups
                    (GRPO: advantages need the whole group) it reaches the learner with its group's last
     train[i]       as the trainer's learner cuts (`rlctl.rl.cuts`): whenever the trainer is free, what has
-                   reached it (everything, in sync) in length order, in cuts of ≤ micro_batch_samples rows
-                   and ≤ micro_batch_tokens padded tokens; a partial last cut waits for more samples;
+                   reached it (everything, in sync) in length order, in cuts whose share on each of
+                   the dp ranks holds ≤ micro_batch_samples rows and ≤ micro_batch_tokens padded tokens; a
+                   partial last cut waits for more samples;
                    then the work that needs the whole batch (`at_step_s`: PPO's GAE-whitened update,
                    later epochs), after the last sample
     weights[i]     = train_end[i] + weight transfer (the rollout swaps at the next batch start)
@@ -64,10 +65,10 @@ class IterationWork:
     finish_s: np.ndarray  # per sample, seconds after the batch started generating
     sample_tokens: np.ndarray  # per sample, tokens to train on
     train_s: float  # trainer time for the whole batch
-    micro_batch_samples: int
+    micro_batch_samples: int  # the learner's rows a rank's share of a cut
     at_step_s: float = 0.0  # the part of train_s that waits for the whole batch (the rest streams)
     unit_of: np.ndarray | None = None  # per sample, its rollout unit (None: one pool, as if one unit)
-    micro_batch_tokens: int | None = None  # the learner's padded-token budget per cut (None: rows only)
+    micro_batch_tokens: int | None = None  # the padded-token budget of a rank's share of a cut (None: rows)
     group_of: np.ndarray | None = None  # per sample, its group: it reaches the learner with the group's last
     shares: dict[int, UnitShare] | None = None  # by unit (the indices of `unit_of`)
     unit_delay_s: float = 0.0  # with shares: weights ready → the unit's share reaches its engine (fetch, load)

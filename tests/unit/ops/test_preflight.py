@@ -159,7 +159,17 @@ def test_a_fixed_trainer_count_is_planned_at_every_split_that_divides_it_or_refu
         "tp 1 pp 1 (one rank holds its whole state: FSDP2 shards it over 2 or more; a cut's activations 47.5 GB a rank "
         "at tp 1 pp 1, its 20,512 tokens) (hint: more GPUs (placement.trainer.gpus))"
     )
+    # rows of 1,512 tokens: a rank's share of a cut holds several, so fewer tokens in it help
     data = yaml.safe_load(one.path.read_text())
+    data["task"]["max_output_tokens"] = 1000
+    one.path.write_text(yaml.safe_dump(data))
+    line = only_line(run_cli("plan", str(one.path)))
+    assert line.endswith(
+        "(hint: more GPUs (placement.trainer.gpus), or fewer tokens a rank's share of a cut "
+        "(batch.train_micro_batch_tokens))"
+    )
+    data = yaml.safe_load(one.path.read_text())
+    data["task"]["max_output_tokens"] = 20000
     data["trainer"]["shard"] = "none"
     data["placement"]["trainer"]["gpus"] = 8
     one.path.write_text(yaml.safe_dump(data))
