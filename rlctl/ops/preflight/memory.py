@@ -152,13 +152,17 @@ def _fit_tokens(m: _TrainerMemory, cuts: Activations) -> int:
 
 def _activation_hint(spec: JobFile, m: _TrainerMemory) -> str:
     """The fixes of a rank whose state fits and whose cut's activations do not: fewer tokens a rank's share of a cut
-    (the most that fit: the budget is a rank's at any dp), checkpointing (torch), more tp or pp (megatron). More
-    data-parallel ranks do not help: a rank's share is its budgets' whatever the dp."""
+    (the budget lowered, or set where the job has none, to the most that fit: it is a rank's at any dp),
+    checkpointing (torch), more tp or pp (megatron). More data-parallel ranks do not help: a rank's share is its
+    budgets' whatever the dp."""
     assert m.cuts is not None  # (activations priced: their excess is what this hints at)
     fit = _fit_tokens(m, m.cuts)
+    budget = spec.batch.train_micro_batch_tokens
+    change = (
+        f"lower batch.train_micro_batch_tokens ({budget}" if budget else "set batch.train_micro_batch_tokens (unset"
+    )
     fixes = [
-        f"lower batch.train_micro_batch_tokens ({spec.batch.train_micro_batch_tokens or 'unset'}; {fit:,} tokens a "
-        "rank fit)"
+        f"{change}; {fit:,} tokens a rank fit)"
         if fit
         else f"shorten the task's longest prompt + output ({m.cuts.seq_tokens:,} tokens; a rank holds one row at least)"
     ]

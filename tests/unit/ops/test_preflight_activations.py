@@ -66,3 +66,17 @@ def test_the_tokens_a_rank_fits_that_check_names_are_the_budget_it_passes_at(tmp
         data["batch"]["train_micro_batch_tokens"] = budget
         path.write_text(yaml.safe_dump(data))
         assert (refused(load_job(path), "batch.train_micro_batch_tokens") == []) is passes, budget
+
+
+def test_a_job_without_a_token_budget_is_told_to_set_one(tmp_path: Path) -> None:
+    """Rows of 4,384 tokens and batch.train_micro_batch_tokens null: a rank's share of a cut is its rows alone, and
+    check says to set the budget, versus "lower batch.train_micro_batch_tokens (unset; …)"."""
+    path = long_rows_job(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["task"]["max_output_tokens"] = 4000
+    data["batch"]["train_micro_batch_tokens"] = None
+    path.write_text(yaml.safe_dump(data))
+    (p,) = refused(load_job(path), "batch.train_micro_batch_tokens")
+    assert p.hint is not None and re.match(
+        r"set batch.train_micro_batch_tokens \(unset; [\d,]+ tokens a rank fit\)", p.hint
+    ), p.hint
