@@ -153,12 +153,6 @@ class TrainWorkload:
     # a rank's activation memory (`rlctl.profiler.actmem`: the model and the learner's cuts); None: not priced
     activations: Activations | None = None
 
-    @cached_property
-    def cuts(self) -> StepCuts:
-        """The cuts at dp 1: a rank's share of a cut at any dp holds as many rows and tokens at most (the budgets are
-        a rank's, `rlctl.rl.cuts.cut_lengths`)."""
-        return self.cuts_at(1)
-
     def cuts_at(self, dp: int) -> StepCuts:
         """`step_cuts` at `dp` data-parallel ranks, counted once each (a plan's trainer curve prices hundreds of
         layouts on it)."""
@@ -196,7 +190,7 @@ def workload_activation_bytes(w: ShardInputs, *, tp: int, pp: int, fsdp: bool) -
 def shards_state(backend: str, *, shard: str) -> bool:
     """Whether the trainer divides a rank's state over its dp ranks: the `torch` trainer's FSDP2 does (weights,
     gradients and AdamW state: `rlctl.trainers.fsdp`; trainer.shard 'auto' turns it on where a whole replica does
-    not fit, `rlctl.planner.split.shard_trainer`, so a rank fits sharded or not alike; 'none' never shards); the
+    not fit, `rlctl.planner.split.launch_layout`, so a rank fits sharded or not alike; 'none' never shards); the
     `megatron` trainer runs without megatron's distributed optimizer, so every dp rank holds its tp × pp shard's
     whole state."""
     return backend == "torch" and shard != "none"

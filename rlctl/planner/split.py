@@ -4,7 +4,7 @@ the attention heads, the key/value heads, the MLP width and the vocabulary (colu
 vocab-parallel embedding) and whose pp divides the layers (every stage holds as many). The planner refuses a job's
 split by it and searches only those; `rlctl check` (`rlctl.ops.preflight.backends.trainer_split_problems`) says the
 same.
-And where the torch trainer shards its replica over dp with FSDP2 instead (`shard_trainer`), for plan and launch alike.
+And where the torch trainer shards its replica over dp with FSDP2 instead (`launch_layout`), for plan and launch alike.
 The tps of either role the analytical profile prices are these rules' (`trainer_tp_refusal`, and vLLM's for a rollout
 unit, `rollout_tp_refusal`: a tp that does not divide the key/value heads, nor is a multiple of them, it cannot shard).
 """
@@ -88,12 +88,6 @@ def rollout_tp_refusal(arch: ModelArch, tp: int) -> str | None:
             f"use one, or a divisor of {kv}"
         )
     return None
-
-
-def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:
-    """Whether the job's trainer shards its replica over its dp ranks with FSDP2 at tp × pp × dp
-    (`launch_layout`): what `rlctl plan` shows and the launch runs (`rlctl.ops.counts.plan_counts`)."""
-    return launch_layout(job, tp=tp, pp=pp, dp=dp).fsdp
 
 
 def trainer_sharding(job: Job, *, tp: int, pp: int, dp: int) -> dict[str, bool]:

@@ -46,8 +46,6 @@ from rlctl.trainers.base import TrainerBackend, load_backend
 
 PROMPT_TOKENS = 8
 OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in this range (`SampleLengths.of`)
-# the synthetic samples' longest sequence where the model holds it: what the measured trainer is built for
-TRAIN_CONTEXT = PROMPT_TOKENS + OUTPUT_TOKENS[1]
 
 
 @dataclass(frozen=True)

@@ -1931,20 +1931,20 @@ def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None
 def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Path) -> None:
     """Qwen2.5-7B on H800s: 16 bytes per parameter (122 GB) do not fit 80 GB, so `auto` shards at dp ≥ 2; the
     demo's tiny model fits a CPU slot, so it does not; `none` never shards and `fsdp` always does."""
-    from rlctl.planner.split import shard_trainer
+    from rlctl.planner.split import launch_layout
 
     def with_shard(job: Job, shard: str) -> Job:
         trainer = job.spec.trainer.model_copy(update={"shard": shard})
         return Job(job.spec.model_copy(update={"trainer": trainer}), job.inventory, job.path)
 
     big = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
-    assert shard_trainer(big, tp=1, pp=1, dp=8) and not shard_trainer(big, tp=1, pp=1, dp=1)
-    assert not shard_trainer(with_shard(big, "none"), tp=1, pp=1, dp=8)
+    assert launch_layout(big, tp=1, pp=1, dp=8).fsdp and not launch_layout(big, tp=1, pp=1, dp=1).fsdp
+    assert not launch_layout(with_shard(big, "none"), tp=1, pp=1, dp=8).fsdp
     two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
     small = load(tmp_path, placement=two)
-    assert not shard_trainer(small, tp=1, pp=1, dp=2)
+    assert not launch_layout(small, tp=1, pp=1, dp=2).fsdp
     small = with_shard(small, "fsdp")
-    assert shard_trainer(small, tp=1, pp=1, dp=2)
+    assert launch_layout(small, tp=1, pp=1, dp=2).fsdp
     plan = counts.plan_counts(small, small.spec)
     assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True, "reduce_per_step": True}
     from rlctl.launch.layout import layout

@@ -22,7 +22,7 @@ from rlctl.ops.preflight.memory import trainer_memory_refusal
 from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, fsdp_gathered_bytes
 from rlctl.planner.inputs import PlanOptions, job_passes, profile_for, train_cost
 from rlctl.planner.plan import make_plan, train_workload
-from rlctl.planner.split import shard_trainer
+from rlctl.planner.split import launch_layout
 from rlctl.planner.view import plan_table
 from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
 from rlctl.profiler.profile import ProfileFile
@@ -94,8 +94,8 @@ def test_a_7b_lora_trainer_fits_one_h800_where_full_training_shards_or_is_refuse
     lora_job = with_lora(full, Lora(rank=16, alpha=32))
     # 7.6e9 × 16 B ≈ 122 GB does not fit an 80 GB H800: FSDP2 over 2; with LoRA ≈ 30.5 GB + 0.6 GB (and a cut's
     # recomputed activations, 19.6 GB at 8,192 tokens): whole
-    assert shard_trainer(full, tp=1, pp=1, dp=2) is True
-    assert shard_trainer(lora_job, tp=1, pp=1, dp=2) is False
+    assert launch_layout(full, tp=1, pp=1, dp=2).fsdp is True
+    assert launch_layout(lora_job, tp=1, pp=1, dp=2).fsdp is False
     one = ParallelConfig("trainer", dp=1)
     site = full.inventory.sites["h800"]
     why = trainer_memory_refusal(full.spec, "h800", site, one)

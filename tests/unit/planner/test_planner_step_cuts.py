@@ -41,7 +41,7 @@ def test_a_steps_cuts_are_the_learners_of_its_rows() -> None:
     assert step_cuts(w, dp=4) == learner_cuts(rows, 32, 8192, ranks=4) == (10, 16)
     assert step_cuts(mean, dp=4) == learner_cuts([3000.0] * 64, 32, 8192, ranks=4) == (8, 8)
     # the token shares of each cut size add up to the step's
-    assert sum(share for _, share in w.cuts.sizes) == pytest.approx(1.0)
+    assert sum(share for _, share in w.cuts_at(1).sizes) == pytest.approx(1.0)
 
 
 def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: Path) -> None:

@@ -256,14 +256,14 @@ def test_a_profile_with_the_old_scaled_key_loads_unless_an_entry_was_scaled(tmp_
 @pytest.mark.parametrize("backend", ["torch", "megatron"])
 def test_a_training_step_of_a_model_whose_window_binds_is_measured_within_it(tmp_path: Path, backend: str) -> None:
     """A Mistral v0.1-shaped checkpoint (its sliding_window below its positions) is trained by the probe on
-    sequences within the window (`measure_train.TRAIN_CONTEXT`): its trainer is built for them, versus for every
+    sequences within the window (`SampleLengths().context`): its trainer is built for them, versus for every
     position — which `window_refusal` refuses, so `rlctl profile --source measured` ended in that line."""
     if backend == "megatron":
         require_megatron()
-    config = TinyGPTConfig(architecture=MISTRAL, max_position_embeddings=4 * measure_train.TRAIN_CONTEXT)
+    config = TinyGPTConfig(architecture=MISTRAL, max_position_embeddings=4 * measure_train.SampleLengths().context)
     TinyGPT(config).save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(saved | {"sliding_window": measure_train.TRAIN_CONTEXT}))
+    (tmp_path / "config.json").write_text(json.dumps(saved | {"sliding_window": measure_train.SampleLengths().context}))
     m = measure_train.measure_training(
         GrpoAlgorithm(kind="grpo", kl_coef=0.05), SMALL, backend=backend, checkpoint=tmp_path, steps=1, warmup_steps=0
     )
@@ -289,7 +289,7 @@ def test_a_training_step_of_a_model_of_few_positions_is_measured_on_sequences_it
 ) -> None:
     """A model that holds 32 tokens (max_position_embeddings 32, or a longrope model's pretraining context 32, which
     `rlctl check` holds a job's sequences to) is trained by the probe on samples of at most 32 tokens, its trainer
-    built for 32, versus 56-token samples (`TRAIN_CONTEXT`): `sequence of 54 tokens > max_position_embeddings 32`
+    built for 32, versus 56-token samples (`SampleLengths()`): `sequence of 54 tokens > max_position_embeddings 32`
     ended the measurement, and the longrope model was timed past its pretraining context (its long_factor pass)."""
     if backend == "megatron":
         require_megatron()
