@@ -133,8 +133,10 @@ class JobMetrics:
         )
         self.router_aux_loss = Gauge(
             "rlctl_train_router_aux_loss",
-            "A MoE's router load-balancing loss (before router_aux_loss_coef), last iteration; NaN where the model's "
-            "loss has no such term (config.json's output_router_logits false, or a dense model)",
+            "A MoE's router load-balancing loss (before router_aux_loss_coef), last iteration, as the loss adds it: "
+            "under loss_aggregation constant times the batch's fill ratio (trained output tokens / (samples x "
+            "max_output_tokens)); NaN where the model's loss has no such term (config.json's output_router_logits "
+            "false, or a dense model)",
             registry=r,
         )
         # NaN, a gap on a graph, until a trained iteration has the figure: a dense model's load-balancing loss, GRPO's

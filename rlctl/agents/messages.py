@@ -241,8 +241,8 @@ class Trained(msgspec.Struct):
     # None when kl_coef is 0 (no reference model)
     kl_ref: float | None = None
     value_loss: float | None = None  # PPO's critic loss, ½·(V − R)² per token; None without a critic (GRPO)
-    # a Qwen3MoE's load-balancing loss that its loss adds × router_aux_loss_coef (its config.json's
-    # output_router_logits true: rlctl.rl.grpo); None where the loss has no such term
+    # a Qwen MoE's (Qwen3MoE or Qwen2MoE) load-balancing loss that its loss adds × router_aux_loss_coef (its
+    # config.json's output_router_logits true: rlctl.rl.grpo); None where the loss has no such term
     router_aux_loss: float | None = None
     grad_norm: float = 0.0  # the policy's gradient norm before clipping (algorithm.grad_clip)
     lr: float = 0.0  # the learning rate of this step (algorithm.lr and its schedule)

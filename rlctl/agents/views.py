@@ -121,7 +121,8 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         # KL to the reference policy, which algorithm.kl_coef penalises (no reference model without it)
         **({"kl_ref": _finite(t.kl_ref, 6)} if t.kl_ref is not None else {}),
         **({"value_loss": _finite(t.value_loss, 5)} if t.value_loss is not None else {}),  # PPO's critic
-        # a Qwen3MoE's load-balancing loss, where its config.json's output_router_logits puts it in the loss
+        # a Qwen MoE's (Qwen3MoE or Qwen2MoE) load-balancing loss, where its config.json's output_router_logits puts
+        # it in the loss
         **({"router_aux_loss": _finite(t.router_aux_loss, 6)} if t.router_aux_loss is not None else {}),
         "grad_norm": _finite(t.grad_norm, 5),  # None: NaN or infinite, and the step was skipped
         **({"step_skipped": True} if t.skipped else {}),

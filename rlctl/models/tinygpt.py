@@ -11,7 +11,7 @@ directory, `hf` what is refused). The built-in demo model is `TinyGPT()` (Llama,
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
                                                      attention is causal); with router_logits=True also a
-                                                     Qwen3MoE's router logits (the load-balancing loss's)
+                                                     Qwen MoE's router logits (the load-balancing loss's)
     prefill(cache, rows, tokens, lengths)            write prompt K/V into cache rows
     decode(cache, tokens[b], rows=b, width=t)        one token for each of the cache's first b rows at position
                                                      cache.lengths[row]; attends over the first t positions

@@ -17,16 +17,19 @@ micro-batches accumulate their weighted sums with N as the common normaliser, so
 micro-batches or shares of ranks leaves the gradient as it is. Under token_mean long samples are not
 down-weighted; under sequence_mean each sample weighs alike whatever its length; constant divides by a number no
 length changes.
-A Qwen3MoE whose config.json sets `output_router_logits` (`rlctl.models.moeloss.balanced`) adds to the loss, as
-Qwen3MoeForCausalLM does, router_aux_loss_coef × its load-balancing loss (`moeloss.load_balancing_loss`), reported as
-`router_aux_loss`. Each forward pass (a micro-batch of one rank) computes it over its rows' real tokens, prompt and
-output alike: every token the router routed, padding not, as transformers' attention mask counts them (the experts'
-balance is over all the tokens they compute on, and the prompt's routing is the policy's too). A pass weighs in as its
-share of N (Σ w_t / N over its tokens): one pass over the whole batch adds transformers' own term, several add the
-mean of theirs weighed by their tokens' weights. Data-parallel ranks sum their gradients, so the term is that mean
-over every rank's passes, each over that rank's rows (as in DDP training with transformers, whose ranks' terms are
-averaged: the loss is not linear in the tokens, so it is not the one pass over the whole batch's). Groups a learner
-does not run (no signal, `rlctl.rl.learner`) are in N but in no pass: they shrink the term in proportion.
+A Qwen MoE (Qwen3MoE or Qwen2MoE) whose config.json sets `output_router_logits` (`rlctl.models.moeloss.balanced`) adds
+to the loss, as Qwen3MoeForCausalLM and Qwen2MoeForCausalLM do, router_aux_loss_coef × its load-balancing loss
+(`moeloss.load_balancing_loss`), reported as `router_aux_loss`. Each forward pass (a micro-batch of one rank) computes
+it over its rows' real tokens, prompt and output alike: every token the router routed, padding not, as transformers'
+attention mask counts them (the experts' balance is over all the tokens they compute on, and the prompt's routing is the
+policy's too). A pass weighs in as its share of N (Σ w_t / N over its tokens): one pass over the whole batch adds
+transformers' own term, several add the mean of theirs weighed by their tokens' weights. Data-parallel ranks sum their
+gradients, so the term is that mean over every rank's passes, each over that rank's rows (as in DDP training with
+transformers, whose ranks' terms are averaged: the loss is not linear in the tokens, so it is not the one pass over the
+whole batch's). Groups a learner does not run (no signal, `rlctl.rl.learner`) are in N but in no pass: they shrink the
+term in proportion. The passes' shares sum to 1 under token_mean and sequence_mean (N is the sum of the weights), but
+under constant to the batch's fill ratio, its trained output tokens ÷ (samples × max_output_tokens): the term, and
+`router_aux_loss`, is the passes' mean × that ratio (a batch of outputs half as long as the cap adds half the term).
 `kl` is the k3 estimate of KL(behaviour ‖ θ) on the behaviour's own samples, from the log-probs the
 loss computes anyway: θ is the trainer's policy *before* this step's update, so it measures how far
 off-policy the batch was (staleness, engine vs trainer numerics), not how far the update moved.
@@ -195,7 +198,7 @@ def policy_loss(
     weights' sum, is what a mean of them divides by; `tokens` counts the tokens unweighed); `kl_sum` is the k3
     KL(behaviour ‖ θ) (no gradient); `is_weight_sum` the behaviour weights' sum and `is_capped_sum` the tokens the
     cap truncated (`tis`) or left out (`decoupled`); `entropy_sum` the policy's next-token entropy at the sampling
-    temperature (a policy collapsing onto few answers shows it first); `router_aux_sum` a Qwen3MoE's load-balancing
+    temperature (a policy collapsing onto few answers shows it first); `router_aux_sum` a Qwen MoE's load-balancing
     loss × this batch's weights' sum (its share of the term, as the loss adds it), `aux_loss_sum` it × the coefficient
     (both 0 without one).
     """

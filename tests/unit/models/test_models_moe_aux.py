@@ -12,7 +12,7 @@ import torch
 
 from rlctl.models.moeloss import balanced, load_balancing_loss
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.rl.grpo import policy_loss
+from rlctl.rl.grpo import Counts, loss_normaliser, policy_loss
 from rlctl.rl.samples import Sample, TokenBatch, make_batch, token_logprobs
 from tests.unit.hf_checkpoints import MOE, as_transformers_holds, write_checkpoint
 
@@ -127,3 +127,24 @@ def test_the_term_through_recomputed_layers_has_the_same_gradients(tmp_path: Pat
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5)
+
+
+def test_under_constant_aggregation_the_term_is_scaled_by_the_batch_s_fill_ratio(tmp_path: Path) -> None:
+    """`loss_aggregation: constant` divides by samples × max_output_tokens, so a pass's share of the load-balancing
+    term (Σ w_t / N) sums over the batch to its fill ratio, trained output tokens ÷ (samples × max_output_tokens), not
+    1 as under token_mean: the loss adds coef × aux × that ratio (rlctl.rl.grpo's module doc; the math unchanged)."""
+    write_checkpoint("qwen3moe-dense1-hd32", tmp_path)
+    model = with_aux(tmp_path)
+    batch = make_batch(samples(), [0.0] * 4)  # advantage 0, no reference: the loss is the load-balancing term alone
+    with torch.no_grad():
+        batch.old_logprobs = token_logprobs(model, batch.tokens) * batch.mask
+    most = 20
+    n = loss_normaliser("constant", Counts.of(samples()), max_output_tokens=most)
+    assert n == 4 * most
+    loss, m = policy_loss(model, batch, 0.2, aggregation="constant", normaliser=n)
+    whole, _ = policy_loss(model, batch, 0.2)  # token_mean: the shares sum to 1
+    aux = whole.item() / COEF
+    fill = batch.num_tokens / n  # 17 of 80
+    assert fill == pytest.approx(17 / 80)
+    assert loss.item() == pytest.approx(COEF * aux * fill, rel=1e-5)
+    assert m["router_aux_sum"] / n == pytest.approx(aux * fill, rel=1e-5)  # `router_aux_loss`, as the learner reports
