@@ -300,7 +300,7 @@ class StreamingLearner:
             # what the gradient is of
             "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"] + sums["aux_loss_sum"]) / n,
             "kl_ref": sums["kl_ref_sum"] / n,  # KL(θ ‖ reference), k3, as the loss's term (kl_coef > 0: 0 otherwise)
-            # a Qwen3MoE's load-balancing loss, its passes' weighted mean (`rlctl.rl.grpo`), where its loss has it
+            # a Qwen MoE's load-balancing loss, its passes' weighted mean (`rlctl.rl.grpo`), where its loss has it
             **({"router_aux_loss": sums["router_aux_sum"] / n} if balanced(self.model) is not None else {}),
             "clip_frac": sums["clip_sum"] / trained,
             "kl": sums["kl_sum"] / trained,
