@@ -29,6 +29,13 @@ class ModelArch:
     # sparse layer (and a Qwen2MoE's shared expert and its gate, which every token runs); None: every parameter (a
     # dense model). FLOPs are priced by it, memory by `params`
     active_params: float | None = None
+    # a MoE's sparse layer as a token runs it, for its activations (`rlctl.profiler.actmem`): the MLP width it runs
+    # (top-k × the experts' width, plus a Qwen2MoE's shared expert), how many experts it routes to and among how
+    # many; None / 0 for a dense model. Not compared: a profile's model (written before them, or a plan's `arch`
+    # model, which has none) is the same architecture
+    token_intermediate: int | None = field(default=None, compare=False)
+    experts_per_token: int = field(default=0, compare=False)
+    experts: int = field(default=0, compare=False)
 
     @property
     def active(self) -> float:
@@ -51,15 +58,30 @@ class ModelArch:
 
 # Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen3MoeForCausalLM): 128 experts (of 768 and 1536) in each of their 48 and 94
 # layers, top 8 a token; their intermediate the config's dense width (no layer of them dense). Parameters:
-# transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer
-QWEN3_30B_A3B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 3_353_032_704}
-QWEN3_235B_A22B = {"explicit_head_dim": 128, "max_positions": 40960, "active_params": 22_190_763_520}
+# transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer. A
+# token's MLP width: 8 × 768 and 8 × 1536
+_QWEN3_MOE = {"explicit_head_dim": 128, "max_positions": 40960, "experts_per_token": 8, "experts": 128}
+QWEN3_30B_A3B = {**_QWEN3_MOE, "active_params": 3_353_032_704, "token_intermediate": 8 * 768}
+QWEN3_235B_A22B = {**_QWEN3_MOE, "active_params": 22_190_763_520, "token_intermediate": 8 * 1536}
 # Qwen1.5-MoE-A2.7B and Qwen2-57B-A14B (Qwen2MoeForCausalLM): 60 experts of 1408, top 4, and 64 of 2560, top 8, in each
 # of their 24 and 28 layers, beside a shared expert of 5632 and 20480 every token runs (gated); their intermediate the
 # config's dense width (no layer of them dense). max_positions: the base models' config.json (Qwen1.5-MoE-A2.7B-Chat's
-# says 32768). Parameters as for Qwen3's: transformers' count on the meta device, and the active ones of it
-QWEN15_MOE_A27B = {"max_positions": 8192, "active_params": 2_689_173_504}
-QWEN2_57B_A14B = {"max_positions": 131072, "active_params": 14_249_270_784}
+# says 32768). Parameters as for Qwen3's: transformers' count on the meta device, and the active ones of it. A token's
+# MLP width: its top-k experts' and the shared expert's, 4 × 1408 + 5632 and 8 × 2560 + 20480
+QWEN15_MOE_A27B = {
+    "max_positions": 8192,
+    "active_params": 2_689_173_504,
+    "token_intermediate": 4 * 1408 + 5632,
+    "experts_per_token": 4,
+    "experts": 60,
+}
+QWEN2_57B_A14B = {
+    "max_positions": 131072,
+    "active_params": 14_249_270_784,
+    "token_intermediate": 8 * 2560 + 20480,
+    "experts_per_token": 8,
+    "experts": 64,
+}
 
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m

@@ -253,7 +253,21 @@ class TinyGPTConfig:
             explicit_head_dim=self.explicit_head_dim,
             max_positions=self.max_positions,
             active_params=float(self.num_params(active=True)) if self.moe is not None else None,
+            **(self._moe_token() if self.moe is not None else {}),
         )
+
+    def _moe_token(self) -> dict[str, int]:
+        """`ModelArch`'s figures of a sparse layer as a token runs it (its top-k experts' width and a Qwen2MoE's shared
+        expert's); every layer is priced so where some are dense (`mlp_only_layers`, `decoder_sparse_step`): an
+        upper bound, the width the larger of the two."""
+        assert self.moe is not None
+        width = self.moe.num_experts_per_tok * self.moe.moe_intermediate_size + self.moe.shared_expert_intermediate_size
+        dense = any(not self.moe.sparse(layer) for layer in range(self.num_hidden_layers))
+        return {
+            "token_intermediate": max(width, self.intermediate_size) if dense else width,
+            "experts_per_token": self.moe.num_experts_per_tok,
+            "experts": self.moe.num_experts,
+        }
 
 
 def _phi3_keys(c: TinyGPTConfig) -> dict[str, Any]:

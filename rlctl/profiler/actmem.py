@@ -18,6 +18,18 @@ A token of a cut keeps, in bytes (h hidden, q = heads·head_dim, kv = kv_heads·
                  40        the loss's per-token figures
     a layer and sequence: 4·seq·head_dim (RoPE's tables cast to bf16)
 
+A MoE's sparse layer (`ModelArch.token_intermediate`: a Qwen3MoE's or Qwen2MoE's, `rlctl.models.tinygpt.SparseMoE`)
+prices its MLP at the width a token runs, i = top-k × the experts' width (+ a Qwen2MoE's shared expert's), not the
+config's dense width, and beside it (fitted on TinyGPT's MoE layers, k experts a token of E):
+
+    each layer   (10·h + 26)·k   each chosen expert's fp32 gathered input and its bf16 cast, its bf16 output that the
+                                 router's weight scales, their indices
+                 7·h + 12        the router's and the sum's
+                 4·E             the router's fp32 softmax
+
+(a Qwen2MoE's shared expert keeps h + 22 less than its 8·i: not taken off, an upper bound). Where some of a MoE's layers
+are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
+
 and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
 The log-softmax's backward then holds two more fp32 [tokens, V] tensors beside the log-probabilities (their
 gradient and the logits'): 8·V a token, at the start of the backward, when every layer's are held still.
@@ -59,6 +71,11 @@ LOGITS_BACKWARD_BYTES = 8  # two fp32 [tokens, V] gradients in the log-softmax's
 LOSS_TOKEN_BYTES = 40
 ROPE_POSITION_BYTES = 4  # bf16 cos and sin, per position and head dimension, per layer
 WEIGHT_COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight
+MOE_EXPERT_HIDDEN_BYTES = 10  # a MoE's sparse layer, per chosen expert and hidden unit (see the module docstring)
+MOE_EXPERT_BYTES = 26  # per chosen expert
+MOE_HIDDEN_BYTES = 7  # per hidden unit, once
+MOE_ROUTER_BYTES = 4  # the router's fp32 softmax, per expert
+MOE_TOKEN_BYTES = 12
 
 
 @dataclass(frozen=True)
@@ -129,10 +146,22 @@ def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) ->
 def layer_bytes_per_token(arch: ModelArch, *, tp: int = 1) -> float:
     """What one layer keeps for its backward, a token (tp dividing the per-head and MLP terms)."""
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    split = (
-        LAYER_HEAD_DIM_BYTES * (q + kv) + LAYER_INTERMEDIATE_BYTES * arch.intermediate + LAYER_HEAD_BYTES * arch.heads
+    width = arch.intermediate if arch.token_intermediate is None else arch.token_intermediate
+    split = LAYER_HEAD_DIM_BYTES * (q + kv) + LAYER_INTERMEDIATE_BYTES * width + LAYER_HEAD_BYTES * arch.heads
+    return LAYER_HIDDEN_BYTES * arch.hidden + split / tp + LAYER_TOKEN_BYTES + _moe_bytes_per_token(arch)
+
+
+def _moe_bytes_per_token(arch: ModelArch) -> float:
+    """What a MoE's sparse layer keeps beyond its MLP's width, a token (not divided by tp: hidden-width figures)."""
+    if arch.token_intermediate is None:
+        return 0.0
+    expert = MOE_EXPERT_HIDDEN_BYTES * arch.hidden + MOE_EXPERT_BYTES
+    return (
+        expert * arch.experts_per_token
+        + MOE_HIDDEN_BYTES * arch.hidden
+        + MOE_ROUTER_BYTES * arch.experts
+        + MOE_TOKEN_BYTES
     )
-    return LAYER_HIDDEN_BYTES * arch.hidden + split / tp + LAYER_TOKEN_BYTES
 
 
 def _layer_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, tp: int) -> float:
