@@ -15,7 +15,9 @@ from pathlib import Path
 from tests.unit.trainers.zygote import ForkedRank, ForkedRanks
 
 ROOT = Path(__file__).resolve().parents[3]
-ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+# PYTHONFAULTHANDLER: a rank killed by a signal (a segfault in a gloo or publisher thread) leaves every
+# thread's stack in its stderr, which the failing test prints
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
 FORKED = ForkedRanks(env={**os.environ, **ENV})
 
 Rank = subprocess.Popen[str] | ForkedRank

@@ -57,6 +57,10 @@ def _child(req: dict[str, Any]) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.environ.clear()
         os.environ.update(req["env"])
+        if os.environ.get("PYTHONFAULTHANDLER"):  # as `python` would at start: a fatal signal's stacks to stderr
+            import faulthandler
+
+            faulthandler.enable(file=sys.stderr, all_threads=True)
         script = req["script"]
         sys.argv = [script, *req["argv"]]
         sys.path[0] = os.path.dirname(script)
