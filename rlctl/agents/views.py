@@ -84,8 +84,12 @@ class Snapshot:
 LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
 GONE_STATES = ("lost", "stopped")
 
-# the last step's figures that `status` shows (metrics row keys)
-TRAINING = ("lr", "grad_norm", "entropy", "clip_frac", "no_signal_frac")
+# the last step's figures that `status` shows (metrics row keys): those every job has (null where the step had none:
+# no token trained, a gradient not finite) ...
+TRAINING = ("loss", "kl", "lr", "grad_norm", "entropy", "clip_frac", "no_signal_frac")
+# ... and those of some jobs alone, shown where its row has them: the KL to a reference (kl_coef > 0), PPO's critic
+# loss, a MoE's load-balancing loss, the groups dynamic sampling dropped
+TRAINING_IF_ANY = ("kl_ref", "value_loss", "router_aux_loss", "dropped_groups")
 
 
 def _per_token(**figures: float) -> dict[str, float]:
@@ -209,7 +213,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
         "training": {k: last.get(k) for k in TRAINING}
-        | {k: last[k] for k in ("dropped_groups", "router_aux_loss") if k in last}
+        | {k: last[k] for k in TRAINING_IF_ANY if k in last}
         | ({"skipped_in_a_row": len(core.skipped_in_a_row)} if core.skipped_in_a_row else {}),
         "heldout": heldout_view(s.evaluations),
         "delta_window_s": None if r is None else round(r.delta_s, 4),

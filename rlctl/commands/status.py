@@ -56,19 +56,28 @@ def _weights_line(w: dict[str, Any]) -> str:
     return line
 
 
+# the step's figures of some jobs alone (rlctl.agents.views.TRAINING_IF_ANY): key, label, format
+OPTIONAL_LOSSES = (
+    ("kl_ref", "kl ref", ".3g"),  # algorithm.kl_coef > 0
+    ("value_loss", "value loss", ".4g"),  # PPO's critic
+    ("router_aux_loss", "router aux loss", ".4f"),  # a MoE whose loss has its load-balancing term
+)
+
+
 def training_line(t: dict[str, Any]) -> str:
-    """The last optimizer step: its rate, gradient norm, the policy's entropy, clipped tokens, samples without
-    signal (`-` for a figure the iteration did not have), a MoE's router load-balancing loss where its loss has the
-    term, the groups dynamic sampling dropped meanwhile, and whether the latest steps were skipped for a gradient
-    that was not finite."""
-    router = f"  router aux loss {_f(t['router_aux_loss'], '.4f')}" if "router_aux_loss" in t else ""
+    """The last optimizer step: the policy's loss and its KL to the sampling policy, then the figures of the job's
+    algorithm and model alone, where its step has them (the KL to the reference that kl_coef multiplies, PPO's critic
+    loss, a MoE's router load-balancing loss), its rate, gradient norm, the policy's entropy, clipped tokens, samples
+    without signal (`-` for a figure the iteration did not have), the groups dynamic sampling dropped meanwhile, and
+    whether the latest steps were skipped for a gradient that was not finite."""
+    losses = "".join(f"  {label} {_f(t[k], spec)}" for k, label, spec in OPTIONAL_LOSSES if k in t)
     dropped = f"  dropped {t['dropped_groups']} groups" if t.get("dropped_groups") else ""
     # NaN or infinite gradients: the latest steps made no update
     skipped = f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)" if t.get("skipped_in_a_row") else ""
     return (
-        f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
-        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{router}{dropped}"
-        f"{skipped}"
+        f"loss {_f(t.get('loss'), '.4g')}  kl {_f(t.get('kl'), '.3g')}{losses}  lr {_f(t.get('lr'), '.2e')}"
+        f"  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
+        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}{skipped}"
     )
 
 
@@ -240,7 +249,11 @@ def _live_table(s: dict[str, Any]) -> str:
         *([["agents gone", gone_line(v["agents_gone"])]] if any(v.get("agents_gone", {}).values()) else []),
         ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],
         ["weights", _weights_line(w)],
-        ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
+        # samples the trainer found staler than η (must stay 0), versus in `--output json` and the summary alone
+        [
+            "staleness",
+            f"{' '.join(f'{k}:{n}' for k, n in v['staleness'].items()) or '-'}  violations {v['staleness_violations']}",
+        ],
         ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
         *([["suspect prompts", suspects_line(v["suspects"])]] if v.get("suspects") else []),
         ["metrics", metrics_line(v.get("metrics"))],

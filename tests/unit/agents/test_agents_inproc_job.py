@@ -22,6 +22,7 @@ from rlctl.agents.ledger import entry_row
 from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
+from rlctl.agents.views import status
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.checkpoint.trainer import HostPolicy
@@ -154,6 +155,12 @@ def test_a_ppo_job_with_a_reference_reports_the_kl_its_rewards_penalise_and_its_
     gauges = _train_gauges(ctl.metrics_port)  # Prometheus has them too, the last row's
     for key in ("value_loss", "kl_ref", "loss"):
         assert gauges[f"rlctl_train_{key}"] == pytest.approx(rows[-1][key], abs=1e-5), key
+    # … and `rlctl status`'s last step, versus the row and the gauges alone (a dense model: no load-balancing loss)
+    training = status(ctl.snapshot(), now=time.monotonic())["training"]
+    assert {k: training[k] for k in ("loss", "kl", "kl_ref", "value_loss")} == {
+        k: rows[-1].get(k) for k in ("loss", "kl", "kl_ref", "value_loss")
+    }
+    assert "router_aux_loss" not in training
 
 
 @pytest.mark.timeout(120)
@@ -189,6 +196,8 @@ def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_
     assert math.isnan(gauges["rlctl_train_router_aux_loss"])  # tiny-demo is dense: no load-balancing loss, not 0
     # GRPO at kl_coef 0: no reference model, no critic; no figure (a gap), not 0
     assert math.isnan(gauges["rlctl_train_kl_ref"]) and math.isnan(gauges["rlctl_train_value_loss"])
+    training = status(ctl.snapshot(), now=time.monotonic())["training"]  # … nor a status figure
+    assert training["loss"] == last["loss"] and not {"kl_ref", "value_loss", "router_aux_loss"} & training.keys()
 
 
 @pytest.mark.timeout(120)

@@ -200,6 +200,8 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
     assert (st["t_gen_s"], st["reward"], st["figures_age_s"], st["elapsed_s"]) == (3.0, 0.5, 4.0, 10.0)
     assert (st["delta_window_s"], st["delta_prime_s"]) == (1.2346, 0.5)
     assert st["training"] == {
+        "loss": 0.1,
+        "kl": 0.012346,
         "lr": 2.5e-4,
         "grad_norm": 0.76543,
         "entropy": 1.23457,
@@ -207,7 +209,7 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
         "no_signal_frac": 0.3333,
     }
     assert training_line(st["training"]) == (
-        "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33"
+        "loss 0.1  kl 0.0123  lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33"
     )
     assert "dropped_groups" not in row  # a job without dynamic sampling drops nothing: no column of zeros
     dynamic = {**st["training"], "dropped_groups": 3}  # … one with it says how many groups it dropped meanwhile
@@ -363,7 +365,7 @@ def test_status_before_any_iteration_has_no_figures():
     st = status(_snapshot(_core(clock), []), now=100.0)
     assert st["state"] == "running" and st["iteration"] == 0
     assert st["t_gen_s"] is st["figures_age_s"] is st["delta_window_s"] is None
-    assert training_line(st["training"]) == "lr -  grad norm -  entropy -  clipped -  no signal -"
+    assert training_line(st["training"]) == "loss -  kl -  lr -  grad norm -  entropy -  clipped -  no signal -"
 
 
 def test_summary_reward_throughput_and_bubbles_then_the_end_state():
@@ -889,7 +891,7 @@ def test_the_live_status_of_a_resumed_run_shows_a_kept_rows_text_figure_as_it_is
         "(figures 0.5 s old)"
     )
     assert next(line for line in lines if "T_gen / T_train" in line).endswith("- / 1.00 s")
-    assert training_line(live["training"]).startswith("lr high  grad norm -")
+    assert training_line(live["training"]).startswith("loss -  kl -  lr high  grad norm -")
 
 
 def test_the_summary_of_a_resumed_run_whose_only_rows_are_kept_ones_without_reward_failures():
@@ -971,9 +973,10 @@ def test_a_moes_load_balancing_loss_is_a_gauge_and_on_the_status_line_where_its_
     st = status(_snapshot(core, [moe]), now=110.0)
     assert st["training"]["router_aux_loss"] == 1.023457
     assert training_line(st["training"]) == (
-        "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33  router aux loss 1.0235"
+        "loss 0.1  kl 0.0123  router aux loss 1.0235  lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  "
+        "no signal 0.33"
     )
-    assert training_line({**st["training"], "router_aux_loss": None}).endswith("router aux loss -")  # NaN: no figure
+    assert "  router aux loss -  " in training_line({**st["training"], "router_aux_loss": None})  # NaN: no figure
 
 
 def test_the_losses_and_kls_are_gauges_nan_where_the_job_has_no_such_figure():
@@ -996,3 +999,49 @@ def test_the_losses_and_kls_are_gauges_nan_where_the_job_has_no_such_figure():
     iteration_gauges(m, grpo, grpo_t, core.stats[0], RowBook([grpo]))
     assert value("rlctl_train_loss") == -0.25
     assert all(math.isnan(value(f"rlctl_train_{f}")) for f in ("kl", "kl_ref", "value_loss"))
+
+
+@pytest.mark.parametrize(
+    ("reported", "shown"),
+    [
+        ({}, "loss 0.1  kl 0.0123  lr"),  # GRPO at kl_coef 0: no reference, no critic
+        ({"kl_ref": 0.0456789}, "loss 0.1  kl 0.0123  kl ref 0.0457  lr"),  # GRPO with a reference
+        ({"kl_ref": 0.0456789, "value_loss": 0.8765432}, "loss 0.1  kl 0.0123  kl ref 0.0457  value loss 0.8765  lr"),
+        ({"value_loss": 0.8765432, "router_aux_loss": 1.02345678}, "value loss 0.8765  router aux loss 1.0235  lr"),
+    ],
+)
+def test_status_s_last_step_shows_each_loss_and_kl_the_job_s_step_reports_and_none_it_does_not(reported, shown):
+    """`rlctl status` (its line and `-o json`) carries the policy's loss and off-policy KL, and the reference KL, PPO's
+    critic loss and a MoE's load-balancing loss where the step reports them, versus none of the four but the last
+    (they were in metrics.jsonl and the gauges alone); a figure the job has not is no key, no '-' on the line."""
+    core, t, _ = _one_iteration()
+    step = msgspec.structs.replace(t, **reported)
+    st = status(_snapshot(core, [metrics_row(_snapshot(core, []), step, wall_time=0)]), now=110.0)
+    optional = {"kl_ref": 0.045679, "value_loss": 0.87654, "router_aux_loss": 1.023457}
+    assert st["training"] == {
+        "loss": 0.1,
+        "kl": 0.012346,
+        **{k: v for k, v in optional.items() if k in reported},
+        "lr": 2.5e-4,
+        "grad_norm": 0.76543,
+        "entropy": 1.23457,
+        "clip_frac": 0.03123,
+        "no_signal_frac": 0.3333,
+    }
+    line = training_line(st["training"])
+    assert shown in line
+    labels = {"kl_ref": "kl ref", "value_loss": "value loss", "router_aux_loss": "router aux loss"}
+    assert [k for k, label in labels.items() if f"  {label} " in line] == [k for k in labels if k in reported]
+
+
+def test_the_live_status_table_says_the_staleness_violations():
+    # `staleness  0:4` in the table; the violations (must stay 0) were in `-o json` and the summary alone
+    from rlctl.commands.status import _table
+
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0)
+    page = {"id": "j", "source": "controller", "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    for violations in (0, 3):
+        page["live"] = status(_snapshot(core, [row], violations=violations), now=110.0)
+        (staleness,) = [line.split(None, 1)[1] for line in _table(page).splitlines() if line.startswith("staleness")]
+        assert staleness == f"0:2  violations {violations}"
