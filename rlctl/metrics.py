@@ -96,6 +96,13 @@ class JobMetrics:
             buckets=STALENESS_BUCKETS,
             registry=r,
         )
+        self.staleness_violations = Counter(
+            "rlctl_sample_staleness_violations",
+            "Samples the trainer found staler than the job's bound eta (pipeline.eta) as they reached it; must stay 0 "
+            "(a dispatch bug: status's and the summary's staleness_violations). The job's count: a resumed controller "
+            "starts from its checkpoint's",
+            registry=r,
+        )
         self.reward_mean = Gauge("rlctl_reward_mean", "Mean reward of the last iteration's samples", registry=r)
         self.skipped_steps = Counter(
             "rlctl_train_skipped_steps",

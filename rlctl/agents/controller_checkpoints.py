@@ -70,6 +70,7 @@ class Checkpoints(ControllerBase):
             self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
             self.core.skipped_in_a_row = list(st.skipped_in_a_row)
             self.violations = st.violations
+            self.metrics.staleness_violations.inc(st.violations)  # the job's, as status's: a resume does not clear it
             self.rewards_before = st.reward_stats
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)

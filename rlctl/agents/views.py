@@ -519,6 +519,7 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.dropped_groups.inc(stats.dropped)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))
+    m.staleness_violations.inc(t.staleness_violations)  # (must stay 0)
     for gap, n in stats.staleness.items():
         for _ in range(n):
             m.staleness_versions.observe(gap)

@@ -1,10 +1,14 @@
-"""The controller's loop sets the agents' gauges once every GAUGES_EVERY_S, not at each message it handles."""
+"""The controller's loop sets the agents' gauges once every GAUGES_EVERY_S, not at each message it handles; a trained
+iteration's staleness violations reach their counter."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rlctl.agents.controller import GAUGES_EVERY_S
+from rlctl.agents.views import status
+from tests.unit.agents.test_agents_gone_peers import Running
 from tests.unit.controller_harness import HandledController, small_job
 
 
@@ -25,3 +29,18 @@ def test_the_agents_gauges_are_set_once_a_period_and_when_the_loop_ends(tmp_path
         assert value("rlctl_agent_heartbeat_age_seconds", labels) == 100.5 + GAUGES_EVERY_S
     finally:
         h.close()
+
+
+def test_a_staleness_violation_a_trainer_step_reports_reaches_the_counter_and_status(tmp_path: Path) -> None:
+    # the violations (samples staler than η: must stay 0) were in status's `-o json` and the summary alone, no metric
+    r = Running(tmp_path, "gauges-violations")
+    try:
+        value = r.ctl.metrics.registry.get_sample_value
+        r.train()
+        assert value("rlctl_sample_staleness_violations_total") == 0.0
+        r.train(violations=2)
+        r.train(violations=1)
+        assert value("rlctl_sample_staleness_violations_total") == 3.0
+        assert status(r.ctl.snapshot(), now=time.monotonic())["staleness_violations"] == 3
+    finally:
+        r.close()

@@ -41,9 +41,10 @@ class Running(HandledController):
         """What the loop does each turn: the agents' gauges."""
         agent_gauges(self.ctl.metrics, self.ctl.core, self.ctl.peers, self.ctl.sites, now=time.monotonic())
 
-    def train(self) -> dict[str, Any]:
+    def train(self, *, violations: int = 0) -> dict[str, Any]:
         """Every sample the units were sent comes back (scored at once: the digits verifier), the trainer trains the
-        iteration it is at and every live unit applies the version it published: its metrics row."""
+        iteration it is at (finding `violations` of them staler than η) and every live unit applies the version it
+        published: its metrics row."""
         for e in self.ctl.core.ledger.in_state(State.DISPATCHED):
             tensors = [torch.zeros(2, dtype=torch.int32), torch.zeros(2)]
             version = self.ctl.core.units[str(e.agent)].version
@@ -63,7 +64,7 @@ class Running(HandledController):
             "train_s": 0.1,
             "tokens": 1,
             "loss": 0.0,
-            "staleness_violations": 0,
+            "staleness_violations": violations,
             "busy_s": 0.1,
         }
         self.tell("trainer-0", "trained", trained)
