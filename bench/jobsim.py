@@ -109,8 +109,13 @@ class Replay:
 def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
     """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile;
     trained as the job's learner trains, as `rlctl plan` simulates it: whole groups (GRPO), in the
-    learner's cuts (`train_micro_batch_samples` rows, `train_micro_batch_tokens` padded tokens)."""
+    learner's cuts (`train_micro_batch_samples` rows, `train_micro_batch_tokens` padded tokens a share of each of
+    the trainer's dp ranks: `rlctl.rl.cuts`), the last held to the flush where FSDP2 reduces once a step: the
+    split the run's plan.json says (`trainer.parallel`, as its launch wrote it)."""
     job = run.jobdir.read_job()
+    trainer = run.jobdir.read_plan()["trainer"]
+    parallel = trainer.get("parallel") or {}  # (none in a plan of before the split: every rank a whole replica)
+    dp, once = int(parallel.get("dp", trainer["ranks"])), bool(parallel.get("reduce_per_step"))
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
     prompt_len: dict[str, int] = {}
     agents = sorted({e["agent"] for e in run.ledger})  # one index per unit across the run
@@ -157,6 +162,8 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 group_of=groups if job.algorithm.kind == "grpo" else None,
                 shares=shares,
+                reduce_per_step=once,
+                dp=dp,
             )
         )
         unit_of.append(units)

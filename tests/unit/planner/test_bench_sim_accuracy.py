@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from rlctl.planner.costs import decode_cost
 from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import MODES, IterationWork, Mode, simulate_job
 from rlctl.profiler.profile import GenerationEntry
+from rlctl.rl.cuts import cut_lengths
 from rlctl.rl.source import task_source
 
 S = 1_000_000_000  # ns
@@ -73,12 +75,19 @@ def _fake_run(
     prof: MeasuredProfile,
     mode: Mode = "sync",
     shared: bool = False,
+    parallel: dict[str, Any] | None = None,
 ) -> JobRun:
     """A 'run' whose measured times are the simulator's own, and agents' CPU the profile's price, with `truth`;
-    every iteration on both units with `shared`, else each iteration after the first on one."""
+    every iteration on both units with `shared`, else each iteration after the first on one. Its plan.json's trainer
+    split: `parallel` (default one rank)."""
     spec = job_dict("demo", mode=mode, units=2, iterations=iterations)
     jd = JobDir.create("fake", explicit=tmp_path / f"job-{mode}{'-shared' if shared else ''}")
     jd.write_job(JobFile.model_validate(spec), source="test")
+    parallel = parallel or {"tp": 1, "pp": 1, "dp": 1}
+    ranks = parallel["tp"] * parallel["pp"] * parallel["dp"]
+    trainer = {"site": "local", "ranks": ranks, "parallel": parallel}  # as `rlctl.ops.counts.plan_counts` writes it
+    rollout = [{"site": "local", "units": 2, "tp": 1}]
+    jd.write_json(jd.plan_json, {"trainer": trainer, "rollout": rollout, "controller_site": "local"})
     rng = np.random.default_rng(3)
     ledger = [
         {
@@ -144,6 +153,27 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     assert w.group_of is not None and np.bincount(w.group_of).tolist() == [8] * 8
     pairs = set(zip((e["prompt_id"] for e in entries), w.group_of.tolist(), strict=True))
     assert len(pairs) == 8  # each prompt one group
+
+
+def test_replay_cuts_as_the_plan_s_trainer_split_trains(tmp_path):
+    """A run launched at dp 4 whose FSDP2 reduces once a step: its learner's budgets bound each rank's share of a cut
+    and it holds its last cut to the flush, as `rlctl plan` simulates that split (`rlctl.rl.cuts`), versus dp 1 and
+    every cut trained as it filled whatever the plan said. A plan of before the split (no `parallel`): every rank a
+    whole replica (torch), dp its ranks."""
+    prof = _profile()
+    split = {"tp": 1, "pp": 1, "dp": 4, "fsdp": True, "reduce_per_step": True}
+    run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof, mode="async", parallel=split)
+    works = replay(run, prof).works
+    assert {(w.dp, w.reduce_per_step) for w in works} == {(4, True)}
+    # an iteration's 64 rows of 5–70 tokens, in budgets of 32 rows and 1,024 padded tokens a rank: 2 cuts at dp 4
+    # (62 rows and 2), 4 at dp 1; the async learner then trains (and holds) other cuts, its training ends elsewhere
+    rows = works[1].sample_tokens.tolist()
+    assert [len(cut_lengths(rows, 32, max_tokens=1024, ranks=r)) for r in (4, 1)] == [2, 4]
+    one = simulate_job([replace(x, dp=1, reduce_per_step=False) for x in works], mode="async", weight_sync_s=0.0)
+    assert simulate_job(works, mode="async", weight_sync_s=0.0).train_end_s != one.train_end_s
+    plan = run.jobdir.read_plan()
+    run.jobdir.write_json(run.jobdir.plan_json, {**plan, "trainer": {"site": "local", "ranks": 3}})
+    assert {(w.dp, w.reduce_per_step) for w in replay(run, prof).works} == {(3, False)}
 
 
 def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
