@@ -1,7 +1,7 @@
 """The alerting rules shipped for rlctl jobs (docs/prometheus/rlctl-alerts.yml), through Prometheus's own promtool:
 they load, each fires on the series it is for and only then (alerts_test.yml: a controller that is gone and not one
-that ended its job, a job that stops training, an agent stuck in one phase, a skipped step, a quarantined prompt), and
-every metric they read is one rlctl declares."""
+that ended its job, a job that stops training, an agent stuck in one phase, a skipped step, a quarantined prompt, a
+staleness violation), and every metric they read is one rlctl declares."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def promtool(services: dict[str, str]) -> str:
 def test_the_rules_load_and_fire_on_what_they_are_for(services: dict[str, str]) -> None:
     tool = promtool(services)
     check = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 6 rules found" in check.stdout, check.stdout + check.stderr
     tested = subprocess.run(
         [tool, "test", "rules", "alerts_test.yml"], cwd=HERE, capture_output=True, text=True, timeout=60
     )
