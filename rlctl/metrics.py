@@ -63,6 +63,13 @@ class JobMetrics:
             "Unix time the controller took in the last trained iteration (a stalled job: time() minus it grows)",
             registry=r,
         )
+        self.checkpoint_version = Gauge(
+            "rlctl_checkpoint_version",
+            "Version of the latest complete checkpoint (both parts, `latest` moved to it; what a resume starts "
+            "from): rlctl_job_iteration minus it is the iterations a crash would lose; NaN before the job's first",
+            registry=r,
+        )
+        self.checkpoint_version.set(float("nan"))
         self.generation_seconds = Gauge(
             "rlctl_stage_generation_seconds", "T_gen of the last iteration (generation stage time)", registry=r
         )

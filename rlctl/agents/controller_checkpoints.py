@@ -75,6 +75,7 @@ class Checkpoints(ControllerBase):
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
+            self.metrics.checkpoint_version.set(version)
         # the scale events of the job's history this run continues (summary, status), as `rlctl report` draws them
         self.scaler.scale_log = scale_history(self.jobdir, version)
         # from no checkpoint, nothing is kept
@@ -140,6 +141,7 @@ class Checkpoints(ControllerBase):
         self.jobdir.event("checkpoint", version=w.version, keep=keep)  # (keep: this rlctl says what it prunes)
         self.complete.append(w.version)
         self.checkpointed = (w.version, time.monotonic())
+        self.metrics.checkpoint_version.set(w.version)
         prune_controller(self.jobdir, complete=self.complete, keep=keep)  # (its event, then the removal)
         self.complete = newest_complete(self.complete, keep=keep)  # what a prune reads, versus one per checkpoint
         return [Out("trainer", "checkpointed", {"version": w.version})]

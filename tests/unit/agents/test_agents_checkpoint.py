@@ -845,6 +845,43 @@ def test_the_staleness_violations_before_a_checkpoint_stay_in_the_summary_of_the
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
 
 
+def test_the_latest_complete_checkpoint_is_a_gauge_in_the_run_that_wrote_it_and_the_run_resumed_from_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """rlctl_checkpoint_version: NaN before the first, each checkpoint once both parts are complete (not one whose
+    trainer part failed), and the resumed run's from its start, versus `rlctl status` alone (Prometheus had nothing
+    of how many iterations a crash of a weeks-long run would lose)."""
+    import math
+
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.messages import CheckpointWritten
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("gauged", iterations=6)
+    h = HandledController(tmp_path, job, listen="inproc://gauged-a")
+    try:
+        value = h.ctl.metrics.registry.get_sample_value
+        assert math.isnan(value("rlctl_checkpoint_version"))
+        h.ctl._checkpoint_due(2)
+        assert math.isnan(value("rlctl_checkpoint_version"))  # its trainer part still being written
+        assert h.ctl._checkpoint(CheckpointWritten(version=2, checkpoint="d" * 64))
+        assert value("rlctl_checkpoint_version") == 2.0
+        h.ctl._checkpoint_due(4)
+        assert h.ctl._checkpoint(CheckpointWritten(version=4, error="disk full")) == []
+        assert value("rlctl_checkpoint_version") == 2.0  # v4 never completed
+    finally:
+        h.close()
+    monkeypatch.setenv(ENV_RESUME, "2")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://gauged-b")
+    try:
+        assert ctl.metrics.registry.get_sample_value("rlctl_checkpoint_version") == 2.0
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
 def test_the_reward_failures_before_a_checkpoint_stay_in_the_summary_of_the_run_resumed_from_it(
     tmp_path: Path, monkeypatch
 ) -> None:
