@@ -13,11 +13,18 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from rlctl.config.base import Strict, is_recorded, register_tags
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
+
+# a MoE's shape (`ArchFigures`), HF's num_experts, num_experts_per_tok and moe_intermediate_size: given together or
+# not at all (a dense model); the others only beside them
+MOE_SHAPE = ("experts", "experts_per_token", "expert_intermediate")
+MOE_FIELDS = (*MOE_SHAPE, "shared_expert_intermediate", "dense_layers")
 
 
 class BuiltinModel(Strict):
@@ -59,7 +66,29 @@ class ArchFigures(Strict):
     active_params: PositiveFloat | None = Field(
         None,
         description="the parameters one token computes with where fewer than params (a MoE: its routers and top-k "
-        "experts, Qwen3-30B-A3B's 3.35e9 of 30.5e9); FLOPs are priced by it, memory by params. Default params",
+        "experts, Qwen3-30B-A3B's 3.35e9 of 30.5e9); FLOPs are priced by it, memory by params. Default params, or "
+        "of a MoE described by its experts, params less the experts a token does not run",
+    )
+    experts: PositiveInt | None = Field(
+        None,
+        description="a MoE's routed experts in each sparse layer (HF's num_experts), with experts_per_token and "
+        "expert_intermediate: its activations are priced at the width a token runs. Default: a dense model",
+    )
+    experts_per_token: PositiveInt | None = Field(
+        None, description="the experts a token is routed to (HF's num_experts_per_tok), at most experts"
+    )
+    expert_intermediate: PositiveInt | None = Field(
+        None, description="an expert's MLP width (HF's moe_intermediate_size; Qwen3-30B-A3B's 768)"
+    )
+    shared_expert_intermediate: PositiveInt | None = Field(
+        None,
+        description="the width of a shared expert every token runs beside its top experts (a Qwen2MoE's "
+        "shared_expert_intermediate_size). Default: none",
+    )
+    dense_layers: PositiveInt | None = Field(
+        None,
+        description="how many layers have a dense MLP of intermediate instead of experts (HF's mlp_only_layers, or "
+        "the layers decoder_sparse_step skips), fewer than layers. Default: none",
     )
 
     @field_validator("name")
@@ -69,12 +98,67 @@ class ArchFigures(Strict):
             raise ValueError("the name is empty; give the model a name (a profile is matched to a job's model by it)")
         return v
 
+    @model_validator(mode="after")
+    def _moe_shape(self) -> ArchFigures:
+        # ("bool_for_number": first_error's type that names the key in the error's field, `model.experts: …`)
+        def bad(key: str, why: str) -> PydanticCustomError:
+            return PydanticCustomError("bool_for_number", "{why}", {"key": key, "path": [], "why": why})
+
+        given = [key for key in MOE_FIELDS if getattr(self, key) is not None]
+        if given and (missing := [key for key in MOE_SHAPE if getattr(self, key) is None]):
+            raise bad(
+                missing[0],
+                f"missing beside {given[0]}: a MoE is described by {', '.join(MOE_SHAPE)} together (HF's "
+                "num_experts, num_experts_per_tok, moe_intermediate_size), a dense model by none of them",
+            )
+        if not given:
+            return self
+        assert self.experts is not None and self.experts_per_token is not None
+        if self.experts_per_token > self.experts:
+            raise bad("experts_per_token", f"{self.experts_per_token} is more than experts {self.experts}")
+        if self.dense_layers is not None and self.dense_layers >= self.layers:
+            raise bad(
+                "dense_layers",
+                f"{self.dense_layers} is not fewer than layers {self.layers}; a model without sparse layers is "
+                "dense: leave out experts, experts_per_token and expert_intermediate",
+            )
+        if self.active_params is None and (active := self._moe_active()) <= 0:
+            raise bad(
+                "params",
+                f"{self.params:g} is not more than the {self.params - active:g} parameters of the experts a token "
+                "does not run (sparse layers × (experts − experts_per_token) × 3 × hidden × expert_intermediate); "
+                "give the model's total count",
+            )
+        return self
+
+    def _moe_active(self) -> float:
+        """A MoE's parameters a token computes with: `params` less the experts its sparse layers do not route it to
+        (each a SwiGLU's gate, up and down: 3 × hidden × expert_intermediate), as `TinyGPTConfig.num_params` counts
+        them."""
+        assert self.experts is not None and self.experts_per_token is not None and self.expert_intermediate
+        sparse = self.layers - (self.dense_layers or 0)
+        unused = self.experts - self.experts_per_token
+        return self.params - sparse * unused * 3 * self.hidden * self.expert_intermediate
+
+    def _moe_token(self) -> dict[str, int]:
+        """`ModelArch`'s figures of a sparse layer as a token runs it, as `TinyGPTConfig._moe_token` derives them: its
+        top experts' width and a shared expert's (every layer priced so, of the larger width, where some are dense)."""
+        if self.experts is None:
+            return {}
+        assert self.experts_per_token is not None and self.expert_intermediate is not None
+        width = self.experts_per_token * self.expert_intermediate + (self.shared_expert_intermediate or 0)
+        return {
+            "token_intermediate": max(width, self.intermediate) if self.dense_layers else width,
+            "experts_per_token": self.experts_per_token,
+            "experts": self.experts,
+        }
+
     @model_serializer(mode="wrap")
     def _head_dim_only_if_given(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # a file written without head_dim (every profile before it, every hidden / heads model) is written the same;
-        # a job's model without max_positions (`ArchModel`) likewise
+        # a job's model without max_positions (`ArchModel`), active_params or a MoE's shape (`MOE_FIELDS`) likewise
         out: dict[str, Any] = dump(self)
-        for key in ("head_dim", "max_positions", "active_params"):
+        for key in ("head_dim", "max_positions", "active_params", *MOE_FIELDS):
             if out.get(key) is None:
                 out.pop(key, None)
         return out
@@ -82,6 +166,9 @@ class ArchFigures(Strict):
     @property
     def arch(self) -> ModelArch:
         explicit = self.head_dim if self.head_dim is not None and self.head_dim != self.hidden // self.heads else None
+        active = self.active_params
+        if active is None and self.experts is not None:
+            active = self._moe_active()
         return ModelArch(
             self.name,
             self.layers,
@@ -92,7 +179,8 @@ class ArchFigures(Strict):
             self.intermediate,
             self.params,
             explicit_head_dim=explicit,
-            active_params=self.active_params,
+            active_params=active,
+            **self._moe_token(),
         )
 
 

@@ -40,7 +40,7 @@ import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
-from rlctl.config.model import ArchFigures
+from rlctl.config.model import MOE_FIELDS, ArchFigures
 from rlctl.config.runtime import Lora
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
@@ -49,13 +49,14 @@ from rlctl.profiler.traincost import TrainingPasses, lora_params
 
 class ModelSpec(ArchFigures):
     """The profile's `model`: the architecture profiled (`ArchFigures`, as a job's `kind: arch` model writes it) and
-    the bytes of one of its parameters."""
+    the bytes of one of its parameters. A MoE's is written by its `active_params` alone, not its experts' shape
+    (`MOE_FIELDS`, which the profile's figures do not take: activations are priced of the job's model)."""
 
     bytes_per_param: PositiveInt = 2
 
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
-        figures = {name: getattr(arch, name) for name in cls.model_fields if name != "head_dim"}
+        figures = {name: getattr(arch, name) for name in cls.model_fields if name not in ("head_dim", *MOE_FIELDS)}
         return cls.model_validate({**figures, "head_dim": arch.explicit_head_dim})
 
     @property
