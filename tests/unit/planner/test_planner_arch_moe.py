@@ -180,3 +180,23 @@ def test_a_moe_description_that_does_not_hold_together_is_refused_in_one_line(
     path = _job(tmp_path, {k: v for k, v in model.items() if v is not None}, max_output_tokens=1000)
     for command in ("plan", "check"):
         assert _refused(run_cli(command, str(path))) == f"rlctl: error: {path}: {said}"
+
+
+@pytest.mark.parametrize("kind", ["builtin", "arch"])
+def test_a_moes_context_is_refused_by_check_and_plan_in_the_same_line(tmp_path: Path, kind: str) -> None:
+    """Qwen1.5-MoE-A2.7B's 8192 positions (its base config.json), a task asking 512 + 8000: `plan` refuses it in one
+    line, `check` in the same line among the job's other problems (a built-in and `lengths` are for planning only)."""
+    builtin = BUILTIN_MODELS["qwen1.5-moe-a2.7b"]
+    model = (
+        {"kind": "builtin", "name": builtin.name} if kind == "builtin" else described(builtin, **EXPERTS[builtin.name])
+    )
+    path = _job(tmp_path, model, prompt_tokens=512, max_output_tokens=8000)
+    where = f"built-in {builtin.name!r}" if kind == "builtin" else "the job's model.max_positions"
+    line = _refused(run_cli("plan", str(path)))
+    assert line == (
+        f"rlctl: error: {path}: task.max_output_tokens: 512 prompt + 8000 output tokens exceed model "
+        f"max_position_embeddings 8192 ({where}); use prompt_tokens + max_output_tokens ≤ 8192"
+    )
+    checked = run_cli("check", str(path))
+    assert checked.exit_code == 2 and line in checked.stderr.splitlines()
+    assert run_cli("plan", str(_job(tmp_path, model, prompt_tokens=512, max_output_tokens=7680))).exit_code == 0
