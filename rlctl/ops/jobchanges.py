@@ -154,21 +154,26 @@ def resume_changes(jobdir: JobDir) -> list[str]:
     return source_changes(jobdir) + older_rlctl_changes(jobdir)
 
 
-def job_json_edits(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
-    """One line when job.json was edited since the launch: its top-level fields that differ (not `iterations`
-    where the resume's `--iterations` sets another count, `count_given`: its own line says the count it replaces);
-    the resume runs the job as edited there, unless it refuses the edit (`refuse_fixed_edits`)."""
+def edited_fields(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
+    """The top-level fields of job.json edited since the launch, by their digests (`job_json_edits`' line); none for a
+    job.json an rlctl before them wrote."""
     data = jobdir.read_json(jobdir.job_json)
     digests, job = data.get("job_sha256"), data.get("job")
     if not isinstance(digests, dict) or not isinstance(job, dict):
         return []
     now = job_digests(job)
-    edited = sorted(
+    return sorted(
         k
         for k in digests.keys() | now.keys()
         if digests.get(k) != now.get(k) and not (count_given and k == "iterations")
     )
-    if not edited:
+
+
+def job_json_edits(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
+    """One line when job.json was edited since the launch: its top-level fields that differ (not `iterations`
+    where the resume's `--iterations` sets another count, `count_given`: its own line says the count it replaces);
+    the resume runs the job as edited there, unless it refuses the edit (`refuse_fixed_edits`)."""
+    if not (edited := edited_fields(jobdir, count_given=count_given)):
         return []
     return [
         f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as edited there"

@@ -14,6 +14,7 @@ from rlctl.errors import RlctlError, UsageError
 from rlctl.render import OutputFormat, emit
 
 if TYPE_CHECKING:
+    from rlctl.config.job import JobFile
     from rlctl.launch.jobdir import JobDir
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.run import JobRun
@@ -47,7 +48,7 @@ def resume_job(
         with_iterations,
         write_iterations,
     )
-    from rlctl.ops.jobchanges import job_json_edits, refuse_fixed_edits, resume_changes
+    from rlctl.ops.jobchanges import edited_fields, job_json_edits, refuse_fixed_edits, resume_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import JobRef, require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
@@ -129,6 +130,8 @@ def resume_job(
         # the trainer's new split, checked as a launch checks one (the model, the site's room): refused here, before a
         # detach and before anything is written; plan.json is rewritten as the run starts (`begin`)
         resplit = _resplit(jd, plan, asked) if asked is not None else None
+        if resplit is None:  # the plan's split, checked at the launch with the job as it was then
+            _refuse_unfit_edit(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
     except RlctlError:
         lock.close()
         db.close()
@@ -205,10 +208,42 @@ def resume_job(
 def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[str, Any] | None:
     """The job's plan with the trainer split as `--trainer-split` asks (`rlctl.ops.trainersplit.resplit_plan`), judged
     by the job as launched (job.json), its sites (sites.json) and its model's architecture; None: the plan's split."""
-    from rlctl.config.model import HfModel
     from rlctl.launch.backends import read_sites
     from rlctl.ops.jobchanges import launched_inventory
     from rlctl.ops.trainersplit import resplit_plan
+
+    job = _resumed_job(jd)
+    arch = job.model.arch
+    sites, inventory = read_sites(jd.path, required=True), launched_inventory(jd, plan)
+    return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)
+
+
+def _refuse_unfit_edit(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> None:
+    """UsageError, one line, where job.json was edited since the launch (`edited`: its fields) and a trainer rank at
+    the plan's split no longer fits its site's GPUs with the job as edited (`trainer_memory_refusal`, as `rlctl check`
+    and `--trainer-split` judge a split: a larger batch.train_micro_batch_tokens or _samples, longer task rows,
+    trainer.activation_checkpointing off); versus the plan's split run on it unchecked, the launch having priced the
+    job's cuts as they were."""
+    from rlctl.launch.backends import read_sites
+    from rlctl.launch.layout import trainer_parallel
+    from rlctl.ops.preflight.memory import trainer_memory_refusal
+
+    if not edited:
+        return
+    name = str(plan["trainer"]["site"])
+    if (site := read_sites(jd.path, required=True).get(name)) is None:
+        return  # refused as the run lays its agents out
+    job, split = _resumed_job(jd), trainer_parallel(plan)
+    if (why := trainer_memory_refusal(job, name, site, split, arch=job.model.arch)) is not None:
+        raise UsageError(
+            f"{jd.job_json} was edited since the launch ({', '.join(edited)}), and with the job as edited {why}",
+            hint="undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D",
+        )
+
+
+def _resumed_job(jd: JobDir) -> JobFile:
+    """The job a resume runs (job.json), an HF model's path the job dir's copy."""
+    from rlctl.config.model import HfModel
 
     job = jd.read_job()
     if isinstance(job.model, HfModel):
@@ -219,6 +254,4 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
         name = job.model.name or Path(job.model.path).resolve().name
         copy = job.model.model_copy(update={"path": str(jd.init_model), "name": name})
         job = job.model_copy(update={"model": copy})
-    arch = job.model.arch
-    sites, inventory = read_sites(jd.path, required=True), launched_inventory(jd, plan)
-    return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)
+    return job

@@ -1,0 +1,62 @@
+"""`launch --resume` of a job whose job.json was edited since the launch in what a trainer rank's memory is priced on
+(its micro-batch budgets, task rows, activation checkpointing): the plan's split is judged again with
+the job as edited (`preflight.memory.trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge one) and
+refused in one line where a rank no longer fits; before, it ran unchecked on the launch's pricing of the cuts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlctl.launch.jobdir import JobDir
+from tests.conftest import run_cli
+from tests.unit.ops.test_resume_point import split_job
+
+
+def edit_batch(jd: JobDir, **batch: Any) -> None:
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["batch"] = {**data["job"].get("batch", {}), **batch}
+    jd.job_json.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The plans the resume's run started with (its launcher stood in for, as test_resume_point's split tests do)."""
+    from rlctl.commands.launching import resume as resume_mod
+
+    runs: list[dict[str, Any]] = []
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        begin(SimpleNamespace(start=lambda **kw: runs.append(plan) or "run", run=None), lambda line: None)
+
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    return runs
+
+
+def test_a_resume_whose_edited_cut_no_longer_fits_the_plans_split_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]]
+) -> None:
+    """A megatron 7B trainer launched at tp 2 on H100s with a rank's cut of 512 tokens (62 GB a rank, and 4.7 GB of
+    activations): job.json edited to 32,768 tokens a rank is refused with the figures (each 7B rank's share of such
+    a cut: tens of GB of layers and the full fp32 logits); an edit that still fits (1,024) resumes."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(
+        f"rlctl: error: {jd.job_json} was edited since the launch (batch), and with the job as edited the trainer's "
+        "2 rank(s) at tp 2 pp 1 dp 1 need "
+    ), line
+    assert "activations of a cut's " in line and "and a H100 holds 80 GB (90% usable)" in line, line
+    assert line.endswith("(hint: undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D)")
+    assert started == []
+    edit_batch(jd, train_micro_batch_tokens=1024, train_micro_batch_samples=2)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
