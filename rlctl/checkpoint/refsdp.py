@@ -22,8 +22,9 @@ tensors' shapes alone (`stand_in`: meta tensors, a read of which fails), versus 
 every rank (rank 0 still checks the whole part: it answers for it). A stand-in is made by FSDP2's rule (`rows` of
 each tensor's whole size at this trainer) with a verified shard's structure, its file never opened (versus each file
 mapped for its shapes: a truncated or missing shard this rank does not read raised torch's raw error, and a wrong
-shape in it shifted the rows `part` cut from the verified ones); a verified shard not cut by that rule is refused
-(`check_rows`).
+shape in it shifted the rows `part` cut from the verified ones); a verified shard not cut by that rule (in any dim),
+or lacking an optimizer, module, tensor or moment this trainer's state has, is refused in one line naming it
+(`check_rows`), versus a KeyError's traceback, or a line naming shapes of stand-ins.
 """
 
 from __future__ import annotations
@@ -73,17 +74,19 @@ def _overlap(a: slice, b: slice) -> bool:
     return max(a.start, b.start) < min(a.stop, b.stop)
 
 
-def whole_rows(optimizers: Mapping[str, torch.optim.Optimizer], modules: Mapping[str, nn.Module]) -> dict[str, dict]:
-    """Each tensor's whole dim-0 size at this trainer (a DTensor's shape is the whole tensor's), by shard key and
-    entry: `optimizer.K` by parameter index (its moments have the parameter's rows), `module.K` by name; scalars
-    none (FSDP2 cuts no rows of them)."""
-    out: dict[str, dict] = {}
+def whole_shapes(
+    optimizers: Mapping[str, torch.optim.Optimizer], modules: Mapping[str, nn.Module]
+) -> dict[str, dict[Any, tuple[int, ...]]]:
+    """Each tensor's whole shape at this trainer (a DTensor's shape is the whole tensor's), by shard key and entry:
+    `optimizer.K` by parameter index (its moments have the parameter's shape), `module.K` by name; scalars none
+    (FSDP2 cuts no rows of them)."""
+    out: dict[str, dict[Any, tuple[int, ...]]] = {}
     for k, o in optimizers.items():
         indices = [i for g in o.state_dict()["param_groups"] for i in g["params"]]
         params = [p for g in o.param_groups for p in g["params"]]
-        out[f"optimizer.{k}"] = {i: int(p.shape[0]) for i, p in zip(indices, params, strict=True) if p.dim() > 0}
+        out[f"optimizer.{k}"] = {i: tuple(p.shape) for i, p in zip(indices, params, strict=True) if p.dim() > 0}
     for k, m in modules.items():
-        out[f"module.{k}"] = {n: int(t.shape[0]) for n, t in m.state_dict().items() if t.dim() > 0}
+        out[f"module.{k}"] = {n: tuple(t.shape) for n, t in m.state_dict().items() if t.dim() > 0}
     return out
 
 
@@ -102,32 +105,52 @@ def _entries(shard: Mapping[str, Any]) -> Iterable[tuple[str, Any, str, torch.Te
             yield from ((k, n, f"{k} {n}", t) for n, t in v.items() if isinstance(t, torch.Tensor))
 
 
-def check_rows(shard: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, int]], world: int, rank: int) -> None:
-    """ValueError, one line, unless every tensor of `shard` (old rank `rank`'s of `world`, verified) this trainer
-    holds (`whole`: `whole_rows`) has FSDP2's rows of it (`rows`): `part` places every old rank's rows by that rule,
-    so a shard cut otherwise would shift the rows taken from the others."""
+def _cut(whole: tuple[int, ...], *, world: int, rank: int) -> tuple[int, ...]:
+    """The shape of FSDP2's part of a tensor of shape `whole` on rank `rank` of `world` (`rows`)."""
+    return (_held(whole[0], world=world, rank=rank), *whole[1:])
+
+
+def check_rows(
+    shard: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, tuple[int, ...]]], world: int, rank: int
+) -> None:
+    """ValueError, one line, unless `shard` (old rank `rank`'s of `world`, verified) holds every optimizer and module
+    of `whole` (`whole_shapes`: this trainer's), every module tensor of it, both AdamW moments of each parameter it
+    holds state of, and each such tensor as FSDP2 cuts it (`rows`; `world` 1: the whole): `part` places every old
+    rank's rows by that rule, so a shard cut otherwise would shift the rows taken from the others, and a shard
+    lacking an entry the others hold raised a KeyError's traceback on the rank that read it."""
+    for k, shapes in whole.items():
+        if k not in shard:
+            raise ValueError(f"it holds no {k}")
+        if k.startswith("module."):
+            if lacking := sorted(set(shapes) - set(shard[k])):
+                raise ValueError(
+                    f"its {k} lacks {lacking[0]}" + (f" and {len(lacking) - 1} more" if lacking[1:] else "")
+                )
+        else:
+            for i, st in shard[k]["state"].items():
+                if lacking := [m for m in MOMENTS if m not in st]:
+                    raise ValueError(f"its {k} parameter {i} lacks {lacking[0]}")
     for k, e, name, t in _entries(shard):
         n = whole.get(k, {}).get(e)
-        if n is not None and t.dim() > 0 and t.shape[0] != (want := _held(n, world=world, rank=rank)):
-            raise ValueError(
-                f"{name} has {t.shape[0]} rows; FSDP2 cuts {want} of its {n} to old rank {rank} of {world}"
-            )
+        if n is not None and tuple(t.shape) != (want := _cut(n, world=world, rank=rank)):
+            of = f"FSDP2 cuts {want} of its {n} to old rank {rank} of {world}" if world > 1 else f"this model's is {n}"
+            raise ValueError(f"{name} is {tuple(t.shape)}; {of}")
 
 
 def stand_in(
-    verified: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, int]], world: int, rank: int
+    verified: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, tuple[int, ...]]], world: int, rank: int
 ) -> dict[str, Any]:
     """Old rank `rank`'s shard (of `world`), one this rank reads no rows of (`shards_read`), as `part` needs it,
     without its file: `verified`'s (a shard this rank verified, `check_rows`) optimizer state indices and module
-    tensors, each of FSDP2's rows of rank `rank` (`rows` of `whole`'s size, the other dims as `verified`'s), as meta
-    tensors (reading one fails); no hyper-parameters (`param_groups` None). A tensor this trainer does not hold keeps
-    `verified`'s shape (refused by `check_module`, or not read)."""
+    tensors, each FSDP2's part of rank `rank` (`rows` of `whole`'s shape), as meta tensors (reading one fails); no
+    hyper-parameters (`param_groups` None). A tensor this trainer does not hold keeps `verified`'s shape (refused by
+    `check_module`, or not read)."""
 
     def meta(k: str, e: Any, t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return None
         n = whole.get(k, {}).get(e)
-        shape = (_held(n, world=world, rank=rank), *t.shape[1:]) if n is not None and t.dim() > 0 else t.shape
+        shape = _cut(n, world=world, rank=rank) if n is not None and t.dim() > 0 else t.shape  # (not a step count)
         return torch.empty(shape, dtype=t.dtype, device="meta")
 
     out: dict[str, Any] = {}

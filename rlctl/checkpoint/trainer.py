@@ -690,9 +690,10 @@ def _load_refsdp(
     module rebuilt from the old shards `reads` (`rlctl.checkpoint.refsdp`), the RNG of this rank's old shard (else the
     first's). A sharded policy's fp32 weights (`module.policy`) are the old shards' where they hold them, into a
     policy sharded or not; an unsharded one's are its HF directory's (fp32: `HostPolicy`). CheckpointError for a
-    module the shards lack (but a sharded policy's) or hold other tensors of, or other optimizer state. The old shards
-    but `reads` (those this rank verified) are not opened: FSDP2's rule stands in for them (`refsdp.stand_in`), and a
-    verified shard not cut by it is refused (`refsdp.check_rows`)."""
+    module the shards lack (but an unsharded part's policy) or hold other tensors of, or other optimizer state. The old
+    shards but `reads` (those this rank verified) are not opened: FSDP2's rule stands in for them (`refsdp.stand_in`),
+    and a verified shard not cut by it, or lacking a tensor of this trainer's state, is refused naming its file
+    (`refsdp.check_rows`)."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     rank, _ = _rank_world()
@@ -708,18 +709,20 @@ def _load_refsdp(
         assert isinstance(policy, TinyGPT), type(model)  # (FSDP2 shards the torch trainer's alone)
         into["policy"] = policy
     for k in sorted(set(into) - held):
-        if k != "policy":  # (an unsharded part's policy is its HF directory's, in fp32: loaded below)
-            raise CheckpointError(f"{refused}: its shards hold no state of {k}")
+        # an unsharded part's policy is its HF directory's, in fp32 (loaded below); a sharded one's shards hold it
+        # (FSDP2's fp32 part, versus the HF directory's read in its place where the shards a rank read lacked it),
+        # or LoRA's adapters in its place
+        if k != "policy" or (was.fsdp and "lora" not in held):
+            raise CheckpointError(f"{refused}: {files[reads[0]]}: it holds no module.{k}")
         into.pop(k)
     if lacking := sorted(k for k in optimizers if f"optimizer.{k}" not in first):
         raise CheckpointError(f"{refused}: its shards hold no state of optimizer {lacking[0]}")
-    whole = refsdp.whole_rows(optimizers, into)
-    if was.fsdp:  # (FSDP2 cut the old shards by `refsdp.rows`: the stand-ins are made by it)
-        for r, shard in verified.items():
-            try:
-                refsdp.check_rows(shard, whole=whole, world=was.dp, rank=r)
-            except ValueError as e:
-                raise CheckpointError(f"{refused}: {files[r]}: {e}") from e
+    whole = refsdp.whole_shapes(optimizers, into)
+    for r, shard in verified.items():  # (FSDP2 cut the old shards by `refsdp.rows`: the stand-ins are made by it)
+        try:  # (an unsharded source: its one shard holds the whole of each)
+            refsdp.check_rows(shard, whole=whole, world=was.dp if was.fsdp else 1, rank=r if was.fsdp else 0)
+        except ValueError as e:
+            raise CheckpointError(f"{refused}: {files[r]}: {e}") from e
     shards = [  # (rank order: the manifest's)
         verified[r] if r in verified else refsdp.stand_in(first, whole=whole, world=was.dp, rank=r) for r in files
     ]

@@ -7,6 +7,8 @@ layout is `refsdp.rows`: each rank's parts of every parameter, joined in rank or
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,15 +232,19 @@ def test_a_rank_resumes_without_opening_the_old_shards_it_does_not_read(
 
 
 def test_old_shards_stand_in_by_fsdp2_rows_and_a_verified_shard_cut_otherwise_is_refused() -> None:
-    """A stand-in for old rank r of 2 has FSDP2's rows of each tensor's whole size (`rows`), the structure of a verified
-    shard, whatever it held; a verified shard whose rows are not FSDP2's (3 + 5 of 8, which join into the 8 rows:
-    `part` would cut rank 1's rows one off) is refused in one line naming the tensor."""
+    """A stand-in for old rank r of 2 has FSDP2's part of each tensor's whole shape (`rows`), the structure of a
+    verified shard, whatever it held; a verified shard whose rows are not FSDP2's (3 + 5 of 8, which join into the 8
+    rows: `part` would cut rank 1's rows one off), of another width, or lacking an entry this trainer's state has, is
+    refused in one line naming the tensor, versus a KeyError (an entry missing) or a line naming a stand-in's shape
+    made of the verified one's (another width)."""
+    import copy
+
     from torch import nn
 
     lin = nn.Linear(3, 8)
     opt = torch.optim.AdamW(lin.parameters())
-    whole = refsdp.whole_rows({"policy": opt}, {"policy": lin})
-    assert whole == {"optimizer.policy": {0: 8, 1: 8}, "module.policy": {"weight": 8, "bias": 8}}
+    whole = refsdp.whole_shapes({"policy": opt}, {"policy": lin})
+    assert whole == {"optimizer.policy": {0: (8, 3), 1: (8,)}, "module.policy": {"weight": (8, 3), "bias": (8,)}}
     state = {
         i: {"step": torch.tensor(1.0), "exp_avg": torch.ones(5, *s), "exp_avg_sq": torch.ones(5, *s)}
         for i, s in [(0, (3,)), (1, ())]
@@ -250,7 +256,8 @@ def test_old_shards_stand_in_by_fsdp2_rows_and_a_verified_shard_cut_otherwise_is
     }
     with pytest.raises(
         ValueError,
-        match=r"^optimizer.policy parameter 0's exp_avg has 5 rows; FSDP2 cuts 4 of its 8 to old rank 1 of 2$",
+        match=r"^optimizer.policy parameter 0's exp_avg is \(5, 3\); FSDP2 cuts \(4, 3\) of its \(8, 3\) to old rank 1 "
+        r"of 2$",
     ):
         refsdp.check_rows(verified, whole=whole, world=2, rank=1)
     got = refsdp.stand_in(verified, whole=whole, world=2, rank=0)
@@ -273,3 +280,32 @@ def test_old_shards_stand_in_by_fsdp2_rows_and_a_verified_shard_cut_otherwise_is
         "module.policy": {"weight": torch.ones(4, 3), "bias": torch.ones(4)},
     }
     refsdp.check_rows(fsdp, whole=whole, world=2, rank=1)
+
+    def broken(change: Any) -> dict[str, Any]:
+        out = copy.deepcopy(fsdp)
+        change(out)
+        return out
+
+    def moment(i: int, **kw: torch.Tensor) -> Callable[[dict[str, Any]], None]:
+        return lambda sd: sd["optimizer.policy"]["state"][i].update(kw)
+
+    fsdp2_cuts = "FSDP2 cuts {} of its {} to old rank 1 of 2"
+    cases: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "its module.policy lacks bias": lambda sd: sd["module.policy"].pop("bias"),
+        "it holds no module.policy": lambda sd: sd.pop("module.policy"),
+        "its optimizer.policy parameter 1 lacks exp_avg_sq": lambda sd: sd["optimizer.policy"]["state"][1].popitem(),
+        "module.policy weight is (4, 2); " + fsdp2_cuts.format((4, 3), (8, 3)): lambda sd: sd["module.policy"].update(
+            weight=torch.ones(4, 2)
+        ),
+        "optimizer.policy parameter 1's exp_avg is (); " + fsdp2_cuts.format((4,), (8,)): moment(
+            1, exp_avg=torch.tensor(0.0)
+        ),
+    }
+    for said, change in cases.items():
+        with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+            refsdp.check_rows(broken(change), whole=whole, world=2, rank=1)
+    # an unsharded source's one shard holds the whole of each (world 1)
+    with pytest.raises(
+        ValueError, match=r"^optimizer.policy parameter 0's exp_avg is \(4, 3\); this model's is \(8, 3\)$"
+    ):
+        refsdp.check_rows(fsdp, whole=whole, world=1, rank=0)

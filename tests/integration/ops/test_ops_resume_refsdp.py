@@ -1,0 +1,114 @@
+"""`rlctl launch --resume JOB --trainer-split dp=3` of a torch trainer's FSDP2 checkpoint written at dp 2 whose rank-1
+shard, listed in its manifest as it is (the SHA-256s of both parts agree: a shard another rlctl or a hand wrote),
+breaks what FSDP2's rows say of it (`rlctl.checkpoint.refsdp.check_rows`): the launch exits 1 with one line naming the
+checkpoint, the shard's file and what is wrong in it, no traceback, and the checkpoint as it was, every file. Versus
+a KeyError's traceback and a line without its reason (an entry missing), or a line naming the shapes of both old
+shards, one of them never read but made from the broken one (another width), neither naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.integration.agents.test_agents_megatron_job import LENGTH_REWARD
+from tests.integration.hfdemo import check_and_launch, hf_demo_job
+
+from .conftest import rlctl
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-iteration job of a torch trainer sharded by FSDP2 over 2 ranks, its checkpoint iter-2 written, done."""
+    out = tmp_path_factory.mktemp("refsdp-launch")
+    job = hf_demo_job(
+        out,
+        reward=LENGTH_REWARD,
+        iterations=2,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer={"shard": "fsdp"},
+        checkpoint={"every_iterations": 2},
+    )
+    s = check_and_launch(job, out / "run")
+    assert s["state"] == "done" and s["iterations"] == 2
+    return out / "run"
+
+
+def relisted(ckpt: Path, rel: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """`change` shard `rel` of `ckpt` and list it as it is now: its bytes and SHA-256 in the trainer's manifest, that
+    manifest's SHA-256 in the controller's (as rlctl writes them: the resume's choice verifies it)."""
+    shard = torch.load(ckpt / rel, weights_only=True)
+    change(shard)
+    torch.save(shard, ckpt / rel)
+    trainer = json.loads((ckpt / "MANIFEST.trainer.json").read_text())
+    data = (ckpt / rel).read_bytes()
+    trainer["files"][rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "MANIFEST.trainer.json").write_text(json.dumps(trainer, indent=1, sort_keys=True))
+    controller = json.loads((ckpt / "MANIFEST.controller.json").read_text())
+    controller["trainer_digest"] = hashlib.sha256((ckpt / "MANIFEST.trainer.json").read_bytes()).hexdigest()
+    (ckpt / "MANIFEST.controller.json").write_text(json.dumps(controller, indent=1, sort_keys=True))
+
+
+def first_moments(shard: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return shard["optimizer.policy"]["state"][0]
+
+
+def one_row_fewer(shard: dict[str, Any]) -> None:
+    first_moments(shard).update({m: t[1:].clone() for m, t in first_moments(shard).items() if t.dim()})
+
+
+def narrower(shard: dict[str, Any]) -> None:
+    first_moments(shard).update({m: t[:, 1:].clone() for m, t in first_moments(shard).items() if t.dim()})
+
+
+# the embedding of the demo's 43-row vocabulary (96 wide): old rank 1 of 2 holds its last 21 rows
+CASES = {
+    "rows": (one_row_fewer, r"optimizer\.policy parameter 0's exp_avg is \(20, 96\); FSDP2 cuts \(21, 96\) of its "
+             r"\(43, 96\) to old rank 1 of 2"),
+    "width": (narrower, r"optimizer\.policy parameter 0's exp_avg is \(21, 95\); FSDP2 cuts \(21, 96\) of its "
+              r"\(43, 96\) to old rank 1 of 2"),
+    "missing": (lambda shard: shard.pop("module.policy"), r"it holds no module\.policy"),
+}  # fmt: skip
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_resume_at_another_dp_of_a_shard_fsdp2_did_not_cut_ends_in_one_line_naming_it(
+    tmp_path: Path, finished: Path, case: str
+) -> None:
+    change, said = CASES[case]
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    ckpt = run / "checkpoints" / "iter-2"
+    relisted(ckpt, "ranks/rank-1.pt", change)
+    before = files_of(run / "checkpoints")
+
+    proc = rlctl("launch", "--resume", str(run), "--iterations", "4", "--trainer-split", "dp=3", timeout_s=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rlctl: error:")]
+    # new ranks 1 and 2 read old rank 1's rows (rank 0 reads old rank 0's alone): whichever fails first is named
+    where = r"trainer-[12] exited with 1 before the job's trainer joined \(its log: [^)]*\): rank [12]: "
+    refused = (
+        f"{re.escape(str(ckpt))}: written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer "
+        rf"\(tp 1 pp 1 dp 3 fsdp\) cannot load: ranks/rank-1\.pt: {said}"
+    )
+    assert len(errors) == 1 and re.fullmatch(f"rlctl: error: {where}{refused} \\(hint: .*", errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr, proc.stderr[-3000:]
+    for rank in (1, 2):  # each rank that read the shard said so in its log, in one line
+        log = (run / "logs" / f"trainer-{rank}.log").read_text()
+        assert re.search(f"ERROR trainer-{rank} rlctl.agents: {refused}$", log, re.M), log[-2000:]
+        assert "Traceback" not in log, log[-3000:]
+    assert files_of(run / "checkpoints") == before  # nothing removed, moved or rewritten
