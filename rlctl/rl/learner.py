@@ -215,9 +215,11 @@ class StreamingLearner:
     def backward_share(self, chunk: list[tuple[Sample, float]], *, reduce: bool = True) -> None:
         """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank). With a
         sharded policy (FSDP) every rank runs every forward and backward (they are collectives): a rank whose slice
-        is empty runs the chunk's first row with weight 0; `reduce` False (`DataParallel.reduce_per_step`), FSDP2
-        holds gradient sync off: the backward accumulates this rank's unsharded gradients, reduced by the step's
-        last cut's."""
+        is empty runs the chunk's first row with weight 0 (a cut of fewer rows than ranks: under the per-rank
+        budgets only a step's last, the flush's remainder, as every other cut closes at a row a rank at least;
+        tests/unit/trainers/test_dp_grad_bytes.py); `reduce` False (`DataParallel.reduce_per_step`), FSDP2 holds
+        gradient sync off: the backward accumulates this rank's unsharded gradients, reduced by the step's last
+        cut's."""
         t0 = time.monotonic()
         mine, weight = chunk[self.dp.rank :: self.dp.size], 1.0
         if not mine and self.dp.sharded and chunk:

@@ -69,3 +69,24 @@ def test_a_cut_is_full_at_its_ranks_rows_and_held_until_then() -> None:
     assert trainable_cuts(rows, 2, max_tokens=20, ranks=3, flush=False) == ([[0, 1, 2, 3, 4, 5]], [])
     assert trained_count(rows, 2, max_tokens=20, ranks=3, flush=False) == 6
     assert trained_count(rows, 2, ranks=2, flush=True) == 6
+
+
+@given(
+    st.lists(st.integers(1, 5000), min_size=1, max_size=200),
+    st.integers(1, 40),
+    st.sampled_from([None, 800, 8192]),
+    st.integers(2, 8),
+    st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_only_a_steps_last_cut_has_fewer_rows_than_ranks(
+    rows: list[int], size: int, budget: int | None, ranks: int, once: bool
+) -> None:
+    """Every cut but the last holds a row a rank at least (a share closes at 2 rows or more), so FSDP2's rank with no
+    row of a cut, which runs the cut's first at weight 0 (`rlctl.rl.learner.backward_share`), is one of a step's
+    last cut alone: what the flush trains (`trainable_cuts` holds a partial last cut until then)."""
+    cuts = cut_lengths(rows, size, max_tokens=budget, ranks=ranks)
+    assert all(len(c) >= ranks for c in cuts[:-1])
+    trained, _ = trainable_cuts(rows, size, max_tokens=budget, ranks=ranks, flush=False, reduce_per_step=once)
+    assert all(len(c) >= ranks for c in trained)
+    assert trainable_cuts([5] * (ranks + 1), 1, ranks=ranks, flush=True)[0][-1] == [ranks]  # reachable: 1 row

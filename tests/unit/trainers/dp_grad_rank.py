@@ -10,11 +10,14 @@ other ranks follow its broadcasts. Every call of `torch.distributed.all_reduce` 
 `rlctl.rl.gradsum` and FSDP2 hand their gradients to) is recorded as it is made, and the full gradient of each
 parameter as the optimizer's step takes it (reduced, divided by the normaliser and clipped; FSDP2's shards gathered).
 OUT.pt: {"calls": [(collective, dtype, bytes of its input)], "grads": {name: full fp32 gradient} (megatron: none),
-"weights": the torch backend's full weights after the step (megatron: none)}.
+"weights": the torch backend's full weights after the step (megatron: none), "shares": [(the cut's rows, the
+forwards this rank ran on its share of it, the learner's summed figures it added) of each cut], "stats": the step's
+figures (rank 0's; others: none)}. With RLCTL_TEST_GROUP=N in the environment a group holds N samples (4 otherwise).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +58,24 @@ def record_grads(grads: dict[str, torch.Tensor], model: torch.nn.Module, opt: to
     opt.register_step_pre_hook(before_step)
 
 
+def record_shares(learner: Any, model: torch.nn.Module) -> list[tuple[int, int, dict[str, float]]]:
+    """Each cut's rows as `learner.backward_share` takes it on this rank, the forwards of `model` it ran (one for
+    its share, none where it has no share to run), and what it added to the learner's summed figures."""
+    shares: list[tuple[int, int, dict[str, float]]] = []
+    forwards = [0]
+    model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    real = learner.backward_share
+
+    def recorded(chunk: list[Any], **kwargs: Any) -> None:
+        before, forwards[0] = dict(learner.sums), 0
+        real(chunk, **kwargs)
+        added = {k: v - before.get(k, 0.0) for k, v in learner.sums.items()}
+        shares.append((len(chunk), forwards[0], added))
+
+    learner.backward_share = recorded
+    return shares
+
+
 def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, samples: Path, micro: int, out: Path) -> None:
     from rlctl.config.algorithm import GrpoAlgorithm
     from rlctl.config.pipeline import Batch
@@ -69,24 +90,26 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
     backend = load_backend(
         "megatron" if kind == "megatron" else "torch", model, shard=sharded, reduce_per_step=kind == "fsdp-step"
     )
-    batch = Batch(samples_per_prompt=4, train_micro_batch_samples=micro)
+    batch = Batch(samples_per_prompt=int(os.environ.get("RLCTL_TEST_GROUP", "4")), train_micro_batch_samples=micro)
     learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), batch, ref=None)
+    shares = record_shares(learner, backend.model) if kind != "megatron" else []
     calls: list[tuple[str, str, int]] = []
     record(calls, "all_reduce", lambda tensor, *a, **k: tensor)
     record(calls, "reduce_scatter_single", lambda output, input, *a, **k: input)
     grads: dict[str, torch.Tensor] = {}
     if kind != "megatron":
         record_grads(grads, backend.model, learner.optimizers()["policy"])
+    stats = None
     if rank > 0:
         learner.follow()
     else:
         for s in torch.load(samples, weights_only=False):  # trained as they arrive, as the trainer agent does
             learner.add(s)
             learner.train_ready()
-        learner.step()
+        stats = learner.step()
         learner.stop_followers()
     weights = wire_weights(backend.model, dtype=torch.float32, tied=False) if kind != "megatron" else {}
-    torch.save({"calls": calls, "grads": grads, "weights": weights}, out)
+    torch.save({"calls": calls, "grads": grads, "weights": weights, "shares": shares, "stats": stats}, out)
     dist.barrier()
 
 

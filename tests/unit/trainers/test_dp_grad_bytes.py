@@ -19,6 +19,7 @@ from rlctl.planner.costs import dp_reduced_bytes, step_cuts
 from rlctl.planner.inputs import profile_for, train_cost
 from rlctl.planner.plan import train_workload
 from rlctl.profiler.traincost import TrainingPasses
+from rlctl.rl.samples import Sample
 from tests.unit.ops.test_preflight import gpu_job
 from tests.unit.trainers.ranks import ENV, start_rank
 from tests.unit.trainers.test_fsdp import CFG, iterations
@@ -28,19 +29,29 @@ EVEN = dataclasses.replace(CFG, vocab_size=68)  # every tensor shards evenly ove
 MICRO = 3  # a rank's rows a cut: 16 samples in 3 cuts of 6 rows over the 2 ranks (6 cuts of 3 before 2026-12-07)
 
 
-def collectives(tmp_path: Path, kind: str, *, micro: int = MICRO) -> list[dict[str, Any]]:
-    """Each rank's collectives of one GRPO step of `kind` ('torch', 'fsdp', 'fsdp-step', 'megatron') on 2 gloo ranks
-    in cuts of `micro` rows, and its full weights after it (dp_grad_rank.py)."""
+def collectives(
+    tmp_path: Path,
+    kind: str,
+    *,
+    micro: int = MICRO,
+    world: int = 2,
+    samples: list[Sample] | None = None,
+    group: int = 4,
+) -> list[dict[str, Any]]:
+    """Each rank's collectives of one GRPO step of `kind` ('torch', 'fsdp', 'fsdp-step', 'megatron') on `world` gloo
+    ranks in cuts of `micro` rows a rank, its full weights after it, and what it trained of each cut (dp_grad_rank.py):
+    of `samples` in groups of `group` (else the 4 groups of 4 of `iterations`' first)."""
     tmp_path.mkdir(exist_ok=True)
     torch.manual_seed(0)
     TinyGPT(EVEN).save_pretrained(tmp_path / "model")
-    torch.save(iterations()[0], tmp_path / "samples.pt")
+    torch.save(iterations()[0] if samples is None else samples, tmp_path / "samples.pt")
     argv = [str(tmp_path / "rdv"), kind, str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(micro)]
-    procs = [start_rank(SCRIPT, [str(r), "2", *argv, str(tmp_path / f"out-{r}.pt")], ENV) for r in range(2)]
+    env = ENV | {"RLCTL_TEST_GROUP": str(group)}
+    procs = [start_rank(SCRIPT, [str(r), str(world), *argv, str(tmp_path / f"out-{r}.pt")], env) for r in range(world)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
-    return [torch.load(tmp_path / f"out-{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(tmp_path / f"out-{r}.pt", weights_only=False) for r in range(world)]
 
 
 def planned_bytes(tmp_path: Path, kind: str) -> float:
@@ -105,9 +116,8 @@ def test_a_step_reducing_once_equals_the_unsharded_step(tmp_path: Path, micro: i
     that all-reduce once (to `GRAD_RTOL_OF_MAX` of each tensor's largest: fp32 sums in another order), and so do
     its weights after it, every element, to fp32 rounding plus how far AdamW's first step carries the gradients'
     difference (`adam_slack`: lr/eps = 1e5 times it where a gradient all but cancels, versus a fixed 1e-6 that such
-    an element broke). Cuts of 3: the last has 1 row (rank 1 runs it at weight 0) and is left for the step's flush;
-    of 4, each group of 4 is a full cut as it arrives, so the learner keeps the last back for the flush (versus
-    reducing none)."""
+    an element broke). Cuts of 3 rows a rank: 6, 6 and the flush's 4; of 4, each 2 groups of 4 a full cut as they
+    arrive, so the learner keeps the last back for the flush (versus reducing none)."""
     whole = collectives(tmp_path / "whole", "torch", micro=micro)
     once = collectives(tmp_path / "once", "fsdp-step", micro=micro)
     start = TinyGPT.from_pretrained(tmp_path / "whole" / "model", dtype=torch.float32).state_dict()
@@ -128,3 +138,40 @@ def test_a_step_reducing_once_equals_the_unsharded_step(tmp_path: Path, micro: i
             off = (rank["weights"][name] - w).abs() - (1e-6 + 1e-5 * w.abs() + slack)
             assert off.max() <= 0, f"{name}[{off.argmax().item()}]: {off.max().item():.3g} past the tolerance"
     assert not any(torch.equal(start[k], v) for k, v in once[0]["weights"].items() if k.endswith("proj.weight"))
+
+
+def one_group_of_three() -> list[Sample]:
+    """One prompt's 3 samples, of 3, 5 and 7 output tokens, each its own reward: every one has an advantage."""
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, EVEN.vocab_size, (4,), generator=g).tolist()
+    outputs = [torch.randint(3, EVEN.vocab_size, (3 + 2 * i,), generator=g).tolist() for i in range(3)]
+    return [Sample("0-0", prompt, out, [-4.0] * len(out), float(i), 0) for i, out in enumerate(outputs)]
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "fsdp-step"])
+def test_a_cut_with_fewer_rows_than_ranks_runs_on_every_fsdp2_rank_and_takes_the_dp_1_step(
+    tmp_path: Path, kind: str
+) -> None:
+    """A cut of 1 row at dp 2, the step's last (3 samples in cuts of 1 row a rank: 2 rows as they arrive, the third
+    at the flush; per-rank budgets leave fewer rows than ranks in a step's last cut alone): rank 1, whose share of it
+    is empty, runs FSDP2's forward and backward (collectives) on the cut's row at weight 0, and adds nothing: the
+    step's full gradients equal one unsharded rank's to 1e-6 (a weight-1 row there counts it twice: off by its
+    gradient), as do its figures, and rank 1's summed figures of that cut are 0. With gradient sync held off but in the
+    step's last cut (`fsdp-step`), that cut is the weight-0 one: its backward is the reduction."""
+    samples = one_group_of_three()
+    whole = collectives(tmp_path / "whole", "torch", micro=1, world=1, samples=samples, group=3)
+    ranks = collectives(tmp_path / kind, kind, micro=1, samples=samples, group=3)
+    assert [(rows, ran) for rows, ran, _ in whole[0]["shares"]] == [(1, 1)] * 3
+    for rank in ranks:
+        assert [(rows, ran) for rows, ran, _ in rank["shares"]] == [(2, 1), (1, 1)]  # both ranks ran the cut of 1
+    (_, _, first), (_, _, last) = ranks[1]["shares"]
+    assert first["weight_sum"] > 0 and last.keys() == first.keys() and set(last.values()) == {0.0}
+    grads = whole[0]["grads"]
+    assert ranks[0]["grads"].keys() == ranks[1]["grads"].keys() == grads.keys()
+    assert max(g.abs().max().item() for g in grads.values()) > 1e-3  # (it trained)
+    for rank in ranks:
+        for name, g in grads.items():
+            torch.testing.assert_close(rank["grads"][name], g, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    stats, want = ranks[0]["stats"], whole[0]["stats"]
+    for k in ("loss", "clip_frac", "kl", "is_weight_mean", "entropy", "grad_norm", "tokens"):  # (summed over ranks)
+        assert stats[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k

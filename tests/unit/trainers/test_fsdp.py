@@ -35,7 +35,7 @@ def iterations() -> list[list[Sample]]:
     out = []
     for it in range(3):
         batch = []
-        for i in range(16):  # 4 prompts × 4 samples in micro-batches of 3 rows: the last has 1, rank 1 none
+        for i in range(16):  # 4 prompts × 4 samples in cuts of 3 rows a rank: at dp 2, 6, 6 and the flush's 4
             prompt = torch.randint(3, 67, (4,), generator=g).tolist()
             output = torch.randint(3, 67, (3 + (i * 5 + it) % 11,), generator=g).tolist()
             batch.append(Sample(f"{it}-{i // 4}", prompt, output, [-4.0] * len(output), float((i + it) % 3), 0))
