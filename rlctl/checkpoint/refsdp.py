@@ -114,10 +114,10 @@ def check_rows(
     shard: Mapping[str, Any], *, whole: Mapping[str, Mapping[Any, tuple[int, ...]]], world: int, rank: int
 ) -> None:
     """ValueError, one line, unless `shard` (old rank `rank`'s of `world`, verified) holds every optimizer and module
-    of `whole` (`whole_shapes`: this trainer's), every module tensor of it, both AdamW moments of each parameter it
-    holds state of, and each such tensor as FSDP2 cuts it (`rows`; `world` 1: the whole): `part` places every old
-    rank's rows by that rule, so a shard cut otherwise would shift the rows taken from the others, and a shard
-    lacking an entry the others hold raised a KeyError's traceback on the rank that read it."""
+    of `whole` (`whole_shapes`: this trainer's), every module tensor of it, the step and both AdamW moments of each
+    parameter it holds state of, and each such tensor as FSDP2 cuts it (`rows`; `world` 1: the whole): `part` places
+    every old rank's rows by that rule, so a shard cut otherwise would shift the rows taken from the others, and a
+    shard lacking an entry the others hold raised a KeyError's traceback on the rank that read it."""
     for k, shapes in whole.items():
         if k not in shard:
             raise ValueError(f"it holds no {k}")
@@ -128,7 +128,7 @@ def check_rows(
                 )
         else:
             for i, st in shard[k]["state"].items():
-                if lacking := [m for m in MOMENTS if m not in st]:
+                if lacking := [m for m in ("step", *MOMENTS) if m not in st]:
                     raise ValueError(f"its {k} parameter {i} lacks {lacking[0]}")
     for k, e, name, t in _entries(shard):
         n = whole.get(k, {}).get(e)

@@ -294,6 +294,7 @@ def test_old_shards_stand_in_by_fsdp2_rows_and_a_verified_shard_cut_otherwise_is
         "its module.policy lacks bias": lambda sd: sd["module.policy"].pop("bias"),
         "it holds no module.policy": lambda sd: sd.pop("module.policy"),
         "its optimizer.policy parameter 1 lacks exp_avg_sq": lambda sd: sd["optimizer.policy"]["state"][1].popitem(),
+        "its optimizer.policy parameter 0 lacks step": lambda sd: sd["optimizer.policy"]["state"][0].pop("step"),
         "module.policy weight is (4, 2); " + fsdp2_cuts.format((4, 3), (8, 3)): lambda sd: sd["module.policy"].update(
             weight=torch.ones(4, 2)
         ),
