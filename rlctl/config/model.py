@@ -142,7 +142,8 @@ class ArchFigures(Strict):
 
     def _moe_token(self) -> dict[str, int]:
         """`ModelArch`'s figures of a sparse layer as a token runs it, as `TinyGPTConfig._moe_token` derives them: its
-        top experts' width and a shared expert's (every layer priced so, of the larger width, where some are dense)."""
+        top experts' width and a shared expert's (every layer priced so, of the larger width, where some are dense),
+        and its experts' shape (LoRA's adapters on them)."""
         if self.experts is None:
             return {}
         assert self.experts_per_token is not None and self.expert_intermediate is not None
@@ -151,6 +152,9 @@ class ArchFigures(Strict):
             "token_intermediate": max(width, self.intermediate) if self.dense_layers else width,
             "experts_per_token": self.experts_per_token,
             "experts": self.experts,
+            "expert_intermediate": self.expert_intermediate,
+            "shared_expert_intermediate": self.shared_expert_intermediate or 0,
+            "dense_layers": self.dense_layers or 0,
         }
 
     @model_serializer(mode="wrap")
@@ -182,6 +186,19 @@ class ArchFigures(Strict):
             active_params=active,
             **self._moe_token(),
         )
+
+
+def moe_figures(arch: ModelArch) -> dict[str, int | None]:
+    """`arch`'s MoE shape as `ArchFigures` writes it (`MOE_FIELDS`; none for a dense model)."""
+    if not arch.expert_intermediate:
+        return {}
+    return {
+        "experts": arch.experts,
+        "experts_per_token": arch.experts_per_token,
+        "expert_intermediate": arch.expert_intermediate,
+        "shared_expert_intermediate": arch.shared_expert_intermediate or None,
+        "dense_layers": arch.dense_layers or None,
+    }
 
 
 class ArchModel(ArchFigures):

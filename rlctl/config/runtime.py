@@ -91,8 +91,8 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 class Lora(Strict):
     """LoRA (`rlctl.models.lora`): the policy's weights frozen, a low-rank update trained on each target projection
     of every decoder layer; the optimizer holds the adapters alone. Rollout engines and checkpoints' HF directories
-    get the merged weights W + alpha/rank · B·A. The `torch` backend's (a Qwen3MoE's experts adapted each on its own,
-    its router never)."""
+    get the merged weights W + alpha/rank · B·A. The `torch` backend's (a Qwen MoE's experts and shared expert adapted
+    each on its own, its routers never)."""
 
     rank: PositiveInt = Field(le=4096, description="the adapters' rank r: A is [r, in], B [out, r]")
     alpha: PositiveFloat = Field(description="the update's scale is alpha / rank (PEFT's lora_alpha)")

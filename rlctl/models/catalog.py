@@ -36,6 +36,12 @@ class ModelArch:
     token_intermediate: int | None = field(default=None, compare=False)
     experts_per_token: int = field(default=0, compare=False)
     experts: int = field(default=0, compare=False)
+    # a MoE's sparse layers as its weights hold them, for LoRA's adapters (`rlctl.profiler.traincost.lora_params`: one
+    # on each expert's projections, a shared expert's, a dense layer's): an expert's MLP width (HF's
+    # moe_intermediate_size), a shared expert's (0: none) and how many layers have a dense MLP of `intermediate`
+    expert_intermediate: int = field(default=0, compare=False)
+    shared_expert_intermediate: int = field(default=0, compare=False)
+    dense_layers: int = field(default=0, compare=False)
 
     @property
     def active(self) -> float:
@@ -61,8 +67,18 @@ class ModelArch:
 # transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer. A
 # token's MLP width: 8 × 768 and 8 × 1536
 _QWEN3_MOE = {"explicit_head_dim": 128, "max_positions": 40960, "experts_per_token": 8, "experts": 128}
-QWEN3_30B_A3B = {**_QWEN3_MOE, "active_params": 3_353_032_704, "token_intermediate": 8 * 768}
-QWEN3_235B_A22B = {**_QWEN3_MOE, "active_params": 22_190_763_520, "token_intermediate": 8 * 1536}
+QWEN3_30B_A3B = {
+    **_QWEN3_MOE,
+    "active_params": 3_353_032_704,
+    "token_intermediate": 8 * 768,
+    "expert_intermediate": 768,
+}
+QWEN3_235B_A22B = {
+    **_QWEN3_MOE,
+    "active_params": 22_190_763_520,
+    "token_intermediate": 8 * 1536,
+    "expert_intermediate": 1536,
+}
 # Qwen1.5-MoE-A2.7B and Qwen2-57B-A14B (Qwen2MoeForCausalLM): 60 experts of 1408, top 4, and 64 of 2560, top 8, in each
 # of their 24 and 28 layers, beside a shared expert of 5632 and 20480 every token runs (gated); their intermediate the
 # config's dense width (no layer of them dense). max_positions: the base models' config.json (Qwen1.5-MoE-A2.7B-Chat's
@@ -74,6 +90,8 @@ QWEN15_MOE_A27B = {
     "token_intermediate": 4 * 1408 + 5632,
     "experts_per_token": 4,
     "experts": 60,
+    "expert_intermediate": 1408,
+    "shared_expert_intermediate": 5632,
 }
 QWEN2_57B_A14B = {
     "max_positions": 131072,
@@ -81,6 +99,8 @@ QWEN2_57B_A14B = {
     "token_intermediate": 8 * 2560 + 20480,
     "experts_per_token": 8,
     "experts": 64,
+    "expert_intermediate": 2560,
+    "shared_expert_intermediate": 20480,
 }
 
 BUILTIN_MODELS: dict[str, ModelArch] = {

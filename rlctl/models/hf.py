@@ -259,14 +259,17 @@ class TinyGPTConfig:
     def _moe_token(self) -> dict[str, int]:
         """`ModelArch`'s figures of a sparse layer as a token runs it (its top-k experts' width and a Qwen2MoE's shared
         expert's); every layer is priced so where some are dense (`mlp_only_layers`, `decoder_sparse_step`): an
-        upper bound, the width the larger of the two."""
+        upper bound, the width the larger of the two. And its experts' shape (LoRA's adapters on them)."""
         assert self.moe is not None
         width = self.moe.num_experts_per_tok * self.moe.moe_intermediate_size + self.moe.shared_expert_intermediate_size
-        dense = any(not self.moe.sparse(layer) for layer in range(self.num_hidden_layers))
+        dense = sum(not self.moe.sparse(layer) for layer in range(self.num_hidden_layers))
         return {
             "token_intermediate": max(width, self.intermediate_size) if dense else width,
             "experts_per_token": self.moe.num_experts_per_tok,
             "experts": self.moe.num_experts,
+            "expert_intermediate": self.moe.moe_intermediate_size,
+            "shared_expert_intermediate": self.moe.shared_expert_intermediate_size,
+            "dense_layers": dense,
         }
 
 

@@ -20,7 +20,7 @@ from rlctl.profiler.traincost import (
     TrainingPasses,
     flops_per_token,
     forward_units,
-    lora_params,
+    lora_passes,
     passes_for,
     streamed_units,
 )
@@ -65,8 +65,10 @@ def job_passes(job: Job, trainer: TrainingPasses | None) -> TrainingPasses:
     read for the adapters alone: an HF model's is its directory read (config.json and every weight file's header),
     for a job without LoRA to no use."""
     spec, adapters = job.spec, job.spec.trainer.lora
-    adapter_params = 0.0 if adapters is None else lora_params(spec.model.arch, adapters)
-    passes = passes_for(spec.algorithm, trainer, adapter_params=adapter_params)
+    if adapters is None:
+        passes = passes_for(spec.algorithm, trainer)
+    else:
+        passes = lora_passes(spec.algorithm, spec.model.arch, adapters, trainer)
     if spec.trainer.activation_checkpointing and spec.trainer.backend == "torch":
         passes = passes.model_copy(update={"recompute": True})
     return passes

@@ -103,13 +103,13 @@ def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     the model on its site's GPU: what the launch writes (`rlctl.ops.counts.plan_counts`)."""
     from rlctl.planner.costs import trainer_layout
     from rlctl.profiler.analytical import training_entry
-    from rlctl.profiler.traincost import lora_params, passes_for
+    from rlctl.profiler.traincost import lora_passes
 
     spec = job.spec
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
     # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
     arch = spec.model.arch  # (an HF model's: its directory read)
-    passes = passes_for(spec.algorithm, adapter_params=lora_params(arch, spec.trainer.lora))
+    passes = lora_passes(spec.algorithm, arch, spec.trainer.lora)
     # FSDP2 runs at no model split: the replica's entry decides (a split's never shards)
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     rule = shard_rule(spec, arch, mini_batches=passes.mini_batches)

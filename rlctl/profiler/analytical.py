@@ -19,7 +19,7 @@ from rlctl.hardware import GpuSpec
 from rlctl.models.catalog import ModelArch
 from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, trained_models
+from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_adapters, trained_models
 
 # a trainer rank's memory besides its model state and its cut's activations (`rlctl.profiler.actmem`, priced apart
 # since they grow with the cut's tokens): the CUDA context (≈ 0.5 GB with torch's kernels), NCCL's buffers (≈ 0.3–0.6
@@ -178,7 +178,7 @@ def analytical_profile(
 ) -> ProfileFile:
     """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour); `lora`: the entries are of its adapters
     trained (`passes`' adapter_params: its `lora_params`), as the file records."""
-    passes = (passes or TrainingPasses()).model_copy(update={"adapter_params": lora_params(model, lora)})
+    passes = (passes or TrainingPasses()).model_copy(update=lora_adapters(model, lora))
     return ProfileFile.model_validate(
         {
             "apiVersion": "rlctl/v1",

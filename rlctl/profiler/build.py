@@ -42,7 +42,7 @@ from rlctl.planner.context import longest_request
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, job_context, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, lora_params, passes_for
+from rlctl.profiler.traincost import TrainingPasses, lora_passes
 from rlctl.textutil import did_you_mean, one_of
 
 Source = Literal["analytical", "measured"]
@@ -159,7 +159,7 @@ def request_from_job(
 
 
 def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None = None) -> ProfileFile:
-    passes = passes_for(req.algorithm, adapter_params=lora_params(req.arch, req.lora))
+    passes = lora_passes(req.algorithm, req.arch, req.lora)
     kind = req.algorithm.kind
     if source == "measured":
         check_measurable(req)

@@ -40,24 +40,25 @@ import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
-from rlctl.config.model import MOE_FIELDS, ArchFigures
+from rlctl.config.model import MOE_FIELDS, ArchFigures, moe_figures
 from rlctl.config.runtime import Lora
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
-from rlctl.profiler.traincost import TrainingPasses, lora_params
+from rlctl.profiler.traincost import TrainingPasses, lora_adapters
 
 
 class ModelSpec(ArchFigures):
     """The profile's `model`: the architecture profiled (`ArchFigures`, as a job's `kind: arch` model writes it) and
-    the bytes of one of its parameters. A MoE's is written by its `active_params` alone, not its experts' shape
-    (`MOE_FIELDS`, which the profile's figures do not take: activations are priced of the job's model)."""
+    the bytes of one of its parameters. A MoE's is written by its `active_params` and its experts' shape
+    (`MOE_FIELDS`): a LoRA profile's training entries are of an adapter on each expert (`priced_passes`); its
+    activations are priced of the job's model."""
 
     bytes_per_param: PositiveInt = 2
 
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
         figures = {name: getattr(arch, name) for name in cls.model_fields if name not in ("head_dim", *MOE_FIELDS)}
-        return cls.model_validate({**figures, "head_dim": arch.explicit_head_dim})
+        return cls.model_validate({**figures, "head_dim": arch.explicit_head_dim, **moe_figures(arch)})
 
     @property
     def arch(self) -> ModelArch:
@@ -160,8 +161,7 @@ class ProfileFile(Strict):
 def priced_passes(profile: ProfileFile) -> TrainingPasses:
     """The passes `profile`'s training entries price: its `training_passes` with its LoRA's adapters (`lora`), what
     `rlctl plan` scales a job's passes against (a LoRA profile of a LoRA job: not again)."""
-    adapters = lora_params(profile.model.arch, profile.lora)
-    return profile.training_passes.model_copy(update={"adapter_params": adapters})
+    return profile.training_passes.model_copy(update=lora_adapters(profile.model.arch, profile.lora))
 
 
 def load_profile(path: Path) -> ProfileFile:

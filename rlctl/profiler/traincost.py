@@ -18,7 +18,8 @@ with KL, old log-probs and recomputation: 2 + 1 + 2·4 = 11 (22·P).
 With LoRA (`trainer.lora`: A adapter parameters, the policy's weights frozen) the backward computes no weight
 gradient of the policy's: an update is the forward (2·P + 2·A), the activations' gradients (2·P + 2·A) and the
 adapters' weight gradients (2·A), 2 + 3·A/P units rather than 3 (≈ 2/3 of a full update's FLOPs; a recomputed
-forward adds 1 + A/P). The reference and old log-prob forwards are as above.
+forward adds 1 + A/P). The reference and old log-prob forwards are as above. A MoE's P and A are those a token
+computes with (its top-k experts' and their adapters': `lora_params(active=True)`); memory holds every adapter.
 
 What rlctl's trainer does (the defaults, `TrainingPasses()`): one epoch, one optimizer step per
 iteration (gradients accumulate over micro-batches), no recomputation, the engine's log-probs as the
@@ -55,37 +56,66 @@ class TrainingPasses(Strict):
     # LoRA (`trainer.lora`): the adapters' parameters, the only ones with gradients and optimizer state (the policy's
     # weights frozen); 0: the whole policy is trained. Not written (`exclude`): a profile's come from its `lora`
     adapter_params: NonNegativeFloat = Field(0.0, exclude=True)
+    # of them, those one token computes with, where fewer (a MoE's: its top-k experts' adapters); FLOPs are priced by
+    # it, memory by adapter_params. None: all of them
+    adapter_active_params: NonNegativeFloat | None = Field(None, exclude=True)
 
     @property
     def optimizer_steps(self) -> int:
         return self.epochs * self.mini_batches
+
+    @property
+    def active_adapters(self) -> float:
+        """The adapter parameters a token's FLOPs are of (`adapter_active_params`, else `adapter_params`)."""
+        return self.adapter_params if self.adapter_active_params is None else self.adapter_active_params
 
 
 def passes_for(
     algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None, *, adapter_params: float = 0.0
 ) -> TrainingPasses:
     """The passes of a job's algorithm on `trainer` (default: rlctl's trainer); the job sets `reference` and, with
-    LoRA, `adapter_params` (`lora_params`)."""
+    LoRA, `adapter_params` (`lora_params`; a MoE's: `lora_passes`)."""
     update = {"reference": algorithm.kl_coef > 0, "adapter_params": adapter_params}
     return (trainer or TrainingPasses()).model_copy(update=update)
 
 
-def lora_params(arch: ModelArch, lora: Lora | None) -> float:
+def lora_passes(
+    algorithm: GrpoAlgorithm | PpoAlgorithm, arch: ModelArch, lora: Lora | None, trainer: TrainingPasses | None = None
+) -> TrainingPasses:
+    """`passes_for` a job training `lora`'s adapters on `arch` (None: the whole policy) on `trainer`."""
+    return passes_for(algorithm, trainer).model_copy(update=lora_adapters(arch, lora))
+
+
+def lora_adapters(arch: ModelArch, lora: Lora | None) -> dict[str, float | None]:
+    """`TrainingPasses`' adapters of `lora` on `arch`: every one held (`adapter_params`), those a token runs priced
+    (`adapter_active_params`: a MoE's top-k experts'; None where a token runs them all, as before it was kept)."""
+    held, active = lora_params(arch, lora), lora_params(arch, lora, active=True)
+    return {"adapter_params": held, "adapter_active_params": active if active != held else None}
+
+
+def lora_params(arch: ModelArch, lora: Lora | None, *, active: bool = False) -> float:
     """The parameters of `lora`'s adapters on `arch` (0 without LoRA): rank × (in + out) of each target projection
-    of every layer (A is [rank, in], B [out, rank])."""
+    (A is [rank, in], B [out, rank]) of every layer, as `rlctl.models.lora.add_adapters` puts them on TinyGPT. A MoE's
+    sparse layer has gate/up/down in each of its `experts` (of `expert_intermediate`) and in a shared expert, each
+    adapted, its routers never (`gate`, `shared_expert_gate`); its dense layers' of `intermediate`. `active`: those
+    one token computes with, its `experts_per_token` experts' (and the shared expert's)."""
     if lora is None:
         return 0.0
-    q, kv, h, mlp = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.hidden, arch.intermediate
-    sides = {
-        "q_proj": h + q,
-        "k_proj": h + kv,
-        "v_proj": h + kv,
-        "o_proj": q + h,
-        "gate_proj": h + mlp,
-        "up_proj": h + mlp,
-        "down_proj": mlp + h,
-    }
-    return float(arch.layers * lora.rank * sum(sides[t] for t in lora.targets))
+    q, kv, h = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.hidden
+
+    def adapters(sides: dict[str, int]) -> int:  # the targets' among projections of (in + out) `sides`
+        return lora.rank * sum(n for t, n in sides.items() if t in lora.targets)
+
+    def mlp(width: int) -> int:  # a SwiGLU MLP's of `width` (0: none)
+        return adapters({"gate_proj": h + width, "up_proj": h + width, "down_proj": width + h}) if width else 0
+
+    attention = adapters({"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h})
+    if not arch.expert_intermediate:  # a dense model
+        return float(arch.layers * (attention + mlp(arch.intermediate)))
+    experts = arch.experts_per_token if active else arch.experts
+    sparse = experts * mlp(arch.expert_intermediate) + mlp(arch.shared_expert_intermediate)
+    dense = mlp(arch.intermediate)
+    return float(arch.layers * attention + arch.dense_layers * dense + (arch.layers - arch.dense_layers) * sparse)
 
 
 def trained_models(algorithm: str) -> int:
@@ -105,7 +135,7 @@ def update_units(passes: TrainingPasses, *, params: float) -> float:
     recomputed forward), or with LoRA (`passes.adapter_params`) 2 + 3·A/P (+ 1 + A/P)."""
     if not passes.adapter_params:
         return float(UPDATE_UNITS + passes.recompute)
-    a = passes.adapter_params / params
+    a = passes.active_adapters / params
     return (LORA_UPDATE_UNITS + passes.recompute) * (1 + a) + a
 
 

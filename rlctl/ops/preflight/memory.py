@@ -83,7 +83,7 @@ def _trainer_memory(
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
-    from rlctl.profiler.traincost import grad_bytes, lora_params, passes_for
+    from rlctl.profiler.traincost import grad_bytes, lora_passes
 
     tp, pp, dp = split.tp, split.pp, split.dp
     gpu = site.spec
@@ -95,7 +95,7 @@ def _trainer_memory(
         return None
     arch = arch if arch is not None else spec.model.arch
     # with a KL term (kl_coef > 0) the reference policy's weights too, as the planner counts them
-    passes = passes_for(spec.algorithm, adapter_params=lora_params(arch, spec.trainer.lora))  # LoRA: its adapters
+    passes = lora_passes(spec.algorithm, arch, spec.trainer.lora)  # LoRA: its adapters
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)

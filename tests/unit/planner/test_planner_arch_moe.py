@@ -135,11 +135,18 @@ def test_a_moe_description_is_written_as_given_and_a_dense_one_as_before(tmp_pat
     assert ArchModel.model_validate(dumped) == moe
     dense = {k: v for k, v in described(builtin).items() if k not in ("experts", "experts_per_token")}
     assert set(ArchModel.model_validate(dense).model_dump()) == set(dense)  # no MoE key written
-    # a profile of it keeps its active count, not its experts' shape (its figures do not take them)
+    # a profile of it keeps its active count and its experts' shape (a LoRA profile's entries are of each expert's
+    # adapters: test_planner_lora_moe)
     prof = analytical_profile(moe.arch, {"h": (CATALOG["H800"], 8, 2.85)})
     save_profile(prof, tmp_path / "p.yaml")
     written = yaml.safe_load((tmp_path / "p.yaml").read_text())["model"]
-    assert "experts" not in written and written["active_params"] == builtin.active
+    assert written["active_params"] == builtin.active
+    assert {k: written[k] for k in ("experts", "experts_per_token", "expert_intermediate")} == {
+        "experts": 60,
+        "experts_per_token": 4,
+        "expert_intermediate": 1408,
+    }
+    assert written["shared_expert_intermediate"] == 5632 and "dense_layers" not in written
     assert load_profile(tmp_path / "p.yaml").model.arch == builtin
 
 
