@@ -61,6 +61,7 @@ from rlctl.planner.sim import (
 from rlctl.planner.split import shard_rule
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.profile import ProfileFile
+from rlctl.profiler.traincost import lora_refusal
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def make_plan(
     opts = options or PlanOptions()
     if (refusal := context_refusal(job)) is not None:  # check's line (its `context_problems`), said once there
         raise ConfigError(str(job.path), *refusal)
+    adapters = job.spec.trainer.lora  # (the model read for them alone, as `job_passes` reads it)
+    if adapters is not None and (why := lora_refusal(job.spec.model.arch, adapters)) is not None:  # check's line too
+        raise ConfigError(str(job.path), "trainer.lora.target_modules", why)
     prof = profile_for(job, profile, profile_file=profile_file, trainer=opts.trainer)
     classes = trainer_tp_classes(job, prof) if opts.trainer_order_tp is None else []
     if len(classes) <= 1:

@@ -36,13 +36,14 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.base import Strict
-from rlctl.config.runtime import Lora
+from rlctl.config.runtime import TARGETS, Lora
 from rlctl.models.catalog import ModelArch
 
 AlgorithmKind = Literal["grpo", "ppo"]
 TRAINED_MODELS: dict[str, int] = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state
 UPDATE_UNITS = 3  # forward + backward = 3 forwards
 LORA_UPDATE_UNITS = 2  # forward + the activations' gradients, before the adapters' share (`update_units`)
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")  # (a MoE's: in each expert)
 
 
 class TrainingPasses(Strict):
@@ -116,6 +117,21 @@ def lora_params(arch: ModelArch, lora: Lora | None, *, active: bool = False) -> 
     sparse = experts * mlp(arch.expert_intermediate) + mlp(arch.shared_expert_intermediate)
     dense = mlp(arch.intermediate)
     return float(arch.layers * attention + arch.dense_layers * dense + (arch.layers - arch.dense_layers) * sparse)
+
+
+def lora_refusal(arch: ModelArch, lora: Lora | None) -> str | None:
+    """Why `lora_params` cannot count `lora`'s adapters on `arch`: its gate/up/down on a MoE known by its active
+    parameters alone (a `kind: arch` model without its experts' shape), each expert's adapters of a width not given;
+    None where it can (a dense model, a MoE's shape known, attention targets alone)."""
+    mlp = [t for t in lora.targets if t in MLP_TARGETS] if lora is not None else []
+    if not mlp or arch.expert_intermediate or arch.active >= arch.params:
+        return None
+    attention = ", ".join(t for t in TARGETS if t not in MLP_TARGETS)
+    return (
+        f"{', '.join(mlp)} of MoE {arch.name!r}, described by active_params alone, are adapted in each of its experts, "
+        f"whose width it does not give; valid for it: {attention}, or describe its experts (model.experts, "
+        "experts_per_token, expert_intermediate)"
+    )
 
 
 def trained_models(algorithm: str) -> int:

@@ -15,6 +15,7 @@ from rlctl.models.hf import MOE_ARCHITECTURES
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import job_model_config
 from rlctl.planner.split import split_refusals
+from rlctl.profiler.traincost import lora_refusal
 from rlctl.trainers.base import megatron_available
 from rlctl.trainers.megatron.rope import moe_refusal, rope_args
 
@@ -65,6 +66,8 @@ def lora_problems(job: Job) -> list[Problem]:
     if spec.algorithm.kind == "ppo":
         return [Problem("trainer.lora", "LoRA trains GRPO's policy; PPO's critic on a LoRA policy is not built: "
                         "use algorithm.kind 'grpo', or leave lora out")]  # fmt: skip
+    if (why := lora_refusal(spec.model.arch, spec.trainer.lora)) is not None:  # (plan's line too)
+        return [Problem("trainer.lora.target_modules", why)]
     return []
 
 

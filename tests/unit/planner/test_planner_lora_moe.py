@@ -7,9 +7,11 @@ experts it runs (`active=True`). Before, a MoE's MLP adapters were priced as one
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from rlctl.config.algorithm import GrpoAlgorithm
 from rlctl.config.runtime import TARGETS, Lora
@@ -24,7 +26,10 @@ from rlctl.profiler.analytical import analytical_profile
 from rlctl.profiler.profile import load_profile, priced_passes, save_profile
 from rlctl.profiler.traincost import flops_per_token, grad_bytes, lora_params, lora_passes
 from rlctl.trainers.base import load_backend
+from tests.conftest import run_cli
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.planner.test_planner_arch_moe import EXPERTS, described
+from tests.unit.planner.test_planner_context import _job, _refused
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -120,3 +125,38 @@ def test_a_lora_profile_of_a_moe_prices_the_adapters_the_job_does(tmp_path: Path
     assert prof.model.arch == arch and prof.model.arch.expert_intermediate == 768
     have = priced_passes(prof)
     assert (have.adapter_params, have.active_adapters) == (843_841_536, 48 * 1_359_872)
+
+
+def lora_job(tmp_path: Path, model: dict[str, Any], targets: list[str] | str) -> Path:
+    path = _job(tmp_path, model, max_output_tokens=1000)
+    job = yaml.safe_load(path.read_text())
+    job["trainer"] = {"backend": "torch", "lora": {"rank": 16, "alpha": 32, "target_modules": targets}}
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_lora_on_the_mlp_of_a_moe_described_by_active_params_alone_is_refused_by_plan_and_check(
+    tmp_path: Path,
+) -> None:
+    """Qwen1.5-MoE-A2.7B as a `kind: arch` model by its active_params, no experts: gate/up/down are adapted in each
+    expert, whose count and width it does not give: `plan` refuses it in one line naming trainer.lora.target_modules and
+    what is valid for it, `check` in the same line, exit 2, versus planned on one dense MLP's adapters a layer. Its
+    attention alone, or its experts described, plan."""
+    builtin = BUILTIN_MODELS["qwen1.5-moe-a2.7b"]
+    dense = {k: v for k, v in described(builtin).items() if k not in ("experts", "experts_per_token")}
+    by_active = {**dense, "active_params": builtin.active}
+    path = lora_job(tmp_path, by_active, ["q_proj", "gate_proj", "down_proj"])
+    line = _refused(run_cli("plan", str(path)))
+    assert line == (
+        f"rlctl: error: {path}: trainer.lora.target_modules: gate_proj, down_proj of MoE 'qwen1.5-moe-a2.7b', "
+        "described by active_params alone, are adapted in each of its experts, whose width it does not give; valid "
+        "for it: q_proj, k_proj, v_proj, o_proj, or describe its experts (model.experts, experts_per_token, "
+        "expert_intermediate)"
+    )
+    checked = run_cli("check", str(path))
+    assert checked.exit_code == 2 and line in checked.stderr.splitlines()
+    assert run_cli("plan", str(lora_job(tmp_path, by_active, ATTENTION))).exit_code == 0
+    moe = described(builtin, **EXPERTS[builtin.name])
+    assert run_cli("plan", str(lora_job(tmp_path, moe, "all-linear"))).exit_code == 0
+    dense_model = {k: v for k, v in dense.items() if k != "active_params"}  # (a dense model: every target counted)
+    assert run_cli("plan", str(lora_job(tmp_path, {**dense_model, "name": "dense"}, "all-linear"))).exit_code == 0
