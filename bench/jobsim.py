@@ -19,20 +19,21 @@ calibrated on separate runs (`calibrate`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
 from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
-from rlctl.planner.costs import decode_cost
+from rlctl.planner.costs import Sharding, TrainWorkload, decode_cost, grad_sync_s, train_compute_s
 from rlctl.planner.curves import live_context
 from rlctl.planner.engine import EngineSpec
 from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, simulate_job
+from rlctl.planner.split import shard_rule
 from rlctl.profiler.probe import ProbeSpec, measure_here
-from rlctl.profiler.profile import GenerationEntry
+from rlctl.profiler.profile import GenerationEntry, TrainingEntry
 from rlctl.rl.source import task_source
 
 KV_CAPACITY_TOKENS = 10**9  # the embedded engine's cache grows with the batch: no KV bound on a CPU
@@ -106,16 +107,47 @@ class Replay:
         ]
 
 
+def train_step_s(job: JobFile, prof: MeasuredProfile, row_tokens: np.ndarray, *, dp: int, layout: Sharding) -> float:
+    """A replayed step's training (its rows' `row_tokens`, prompt + output) as `rlctl plan` prices the trainer
+    at `dp` ranks and `layout` (`rlctl.planner.costs.train_time_s`): its cuts' passes, each cut's tokens over the
+    ranks that take its rows (`train_compute_s`, at the profile's seconds per token: one rank's), and the gradient
+    reduction at the layout on one host (`grad_sync_s`). Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a
+    GPU's): on this machine the trainer's CPU beyond this price is calibrated (`Overheads.trainer_s`)."""
+    rows = tuple(float(x) for x in row_tokens)
+    rule = shard_rule(job, job.model.arch)
+    w = TrainWorkload(
+        sum(rows),
+        len(rows),
+        job.batch.train_micro_batch_samples,
+        micro_batch_tokens=job.batch.train_micro_batch_tokens,
+        row_tokens=rows,
+        **{f.name: getattr(rule, f.name) for f in fields(rule)},
+    )
+    # the profile's one figure, one rank's; its memory is not priced here (the run's plan held it)
+    entry = TrainingEntry(
+        tp=1, pp=1, gpu_s_per_token=prof.train_s_per_token, fixed_bytes_per_gpu=0.0, sharded_bytes_per_gpu=0.0
+    )
+    sync = grad_sync_s(entry, dp, w, layout=layout, node_bytes_per_s=None)
+    return train_compute_s(entry, dp, w) + w.optimizer_steps * sync
+
+
 def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
     """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile;
     trained as the job's learner trains, as `rlctl plan` simulates it: whole groups (GRPO), in the
     learner's cuts (`train_micro_batch_samples` rows, `train_micro_batch_tokens` padded tokens a share of each of
-    the trainer's dp ranks: `rlctl.rl.cuts`), the last held to the flush where FSDP2 reduces once a step: the
-    split the run's plan.json says (`trainer.parallel`, as its launch wrote it)."""
+    the trainer's dp ranks: `rlctl.rl.cuts`), the last held to the flush where FSDP2 reduces once a step, each step
+    priced at that dp (`train_step_s`): the split the run's plan.json says (`trainer.parallel`, as its launch wrote
+    it). A split of tp or pp > 1 is refused: the profile prices one rank of the whole model."""
     job = run.jobdir.read_job()
     trainer = run.jobdir.read_plan()["trainer"]
     parallel = trainer.get("parallel") or {}  # (none in a plan of before the split: every rank a whole replica)
-    dp, once = int(parallel.get("dp", trainer["ranks"])), bool(parallel.get("reduce_per_step"))
+    if int(parallel.get("tp", 1)) * int(parallel.get("pp", 1)) > 1:
+        raise ValueError(
+            f"{run.jobdir.plan_json}: trainer.parallel tp {parallel.get('tp', 1)} pp {parallel.get('pp', 1)}: "
+            "jobsim prices tp 1 pp 1 (the profile's one training figure); replay a run of data parallelism alone"
+        )
+    dp = int(parallel.get("dp", trainer["ranks"]))
+    layout = Sharding(bool(parallel.get("fsdp")), bool(parallel.get("reduce_per_step")))
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
     prompt_len: dict[str, int] = {}
     agents = sorted({e["agent"] for e in run.ledger})  # one index per unit across the run
@@ -157,12 +189,12 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
             IterationWork(
                 finish,
                 tokens,
-                prof.train_s_per_token * float(tokens.sum()),
+                train_step_s(job, prof, tokens, dp=dp, layout=layout),
                 job.batch.train_micro_batch_samples,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 group_of=groups if job.algorithm.kind == "grpo" else None,
                 shares=shares,
-                reduce_per_step=once,
+                reduce_per_step=layout.reduce_per_step,
                 dp=dp,
             )
         )

@@ -384,6 +384,39 @@ def ring_time_s(
     return hop_bytes / bytes_per_s
 
 
+def train_compute_s(entry: TrainingEntry, dp: int, w: TrainWorkload) -> float:
+    """An iteration's forward and backward passes on tp·pp·dp GPUs, the pipeline bubble of every learner cut with
+    them: `train_time_s` without its reduction and optimizer steps (what `bench.jobsim` replays a run's step with).
+
+    A cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
+    budget pads fewer long rows; each data-parallel rank takes every dp-th row of it (rlctl.rl.learner.backward_share),
+    the first ones the most, so ranks beyond its rows take none (FSDP2's run a row of weight 0) and shorten nothing: a
+    cut of r rows computes its tokens on min(dp, r) ranks (a step's last cut, or one of rows past the budget each)."""
+    compute = 0.0
+    for cut_rows, share in w.cuts_at(dp).sizes:
+        chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
+        bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
+        busy = entry.tp * entry.pp * min(dp, cut_rows)
+        compute += w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble) * share
+    return compute
+
+
+def grad_sync_s(
+    entry: TrainingEntry, dp: int, w: TrainWorkload, *, layout: Sharding, node_bytes_per_s: float | None
+) -> float:
+    """One optimizer step's gradient reduction over `dp` ranks at `layout` (`trainer_layout`: FSDP2 reduce-scatters,
+    once a cut or, held, once a step; unsharded ranks all-reduce once a step: `dp_reduced_bytes`), `node_bytes_per_s`
+    the NICs of a node where the ranks span hosts (None: one host). Every tp rank of a host's tp groups rings its own
+    dp group through the host's NICs (tp groups sit on one host)."""
+    if dp < 2:
+        return 0.0
+    fsdp, held = layout
+    reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp, per_step=held)
+    return ring_time_s(
+        reduced, ranks=dp, node_bytes_per_s=node_bytes_per_s, rings_per_node=entry.tp, all_reduce=not fsdp
+    )
+
+
 def train_time_s(
     entry: TrainingEntry,
     dp: int,
@@ -393,8 +426,9 @@ def train_time_s(
     node_bytes_per_s: float,
     hosts: int | None = None,
 ) -> float:
-    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut, plus a DP
-    gradient reduction (`dp_reduced_bytes`) and the optimizer's bookkeeping per optimizer step.
+    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut (`train_compute_s`),
+    plus a DP gradient reduction (`grad_sync_s` at the layout `trainer_layout` decides) and the optimizer's
+    bookkeeping per optimizer step.
 
     The bubble is the schedule the megatron backend runs (rlctl.trainers.megatron.pipeline): GPipe within
     each cut, whose rows on a data-parallel rank go through the pp stages in m = `pipeline_chunks` chunks,
@@ -413,32 +447,12 @@ def train_time_s(
         entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes, activation_bytes=acts
     ):
         return math.inf
-    # a cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
-    # budget pads fewer long rows; each data-parallel rank takes every dp-th row of it
-    # (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows take none (FSDP2's run a
-    # row of weight 0) and shorten nothing: a cut of r rows computes its tokens on min(dp, r) ranks (a step's last
-    # cut, or one of rows past the budget each)
-    compute = 0.0
-    for cut_rows, share in w.cuts_at(dp).sizes:
-        chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
-        bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
-        busy = entry.tp * entry.pp * min(dp, cut_rows)
-        compute += w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble) * share
     sync = 0.0
     if dp > 1:
-        fsdp, held = trainer_layout(w, entry, dp=dp, hbm_bytes=site.hbm_bytes)
-        reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp, per_step=held)
+        layout = trainer_layout(w, entry, dp=dp, hbm_bytes=site.hbm_bytes)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
-        # every tp rank of a host's tp groups rings its own dp group through the host's NICs (tp groups sit on one
-        # host); FSDP2 reduce-scatters
-        sync = ring_time_s(
-            reduced,
-            ranks=dp,
-            node_bytes_per_s=node_bytes_per_s if across else None,
-            rings_per_node=entry.tp,
-            all_reduce=not fsdp,
-        )
-    return compute + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
+        sync = grad_sync_s(entry, dp, w, layout=layout, node_bytes_per_s=node_bytes_per_s if across else None)
+    return train_compute_s(entry, dp, w) + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
 
 def train_curve(

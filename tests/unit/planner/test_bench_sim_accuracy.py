@@ -4,7 +4,7 @@ a job's ledger through the simulator, the overhead calibration, and the job file
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,11 @@ from bench.jobsim import MeasuredProfile, Overheads, Replay, calibrate, predict_
 from bench.sim_accuracy import job_dict, plan_for
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
-from rlctl.planner.costs import decode_cost
+from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, decode_cost, train_time_s, trainer_layout
 from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import MODES, IterationWork, Mode, simulate_job
-from rlctl.profiler.profile import GenerationEntry
+from rlctl.planner.split import shard_rule
+from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
 from rlctl.rl.cuts import cut_lengths
 from rlctl.rl.source import task_source
 
@@ -174,6 +175,45 @@ def test_replay_cuts_as_the_plan_s_trainer_split_trains(tmp_path):
     plan = run.jobdir.read_plan()
     run.jobdir.write_json(run.jobdir.plan_json, {**plan, "trainer": {"site": "local", "ranks": 3}})
     assert {(w.dp, w.reduce_per_step) for w in replay(run, prof).works} == {(3, False)}
+
+
+def test_replay_prices_a_step_as_the_planner_prices_its_split(tmp_path):
+    """A run launched at dp 4 (FSDP2, reducing once a step): each step's training is what `rlctl plan` prices that
+    split at for the step's own rows (`costs.train_time_s`: each cut's tokens over the ranks that take its rows, and
+    the gradient reduction), less the planner's optimizer-step constant (calibrated here: `Overheads.trainer_s`),
+    versus one rank's price of all the step's tokens whatever the dp. At dp 1 it is that price still."""
+    prof = _profile()
+    split = {"tp": 1, "pp": 1, "dp": 4, "fsdp": True, "reduce_per_step": True}
+    run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof, mode="async", parallel=split)
+    works = replay(run, prof).works
+    job = run.jobdir.read_job()
+    rule = shard_rule(job, job.model.arch)
+    # a replica that fits one GPU only sharded (80 GB of 80), so the planner decides the plan's FSDP2, held once a step
+    entry = TrainingEntry(tp=1, pp=1, gpu_s_per_token=5e-5, fixed_bytes_per_gpu=0.0, sharded_bytes_per_gpu=80e9)
+    site = SiteProfile(gpu="H100", gpus_per_node=8, hbm_bytes=80e9, cost_per_gpu_hour=1.0, training=[entry])
+    for w in works:
+        rows = tuple(w.sample_tokens.tolist())
+        tw = TrainWorkload(
+            sum(rows),
+            len(rows),
+            32,
+            micro_batch_tokens=1024,
+            row_tokens=rows,
+            **{f.name: getattr(rule, f.name) for f in fields(rule)},
+        )
+        assert trainer_layout(tw, entry, dp=4, hbm_bytes=site.hbm_bytes) == (True, True)
+        planned = train_time_s(entry, 4, tw, site=site, node_bytes_per_s=25e9, hosts=1)
+        assert w.train_s == pytest.approx(planned - TRAIN_STEP_OVERHEAD_S, rel=1e-12)
+        assert w.train_s < 0.5 * 5e-5 * sum(rows)  # its cuts' rows over 4 ranks, not one rank's price
+    one = _fake_run(tmp_path / "dp1", iterations=3, truth=Overheads(), prof=prof, mode="async")
+    rows_1 = [w.sample_tokens.sum() for w in replay(one, prof).works]
+    assert [w.train_s for w in replay(one, prof).works] == pytest.approx([5e-5 * r for r in rows_1], rel=1e-12)
+    run.jobdir.write_json(
+        run.jobdir.plan_json,
+        {**run.jobdir.read_plan(), "trainer": {"site": "local", "ranks": 2, "parallel": {"tp": 2, "pp": 1, "dp": 1}}},
+    )
+    with pytest.raises(ValueError, match=r"trainer\.parallel tp 2 pp 1: jobsim prices tp 1 pp 1"):
+        replay(run, prof)
 
 
 def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
