@@ -64,6 +64,13 @@ OPTIONAL_LOSSES = (
 )
 
 
+def step_losses(t: dict[str, Any]) -> str:
+    """A step's policy loss and its KL to the sampling policy (`-` where the step had none: no token trained, a
+    gradient not finite), from status's `training` figures: the head of `training_line` and what `rlctl launch`'s
+    line per iteration shows of the step (`rlctl.commands.launching.views.progress_line`)."""
+    return f"loss {_f(t.get('loss'), '.4g')}  kl {_f(t.get('kl'), '.3g')}"
+
+
 def training_line(t: dict[str, Any]) -> str:
     """The last optimizer step: the policy's loss and its KL to the sampling policy, then the figures of the job's
     algorithm and model alone, where its step has them (the KL to the reference that kl_coef multiplies, PPO's critic
@@ -75,7 +82,7 @@ def training_line(t: dict[str, Any]) -> str:
     # NaN or infinite gradients: the latest steps made no update
     skipped = f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)" if t.get("skipped_in_a_row") else ""
     return (
-        f"loss {_f(t.get('loss'), '.4g')}  kl {_f(t.get('kl'), '.3g')}{losses}  lr {_f(t.get('lr'), '.2e')}"
+        f"{step_losses(t)}{losses}  lr {_f(t.get('lr'), '.2e')}"
         f"  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
         f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}{skipped}"
     )

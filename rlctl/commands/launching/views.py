@@ -7,6 +7,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from rlctl.commands.status import step_losses
 from rlctl.ops import detach
 from rlctl.render import grid, reward_failures_line
 from rlctl.textutil import duration
@@ -20,9 +21,12 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 
 
 def progress_line(st: dict[str, Any]) -> str:
+    """`launch`'s line per iteration, from the controller's status: progress, the reward and the last step's loss and
+    KL (as `rlctl status` shows them, `step_losses`), rates and times, the weights and the agents."""
     left = f" (≈ {duration(st['eta_s'])} left)" if st.get("eta_s") else ""
     return (
         f"iter {st['iteration']}/{st['iterations']}{left}  reward {_fmt(st.get('reward'))}  "
+        f"{step_losses(st.get('training') or {})}  "
         f"samples/s {_fmt(st.get('samples_per_s'), '.1f')}  T_gen {_fmt(st.get('t_gen_s'), '.2f')}s  "
         f"T_train {_fmt(st.get('t_train_s'), '.2f')}s  δ {_fmt(st.get('delta_s'), '+.2f')}s  "
         f"weights v{st.get('weight_version')}  agents {agents_text(st.get('agents', []))}"

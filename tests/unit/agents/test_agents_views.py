@@ -1034,6 +1034,21 @@ def test_status_s_last_step_shows_each_loss_and_kl_the_job_s_step_reports_and_no
     assert [k for k, label in labels.items() if f"  {label} " in line] == [k for k in labels if k in reported]
 
 
+def test_launch_s_line_per_iteration_shows_the_step_s_loss_and_kl_as_status_does():
+    """`rlctl launch`'s line per iteration carries the last step's policy loss and off-policy KL, formatted as
+    `rlctl status`'s last-step row shows them, versus the reward, rates and times alone (a diverging loss showed only
+    in `rlctl status` or metrics.jsonl); before the first step (and where a step had none) '-'."""
+    core, t, _ = _one_iteration()
+    st = status(_snapshot(core, [metrics_row(_snapshot(core, []), t, wall_time=0)], job=_job(iterations=5)), now=110.0)
+    line = progress_line(st)
+    assert "  reward 0.500  loss 0.1  kl 0.0123  samples/s " in line
+    assert training_line(st["training"]).startswith("loss 0.1  kl 0.0123  ")  # the same figures, the same format
+    assert "kl ref" not in progress_line({**st, "training": {**st["training"], "kl_ref": 0.5}})  # the two alone
+    before = status(_snapshot(core, []), now=100.0)
+    assert "  reward -  loss -  kl -  samples/s " in progress_line(before)
+    assert "  loss -  kl -  " in progress_line({k: v for k, v in before.items() if k != "training"})
+
+
 def test_the_live_status_table_says_the_staleness_violations():
     # `staleness  0:4` in the table; the violations (must stay 0) were in `-o json` and the summary alone
     from rlctl.commands.status import _table
