@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
-from rlctl.planner.costs import Sharding, TrainWorkload, decode_cost, grad_sync_s, train_compute_s
+from rlctl.planner.costs import Sharding, ShardRule, TrainWorkload, decode_cost, grad_sync_s, train_compute_s
 from rlctl.planner.curves import live_context
 from rlctl.planner.engine import EngineSpec
 from rlctl.planner.sim import run_with
@@ -107,14 +107,16 @@ class Replay:
         ]
 
 
-def train_step_s(job: JobFile, prof: MeasuredProfile, row_tokens: np.ndarray, *, dp: int, layout: Sharding) -> float:
+def train_step_s(
+    job: JobFile, prof: MeasuredProfile, row_tokens: np.ndarray, *, dp: int, layout: Sharding, rule: ShardRule
+) -> float:
     """A replayed step's training (its rows' `row_tokens`, prompt + output) as `rlctl plan` prices the trainer
     at `dp` ranks and `layout` (`rlctl.planner.costs.train_time_s`): its cuts' passes, each cut's tokens over the
     ranks that take its rows (`train_compute_s`, at the profile's seconds per token: one rank's), and the gradient
-    reduction at the layout on one host (`grad_sync_s`). Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a
-    GPU's): on this machine the trainer's CPU beyond this price is calibrated (`Overheads.trainer_s`)."""
+    reduction at the layout on one host (`grad_sync_s`; `rule`: the job's `split.shard_rule`, its gradients' bytes).
+    Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a GPU's): on this machine the trainer's CPU beyond this
+    price is calibrated (`Overheads.trainer_s`)."""
     rows = tuple(float(x) for x in row_tokens)
-    rule = shard_rule(job, job.model.arch)
     w = TrainWorkload(
         sum(rows),
         len(rows),
@@ -148,6 +150,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
         )
     dp = int(parallel.get("dp", trainer["ranks"]))
     layout = Sharding(bool(parallel.get("fsdp")), bool(parallel.get("reduce_per_step")))
+    rule = shard_rule(job, job.model.arch)  # (an HF model's architecture is its directory read: once)
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
     prompt_len: dict[str, int] = {}
     agents = sorted({e["agent"] for e in run.ledger})  # one index per unit across the run
@@ -189,7 +192,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
             IterationWork(
                 finish,
                 tokens,
-                train_step_s(job, prof, tokens, dp=dp, layout=layout),
+                train_step_s(job, prof, tokens, dp=dp, layout=layout, rule=rule),
                 job.batch.train_micro_batch_samples,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 group_of=groups if job.algorithm.kind == "grpo" else None,
