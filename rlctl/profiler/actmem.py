@@ -31,8 +31,10 @@ config's dense width, and beside it (fitted on TinyGPT's MoE layers, k experts a
 are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
 
 and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
-The log-softmax's backward then holds two more fp32 [tokens, V] tensors beside the log-probabilities (their
-gradient and the logits'): 8·V a token, at the start of the backward, when every layer's are held still.
+All of that is `saved_bytes`, the figure the test holds to the measured bytes. The log-softmax's backward then holds
+two more fp32 [tokens, V] tensors beside the log-probabilities (their gradient and the logits'): 8·V a token, at
+the start of the backward, when every layer's are held still (`transient_bytes`). A rank's peak, what the planner
+and `rlctl check` price (`activation_bytes`), is the one plus the other, so the priced figure is the tested one.
 
 With `trainer.activation_checkpointing` a layer keeps its fp32 input alone (4·h) and recomputes the rest in the
 backward, one layer at a time: a rank holds the inputs, the final figures, and the larger of the log-softmax's
@@ -177,21 +179,44 @@ def _matmul_params(arch: ModelArch) -> float:
 
 
 def saved_bytes(
-    arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, weight_copies: bool = True
+    arch: ModelArch,
+    *,
+    tokens: int,
+    seq_tokens: int,
+    checkpointing: bool,
+    weight_copies: bool = True,
+    tp: int = 1,
+    pp: int = 1,
 ) -> float:
     """The bytes a cut of `tokens` tokens in rows of `seq_tokens` keeps from its forward to its backward on one rank
-    holding the whole model (what `saved_tensors_hooks` counts): every layer's set, or with `checkpointing` every
-    layer's input; the final norm's and the log-probabilities; autocast's bf16 weight copies (`weight_copies`:
-    those of every matmul, or with `checkpointing` lm_head's alone)."""
+    (what `saved_tensors_hooks` counts, at tp = pp = 1): its stage's ceil(layers / pp) layers' sets, tp dividing
+    their per-head and MLP terms, or with `checkpointing` each layer's input; the final norm's and the
+    log-probabilities (whole at any tp and pp: every rank holds the full logits); autocast's bf16 weight copies
+    (`weight_copies`: those of every matmul, a tp × pp shard's, or with `checkpointing` lm_head's alone)."""
+    layers = math.ceil(arch.layers / pp)
     held: float
     copies: float
     if checkpointing:
-        held = arch.layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
+        held = layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
         copies = arch.vocab * arch.hidden
     else:
-        held = arch.layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=1)
-        copies = _matmul_params(arch)
+        held = layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+        copies = _matmul_params(arch) / (tp * pp)
     return held + _final_bytes(arch, tokens=tokens) + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
+
+
+def transient_bytes(
+    arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, weight_copies: bool, tp: int = 1
+) -> float:
+    """What the backward of a cut of `tokens` tokens holds beside the forward's saved set at its peak, at its start:
+    the log-softmax's two fp32 [tokens, V] gradients; with `checkpointing`, or one layer's recomputed set (with its
+    weights' bf16 copies, `weight_copies`) where that is larger."""
+    logits_backward = LOGITS_BACKWARD_BYTES * tokens * arch.vocab
+    if not checkpointing:
+        return logits_backward
+    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+    layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
+    return max(logits_backward, layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0))
 
 
 def activation_bytes(
@@ -205,17 +230,8 @@ def activation_bytes(
     pp: int = 1,
 ) -> float:
     """A rank's peak activation memory for a cut of `tokens` tokens (its share) in rows of `seq_tokens`: what its
-    forward keeps (`saved_bytes`, a stage's ceil(layers / pp) at pipeline parallel `pp`) plus the backward's
-    transient peak (the log-softmax's gradients; with `checkpointing`, or one layer's recomputed set where that is
-    larger). See the module docstring."""
-    layers = math.ceil(arch.layers / pp)
-    logits_backward = LOGITS_BACKWARD_BYTES * tokens * arch.vocab
-    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
-    layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
-    if checkpointing:
-        held = layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
-        copies = WEIGHT_COPY_BYTES * arch.vocab * arch.hidden if weight_copies else 0.0
-        recompute = layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0)
-        return held + _final_bytes(arch, tokens=tokens) + copies + max(logits_backward, recompute)
-    copies = WEIGHT_COPY_BYTES * _matmul_params(arch) / (tp * pp) if weight_copies else 0.0
-    return layers * layer + _final_bytes(arch, tokens=tokens) + copies + logits_backward
+    forward keeps (`saved_bytes`, the figure tests/unit/profiler/test_actmem.py holds to the measured bytes) plus
+    the backward's transient peak (`transient_bytes`). See the module docstring."""
+    cut = {"tokens": tokens, "seq_tokens": seq_tokens, "tp": tp}
+    saved = saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies)
+    return saved + transient_bytes(arch, **cut, checkpointing=checkpointing, weight_copies=weight_copies)
