@@ -41,6 +41,20 @@ backward, one layer at a time: a rank holds the inputs, the final figures, and t
 backward and one layer's recomputed set (with its weights' bf16 copies). Under FSDP2 (`fsdp`) the mixed-precision
 policy computes on the gathered bf16 parameters (`costs.fsdp_gathered_bytes`), so no copies.
 
+PPO's critic (`rlctl.rl.ppo.ValueModel`, a copy of the policy's trunk and a value head, and its `value_loss`),
+measured alike (test_actmem, within 1 %), keeps the policy's layers (or their inputs) and, once (`critic_saved_bytes`):
+
+                 12·h      the final norm's input and output (fp32) and the value head's input: fp32 (the head runs
+                           outside autocast), a contiguous copy of every position but a row's last
+                 17        the final norm's 1/rms, the tokens, the value error and the mask
+
+and the bf16 copies of every matmul weight but lm_head's (none checkpointed): no log-probabilities and no log-softmax
+backward; checkpointed, one layer's recomputed set (`critic_activation_bytes`). The learner runs the critic's forward
+on a cut after the policy's backward has freed the policy's activations (`PpoLearner.step`), so a PPO rank peaks at
+the larger of the two (`Activations.rank_bytes`): the policy's, but for a vocabulary far narrower than the hidden
+width (16 entries at h 256, a digits model's). Its weights, gradients and AdamW state are the second trained model's
+(`traincost.TRAINED_MODELS`, `analytical.training_entry`), unsharded (`rlctl check` refuses FSDP2 with PPO).
+
 Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), a share that
 the micro-batch budgets bound at any dp (`rank_tokens`; until 2026-12-07 they bounded the whole cut, and a rank held
 ceil(rows / dp) of its rows). The megatron trainer is priced by the same per-token figures, not measured on
@@ -71,6 +85,10 @@ FINAL_HIDDEN_BYTES = 10
 LOGPROB_BYTES = 4  # fp32 log-softmax output, per vocabulary entry
 LOGITS_BACKWARD_BYTES = 8  # two fp32 [tokens, V] gradients in the log-softmax's backward
 LOSS_TOKEN_BYTES = 40
+# PPO's critic, once (see the module docstring): the final norm's fp32 input and output and the value head's fp32
+# input, a contiguous copy; the final norm's 1/rms, the tokens (int64), the value error (fp32) and the mask (bool)
+CRITIC_FINAL_HIDDEN_BYTES = 12
+CRITIC_TOKEN_BYTES = 17
 ROPE_POSITION_BYTES = 4  # bf16 cos and sin, per position and head dimension, per layer
 WEIGHT_COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight
 MOE_EXPERT_HIDDEN_BYTES = 10  # a MoE's sparse layer, per chosen expert and hidden unit (see the module docstring)
@@ -84,7 +102,8 @@ MOE_TOKEN_BYTES = 12
 class Activations:
     """What a trainer rank's activation memory is priced on: the model, its share of the learner's cuts
     (`rlctl.rl.cuts`: at most `rows` rows and, with `max_tokens`, that many padded tokens, a longer row alone) of
-    rows up to `seq_tokens` long (the task's longest prompt + output), the trainer's backend and checkpointing."""
+    rows up to `seq_tokens` long (the task's longest prompt + output), the trainer's backend and checkpointing, and
+    whether it trains PPO's critic after the policy on each cut (`critic`)."""
 
     arch: ModelArch
     rows: int  # batch.train_micro_batch_samples, no more than an optimizer step's samples
@@ -92,6 +111,7 @@ class Activations:
     max_tokens: int | None = None  # batch.train_micro_batch_tokens
     checkpointing: bool = False  # trainer.activation_checkpointing (the torch trainer's)
     backend: str = "torch"
+    critic: bool = False  # PPO: its value model's forward and backward follow the policy's on every cut
 
     @property
     def rank_tokens(self) -> int:
@@ -110,23 +130,24 @@ class Activations:
         return best
 
     def rank_bytes(self, *, tp: int = 1, pp: int = 1, fsdp: bool = False) -> float:
-        """A rank's peak activation memory at tp × pp, whatever its dp (`fsdp`: the torch trainer shards with FSDP2)."""
-        return activation_bytes(
-            self.arch,
-            tokens=self.rank_tokens,
-            seq_tokens=self.seq_tokens,
-            checkpointing=self.checkpointing and self.backend == "torch",
-            weight_copies=self.backend == "torch" and not fsdp,
-            tp=tp,
-            pp=pp,
-        )
+        """A rank's peak activation memory at tp × pp, whatever its dp (`fsdp`: the torch trainer shards with FSDP2):
+        the policy's (`activation_bytes`), or with PPO's `critic` the larger of it and the critic's
+        (`critic_activation_bytes`): `rlctl.rl.ppo.PpoLearner.step` runs the policy's backward, freeing its
+        activations, before the critic's forward, so the two are never held together."""
+        checkpointing = self.checkpointing and self.backend == "torch"
+        copies = self.backend == "torch" and not fsdp
+        cut = {"tokens": self.rank_tokens, "seq_tokens": self.seq_tokens, "tp": tp, "pp": pp}
+        policy = activation_bytes(self.arch, **cut, checkpointing=checkpointing, weight_copies=copies)
+        if not self.critic:
+            return policy
+        return max(policy, critic_activation_bytes(self.arch, **cut, checkpointing=checkpointing, weight_copies=copies))
 
 
 def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> Activations | None:
     """The `Activations` of job `spec` training `arch`: its cuts (batch.train_micro_batch_samples, no more than an
     optimizer step's samples, one of `mini_batches` a pass; batch.train_micro_batch_tokens) of rows up to its
-    task's longest prompt + output, its trainer's backend and checkpointing. None for a digits task past the
-    alphabet, which has no longest row (`rlctl check` refuses it: `context_problems`)."""
+    task's longest prompt + output, its trainer's backend and checkpointing, PPO's critic. None for a digits task
+    past the alphabet, which has no longest row (`rlctl check` refuses it: `context_problems`)."""
     from rlctl.config.task import DigitsTask
     from rlctl.planner.context import longest_request
     from rlctl.rl.tasks import MAX_DIGITS
@@ -142,6 +163,7 @@ def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) ->
         max_tokens=batch.train_micro_batch_tokens,
         checkpointing=spec.trainer.activation_checkpointing,
         backend=spec.trainer.backend,
+        critic=spec.algorithm.kind == "ppo",
     )
 
 
@@ -178,6 +200,22 @@ def _matmul_params(arch: ModelArch) -> float:
     return max(arch.params - arch.vocab * arch.hidden, 0.0)  # every weight but the embedding's (not cast)
 
 
+def _held_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, tp: int, pp: int) -> float:
+    """A stage's ceil(layers / pp) layers' sets (tp dividing their per-head and MLP terms), or with `checkpointing`
+    their inputs alone."""
+    layers = math.ceil(arch.layers / pp)
+    if checkpointing:
+        return layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
+    return layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+
+
+def _recomputed_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, weight_copies: bool, tp: int) -> float:
+    """One layer's set as a checkpointed backward recomputes it, with its weights' bf16 copies (`weight_copies`)."""
+    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+    layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
+    return layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0)
+
+
 def saved_bytes(
     arch: ModelArch,
     *,
@@ -193,15 +231,8 @@ def saved_bytes(
     their per-head and MLP terms, or with `checkpointing` each layer's input; the final norm's and the
     log-probabilities (whole at any tp and pp: every rank holds the full logits); autocast's bf16 weight copies
     (`weight_copies`: those of every matmul, a tp × pp shard's, or with `checkpointing` lm_head's alone)."""
-    layers = math.ceil(arch.layers / pp)
-    held: float
-    copies: float
-    if checkpointing:
-        held = layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
-        copies = arch.vocab * arch.hidden
-    else:
-        held = layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
-        copies = _matmul_params(arch) / (tp * pp)
+    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp)
+    copies = arch.vocab * arch.hidden if checkpointing else _matmul_params(arch) / (tp * pp)
     return held + _final_bytes(arch, tokens=tokens) + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
 
 
@@ -214,9 +245,10 @@ def transient_bytes(
     logits_backward = LOGITS_BACKWARD_BYTES * tokens * arch.vocab
     if not checkpointing:
         return logits_backward
-    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
-    layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
-    return max(logits_backward, layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0))
+    return max(
+        logits_backward,
+        _recomputed_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, weight_copies=weight_copies, tp=tp),
+    )
 
 
 def activation_bytes(
@@ -235,3 +267,40 @@ def activation_bytes(
     cut = {"tokens": tokens, "seq_tokens": seq_tokens, "tp": tp}
     saved = saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies)
     return saved + transient_bytes(arch, **cut, checkpointing=checkpointing, weight_copies=weight_copies)
+
+
+def critic_saved_bytes(
+    arch: ModelArch,
+    *,
+    tokens: int,
+    seq_tokens: int,
+    checkpointing: bool,
+    weight_copies: bool = True,
+    tp: int = 1,
+    pp: int = 1,
+) -> float:
+    """What PPO's critic (`rlctl.rl.ppo.ValueModel` on a copy of the policy's trunk) and its value loss keep from
+    forward to backward for a cut, as `saved_bytes` the policy's: the same layers' sets or inputs, the final norm's
+    and the value head's figures (no log-probabilities), and autocast's bf16 copies of every matmul weight but
+    lm_head's (`weight_copies`, none with `checkpointing`: the value head computes in fp32, outside autocast)."""
+    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp)
+    final = tokens * (CRITIC_FINAL_HIDDEN_BYTES * arch.hidden + CRITIC_TOKEN_BYTES)
+    copies = 0.0 if checkpointing else max(_matmul_params(arch) - arch.vocab * arch.hidden, 0.0) / (tp * pp)
+    return held + final + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
+
+
+def critic_activation_bytes(
+    arch: ModelArch,
+    *,
+    tokens: int,
+    seq_tokens: int,
+    checkpointing: bool,
+    weight_copies: bool,
+    tp: int = 1,
+    pp: int = 1,
+) -> float:
+    """The critic's peak for a cut: `critic_saved_bytes` and, with `checkpointing`, one layer's recomputed set (no
+    V-wide log-softmax, so no other transient of the policy's)."""
+    cut = {"tokens": tokens, "seq_tokens": seq_tokens, "tp": tp}
+    saved = critic_saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies)
+    return saved + (_recomputed_bytes(arch, **cut, weight_copies=weight_copies) if checkpointing else 0.0)

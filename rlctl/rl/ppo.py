@@ -88,6 +88,15 @@ class ValueModel(nn.Module):
         return out
 
 
+def value_loss(
+    critic: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, returns: torch.Tensor, *, total: int
+) -> torch.Tensor:
+    """The critic's loss on a cut: ½·(V_θ − R)² over its output tokens (`mask`, on the log-prob grid), summed and
+    divided by the batch's `total` output tokens (the token mean over the batch, its cuts' summed)."""
+    v_err = (critic(tokens).float() - returns) * mask
+    return 0.5 * v_err.pow(2).sum() / total
+
+
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,8 +219,7 @@ class PpoLearner:
             loss.backward()
             target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages.to(device_of(self.critic))
             tokens, mask = batch.tokens.to(target.device), batch.mask.to(target.device)
-            v_err = (self.critic(tokens).float() - target) * mask
-            v_loss = 0.5 * v_err.pow(2).sum() / total
+            v_loss = value_loss(self.critic, tokens, mask, target, total=total)
             v_loss.backward()
             sums["value_loss"] += float(v_loss.detach()) * total
             for k, v in m.items():

@@ -4,6 +4,7 @@ buffers left out): TinyGPT under bf16 autocast on the CPU, the dtypes it trains 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -17,18 +18,30 @@ from rlctl.models.hf import QWEN2, QWEN2_MOE, QWEN3_MOE, TinyGPTConfig
 from rlctl.models.moe import MoeConfig
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.planner.costs import Sharding, ShardRule, TrainWorkload, fsdp_gathered_bytes, train_time_s, trainer_layout
-from rlctl.profiler.actmem import Activations, activation_bytes, layer_bytes_per_token, saved_bytes
+from rlctl.profiler.actmem import (
+    Activations,
+    activation_bytes,
+    critic_activation_bytes,
+    critic_saved_bytes,
+    layer_bytes_per_token,
+    saved_bytes,
+)
 from rlctl.profiler.analytical import analytical_profile, training_entry
 from rlctl.rl.cuts import cut_lengths
 from rlctl.rl.grpo import policy_loss
+from rlctl.rl.ppo import ValueModel, value_loss
 from rlctl.rl.samples import TokenBatch
 
 
-def measured_saved_bytes(config: TinyGPTConfig, *, rows: int, seq: int, checkpointing: bool) -> int:
-    """Bytes of the distinct storages `policy_loss`'s forward saves for backward (not the parameters' or buffers')."""
+def measured_saved_bytes(
+    config: TinyGPTConfig, *, rows: int, seq: int, checkpointing: bool, critic: bool = False
+) -> int:
+    """Bytes of the distinct storages `policy_loss`'s forward saves for backward (not the parameters' or buffers');
+    `critic`: PPO's critic's forward and `value_loss`, the critic on a copy of the policy as the trainer builds it."""
     torch.manual_seed(0)
-    model = TinyGPT(config)
-    model.autocast_dtype, model.activation_checkpointing = torch.bfloat16, checkpointing
+    policy = TinyGPT(config)
+    policy.autocast_dtype, policy.activation_checkpointing = torch.bfloat16, checkpointing
+    model: torch.nn.Module = ValueModel(copy.deepcopy(policy)) if critic else policy
     model.train()
     fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
@@ -44,7 +57,10 @@ def measured_saved_bytes(config: TinyGPTConfig, *, rows: int, seq: int, checkpoi
     mask[:, seq // 2 :] = True
     batch = TokenBatch(tokens, mask, torch.full(mask.shape, -1.0), torch.randn(mask.shape))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss, _ = policy_loss(model, batch, 0.2)
+        if critic:
+            loss = value_loss(model, tokens, mask, torch.randn(mask.shape), total=int(mask.sum()))
+        else:
+            loss, _ = policy_loss(model, batch, 0.2)
     loss.backward()  # (the pass is whole: what was saved was needed)
     return sum(saved.values())
 
@@ -102,6 +118,44 @@ def test_the_priced_peak_is_the_tested_saved_set_plus_the_backward_transient(
         transient = max(transient, layer + copies)
     priced = activation_bytes(arch, **kw, tp=tp, pp=pp)
     assert priced - saved_bytes(arch, **kw, tp=tp, pp=pp) == pytest.approx(transient, rel=1e-9)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize(("shape", "rows", "seq"), [(SHAPES[0], 3, 50), (SHAPES[1], 2, 96), (SHAPES[2], 5, 33)])
+def test_the_critic_formula_is_the_critics_saved_bytes(shape: dict, rows: int, seq: int, checkpointing: bool) -> None:
+    """PPO's critic (the policy's trunk copied, a value head; `value_loss`): its terms were read off the same 1- and
+    2-layer model as the policy's, these shapes not. It keeps the policy's layers but no log-probabilities and no
+    lm_head copy, so less than the policy does: a PPO rank, training one after the other, peaks at the policy's."""
+    config = TinyGPTConfig(max_position_embeddings=128, **shape)
+    arch = config.arch("tiny")
+    for r in (rows, 2 * rows):
+        measured = measured_saved_bytes(config, rows=r, seq=seq, checkpointing=checkpointing, critic=True)
+        priced = critic_saved_bytes(arch, tokens=r * seq, seq_tokens=seq, checkpointing=checkpointing)
+        assert priced == pytest.approx(measured, rel=0.02)
+        policy = measured_saved_bytes(config, rows=r, seq=seq, checkpointing=checkpointing)
+        assert measured < policy
+        assert priced < saved_bytes(arch, tokens=r * seq, seq_tokens=seq, checkpointing=checkpointing)
+
+
+def test_a_ppo_rank_peaks_at_the_larger_of_its_policys_and_its_critics_activations() -> None:
+    """A narrow vocabulary under a wide hidden (16 entries at h 256): the critic's fp32 value-head input outweighs the
+    policy's log-probabilities, measured and priced, and a PPO rank is priced at the critic's peak (until 2026-12-07 at
+    the policy's alone); a 7B's critic keeps less than its policy, and PPO is priced as GRPO."""
+    shape = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=16)  # fmt: skip
+    config = TinyGPTConfig(max_position_embeddings=128, **shape)
+    arch, rows, seq = config.arch("tiny"), 4, 64
+    critic = measured_saved_bytes(config, rows=rows, seq=seq, checkpointing=False, critic=True)
+    assert critic > measured_saved_bytes(config, rows=rows, seq=seq, checkpointing=False)  # 9.48 MB > 9.39 MB
+    grpo = Activations(arch, rows=rows, seq_tokens=seq)
+    ppo = dataclasses.replace(grpo, critic=True)
+    cut = {"tokens": rows * seq, "seq_tokens": seq, "checkpointing": False, "weight_copies": True}
+    assert ppo.rank_bytes() == critic_activation_bytes(arch, **cut) > grpo.rank_bytes() == activation_bytes(arch, **cut)
+    assert critic_saved_bytes(arch, **cut) == pytest.approx(critic, rel=0.02)
+    big = Activations(BUILTIN_MODELS["qwen2.5-7b"], rows=32, seq_tokens=16384, max_tokens=8192)
+    for checkpointing in (False, True):
+        policy = dataclasses.replace(big, checkpointing=checkpointing)
+        assert dataclasses.replace(policy, critic=True).rank_bytes(fsdp=True) == policy.rank_bytes(fsdp=True)
 
 
 # MoE layers (the MoE terms were fitted on hidden 128, 8 experts of 96, top 2, rows of 50): other widths, expert counts
