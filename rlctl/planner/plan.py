@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rlctl.config.job import Job, JobFile
+from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, PlanError
 from rlctl.models.catalog import ModelArch
 from rlctl.planner import alloc
@@ -321,7 +322,8 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
     fp32 as every backend holds and reduces them, and a rank's cut's activations (`profiler.actmem`)."""
     spec = job.spec
     batch = spec.batch
-    rule = shard_rule(spec, arch, mini_batches=tcost["mini_batches"])
+    cpu = kind_for(job.inventory.sites[spec.placement.trainer.site].spec.name) != "cuda"  # (the torch trainer: fp32)
+    rule = shard_rule(spec, arch, mini_batches=tcost["mini_batches"], cpu=cpu)
     rows: tuple[float, ...] = ()
     if batch.train_micro_batch_tokens is not None:  # the learner cuts by padded tokens too: one step's rows' lengths
         lm = length_model(job)

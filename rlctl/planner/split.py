@@ -101,6 +101,7 @@ def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     """How the job's trainer runs at tp × pp × dp (`rlctl.planner.costs.trainer_layout`, the decision the planner
     prices, shows and simulates too: `costs.train_curve`), on the job's `shard_rule` and the planner's figures for
     the model on its site's GPU: what the launch writes (`rlctl.ops.counts.plan_counts`)."""
+    from rlctl.devices import kind_for
     from rlctl.planner.costs import trainer_layout
     from rlctl.profiler.analytical import training_entry
     from rlctl.profiler.traincost import lora_passes
@@ -112,16 +113,17 @@ def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     passes = lora_passes(spec.algorithm, arch, spec.trainer.lora)
     # FSDP2 runs at no model split: the replica's entry decides (a split's never shards)
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
-    rule = shard_rule(spec, arch, mini_batches=passes.mini_batches)
+    rule = shard_rule(spec, arch, mini_batches=passes.mini_batches, cpu=kind_for(gpu.name) != "cuda")
     return trainer_layout(rule, entry, dp=dp, hbm_bytes=gpu.hbm_bytes)
 
 
-def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> ShardRule:
+def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1, cpu: bool = False) -> ShardRule:
     """What decides the job's FSDP2 at a layout (`rlctl.planner.costs.ShardInputs`): whether its trainer shards
     (`costs.shards_state`), always (`trainer.shard: fsdp`) or where a replica does not fit, the layers an FSDP2 rank
     gathers (`costs.fsdp_gathered_bytes`), the trained gradients (`traincost.grad_bytes`: the models', or LoRA's
     adapters'), and a rank's share of the learner's largest cut, whose activations it holds (`profiler.actmem`,
-    its cuts no more than an optimizer step of `mini_batches` a pass). The plan's workload holds the same
+    its cuts no more than an optimizer step of `mini_batches` a pass; `cpu`: the trainer's site is a `gpu: CPU` one,
+    where the torch trainer computes in fp32). The plan's workload holds the same
     (`rlctl.planner.plan.train_workload`)."""
     from rlctl.planner.costs import ShardRule, fsdp_gathered_bytes, shards_state
     from rlctl.profiler.actmem import job_activations
@@ -135,5 +137,5 @@ def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> Shar
         gathered_bytes=fsdp_gathered_bytes(arch, adapter_params=adapters) if sharded else 0.0,
         grad_bytes=grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters),
         lora=bool(adapters),
-        activations=job_activations(spec, arch, mini_batches=mini_batches),
+        activations=job_activations(spec, arch, mini_batches=mini_batches, cpu=cpu),
     )

@@ -41,6 +41,13 @@ backward, one layer at a time: a rank holds the inputs, the final figures, and t
 backward and one layer's recomputed set (with its weights' bf16 copies). Under FSDP2 (`fsdp`) the mixed-precision
 policy computes on the gathered bf16 parameters (`costs.fsdp_gathered_bytes`), so no copies.
 
+On a CPU the torch trainer computes in fp32, without autocast (`rlctl.trainers.native`; `Activations.fp32`, the
+`FP32` figures), measured alike on other shapes than the test's: every tensor above is kept in fp32 and the normed
+inputs are not cast, so a token keeps 24·h + 8·q + 8·kv + 16·i + 4·heads + 8 a layer and 12·h + 4·V + 40 once, no
+RoPE tables (the model's own fp32 buffers) and no weight copies; a MoE's sparse layer (12·h + 28)·k + 4·E besides (read
+off Qwen3MoE layers, less their q/k norms; a Qwen2MoE's shared expert keeps 4·h more, not priced). `rlctl check`
+judges a `gpu: CPU` site's trainer rank by them against its slot's memory, and the planner prices it so.
+
 PPO's critic (`rlctl.rl.ppo.ValueModel`, a copy of the policy's trunk and a value head, and its `value_loss`),
 measured alike (test_actmem, within 1 %), keeps the policy's layers (or their inputs) and, once (`critic_saved_bytes`):
 
@@ -67,8 +74,9 @@ backward (GPipe, `rlctl.rl.cuts`), and the full logits (every stage returns them
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from rlctl.models.catalog import ModelArch
 
@@ -98,6 +106,36 @@ MOE_ROUTER_BYTES = 4  # the router's fp32 softmax, per expert
 MOE_TOKEN_BYTES = 12
 
 
+class Widths(NamedTuple):
+    """A token's bytes per unit where they depend on what the passes compute in (see the module docstring)."""
+
+    layer_hidden: int
+    head_dim: int
+    intermediate: int
+    final_hidden: int
+    rope_position: int
+    moe_expert_hidden: int
+    moe_expert: int
+    moe_hidden: int
+    moe_token: int
+
+
+BF16 = Widths(
+    LAYER_HIDDEN_BYTES,
+    LAYER_HEAD_DIM_BYTES,
+    LAYER_INTERMEDIATE_BYTES,
+    FINAL_HIDDEN_BYTES,
+    ROPE_POSITION_BYTES,
+    MOE_EXPERT_HIDDEN_BYTES,
+    MOE_EXPERT_BYTES,
+    MOE_HIDDEN_BYTES,
+    MOE_TOKEN_BYTES,
+)
+# the torch trainer on a CPU (no autocast): every saved tensor fp32, no bf16 casts of the normed inputs, RoPE's tables
+# the model's own buffers (see the module docstring)
+FP32 = Widths(24, 8, 16, 12, 0, 12, 28, 0, 0)
+
+
 @dataclass(frozen=True)
 class Activations:
     """What a trainer rank's activation memory is priced on: the model, its share of the learner's cuts
@@ -112,6 +150,7 @@ class Activations:
     checkpointing: bool = False  # trainer.activation_checkpointing (the torch trainer's)
     backend: str = "torch"
     critic: bool = False  # PPO: its value model's forward and backward follow the policy's on every cut
+    fp32: bool = False  # the torch trainer on a CPU site: it computes in fp32, without autocast (`rlctl.devices`)
 
     @property
     def rank_tokens(self) -> int:
@@ -134,20 +173,30 @@ class Activations:
         the policy's (`activation_bytes`), or with PPO's `critic` the larger of it and the critic's
         (`critic_activation_bytes`): `rlctl.rl.ppo.PpoLearner.step` runs the policy's backward, freeing its
         activations, before the critic's forward, so the two are never held together."""
-        checkpointing = self.checkpointing and self.backend == "torch"
-        copies = self.backend == "torch" and not fsdp
-        cut = {"tokens": self.rank_tokens, "seq_tokens": self.seq_tokens, "tp": tp, "pp": pp}
-        policy = activation_bytes(self.arch, **cut, checkpointing=checkpointing, weight_copies=copies)
-        if not self.critic:
-            return policy
-        return max(policy, critic_activation_bytes(self.arch, **cut, checkpointing=checkpointing, weight_copies=copies))
+        torch_trainer = self.backend == "torch"
+
+        def peak(price: Callable[..., float]) -> float:
+            return price(
+                self.arch,
+                tokens=self.rank_tokens,
+                seq_tokens=self.seq_tokens,
+                checkpointing=self.checkpointing and torch_trainer,
+                weight_copies=torch_trainer and not fsdp and not self.fp32,
+                tp=tp,
+                pp=pp,
+                fp32=self.fp32 and torch_trainer,
+            )
+
+        policy = peak(activation_bytes)
+        return max(policy, peak(critic_activation_bytes)) if self.critic else policy
 
 
-def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) -> Activations | None:
+def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1, cpu: bool = False) -> Activations | None:
     """The `Activations` of job `spec` training `arch`: its cuts (batch.train_micro_batch_samples, no more than an
     optimizer step's samples, one of `mini_batches` a pass; batch.train_micro_batch_tokens) of rows up to its
-    task's longest prompt + output, its trainer's backend and checkpointing, PPO's critic. None for a digits task
-    past the alphabet, which has no longest row (`rlctl check` refuses it: `context_problems`)."""
+    task's longest prompt + output, its trainer's backend and checkpointing, PPO's critic, and on a CPU site (`cpu`)
+    the torch trainer's fp32. None for a digits task past the alphabet, which has no longest row (`rlctl check`
+    refuses it: `context_problems`)."""
     from rlctl.config.task import DigitsTask
     from rlctl.planner.context import longest_request
     from rlctl.rl.tasks import MAX_DIGITS
@@ -164,54 +213,58 @@ def job_activations(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1) ->
         checkpointing=spec.trainer.activation_checkpointing,
         backend=spec.trainer.backend,
         critic=spec.algorithm.kind == "ppo",
+        fp32=cpu and spec.trainer.backend == "torch",
     )
 
 
-def layer_bytes_per_token(arch: ModelArch, *, tp: int = 1) -> float:
-    """What one layer keeps for its backward, a token (tp dividing the per-head and MLP terms)."""
+def layer_bytes_per_token(arch: ModelArch, *, tp: int = 1, fp32: bool = False) -> float:
+    """What one layer keeps for its backward, a token (tp dividing the per-head and MLP terms; `fp32`: computed in
+    fp32, no autocast)."""
+    w = FP32 if fp32 else BF16
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     width = arch.intermediate if arch.token_intermediate is None else arch.token_intermediate
-    split = LAYER_HEAD_DIM_BYTES * (q + kv) + LAYER_INTERMEDIATE_BYTES * width + LAYER_HEAD_BYTES * arch.heads
-    return LAYER_HIDDEN_BYTES * arch.hidden + split / tp + LAYER_TOKEN_BYTES + _moe_bytes_per_token(arch)
+    split = w.head_dim * (q + kv) + w.intermediate * width + LAYER_HEAD_BYTES * arch.heads
+    return w.layer_hidden * arch.hidden + split / tp + LAYER_TOKEN_BYTES + _moe_bytes_per_token(arch, w)
 
 
-def _moe_bytes_per_token(arch: ModelArch) -> float:
+def _moe_bytes_per_token(arch: ModelArch, w: Widths) -> float:
     """What a MoE's sparse layer keeps beyond its MLP's width, a token (not divided by tp: hidden-width figures)."""
     if arch.token_intermediate is None:
         return 0.0
-    expert = MOE_EXPERT_HIDDEN_BYTES * arch.hidden + MOE_EXPERT_BYTES
-    return (
-        expert * arch.experts_per_token
-        + MOE_HIDDEN_BYTES * arch.hidden
-        + MOE_ROUTER_BYTES * arch.experts
-        + MOE_TOKEN_BYTES
-    )
+    expert = w.moe_expert_hidden * arch.hidden + w.moe_expert
+    return expert * arch.experts_per_token + w.moe_hidden * arch.hidden + MOE_ROUTER_BYTES * arch.experts + w.moe_token
 
 
-def _layer_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, tp: int) -> float:
-    return tokens * layer_bytes_per_token(arch, tp=tp) + ROPE_POSITION_BYTES * seq_tokens * arch.head_dim
+def _layer_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, tp: int, fp32: bool) -> float:
+    rope = (FP32 if fp32 else BF16).rope_position * seq_tokens * arch.head_dim
+    return tokens * layer_bytes_per_token(arch, tp=tp, fp32=fp32) + rope
 
 
-def _final_bytes(arch: ModelArch, *, tokens: int) -> float:
-    return tokens * (FINAL_HIDDEN_BYTES * arch.hidden + LOGPROB_BYTES * arch.vocab + LOSS_TOKEN_BYTES)
+def _final_bytes(arch: ModelArch, *, tokens: int, fp32: bool) -> float:
+    hidden = (FP32 if fp32 else BF16).final_hidden * arch.hidden
+    return tokens * (hidden + LOGPROB_BYTES * arch.vocab + LOSS_TOKEN_BYTES)
 
 
 def _matmul_params(arch: ModelArch) -> float:
     return max(arch.params - arch.vocab * arch.hidden, 0.0)  # every weight but the embedding's (not cast)
 
 
-def _held_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, tp: int, pp: int) -> float:
+def _held_bytes(
+    arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, tp: int, pp: int, fp32: bool
+) -> float:
     """A stage's ceil(layers / pp) layers' sets (tp dividing their per-head and MLP terms), or with `checkpointing`
     their inputs alone."""
     layers = math.ceil(arch.layers / pp)
     if checkpointing:
         return layers * tokens * CHECKPOINT_HIDDEN_BYTES * arch.hidden
-    return layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+    return layers * _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp, fp32=fp32)
 
 
-def _recomputed_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, weight_copies: bool, tp: int) -> float:
+def _recomputed_bytes(
+    arch: ModelArch, *, tokens: int, seq_tokens: int, weight_copies: bool, tp: int, fp32: bool
+) -> float:
     """One layer's set as a checkpointed backward recomputes it, with its weights' bf16 copies (`weight_copies`)."""
-    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp)
+    layer = _layer_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, tp=tp, fp32=fp32)
     layer_params = _matmul_params(arch) / arch.layers  # (lm_head's share too: an upper bound)
     return layer + (WEIGHT_COPY_BYTES * layer_params if weight_copies else 0.0)
 
@@ -225,19 +278,28 @@ def saved_bytes(
     weight_copies: bool = True,
     tp: int = 1,
     pp: int = 1,
+    fp32: bool = False,
 ) -> float:
     """The bytes a cut of `tokens` tokens in rows of `seq_tokens` keeps from its forward to its backward on one rank
     (what `saved_tensors_hooks` counts, at tp = pp = 1): its stage's ceil(layers / pp) layers' sets, tp dividing
     their per-head and MLP terms, or with `checkpointing` each layer's input; the final norm's and the
     log-probabilities (whole at any tp and pp: every rank holds the full logits); autocast's bf16 weight copies
-    (`weight_copies`: those of every matmul, a tp × pp shard's, or with `checkpointing` lm_head's alone)."""
-    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp)
+    (`weight_copies`: those of every matmul, a tp × pp shard's, or with `checkpointing` lm_head's alone). `fp32`: the
+    passes compute in fp32, without autocast (the torch trainer on a CPU; pass `weight_copies` False)."""
+    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp, fp32=fp32)
     copies = arch.vocab * arch.hidden if checkpointing else _matmul_params(arch) / (tp * pp)
-    return held + _final_bytes(arch, tokens=tokens) + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
+    return held + _final_bytes(arch, tokens=tokens, fp32=fp32) + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
 
 
 def transient_bytes(
-    arch: ModelArch, *, tokens: int, seq_tokens: int, checkpointing: bool, weight_copies: bool, tp: int = 1
+    arch: ModelArch,
+    *,
+    tokens: int,
+    seq_tokens: int,
+    checkpointing: bool,
+    weight_copies: bool,
+    tp: int = 1,
+    fp32: bool = False,
 ) -> float:
     """What the backward of a cut of `tokens` tokens holds beside the forward's saved set at its peak, at its start:
     the log-softmax's two fp32 [tokens, V] gradients; with `checkpointing`, or one layer's recomputed set (with its
@@ -247,7 +309,7 @@ def transient_bytes(
         return logits_backward
     return max(
         logits_backward,
-        _recomputed_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, weight_copies=weight_copies, tp=tp),
+        _recomputed_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, weight_copies=weight_copies, tp=tp, fp32=fp32),
     )
 
 
@@ -260,13 +322,14 @@ def activation_bytes(
     weight_copies: bool,
     tp: int = 1,
     pp: int = 1,
+    fp32: bool = False,
 ) -> float:
     """A rank's peak activation memory for a cut of `tokens` tokens (its share) in rows of `seq_tokens`: what its
     forward keeps (`saved_bytes`, the figure tests/unit/profiler/test_actmem.py holds to the measured bytes) plus
     the backward's transient peak (`transient_bytes`). See the module docstring."""
     cut = {"tokens": tokens, "seq_tokens": seq_tokens, "tp": tp}
-    saved = saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies)
-    return saved + transient_bytes(arch, **cut, checkpointing=checkpointing, weight_copies=weight_copies)
+    saved = saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies, fp32=fp32)
+    return saved + transient_bytes(arch, **cut, checkpointing=checkpointing, weight_copies=weight_copies, fp32=fp32)
 
 
 def critic_saved_bytes(
@@ -278,12 +341,13 @@ def critic_saved_bytes(
     weight_copies: bool = True,
     tp: int = 1,
     pp: int = 1,
+    fp32: bool = False,
 ) -> float:
     """What PPO's critic (`rlctl.rl.ppo.ValueModel` on a copy of the policy's trunk) and its value loss keep from
     forward to backward for a cut, as `saved_bytes` the policy's: the same layers' sets or inputs, the final norm's
     and the value head's figures (no log-probabilities), and autocast's bf16 copies of every matmul weight but
     lm_head's (`weight_copies`, none with `checkpointing`: the value head computes in fp32, outside autocast)."""
-    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp)
+    held = _held_bytes(arch, tokens=tokens, seq_tokens=seq_tokens, checkpointing=checkpointing, tp=tp, pp=pp, fp32=fp32)
     final = tokens * (CRITIC_FINAL_HIDDEN_BYTES * arch.hidden + CRITIC_TOKEN_BYTES)
     copies = 0.0 if checkpointing else max(_matmul_params(arch) - arch.vocab * arch.hidden, 0.0) / (tp * pp)
     return held + final + (WEIGHT_COPY_BYTES * copies if weight_copies else 0.0)
@@ -298,9 +362,10 @@ def critic_activation_bytes(
     weight_copies: bool,
     tp: int = 1,
     pp: int = 1,
+    fp32: bool = False,
 ) -> float:
     """The critic's peak for a cut: `critic_saved_bytes` and, with `checkpointing`, one layer's recomputed set (no
     V-wide log-softmax, so no other transient of the policy's)."""
     cut = {"tokens": tokens, "seq_tokens": seq_tokens, "tp": tp}
-    saved = critic_saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies)
-    return saved + (_recomputed_bytes(arch, **cut, weight_copies=weight_copies) if checkpointing else 0.0)
+    saved = critic_saved_bytes(arch, **cut, pp=pp, checkpointing=checkpointing, weight_copies=weight_copies, fp32=fp32)
+    return saved + (_recomputed_bytes(arch, **cut, weight_copies=weight_copies, fp32=fp32) if checkpointing else 0.0)

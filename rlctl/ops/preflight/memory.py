@@ -110,7 +110,8 @@ def _trainer_memory(
     # FSDP2 reducing once a step holds the step's unsharded fp32 gradients too (`costs.holds_grad_sync`)
     grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=passes.adapter_params)
     held = grads if shards > 1 and split.reduce_per_step else 0.0
-    cuts = job_activations(spec, arch, mini_batches=passes.mini_batches)  # (None: its state alone judged)
+    # (None: its state alone judged; on a CPU site the torch trainer computes in fp32)
+    cuts = job_activations(spec, arch, mini_batches=passes.mini_batches, cpu=kind_for(gpu.name) != "cuda")
     acts = 0.0 if cuts is None else cuts.rank_bytes(tp=tp, pp=pp, fsdp=shards > 1)
     need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held, activation_bytes=acts) / 1e9
     if shards > 1:
@@ -130,8 +131,10 @@ def _trainer_memory(
         parts = f"the policy's and its critic's {parts}"
     if cuts is not None:
         tokens = cuts.rank_tokens
-        recomputed = cuts.checkpointing and cuts.backend == "torch"
-        parts += f", activations{' (recomputed)' if recomputed else ''} of a cut's {tokens:,} tokens a rank "
+        how = ["recomputed"] if cuts.checkpointing and cuts.backend == "torch" else []
+        how += ["fp32"] if cuts.fp32 else []  # (the torch trainer on a CPU site: no autocast)
+        label = f" ({', '.join(how)})" if how else ""
+        parts += f", activations{label} of a cut's {tokens:,} tokens a rank "
         parts += f"{acts / 1e9:.1f} GB"
     why = (
         f"the trainer's {tp * pp * dp} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
