@@ -29,6 +29,9 @@ config's dense width, and beside it (fitted on TinyGPT's MoE layers, k experts a
 
 (a Qwen2MoE's shared expert keeps h + 22 less than its 8·i: not taken off, an upper bound). Where some of a MoE's layers
 are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
+Not priced: Qwen3's per-head q/k RMSNorms (`q_norm`, `k_norm`), which `ModelArch` does not tell; measured, they keep
+about 6·(q + kv) more a layer (8·(q + kv) in fp32): 12 to 18 % more than priced on small dense Qwen3 cuts (the MoE
+figures, fitted on Qwen3MoE layers, hold part of it).
 
 and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
 All of that is `saved_bytes`, the figure the test holds to the measured bytes. The log-softmax's backward then holds
@@ -59,8 +62,10 @@ and the bf16 copies of every matmul weight but lm_head's (none checkpointed): no
 backward; checkpointed, one layer's recomputed set (`critic_activation_bytes`). The learner runs the critic's forward
 on a cut after the policy's backward has freed the policy's activations (`PpoLearner.step`), so a PPO rank peaks at
 the larger of the two (`Activations.rank_bytes`): the policy's, but for a vocabulary far narrower than the hidden
-width (16 entries at h 256, a digits model's). Its weights, gradients and AdamW state are the second trained model's
-(`traincost.TRAINED_MODELS`, `analytical.training_entry`), unsharded (`rlctl check` refuses FSDP2 with PPO).
+width (16 entries at h 256; tiny-demo's 66 at h 96 is the policy's). Its weights, gradients and AdamW state are the
+second trained model's (`traincost.TRAINED_MODELS`, `analytical.training_entry`; the torch critic's unused lm_head,
+fp32 weights without gradients or AdamW state, priced as trained: an upper bound), unsharded (`rlctl check` refuses
+FSDP2 with PPO).
 
 Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), a share that
 the micro-batch budgets bound at any dp (`rank_tokens`; until 2026-12-07 they bounded the whole cut, and a rank held
