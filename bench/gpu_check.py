@@ -24,6 +24,10 @@
     sampler_share        on the CPU, a decode step of the Qwen2-0.5B shape (vocabulary 151,936) at batch 64: the share
                          of the step the sampler takes (goal ≤ 0.25; its hashing is per row, not per token)
     train_tok_s, mfu     GRPO training tokens/s (forward, backward, AdamW) and 6·params·tokens/s ÷ peak bf16 FLOPS
+    actmem               the planner's activation price (rlctl.profiler.actmem) against the torch trainer's GRPO step
+                         on cuts of 2k, 8k, 16k tokens (8k again checkpointed): the step's peak allocation less what was
+                         held before it; a cut more than 10 % over its price is listed in `failed` (on the CPU: the
+                         bytes saved for backward against `saved_bytes`; `bench/gpu_actmem.py`)
     delta_encode_gb_s    the delta codec on versions held in device memory (bf16, 2 % of elements changed), from
                          the device buffers to the payload on the host, per rank (goal ≥ 5 GB/s); its ratio
     host_bytes_per_model_byte  the most a trainer rank's weight publisher holds in host memory while it publishes
@@ -58,6 +62,7 @@ from typing import Any
 import torch
 import yaml
 
+from bench.gpu_actmem import CPU_CUTS, actmem_check
 from bench.gpu_engine import (
     Size,
     engine_compiled,
@@ -124,6 +129,10 @@ def run(*, quick: bool) -> dict[str, Any]:
             lambda: _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda),
             merge=True,
         )
+        small = CPU_CUTS if size is QUICK else ()  # (--quick on a GPU: the tiny model holds 256 positions)
+        acts = piece("actmem", lambda: actmem_check(model_dir, device, cuts_of=small)) or {}
+        if acts.get("failures"):  # a cut that took more than the planner prices: the run exits 1, as engine_syncs'
+            out.setdefault("failed", []).extend(f"actmem: {f}" for f in acts["failures"])
         piece("delta", lambda: _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20)), merge=True)
         piece("publisher", lambda: _publisher_host_bytes(model_dir, device), merge=True)
         piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
@@ -211,6 +220,8 @@ def summary(r: dict[str, Any]) -> str:
     lines.append(f"publisher host bytes / model byte {g('host_bytes_per_model_byte')}")
     lines.append(f"launch: {g('launch')}; tests/gpu: {g('gpu_tests')}")
     es = g("engine_syncs") or {}
+    cuts = (g("actmem") or {}).get("cuts", {})
+    lines.append(f"activations measured/priced: { {k: c.get('ratio', c.get('skipped')) for k, c in cuts.items()} }")
     lines.append(f"engine syncs: a step {es.get('syncs_per_step')}, an admission {es.get('syncs_per_admission')}")
     if g("failed"):
         lines.append(f"FAILED: {g('failed')}")

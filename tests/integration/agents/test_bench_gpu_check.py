@@ -32,6 +32,9 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert "failed" not in r and es["failures"] == [] and es["admissions"] >= 2 and es["compactions"] > 0
     ec = r["engine_compiled"]
     assert set(ec["tok_s"]) == {"4"} and ec["tok_s"]["4"] > 0 and ec["over_eager_step"] > 0 and ec["first_run_s"] > 0
+    am = r["actmem"]  # the learner's saved bytes against the planner's saved_bytes, each cut (bench/gpu_actmem.py)
+    assert set(am["cuts"]) == {"2x24", "4x24", "4x24+ckpt"} and am["failures"] == []
+    assert all(0.9 < c["ratio"] <= 1.1 for c in am["cuts"].values()), am["cuts"]
     mg = r["megatron"]
     assert mg["min_update_cosine"] > 0.9 and mg["tensors"] > 0 and min(mg["train_tok_s"].values()) > 0
     tr = r["transport"]
