@@ -252,9 +252,16 @@ class TinyGPTConfig:
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
             max_positions=self.max_positions,
-            active_params=float(self.num_params(active=True)) if self.moe is not None else None,
-            **(self._moe_token() if self.moe is not None else {}),
+            active_params=float(self.num_params(active=True)) if self.has_experts else None,
+            **(self._moe_token() if self.has_experts else {}),
         )
+
+    @property
+    def has_experts(self) -> bool:
+        """Some layer has experts. A Qwen MoE's config with none (`num_experts` 0, a `decoder_sparse_step` past the
+        last layer, `mlp_only_layers` naming every layer: valid in HF, every MLP dense) is priced as the dense model
+        it builds, as `ArchFigures` describes one (no MoE shape)."""
+        return any(self.sparse_layer(layer) for layer in range(self.num_hidden_layers))
 
     def _moe_token(self) -> dict[str, int]:
         """`ModelArch`'s figures of a sparse layer as a token runs it (its top-k experts' width and a Qwen2MoE's shared
