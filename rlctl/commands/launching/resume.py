@@ -218,17 +218,26 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
     return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)
 
 
+# job.json's fields a trainer rank's memory is priced on (`trainer_memory_refusal`): the model's figures, its task's
+# rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's reference policy, critic and
+# mini-batches
+MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
+
+
 def _refuse_unfit_edit(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> None:
-    """UsageError, one line, where job.json was edited since the launch (`edited`: its fields) and a trainer rank at
-    the plan's split no longer fits its site's GPUs with the job as edited (`trainer_memory_refusal`, as `rlctl check`
-    and `--trainer-split` judge a split: a larger batch.train_micro_batch_tokens or _samples, longer task rows,
-    trainer.activation_checkpointing off); versus the plan's split run on it unchecked, the launch having priced the
-    job's cuts as they were."""
+    """UsageError, one line, where job.json was edited since the launch in a field a trainer rank's memory is priced
+    on (`MEMORY_FIELDS` among `edited`) and a rank at the plan's split no longer fits its site's GPUs with the job as
+    edited (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split: a larger
+    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off); versus the
+    plan's split run on it unchecked, the launch having priced the job's cuts as they were. An edit of other fields
+    (`name`, `tracking`, `iterations`, …) is not judged: the job as launched, which job.json keeps the digests of
+    alone, cannot be priced again, and a rlctl pricing it otherwise than the one that launched it would refuse the
+    resume of a job whose ranks' memory no edit changed."""
     from rlctl.launch.backends import read_sites
     from rlctl.launch.layout import trainer_parallel
     from rlctl.ops.preflight.memory import trainer_memory_refusal
 
-    if not edited:
+    if not (edited := [field for field in edited if field in MEMORY_FIELDS]):
         return
     name = str(plan["trainer"]["site"])
     if (site := read_sites(jd.path, required=True).get(name)) is None:

@@ -60,3 +60,28 @@ def test_a_resume_whose_edited_cut_no_longer_fits_the_plans_split_is_refused_in_
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 0, r.stderr
     assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
+
+
+def test_an_edit_of_fields_a_ranks_memory_is_not_priced_on_is_not_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]]
+) -> None:
+    """A job whose ranks do not fit at its plan's split as this rlctl prices them (launched so: job.json's digests of
+    its batch are the launch's), edited since in `tracking` and `name` alone, resumes: the refusal is of an edit that
+    moved a rank's memory, versus "was edited since the launch (name, tracking), and with the job as edited …", an
+    edit blamed that changed nothing priced. An edit of its batch besides is refused, naming that field alone."""
+    from rlctl.launch.jobdir import job_digests
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    data = json.loads(jd.job_json.read_text())
+    data["job_sha256"] = job_digests(data["job"])  # as launched with the cut no rank fits
+    data["job"]["tracking"], data["job"]["name"] = {"backends": ["tensorboard"]}, f"{data['job']['name']}-renamed"
+    jd.job_json.write_text(json.dumps(data))
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
+    edit_batch(jd, train_micro_batch_samples=32)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    assert f"{jd.job_json} was edited since the launch (batch), and with the job as edited" in r.stderr, r.stderr
