@@ -42,7 +42,7 @@ from rlctl.planner.context import longest_request
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, job_context, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, lora_passes
+from rlctl.profiler.traincost import TrainingPasses, lora_passes, lora_refusal
 from rlctl.textutil import did_you_mean, one_of
 
 Source = Literal["analytical", "measured"]
@@ -143,9 +143,14 @@ def request_from_job(
     model = spec.model
     checkpoint = Path(model.path) if isinstance(model, HfModel) else None
     name = model.name if isinstance(model, BuiltinModel) else None
+    arch = model.arch
+    # LoRA on adapters the model's figures do not give (a MoE's experts, described by active_params alone): `plan`'s
+    # and `check`'s line, versus a profile priced on one dense MLP's adapters a layer
+    if spec.trainer.lora is not None and (why := lora_refusal(arch, spec.trainer.lora)) is not None:
+        raise ConfigError(str(job.path), "trainer.lora.target_modules", why)
     return ProfileRequest(
         _pick_sites(known, sites),
-        model.arch,
+        arch,
         name,
         checkpoint,
         spec.algorithm,

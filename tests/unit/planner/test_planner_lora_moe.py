@@ -160,3 +160,19 @@ def test_lora_on_the_mlp_of_a_moe_described_by_active_params_alone_is_refused_by
     assert run_cli("plan", str(lora_job(tmp_path, moe, "all-linear"))).exit_code == 0
     dense_model = {k: v for k, v in dense.items() if k != "active_params"}  # (a dense model: every target counted)
     assert run_cli("plan", str(lora_job(tmp_path, {**dense_model, "name": "dense"}, "all-linear"))).exit_code == 0
+
+
+def test_profile_of_a_job_with_lora_on_the_mlp_of_a_moe_described_by_active_params_alone_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`rlctl profile --job` of that job says plan's line, exit 2, versus a LoRA profile written of one dense MLP's
+    adapters a layer (which plan then read as the job's); its attention alone is profiled."""
+    builtin = BUILTIN_MODELS["qwen1.5-moe-a2.7b"]
+    dense = {k: v for k, v in described(builtin).items() if k not in ("experts", "experts_per_token")}
+    by_active = {**dense, "active_params": builtin.active}
+    path = lora_job(tmp_path, by_active, ["q_proj", "gate_proj", "down_proj"])
+    out = tmp_path / "p.yaml"
+    assert _refused(run_cli("profile", "--job", str(path), "-o", str(out))) == _refused(run_cli("plan", str(path)))
+    assert not out.exists()
+    attention = lora_job(tmp_path, by_active, ATTENTION)
+    assert run_cli("profile", "--job", str(attention), "-o", str(out)).exit_code == 0 and out.exists()
