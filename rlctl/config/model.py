@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     SerializerFunctionWrapHandler,
@@ -80,15 +81,16 @@ class ArchFigures(Strict):
     expert_intermediate: PositiveInt | None = Field(
         None, description="an expert's MLP width (HF's moe_intermediate_size; Qwen3-30B-A3B's 768)"
     )
-    shared_expert_intermediate: PositiveInt | None = Field(
+    shared_expert_intermediate: NonNegativeInt | None = Field(
         None,
         description="the width of a shared expert every token runs beside its top experts (a Qwen2MoE's "
-        "shared_expert_intermediate_size). Default: none",
+        "shared_expert_intermediate_size). Default: none (0 too, as an HF config without one says it)",
     )
-    dense_layers: PositiveInt | None = Field(
+    dense_layers: NonNegativeInt | None = Field(
         None,
         description="how many layers have a dense MLP of intermediate instead of experts (HF's mlp_only_layers, or "
-        "the layers decoder_sparse_step skips), fewer than layers. Default: none",
+        "the layers decoder_sparse_step skips), fewer than layers. Default: none (0 too, as an empty "
+        "mlp_only_layers says it)",
     )
 
     @field_validator("name")
@@ -97,6 +99,13 @@ class ArchFigures(Strict):
         if not v.strip():  # else plans and profiles speak of model '' (a profile's must match the job's by it)
             raise ValueError("the name is empty; give the model a name (a profile is matched to a job's model by it)")
         return v
+
+    @field_validator("shared_expert_intermediate", "dense_layers")
+    @classmethod
+    def _zero_is_none(cls, v: int | None) -> int | None:
+        # an HF config's figure copied as it reads (shared_expert_intermediate_size 0, mlp_only_layers [] counted 0):
+        # none, written as none (left out), versus refused by a field whose default is none
+        return v or None
 
     @model_validator(mode="after")
     def _moe_shape(self) -> ArchFigures:

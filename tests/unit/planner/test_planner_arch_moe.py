@@ -207,3 +207,16 @@ def test_a_moes_context_is_refused_by_check_and_plan_in_the_same_line(tmp_path: 
     checked = run_cli("check", str(path))
     assert checked.exit_code == 2 and line in checked.stderr.splitlines()
     assert run_cli("plan", str(_job(tmp_path, model, prompt_tokens=512, max_output_tokens=7680))).exit_code == 0
+
+
+def test_a_zero_shared_expert_or_dense_layer_count_is_none() -> None:
+    """An HF config's figures copied as they read (a Qwen3MoE's shared_expert_intermediate_size 0, mlp_only_layers [],
+    0 layers) describe the model without either, written without them; versus refused ("greater than 0") by fields
+    whose default is none. A dense model may give them as 0 too."""
+    builtin = BUILTIN_MODELS["qwen3-30b-a3b"]
+    zeros = ArchModel.model_validate(described(builtin, **EXPERTS[builtin.name], shared_expert_intermediate=0,
+                                               dense_layers=0))  # fmt: skip
+    assert zeros == ArchModel.model_validate(described(builtin, **EXPERTS[builtin.name])) and zeros.arch == builtin
+    assert not {"shared_expert_intermediate", "dense_layers"} & set(zeros.model_dump())
+    dense = {k: v for k, v in described(builtin).items() if k not in ("experts", "experts_per_token")}
+    assert ArchModel.model_validate({**dense, "dense_layers": 0}).arch.experts == 0
