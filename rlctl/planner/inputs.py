@@ -68,7 +68,7 @@ def job_passes(job: Job, trainer: TrainingPasses | None) -> TrainingPasses:
     if adapters is None:
         passes = passes_for(spec.algorithm, trainer)
     else:
-        passes = lora_passes(spec.algorithm, spec.model.arch, adapters, trainer)
+        passes = lora_passes(spec.algorithm, arch=spec.model.arch, lora=adapters, trainer=trainer)
     if spec.trainer.activation_checkpointing and spec.trainer.backend == "torch":
         passes = passes.model_copy(update={"recompute": True})
     return passes

@@ -110,7 +110,7 @@ def launch_layout(job: Job, *, tp: int, pp: int, dp: int) -> Sharding:
     gpu = job.inventory.sites[spec.placement.trainer.site].spec
     # a KL term's reference policy is on the GPU too, as the planner counts it; with LoRA, the adapters' state alone
     arch = spec.model.arch  # (an HF model's: its directory read)
-    passes = lora_passes(spec.algorithm, arch, spec.trainer.lora)
+    passes = lora_passes(spec.algorithm, arch=arch, lora=spec.trainer.lora)
     # FSDP2 runs at no model split: the replica's entry decides (a split's never shards)
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     rule = shard_rule(spec, arch, mini_batches=passes.mini_batches, cpu=kind_for(gpu.name) != "cuda")

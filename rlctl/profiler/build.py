@@ -164,7 +164,7 @@ def request_from_job(
 
 
 def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None = None) -> ProfileFile:
-    passes = lora_passes(req.algorithm, req.arch, req.lora)
+    passes = lora_passes(req.algorithm, arch=req.arch, lora=req.lora)
     kind = req.algorithm.kind
     if source == "measured":
         check_measurable(req)

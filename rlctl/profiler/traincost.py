@@ -71,17 +71,18 @@ class TrainingPasses(Strict):
         return self.adapter_params if self.adapter_active_params is None else self.adapter_active_params
 
 
-def passes_for(
-    algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None, *, adapter_params: float = 0.0
-) -> TrainingPasses:
-    """The passes of a job's algorithm on `trainer` (default: rlctl's trainer); the job sets `reference` and, with
-    LoRA, `adapter_params` (`lora_params`; a MoE's: `lora_passes`)."""
-    update = {"reference": algorithm.kl_coef > 0, "adapter_params": adapter_params}
-    return (trainer or TrainingPasses()).model_copy(update=update)
+def passes_for(algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None) -> TrainingPasses:
+    """The passes of a job's algorithm on `trainer` (default: rlctl's trainer), training the whole policy; the job
+    sets `reference` (LoRA's adapters: `lora_passes`)."""
+    return (trainer or TrainingPasses()).model_copy(update={"reference": algorithm.kl_coef > 0, "adapter_params": 0.0})
 
 
 def lora_passes(
-    algorithm: GrpoAlgorithm | PpoAlgorithm, arch: ModelArch, lora: Lora | None, trainer: TrainingPasses | None = None
+    algorithm: GrpoAlgorithm | PpoAlgorithm,
+    *,
+    arch: ModelArch,
+    lora: Lora | None,
+    trainer: TrainingPasses | None = None,
 ) -> TrainingPasses:
     """`passes_for` a job training `lora`'s adapters on `arch` (None: the whole policy) on `trainer`."""
     return passes_for(algorithm, trainer).model_copy(update=lora_adapters(arch, lora))

@@ -100,7 +100,7 @@ def _trainer_memory(
         return None
     arch = arch if arch is not None else spec.model.arch
     # with a KL term (kl_coef > 0) the reference policy's weights too, as the planner counts them
-    passes = lora_passes(spec.algorithm, arch, spec.trainer.lora)  # LoRA: its adapters
+    passes = lora_passes(spec.algorithm, arch=arch, lora=spec.trainer.lora)  # LoRA: its adapters
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`). Not PPO's: its

@@ -26,7 +26,14 @@ from rlctl.planner.split import launch_layout
 from rlctl.planner.view import plan_table
 from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
 from rlctl.profiler.profile import ProfileFile
-from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_params, passes_for, streamed_units
+from rlctl.profiler.traincost import (
+    TrainingPasses,
+    flops_per_token,
+    lora_params,
+    lora_passes,
+    passes_for,
+    streamed_units,
+)
 from tests.unit.hf_checkpoints import config_reads
 from tests.unit.ops.test_preflight import GPU_CLUSTERS, gpu_job, hf_dataset_job, load
 
@@ -57,7 +64,7 @@ def test_a_jobs_passes_read_an_hf_models_directory_for_its_adapters_alone(
     adapters = Lora(rank=4, alpha=8)
     arch = job.spec.model.arch
     reads = config_reads(monkeypatch)
-    assert job_passes(job, None) == passes_for(job.spec.algorithm, None, adapter_params=0.0)
+    assert job_passes(job, None) == passes_for(job.spec.algorithm, None)
     assert reads == []
     assert job_passes(with_lora(job, adapters), None).adapter_params == lora_params(arch, adapters) > 0
     assert reads == [tmp_path / "model" / "config.json"]
@@ -81,9 +88,8 @@ def test_a_lora_rank_holds_its_frozen_weights_once_and_the_adapters_state() -> N
     assert full.fixed_bytes_per_gpu + full.sharded_bytes_per_gpu == 16 * arch.params + RANK_WORKING_BYTES
     assert with_lora.sharded_bytes_per_gpu == 12 * adapters  # AdamW's fp32 moments and master of the adapters only
     assert with_lora.fixed_bytes_per_gpu == 4 * arch.params + 4 * adapters + RANK_WORKING_BYTES
-    kl = passes_for(
-        GrpoAlgorithm(kind="grpo", kl_coef=0.01), adapter_params=adapters
-    )  # a KL term's reference weights as before
+    # a KL term's reference weights as before
+    kl = lora_passes(GrpoAlgorithm(kind="grpo", kl_coef=0.01), arch=arch, lora=Lora(rank=16, alpha=32))
     with_ref = training_entry(arch, gpu, tp=1, pp=1, algorithm="grpo", passes=kl)
     assert with_ref.fixed_bytes_per_gpu - with_lora.fixed_bytes_per_gpu == 4 * arch.params
     assert "adapter_params" not in TrainingPasses(adapter_params=adapters).model_dump()  # never in a profile

@@ -85,7 +85,7 @@ def test_a_tokens_flops_are_of_the_adapters_of_the_experts_it_runs(checkpoints: 
     arch = check_hf_dir(checkpoints[variant]).arch
     active, held = lora_params(arch, adapters, active=True), lora_params(arch, adapters)
     assert sum(ran) == active < held == trained(model)
-    passes = lora_passes(GrpoAlgorithm(kind="grpo"), arch, adapters)
+    passes = lora_passes(GrpoAlgorithm(kind="grpo"), arch=arch, lora=adapters)
     assert flops_per_token("grpo", passes, arch.active) == pytest.approx(2 * (2 * arch.active + 3 * active))
     assert grad_bytes(arch, "grpo", adapter_params=passes.adapter_params) == 4 * held
 
