@@ -2,17 +2,21 @@
 
 Metrics live on a registry per process (`JobMetrics(registry)`), not on the global default
 registry, so several controllers in one test process do not collide. The controller owns one and
-serves it with `serve(port)`; agents may expose their own.
+holds its port with `bind(port)` and answers scrapes once `start()`ed, its resume done; agents may expose their own.
 """
 
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 
 STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0)
@@ -37,6 +41,17 @@ class _Scrapes:
             self.times = [*self.times[-5:], time.monotonic()]
             self.seen.notify_all()
         return []
+
+
+class _Silent(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape is not logged."""
+
+
+def _best_family(addr: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """The address family `addr` is of (an IPv6 host binds as one), as prometheus_client's own server picks it."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return family, str(sockaddr[0])
 
 
 class JobMetrics:
@@ -105,9 +120,17 @@ class JobMetrics:
         )
         self.staleness_violations = Counter(
             "rlctl_sample_staleness_violations",
-            "Samples the trainer found staler than the job's bound eta (pipeline.eta) as they reached it; must stay 0 "
-            "(a dispatch bug: status's and the summary's staleness_violations). The job's count: a resumed controller "
-            "starts from its checkpoint's",
+            "Samples the trainer found staler than the job's bound eta (pipeline.eta) as they reached it since this "
+            "controller started; must stay 0 (a dispatch bug). Each start, a resume too, starts it at 0, which "
+            "Prometheus takes for any counter's reset: increase() counts the violations that happened, never a "
+            "resume's restored count. The job's count is rlctl_job_staleness_violations",
+            registry=r,
+        )
+        self.job_staleness_violations = Gauge(
+            "rlctl_job_staleness_violations",
+            "The job's samples trained staler than eta, across resumes (status's and the summary's "
+            "staleness_violations): a resumed controller's starts at its checkpoint's count, so it goes down where "
+            "the resume rolls back past violations (they are no longer in the weights)",
             registry=r,
         )
         self.reward_mean = Gauge("rlctl_reward_mean", "Mean reward of the last iteration's samples", registry=r)
@@ -238,9 +261,24 @@ class JobMetrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Expose /metrics over HTTP; port 0 picks a free one. Returns the port."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = server
-        return int(server.server_address[1])
+        bound = self.bind(port, addr)
+        self.start()
+        return bound
+
+    def bind(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Hold /metrics's port (0 picks a free one), not answering yet: a scrape waits in the socket's backlog until
+        `start` (a resumed controller's restored figures, never the 0s and NaNs they replace). Returns the port."""
+        family, host = _best_family(addr, port)
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        self._server: WSGIServer = make_server(
+            host, port, make_wsgi_app(self.registry), server_class, handler_class=_Silent
+        )
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        """Answer scrapes on the port `bind` holds."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
 
     def linger_s(self) -> float:
         """How long to wait for one more scrape: twice the longest gap between the last scrapes (LINGER_MAX_S at
@@ -265,5 +303,6 @@ class JobMetrics:
         """Stop serving /metrics (a controller that ends inside a longer-lived process)."""
         server = getattr(self, "_server", None)
         if server is not None:
-            server.shutdown()
+            if hasattr(self, "_thread"):  # (shutdown waits for serve_forever to return: forever where it never ran)
+                server.shutdown()
             server.server_close()

@@ -82,6 +82,9 @@ class ControllerAgent(Dispatch):
         self.evaluator = self._evaluator(version or 0)
         if self.evaluator is not None:
             self.core.evaluating = self.evaluator.schedule.holds
+        # what the resume restored (the checkpoint's version, the job's violations, the kept evaluations' gauges) is
+        # set: /metrics answers now, its first scrape the job's figures, versus 0 then N (a counter's reset)
+        self.metrics.start()
         jobdir.write_json(
             jobdir.controller_json,
             {"address": self.listener.address, "pid": os.getpid(), "metrics_port": self.metrics_port},

@@ -152,7 +152,9 @@ class ControllerBase:
         self.metrics = JobMetrics()
         self.metrics.last_trained.set(time.time())  # the start counts as progress: a job stuck before its first
         # iteration is a stalled job too (docs/prometheus/rlctl-alerts.yml)
-        self.metrics_port = self._serve_metrics(job.metrics.port)
+        # bound now (a port another server holds ends the start before a resume moves anything aside), answered once
+        # `ControllerAgent.__init__` restored what a resume restores: a scrape between read the job's 0s and NaNs
+        self.metrics_port = self._bind_metrics(job.metrics.port)
         self.listen_field = listen_field()  # what an operator changes to move the listener (and /metrics)
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
@@ -164,12 +166,13 @@ class ControllerBase:
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         self.checkpointed: tuple[int, float | None] | None = None  # the latest complete: version, when (status)
 
-    def _serve_metrics(self, port: int) -> int:
-        """/metrics where the controller listens, on `metrics.port` (0: a free one); its port. A port that cannot be
-        bound (another server holds it) is one line naming metrics.port and the address, which launch quotes."""
+    def _bind_metrics(self, port: int) -> int:
+        """/metrics's port where the controller listens, `metrics.port` (0: a free one), held (`JobMetrics.bind`). A
+        port that cannot be bound (another server holds it) is one line naming metrics.port and the address, which
+        launch quotes."""
         host = bind_host(self.listener.address)
         try:
-            return self.metrics.serve(port, addr=host)
+            return self.metrics.bind(port, addr=host)
         except OSError as e:
             self.listener.close()
             raise RlctlError(

@@ -70,12 +70,14 @@ class Checkpoints(ControllerBase):
             self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
             self.core.skipped_in_a_row = list(st.skipped_in_a_row)
             self.violations = st.violations
-            self.metrics.staleness_violations.inc(st.violations)  # the job's, as status's: a resume does not clear it
+            # the job's, as status's: a resume does not clear it (the counter counts this controller's: from 0)
+            self.metrics.job_staleness_violations.set(st.violations)
             self.rewards_before = st.reward_stats
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
             self.metrics.checkpoint_version.set(version)
+            self.metrics.iteration.set(version)  # the iterations completed, as status's (trainer_version): not 0
         # the scale events of the job's history this run continues (summary, status), as `rlctl report` draws them
         self.scaler.scale_log = scale_history(self.jobdir, version)
         # from no checkpoint, nothing is kept

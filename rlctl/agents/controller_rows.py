@@ -35,6 +35,7 @@ class Rows(Checkpoints):
                 in_a_row=len(self.core.skipped_in_a_row),
             )
         self.violations += t.staleness_violations
+        self.metrics.job_staleness_violations.set(self.violations)  # (the counter: `iteration_gauges`)
         trainer = self.peers.get(self.core.trainer.name if self.core.trainer else "")
         if trainer is not None:
             trainer.figures.busy_s, trainer.figures.version = t.busy_s, t.version

@@ -1,7 +1,8 @@
 """The alerting rules shipped for rlctl jobs (docs/prometheus/rlctl-alerts.yml), through Prometheus's own promtool:
 they load, each fires on the series it is for and only then (alerts_test.yml: a controller that is gone and not one
 that ended its job, a job that stops training, an agent stuck in one phase, a skipped step, a quarantined prompt, a
-staleness violation), and every metric they read is one rlctl declares."""
+staleness violation, not again at a resume nor at a rollback's lower count), and every metric they read is one rlctl
+declares."""
 
 from __future__ import annotations
 

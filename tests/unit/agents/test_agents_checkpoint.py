@@ -838,8 +838,9 @@ def test_the_staleness_violations_before_a_checkpoint_stay_in_the_summary_of_the
     ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://stale-b")
     try:
         assert views.status(ctl.snapshot(), now=time.monotonic())["staleness_violations"] == 1
-        # … and its counter, the job's as status's (a resumed controller's counter read 0: the panel turned green)
-        assert ctl.metrics.registry.get_sample_value("rlctl_sample_staleness_violations_total") == 1.0
+        # … and its gauge, the job's as status's; the counter counts this controller's (none: a resume pages nothing)
+        assert ctl.metrics.registry.get_sample_value("rlctl_job_staleness_violations") == 1.0
+        assert ctl.metrics.registry.get_sample_value("rlctl_sample_staleness_violations_total") == 0.0
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
