@@ -20,7 +20,9 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
 
     load_trainer on every rank: the manifest verifies (rank 0: every file; the others: what they read), the
     policy through the backend (this rank's shard of the HF tensors, read one at a time), then the shard of its
-    (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line).
+    (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError (one line); a
+    shard that verifies but is not what its rank wrote (an entry missing, of another shape or dtype, a truncated
+    file listed as it is) is refused before its state is loaded, naming its file (`rlctl.checkpoint.shardcheck`).
     At another split (`rlctl.checkpoint.resplit`): another dp, the shard of its position at the checkpoint's
     split, exactly; another tp × pp (megatron), its AdamW state rebuilt from the old shards its new shard
     overlaps, gathered whole per parameter and split for its position as the weights are. A torch trainer whose
@@ -57,7 +59,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.checkpoint import refsdp, resplit
+from rlctl.checkpoint import refsdp, resplit, shardcheck
 from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
 from rlctl.errors import CheckpointError, ConfigError
@@ -67,7 +69,7 @@ from rlctl.models import hf, hfdir, hfnames
 from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
-from rlctl.trainers.fsdp import check_local_fit, load_local, local_state, redistribute_optimizer
+from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
 from rlctl.trainers.wire import all_gather_values
 
 log = logging.getLogger(__name__)
@@ -516,7 +518,10 @@ def load_trainer(
     No collective: every rank loads on its own. At another split than the checkpoint's, see the module's docstring
     (one line logs both splits). CheckpointError (naming the checkpoint, and the rank for a shard) when the files
     do not verify, the checkpoint was written at a split this rank cannot rebuild its state at (`split_problem`,
-    `_load_resplit`), or its counters name another version than `version` (the N of the iter-N a resume loads)."""
+    `_load_resplit`), or its counters name another version than `version` (the N of the iter-N a resume loads); a
+    shard read that is not what its rank wrote, `<checkpoint>: <shard>: <what>` (`rlctl.checkpoint.shardcheck`), its
+    optimizers' state refused before any is loaded, its modules before the policy is (another model's policy is
+    refused first, by `_load_policy`, in its own words)."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]
@@ -554,10 +559,20 @@ def load_trainer(
         shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
     assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
-    shard = torch.load(ckpt / entry["file"], weights_only=True)
-    assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
-    _check_modules(ckpt / entry["file"], shard, modules or {})  # (before the policy: a refusal copies nothing)
-    _load_policy(ckpt / MODEL, model)
+    rel = entry["file"]
+    shard = shardcheck.read_shard(ckpt, rel)
+    try:  # what any shard must hold, then the modules: before the policy (a refusal copies nothing)
+        shardcheck.check_held(shard, rank=shard_of, optimizers=optimizers)
+    except ValueError as e:
+        raise shardcheck.damaged(ckpt, rel, str(e)) from e
+    shardcheck.check_modules(ckpt / rel, shard, modules or {})
+    _load_policy(ckpt / MODEL, model)  # (another model's checkpoint: refused here, in its words, nothing copied)
+    try:  # the optimizers' state: refused before any of it is loaded
+        shardcheck.check_optimizers(shard, optimizers=optimizers)
+        shardcheck.check_local(shard, optimizers=optimizers)
+        shardcheck.check_digest(shard, optimizers=optimizers, recorded=entry["optimizer_sha256"])
+    except ValueError as e:
+        raise shardcheck.damaged(ckpt, rel, str(e)) from e
     for k, m in (modules or {}).items():
         load_local(m, shard[f"module.{k}"])
     for k, o in optimizers.items():
@@ -599,20 +614,6 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
         raise ConfigError(str(directory), None, str(e)) from e
 
 
-def _check_modules(file: Path, shard: dict[str, Any], modules: Mapping[str, torch.nn.Module]) -> None:
-    """ConfigError naming the shard `file` and the module (`module.critic`: a PPO critic's; `module.policy`: a
-    sharded policy's), where the shard holds no state of one of `modules` or one that does not fit it
-    (`rlctl.trainers.fsdp.check_local_fit`), versus a KeyError's traceback or the tensors before the misfit copied
-    (torch's load_state_dict: every tensor that fit)."""
-    for k, m in modules.items():
-        if f"module.{k}" not in shard:
-            raise ConfigError(str(file), f"module.{k}", "missing: the checkpoint's job trained no such module")
-        try:
-            check_local_fit(m, shard[f"module.{k}"])
-        except DoesNotFit as e:
-            raise ConfigError(str(file), f"module.{k}", str(e)) from e
-
-
 def _load_resplit(
     ckpt: Path,
     manifest: dict[str, Any],
@@ -640,7 +641,12 @@ def _load_resplit(
     rank, _ = _rank_world()
     _load_policy(ckpt / MODEL, model)
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
-    shards = {resplit.position(r, was): torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in reads}
+    shards = {resplit.position(r, was): shardcheck.read_shard(ckpt, files[r], mmap=True) for r in reads}
+    for r in reads:
+        try:
+            shardcheck.check_held(shards[resplit.position(r, was)], rank=r, optimizers=optimizers)
+        except ValueError as e:
+            raise shardcheck.damaged(ckpt, files[r], str(e)) from e
     opt = optimizers["policy"]
     by_id = {id(p): n.removeprefix("gpt.") for n, p in policy.named_parameters()}
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -692,13 +698,14 @@ def _load_refsdp(
     policy sharded or not; an unsharded one's are its HF directory's (fp32: `HostPolicy`). CheckpointError for a
     module the shards lack (but an unsharded part's policy) or hold other tensors of, or other optimizer state. The old
     shards but `reads` (those this rank verified) are not opened: FSDP2's rule stands in for them (`refsdp.stand_in`),
-    and a verified shard not cut by it, or lacking a tensor of this trainer's state, is refused naming its file
-    (`refsdp.check_rows`)."""
+    and a verified shard not cut by it, lacking a tensor of this trainer's state or a parameter's state the others
+    hold, or not what its rank wrote, is refused naming its file (`refsdp.check_rows`, `rlctl.checkpoint.shardcheck`),
+    as a damaged shard, not a split this trainer cannot load."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     rank, _ = _rank_world()
     files = {int(s["rank"]): s["file"] for s in manifest["ranks"]}
-    verified = {r: torch.load(ckpt / files[r], weights_only=True, mmap=True) for r in files if r in reads}
+    verified = {r: shardcheck.read_shard(ckpt, files[r], mmap=True) for r in files if r in reads}
     first = verified[reads[0]]
     held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
     into = dict(modules)
@@ -713,16 +720,24 @@ def _load_refsdp(
         # (FSDP2's fp32 part, versus the HF directory's read in its place where the shards a rank read lacked it),
         # or LoRA's adapters in its place
         if k != "policy" or (was.fsdp and "lora" not in held):
-            raise CheckpointError(f"{refused}: {files[reads[0]]}: it holds no module.{k}")
+            raise shardcheck.damaged(ckpt, files[reads[0]], f"it holds no module.{k}")
         into.pop(k)
-    if lacking := sorted(k for k in optimizers if f"optimizer.{k}" not in first):
-        raise CheckpointError(f"{refused}: its shards hold no state of optimizer {lacking[0]}")
     whole = refsdp.whole_shapes(optimizers, into)
+    recorded = {int(s["rank"]): s["optimizer_sha256"] for s in manifest["ranks"]}
     for r, shard in verified.items():  # (FSDP2 cut the old shards by `refsdp.rows`: the stand-ins are made by it)
         try:  # (an unsharded source: its one shard holds the whole of each)
+            shardcheck.check_held(shard, rank=r, optimizers=optimizers)
+            shardcheck.check_optimizers(shard, optimizers=optimizers)
+            shardcheck.check_module_dtypes(shard, modules=into)
             refsdp.check_rows(shard, whole=whole, world=was.dp if was.fsdp else 1, rank=r if was.fsdp else 0)
         except ValueError as e:
-            raise CheckpointError(f"{refused}: {files[r]}: {e}") from e
+            raise shardcheck.damaged(ckpt, files[r], str(e)) from e
+    shardcheck.check_stepped(ckpt, {files[r]: s for r, s in verified.items()}, optimizers=optimizers)
+    for r, shard in verified.items():  # (its values: after what says more of a damaged shard)
+        try:
+            shardcheck.check_digest(shard, optimizers=optimizers, recorded=recorded[r])
+        except ValueError as e:
+            raise shardcheck.damaged(ckpt, files[r], str(e)) from e
     shards = [  # (rank order: the manifest's)
         verified[r] if r in verified else refsdp.stand_in(first, whole=whole, world=was.dp, rank=r) for r in files
     ]

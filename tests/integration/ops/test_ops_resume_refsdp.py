@@ -1,9 +1,12 @@
 """`rlctl launch --resume JOB --trainer-split dp=3` of a torch trainer's FSDP2 checkpoint written at dp 2 whose rank-1
 shard, listed in its manifest as it is (the SHA-256s of both parts agree: a shard another rlctl or a hand wrote),
-breaks what FSDP2's rows say of it (`rlctl.checkpoint.refsdp.check_rows`): the launch exits 1 with one line naming the
-checkpoint, the shard's file and what is wrong in it, no traceback, and the checkpoint as it was, every file. Versus
-a KeyError's traceback and a line without its reason (an entry missing), or a line naming the shapes of both old
-shards, one of them never read but made from the broken one (another width), neither naming the file."""
+breaks what FSDP2's rows say of it (`rlctl.checkpoint.refsdp.check_rows`) or lacks a parameter's state the other
+holds (`rlctl.checkpoint.shardcheck.check_stepped`), and a resume at dp 2 of one lacking its optimizer's state: the
+launch exits 1 with one line naming the checkpoint, the shard's file and what is wrong in it, no traceback, and the
+checkpoint as it was, every file. Versus a KeyError's traceback and a line without its reason (an entry missing), a
+line naming the shapes of both old shards, one of them never read but made from the broken one (another width), or a
+parameter's missing state, neither naming the file; each after "written by a trainer at …, which this trainer …
+cannot load", as if the split were refused."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-iteration job of a torch trainer sharded by FSDP2 over 2 ranks, its checkpoint iter-2 written, done."""
+    """A 2-iteration job of a torch trainer sharded by FSDP2 over 2 ranks, its checkpoints iter-1 and iter-2 written,
+    done."""
     out = tmp_path_factory.mktemp("refsdp-launch")
     job = hf_demo_job(
         out,
@@ -37,7 +41,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
         batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
         placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
         trainer={"shard": "fsdp"},
-        checkpoint={"every_iterations": 2},
+        checkpoint={"every_iterations": 1},
     )
     s = check_and_launch(job, out / "run")
     assert s["state"] == "done" and s["iterations"] == 2
@@ -71,13 +75,18 @@ def narrower(shard: dict[str, Any]) -> None:
     first_moments(shard).update({m: t[:, 1:].clone() for m, t in first_moments(shard).items() if t.dim()})
 
 
-# the embedding of the demo's 43-row vocabulary (96 wide): old rank 1 of 2 holds its last 21 rows
-CASES = {
+# the embedding of the demo's 43-row vocabulary (96 wide): old rank 1 of 2 holds its last 21 rows. Each case: the
+# damage, what the line says of it, the resume's split (None: the checkpoint's) and the ranks that read the shard
+# (at dp 3, new ranks 1 and 2 read old rank 1's rows; rank 0 reads old rank 0's alone)
+CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str, str | None, tuple[int, ...]]] = {
     "rows": (one_row_fewer, r"optimizer\.policy parameter 0's exp_avg is \(20, 96\); FSDP2 cuts \(21, 96\) of its "
-             r"\(43, 96\) to old rank 1 of 2"),
+             r"\(43, 96\) to old rank 1 of 2", "dp=3", (1, 2)),
     "width": (narrower, r"optimizer\.policy parameter 0's exp_avg is \(21, 95\); FSDP2 cuts \(21, 96\) of its "
-              r"\(43, 96\) to old rank 1 of 2"),
-    "missing": (lambda shard: shard.pop("module.policy"), r"it holds no module\.policy"),
+              r"\(43, 96\) to old rank 1 of 2", "dp=3", (1, 2)),
+    "missing": (lambda shard: shard.pop("module.policy"), r"it holds no module\.policy", "dp=3", (1, 2)),
+    "unstepped": (lambda shard: shard["optimizer.policy"]["state"].pop(0),
+                  r"its optimizer\.policy holds no state of parameter 0, but state of the others", "dp=3", (1, 2)),
+    "same-dp": (lambda shard: shard.pop("optimizer.policy"), r"it holds no optimizer\.policy", None, (1,)),
 }  # fmt: skip
 
 
@@ -86,28 +95,28 @@ def files_of(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_resume_at_another_dp_of_a_shard_fsdp2_did_not_cut_ends_in_one_line_naming_it(
+def test_a_resume_of_a_damaged_shard_ends_in_one_line_naming_it_and_the_older_checkpoint(
     tmp_path: Path, finished: Path, case: str
 ) -> None:
-    change, said = CASES[case]
+    change, said, split, ranks = CASES[case]
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     ckpt = run / "checkpoints" / "iter-2"
     relisted(ckpt, "ranks/rank-1.pt", change)
     before = files_of(run / "checkpoints")
 
-    proc = rlctl("launch", "--resume", str(run), "--iterations", "4", "--trainer-split", "dp=3", timeout_s=300)
+    resplit = ["--trainer-split", split] if split else []
+    proc = rlctl("launch", "--resume", str(run), "--iterations", "4", *resplit, timeout_s=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("rlctl: error:")]
-    # new ranks 1 and 2 read old rank 1's rows (rank 0 reads old rank 0's alone): whichever fails first is named
-    where = r"trainer-[12] exited with 1 before the job's trainer joined \(its log: [^)]*\): rank [12]: "
-    refused = (
-        f"{re.escape(str(ckpt))}: written by a trainer at tp 1 pp 1 dp 2 fsdp, which this trainer "
-        rf"\(tp 1 pp 1 dp 3 fsdp\) cannot load: ranks/rank-1\.pt: {said}"
-    )
-    assert len(errors) == 1 and re.fullmatch(f"rlctl: error: {where}{refused} \\(hint: .*", errors[0]), proc.stderr
+    # whichever rank that reads the shard fails first is named
+    who = f"[{''.join(map(str, ranks))}]"
+    where = f"trainer-{who} exited with 1 before the job's trainer joined \\(its log: [^)]*\\): rank {who}: "
+    refused = f"{re.escape(str(ckpt))}: ranks/rank-1\\.pt: {said}"
+    hint = r"\(hint: .*"
+    assert len(errors) == 1 and re.fullmatch(f"rlctl: error: {where}{refused} {hint}", errors[0]), proc.stderr
     assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr, proc.stderr[-3000:]
-    for rank in (1, 2):  # each rank that read the shard said so in its log, in one line
+    for rank in ranks:  # each rank that read the shard said so in its log, in one line
         log = (run / "logs" / f"trainer-{rank}.log").read_text()
         assert re.search(f"ERROR trainer-{rank} rlctl.agents: {refused}$", log, re.M), log[-2000:]
         assert "Traceback" not in log, log[-3000:]
