@@ -217,6 +217,9 @@ def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | No
     return written_at(manifest, trainer) + ": FSDP's sharded state is rebuilt at another dp alone, at tp 1 pp 1"
 
 
+SPLIT_REFUSED = "which this trainer"  # `written_at`'s words: the launcher's hint tells a split's refusal by them
+
+
 def written_at(manifest: dict[str, Any], trainer: ParallelConfig) -> str:
     """ "written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) cannot load": the start of
     the line that refuses a trainer part at another split (the reason follows)."""
@@ -224,7 +227,7 @@ def written_at(manifest: dict[str, Any], trainer: ParallelConfig) -> str:
     have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
     fsdp = " fsdp" if split.get("fsdp") else ""
     return (
-        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}{fsdp}, which this trainer "
+        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}{fsdp}, {SPLIT_REFUSED} "
         f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}{' fsdp' if trainer.fsdp else ''}) cannot load"
     )
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.agents.messages import LAUNCHER_STOP, SIGTERM_FAILURE
-from rlctl.checkpoint.choose import ResumePoint
+from rlctl.checkpoint.choose import SPLIT_REFUSED, ResumePoint
+from rlctl.checkpoint.files import checkpoint_dirs
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError
@@ -116,6 +117,34 @@ class RunBase:
     def resume_command(self) -> str:
         """How the user continues this job: by its index id, or its directory when it is not in the index."""
         return resume_command(self.id if self.db is not None else self.jobdir.path)
+
+    def unloadable_hint(self, said: str) -> str | None:
+        """What to do where a trainer rank refused the checkpoint this resume continues from (`said`: its error line,
+        which names the checkpoint's directory; a shard damaged, or the state not rebuilt at this split): continue
+        from an older checkpoint (`--checkpoint V`, the versions here before it), or at the split it was written at
+        where that was the refusal; versus "fix what its log says", which a damaged checkpoint leaves nothing to fix
+        in. None where `said` is not of the checkpoint (the trainer failed otherwise)."""
+        if self.resumed is None or self.resumed.version == 0:
+            return None
+        version = self.resumed.version
+        rel = self.jobdir.checkpoint(version).relative_to(self.jobdir.path).as_posix()
+        if not re.search(rf"(^|[/ ]){re.escape(rel)}: ", said):
+            return None
+        here = self.jobdir.checkpoints
+        older = sorted(v for v, _ in checkpoint_dirs(here) if v < version)
+        split = "resume it at the split it was written at (`--trainer-split`) or " if SPLIT_REFUSED in said else ""
+        if not older and self._record is None:  # (a controller's site elsewhere keeps them there: said as below)
+            from rlctl.ops.jobprep import launch_again
+            from rlctl.ops.runstart import launched_from  # (runstart's run is built on this module)
+
+            start = f"`{launch_again(launched_from(self.jobdir))}` starts the job over in a new directory"
+            split = split.replace(" or ", ", or else ")
+            return f"the trainer cannot load checkpoint v{version}, the oldest in {here}: {split}{start}"
+        which = f"V: {', '.join(map(str, older[-3:]))} here" if older else "V: an older complete checkpoint's version"
+        return (
+            f"the trainer cannot load checkpoint v{version}: {split}continue from an older one, "
+            f"`{self.resume_command()} --checkpoint V` ({which}; the newer ones are set aside)"
+        )
 
     def _settle(self, handles: list[AgentHandle]) -> None:
         """Up to AGENTS_SETTLE_S for the agents on this machine to leave by themselves (the controller that ended

@@ -222,10 +222,11 @@ class RunWait(RunBase):
             self._end_failed(f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined")
             tail = self.log_tail(h.spec.role, h.spec.replica, lines=ERROR_LOOKBACK_LINES)
             log.warning("the end of %s:\n%s", h.spec.log_path, "\n".join(tail.splitlines()[-15:]))
+            said = first_error(tail, ranks=int(self.plan["trainer"]["ranks"]))
             raise LaunchError(
                 f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined (its log: "
-                f"{h.spec.log_path})" + first_error(tail, ranks=int(self.plan["trainer"]["ranks"])),
-                hint="fix what its log says, then launch the job again",
+                f"{h.spec.log_path})" + said,
+                hint=self.unloadable_hint(said) or "fix what its log says, then launch the job again",
             )
 
     def _end_failed(self, why: str, *, grace_s: float = STOP_GRACE_S) -> None:

@@ -2,11 +2,12 @@
 shard, listed in its manifest as it is (the SHA-256s of both parts agree: a shard another rlctl or a hand wrote),
 breaks what FSDP2's rows say of it (`rlctl.checkpoint.refsdp.check_rows`) or lacks a parameter's state the other
 holds (`rlctl.checkpoint.shardcheck.check_stepped`), and a resume at dp 2 of one lacking its optimizer's state: the
-launch exits 1 with one line naming the checkpoint, the shard's file and what is wrong in it, no traceback, and the
-checkpoint as it was, every file. Versus a KeyError's traceback and a line without its reason (an entry missing), a
-line naming the shapes of both old shards, one of them never read but made from the broken one (another width), or a
-parameter's missing state, neither naming the file; each after "written by a trainer at …, which this trainer …
-cannot load", as if the split were refused."""
+launch exits 1 with one line naming the checkpoint, the shard's file and what is wrong in it, no traceback, a hint
+naming the older checkpoint to continue from (`--checkpoint V`), and the checkpoint as it was, every file. Versus a
+KeyError's traceback and a line without its reason (an entry missing), a line naming the shapes of both old shards,
+one of them never read but made from the broken one (another width), or a parameter's missing state, neither naming
+the file; each after "written by a trainer at …, which this trainer … cannot load", as if the split were refused,
+and the hint "fix what its log says, then launch the job again"."""
 
 from __future__ import annotations
 
@@ -113,7 +114,10 @@ def test_a_resume_of_a_damaged_shard_ends_in_one_line_naming_it_and_the_older_ch
     who = f"[{''.join(map(str, ranks))}]"
     where = f"trainer-{who} exited with 1 before the job's trainer joined \\(its log: [^)]*\\): rank {who}: "
     refused = f"{re.escape(str(ckpt))}: ranks/rank-1\\.pt: {said}"
-    hint = r"\(hint: .*"
+    hint = (
+        r"\(hint: the trainer cannot load checkpoint v2: continue from an older one, `rlctl launch --resume \S+ "
+        r"--checkpoint V` \(V: 1 here; the newer ones are set aside\)\)"
+    )
     assert len(errors) == 1 and re.fullmatch(f"rlctl: error: {where}{refused} {hint}", errors[0]), proc.stderr
     assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr, proc.stderr[-3000:]
     for rank in ranks:  # each rank that read the shard said so in its log, in one line
