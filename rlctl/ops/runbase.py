@@ -120,15 +120,15 @@ class RunBase:
 
     def unloadable_hint(self, said: str) -> str | None:
         """What to do where a trainer rank refused the checkpoint this resume continues from (`said`: its error line,
-        which names the checkpoint's directory; a shard damaged, or the state not rebuilt at this split): continue
-        from an older checkpoint (`--checkpoint V`, the versions here before it), or at the split it was written at
-        where that was the refusal; versus "fix what its log says", which a damaged checkpoint leaves nothing to fix
-        in. None where `said` is not of the checkpoint (the trainer failed otherwise)."""
+        which names the checkpoint's directory or a file in it; a shard or the policy damaged, or the state not rebuilt
+        at this split): continue from an older checkpoint (`--checkpoint V`, the versions here before it), or at the
+        split it was written at where that was the refusal; versus "fix what its log says", which a damaged checkpoint
+        leaves nothing to fix in. None where `said` is not of the checkpoint (the trainer failed otherwise)."""
         if self.resumed is None or self.resumed.version == 0:
             return None
         version = self.resumed.version
         rel = self.jobdir.checkpoint(version).relative_to(self.jobdir.path).as_posix()
-        if not re.search(rf"(^|[/ ]){re.escape(rel)}: ", said):
+        if not re.search(rf"(^|[/ ]){re.escape(rel)}(/\S*)?: ", said):  # (a file in it: its policy's)
             return None
         here = self.jobdir.checkpoints
         older = sorted(v for v, _ in checkpoint_dirs(here) if v < version)

@@ -43,6 +43,8 @@ def test_a_trainer_refusing_the_resumed_checkpoint_is_told_of_the_older_ones(tmp
         f"continue from an older one, `rlctl launch --resume {jd.path} --checkpoint V` (V: 1, 2 here; the newer ones "
         "are set aside)"
     )
+    policy = f": rank 1: {jd.checkpoint(3)}/model/model.safetensors: truncated: its header declares 58240 bytes"
+    assert run.unloadable_hint(policy) == run.unloadable_hint(damaged)
     # another checkpoint's path, another failure, a run that is no resume: the hint it had
     assert run.unloadable_hint(f": {jd.checkpoint(4)}: ranks/rank-1.pt: it holds no rng") is None
     assert run.unloadable_hint(": CUDA error: out of memory") is None
