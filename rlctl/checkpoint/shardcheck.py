@@ -11,7 +11,8 @@ traceback, or a line of the optimizer digests naming neither.
     check_modules        each module held, at this rank's shapes (ConfigError: another job's) the same split
     check_local          each moment at this rank's shape of its parameter                    the same split
                          (at another dp: `refsdp.check_rows`)
-    check_digest         its optimizers' state is the one its rank wrote (the manifest's digest of it)
+    check_digest         its optimizers' state is the one its rank wrote (the manifest's digest)  another dp
+                         (at the same split: the state as restored, `load_trainer`, hashed once)
     check_stepped        FSDP2's shards of a part hold state of every parameter, or none       another dp
 
 The ValueErrors are said as `damaged`'s CheckpointError, `<checkpoint>: <shard>: <what>`; the launcher's hint names

@@ -520,8 +520,8 @@ def load_trainer(
     do not verify, the checkpoint was written at a split this rank cannot rebuild its state at (`split_problem`,
     `_load_resplit`), or its counters name another version than `version` (the N of the iter-N a resume loads); a
     shard read that is not what its rank wrote, `<checkpoint>: <shard>: <what>` (`rlctl.checkpoint.shardcheck`), its
-    optimizers' state refused before any is loaded, its modules before the policy is (another model's policy is
-    refused first, by `_load_policy`, in its own words)."""
+    optimizers' entries, shapes and dtypes refused before any is loaded (their values after, hashed once as restored),
+    its modules before the policy is (another model's policy is refused first, by `_load_policy`, in its own words)."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]
@@ -570,7 +570,6 @@ def load_trainer(
     try:  # the optimizers' state: refused before any of it is loaded
         shardcheck.check_optimizers(shard, optimizers=optimizers)
         shardcheck.check_local(shard, optimizers=optimizers)
-        shardcheck.check_digest(shard, optimizers=optimizers, recorded=entry["optimizer_sha256"])
     except ValueError as e:
         raise shardcheck.damaged(ckpt, rel, str(e)) from e
     for k, m in (modules or {}).items():
@@ -578,10 +577,12 @@ def load_trainer(
     for k, o in optimizers.items():
         o.load_state_dict(shard[f"optimizer.{k}"])
         redistribute_optimizer(o, [p for g in o.param_groups for p in g["params"]])  # sharded: DTensors again
+    # its values, hashed once: as restored (a shard's changed values and a restore that changed them alike), versus
+    # the shard's state hashed before the load too (at model scale the seconds of a second pass over AdamW's state)
     restored = optimizer_digest(optimizers)
     if restored != entry["optimizer_sha256"]:
-        raise CheckpointError(
-            f"{ckpt}: rank {rank}'s optimizer state restored from rank {shard_of}'s shard differs from the one saved"
+        raise shardcheck.damaged(
+            ckpt, rel, "its optimizer state is not the one its rank wrote (its SHA-256 is not the manifest's)"
         )
     set_rng_state(shard["rng"])  # replica 0's at this position, on every replica (see the module's docstring)
     log.info(
