@@ -92,6 +92,11 @@ class ArchFigures(Strict):
         "the layers decoder_sparse_step skips), fewer than layers. Default: none (0 too, as an empty "
         "mlp_only_layers says it)",
     )
+    qk_norm: bool = Field(
+        False,
+        description="whether each head's q and k are RMS-normed before RoPE (Qwen3's and Qwen3MoE's q_norm and "
+        "k_norm): their activations are priced. Default false",
+    )
 
     @field_validator("name")
     @classmethod
@@ -174,6 +179,8 @@ class ArchFigures(Strict):
         for key in ("head_dim", "max_positions", "active_params", *MOE_FIELDS):
             if out.get(key) is None:
                 out.pop(key, None)
+        if not out.get("qk_norm"):  # (written only where true: a file without it is written the same)
+            out.pop("qk_norm", None)
         return out
 
     @property
@@ -193,6 +200,7 @@ class ArchFigures(Strict):
             self.params,
             explicit_head_dim=explicit,
             active_params=active,
+            qk_norm=self.qk_norm,
             **self._moe_token(),
         )
 

@@ -7,6 +7,7 @@ An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class ModelArch:
     expert_intermediate: int = field(default=0, compare=False)
     shared_expert_intermediate: int = field(default=0, compare=False)
     dense_layers: int = field(default=0, compare=False)
+    # Qwen3's and Qwen3MoE's per-head RMSNorms of q and k before RoPE (q_norm, k_norm), for its activations
+    # (`rlctl.profiler.actmem`); not compared, as the MoE figures
+    qk_norm: bool = field(default=False, compare=False)
 
     @property
     def active(self) -> float:
@@ -66,7 +70,13 @@ class ModelArch:
 # layers, top 8 a token; their intermediate the config's dense width (no layer of them dense). Parameters:
 # transformers' count on the meta device, and of them the router and 8 experts a token computes with in each layer. A
 # token's MLP width: 8 × 768 and 8 × 1536
-_QWEN3_MOE = {"explicit_head_dim": 128, "max_positions": 40960, "experts_per_token": 8, "experts": 128}
+_QWEN3_MOE: dict[str, Any] = {
+    "explicit_head_dim": 128,
+    "max_positions": 40960,
+    "experts_per_token": 8,
+    "experts": 128,
+    "qk_norm": True,
+}
 QWEN3_30B_A3B = {
     **_QWEN3_MOE,
     "active_params": 3_353_032_704,
@@ -84,7 +94,7 @@ QWEN3_235B_A22B = {
 # config's dense width (no layer of them dense). max_positions: the base models' config.json (Qwen1.5-MoE-A2.7B-Chat's
 # says 32768). Parameters as for Qwen3's: transformers' count on the meta device, and the active ones of it. A token's
 # MLP width: its top-k experts' and the shared expert's, 4 × 1408 + 5632 and 8 × 2560 + 20480
-QWEN15_MOE_A27B = {
+QWEN15_MOE_A27B: dict[str, Any] = {
     "max_positions": 8192,
     "active_params": 2_689_173_504,
     "token_intermediate": 4 * 1408 + 5632,
@@ -93,7 +103,7 @@ QWEN15_MOE_A27B = {
     "expert_intermediate": 1408,
     "shared_expert_intermediate": 5632,
 }
-QWEN2_57B_A14B = {
+QWEN2_57B_A14B: dict[str, Any] = {
     "max_positions": 131072,
     "active_params": 14_249_270_784,
     "token_intermediate": 8 * 2560 + 20480,
@@ -103,6 +113,8 @@ QWEN2_57B_A14B = {
     "shared_expert_intermediate": 20480,
 }
 
+_QWEN3: dict[str, Any] = {"max_positions": 40960, "qk_norm": True}  # the dense Qwen3s' context and q/k norms
+
 BUILTIN_MODELS: dict[str, ModelArch] = {
     m.name: m
     for m in [
@@ -111,10 +123,10 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9, max_positions=131072),
         ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9, max_positions=131072),
         # their config.json's figures; params as the architecture counts them (Qwen3's q/k norms, 4B's tied embeddings)
-        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128, max_positions=40960),
-        ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9, max_positions=40960),
-        ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9, max_positions=40960),
-        ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128, max_positions=40960),
+        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128, **_QWEN3),
+        ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9, **_QWEN3),
+        ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9, **_QWEN3),
+        ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128, **_QWEN3),
         ModelArch("llama3.1-8b", 32, 4096, 32, 8, 128256, 14336, 8.03e9, max_positions=131072),
         ModelArch("llama3.1-70b", 80, 8192, 64, 8, 128256, 28672, 70.55e9, max_positions=131072),
         ModelArch("mistral-7b", 32, 4096, 32, 8, 32768, 14336, 7.25e9, max_positions=32768),  # v0.3 (no sliding window)

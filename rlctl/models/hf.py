@@ -253,6 +253,7 @@ class TinyGPTConfig:
             explicit_head_dim=self.explicit_head_dim,
             max_positions=self.max_positions,
             active_params=float(self.num_params(active=True)) if self.has_experts else None,
+            qk_norm=self.qk_norm,
             **(self._moe_token() if self.has_experts else {}),
         )
 

@@ -13,6 +13,10 @@ A token of a cut keeps, in bytes (h hidden, q = heads·head_dim, kv = kv_heads·
                  8·i       gate, silu(gate), up and their product (bf16)
                  4·heads   SDPA's log-sum-exp (fp32); flash attention keeps no heads × seq² scores (CPU and CUDA)
                  8         the two RMSNorms' 1/rms (fp32)
+    with q/k norms (Qwen3's and Qwen3MoE's per-head RMSNorms of q and k before RoPE, `ModelArch.qk_norm`):
+                 6·q, 6·kv each norm's fp32 input and its bf16 output, which the norm's fp32 weight scales
+                 4·(heads + kv_heads)  their 1/rms (fp32)
+                 and no RoPE tables: the normed q and k are fp32, so RoPE computes on the fp32 tables, uncast
     once         10·h      the final norm's input and output (fp32) and lm_head's bf16 input
                  4·V       the fp32 log-probabilities the log-softmax keeps
                  40        the loss's per-token figures
@@ -20,18 +24,19 @@ A token of a cut keeps, in bytes (h hidden, q = heads·head_dim, kv = kv_heads·
 
 A MoE's sparse layer (`ModelArch.token_intermediate`: a Qwen3MoE's or Qwen2MoE's, `rlctl.models.tinygpt.SparseMoE`)
 prices its MLP at the width a token runs, i = top-k × the experts' width (+ a Qwen2MoE's shared expert's), not the
-config's dense width, and beside it (fitted on TinyGPT's MoE layers, k experts a token of E):
+config's dense width, and beside it (fitted on TinyGPT's MoE layers without q/k norms, k experts a token of E):
 
     each layer   (10·h + 26)·k   each chosen expert's fp32 gathered input and its bf16 cast, its bf16 output that the
                                  router's weight scales, their indices
-                 7·h + 12        the router's and the sum's
+                 −2·h            the router's bf16 cast of the normed input, in place of a dense MLP's two (gate's and
+                                 up's, which the 26·h holds)
                  4·E             the router's fp32 softmax
+                 8·h + 2         a Qwen2MoE's shared expert beyond its 8·i: its input's bf16 casts, its output that its
+                                 sigmoid gate scales, and that gate
 
-(a Qwen2MoE's shared expert keeps h + 22 less than its 8·i: not taken off, an upper bound). Where some of a MoE's layers
-are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
-Not priced: Qwen3's per-head q/k RMSNorms (`q_norm`, `k_norm`), which `ModelArch` does not tell; measured, they keep
-about 6·(q + kv) more a layer (8·(q + kv) in fp32): 12 to 18 % more than priced on small dense Qwen3 cuts (the MoE
-figures, fitted on Qwen3MoE layers, hold part of it).
+(Until 2026-12-07 the router's and the sum's were 7·h + 12, fitted on Qwen3MoE layers with their q/k norms, then not
+priced: 1,190 of the 1,656 B a token a layer they keep at h 128, q 192, kv 96, rows of 50.) Where some of a MoE's
+layers are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
 
 and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
 All of that is `saved_bytes`, the figure the test holds to the measured bytes. The log-softmax's backward then holds
@@ -46,9 +51,9 @@ policy computes on the gathered bf16 parameters (`costs.fsdp_gathered_bytes`), s
 
 On a CPU the torch trainer computes in fp32, without autocast (`rlctl.trainers.native`; `Activations.fp32`, the
 `FP32` figures), measured alike on other shapes than the test's: every tensor above is kept in fp32 and the normed
-inputs are not cast, so a token keeps 24·h + 8·q + 8·kv + 16·i + 4·heads + 8 a layer and 12·h + 4·V + 40 once, no
-RoPE tables (the model's own fp32 buffers) and no weight copies; a MoE's sparse layer (12·h + 28)·k + 4·E besides (read
-off Qwen3MoE layers, less their q/k norms; a Qwen2MoE's shared expert keeps 4·h more, not priced). `rlctl check`
+inputs are not cast, so a token keeps 24·h + 8·q + 8·kv + 16·i + 4·heads + 8 a layer (with q/k norms 8·(q + kv) +
+4·(heads + kv_heads) more) and 12·h + 4·V + 40 once, no RoPE tables (the model's own fp32 buffers) and no weight
+copies; a MoE's sparse layer (12·h + 28)·k + 4·E besides, and a Qwen2MoE's shared expert 4·h + 4. `rlctl check`
 judges a `gpu: CPU` site's trainer rank by them against its slot's memory, and the planner prices it so.
 
 PPO's critic (`rlctl.rl.ppo.ValueModel`, a copy of the policy's trunk and a value head, and its `value_loss`),
@@ -104,11 +109,17 @@ CRITIC_FINAL_HIDDEN_BYTES = 12
 CRITIC_TOKEN_BYTES = 17
 ROPE_POSITION_BYTES = 4  # bf16 cos and sin, per position and head dimension, per layer
 WEIGHT_COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight
+QK_NORM_HEAD_DIM_BYTES = 6  # Qwen3's q/k RMSNorms, per q and per kv unit (see the module docstring)
+QK_NORM_HEAD_BYTES = 4  # their fp32 1/rms, per query and per key head
 MOE_EXPERT_HIDDEN_BYTES = 10  # a MoE's sparse layer, per chosen expert and hidden unit (see the module docstring)
 MOE_EXPERT_BYTES = 26  # per chosen expert
-MOE_HIDDEN_BYTES = 7  # per hidden unit, once
+# per hidden unit, once: the router's bf16 cast of the normed input (2·h) in place of a dense MLP's two (gate's and
+# up's, which LAYER_HIDDEN_BYTES holds)
+MOE_HIDDEN_BYTES = -2
 MOE_ROUTER_BYTES = 4  # the router's fp32 softmax, per expert
-MOE_TOKEN_BYTES = 12
+MOE_TOKEN_BYTES = 0
+MOE_SHARED_HIDDEN_BYTES = 8  # a Qwen2MoE's shared expert, per hidden unit: its input's bf16 casts, its scaled output
+MOE_SHARED_TOKEN_BYTES = 2  # its gate's sigmoid (bf16)
 
 
 class Widths(NamedTuple):
@@ -116,6 +127,7 @@ class Widths(NamedTuple):
 
     layer_hidden: int
     head_dim: int
+    qk_norm_head_dim: int
     intermediate: int
     final_hidden: int
     rope_position: int
@@ -123,11 +135,14 @@ class Widths(NamedTuple):
     moe_expert: int
     moe_hidden: int
     moe_token: int
+    moe_shared_hidden: int
+    moe_shared_token: int
 
 
 BF16 = Widths(
     LAYER_HIDDEN_BYTES,
     LAYER_HEAD_DIM_BYTES,
+    QK_NORM_HEAD_DIM_BYTES,
     LAYER_INTERMEDIATE_BYTES,
     FINAL_HIDDEN_BYTES,
     ROPE_POSITION_BYTES,
@@ -135,10 +150,12 @@ BF16 = Widths(
     MOE_EXPERT_BYTES,
     MOE_HIDDEN_BYTES,
     MOE_TOKEN_BYTES,
+    MOE_SHARED_HIDDEN_BYTES,
+    MOE_SHARED_TOKEN_BYTES,
 )
 # the torch trainer on a CPU (no autocast): every saved tensor fp32, no bf16 casts of the normed inputs, RoPE's tables
 # the model's own buffers (see the module docstring)
-FP32 = Widths(24, 8, 16, 12, 0, 12, 28, 0, 0)
+FP32 = Widths(24, 8, 8, 16, 12, 0, 12, 28, 0, 0, 4, 4)
 
 
 @dataclass(frozen=True)
@@ -229,6 +246,8 @@ def layer_bytes_per_token(arch: ModelArch, *, tp: int = 1, fp32: bool = False) -
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     width = arch.intermediate if arch.token_intermediate is None else arch.token_intermediate
     split = w.head_dim * (q + kv) + w.intermediate * width + LAYER_HEAD_BYTES * arch.heads
+    if arch.qk_norm:
+        split += w.qk_norm_head_dim * (q + kv) + QK_NORM_HEAD_BYTES * (arch.heads + arch.kv_heads)
     return w.layer_hidden * arch.hidden + split / tp + LAYER_TOKEN_BYTES + _moe_bytes_per_token(arch, w)
 
 
@@ -237,11 +256,16 @@ def _moe_bytes_per_token(arch: ModelArch, w: Widths) -> float:
     if arch.token_intermediate is None:
         return 0.0
     expert = w.moe_expert_hidden * arch.hidden + w.moe_expert
-    return expert * arch.experts_per_token + w.moe_hidden * arch.hidden + MOE_ROUTER_BYTES * arch.experts + w.moe_token
+    routed = (
+        expert * arch.experts_per_token + w.moe_hidden * arch.hidden + MOE_ROUTER_BYTES * arch.experts + w.moe_token
+    )
+    shared = w.moe_shared_hidden * arch.hidden + w.moe_shared_token if arch.shared_expert_intermediate else 0
+    return routed + shared
 
 
 def _layer_bytes(arch: ModelArch, *, tokens: int, seq_tokens: int, tp: int, fp32: bool) -> float:
-    rope = (FP32 if fp32 else BF16).rope_position * seq_tokens * arch.head_dim
+    # (normed q and k are fp32, the norms' weights being fp32: RoPE computes on the fp32 tables, no bf16 cast)
+    rope = 0 if arch.qk_norm else (FP32 if fp32 else BF16).rope_position * seq_tokens * arch.head_dim
     return tokens * layer_bytes_per_token(arch, tp=tp, fp32=fp32) + rope
 
 

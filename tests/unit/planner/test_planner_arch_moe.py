@@ -28,8 +28,8 @@ from tests.unit.planner.test_planner_context import _job, _refused
 
 # each MoE built-in's experts as its config.json says them (experts_per_token and experts: the catalog's own)
 EXPERTS = {
-    "qwen3-30b-a3b": {"expert_intermediate": 768},
-    "qwen3-235b-a22b": {"expert_intermediate": 1536},
+    "qwen3-30b-a3b": {"expert_intermediate": 768, "qk_norm": True},
+    "qwen3-235b-a22b": {"expert_intermediate": 1536, "qk_norm": True},
     "qwen1.5-moe-a2.7b": {"expert_intermediate": 1408, "shared_expert_intermediate": 5632},
     "qwen2-57b-a14b": {"expert_intermediate": 2560, "shared_expert_intermediate": 20480},
 }
@@ -115,9 +115,11 @@ def test_an_arch_description_of_an_hf_moe_is_its_checkpoints_figures(
     }
     if shared is not None:
         model["shared_expert_intermediate"] = shared
+    else:  # a Qwen3MoE's q/k norms
+        model["qk_norm"] = True
     arch = ArchModel.model_validate(model).arch
     figures = ("layers", "hidden", "head_dim", "intermediate", "params", "active", "token_intermediate")
-    figures += ("experts_per_token", "experts")
+    figures += ("experts_per_token", "experts", "qk_norm")
     assert [getattr(arch, f) for f in figures] == [getattr(hf, f) for f in figures]
 
 

@@ -4,6 +4,7 @@ as they were and are written back in the same shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.models.hf import read_config
 from rlctl.planner.inputs import profile_for
+from rlctl.profiler.actmem import Activations
 from rlctl.profiler.analytical import ETA_FLOPS, decode_step_s, fixed_step_s, kv_capacity_tokens
 from rlctl.profiler.profile import ModelSpec, load_profile, save_profile
 
@@ -173,6 +175,26 @@ def test_a_head_dim_of_hidden_over_heads_is_no_key_of_a_written_profile(tmp_path
     assert job.spec.model.arch == ModelArch("my-arch", 4, 256, 4, 2, 1000, 512, 3.0e6)
     save_profile(profile_for(job, None), path := tmp_path / "p.yaml")
     assert "head_dim" not in yaml.safe_load(path.read_text())["model"]
+
+
+def test_a_job_s_arch_model_says_its_qk_norms_and_is_priced_as_the_qwen3_built_in(tmp_path: Path) -> None:
+    """`qk_norm: true` (Qwen3's per-head RMSNorms of q and k): a dense Qwen3 described by its figures is priced as the
+    built-in (a layer's activations 14 % more than without); the key is written only where true, so a job's model
+    without it is written as before, and a profile does not write it (activations are priced of the job's model)."""
+    figures = "name: qwen3-8b, layers: 36, hidden: 4096, heads: 32, kv_heads: 8, vocab: 151936, intermediate: 12288, "
+    figures += "params: 8.19e9"
+    builtin = BUILTIN_MODELS["qwen3-8b"]
+    job = load_job(write_job(tmp_path, figures + ", qk_norm: true"))
+    arch = job.spec.model.arch
+    assert arch == builtin and arch.qk_norm
+    cut = Activations(arch, rows=4, seq_tokens=4096)
+    without = dataclasses.replace(cut, arch=dataclasses.replace(arch, qk_norm=False))
+    assert cut.rank_bytes() == dataclasses.replace(cut, arch=builtin).rank_bytes() > without.rank_bytes()
+    assert job.spec.model.model_dump()["qk_norm"] is True
+    before = load_job(write_job(tmp_path, figures)).spec.model
+    assert not before.arch.qk_norm and "qk_norm" not in before.model_dump()
+    save_profile(profile_for(job, None), path := tmp_path / "p.yaml")
+    assert "qk_norm" not in yaml.safe_load(path.read_text())["model"]
 
 
 def test_the_roofline_s_attention_flops_are_heads_times_head_dim_wide() -> None:
