@@ -379,7 +379,7 @@ class PpoBatchLearner:
         model: torch.nn.Module,  # a trainer backend's policy: tokens → logits (rlctl.trainers)
         cfg: PpoAlgorithm,
         *,
-        critic: Trunk,  # the value model's body: `TrainerBackend.critic_trunk()`
+        critic: Trunk | ValueModel,  # the value model, or its body: `TrainerBackend.critic_trunk()`
         micro_batch_samples: int,
         micro_batch_tokens: int | None = None,
         ref_model: torch.nn.Module | None = None,
@@ -391,7 +391,7 @@ class PpoBatchLearner:
         self.inner = PpoLearner(
             model,
             cfg,
-            critic=ValueModel(critic),
+            critic=critic if isinstance(critic, ValueModel) else ValueModel(critic),
             ref_model=ref_model,
             micro_batch_samples=micro_batch_samples,
             micro_batch_tokens=micro_batch_tokens,
@@ -484,10 +484,12 @@ def make_learner(
     `iterations`, the job's, is where a decaying learning rate ends (needed with `lr_decay` linear or cosine);
     `max_output_tokens`, the job's task's, what `loss_aggregation: constant` divides by (needed with it)."""
     if isinstance(algorithm, PpoAlgorithm):
+        critic = ValueModel(backend.critic_trunk())
+        backend.shard_critic(critic)  # (FSDP2: as the policy, before its optimizer is made over its parameters)
         return PpoBatchLearner(
             backend.model,
             algorithm,
-            critic=backend.critic_trunk(),
+            critic=critic,
             ref_model=ref,
             micro_batch_samples=batch.train_micro_batch_samples,
             micro_batch_tokens=batch.train_micro_batch_tokens,

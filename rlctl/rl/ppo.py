@@ -14,7 +14,11 @@ V_t is the critic's value of the state *before* output token t, i.e. the hidden 
 position whose logits predict token t (the same grid as the log-probs).
 
 The critic's trunk is the trainer backend's (`TrainerBackend.critic_trunk`: TinyGPT for `torch`, a second
-megatron GPTModel of the same shard for `megatron`); the value head is whole on every rank. Parallel as the
+megatron GPTModel of the same shard for `megatron`); the value head is whole on every rank, but where the torch
+backend shards the policy with FSDP2: there the critic, head included, is sharded as the policy on the same mesh
+(`TrainerBackend.shard_critic`), FSDP2 sums both models' gradients (once a step where the policy's are,
+`DataParallel.reduce_per_step`), and a rank without a row in a cut runs one of another rank's with weight 0 (its
+passes are collectives). Parallel as the
 streaming GRPO learner (`rlctl.rl.learner`): every rank gets the whole batch; the ranks of one tp × pp group
 share a data-parallel rank and compute the same share (each micro-batch's rows [dp_rank::dp_size]), GAE's
 inputs (reference log-probs, values) included; the shares' advantages are gathered over the data-parallel
@@ -144,10 +148,18 @@ class PpoLearner:
         self.schedule = StepLr.of(cfg, iterations=iterations)
         self.steps = 0  # optimizer steps taken: the version the weights are at
 
-    def _cuts(self, samples: list[Sample]) -> list[list[int]]:
-        """This data-parallel rank's rows of each micro-batch (similar lengths: little padding); empty cuts dropped."""
+    def _cuts(self, samples: list[Sample]) -> list[tuple[list[int], float]]:
+        """This data-parallel rank's rows of each micro-batch (similar lengths: little padding) and their weight (1).
+        A cut without a row of this rank's is dropped, but sharded (FSDP2: every forward and backward a collective):
+        there the rank runs the cut's first row with weight 0, as the streaming learner's `backward_share`."""
         cuts = micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens, ranks=self.dp.size)
-        return [mine for idx in cuts if (mine := idx[self.dp.rank :: self.dp.size])]
+        out = []
+        for idx in cuts:
+            if mine := idx[self.dp.rank :: self.dp.size]:
+                out.append((mine, 1.0))
+            elif self.dp.sharded and idx:
+                out.append((idx[:1], 0.0))
+        return out
 
     @torch.no_grad()
     def advantages(self, samples: list[Sample]) -> tuple[list[list[float]], list[list[float]]]:
@@ -158,7 +170,7 @@ class PpoLearner:
         ret: list[list[float]] = [[] for _ in samples]
         cuts = self._cuts(samples)
         dev = device_of(self.critic)
-        for idx in cuts:
+        for idx, weight in cuts:
             part = [samples[i] for i in idx]
             if self.cfg.kl_coef > 0:  # one cut at a time, as the critic: the micro-batch bounds the reference's forward
                 fill_ref_logprobs(self.ref_model, part, temperature=self.cfg.temperature, pad=self.pad)
@@ -173,11 +185,13 @@ class PpoLearner:
             rewards[torch.arange(len(part)), last] += torch.tensor([s.reward for s in part])
             values = self.critic(batch.tokens.to(dev)).float().cpu()
             a, r = gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)
+            if not weight:  # another rank's row, run for the collectives alone
+                continue
             for j, i in enumerate(idx):
                 adv[i] = a[j][mask[j]]
                 ret[i] = r[j][mask[j]].tolist()
         if self.dp.size > 1:  # every share's, for the whitening over the whole batch
-            share = {i: (adv[i].tolist(), ret[i]) for idx in cuts for i in idx}
+            share = {i: (adv[i].tolist(), ret[i]) for idx, weight in cuts if weight for i in idx}
             shares = all_gather_values(share, dict[int, tuple[list[float], list[float]]], group=self.dp.group)
             for theirs in shares:
                 for i, (a_i, r_i) in theirs.items():
@@ -201,7 +215,8 @@ class PpoLearner:
         self.opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for idx in self._cuts(samples):
+        cuts = self._cuts(samples)
+        for number, (idx, weight) in enumerate(cuts, 1):
             part = [samples[i] for i in idx]
             batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(
@@ -216,20 +231,23 @@ class PpoLearner:
                 is_cap=self.cfg.behaviour_cap,
                 clip_eps_high=self.cfg.clip_high,
             )
-            loss.backward()
+            if self.dp.reduce_per_step:  # FSDP2 reduces the gradients in the step's last backward alone
+                for module in (self.model, self.critic):
+                    module.set_requires_gradient_sync(number == len(cuts))  # type: ignore[operator]
+            (loss * weight).backward()
             target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages.to(device_of(self.critic))
             tokens, mask = batch.tokens.to(target.device), batch.mask.to(target.device)
             v_loss = value_loss(self.critic, tokens, mask, target, total=total)
-            v_loss.backward()
-            sums["value_loss"] += float(v_loss.detach()) * total
+            (v_loss * weight).backward()
+            sums["value_loss"] += weight * float(v_loss.detach()) * total
             for k, v in m.items():
-                sums[k] += v
+                sums[k] += weight * v
             if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:  # the rewards' KL (`advantages`): β 0 above
                 w = token_weights(batch.mask, agg)
-                sums["kl_ref_sum"] += float(((batch.old_logprobs - batch.ref_logprobs) * w).sum())
+                sums["kl_ref_sum"] += weight * float(((batch.old_logprobs - batch.ref_logprobs) * w).sum())
         if self.dp.size > 1:  # each rank summed the loss of its share: sum the gradients and figures over dp
-            for module in (self.model, self.critic):  # a share without rows: zeros, still in the sum
-                sum_gradients(module.parameters(), self.dp.group)
+            for module in (self.model, self.critic) if not self.dp.sharded else ():  # (sharded: FSDP2 summed them)
+                sum_gradients(module.parameters(), self.dp.group)  # a share without rows: zeros, still in the sum
             box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
             dist.all_reduce(box, group=self.dp.group)
             sums = defaultdict(float, zip(_SUMMED, box.tolist(), strict=True))

@@ -115,6 +115,11 @@ class TrainerBackend(ABC):
         """PPO's critic body: a copy of this rank's part of the policy without its output layer, its weights the
         policy's now. `clip_grad_norm_(…, model=)` clips a module built on it."""
 
+    def shard_critic(self, critic: nn.Module) -> None:
+        """Lay out PPO's critic (`rlctl.rl.ppo.ValueModel` on `critic_trunk()`) over the ranks as the policy is, before
+        its optimizer is made: nothing unless the backend shards the policy (the torch backend's FSDP2)."""
+        del critic
+
     def model_parallel(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) of this rank's replica: (1, 1), every rank a whole one."""
         return 1, 1

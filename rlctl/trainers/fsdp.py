@@ -11,6 +11,9 @@ ranks (CI) and over NCCL on GPUs:
                          (divide factor 1: the learner divides by the iteration's token count, as unsharded),
                          in every backward, or once an optimizer step where the learner holds gradient sync off
                          (`DataParallel.reduce_per_step`: the plan's `reduce_per_step`, LoRA always)
+    shard_critic(...)    PPO's critic (a trunk of the policy's config and a value head) alike, on the same mesh, its
+                         trunk's shards copied from the policy's: its AdamW state and checkpoint are sharded as the
+                         policy's (the learner's `modules()`, `rlctl.checkpoint.trainer` and `refsdp` alike)
     wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
                          never a whole model on one device (the reason for sharding)
     local_state(...)     this rank's shards as plain tensors (what its checkpoint shard holds: parameters and
@@ -36,9 +39,33 @@ from rlctl.models.tinygpt import TinyGPT
 
 def shard(model: TinyGPT, *, cuda: bool) -> None:
     """Shard `model` in place over the default process group (every trainer rank)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    _shard(model, model.blocks(), cuda=cuda)
+    register_fsdp_forward_method(model, "hidden")  # a forward of its own (the final normed hidden states)
+    model.autocast_dtype = None  # the policy casts parameters for compute
+
+
+def shard_critic(critic: nn.Module, policy: TinyGPT, *, cuda: bool) -> None:
+    """Shard PPO's critic (`rlctl.rl.ppo.ValueModel`, on a whole trunk of the policy's config) in place as `shard`
+    shards the policy: its trunk's decoder layers, then the root (embeddings, final norm, the unused lm_head and the
+    value head); then copy the policy's shards into the trunk's, rank by rank (the same mesh and shapes: the same
+    rows of each tensor; no communication). The value head keeps its zeros."""
+    trunk = critic.get_submodule("body")
+    assert isinstance(trunk, TinyGPT), type(trunk)
+    _shard(critic, trunk.blocks(), cuda=cuda)
+    trunk.autocast_dtype = None
+    own = critic.state_dict()
+    with torch.no_grad():
+        for name, t in policy.state_dict().items():
+            local_tensor(own[f"body.{name}"]).copy_(local_tensor(t))
+
+
+def _shard(root: nn.Module, layers: Iterable[nn.Module], *, cuda: bool) -> None:
+    """fully_shard each of `layers`, then `root`, summing the gradients over the ranks."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
@@ -46,15 +73,13 @@ def shard(model: TinyGPT, *, cuda: bool) -> None:
     # the mesh of the device the rank computes on: without one FSDP2 takes the machine's accelerator (CUDA on any
     # GPU host) and moves the parameters there, a CPU site's trainer too
     mesh = init_device_mesh("cuda" if cuda else "cpu", (dist.get_world_size(),))
-    for layer in model.blocks():
+    for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    register_fsdp_forward_method(model, "hidden")  # a PPO critic calls it directly
-    for m in model.modules():  # each sharded module reduces its own gradients: sums (gloo has no pre-scaled sum)
+    fully_shard(root, mesh=mesh, mp_policy=mp)
+    for m in root.modules():  # each sharded module reduces its own gradients: sums (gloo has no pre-scaled sum)
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
-    model.autocast_dtype = None  # the policy casts parameters for compute
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

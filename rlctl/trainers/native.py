@@ -67,10 +67,23 @@ class TorchBackend(TrainerBackend):
         return DataParallel(every.rank, every.size, sharded=True, reduce_per_step=self.reduce_per_step)
 
     def critic_trunk(self) -> TinyGPT:
-        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used)."""
-        assert not self.sharded, "PPO's critic on a sharded policy is refused by rlctl check"
+        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used). Sharded: a whole replica of the
+        policy's config, uninitialised (a full fp32 model on the device for a moment, as the policy's own load), for
+        `shard_critic` to shard and fill with the policy's shards."""
         assert not self.lora, "PPO with trainer.lora is refused by rlctl check"
-        return copy.deepcopy(self.model)
+        if not self.sharded:
+            return copy.deepcopy(self.model)
+        m = self.model
+        device = fsdp.local_tensor(next(m.parameters())).device
+        trunk = TinyGPT.empty(m.config, dtype=torch.float32, device=device, context=m.context)
+        trunk.activation_checkpointing = m.activation_checkpointing
+        return trunk
+
+    def shard_critic(self, critic: nn.Module) -> None:
+        """Sharded: FSDP2 over the policy's ranks, its trunk the policy's shards (`fsdp.shard_critic`)."""
+        if self.sharded:
+            device = fsdp.local_tensor(next(self.model.parameters())).device
+            fsdp.shard_critic(critic, self.model, cuda=device.type == "cuda")
 
     def weights(self) -> dict[str, torch.Tensor]:
         assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"

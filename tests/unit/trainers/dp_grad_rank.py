@@ -12,7 +12,8 @@ parameter as the optimizer's step takes it (reduced, divided by the normaliser a
 OUT.pt: {"calls": [(collective, dtype, bytes of its input)], "grads": {name: full fp32 gradient} (megatron: none),
 "weights": the torch backend's full weights after the step (megatron: none), "shares": [(the cut's rows, the
 forwards this rank ran on its share of it, the learner's summed figures it added) of each cut], "stats": the step's
-figures (rank 0's; others: none)}. With RLCTL_TEST_GROUP=N in the environment a group holds N samples (4 otherwise).
+figures (rank 0's; others: none)}. With RLCTL_TEST_GROUP=N in the environment a group holds N samples (4 otherwise);
+with RLCTL_TEST_PPO=1 the learner is PPO's (its critic sharded as the policy where it is; "shares": none).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def record_shares(learner: Any, model: torch.nn.Module) -> list[tuple[int, int, 
 
 
 def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, samples: Path, micro: int, out: Path) -> None:
-    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
     from rlctl.config.pipeline import Batch
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
@@ -91,8 +92,10 @@ def main(rank: int, world: int, rendezvous: Path, kind: str, model: Path, sample
         "megatron" if kind == "megatron" else "torch", model, shard=sharded, reduce_per_step=kind == "fsdp-step"
     )
     batch = Batch(samples_per_prompt=int(os.environ.get("RLCTL_TEST_GROUP", "4")), train_micro_batch_samples=micro)
-    learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), batch, ref=None)
-    shares = record_shares(learner, backend.model) if kind != "megatron" else []
+    ppo = bool(os.environ.get("RLCTL_TEST_PPO"))
+    algorithm = PpoAlgorithm(kind="ppo", lr=1e-3) if ppo else GrpoAlgorithm(kind="grpo", lr=1e-3)
+    learner = make_learner(backend, algorithm, batch, ref=None)
+    shares = record_shares(learner, backend.model) if kind != "megatron" and not ppo else []
     calls: list[tuple[str, str, int]] = []
     record(calls, "all_reduce", lambda tensor, *a, **k: tensor)
     record(calls, "reduce_scatter_single", lambda output, input, *a, **k: input)

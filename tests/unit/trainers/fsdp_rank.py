@@ -4,8 +4,11 @@
 
 With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
 (`trainer.lora`): what is published and checkpointed is the merged model; with RLCTL_TEST_MICRO=N its micro-batches
-hold N samples (3 otherwise); with RLCTL_TEST_CKPT_RANK=DIR rank RANK resumes from DIR (a copy of JOB/iter-2 as that
-rank sees it, a file broken) in place of JOB/iter-2.
+hold N samples (3 otherwise); with RLCTL_TEST_PPO=1 the learner is PPO's, its critic sharded beside the policy
+(checkpointed as the learner's module 'critic'), with RLCTL_TEST_ONCE=1 reducing the gradients once a step
+(`reduce_per_step`), with RLCTL_TEST_ROWS=N training the first N samples of each iteration alone; with
+RLCTL_TEST_CKPT_RANK=DIR rank RANK resumes from DIR (a copy of JOB/iter-2 as that rank sees it, a file broken) in
+place of JOB/iter-2.
 
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
@@ -21,7 +24,8 @@ HF directory is the published version (`PublishedModel`). SAMPLES.pt holds three
 
 OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "router_aux": [...],
 "published":
-[whether the root's buffer equals the gathered weights, after each iteration], "encodings": [...]}.
+[whether the root's buffer equals the gathered weights, after each iteration], "encodings": [...], "critics": [PPO's
+critic's whole state after each iteration (None: GRPO)]}.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from tests.unit.rank_end import end_rank
 def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, samples: Path, job: Path, out: Path) -> None:
     from rlctl.agents.weights import PublishedModel, WeightPublisher
     from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
-    from rlctl.config.algorithm import GrpoAlgorithm
+    from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
     from rlctl.config.pipeline import Batch
     from rlctl.config.runtime import Lora, WeightSync
     from rlctl.launch.agentenv import ParallelConfig
@@ -53,19 +57,22 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     iterations = torch.load(samples, weights_only=False)
+    if rows := os.environ.get("RLCTL_TEST_ROWS"):
+        iterations = [it[: int(rows)] for it in iterations]
     r, alpha = os.environ["RLCTL_TEST_LORA"].split(",") if "RLCTL_TEST_LORA" in os.environ else (None, None)
     adapters = Lora(rank=int(r), alpha=float(alpha)) if r is not None else None
-    backend = load_backend("torch", model, shard=world > 1, adapters=adapters)
+    once = bool(os.environ.get("RLCTL_TEST_ONCE"))
+    backend = load_backend("torch", model, shard=world > 1, reduce_per_step=once, adapters=adapters)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", dp=dp.size, fsdp=world > 1 or None)
     micro = int(os.environ.get("RLCTL_TEST_MICRO", "3"))
     learner = make_learner(
         backend,
-        GrpoAlgorithm(kind="grpo", lr=1e-3),
+        PpoAlgorithm(kind="ppo", lr=1e-3) if os.environ.get("RLCTL_TEST_PPO") else GrpoAlgorithm(kind="grpo", lr=1e-3),
         Batch(samples_per_prompt=4, train_micro_batch_samples=micro),
         ref=None,
     )
-    optimizers, modules = learner.optimizers(), backend.checkpoint_modules()
+    optimizers, modules = learner.optimizers(), learner.modules() | backend.checkpoint_modules()
     ckpt = Path(os.environ.get(f"RLCTL_TEST_CKPT_{rank}", job / "iter-2"))
 
     tied = backend.model.config.tie_word_embeddings
@@ -74,15 +81,15 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         InprocTransport(secret=b"k"), listen="inproc://", sync=WeightSync(mode="delta"), timeout_s=30, group=group
     )
     state = {"version": 0 if phase == "run" else 2}
-    checks: dict[str, list[object]] = {"published": [], "encodings": []}
+    checks: dict[str, list[object]] = {"published": [], "encodings": [], "critics": []}
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
     def trained_state() -> dict[str, object]:
         """The whole trained state, gathered (a collective): each optimizer's moments and steps by index, the fp32
         policy, each checkpointed module; and every rank's parts of each sharded parameter (FSDP2's layout)."""
         from rlctl.trainers.fsdp import local_tensor
-
-        def whole(t: torch.Tensor) -> torch.Tensor:
-            return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
         out: dict[str, object] = {"policy": {k: whole(v) for k, v in backend.model.state_dict().items()}}
         for k, o in optimizers.items():
@@ -109,6 +116,8 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         full = gathered()
         checks["published"].append(torch.equal(cur.weights, chunks.flatten(full, cur.layout)))
         checks["encodings"].append(sorted(cur.payloads))
+        critic = modules.get("critic")  # gathered (a collective), as the policy
+        checks["critics"].append(None if critic is None else {k: whole(v) for k, v in critic.state_dict().items()})
         return full
 
     if phase == "resume":

@@ -37,16 +37,17 @@ def collectives(
     world: int = 2,
     samples: list[Sample] | None = None,
     group: int = 4,
+    ppo: bool = False,
 ) -> list[dict[str, Any]]:
     """Each rank's collectives of one GRPO step of `kind` ('torch', 'fsdp', 'fsdp-step', 'megatron') on `world` gloo
     ranks in cuts of `micro` rows a rank, its full weights after it, and what it trained of each cut (dp_grad_rank.py):
-    of `samples` in groups of `group` (else the 4 groups of 4 of `iterations`' first)."""
+    of `samples` in groups of `group` (else the 4 groups of 4 of `iterations`' first); `ppo`: PPO's step."""
     tmp_path.mkdir(exist_ok=True)
     torch.manual_seed(0)
     TinyGPT(EVEN).save_pretrained(tmp_path / "model")
     torch.save(iterations()[0] if samples is None else samples, tmp_path / "samples.pt")
     argv = [str(tmp_path / "rdv"), kind, str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(micro)]
-    env = ENV | {"RLCTL_TEST_GROUP": str(group)}
+    env = ENV | {"RLCTL_TEST_GROUP": str(group)} | ({"RLCTL_TEST_PPO": "1"} if ppo else {})
     procs = [start_rank(SCRIPT, [str(r), str(world), *argv, str(tmp_path / f"out-{r}.pt")], env) for r in range(world)]
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -89,6 +90,21 @@ def test_the_planner_prices_the_gradient_bytes_the_trainer_reduces(tmp_path: Pat
         # fp32: every cut's backward (FSDP2), or once a step (FSDP2 holding gradient sync off but in its last cut's)
         assert sent == 4 * params * (3 if kind == "fsdp" else 1)
         assert planned_bytes(tmp_path, kind) == sent
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "fsdp-step"])
+def test_a_sharded_ppo_step_reduces_its_critic_as_its_policy(tmp_path: Path, kind: str) -> None:
+    """PPO with its critic sharded beside the policy (`fsdp.shard_critic`): both reduce-scatter their fp32 gradients
+    in every cut's backward (3 cuts), or once a step where the policy's are (`reduce_per_step`), versus the critic's
+    all-reduced whole or reduced in every cut whatever the policy does. The critic is the policy's trunk (its tied
+    lm_head the embedding) and a value head of 33 parameters, which FSDP2 pads to 2 rows (weight [1, 32] to [2, 32],
+    bias [1] to [2]) to shard over 2 ranks."""
+    params = sum(p.numel() for p in TinyGPT(EVEN).parameters())
+    critic = params + 2 * (EVEN.hidden_size + 1)
+    for rank in collectives(tmp_path, kind, ppo=True):
+        grads = [(name, n) for name, dtype, n in rank["calls"] if dtype == "torch.float32"]
+        assert {name for name, _ in grads} == {"reduce_scatter_single"}
+        assert sum(n for _, n in grads) == 4 * (params + critic) * (3 if kind == "fsdp" else 1)
 
 
 # The step's gradients agree to a few fp32 ulps of each tensor's largest: the FSDP2 ranks sum the same terms in

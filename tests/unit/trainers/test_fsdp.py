@@ -201,3 +201,76 @@ def test_a_full_load_that_does_not_fit_the_model_is_refused_before_any_tensor_is
             assert all(torch.equal(got[k], v) for k, v in whole.items()) and torch.equal(got["lm_head.weight"], embed)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("ppo")
+    torch.manual_seed(0)
+    TinyGPT(CFG).save_pretrained(d / "model")
+    torch.save(iterations(), d / "samples.pt")
+    return d / "model", d / "samples.pt"
+
+
+@pytest.mark.parametrize("extra", [{}, {"RLCTL_TEST_ROWS": "13", "RLCTL_TEST_ONCE": "1"}], ids=["every-cut", "once"])
+def test_ppo_with_its_critic_sharded_takes_the_unsharded_steps(
+    tmp_path: Path, dense: tuple[Path, Path], extra: dict[str, str]
+) -> None:
+    """PPO at dp 2 with the policy and its critic sharded (FSDP2 on the same mesh) updates both as dp 1 does (within
+    1e-5), versus a critic left whole beside a sharded policy (refused by `rlctl check` before). 'once': the gradients
+    reduced in the step's last backward alone (`reduce_per_step`), and 13 rows a step: cuts of 6, 6 and 1, the last
+    of which rank 1 runs with weight 0 (its passes are collectives)."""
+    model, samples = dense
+    ppo = {"RLCTL_TEST_PPO": "1"} | extra
+    whole = run(tmp_path, world=1, phase="run", job=tmp_path / "job1", model=model, samples=samples, extra=ppo)
+    sharded = run(tmp_path, world=2, phase="run", job=tmp_path / "job2", model=model, samples=samples, extra=ppo)
+    start = TinyGPT.from_pretrained(model).hf_weights()
+    for it in range(3):
+        for name, w in whole["weights"][it].items():
+            torch.testing.assert_close(sharded["weights"][it][name], w, atol=1e-5, rtol=1e-5)
+        for name, v in whole["critics"][it].items():
+            torch.testing.assert_close(sharded["critics"][it][name], v, atol=1e-5, rtol=1e-5)
+    assert sharded["grad_norms"] == pytest.approx(whole["grad_norms"], rel=1e-5)
+    assert sharded["critics"][2]["head.weight"].abs().min() > 0  # trained, from zeros
+    assert not any(torch.equal(start[k], v) for k, v in sharded["weights"][2].items() if k.endswith("proj.weight"))
+
+
+def test_a_sharded_ppo_checkpoint_resumes_its_critic_bit_for_bit(tmp_path: Path, dense: tuple[Path, Path]) -> None:
+    model, samples = dense
+    job, ppo = tmp_path / "job", {"RLCTL_TEST_PPO": "1"}
+    ran = run(tmp_path, world=2, phase="run", job=job, model=model, samples=samples, extra=ppo)
+    resumed = run(tmp_path, world=2, phase="resume", job=job, model=model, samples=samples, extra=ppo)
+    for part in ("policy", "module.critic", "optimizer.critic", "optimizer.policy"):  # as saved at iteration 2
+        assert_equal(resumed["state"][part], ran["state"][part], part)
+    for name, w in ran["weights"][2].items():
+        assert torch.equal(resumed["weights"][0][name], w), name
+    for name, v in ran["critics"][2].items():
+        assert torch.equal(resumed["critics"][0][name], v), name
+
+
+def assert_equal(a: object, b: object, where: str) -> None:
+    """Nested dicts of tensors equal bit for bit."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(tmp_path: Path, dense: tuple[Path, Path], world: int) -> None:
+    """Saved at dp 2 (the critic and its AdamW state sharded as the policy's), resumed at dp 1 or 3
+    (`rlctl.checkpoint.refsdp`): the same whole state, and the next step the saved run's (within 1e-5)."""
+    model, samples = dense
+    job, ppo = tmp_path / "job", {"RLCTL_TEST_PPO": "1"}
+    ran = run(tmp_path, world=2, phase="run", job=job, model=model, samples=samples, extra=ppo)
+    resumed = run(tmp_path, world=world, phase="resume", job=job, model=model, samples=samples, extra=ppo)
+    for part in ("policy", "module.critic", "optimizer.critic", "optimizer.policy"):
+        assert_equal(resumed["state"][part], ran["state"][part], part)
+    for name, w in ran["weights"][2].items():
+        torch.testing.assert_close(resumed["weights"][0][name], w, atol=1e-5, rtol=1e-5)
+    for name, v in ran["critics"][2].items():
+        torch.testing.assert_close(resumed["critics"][0][name], v, atol=1e-5, rtol=1e-5)
