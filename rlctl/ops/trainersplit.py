@@ -118,7 +118,7 @@ def resplit_plan(
     if site is not None and (why_not := trainer_memory_refusal(spec, name, site, split, arch=arch)) is not None:
         raise UsageError(f"{given}: {why_not}", hint=_fitting_hint(plan, spec, sites, arch=arch, was=was, dp=dp))
     new = _with_split(plan, tp=tp, pp=pp, dp=dp, sharding=sharding)
-    if unsharded := sharding_problems(job, new):  # FSDP where a launch at the split is refused (a PPO critic's)
+    if unsharded := sharding_problems(job, new):  # FSDP where a launch at the split is refused
         raise UsageError(f"{given}: {unsharded[0].field} {unsharded[0].message}", hint=f"use {SYNTAX} with another dp")
     try:
         _check_room(new, spec=spec, sites=sites)

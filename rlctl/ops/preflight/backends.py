@@ -22,10 +22,10 @@ from rlctl.trainers.megatron.rope import moe_refusal, rope_args
 
 def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     """FSDP2 (`trainer.shard`, or the plan's where a replica does not fit one GPU) where it cannot run: the megatron
-    backend (it splits by tp/pp), one trainer rank (nothing to shard over), a PPO critic (not sharded)."""
+    backend (it splits by tp/pp), one trainer rank (nothing to shard over). (PPO's critic is sharded as the policy:
+    `rlctl.trainers.fsdp.shard_critic`.)"""
     spec, out = job.spec, []
     t = plan["trainer"]
-    sharded = bool((t.get("parallel") or {}).get("fsdp"))
     if spec.trainer.shard == "fsdp" and spec.trainer.backend != "torch":
         out.append(
             Problem(
@@ -40,15 +40,6 @@ def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
                 "trainer.shard",
                 f"'fsdp' over the trainer's {t['ranks']} GPU: nothing to shard over; "
                 "give the trainer 2 or more GPUs, or set 'auto'",
-            )
-        )
-    if sharded and spec.algorithm.kind == "ppo":
-        why = "asked for" if spec.trainer.shard == "fsdp" else "needed: a whole replica does not fit one GPU"
-        out.append(
-            Problem(
-                "trainer.shard",
-                f"FSDP ({why}) shards the policy, but not PPO's critic: use GRPO, "
-                "or a trainer site whose GPUs hold the replica",
             )
         )
     return out

@@ -37,15 +37,11 @@ def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
         return []
     if m.need_gb - m.activations_gb <= m.usable_gb:
         return [Problem("batch.train_micro_batch_tokens", m.why, hint=_activation_hint(spec, m))]
-    if spec.trainer.backend == "megatron":
-        hint = "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
-    elif spec.algorithm.kind == "ppo":  # (FSDP2 shards the policy, not PPO's critic: `sharding_problems`)
-        hint = (
-            "a site whose GPUs hold the policy and its critic whole (the torch trainer does not shard PPO's critic), "
-            "the megatron backend (trainer.backend: megatron, with tensor/pipeline parallel), or GRPO (no critic)"
-        )
-    else:
-        hint = "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
+    hint = (
+        "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
+        if spec.trainer.backend == "megatron"
+        else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
+    )
     return [Problem("placement.trainer.gpus", m.why, hint=hint)]
 
 
@@ -55,7 +51,7 @@ def trainer_memory_refusal(
     """Why the trainer of `spec` at `split` (its tp × pp × dp ranks, FSDP2 where `split.fsdp`) does not fit site
     `site_name`, one line with the figures: its ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`:
     weights, gradients and the optimizer state, all divided over dp where FSDP2 shards it, PPO's critic's beside the
-    policy's and never sharded, and the activations of its share of a cut, `rlctl.profiler.actmem`) exceeds what a
+    policy's and sharded alike, and the activations of its share of a cut, `rlctl.profiler.actmem`) exceeds what a
     GPU of the site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
     where the inventory does not say). None where it fits.
     `rlctl check` judges the plan's split by it, `launch --resume --trainer-split` the split it asks
@@ -103,9 +99,9 @@ def _trainer_memory(
     passes = lora_passes(spec.algorithm, arch=arch, lora=spec.trainer.lora)  # LoRA: its adapters
     entry = training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
-    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`). Not PPO's: its
-    # critic is not sharded, and FSDP2 with it is refused (`sharding_problems`), so its ranks are judged as they run
-    shards = dp if split.fsdp and spec.algorithm.kind != "ppo" else 1
+    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`). PPO's critic's
+    # too: FSDP2 shards it over the policy's mesh (`rlctl.trainers.fsdp.shard_critic`)
+    shards = dp if split.fsdp else 1
     gathered = fsdp_gathered_bytes(arch, adapter_params=passes.adapter_params) if shards > 1 else 0.0
     # FSDP2 reducing once a step holds the step's unsharded fp32 gradients too (`costs.holds_grad_sync`)
     grads = grad_bytes(arch, spec.algorithm.kind, adapter_params=passes.adapter_params)

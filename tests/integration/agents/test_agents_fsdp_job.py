@@ -54,3 +54,30 @@ def test_a_job_with_an_fsdp_sharded_trainer_runs_and_checkpoints_each_part(tmp_p
         for name, full in gathered.items():  # (fp32: the demo's checkpoint dtype)
             assert torch.equal(torch.cat([h[name] for h in halves]), full), name
         assert not torch.equal(gathered["model.norm.weight"], start["model.norm.weight"])  # it trained
+
+
+def test_a_ppo_job_shards_its_critic_with_the_policy(tmp_path: Path) -> None:
+    """PPO with `trainer.shard: fsdp` runs (versus refused by `rlctl check`: 'shards the policy, but not PPO's
+    critic'): each rank checkpoints its own rows of the critic (its trunk and value head) beside the policy's."""
+    job = hf_demo_job(
+        tmp_path,
+        reward=LENGTH_REWARD,
+        iterations=2,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer={"shard": "fsdp"},
+        algorithm={"kind": "ppo"},
+        checkpoint={"every_iterations": 2},
+    )
+    run = tmp_path / "run"
+    s = check_and_launch(job, run)
+    assert s["state"] == "done" and s["iterations"] == 2
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 8
+    ckpt = run / "checkpoints" / "iter-2" / "ranks"
+    halves = [torch.load(ckpt / f"rank-{r}.pt", weights_only=True) for r in (0, 1)]
+    embed = load_state_dict(tmp_path / "model")["model.embed_tokens.weight"]
+    critic = [h["module.critic"]["body.model.embed_tokens.weight"] for h in halves]
+    assert sum(c.shape[0] for c in critic) == embed.shape[0] and all(c.shape[0] < embed.shape[0] for c in critic)
+    head = torch.cat([h["module.critic"]["head.weight"] for h in halves])
+    assert head.shape == (1, embed.shape[1]) and head.abs().sum() > 0  # trained from zeros
+    assert all(set(h["optimizer.critic"]["state"]) for h in halves)  # each rank's AdamW state of its rows

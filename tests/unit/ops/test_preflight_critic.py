@@ -1,7 +1,7 @@
 """`rlctl check` judges a PPO trainer rank with its critic (`rlctl.rl.ppo.ValueModel`, a copy of the policy's trunk):
-its weights, gradients and AdamW state beside the policy's (`traincost.TRAINED_MODELS`), whole on every rank (the
-torch trainer does not shard the critic: FSDP2 with PPO is refused), and its activations where they are the larger
-(`rlctl.profiler.actmem.Activations.rank_bytes`)."""
+its weights, gradients and AdamW state beside the policy's (`traincost.TRAINED_MODELS`), divided over dp as the
+policy's where FSDP2 shards them (`rlctl.trainers.fsdp.shard_critic`), whole on every rank otherwise, and its
+activations where they are the larger (`rlctl.profiler.actmem.Activations.rank_bytes`)."""
 
 from __future__ import annotations
 
@@ -39,19 +39,25 @@ def test_a_ppo_job_that_fits_as_grpo_is_refused_with_its_critic(tmp_path: Path) 
     line = (
         f"rlctl: error: {path}: placement.trainer.gpus: the trainer's 1 rank(s) at tp 1 pp 1 dp 1 need 132.6 GB each "
         "(the policy's and its critic's weights and gradients 34.2 GB, optimizer state 96.5 GB, activations "
-        "(recomputed) of a cut's 512 tokens a rank 1.9 GB), and a H800 holds 80 GB (90% usable) (hint: a site whose "
-        "GPUs hold the policy and its critic whole (the torch trainer does not shard PPO's critic), the megatron "
-        "backend (trainer.backend: megatron, with tensor/pipeline parallel), or GRPO (no critic))"
+        "(recomputed) of a cut's 512 tokens a rank 1.9 GB), and a H800 holds 80 GB (90% usable) (hint: give the "
+        "trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site)"
     )
     assert line in res.stderr.splitlines()  # (the others: a planning-only model and task, the site's ssh key)
 
 
-def test_a_ppo_rank_is_judged_with_its_critic_whole_where_the_plan_would_shard(tmp_path: Path) -> None:
-    """Two GPUs: the plan shards the replica with FSDP2, which PPO's critic does not run (`trainer.shard` refused);
-    its ranks' memory is judged as they run, the critic's state and the policy's whole, not as 128.6 GB of state ÷ 2
-    (72.7 GB a rank, refused at batch.train_micro_batch_tokens with a hint to shorten the rows, which cannot help)."""
+def test_a_ppo_rank_is_judged_with_its_critic_sharded_where_the_plan_shards(tmp_path: Path) -> None:
+    """Where the plan shards the replica with FSDP2, PPO's critic is sharded with the policy: check runs what plan
+    chose (no trainer.shard refusal, versus 'FSDP (needed…) shards the policy, but not PPO's critic') and judges the
+    critic's state ÷ dp as the policy's: on 2 H800s 128.6 GB of state ÷ 2 (72.7 GB a rank, 0.7 GB over: refused at
+    the cut's rows), on 4 nothing refused, versus 132.6 GB a rank however many GPUs."""
     job = load_job(qwen3_4b_job(tmp_path, algorithm="ppo", gpus=2))
     assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
-    assert [p.message.split(":")[0] for p in refused(job, "trainer.shard")] == ["FSDP (needed"]
-    (p,) = refused(job, "placement.trainer.gpus")
-    assert "at tp 1 pp 1 dp 2 need 132.6 GB each (the policy's and its critic's weights and gradients" in p.message
+    assert refused(job, "trainer.shard") == refused(job, "placement.trainer.gpus") == []
+    (p,) = refused(job, "batch.train_micro_batch_tokens")
+    state = "the policy's and its critic's weights, gradients and optimizer state 128.6 GB ÷ 2 (FSDP2)"
+    assert f"at tp 1 pp 1 dp 2 need 72.7 GB each ({state}" in p.message
+    (tmp_path / "four").mkdir()
+    four = load_job(qwen3_4b_job(tmp_path / "four", algorithm="ppo", gpus=4))
+    assert counts.plan_counts(four, four.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 4, "fsdp": True}
+    for field in ("trainer.shard", "placement.trainer.gpus", "batch.train_micro_batch_tokens"):
+        assert refused(four, field) == [], field
