@@ -215,7 +215,9 @@ def rebuilt_optimizer(
     its groups' indices), rebuilt from `states` (each old shard's state dict of it, in rank order), one moment of
     one parameter at a time: plain tensors, as `local_state` saves them (`redistribute_optimizer` makes the
     sharded ones DTensors after the load). ValueError where the old optimizer holds other parameters (another
-    model, other groups) or some parameters took a step and others none."""
+    model, other groups) or a parameter's state in some old shards and not the others. A parameter no shard holds
+    state of never stepped (no gradient reached it: PPO's critic's unused lm_head where the embeddings are untied)
+    and has none here either."""
     real = next(j for j, sd in enumerate(states) if sd["param_groups"] is not None)  # (not a `stand_in`)
     old_groups = states[real]["param_groups"]
     now_groups = current["param_groups"]
@@ -227,17 +229,15 @@ def rebuilt_optimizer(
     groups = [g | {"params": list(now["params"])} for g, now in zip(old_groups, now_groups, strict=True)]
     indices = [i for g in now_groups for i in g["params"]]
     state: dict[int, dict[str, torch.Tensor]] = {}
-    unstepped = []
     for i, p in zip(indices, params, strict=True):
         got = [sd["state"].get(i) for sd in states]
-        if any(st is None for st in got):  # (a torch optimizer has a parameter's state once it stepped it)
-            unstepped.append(i)
+        if all(st is None for st in got):  # (a torch optimizer has a parameter's state once it stepped it)
             continue
+        if any(st is None for st in got):  # (a step reduces every rank's rows of a parameter: all or none)
+            raise ValueError(f"parameter {i} has optimizer state in some of its shards and not the others")
         state[i] = {"step": torch.as_tensor(got[real]["step"]).clone()}
         for m in MOMENTS:
             state[i][m] = part(f"parameter {i}'s {m}", [st[m] for st in got], p)
-    if state and unstepped:
-        raise ValueError(f"parameter {unstepped[0]} has no optimizer state, and the others took steps")
     return {"state": state, "param_groups": groups}
 
 

@@ -169,15 +169,14 @@ def check_stepped(
     ckpt: Path, shards: Mapping[str, Mapping[str, Any]], *, optimizers: Mapping[str, torch.optim.Optimizer]
 ) -> None:
     """CheckpointError naming the file, unless each of `shards` (by file, each `check_entries` passed: the ranks' of one
-    part where FSDP2 shards it, every rank holding rows of every parameter) holds state of every parameter of each
-    optimizer, or of none where none does: a rank steps every parameter it holds rows of at once (their gradients
-    reduced over every rank), versus a parameter's state rebuilt from the shards but one (`refsdp.rebuilt_optimizer`'s
-    line naming no file)."""
-    for k, o in optimizers.items():
+    part where FSDP2 shards it, every rank holding rows of every parameter) holds state of each parameter any of them
+    holds state of: a rank steps every parameter it holds rows of at once (their gradients reduced over every rank),
+    versus a parameter's state rebuilt from the shards but one (`refsdp.rebuilt_optimizer`'s line naming no file). A
+    parameter none holds state of never stepped (no gradient reached it: PPO's critic's unused lm_head where the
+    embeddings are untied, an expert no token was routed to before the first checkpoint)."""
+    for k in optimizers:
         stepped = {rel: set(s[f"optimizer.{k}"]["state"]) for rel, s in shards.items()}
-        if not any(stepped.values()):
-            continue  # (no step taken yet)
-        every = set(_params(o))
+        every = set().union(*stepped.values())
         for rel, held in stepped.items():
             if lacking := sorted(every - held):
                 others = "of the others" if held else f"of every parameter in {next(r for r in stepped if stepped[r])}"

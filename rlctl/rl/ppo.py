@@ -52,7 +52,7 @@ from rlctl.rl.grpo import (
     token_weights,
     weighted_means,
 )
-from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches, release_gathered
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import all_gather_values
@@ -88,7 +88,9 @@ class ValueModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Values [N, T-1] on the log-prob grid (position t values the state before tokens[:, t+1])."""
-        out: torch.Tensor = self.head(self.body.hidden(tokens)[:, :-1])[..., 0]
+        # (a copy, not a view of the head's output: an in-place op on a sharded module's view output would skip
+        # FSDP2's pre-backward hook, and FSDP2 warns of one)
+        out: torch.Tensor = self.head(self.body.hidden(tokens)[:, :-1])[..., 0].clone()
         return out
 
 
@@ -190,6 +192,7 @@ class PpoLearner:
             for j, i in enumerate(idx):
                 adv[i] = a[j][mask[j]]
                 ret[i] = r[j][mask[j]].tolist()
+        release_gathered(self.critic)  # (FSDP2: its root gathered until the step's first backward, else)
         if self.dp.size > 1:  # every share's, for the whitening over the whole batch
             share = {i: (adv[i].tolist(), ret[i]) for idx, weight in cuts if weight for i in idx}
             shares = all_gather_values(share, dict[int, tuple[list[float], list[float]]], group=self.dp.group)

@@ -162,8 +162,20 @@ def logprobs_of(
 def score(model: nn.Module, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
     """Per-output-token logprobs of `samples` under `model` (e.g. the reference policy for the KL term)."""
     tokens, _, spans = _grid(samples, pad)
-    lp = token_logprobs(model, tokens.to(device_of(model)), temperature).cpu()  # one read-back, not one a sample
+    with torch.no_grad():
+        lp = token_logprobs(model, tokens.to(device_of(model)), temperature).cpu()  # one read-back, not one a sample
+    release_gathered(model)
     return [lp[i, span].tolist() for i, span in enumerate(spans)]
+
+
+def release_gathered(model: nn.Module) -> None:
+    """Free what an FSDP2 `model`'s forward left gathered where no backward follows it (a reference's scores, PPO's
+    critic's values for GAE): FSDP2 keeps a root's parameters gathered after its forward, for the backward that
+    gathers them next, and without one they stayed so (embeddings, lm_head: 4·V·h bytes of bf16 a model) until the
+    model's next backward, or for good (a reference never has one). A local free, no collective; a model not
+    sharded has nothing to free."""
+    if (reshard := getattr(model, "reshard", None)) is not None:
+        reshard()
 
 
 def row_tokens(sample: Sample) -> int:

@@ -159,6 +159,10 @@ def test_fsdp2_shards_stepped_unevenly_are_refused_naming_the_one_lacking_a_para
         shardcheck.check_stepped(
             tmp_path, {"ranks/rank-0.pt": first, "ranks/rank-1.pt": second}, optimizers={"policy": opt}
         )
+    del first["optimizer.policy"]["state"][1]  # none holds it: it never stepped (PPO's critic's untied lm_head)
+    shardcheck.check_stepped(
+        tmp_path, {"ranks/rank-0.pt": first, "ranks/rank-1.pt": second}, optimizers={"policy": opt}
+    )
     second["optimizer.policy"]["state"].clear()
     with pytest.raises(CheckpointError, match=r": ranks/rank-1.pt: .* no state of parameter 0, but state of every "
                        r"parameter in ranks/rank-0.pt$"):  # fmt: skip

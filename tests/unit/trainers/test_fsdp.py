@@ -260,11 +260,24 @@ def assert_equal(a: object, b: object, where: str) -> None:
         assert a == b, where
 
 
-@pytest.mark.parametrize("world", [1, 3])
-def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(tmp_path: Path, dense: tuple[Path, Path], world: int) -> None:
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("ppo-untied")
+    torch.manual_seed(0)
+    TinyGPT(dataclasses.replace(CFG, tie_word_embeddings=False)).save_pretrained(d / "model")
+    torch.save(iterations(), d / "samples.pt")
+    return d / "model", d / "samples.pt"
+
+
+@pytest.mark.parametrize(("world", "model_of"), [(1, "dense"), (3, "dense"), (3, "untied")])
+def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(
+    tmp_path: Path, request: pytest.FixtureRequest, world: int, model_of: str
+) -> None:
     """Saved at dp 2 (the critic and its AdamW state sharded as the policy's), resumed at dp 1 or 3
-    (`rlctl.checkpoint.refsdp`): the same whole state, and the next step the saved run's (within 1e-5)."""
-    model, samples = dense
+    (`rlctl.checkpoint.refsdp`): the same whole state, and the next step the saved run's (within 1e-5). 'untied': the
+    critic's lm_head, apart from the embedding and unused by its values, never steps: no shard holds AdamW state of
+    it (versus refused as a shard lacking a parameter's state: every untied model's PPO resume at another dp)."""
+    model, samples = request.getfixturevalue(model_of)
     job, ppo = tmp_path / "job", {"RLCTL_TEST_PPO": "1"}
     ran = run(tmp_path, world=2, phase="run", job=job, model=model, samples=samples, extra=ppo)
     resumed = run(tmp_path, world=world, phase="resume", job=job, model=model, samples=samples, extra=ppo)
@@ -274,3 +287,36 @@ def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(tmp_path: Path, dense: t
         torch.testing.assert_close(resumed["weights"][0][name], w, atol=1e-5, rtol=1e-5)
     for name, v in ran["critics"][2].items():
         torch.testing.assert_close(resumed["critics"][0][name], v, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sharded_reference_and_critic_keep_nothing_gathered_after_their_no_grad_forwards(tmp_path: Path) -> None:
+    """PPO's advantages run the reference (its scores) and the critic (GAE's values) forward without a backward: their
+    FSDP2 roots (embeddings, norms, lm_head) are resharded after (`rlctl.rl.samples.release_gathered`), versus
+    gathered until the critic's first backward and, the reference's, for good (FSDP2 keeps a root gathered after a
+    forward for the backward it expects: 4·V·h bytes of bf16 each, ≈ 2.2 GB a rank at Qwen2.5-7B)."""
+    import torch.distributed as dist
+
+    from rlctl.config.algorithm import PpoAlgorithm
+    from rlctl.rl.ppo import PpoLearner, ValueModel
+    from rlctl.trainers import fsdp
+
+    def gathered(m: torch.nn.Module) -> bool:
+        return bool(m._get_fsdp_state()._fsdp_param_group.is_unsharded)  # type: ignore[operator]
+
+    untied = dataclasses.replace(CFG, tie_word_embeddings=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        policy, ref, critic = TinyGPT(untied), TinyGPT(untied), ValueModel(TinyGPT(untied))
+        for m in (policy, ref):
+            fsdp.shard(m, cuda=False)
+        fsdp.shard_critic(critic, policy, cuda=False)
+        learner = PpoLearner(
+            policy, PpoAlgorithm(kind="ppo", lr=1e-3, kl_coef=0.1), critic=critic, ref_model=ref, micro_batch_samples=4
+        )
+        learner.advantages(iterations()[0])
+        assert not gathered(ref) and not gathered(critic)
+        learner.step(iterations()[1])  # and a step: both roots gathered for their backwards, then freed by FSDP2
+        assert not gathered(ref) and not gathered(critic) and not gathered(policy)
+    finally:
+        dist.destroy_process_group()
