@@ -130,8 +130,16 @@ class RunBase:
         rel = self.jobdir.checkpoint(version).relative_to(self.jobdir.path).as_posix()
         if not re.search(rf"(^|[/ ]){re.escape(rel)}(/\S*)?: ", said):  # (a file in it: its policy's)
             return None
+        from rlctl.ops.extend import completed_checkpoints  # (extend reads the job dir's events, as a resume does)
+
+        # the older ones a `--checkpoint V` takes: completed (the job's events) and here still, versus any iter-N here
+        # (one a crash left half written, which `--checkpoint` refuses in its turn)
         here = self.jobdir.checkpoints
-        older = sorted(v for v, _ in checkpoint_dirs(here) if v < version)
+        try:
+            done: set[int] | None = set(completed_checkpoints(self.jobdir))
+        except RlctlError:  # (job.json unreadable: its keep unknown; every iter-N here, as `--checkpoint` then says)
+            done = None
+        older = sorted(v for v, _ in checkpoint_dirs(here) if v < version and (done is None or v in done))
         split = "resume it at the split it was written at (`--trainer-split`) or " if SPLIT_REFUSED in said else ""
         if not older and self._record is None:  # (a controller's site elsewhere keeps them there: said as below)
             from rlctl.ops.jobprep import launch_again

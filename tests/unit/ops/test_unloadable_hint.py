@@ -23,6 +23,7 @@ def resumed_at(tmp_path: Path, version: int | None) -> tuple[JobRun, JobDir]:
                  sites={"train": Site.model_validate(local)})  # fmt: skip
     for v in (1, 2, 3, 4):
         jd.checkpoint(v).mkdir(parents=True)
+        jd.event("checkpoint", version=v, keep=0)
     run.resumed = None if version is None else ResumePoint(version=version, pointer="latest.json")
     return run, jd
 
@@ -45,6 +46,9 @@ def test_a_trainer_refusing_the_resumed_checkpoint_is_told_of_the_older_ones(tmp
     )
     policy = f": rank 1: {jd.checkpoint(3)}/model/model.safetensors: truncated: its header declares 58240 bytes"
     assert run.unloadable_hint(policy) == run.unloadable_hint(damaged)
+    # an older iter-N the job never completed (a crash mid-write; its events say none) is not offered
+    jd.events.write_text("".join(line for line in jd.events.read_text().splitlines(True) if '"version": 2' not in line))
+    assert "(V: 1 here;" in (run.unloadable_hint(damaged) or "")
     # another checkpoint's path, another failure, a run that is no resume: the hint it had
     assert run.unloadable_hint(f": {jd.checkpoint(4)}: ranks/rank-1.pt: it holds no rng") is None
     assert run.unloadable_hint(": CUDA error: out of memory") is None
