@@ -97,6 +97,11 @@ class ArchFigures(Strict):
         description="whether each head's q and k are RMS-normed before RoPE (Qwen3's and Qwen3MoE's q_norm and "
         "k_norm): their activations are priced. Default false",
     )
+    tied: bool = Field(
+        False,
+        description="whether lm_head computes with the embedding's weight (HF's tie_word_embeddings; Qwen2.5-0.5B to "
+        "3B, Qwen3-0.6B to 4B), counted once in params: autocast's bf16 copy of it is priced. Default false",
+    )
 
     @field_validator("name")
     @classmethod
@@ -179,8 +184,9 @@ class ArchFigures(Strict):
         for key in ("head_dim", "max_positions", "active_params", *MOE_FIELDS):
             if out.get(key) is None:
                 out.pop(key, None)
-        if not out.get("qk_norm"):  # (written only where true: a file without it is written the same)
-            out.pop("qk_norm", None)
+        for key in ("qk_norm", "tied"):  # (written only where true: a file without them is written the same)
+            if not out.get(key):
+                out.pop(key, None)
         return out
 
     @property
@@ -201,6 +207,7 @@ class ArchFigures(Strict):
             explicit_head_dim=explicit,
             active_params=active,
             qk_norm=self.qk_norm,
+            tied=self.tied,
             **self._moe_token(),
         )
 

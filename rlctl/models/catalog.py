@@ -46,6 +46,9 @@ class ModelArch:
     # Qwen3's and Qwen3MoE's per-head RMSNorms of q and k before RoPE (q_norm, k_norm), for its activations
     # (`rlctl.profiler.actmem`); not compared, as the MoE figures
     qk_norm: bool = field(default=False, compare=False)
+    # HF's tie_word_embeddings: lm_head computes with the embedding's weight (counted once in `params`), so autocast's
+    # bf16 copy of it is kept for the backward like every other matmul weight's (`rlctl.profiler.actmem`); not compared
+    tied: bool = field(default=False, compare=False)
 
     @property
     def active(self) -> float:
@@ -123,7 +126,7 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9, max_positions=131072),
         ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9, max_positions=131072),
         # their config.json's figures; params as the architecture counts them (Qwen3's q/k norms, 4B's tied embeddings)
-        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128, **_QWEN3),
+        ModelArch("qwen3-4b", 36, 2560, 32, 8, 151936, 9728, 4.02e9, explicit_head_dim=128, tied=True, **_QWEN3),
         ModelArch("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, 8.19e9, **_QWEN3),
         ModelArch("qwen3-14b", 40, 5120, 40, 8, 151936, 17408, 14.77e9, **_QWEN3),
         ModelArch("qwen3-32b", 64, 5120, 64, 8, 151936, 25600, 32.76e9, explicit_head_dim=128, **_QWEN3),

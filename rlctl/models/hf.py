@@ -254,6 +254,7 @@ class TinyGPTConfig:
             max_positions=self.max_positions,
             active_params=float(self.num_params(active=True)) if self.has_experts else None,
             qk_norm=self.qk_norm,
+            tied=self.tie_word_embeddings,
             **(self._moe_token() if self.has_experts else {}),
         )
 

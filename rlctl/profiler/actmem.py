@@ -38,7 +38,9 @@ config's dense width, and beside it (fitted on TinyGPT's MoE layers without q/k 
 priced: 1,190 of the 1,656 B a token a layer they keep at h 128, q 192, kv 96, rows of 50.) Where some of a MoE's
 layers are dense (`mlp_only_layers`, `decoder_sparse_step`) every layer is priced as a sparse one, of the larger width.
 
-and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward.
+and autocast's bf16 copy of every matmul weight (2 B a parameter but the embedding's) from forward to backward:
+with tied embeddings (`ModelArch.tied`, HF's tie_word_embeddings) lm_head's weight is the embedding's, counted once
+in `params`, and its copy kept all the same (until 2026-12-07 left out: 2·V·h short, 272 MB at Qwen2.5-0.5B).
 All of that is `saved_bytes`, the figure the test holds to the measured bytes. The log-softmax's backward then holds
 two more fp32 [tokens, V] tensors beside the log-probabilities (their gradient and the logits'): 8·V a token, at
 the start of the backward, when every layer's are held still (`transient_bytes`). A rank's peak, what the planner
@@ -275,7 +277,9 @@ def _final_bytes(arch: ModelArch, *, tokens: int, fp32: bool) -> float:
 
 
 def _matmul_params(arch: ModelArch) -> float:
-    return max(arch.params - arch.vocab * arch.hidden, 0.0)  # every weight but the embedding's (not cast)
+    """Every weight but the embedding's (a lookup, not cast), lm_head's among them: with tied embeddings (`params`
+    counts the one weight once) lm_head's is the embedding's, and autocast casts it for lm_head."""
+    return arch.params if arch.tied else max(arch.params - arch.vocab * arch.hidden, 0.0)
 
 
 def _held_bytes(

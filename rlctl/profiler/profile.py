@@ -58,7 +58,9 @@ class ModelSpec(ArchFigures):
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
         figures = {
-            name: getattr(arch, name) for name in cls.model_fields if name not in ("head_dim", "qk_norm", *MOE_FIELDS)
+            name: getattr(arch, name)
+            for name in cls.model_fields
+            if name not in ("head_dim", "qk_norm", "tied", *MOE_FIELDS)
         }
         return cls.model_validate({**figures, "head_dim": arch.explicit_head_dim, **moe_figures(arch)})
 

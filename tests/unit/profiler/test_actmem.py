@@ -358,3 +358,40 @@ def test_the_planner_prices_a_rank_with_its_cuts_activations() -> None:
     # 8,192, two such rows a rank, the step's gradients no longer fit beside FSDP2's shards)
     with_cut = dataclasses.replace(rule, activations=Activations(small, rows=32, seq_tokens=4096, max_tokens=4096))
     assert trainer_layout(with_cut, e4, dp=8, hbm_bytes=80e9) == Sharding(True, True)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("critic", [False, True])
+def test_a_tied_lm_heads_bf16_weight_copy_is_priced(checkpointing: bool, critic: bool) -> None:
+    """Tied embeddings (HF's tie_word_embeddings, `ModelArch.tied`): lm_head computes with the embedding's weight,
+    counted once in `params`, and autocast's bf16 copy of it is kept for the backward as an untied lm_head's is. The
+    tied model is priced to its measured bytes as closely as the untied one; until 2026-12-07 the copy was left out,
+    this policy cut 2·V·h (57,600 B, 6 %) short, and the critic's (which runs no lm_head: its copies every matmul
+    weight's but lm_head's) as much, the embedding's weight taken out of `params` twice. Checkpointed, lm_head's copy
+    was priced already (the critic's none)."""
+    shape = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_attention_heads=3,
+                 num_key_value_heads=1, vocab_size=300)  # fmt: skip
+    price = critic_saved_bytes if critic else saved_bytes
+    for tied in (False, True):
+        config = TinyGPTConfig(max_position_embeddings=128, tie_word_embeddings=tied, **shape)
+        arch = config.arch("tiny")
+        assert arch.tied is tied
+        measured = measured_saved_bytes(config, rows=2, seq=24, checkpointing=checkpointing, critic=critic)
+        priced = price(arch, tokens=2 * 24, seq_tokens=24, checkpointing=checkpointing)
+        assert priced == pytest.approx(measured, rel=0.02)
+    untied = price(dataclasses.replace(arch, tied=False), tokens=2 * 24, seq_tokens=24, checkpointing=checkpointing)
+    assert priced - untied == (0 if checkpointing else 2 * 300 * 96)  # (untied: the price before)
+
+
+def test_the_tied_built_ins_and_configs() -> None:
+    """Of the built-ins only Qwen3-4B ties its embeddings (Qwen2.5-7B and up, Qwen3-8B and up, the MoEs, Llama 3.1,
+    Mistral, Phi-4 and the demo model do not); an HF config says it by tie_word_embeddings. Not compared: a profile's
+    model (which does not write it) still matches the built-in."""
+    assert [n for n, m in BUILTIN_MODELS.items() if m.tied] == ["qwen3-4b"]
+    assert TinyGPTConfig(tie_word_embeddings=True).arch("m").tied and not TinyGPTConfig().arch("m").tied
+    assert dataclasses.replace(BUILTIN_MODELS["qwen3-4b"], tied=False) == BUILTIN_MODELS["qwen3-4b"]
+    # the copy: 2·V·h, 778 MB at qwen3-4b, unsharded
+    arch = BUILTIN_MODELS["qwen3-4b"]
+    cut = {"tokens": 4096, "seq_tokens": 4096, "checkpointing": False}
+    more = saved_bytes(arch, **cut) - saved_bytes(dataclasses.replace(arch, tied=False), **cut)
+    assert more == 2 * 151936 * 2560

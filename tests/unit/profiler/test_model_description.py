@@ -197,6 +197,27 @@ def test_a_job_s_arch_model_says_its_qk_norms_and_is_priced_as_the_qwen3_built_i
     assert "qk_norm" not in yaml.safe_load(path.read_text())["model"]
 
 
+def test_a_job_s_arch_model_says_its_tied_embeddings_and_is_priced_as_the_built_in(tmp_path: Path) -> None:
+    """`tied: true` (HF's tie_word_embeddings): Qwen3-4B described by its figures is priced as the built-in (lm_head's
+    bf16 weight copy, 2·V·h, kept); the key is written only where true, so a job's model without it is written as
+    before, and a profile does not write it (activations are priced of the job's model)."""
+    figures = "name: qwen3-4b, layers: 36, hidden: 2560, heads: 32, kv_heads: 8, vocab: 151936, intermediate: 9728, "
+    figures += "params: 4.02e9, head_dim: 128, qk_norm: true"
+    builtin = BUILTIN_MODELS["qwen3-4b"]
+    job = load_job(write_job(tmp_path, figures + ", tied: true"))
+    arch = job.spec.model.arch
+    assert arch == builtin and arch.tied
+    cut = Activations(arch, rows=1, seq_tokens=4096)
+    untied = dataclasses.replace(cut, arch=dataclasses.replace(arch, tied=False))
+    assert cut.rank_bytes() == dataclasses.replace(cut, arch=builtin).rank_bytes()
+    assert cut.rank_bytes() - untied.rank_bytes() == 2 * 151936 * 2560  # lm_head's bf16 copy, unsharded
+    assert job.spec.model.model_dump()["tied"] is True
+    before = load_job(write_job(tmp_path, figures)).spec.model
+    assert not before.arch.tied and "tied" not in before.model_dump()
+    save_profile(profile_for(job, None), path := tmp_path / "p.yaml")
+    assert "tied" not in yaml.safe_load(path.read_text())["model"]
+
+
 def test_the_roofline_s_attention_flops_are_heads_times_head_dim_wide() -> None:
     # 4·layers·hidden·C per token: 1024 wide where Qwen3-0.6B's 16 heads of 128 are 2048
     arch = ModelArch("qwen3-like", 28, 1024, 16, 8, 151936, 3072, 6.0e8, explicit_head_dim=128)
