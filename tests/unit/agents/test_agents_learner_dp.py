@@ -87,7 +87,7 @@ def test_a_ppo_ranks_cuts_are_its_shares_of_cuts_over_the_ranks() -> None:
         for r in range(2)
     ]
     cuts = cut_lengths(rows, ROWS, max_tokens=BUDGET, ranks=2)
-    assert mine == [[c[r::2] for c in cuts if c[r::2]] for r in range(2)]
-    for share in mine[0] + mine[1]:
+    assert mine == [[(c[r::2], 1.0) for c in cuts if c[r::2]] for r in range(2)]  # (whole replicas: no weight-0 rows)
+    for share, _ in mine[0] + mine[1]:
         assert len(share) <= ROWS and (len(share) * max(rows[i] for i in share) <= BUDGET or len(share) == 1)
     assert len(mine[1]) >= len(cuts) - 1
