@@ -33,8 +33,7 @@ class LoraLinear(nn.Linear):
         self.weight = base.weight
         self.register_parameter("bias", base.bias)
         self.scale = alpha / rank
-        a = torch.empty(rank, base.in_features, dtype=torch.float32)
-        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)  # drawn on the CPU: the same on every device
+        a = _initial_a(rank, base.in_features, generator)
         device = base.weight.device
         self.lora_A = nn.Parameter(a.to(device))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=device))
@@ -61,6 +60,23 @@ def add_adapters(model: nn.Module, *, rank: int, alpha: float, targets: tuple[st
     for pname, p in model.named_parameters():
         p.requires_grad_(pname.rsplit(".", 1)[-1] in ADAPTER_NAMES)
     return adapted
+
+
+def initial_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full fp32 A's and B's `add_adapters` gave `model`'s adapters (by state-dict name; empty: no LoRA), drawn
+    again in the same order from `INIT_SEED`: what a model made on the meta device (`fsdp.load_pretrained`: its
+    adapters' values lost there) loads."""
+    generator = torch.Generator().manual_seed(INIT_SEED)
+    out = {}
+    for name, m in adapters(model).items():
+        out[f"{name}.lora_A"] = _initial_a(m.lora_A.shape[0], m.in_features, generator)
+        out[f"{name}.lora_B"] = torch.zeros(m.out_features, m.lora_A.shape[0], dtype=torch.float32)
+    return out
+
+
+def _initial_a(rank: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    a = torch.empty(rank, in_features, dtype=torch.float32)
+    return nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)  # on the CPU: the same on every device
 
 
 def adapters(model: nn.Module) -> dict[str, LoraLinear]:

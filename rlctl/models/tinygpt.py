@@ -693,21 +693,31 @@ class TinyGPT(nn.Module):
         checkpoint's own) on `device`, holding sequences of up to `context` tokens (None: the model's max_positions; see
         `empty`); ConfigError for what is not supported. The weights are never initialised first (the model is made on
         the meta device and filled from the file, one tensor at a time: `CheckpointTensors`, `load_weights`)."""
-        d = Path(directory)
-        config = hf.read_config(d)
-        held = config.max_positions if context is None else min(context, config.max_positions)
-        if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
-            raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
-        file = CheckpointTensors(d)  # (names and shapes from the files' headers: nothing read yet)
-        names = hfnames.match_weights(file.shapes(), config, where=str(d))
+        config, tensors = pretrained_tensors(directory, context=context)
         model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device, context=context)
         # each tensor read (in fp32, as `load_state_dict` reads it) and cast into its parameter in turn: what is held
         # beside the model is one tensor, versus a state dict of the whole model (a 7B in bf16: ≈ 30 GB, not 15)
         try:
-            model.load_weights(ModelTensors(file, config, only=names))
+            model.load_weights(tensors)
         except DoesNotFit as e:  # (what match_weights passes: a tied lm_head the file holds beside the embedding)
-            raise ConfigError(str(d), None, str(e)) from e
+            raise ConfigError(str(directory), None, str(e)) from e
         return model
+
+    @classmethod
+    def on_meta(cls, config: TinyGPTConfig, *, context: int | None = None) -> TinyGPT:
+        """A model of `config` on the meta device, holding no memory (`context` as `empty`'s), to be laid out
+        (FSDP2's `fully_shard`) before any weight exists, then given memory with `materialise`."""
+        with _uninitialised(), torch.device("meta"):
+            model = cls(config)
+        if context is not None:
+            model.context = min(context, config.max_positions)
+        return model
+
+    def materialise(self, device: torch.device) -> None:
+        """`on_meta`'s model (sharded or not) given uninitialised memory on `device` (a sharded one: its shards),
+        its RoPE tables (non-persistent buffers: nothing loads them) computed there in fp32."""
+        self.to_empty(device=device)
+        self._rope_tables()
 
     @classmethod
     def empty(
@@ -755,6 +765,19 @@ class TinyGPT(nn.Module):
         return {
             k: v.detach() if dtype is None or not v.is_floating_point() else v.detach().to(dtype) for k, v in sd.items()
         }
+
+
+def pretrained_tensors(directory: str | Path, *, context: int | None = None) -> tuple[TinyGPTConfig, ModelTensors]:
+    """An HF checkpoint directory's config and its tensors in TinyGPT's names, each read when asked for (names and
+    shapes from the files' headers: nothing read yet); ConfigError for what is not supported, or a `context` longer
+    than a sliding window that binds (`hf.window_refusal`)."""
+    d = Path(directory)
+    config = hf.read_config(d)
+    held = config.max_positions if context is None else min(context, config.max_positions)
+    if (why := hf.window_refusal(config, held)) is not None:  # (before the weights are read)
+        raise ConfigError(str(d / CONFIG_FILE), "sliding_window", why)
+    file = CheckpointTensors(d)
+    return config, ModelTensors(file, config, only=hfnames.match_weights(file.shapes(), config, where=str(d)))
 
 
 def param_count(model: nn.Module) -> int:

@@ -10,10 +10,15 @@ ranks (CI) and over NCCL on GPUs:
                          reduction (MixedPrecisionPolicy), on a CPU fp32. Gradients are summed over the ranks
                          (divide factor 1: the learner divides by the iteration's token count, as unsharded),
                          in every backward, or once an optimizer step where the learner holds gradient sync off
-                         (`DataParallel.reduce_per_step`: the plan's `reduce_per_step`, LoRA always)
-    shard_critic(...)    PPO's critic (a trunk of the policy's config and a value head) alike, on the same mesh, its
-                         trunk's shards copied from the policy's: its AdamW state and checkpoint are sharded as the
-                         policy's (the learner's `modules()`, `rlctl.checkpoint.trainer` and `refsdp` alike)
+                         (`DataParallel.reduce_per_step`: the plan's `reduce_per_step`, LoRA always). The model is
+                         made on the meta device (`TinyGPT.on_meta`) and sharded before it holds any memory
+    load_pretrained(...) then given its shards' memory (`TinyGPT.materialise`) and filled from the HF checkpoint one
+                         full tensor at a time, each rank copying its rows: a rank never holds more than its shards
+                         and one full tensor, versus the whole fp32 model before sharding (a 72B: 288 GB, on no GPU)
+    shard_critic(...)    PPO's critic (a trunk of the policy's config on the meta device and a value head) alike, on
+                         the same mesh, its trunk's shards copied from the policy's, its head zeroed: its AdamW state
+                         and checkpoint are sharded as the policy's (the learner's `modules()`,
+                         `rlctl.checkpoint.trainer` and `refsdp` alike)
     wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
                          never a whole model on one device (the reason for sharding)
     local_state(...)     this rank's shards as plain tensors (what its checkpoint shard holds: parameters and
@@ -46,19 +51,41 @@ def shard(model: TinyGPT, *, cuda: bool) -> None:
     model.autocast_dtype = None  # the policy casts parameters for compute
 
 
+def load_pretrained(model: TinyGPT, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Fill a sharded model made on the meta device (`TinyGPT.on_meta`, `shard`, `TinyGPT.materialise`: nothing in
+    it initialised) from an HF checkpoint's tensors (`pretrained_tensors`: each read when asked for), each full
+    tensor read, its rows copied into this rank's shards and dropped (`load_full`): what a rank holds beyond its
+    shards is one full tensor, versus the whole model in fp32 before sharding (a 72B: 288 GB). LoRA adapters get
+    `add_adapters`' initial values (`lora.initial_state`: the same draws, whole, then this rank's rows)."""
+    initial = lora.initial_state(model)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    load_full(model, tensors, optional=tied | set(initial))
+    if initial:
+        load_full(model, initial, optional=[k for k in model.state_dict() if k not in initial])
+
+
 def shard_critic(critic: nn.Module, policy: TinyGPT, *, cuda: bool) -> None:
-    """Shard PPO's critic (`rlctl.rl.ppo.ValueModel`, on a whole trunk of the policy's config) in place as `shard`
-    shards the policy: its trunk's decoder layers, then the root (embeddings, final norm, the unused lm_head and the
-    value head); then copy the policy's shards into the trunk's, rank by rank (the same mesh and shapes: the same
-    rows of each tensor; no communication). The value head keeps its zeros."""
+    """Shard PPO's critic (`rlctl.rl.ppo.ValueModel`, on a trunk of the policy's config: `TinyGPT.on_meta`, holding
+    nothing yet) in place as `shard` shards the policy: its trunk's decoder layers, then the root (embeddings, final
+    norm, the unused lm_head and the value head); give it its shards' memory on the policy's device, then copy the
+    policy's shards into the trunk's, rank by rank (the same mesh and shapes: the same rows of each tensor; no
+    communication), and zero the value head (as `ValueModel` makes it). No rank holds a whole critic."""
     trunk = critic.get_submodule("body")
     assert isinstance(trunk, TinyGPT), type(trunk)
     _shard(critic, trunk.blocks(), cuda=cuda)
     trunk.autocast_dtype = None
+    device = local_tensor(next(policy.parameters())).device
+    trunk.materialise(device)
+    for child in critic.children():
+        if child is not trunk:
+            child.to_empty(device=device)
     own = critic.state_dict()
     with torch.no_grad():
         for name, t in policy.state_dict().items():
             local_tensor(own[f"body.{name}"]).copy_(local_tensor(t))
+        for name, t in own.items():
+            if not name.startswith("body."):
+                local_tensor(t).zero_()
 
 
 def _shard(root: nn.Module, layers: Iterable[nn.Module], *, cuda: bool) -> None:

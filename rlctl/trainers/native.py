@@ -1,5 +1,6 @@
 """The `torch` trainer backend: TinyGPT (the embedded engine's own model), a whole replica on every rank — or,
-sharded with FSDP2 (`rlctl.trainers.fsdp`), one replica over every rank.
+sharded with FSDP2 (`rlctl.trainers.fsdp`), one replica over every rank (made on the meta device and loaded
+shard by shard: never whole on one rank).
 
 On a CUDA device the parameters and AdamW state stay fp32 (master weights) and the passes compute in bf16 (under
 autocast, or FSDP2's mixed-precision policy); on a CPU everything is fp32. Gradients are summed over the trainer's
@@ -17,9 +18,10 @@ from torch import nn
 
 from rlctl.config.runtime import Lora
 from rlctl.devices import Compute
+from rlctl.errors import ConfigError
 from rlctl.models import hfdir, lora
-from rlctl.models.tensors import check_fit, shapes_of
-from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.tensors import DoesNotFit, check_fit, shapes_of
+from rlctl.models.tinygpt import TinyGPT, pretrained_tensors
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
 
@@ -47,15 +49,28 @@ class TorchBackend(TrainerBackend):
         """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
         `shard`: FSDP2 over every rank of the default process group (`reduce_per_step`: reducing the gradients once
         an optimizer step, `DataParallel.reduce_per_step`; always with LoRA); `context`: the longest sequence it
-        trains on (`TinyGPT.empty`; None: the model's max_positions)."""
+        trains on (`TinyGPT.empty`; None: the model's max_positions).
+
+        Sharded, the model is made on the meta device, sharded, given its shards' memory and filled from the file one
+        tensor at a time (`fsdp.load_pretrained`): a rank holds its shards and one full tensor, never the whole
+        model (a 72B in fp32: 288 GB, on no GPU) — the reason it is sharded."""
         device = torch.device("cpu") if compute is None else compute.device
-        model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
+        if shard:
+            config, tensors = pretrained_tensors(model_dir, context=context)
+            model = TinyGPT.on_meta(config, context=context)
+        else:
+            model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device, context=context)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
         model.activation_checkpointing = activation_checkpointing
         if adapters is not None:  # LoRA (`trainer.lora`) on its projections, every other weight frozen
             lora.add_adapters(model, rank=adapters.rank, alpha=adapters.alpha, targets=adapters.targets)
         if shard:
             fsdp.shard(model, cuda=device.type == "cuda")
+            model.materialise(device)
+            try:
+                fsdp.load_pretrained(model, tensors)
+            except DoesNotFit as e:  # (as from_pretrained: a tied lm_head the file holds beside the embedding)
+                raise ConfigError(str(model_dir), None, str(e)) from e
         return cls(model, sharded=shard, reduce_per_step=reduce_per_step)
 
     def data_parallel(self) -> DataParallel:
@@ -67,20 +82,20 @@ class TorchBackend(TrainerBackend):
         return DataParallel(every.rank, every.size, sharded=True, reduce_per_step=self.reduce_per_step)
 
     def critic_trunk(self) -> TinyGPT:
-        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used). Sharded: a whole replica of the
-        policy's config, uninitialised (a full fp32 model on the device for a moment, as the policy's own load), for
-        `shard_critic` to shard and fill with the policy's shards."""
+        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used). Sharded: a model of the
+        policy's config on the meta device (`TinyGPT.on_meta`: no memory), for `shard_critic` to shard, give its
+        shards' memory and fill with the policy's shards: no rank holds a whole critic."""
         assert not self.lora, "PPO with trainer.lora is refused by rlctl check"
         if not self.sharded:
             return copy.deepcopy(self.model)
         m = self.model
-        device = fsdp.local_tensor(next(m.parameters())).device
-        trunk = TinyGPT.empty(m.config, dtype=torch.float32, device=device, context=m.context)
+        trunk = TinyGPT.on_meta(m.config, context=m.context)
         trunk.activation_checkpointing = m.activation_checkpointing
         return trunk
 
     def shard_critic(self, critic: nn.Module) -> None:
-        """Sharded: FSDP2 over the policy's ranks, its trunk the policy's shards (`fsdp.shard_critic`)."""
+        """Sharded: FSDP2 over the policy's ranks, its trunk the policy's shards, its head zeros (`fsdp.shard_critic`,
+        on the policy's device)."""
         if self.sharded:
             device = fsdp.local_tensor(next(self.model.parameters())).device
             fsdp.shard_critic(critic, self.model, cuda=device.type == "cuda")
