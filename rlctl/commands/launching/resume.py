@@ -130,8 +130,9 @@ def resume_job(
         # the trainer's new split, checked as a launch checks one (the model, the site's room): refused here, before a
         # detach and before anything is written; plan.json is rewritten as the run starts (`begin`)
         resplit = _resplit(jd, plan, asked) if asked is not None else None
-        if resplit is None:  # the plan's split, checked at the launch with the job as it was then
-            _refuse_unfit_edit(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
+        unfit = None  # the plan's split, checked at the launch with the job as it was then: judged again here
+        if resplit is None:
+            unfit = _judge_memory(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
     except RlctlError:
         lock.close()
         db.close()
@@ -181,7 +182,7 @@ def resume_job(
                 say(f"job {spec.name}: {counted}")
             if resplit is not None:
                 say(f"job {spec.name}: {said(plan, resplit)}, written to plan.json")
-            for line in sources:
+            for line in sources + ([unfit] if unfit is not None else []):
                 say(f"job {spec.name}: {line}")
             run = runs.start(resume=True, checkpoint=back)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
@@ -224,30 +225,37 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
 MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
 
 
-def _refuse_unfit_edit(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> None:
-    """UsageError, one line, where job.json was edited since the launch in a field a trainer rank's memory is priced
-    on (`MEMORY_FIELDS` among `edited`) and a rank at the plan's split no longer fits its site's GPUs with the job as
-    edited (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split: a larger
-    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off); versus the
-    plan's split run on it unchecked, the launch having priced the job's cuts as they were. An edit of other fields
-    (`name`, `tracking`, `iterations`, …) is not judged: the job as launched, which job.json keeps the digests of
-    alone, cannot be priced again, and a rlctl pricing it otherwise than the one that launched it would refuse the
-    resume of a job whose ranks' memory no edit changed."""
+def _judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str | None:
+    """A trainer rank at the plan's split judged against its site's GPUs with the job as job.json has it now
+    (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split). Where job.json was edited since
+    the launch in a field a rank's memory is priced on (`MEMORY_FIELDS` among `edited`: a larger
+    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off) and a rank no
+    longer fits: UsageError, one line naming those fields alone. Unedited there, the job as launched, which ran at this
+    split, is not refused where this rlctl prices it otherwise than the one that launched it (Qwen3's q/k norms, a
+    tied head, activations: priced since); the warning line the resume says before its run starts is returned, with
+    the figures and what to change should a rank run out of memory; versus resumed with no word. None: it fits."""
     from rlctl.launch.backends import read_sites
     from rlctl.launch.layout import trainer_parallel
     from rlctl.ops.preflight.memory import trainer_memory_refusal
 
-    if not (edited := [field for field in edited if field in MEMORY_FIELDS]):
-        return
     name = str(plan["trainer"]["site"])
     if (site := read_sites(jd.path, required=True).get(name)) is None:
-        return  # refused as the run lays its agents out
+        return None  # refused as the run lays its agents out
     job, split = _resumed_job(jd), trainer_parallel(plan)
-    if (why := trainer_memory_refusal(job, name, site, split, arch=job.model.arch)) is not None:
+    if (why := trainer_memory_refusal(job, name, site, split, arch=job.model.arch)) is None:
+        return None
+    if edited := [field for field in edited if field in MEMORY_FIELDS]:
         raise UsageError(
             f"{jd.job_json} was edited since the launch ({', '.join(edited)}), and with the job as edited {why}",
             hint="undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D",
         )
+    return (
+        f"warning: as this rlctl prices the job, on site {name!r} {why}; resumed at the split it was launched at (not "
+        "refused: the rlctl that launched it may have priced it otherwise), a rank may run out of GPU memory: if one "
+        "does, lower "
+        f"batch.train_micro_batch_tokens in {jd.job_json}, or resume on more ranks (--trainer-split tp=T,pp=P,dp=D, "
+        "checked by --dry-run)"
+    )
 
 
 def _resumed_job(jd: JobDir) -> JobFile:

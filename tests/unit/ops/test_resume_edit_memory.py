@@ -24,14 +24,20 @@ def edit_batch(jd: JobDir, **batch: Any) -> None:
 
 
 @pytest.fixture
-def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+def said() -> list[str]:
+    """The lines the resume's launcher said as its run started (`started`)."""
+    return []
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, said: list[str]) -> list[dict[str, Any]]:
     """The plans the resume's run started with (its launcher stood in for, as test_resume_point's split tests do)."""
     from rlctl.commands.launching import resume as resume_mod
 
     runs: list[dict[str, Any]] = []
 
     def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
-        begin(SimpleNamespace(start=lambda **kw: runs.append(plan) or "run", run=None), lambda line: None)
+        begin(SimpleNamespace(start=lambda **kw: runs.append(plan) or "run", run=None), said.append)
 
     monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
     return runs
@@ -85,3 +91,44 @@ def test_an_edit_of_fields_a_ranks_memory_is_not_priced_on_is_not_judged(
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
     assert f"{jd.job_json} was edited since the launch (batch), and with the job as edited" in r.stderr, r.stderr
+
+
+def launched_as_is(jd: JobDir, **batch: Any) -> None:
+    """job.json's batch set to `batch` as the launch's: its digests made those of the job as it is (no edit)."""
+    from rlctl.launch.jobdir import job_digests
+
+    edit_batch(jd, **batch)
+    data = json.loads(jd.job_json.read_text())
+    data["job_sha256"] = job_digests(data["job"])
+    jd.job_json.write_text(json.dumps(data))
+
+
+def test_an_unedited_job_that_no_longer_fits_as_priced_now_resumes_with_one_warning_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]], said: list[str]
+) -> None:
+    """A job launched with a cut this rlctl prices past a rank's GPU (a price changed since: it ran at that split)
+    and job.json unedited resumes at the plan's split, saying in one line the site, the figures (needed versus what a
+    GPU holds) and what to change; versus resumed with no word. A job that fits resumes saying nothing of it."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    launched_as_is(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
+    (line,) = [line for line in said if "warning" in line]
+    assert line.startswith(
+        "job resume: warning: as this rlctl prices the job, on site 't' the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need "
+    ), line
+    need_gb = float(line.split(" need ")[1].split(" GB each")[0])
+    assert need_gb > 0.9 * 80, line
+    assert "and a H100 holds 80 GB (90% usable); resumed at the split it was launched at (not refused" in line, line
+    assert line.endswith(
+        f"lower batch.train_micro_batch_tokens in {jd.job_json}, or resume on more ranks "
+        "(--trainer-split tp=T,pp=P,dp=D, checked by --dry-run)"
+    ), line
+    said.clear()
+    launched_as_is(jd, train_micro_batch_tokens=1024, train_micro_batch_samples=2)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 2
+    assert not [line for line in said if "warning" in line], said
