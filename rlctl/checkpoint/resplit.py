@@ -38,6 +38,15 @@ from rlctl.trainers.megatron.names import Stage
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+class ShardMisfit(ValueError):
+    """What one old shard holds otherwise than its rank's part of this model (`shard_moments`): `at`, its position
+    (t0, s0), by which the loader names its file (`rlctl.checkpoint.shardcheck.damaged`)."""
+
+    def __init__(self, at: tuple[int, int], what: str) -> None:
+        super().__init__(what)
+        self.at = at
+
+
 def position(shard_of: int, split: ParallelConfig) -> tuple[int, int]:
     """The (tp rank, pp stage) of replica 0's global rank `shard_of` at `split` (megatron's order: tp fastest,
     then dp, then pp)."""
@@ -112,8 +121,9 @@ def shard_moments(
     """Each old shard's moments by megatron name ({(t0, s0): {"exp_avg": {name: tensor}, …}}) of `states` (the
     optimizer state dict of old position (t0, s0), every t0 of each stage), as loaded (mapped: nothing read but
     the step counts), and the step count: None where no parameter has a state yet (every step before the checkpoint
-    skipped as non-finite: `rl.schedule.finite_step`). ValueError when a shard does not hold this model's parameters
-    (another model, another optimizer)."""
+    skipped as non-finite: `rl.schedule.finite_step`). ShardMisfit, naming the parameter, when a shard does not hold
+    its rank's part of this model's parameters (another model, another optimizer, a moment of another shape: checked
+    by the shapes alone, nothing read); ValueError when the shards disagree on the step count."""
     out: dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]] = {}
     steps: list[torch.Tensor] = []
     unstepped: list[str] = []
@@ -123,16 +133,24 @@ def shard_moments(
         order = param_order(c, stage, layer)
         if sorted(order) != sorted(shapes):
             raise ValueError(f"this model's names and megatron's order disagree: {sorted(set(order) ^ set(shapes))}")
-        named = indexed_names(order, shapes, sd["param_groups"])
+        try:
+            named = indexed_names(order, shapes, sd["param_groups"])
+        except ValueError as e:
+            raise ShardMisfit((t0, s0), str(e)) from e
         by_moment: dict[str, dict[str, torch.Tensor]] = {m: {} for m in MOMENTS}
         for i, name in named.items():
             st = sd["state"].get(i)
             if st is None:  # (a torch optimizer has a parameter's state once it stepped it)
                 unstepped.append(name)
                 continue
+            if lacking := [m for m in ("step", *MOMENTS) if m not in st]:
+                raise ShardMisfit((t0, s0), f"its optimizer state of {name} lacks {lacking[0]}")
             for m in MOMENTS:
-                if tuple(st[m].shape) != shapes[name]:
-                    raise ValueError(f"{name}'s {m} is {tuple(st[m].shape)}, this model's part {shapes[name]}")
+                if (got := tuple(st[m].shape)) != (want := shapes[name]):
+                    raise ShardMisfit(
+                        (t0, s0),
+                        f"{name}'s {m} is {got}; its rank's part of {name} at tp {old.tp} pp {old.pp} is {want}",
+                    )
                 by_moment[m][name] = st[m]
             steps.append(torch.as_tensor(st["step"]))
         out[(t0, s0)] = by_moment

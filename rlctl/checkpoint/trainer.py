@@ -625,10 +625,12 @@ def _load_resplit(
     split: ParallelConfig,
     reads: list[int],
 ) -> tuple[dict[str, Any], str]:
-    """`load_trainer` of a part written at another tp × pp than `split`: the policy (this rank's shard of the HF
-    tensors), then its AdamW state rebuilt from the old shards `reads` (`rlctl.checkpoint.resplit`), the RNG of
-    the first. Megatron's policy optimizer alone: CheckpointError for other modules' state (a PPO critic's) or
-    another backend."""
+    """`load_trainer` of a part written at another tp × pp than `split`: its AdamW state rebuilt from the old shards
+    `reads` (`rlctl.checkpoint.resplit`), then the policy (this rank's shard of the HF tensors), the RNG of the
+    first. Megatron's policy optimizer alone: CheckpointError for other modules' state (a PPO critic's) or another
+    backend; a shard that does not hold its rank's part of the policy's state (a moment of another shape) refused in
+    one line naming its file and the parameter (`shardcheck.damaged`) before the policy is loaded, versus a line
+    naming no file after it."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     policy: Any = getattr(model, "model", None)
@@ -640,7 +642,6 @@ def _load_resplit(
             f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
         )
     rank, _ = _rank_world()
-    _load_policy(ckpt / MODEL, model)
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
     shards = {resplit.position(r, was): shardcheck.read_shard(ckpt, files[r], mmap=True) for r in reads}
     for r in reads:
@@ -664,8 +665,11 @@ def _load_resplit(
             current=opt.state_dict(),
             index_names=index_names,
         )
+    except resplit.ShardMisfit as e:  # one old shard's: its file named
+        raise shardcheck.damaged(ckpt, files[resplit.writer(*e.at, was)], str(e)) from e
     except ValueError as e:
         raise CheckpointError(f"{refused}: {e}") from e
+    _load_policy(ckpt / MODEL, model)  # (once every shard read passed: nothing written to the model before)
     opt.load_state_dict(state)
     first = min(shards, key=lambda k: (k[1], k[0] != t % was.tp))
     set_rng_state(shards[first]["rng"])  # nothing on the trainer draws from it (the module's docstring)

@@ -18,6 +18,8 @@ the weights after each step. SAMPLES.pt holds three iterations of samples.
                    position); iteration 3.
   PHASE "resplit": fresh ranks at another split than the run's restore JOB/iter-2 (their AdamW state rebuilt
                    from the old shards); iteration 3.
+  PHASE "resplit-refused": fresh ranks at another split try JOB/iter-2 (a shard damaged by the test; each error
+                   is kept) and keep the weights they then hold; no iteration.
 
 OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it (each
 optimizer's: "policy", PPO's "critic"), "modules": the state of the learner's other modules after it (PPO's
@@ -94,6 +96,17 @@ def main(
             ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
         )
         result["rng"] = rng_state()
+    if phase == "resplit-refused":
+        try:
+            load_trainer(
+                ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
+            )
+        except CheckpointError as e:
+            result["errors"].append(str(e))
+        result["weights"] = {k: v.clone() for k, v in backend.weights().items()}
+        torch.save(result, out)
+        dist.destroy_process_group()
+        return
     if phase == "resplit":
         result["counters"], _ = load_trainer(
             ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2

@@ -91,3 +91,38 @@ def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
     assert not all(torch.equal(w_b[k], saved[k]) for k in saved)  # the third step moved it
     for k in w_a:
         torch.testing.assert_close(w_b[k], w_a[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.timeout(400)
+def test_a_moment_of_another_shape_is_refused_at_another_split_naming_its_shard_before_the_policy_loads(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint written at tp 2 whose rank 1 shard (listed in the manifest as it is) holds the embedding's
+    exp_avg_sq a row short, resumed at tp 1: one line naming the checkpoint, the shard, the parameter and both shapes,
+    and the rank's weights still the HF model's it started from; versus the resplit's line naming no file
+    (`<ckpt>: written by a trainer at tp 2 …: …'s exp_avg_sq is …`), raised after the checkpoint's policy was
+    loaded."""
+    from tests.unit.checkpoint.test_shardcheck import relist
+
+    require_megatron()
+    model_and_samples(tmp_path)
+    run_phase(tmp_path, "run", backend="megatron", algorithm="grpo", tp=2, pp=1, dp=1)
+    ckpt = tmp_path / "job" / "iter-2"
+    shard_path = ckpt / "ranks" / "rank-1.pt"
+    shard = torch.load(shard_path, weights_only=True)
+    moment = shard["optimizer.policy"]["state"][0]  # (index 0: the embedding, first in GPTModel's order)
+    whole = tuple(moment["exp_avg_sq"].shape)
+    moment["exp_avg_sq"] = moment["exp_avg_sq"][1:].clone()
+    torch.save(shard, shard_path)
+    relist(ckpt, "ranks/rank-1.pt")
+
+    (refused,) = run_phase(tmp_path, "resplit-refused", backend="megatron", algorithm="grpo", tp=1, pp=1, dp=1)
+    short = (whole[0] - 1, *whole[1:])
+    name = "embedding.word_embeddings.weight"
+    assert refused["errors"] == [
+        f"{ckpt}: ranks/rank-1.pt: {name}'s exp_avg_sq is {short}; its rank's part of {name} at tp 2 pp 1 is {whole}"
+    ]
+    start = TinyGPT.from_pretrained(tmp_path / "model").state_dict()
+    assert all(torch.equal(refused["weights"][k], v) for k, v in start.items())  # the checkpoint's not loaded
+    saved = TinyGPT.from_pretrained(ckpt / "model").state_dict()
+    assert not all(torch.equal(saved[k], v) for k, v in start.items())  # (the premise: two steps moved them)
