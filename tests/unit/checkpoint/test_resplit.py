@@ -5,6 +5,7 @@ tensors at a time, not an old stage's (CPU allocations counted by torch's profil
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,28 @@ def test_a_checkpoint_whose_optimizer_never_stepped_rebuilds_an_empty_state(tmp_
     mixed = {(0, 0): shards[(0, 0)], (1, 0): stepped}
     with pytest.raises(ValueError, match="has no optimizer state"):  # one shard stepped, the other not: not rebuilt
         resplit.shard_moments(CONFIG, old, mixed, layer_suffixes())
+
+
+NORM = "decoder.layers.0.input_layernorm.weight"  # (stage 1's first parameter)
+DAMAGES = {
+    "shape": (
+        lambda sd: sd["state"][0].update(exp_avg=sd["state"][0]["exp_avg"][1:]),
+        rf"^{NORM}'s exp_avg is \(63,\); its rank's part of {NORM} at tp 2 pp 2 is \(64,\)$",
+    ),
+    "lacking": (lambda sd: sd["state"][3].pop("exp_avg_sq"), r"^its optimizer state of \S+ lacks exp_avg_sq$"),
+    "groups": (lambda sd: sd["param_groups"][0]["params"].pop(), r"^its optimizer holds \[\d+\] parameters per group"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_a_shard_not_holding_its_ranks_part_is_said_with_its_position(tmp_path: Path, case: str) -> None:
+    """What one old shard holds otherwise than its rank's part of the model is a ShardMisfit carrying that shard's
+    (tp, pp) position, by which `load_trainer` names its file (tests/unit/trainers/test_megatron_resplit.py), versus
+    a ValueError naming no shard."""
+    old = split(2, 2)
+    shards = {k: copy.deepcopy(dict(v)) for k, v in old_shards(tmp_path, whole_moments(seed=3), old).items()}
+    damage, said = DAMAGES[case]
+    damage(shards[(1, 1)])
+    with pytest.raises(resplit.ShardMisfit, match=said) as e:
+        resplit.shard_moments(CONFIG, old, shards, layer_suffixes())
+    assert e.value.at == (1, 1)
