@@ -16,8 +16,9 @@ activations). A cut priced past 90 % of the device's free memory is skipped, and
 memory on (priced to fit) fails.
 
 On a CPU (the reduced form CI runs; no allocator peak to read) the same learner's step on the tiny model under bf16
-autocast counts the bytes its forward keeps for the backward (`saved_tensors_hooks`, each storage once, parameters and
-buffers left out) against `actmem.saved_bytes`, the term of the price that grows with the cut, by the same rule.
+autocast counts the bytes its forward keeps for the backward (`rlctl.profiler.saved.count_saved`: each storage once,
+parameters and buffers left out) against `actmem.saved_bytes`, the term of the price that grows with the cut, by the
+same rule.
 """
 
 from __future__ import annotations
@@ -166,23 +167,14 @@ def _saved(model_dir: Path, backend: Any, learner: Any, *, rows: int, row_tokens
     """One step on a cut of `rows` rows: the distinct storages its forward saves for backward (not the parameters'
     or buffers'), against `saved_bytes`."""
     from rlctl.profiler.actmem import saved_bytes
+    from rlctl.profiler.saved import count_saved
 
     arch = check_hf_dir(model_dir).arch
     priced = saved_bytes(arch, tokens=rows * row_tokens, seq_tokens=row_tokens, checkpointing=ckpt)
-    model = backend.model
-    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in fixed:
-            saved[s.data_ptr()] = s.nbytes()
-        return t
-
-    _add(learner, rows=rows, row_tokens=row_tokens, vocab=model.config.vocab_size)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    _add(learner, rows=rows, row_tokens=row_tokens, vocab=backend.model.config.vocab_size)
+    with count_saved(backend.model) as saved:
         learner.step()
-    measured = sum(saved.values())
+    measured = saved.nbytes
     return {
         "tokens": rows * row_tokens,
         "priced_bytes": round(priced),

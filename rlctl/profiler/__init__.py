@@ -1,6 +1,8 @@
 """Profiles: the cost functions the planner needs, modelled from GPU specs or measured on a site.
 
 analytical.py     roofline decode / prefill / KV capacity / training cost from catalog specs
+actmem.py         a trainer rank's activation memory, priced from the model's shape and the cut's tokens
+saved.py          the bytes a forward saves for backward, counted as it runs (what actmem.py prices, measured)
 traincost.py      which model passes an RL iteration runs per token, per algorithm (FLOPs, what streams)
 measure.py        microbenchmarks of a generation engine (embedded CPU engine, vLLM, fakes in tests)
 measure_train.py  seconds per token of a training step of rlctl's own learners on a trainer backend

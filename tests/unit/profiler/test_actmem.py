@@ -1,6 +1,6 @@
 """The activation-memory formula (`rlctl.profiler.actmem`) against the bytes the torch trainer's forward and GRPO loss
-save for backward, counted by `torch.autograd.graph.saved_tensors_hooks` (each storage once, the parameters and
-buffers left out): TinyGPT under bf16 autocast on the CPU, the dtypes it trains in on a GPU (`TorchBackend.load`)."""
+save for backward, counted by `rlctl.profiler.saved.count_saved` (each storage once, the parameters and buffers left
+out): TinyGPT under bf16 autocast on the CPU, the dtypes it trains in on a GPU (`TorchBackend.load`)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from rlctl.profiler.actmem import (
     saved_bytes,
 )
 from rlctl.profiler.analytical import analytical_profile, training_entry
+from rlctl.profiler.saved import count_saved
 from rlctl.rl.cuts import cut_lengths
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.ppo import ValueModel, value_loss
@@ -44,26 +45,17 @@ def measured_saved_bytes(
     policy.autocast_dtype, policy.activation_checkpointing = None if fp32 else torch.bfloat16, checkpointing
     model: torch.nn.Module = ValueModel(copy.deepcopy(policy)) if critic else policy
     model.train()
-    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in fixed:
-            saved[s.data_ptr()] = s.nbytes()
-        return t
-
     tokens = torch.randint(3, config.vocab_size, (rows, seq))
     mask = torch.zeros(rows, seq - 1, dtype=torch.bool)
     mask[:, seq // 2 :] = True
     batch = TokenBatch(tokens, mask, torch.full(mask.shape, -1.0), torch.randn(mask.shape))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with count_saved(model) as saved:
         if critic:
             loss = value_loss(model, tokens, mask, torch.randn(mask.shape), total=int(mask.sum()))
         else:
             loss, _ = policy_loss(model, batch, 0.2)
     loss.backward()  # (the pass is whole: what was saved was needed)
-    return sum(saved.values())
+    return saved.nbytes
 
 
 # shapes the formula was not read from (it was read off a 1- and 2-layer model of hidden 128, q 192, kv 96, i 320,
