@@ -21,7 +21,8 @@ from rlctl.devices import Compute
 from rlctl.errors import ConfigError
 from rlctl.models import hfdir, lora
 from rlctl.models.tensors import DoesNotFit, check_fit, shapes_of
-from rlctl.models.tinygpt import TinyGPT, pretrained_tensors
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.models.tinyload import pretrained_tensors
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
 
