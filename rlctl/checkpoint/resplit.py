@@ -116,17 +116,25 @@ def indexed_names(
 
 
 def shard_moments(
-    c: TinyGPTConfig, old: ParallelConfig, states: Mapping[tuple[int, int], dict[str, Any]], layer: list[str]
+    c: TinyGPTConfig,
+    old: ParallelConfig,
+    states: Mapping[tuple[int, int], dict[str, Any]],
+    layer: list[str],
+    *,
+    dtype: torch.dtype,
 ) -> tuple[dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]], torch.Tensor | None]:
     """Each old shard's moments by megatron name ({(t0, s0): {"exp_avg": {name: tensor}, …}}) of `states` (the
     optimizer state dict of old position (t0, s0), every t0 of each stage), as loaded (mapped: nothing read but
     the step counts), and the step count: None where no parameter has a state yet (every step before the checkpoint
     skipped as non-finite: `rl.schedule.finite_step`). ShardMisfit, naming the parameter, when a shard does not hold
-    its rank's part of this model's parameters (another model, another optimizer, a moment of another shape: checked
-    by the shapes alone, nothing read); ValueError when the shards disagree on the step count."""
+    its rank's part of this model's parameters (another model, another optimizer, a moment of another shape, or not
+    in `dtype`, this trainer's parameters' as AdamW keeps its moments: checked by the shapes and dtypes alone), or
+    its parameters' step count is not the others' (every parameter steps together: a parameter without state beside
+    stepped ones, a count another shard's parameters do not share)."""
     out: dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]] = {}
     steps: list[torch.Tensor] = []
-    unstepped: list[str] = []
+    first: tuple[float, str, tuple[int, int]] | None = None  # the first step count read: its parameter and shard
+    unstepped: list[tuple[str, tuple[int, int]]] = []
     for (t0, s0), sd in sorted(states.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         stage = Stage(s0, old.pp)
         shapes = shard_shapes(c, tp=old.tp, t=t0, stage=stage)
@@ -141,26 +149,51 @@ def shard_moments(
         for i, name in named.items():
             st = sd["state"].get(i)
             if st is None:  # (a torch optimizer has a parameter's state once it stepped it)
-                unstepped.append(name)
+                unstepped.append((name, (t0, s0)))
                 continue
             if lacking := [m for m in ("step", *MOMENTS) if m not in st]:
                 raise ShardMisfit((t0, s0), f"its optimizer state of {name} lacks {lacking[0]}")
             for m in MOMENTS:
+                if (got_dtype := _dtype(st[m])) != dtype:
+                    raise ShardMisfit((t0, s0), f"{name}'s {m} is {got_dtype}; its parameter's is {dtype}")
                 if (got := tuple(st[m].shape)) != (want := shapes[name]):
                     raise ShardMisfit(
                         (t0, s0),
                         f"{name}'s {m} is {got}; its rank's part of {name} at tp {old.tp} pp {old.pp} is {want}",
                     )
                 by_moment[m][name] = st[m]
-            steps.append(torch.as_tensor(st["step"]))
+            step = torch.as_tensor(st["step"])
+            if first is None:
+                first = (float(step), name, (t0, s0))
+            elif float(step) != first[0]:
+                raise ShardMisfit((t0, s0), _other_step(name, float(step), first, at=(t0, s0), old=old))
+            steps.append(step)
         out[(t0, s0)] = by_moment
-    if steps and unstepped:
-        raise ValueError(
-            f"{unstepped[0]} has no optimizer state, and the other parameters took {float(steps[0]):g} steps"
-        )
-    if len({float(s) for s in steps}) > 1:
-        raise ValueError(f"its parameters took different numbers of steps: {sorted({float(s) for s in steps})}")
+    if first is not None and unstepped:
+        name, at = unstepped[0]
+        raise ShardMisfit(at, f"{name} has no optimizer state, and the other parameters took {first[0]:g} steps")
     return out, steps[0] if steps else None
+
+
+def _dtype(moment: Any) -> torch.dtype | str:
+    """A moment's dtype; the type's name of one that is no tensor (a shard written by hand)."""
+    return moment.dtype if isinstance(moment, torch.Tensor) else type(moment).__name__
+
+
+def _other_step(
+    name: str, step: float, first: tuple[float, str, tuple[int, int]], *, at: tuple[int, int], old: ParallelConfig
+) -> str:
+    """What a shard's step count of `name` is said as beside the first one read (`first`: the count, its parameter
+    and the position of its shard): within one shard, by that parameter; else by the rank that wrote that shard."""
+    count, other, where = first
+    if where == at:
+        return (
+            f"its optimizer state of {name} took {step:g} steps, of {other} {count:g} (every parameter steps together)"
+        )
+    return (
+        f"its parameters took {step:g} steps, rank {writer(*where, old)}'s shard's {count:g} (every parameter steps "
+        "together)"
+    )
 
 
 class WholeMoment(Mapping[str, torch.Tensor]):
@@ -202,13 +235,15 @@ def rebuilt_state(
     stage: Stage,
     current: dict[str, Any],
     index_names: Mapping[int, str],
+    dtype: torch.dtype,
 ) -> dict[str, Any]:
     """The optimizer state dict of tp rank `t` at `stage` of a `now_tp` split, rebuilt from the old shards `states`
     one parameter and moment at a time (`WholeMoment`): `current` is this rank's optimizer's state dict (its
-    groups' indices), `index_names` the megatron name of each of its indices. The hyper-parameters of each group
+    groups' indices), `index_names` the megatron name of each of its indices, `dtype` its parameters' (megatron's
+    fp32 master weights: every moment of the old shards in it, `shard_moments`). The hyper-parameters of each group
     are the old shards'."""
     mg_names = list(index_names.values())
-    shards, step = shard_moments(c, old, states, layer_suffixes(mg_names))
+    shards, step = shard_moments(c, old, states, layer_suffixes(mg_names), dtype=dtype)
     old_groups = next(iter(states.values()))["param_groups"]
     if len(old_groups) != len(current["param_groups"]):
         raise ValueError(

@@ -628,9 +628,9 @@ def _load_resplit(
     """`load_trainer` of a part written at another tp × pp than `split`: its AdamW state rebuilt from the old shards
     `reads` (`rlctl.checkpoint.resplit`), then the policy (this rank's shard of the HF tensors), the RNG of the
     first. Megatron's policy optimizer alone: CheckpointError for other modules' state (a PPO critic's) or another
-    backend; a shard that does not hold its rank's part of the policy's state (a moment of another shape) refused in
-    one line naming its file and the parameter (`shardcheck.damaged`) before the policy is loaded, versus a line
-    naming no file after it."""
+    backend; a shard that does not hold its rank's part of the policy's state (a moment of another shape or dtype, a
+    step count the other shards' parameters do not share) refused in one line naming its file and the parameter
+    (`shardcheck.damaged`) before the policy is loaded, versus a line naming no file after it."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     policy: Any = getattr(model, "model", None)
@@ -654,6 +654,7 @@ def _load_resplit(
     params = [p for g in opt.param_groups for p in g["params"]]
     index_names = {i: by_id[id(p)] for i, p in enumerate(params)}
     t = rank % split.tp  # this rank's tp rank (megatron's order: tp fastest)
+    (dtype,) = {p.dtype for p in params}  # (megatron's fp32 master weights: `params_dtype`)
     try:
         state = resplit.rebuilt_state(
             policy.config,
@@ -664,6 +665,7 @@ def _load_resplit(
             stage=policy.stage,
             current=opt.state_dict(),
             index_names=index_names,
+            dtype=dtype,
         )
     except resplit.ShardMisfit as e:  # one old shard's: its file named
         raise shardcheck.damaged(ckpt, files[resplit.writer(*e.at, was)], str(e)) from e

@@ -67,7 +67,15 @@ def rebuild(shards: dict, old: ParallelConfig, *, tp: int, t: int, stage: Stage)
     current = {"state": {}, "param_groups": [{"lr": 1e-4, "params": list(range(len(order)))}]}
     reads = {k: v for k, v in shards.items() if k[1] in resplit.stages_read(CONFIG, stage, old.pp)}
     state = resplit.rebuilt_state(
-        CONFIG, old=old, states=reads, now_tp=tp, t=t, stage=stage, current=current, index_names=dict(enumerate(order))
+        CONFIG,
+        old=old,
+        states=reads,
+        now_tp=tp,
+        t=t,
+        stage=stage,
+        current=current,
+        index_names=dict(enumerate(order)),
+        dtype=torch.float32,
     )
     return state, order
 
@@ -146,6 +154,7 @@ def test_a_checkpoint_whose_optimizer_never_stepped_rebuilds_an_empty_state(tmp_
         stage=Stage(),
         current=current,
         index_names=dict(enumerate(order)),
+        dtype=torch.float32,
     )
     assert state == {"state": {}, "param_groups": groups}
     shape = resplit.shard_shapes(CONFIG, tp=2, t=1, stage=Stage())[order[0]]
@@ -153,17 +162,54 @@ def test_a_checkpoint_whose_optimizer_never_stepped_rebuilds_an_empty_state(tmp_
     stepped = {"state": {0: {"step": torch.tensor(1.0), **moments}}, "param_groups": groups}
     mixed = {(0, 0): shards[(0, 0)], (1, 0): stepped}
     with pytest.raises(ValueError, match="has no optimizer state"):  # one shard stepped, the other not: not rebuilt
-        resplit.shard_moments(CONFIG, old, mixed, layer_suffixes())
+        resplit.shard_moments(CONFIG, old, mixed, layer_suffixes(), dtype=torch.float32)
 
 
 NORM = "decoder.layers.0.input_layernorm.weight"  # (stage 1's first parameter)
+EMBEDDING = "embedding.word_embeddings.weight"  # (stage 0's first parameter: the first step count read)
+
+
+def _steps(sd: dict[str, Any], step: float, *, only: int | None = None) -> None:
+    for i, st in sd["state"].items():
+        if only is None or i == only:
+            st["step"] = torch.tensor(step)
+
+
+# what is done to the shard at `at`, and the line said of it
 DAMAGES = {
     "shape": (
         lambda sd: sd["state"][0].update(exp_avg=sd["state"][0]["exp_avg"][1:]),
         rf"^{NORM}'s exp_avg is \(63,\); its rank's part of {NORM} at tp 2 pp 2 is \(64,\)$",
+        (1, 1),
     ),
-    "lacking": (lambda sd: sd["state"][3].pop("exp_avg_sq"), r"^its optimizer state of \S+ lacks exp_avg_sq$"),
-    "groups": (lambda sd: sd["param_groups"][0]["params"].pop(), r"^its optimizer holds \[\d+\] parameters per group"),
+    "lacking": (lambda sd: sd["state"][3].pop("exp_avg_sq"), r"^its optimizer state of \S+ lacks exp_avg_sq$", (1, 1)),
+    "groups": (
+        lambda sd: sd["param_groups"][0]["params"].pop(),
+        r"^its optimizer holds \[\d+\] parameters per group",
+        (1, 1),
+    ),
+    # a moment not in the parameters' dtype: AdamW's load casts it to theirs unsaid (a bf16 copy resumed as fp32)
+    "dtype": (
+        lambda sd: sd["state"][0].update(exp_avg_sq=sd["state"][0]["exp_avg_sq"].to(torch.bfloat16)),
+        rf"^{NORM}'s exp_avg_sq is torch.bfloat16; its parameter's is torch.float32$",
+        (0, 1),
+    ),
+    # every parameter steps together: a shard whose count is not the others', a parameter's not its shard's
+    "steps": (
+        lambda sd: _steps(sd, 3.0),
+        r"^its parameters took 3 steps, rank 0's shard's 2 \(every parameter steps together\)$",
+        (1, 1),
+    ),
+    "a-parameter's-steps": (
+        lambda sd: _steps(sd, 5.0, only=2),
+        rf"^its optimizer state of \S+ took 5 steps, of {EMBEDDING} 2 \(every parameter steps together\)$",
+        (0, 0),
+    ),
+    "unstepped": (
+        lambda sd: sd["state"].pop(4),
+        r"^\S+ has no optimizer state, and the other parameters took 2 steps$",
+        (1, 0),
+    ),
 }
 
 
@@ -171,11 +217,12 @@ DAMAGES = {
 def test_a_shard_not_holding_its_ranks_part_is_said_with_its_position(tmp_path: Path, case: str) -> None:
     """What one old shard holds otherwise than its rank's part of the model is a ShardMisfit carrying that shard's
     (tp, pp) position, by which `load_trainer` names its file (tests/unit/trainers/test_megatron_resplit.py), versus
-    a ValueError naming no shard."""
+    a ValueError naming no shard (a step count the shards do not share, a parameter without state) or, for a moment
+    of another dtype, nothing said (cast as the optimizer loaded it)."""
     old = split(2, 2)
     shards = {k: copy.deepcopy(dict(v)) for k, v in old_shards(tmp_path, whole_moments(seed=3), old).items()}
-    damage, said = DAMAGES[case]
-    damage(shards[(1, 1)])
+    damage, said, at = DAMAGES[case]
+    damage(shards[at])
     with pytest.raises(resplit.ShardMisfit, match=said) as e:
-        resplit.shard_moments(CONFIG, old, shards, layer_suffixes())
-    assert e.value.at == (1, 1)
+        resplit.shard_moments(CONFIG, old, shards, layer_suffixes(), dtype=torch.float32)
+    assert e.value.at == at

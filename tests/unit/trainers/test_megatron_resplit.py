@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,15 +94,39 @@ def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
         torch.testing.assert_close(w_b[k], w_a[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+def _shorter(state: dict) -> str:
+    """The embedding's exp_avg_sq a row short (index 0: the embedding, first in GPTModel's order); what is said."""
+    moment, name = state[0], "embedding.word_embeddings.weight"
+    whole = tuple(moment["exp_avg_sq"].shape)
+    moment["exp_avg_sq"] = moment["exp_avg_sq"][1:].clone()
+    short = (whole[0] - 1, *whole[1:])
+    return f"{name}'s exp_avg_sq is {short}; its rank's part of {name} at tp 2 pp 1 is {whole}"
+
+
+def _bf16(state: dict) -> str:
+    """The embedding's exp_avg in bf16 (AdamW's load cast it back to fp32 unsaid); what is said."""
+    state[0]["exp_avg"] = state[0]["exp_avg"].to(torch.bfloat16)
+    return "embedding.word_embeddings.weight's exp_avg is torch.bfloat16; its parameter's is torch.float32"
+
+
+def _stepped_more(state: dict) -> str:
+    """Every parameter's step count one past rank 0's shard's (2); what is said."""
+    for st in state.values():
+        st["step"] = torch.tensor(3.0)
+    return "its parameters took 3 steps, rank 0's shard's 2 (every parameter steps together)"
+
+
 @pytest.mark.timeout(400)
-def test_a_moment_of_another_shape_is_refused_at_another_split_naming_its_shard_before_the_policy_loads(
-    tmp_path: Path,
+@pytest.mark.parametrize("damage", [_shorter, _bf16, _stepped_more], ids=["shape", "dtype", "steps"])
+def test_a_shard_not_holding_its_ranks_part_is_refused_at_another_split_naming_it_before_the_policy_loads(
+    tmp_path: Path, damage: Any
 ) -> None:
     """A checkpoint written at tp 2 whose rank 1 shard (listed in the manifest as it is) holds the embedding's
-    exp_avg_sq a row short, resumed at tp 1: one line naming the checkpoint, the shard, the parameter and both shapes,
-    and the rank's weights still the HF model's it started from; versus the resplit's line naming no file
-    (`<ckpt>: written by a trainer at tp 2 …: …'s exp_avg_sq is …`), raised after the checkpoint's policy was
-    loaded."""
+    exp_avg_sq a row short, its exp_avg in bf16, or a step count rank 0's does not share, resumed at tp 1: one line
+    naming the checkpoint, the shard and what is wrong, and the rank's weights still the HF model's it started from;
+    versus the resplit's line naming no file (`<ckpt>: written by a trainer at tp 2 …: …`), raised after the
+    checkpoint's policy was loaded (the shape), a line naming no file (the steps), or the moment cast to fp32 and
+    resumed unsaid (the dtype)."""
     from tests.unit.checkpoint.test_shardcheck import relist
 
     require_megatron()
@@ -110,18 +135,12 @@ def test_a_moment_of_another_shape_is_refused_at_another_split_naming_its_shard_
     ckpt = tmp_path / "job" / "iter-2"
     shard_path = ckpt / "ranks" / "rank-1.pt"
     shard = torch.load(shard_path, weights_only=True)
-    moment = shard["optimizer.policy"]["state"][0]  # (index 0: the embedding, first in GPTModel's order)
-    whole = tuple(moment["exp_avg_sq"].shape)
-    moment["exp_avg_sq"] = moment["exp_avg_sq"][1:].clone()
+    said = damage(shard["optimizer.policy"]["state"])
     torch.save(shard, shard_path)
     relist(ckpt, "ranks/rank-1.pt")
 
     (refused,) = run_phase(tmp_path, "resplit-refused", backend="megatron", algorithm="grpo", tp=1, pp=1, dp=1)
-    short = (whole[0] - 1, *whole[1:])
-    name = "embedding.word_embeddings.weight"
-    assert refused["errors"] == [
-        f"{ckpt}: ranks/rank-1.pt: {name}'s exp_avg_sq is {short}; its rank's part of {name} at tp 2 pp 1 is {whole}"
-    ]
+    assert refused["errors"] == [f"{ckpt}: ranks/rank-1.pt: {said}"]
     start = TinyGPT.from_pretrained(tmp_path / "model").state_dict()
     assert all(torch.equal(refused["weights"][k], v) for k, v in start.items())  # the checkpoint's not loaded
     saved = TinyGPT.from_pretrained(ckpt / "model").state_dict()
