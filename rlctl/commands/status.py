@@ -229,6 +229,12 @@ def _agent_order(a: dict[str, Any]) -> tuple[int, str, int, str]:
     return ROLE_ORDER.get(a["role"], len(ROLE_ORDER)), prefix, replica, str(a["name"])
 
 
+def warning_rows(s: dict[str, Any]) -> list[list[str]]:
+    """A row a warning its launcher recorded for the run shown (`rlctl.ops.operate._with_warnings`: a trainer rank
+    this rlctl prices past its GPU, said as the resume started it), one line each."""
+    return [["warning", str(w).removeprefix("warning: ")] for w in s.get("warnings", [])]
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -239,6 +245,7 @@ def _live_table(s: dict[str, Any]) -> str:
         # why a paused job waits, and units replaced or given up on (docs/runtime.md: the table left both out, the
         # state said `paused` and nothing of which site since when)
         *([["paused", str(res["paused"]).removeprefix("paused: ")]] if res.get("paused") else []),
+        *warning_rows(s),
         ["iteration", f"{v['iteration']}/{v['iterations']}  ({_figures_age(s.get('figures_age_s'))})"],
         ["time", time_line(v)],
         ["checkpoint", checkpoint_line(v.get("checkpoint"))],
@@ -339,7 +346,7 @@ def outcome_rows(summary: dict[str, Any]) -> list[list[str]]:
 
 
 def _fallback_table(s: dict[str, Any]) -> str:
-    rows = [["controller", s["controller"]], ["source", s["source"]]]
+    rows = [["controller", s["controller"]], ["source", s["source"]], *warning_rows(s)]
     if "last_iteration" in s:  # a count, as the live view's `iteration` and the `ended` row's (not the row's index)
         li = s["last_iteration"]
         rows.append(

@@ -50,7 +50,7 @@ from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
 from rlctl.ops.refusals import controller_elsewhere
 from rlctl.ops.run import JobRun
-from rlctl.ops.runstate import UNSTARTED, resumes, stop_requested
+from rlctl.ops.runstate import UNSTARTED, WARNING, resumes, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 
@@ -88,6 +88,10 @@ class Runs:
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
+        # the warnings said as its first run started that hold for each run it starts (`launch --resume` of a job whose
+        # trainer rank this rlctl prices past its GPU: `rlctl.commands.launching.resume._judge_memory`), recorded as
+        # a `warning` event of each (`rlctl status` shows the latest run's: `runstate.run_warnings`)
+        self.warnings: list[str] = []
 
     def _wrong_site_options(self) -> list[Problem]:
         """The constraints and reservations of the run's SLURM sites (as launched) their clusters say are wrong."""
@@ -120,13 +124,20 @@ class Runs:
             self.db.remove(self.jobdir.id, only_from=("launching",))
         self._preparing = False
 
-    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> JobRun:
-        """Start a run (`resume`: from the job's latest complete checkpoint, or `checkpoint`, and say which)."""
+    def start(
+        self, *, resume: bool = False, checkpoint: int | None = None, warnings: list[str] | None = None
+    ) -> JobRun:
+        """Start a run (`resume`: from the job's latest complete checkpoint, or `checkpoint`, and say which);
+        `warnings`: lines said before it that hold for it and each automatic resume of it (`self.warnings`)."""
         self._since = time.time() - 0.001  # events' times are rounded to the millisecond
+        if warnings is not None:
+            self.warnings = list(warnings)
         run = self.run = JobRun(
             self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show, stop_since=self._stops_since()
         )
         run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
+        for line in self.warnings:  # (its id given as it started: a run that never started has no status to show)
+            self.jobdir.event(WARNING, run=run.run_id, line=line)
         point = run.resumed
         self._from = point.version if point is not None else 0
         if point is not None and point.version == 0:  # started over: the job as job.json has it now is the launch its

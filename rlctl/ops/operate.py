@@ -50,6 +50,7 @@ from rlctl.ops.jobref import JobRef, require_job_dir
 from rlctl.ops.runstate import (
     current_run,
     ended_run_summary,
+    run_warnings,
 )
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
@@ -186,6 +187,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         # `last_iteration.iteration` is its last metrics row's own, from 0, as metrics.jsonl and `report` number them)
         out["iterations_done"] = value.get("iteration")
         out.update(ledger=value.get("ledger"), resilience=value.get("resilience"))
+        _with_warnings(out, jd)
         return out, True
     out["controller"] = f"{how}: {value}" if value else how
     out["source"] = "job directory + site schedulers"
@@ -250,6 +252,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["agents"], out["sites_down"], out["never_started"] = [], [], {"start": again}
         return out, True
     _launcher_saw(ref, agents, summary)
+    _with_warnings(out, jd)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
     if "summary" not in out and _ended_without_summary(ref, agents, down):
@@ -275,6 +278,14 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
                 "list": f"rlctl status {shlex.quote(str(name))} --checkpoints",
             }
     return out, ended and not down
+
+
+def _with_warnings(out: dict[str, Any], jd: JobDir) -> None:
+    """The warnings its launcher said as the job's latest run started (a trainer rank this rlctl prices past its
+    GPU), where it recorded any (`runstate.run_warnings`): the status of that run shows them, versus said once on the
+    launcher's output (a detached one's: launcher.log) and seen nowhere after."""
+    if warnings := run_warnings(jd):
+        out["warnings"] = warnings
 
 
 PREPARING = "not started yet: its launcher prepares the job (SFT warm-up, tokenizing, staging) or starts its agents"

@@ -184,7 +184,8 @@ def resume_job(
                 say(f"job {spec.name}: {said(plan, resplit)}, written to plan.json")
             for line in sources + ([unfit] if unfit is not None else []):
                 say(f"job {spec.name}: {line}")
-            run = runs.start(resume=True, checkpoint=back)
+            # the warning recorded for the run too, where `rlctl status` shows it (and for each automatic resume of it)
+            run = runs.start(resume=True, checkpoint=back, warnings=[unfit] if unfit is not None else None)
         except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
             # and plan.json as they were, where no run was made (an error or Ctrl-C after they were written, before
             # `runs.start` made one) or the run put the job back; versus job.json's --iterations count kept where no

@@ -96,7 +96,7 @@ def launched_by(jd: JobDir, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, 
     said: list[str] = []
 
     class Runs:
-        def start(self, *, resume: bool, checkpoint: int | None = None) -> str:
+        def start(self, *, resume: bool, checkpoint: int | None = None, warnings: list[str] | None = None) -> str:
             launched.update(resume=resume, checkpoint=checkpoint, job_json=json.loads(jd.job_json.read_text()))
             return "run"
 
@@ -266,7 +266,7 @@ def test_a_roll_back_refused_at_its_start_leaves_job_json_as_it_was(
     class Runs:
         run = None
 
-        def start(self, *, resume: bool, checkpoint: int | None = None) -> str:
+        def start(self, *, resume: bool, checkpoint: int | None = None, warnings: list[str] | None = None) -> str:
             written.append(jd.read_job().iterations)
             self.run = SimpleNamespace(unstarted=True)  # (`JobRun._unstart` put the summary and index row back)
             raise UsageError("--checkpoint v5: trainer part: trainer/state.json is missing")

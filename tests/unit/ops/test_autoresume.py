@@ -18,7 +18,7 @@ from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import autoresume, refusals
-from rlctl.ops.runstate import STOP_REQUESTED
+from rlctl.ops.runstate import STOP_REQUESTED, WARNING
 from tests.conftest import ROOT
 
 
@@ -45,6 +45,7 @@ class ScriptedRun:
 
     def start(self, *, resume: bool = False, checkpoint: int | None = None) -> None:
         ScriptedRun.started.append(resume)
+        self.run_id = f"run-{len(ScriptedRun.started)}"  # (its id, given as it starts)
         if resume:
             done = [e["version"] for e in self.jobdir.read_lines(self.jobdir.events) if e["event"] == "checkpoint"]
             self.resumed = ResumePoint(version=max(done, default=0), pointer="")
@@ -68,12 +69,14 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits = [], 0, []
     said: list[str] = []
 
-    def make(script: list[tuple[Any, list[int]]], auto_resume: int) -> tuple[autoresume.Runs, list[str]]:
+    def make(
+        script: list[tuple[Any, list[int]]], auto_resume: int, *, warnings: list[str] | None = None
+    ) -> tuple[autoresume.Runs, list[str]]:
         ScriptedRun.script = script
         spec = load_job(ROOT / "jobs" / "demo.yaml").spec
         spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": auto_resume})})
         r = autoresume.Runs(JobDir.create("j", explicit=tmp_path / "job"), spec, {}, db=None, say=said.append)
-        r.start()
+        r.start(warnings=warnings)
         return r, said
 
     return make
@@ -90,6 +93,17 @@ def test_a_failed_run_past_a_new_checkpoint_is_resumed_from_it(runs):
     assert said[1] == "job demo: resumed from checkpoint v20"
     auto = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume"]
     assert [(e["version"], e["left"], e["after"]) for e in auto] == [(20, 1, FAILED)]
+
+
+def test_a_warning_said_as_the_first_run_started_is_recorded_for_it_and_each_run_resumed_automatically(runs):
+    """`launch --resume`'s warning of a trainer rank this rlctl prices past its GPU holds for each run its launcher
+    starts at that split: a `warning` event naming each run's id (`rlctl status` shows the latest run's), versus the
+    resumed run's status without it (the first run's alone)."""
+    line = "warning: as this rlctl prices the job, on site 't' the trainer's 2 rank(s) …"
+    r, _ = runs([(FAILED, [10]), ("done", [])], auto_resume=1, warnings=[line])
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
+    warned = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == WARNING]
+    assert [(e["run"], e["line"]) for e in warned] == [("run-1", line), ("run-2", line)]
 
 
 def test_a_run_that_completed_no_newer_checkpoint_is_not_resumed_again(runs):

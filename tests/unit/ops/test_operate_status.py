@@ -506,3 +506,31 @@ def test_status_all_of_an_empty_index_says_no_jobs_in_one_line(tmp_path: Path, m
     assert (r.exit_code, r.stdout) == (0, f"no jobs (the job index in {tmp_path / 'home'} lists none)\n"), r.stderr
     r = run_cli("status", "--all", "-o", "json")
     assert (r.exit_code, r.stdout.strip()) == (0, "[]")
+
+
+def test_the_live_status_of_a_run_shows_the_warning_its_launcher_recorded_for_it_and_not_a_run_befores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job's live view (the controller answers) shows, one row each, the warnings its launcher recorded
+    for the latest run (`runstate.WARNING` events naming its id: a trainer rank this rlctl prices past its GPU, as
+    the resume said it); a warning of the run before is not this run's. Before, the live view showed none."""
+    from rlctl.commands.status import _live_table
+    from rlctl.ops.runstate import WARNING
+    from tests.unit.agents.test_agents_views import _one_iteration, _snapshot
+    from tests.unit.agents.test_agents_views import status as live_status
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("warned", explicit=tmp_path / "warned")
+    core, _, _ = _one_iteration()
+    live = live_status(_snapshot(core, []), now=110.0)
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: live)
+    jd.event("agent_started", agent="controller-0", run="before")
+    jd.event(WARNING, run="before", line="warning: the run before's")
+    jd.event("agent_started", agent="controller-0", run="now")
+    s, complete = operate.job_status(JobRef("warned", jd, None), timeout_s=BOUND_S)
+    assert s["source"] == "controller" and complete and "warnings" not in s
+    jd.event(WARNING, run="now", line="warning: on site 't' a rank needs 188.3 GB, and a H100 holds 80 GB")
+    s, _ = operate.job_status(JobRef("warned", jd, None), timeout_s=BOUND_S)
+    assert s["warnings"] == ["warning: on site 't' a rank needs 188.3 GB, and a H100 holds 80 GB"]
+    rows = [line for line in _live_table(s).splitlines() if line.startswith("warning ")]
+    assert [r.split(None, 1)[1] for r in rows] == ["on site 't' a rank needs 188.3 GB, and a H100 holds 80 GB"]

@@ -132,3 +132,49 @@ def test_an_unedited_job_that_no_longer_fits_as_priced_now_resumes_with_one_warn
     assert r.exit_code == 0, r.stderr
     assert len(started) == 2
     assert not [line for line in said if "warning" in line], said
+
+
+def test_the_status_of_a_run_resumed_with_that_warning_shows_it_and_of_a_run_that_fits_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warning line of a resume whose rank this rlctl prices past its GPU is recorded as a `warning` event of the
+    run it started (`runstate.WARNING`, its run's id), and `rlctl status JOB` of that run shows it in one row; versus
+    said on the launcher's output alone (launcher.log, detached), seen nowhere after. Resumed again with a cut that
+    fits, the new run's status shows none. The launcher's `Runs` is the real one; its run's start stands in for the
+    agents as the status reads them: the controller's `agent_started` naming the run, its end a failed summary."""
+    from rlctl.commands.launching import resume as resume_mod
+    from rlctl.launch.summary import write_summary
+    from rlctl.ops.autoresume import Runs
+    from rlctl.ops.run import JobRun
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    ids = iter(["run-1", "run-2"])
+
+    def start(self: JobRun, *, resume: bool = False, checkpoint: int | None = None) -> None:
+        self.run_id = next(ids)
+        self.jobdir.event("agent_started", agent="controller-0", site="c", backend="local", run=self.run_id)
+        write_summary(self.jobdir.summary_json, {"run": self.run_id, "state": "failed", "iterations": 3})
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        begin(Runs(jd_, spec_, plan, db=None, say=lambda line: None), lambda line: None)
+
+    monkeypatch.setattr(JobRun, "start", start)
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    launched_as_is(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    assert run_cli("launch", "--resume", str(jd.path)).exit_code == 0
+    r = run_cli("status", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("warning ")]
+    said = row.removeprefix("warning").strip()
+    assert said.startswith("as this rlctl prices the job, on site 't' the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need ")
+    assert said.endswith("(--trainer-split tp=T,pp=P,dp=D, checked by --dry-run)"), said
+    shown = json.loads(run_cli("status", str(jd.path), "--output", "json").stdout)
+    assert shown["warnings"] == [f"warning: {said}"]
+
+    launched_as_is(jd, train_micro_batch_tokens=1024, train_micro_batch_samples=2)
+    assert run_cli("launch", "--resume", str(jd.path)).exit_code == 0
+    r = run_cli("status", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert "warning" not in r.stdout, r.stdout
+    assert "warnings" not in json.loads(run_cli("status", str(jd.path), "--output", "json").stdout)
