@@ -129,34 +129,53 @@ clean:
 
 # The GPU check (docs/gpu.md). A lent GPU machine has Python 3.12 and a CUDA torch but no network: `make gpu-wheels`
 # here downloads cp312 wheels of rlctl's other runtime packages into .gpu-wheels/ (git-ignored; carried to the
-# device), and `make gpu-check` there installs the ones its Python lacks into .gpu-site/ and prints one JSON
-# object of figures (also written to gpu-check.json): `python -m bench gpu-check` (--quick: the CPU form CI runs);
-# it exits 1 when a check failed (the JSON's `failed`: the embedded engine's syncs, bench/gpu_syncs.py).
+# device), and `make gpu-check` there installs the ones its Python lacks into .gpu-site/ (it stops in one line,
+# exit 2, when they are not there: a carried path that is not here is removed there) and runs
+# `python -m bench gpu-check` (--quick: the CPU form CI runs): one JSON object of figures, printed at the end and
+# written after every piece to GPU_CHECK_OUT ($OUT/gpu-check.json under the device tool, else gpu-check.json), so
+# a run killed at the command's limit leaves what it measured. Pieces not started within GPU_CHECK_BUDGET_S
+# seconds are skipped, and a subprocess piece's timeout is what is left of it (a command may run 600 s: the budget
+# leaves room for one in-process piece past it, the start and the install). It exits 1 when a check failed (the
+# JSON's `failed`: the embedded engine's syncs, bench/gpu_syncs.py; the activation price, bench/gpu_actmem.py).
 GPU_PY ?= python3
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
-# import name:distribution, for what `rlctl launch` imports beyond torch and numpy (and what they need)
+GPU_CHECK_BUDGET_S ?= 450
+GPU_CHECK_OUT ?= $(if $(RLCTL_GPU_CHECK_OUT),$(RLCTL_GPU_CHECK_OUT),$(if $(OUT),$(OUT),$(CURDIR))/gpu-check.json)
+# import name:distribution, for what `rlctl launch` imports beyond torch and numpy (and what they need); then
+# what one piece needs (the `megatron` piece; pytest-timeout, with pytest where the device lacks it, for a bound
+# on each of `pytest tests/gpu`'s tests): the check runs without them, that piece failing or unbounded
 GPU_DEPS := pydantic:pydantic pydantic_core:pydantic-core annotated_types:annotated-types \
 	typing_inspection:typing-inspection typing_extensions:typing-extensions msgspec:msgspec zstandard:zstandard \
 	xxhash:xxhash typer:typer annotated_doc:annotated-doc shellingham:shellingham rich:rich \
 	markdown_it:markdown-it-py mdurl:mdurl pygments:pygments yaml:pyyaml tabulate:tabulate \
 	prometheus_client:prometheus-client safetensors:safetensors tokenizers:tokenizers jinja2:jinja2 \
 	markupsafe:markupsafe tqdm:tqdm cryptography:cryptography cffi:cffi pycparser:pycparser hostlist:python-hostlist \
-	packaging:packaging megatron.core:megatron-core==0.16.1
+	packaging:packaging
+GPU_PIECE_DEPS := pluggy:pluggy iniconfig:iniconfig pytest:pytest pytest_timeout:pytest-timeout \
+	megatron.core:megatron-core==0.16.1
 
 gpu-wheels: $(STAMP)
 	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --abi cp312 --abi abi3 --abi none --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux_2_28_x86_64 --platform any -d $(GPU_WHEELS) \
-	  $(foreach d,$(filter-out hostlist:% megatron.core:%,$(GPU_DEPS)),$(word 2,$(subst :, ,$(d))))
+	  $(foreach d,$(filter-out hostlist:% megatron.core:%,$(GPU_DEPS) $(GPU_PIECE_DEPS)),$(word 2,$(subst :, ,$(d))))
 	$(BIN)/pip wheel -q --no-deps -w $(GPU_WHEELS) python-hostlist  # pure Python, published as an sdist only
 	# without its dependencies: they are torch (the device's own) and numpy and packaging (above)
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
 	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) megatron-core==0.16.1
 
 gpu-check:
-	missing=$$(for d in $(GPU_DEPS); do $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo $${d##*:}; done); \
-	if [ -n "$$missing" ]; then echo "installing from $(GPU_WHEELS): $$missing"; \
-	  $(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $$missing; fi; \
-	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(GPU_PY) -m bench gpu-check --json > gpu-check.json; \
-	rc=$$?; cat gpu-check.json; exit $$rc  # 1: a check failed (`failed`), the figures printed all the same
+	@lacking() { for d in "$$@"; do PYTHONPATH=$(abspath $(GPU_SITE)) $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo -n "$${d##*:} "; done; }; \
+	install() { echo "installing from $(GPU_WHEELS): $$*"; \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) "$$@"; }; \
+	missing=$$(lacking $(GPU_DEPS)); optional=$$(lacking $(GPU_PIECE_DEPS)); \
+	if [ -d $(GPU_WHEELS) ]; then [ -z "$$missing" ] || install $$missing; [ -z "$$optional" ] || install $$optional; fi; \
+	missing=$$(lacking $(GPU_DEPS)); \
+	if [ -n "$$missing" ]; then \
+	  echo "gpu-check: $(GPU_PY) lacks $${missing% } and $(GPU_WHEELS)/ $$([ -d $(GPU_WHEELS) ] && echo 'did not install them' || echo 'is not here') (git-ignored: run \`make gpu-wheels\` where PyPI is reachable, then carry $(GPU_WHEELS))" >&2; \
+	  exit 2; fi; \
+	optional=$$(lacking $(GPU_PIECE_DEPS)); \
+	[ -z "$$optional" ] || echo "gpu-check: going on without $${optional% } (the pieces that need them fail)" >&2; \
+	RLCTL_GPU_CHECK_OUT=$(GPU_CHECK_OUT) RLCTL_GPU_CHECK_BUDGET_S=$(GPU_CHECK_BUDGET_S) \
+	  PYTHONPATH=$(abspath $(GPU_SITE)):$(CURDIR) $(GPU_PY) -m bench gpu-check --json  # exit 1: a check failed (`failed`)

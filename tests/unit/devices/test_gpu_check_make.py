@@ -1,0 +1,31 @@
+"""`make gpu-check` on a machine whose Python lacks rlctl's runtime packages: it installs them from the carried
+.gpu-wheels/, and without them it stops in one line naming them and `make gpu-wheels`, where the check went on
+and died importing pydantic before any piece ran (an empty gpu-check.json, the machine's one run spent)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("wheels", ["absent", "empty"])
+def test_gpu_check_stops_in_one_line_when_the_wheels_are_not_there(tmp_path: Path, wheels: str) -> None:
+    folder = tmp_path / "wheels"
+    if wheels == "empty":  # carried, but made before a package was added to the list
+        folder.mkdir()
+    argv = ["make", "-s", "--no-print-directory", "gpu-check", f"GPU_PY={sys.executable}", f"GPU_WHEELS={folder}"]
+    argv += [f"GPU_SITE={tmp_path / 'site'}", "GPU_DEPS=yaml:pyyaml rlctl_absent_module:rlctl-absent-dist"]
+    argv += ["GPU_PIECE_DEPS=", f"GPU_CHECK_OUT={tmp_path / 'gpu-check.json'}"]
+    env = {**os.environ, "RLCTL_GPU_CHECK_ONLY": "none"}  # (the old recipe went on to run the check: its build only)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("gpu-check:"))
+    assert f"lacks rlctl-absent-dist and {folder}/ " in line and "make gpu-wheels" in line, line
+    assert ("is not here" if wheels == "absent" else "did not install them") in line, line
+    assert not (tmp_path / "gpu-check.json").exists() and "pyyaml" not in line
