@@ -48,6 +48,7 @@ one on a CPU site: the same functions run, so the script cannot rot between GPU 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import re
@@ -55,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ from bench.gpu_engine import (
     step_ops,
     sync,
 )
+from bench.gpu_pieces import Pieces, as_text, last_json, run_capped
 from rlctl.devices import compute_for, torch_build
 from rlctl.hardware import CATALOG
 from rlctl.models.hfdir import check_hf_dir
@@ -103,25 +105,38 @@ def run(*, quick: bool) -> dict[str, Any]:
     piece = Pieces(
         out, path=os.environ.get(ENV_OUT), budget_s=float(os.environ.get(ENV_BUDGET, "0")) or None, only=only
     )
+    capped = piece.timeout_s  # a subprocess's own timeout, or what is left of the budget when that is less
     with tempfile.TemporaryDirectory(prefix="rlctl-gpu-check-") as tmp:
         root = Path(tmp)
         model_dir = root / "model"
-        if piece("build_s", lambda: _build(root, shape=str(size["shape"])), timed=True) is None:
-            piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
+        shape = str(size["shape"])
+        if piece("build_s", lambda: _build(root, shape=shape, timeout_s=capped(600)), timed=True, cuda=False) is None:
+            piece("gpu_tests", lambda: _gpu_tests(piece.artifacts, timeout_s=capped(300)), cuda=False)
             return piece.done()
         arch = check_hf_dir(model_dir).arch
         out["params"] = int(arch.params)
-        piece("engine_vs_cpu", lambda: engine_vs_cpu(model_dir, device))
-        piece("archs_vs_cpu", lambda: _archs_vs_cpu(root, device))
-        engine = piece("engine", lambda: engine_tok_s(model_dir, device, size), keep=False) or {}
-        out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
-        hf = piece("hf_generate_tok_s", lambda: hf_generate_tok_s(model_dir, device, size)) or {}
-        out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
-        piece("engine_step_ops", lambda: step_ops(model_dir, device, size, engine))
-        piece("engine_mixed", lambda: engine_mixed(model_dir, device, size))
+        # first the pieces with no figures from a GPU yet (docs/gpu.md): a spent budget skips those that have some
         syncs = piece("engine_syncs", lambda: engine_syncs(model_dir, device, size)) or {}
         if syncs.get("failures"):  # what the check proves, not a figure: the run exits 1 (bench/__main__)
             out["failed"] = [f"engine_syncs: {f}" for f in syncs["failures"]]
+        piece("engine_mixed", lambda: engine_mixed(model_dir, device, size))
+        small = CPU_CUTS if size is QUICK else ()  # (--quick on a GPU: the tiny model holds 256 positions)
+        acts = piece("actmem", lambda: actmem_check(model_dir, device, cuts_of=small)) or {}
+        if acts.get("failures"):  # a cut that took more than the planner prices: the run exits 1, as engine_syncs'
+            out.setdefault("failed", []).extend(f"actmem: {f}" for f in acts["failures"])
+        piece("archs_vs_cpu", lambda: _archs_vs_cpu(root, device, limit=capped))
+        piece("megatron", lambda: _megatron(model_dir, device, timeout_s=capped(600)), cuda=False)
+        piece("gpu_tests", lambda: _gpu_tests(piece.artifacts, timeout_s=capped(300)), cuda=False)
+        engine = piece("engine", lambda: engine_tok_s(model_dir, device, size), keep=False) or {}
+        out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
+        # the compiled step (its compile takes a while) at the first batch, against the engine's graphs of the
+        # eager step in this run
+        piece("engine_compiled", lambda: engine_compiled(model_dir, device, size, engine))
+        # then what a GPU has measured before
+        piece("engine_vs_cpu", lambda: engine_vs_cpu(model_dir, device))
+        hf = piece("hf_generate_tok_s", lambda: hf_generate_tok_s(model_dir, device, size)) or {}
+        out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
+        piece("engine_step_ops", lambda: step_ops(model_dir, device, size, engine))
         if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
         piece(
@@ -129,87 +144,34 @@ def run(*, quick: bool) -> dict[str, Any]:
             lambda: _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda),
             merge=True,
         )
-        small = CPU_CUTS if size is QUICK else ()  # (--quick on a GPU: the tiny model holds 256 positions)
-        acts = piece("actmem", lambda: actmem_check(model_dir, device, cuts_of=small)) or {}
-        if acts.get("failures"):  # a cut that took more than the planner prices: the run exits 1, as engine_syncs'
-            out.setdefault("failed", []).extend(f"actmem: {f}" for f in acts["failures"])
         piece("delta", lambda: _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20)), merge=True)
         piece("publisher", lambda: _publisher_host_bytes(model_dir, device), merge=True)
-        piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
+        small_job = quick or not cuda  # its own timeout: 600 s on a CPU, 300 s on a GPU
+        piece(
+            "launch",
+            lambda: _launch(
+                root,
+                device=device,
+                quick=small_job,
+                artifacts=piece.artifacts,
+                timeout_s=capped(600 if small_job else 300),
+            ),
+            cuda=False,
+        )
         piece("grpo_step_vs_cpu", lambda: _grpo_vs_cpu(model_dir, device, prompts=2 if cuda else 4))
-        piece("megatron", lambda: _megatron(model_dir, device))
-        piece("sampler_share", _sampler_share)
-        piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
-        # the compiled step after the tests (its compile takes a while): tok/s at the first batch, against the
-        # engine's graphs of the eager step in this run
-        piece("engine_compiled", lambda: engine_compiled(model_dir, device, size, engine))
-    piece("transport", lambda: _transport(quick=quick or not cuda))  # CPU only: last, never in the GPU's way
+        piece("sampler_share", _sampler_share, cuda=False)
+    piece("transport", lambda: _transport(quick=quick or not cuda), cuda=False)  # CPU only: never in the GPU's way
     if cuda and not quick:  # the pipeline's stages on cores of their own, as on a cluster (on 2 shared cores they
         # contend; issues 24 and 25 measure overlap): CPU benches, after every GPU piece (a budget skips them first)
-        piece("pipeline", lambda: _cpu_bench("pipeline", quick=False))
-        piece("staleness", lambda: _cpu_bench("staleness", quick=True))
+        piece("pipeline", lambda: _cpu_bench("pipeline", quick=False), cuda=False)
+        piece("staleness", lambda: _cpu_bench("staleness", quick=True), cuda=False)
     return piece.done()
 
 
 ENV_OUT = "RLCTL_GPU_CHECK_OUT"  # a path: the JSON so far is written there after every piece (and logs beside it)
 ENV_BUDGET = "RLCTL_GPU_CHECK_BUDGET_S"  # seconds: pieces not started by then are skipped (unset: no limit)
+TEST_TIMEOUT_S = 150  # each test of `pytest tests/gpu` (the compiled step's and megatron's take the longest)
 ENV_ONLY = "RLCTL_GPU_CHECK_ONLY"  # comma-separated piece keys: only these run (and the checkpoint's build)
-
-
-class Pieces:
-    """The check's pieces, each on its own: an exception is recorded under `errors[key]` (one line and the
-    innermost frames) and the check goes on, so one run on a lent machine reports every piece; each piece's
-    seconds land in `piece_s`; the JSON so far is rewritten to `path` after each piece (a run cut short still
-    leaves it); a piece that would start after `budget_s`, or one not in a non-empty `only`, is skipped and named
-    in `skipped`."""
-
-    def __init__(
-        self, out: dict[str, Any], *, path: str | None, budget_s: float | None, only: set[str] | None = None
-    ) -> None:
-        self.out, self.path, self.budget_s = out, Path(path) if path else None, budget_s
-        self.only = only or set()
-        self.artifacts = self.path.parent if self.path else None
-        self.t0 = time.monotonic()
-
-    def __call__(self, key: str, fn: Any, *, merge: bool = False, keep: bool = True, timed: bool = False) -> Any:
-        """`fn()`'s value under `key` (`merge`: its keys into the output; `keep=False`: returned only; `timed`:
-        the seconds it took instead), or None when it failed or was skipped."""
-        elapsed = time.monotonic() - self.t0
-        if (self.budget_s is not None and elapsed > self.budget_s) or (
-            self.only and key not in self.only | {"build_s"}
-        ):
-            self.out.setdefault("skipped", []).append(key)
-            self._write()
-            return None
-        print(f"[gpu-check {elapsed:6.1f} s] {key}", file=sys.stderr, flush=True)
-        t = time.monotonic()
-        try:
-            value = fn()
-        except Exception as exc:  # noqa: BLE001 - the check reports every piece; the error is its result
-            frames = traceback.extract_tb(exc.__traceback__)[-4:]
-            where = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
-            self.out.setdefault("errors", {})[key] = {"error": f"{type(exc).__name__}: {exc}"[:600], "at": where}
-            traceback.print_exc()
-            self.out.setdefault("piece_s", {})[key] = round(time.monotonic() - t, 1)
-            self._write()
-            return None
-        seconds = self.out.setdefault("piece_s", {})[key] = round(time.monotonic() - t, 1)
-        if timed:
-            self.out[key] = value = seconds
-        elif merge:
-            self.out |= value
-        elif keep:
-            self.out[key] = value
-        self._write()
-        return value
-
-    def done(self) -> dict[str, Any]:
-        self._write()
-        return self.out
-
-    def _write(self) -> None:
-        if self.path is not None:
-            self.path.write_text(json.dumps(self.out, indent=2) + "\n")
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -239,21 +201,21 @@ def _git(*args: str) -> str:
     return proc.stdout.strip() or "unknown"
 
 
-def _build(root: Path, *, shape: str) -> None:
+def _build(root: Path, *, shape: str, timeout_s: float = 600) -> None:
     """The hf-demo builder's checkpoint (model/) and dataset (data.jsonl), untrained, in `shape`."""
     argv = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(root), "--sft-steps=0", "--rows=256"]
-    proc = subprocess.run([*argv, f"--shape={shape}"], capture_output=True, text=True, timeout=600, check=False)
+    proc = run_capped([*argv, f"--shape={shape}"], timeout_s=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"build.py exited {proc.returncode}: {proc.stderr[-400:]}")
 
 
-def _archs_vs_cpu(root: Path, device: str) -> dict[str, Any]:
+def _archs_vs_cpu(root: Path, device: str, *, limit: Callable[[float], float] = lambda s: s) -> dict[str, Any]:
     """`engine_vs_cpu` of the builder's tiny Qwen3 (per-head q/k RMSNorm), Llama 3.1 (llama3 RoPE scaling past a
     32-token context) and Phi3 (its file's fused qkv_proj and gate_up_proj) checkpoints: their architectures' own code
-    on the device against the CPU."""
+    on the device against the CPU. Each build's timeout is `limit(600)` (`Pieces.timeout_s`)."""
     out = {}
     for shape in ("tiny-qwen3", "tiny-llama3", "tiny-phi3"):
-        _build(root / shape, shape=shape)
+        _build(root / shape, shape=shape, timeout_s=limit(600))
         out[shape] = engine_vs_cpu(root / shape / "model", device)
     return out
 
@@ -478,9 +440,12 @@ def _wait_held(pub: Any, version: int) -> None:
         time.sleep(0.02)
 
 
-def _launch(root: Path, *, device: str, quick: bool, artifacts: Path | None = None) -> dict[str, Any]:
+def _launch(
+    root: Path, *, device: str, quick: bool, artifacts: Path | None = None, timeout_s: float = 300
+) -> dict[str, Any]:
     """`rlctl launch` on the local site: one trainer rank and two rollout units, all on device 0 when it is a GPU.
-    The agents' logs go to `artifacts`/launch-logs.txt when given."""
+    The agents' logs go to `artifacts`/launch-logs.txt when given. Past `timeout_s` the launch is stopped (its
+    agents with it) and its rc is None."""
     gpu = catalog_gpu(torch.cuda.get_device_name(0)) if device == "cuda" else "CPU"
     node: dict[str, Any] = {"host": "localhost", "gpus": 3}
     if device == "cuda":
@@ -516,18 +481,21 @@ def _launch(root: Path, *, device: str, quick: bool, artifacts: Path | None = No
         "-o",
         "json",
     ]
+    rc: int | None
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600 if quick else 300, cwd=REPO)
-    finally:
-        logs = _logs(root / "run" / "logs")
-        if artifacts is not None:
-            (artifacts / "launch-logs.txt").write_text(logs)
-    out: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1)}
-    if proc.returncode != 0:
-        out["stderr_tail"] = proc.stderr[-2000:]
+        proc = run_capped(argv, timeout_s=timeout_s)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
+    logs = _logs(root / "run" / "logs")
+    if artifacts is not None:
+        (artifacts / "launch-logs.txt").write_text(logs)
+    out: dict[str, Any] = {"rc": rc, "wall_s": round(time.monotonic() - t0, 1)}
+    if rc != 0:
+        out["stderr_tail"] = stderr[-2000:]
         out["logs_tail"] = logs[-3000:]
         return out
-    s = json.loads(proc.stdout)
+    s = json.loads(stdout)
     led = s["ledger"]
     out |= {"state": s["state"], "iterations": s["iterations"], "lost": led["lost"], "duplicated": led["duplicated"]}
     out["devices"] = _agent_devices(root / "run" / "logs")
@@ -549,44 +517,61 @@ def _agent_devices(logs: Path) -> dict[str, str]:
     return found
 
 
-def _gpu_tests(artifacts: Path | None = None) -> dict[str, Any]:
+def _gpu_tests(
+    artifacts: Path | None = None, *, timeout_s: float = 300, tests: Path = REPO / "tests/gpu"
+) -> dict[str, Any]:
     """`pytest tests/gpu`: the counts, and the failing tests' one-line reasons (the whole output to
-    `artifacts`/gpu-tests.txt when given)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rfE", str(REPO / "tests/gpu")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        check=False,
-    )
+    `artifacts`/gpu-tests.txt when given). Past `timeout_s` the run is ended and the counts are those of the tests
+    that finished (`-v` prints each one's outcome as it ends), `timed_out` naming the test it was in; each test is
+    bounded by `TEST_TIMEOUT_S` where pytest-timeout is installed."""
+    argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--tb=short", "-rfE", str(tests)]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        argv.insert(4, f"--timeout={TEST_TIMEOUT_S}")
+    rc: int | None
+    try:
+        proc = run_capped(argv, timeout_s=timeout_s)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
     if artifacts is not None:
-        (artifacts / "gpu-tests.txt").write_text(proc.stdout + proc.stderr)
-    lines = proc.stdout.strip().splitlines()
-    tail = lines[-1] if lines else proc.stderr[-300:]
+        (artifacts / "gpu-tests.txt").write_text(stdout + stderr)
+    lines = stdout.strip().splitlines()
+    tail = lines[-1] if lines and rc is not None else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail)}
+    if not counts:  # ended before its summary: each test's line so far
+        ended = re.findall(r"^\S+::\S+ (PASSED|FAILED|SKIPPED|ERROR)", stdout, re.MULTILINE)
+        counts = {k: ended.count(k.upper()) for k in ("passed", "failed", "skipped", "error")}
     out: dict[str, Any] = {k: counts.get(k, 0) for k in ("passed", "failed", "skipped", "error")}
-    out["rc"] = proc.returncode
+    out["rc"] = rc
+    if rc is None:
+        running = re.match(r"(\S+::\S+)\s*$", lines[-1]) if lines else None
+        out["timed_out"] = f"after {timeout_s:g} s" + (f", in {running.group(1)}" if running else "")
+    elif not lines:
+        out["stderr_tail"] = stderr[-300:]
     failing = [line[:300] for line in lines if line.startswith(("FAILED", "ERROR"))]
+    failing += [line[:300] for line in lines if re.match(r"^\S+::\S+ (FAILED|ERROR)", line) and rc is None]
     if failing:
         out["failing"] = failing
     return out
 
 
-def _megatron(model_dir: Path, device: str) -> dict[str, Any]:
+def _megatron(model_dir: Path, device: str, *, timeout_s: float = 600) -> dict[str, Any]:
     """The `megatron` trainer backend against the `torch` one on the device (`bench/gpu_megatron.py`, a process of
-    its own: it forms a torch.distributed group)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_megatron", str(model_dir), device],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench.gpu_megatron exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    its own: it forms a torch.distributed group). A result it printed is kept when the process then failed or
+    hung (at its teardown: NCCL's), with its `rc` (None: ended past `timeout_s`) and stderr's end."""
+    argv = [sys.executable, "-m", "bench.gpu_megatron", str(model_dir), device]
+    rc: int | None
+    try:
+        proc = run_capped(argv, timeout_s=timeout_s)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
+    result = last_json(stdout)
+    how = f"exited {rc}" if rc is not None else f"did not end within {timeout_s:g} s"
+    if result is None:
+        raise RuntimeError(f"bench.gpu_megatron {how}: {stderr.strip()[-400:]}")
+    if rc != 0:
+        result |= {"rc": rc, "after_result": how, "stderr_tail": stderr.strip()[-400:]}
     return result
 
 

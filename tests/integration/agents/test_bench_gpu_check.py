@@ -4,9 +4,15 @@ launched job trains every prompt once, and on Qwen2-0.5B's shape the sampler is 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import bench_json
+from tests.conftest import ROOT, bench_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -44,3 +50,26 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert (launch["state"], launch["lost"], launch["duplicated"]) == ("done", 0, 0)
     assert set(launch["devices"].values()) == {"cpu"} and len(launch["devices"]) == 3
     assert r["gpu_tests"]["failed"] == r["gpu_tests"]["error"] == 0 and r["gpu_tests"]["skipped"] > 0
+
+
+def test_make_gpu_check_writes_its_json_under_the_device_tools_out(tmp_path: Path) -> None:
+    """Under the device tool (`$OUT`: what a command leaves there comes back, also when its limit kills it) the
+    check's JSON is written to $OUT/gpu-check.json as it goes, within the Makefile's default budget; it was written
+    to ./gpu-check.json at the end only, which a killed run never reached."""
+    env = {k: v for k, v in os.environ.items() if k != "RLCTL_GPU_CHECK_OUT"}
+    env |= {"OUT": str(tmp_path), "RLCTL_GPU_CHECK_ONLY": "none"}  # the checkpoint's build alone
+    argv = [
+        "make",
+        "-s",
+        "--no-print-directory",
+        "gpu-check",
+        f"GPU_PY={sys.executable}",
+        "GPU_DEPS=",
+        "GPU_PIECE_DEPS=",
+    ]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert written["budget_s"] == 450 and written["build_s"] > 0 and "running" not in written
+    assert written["skipped_why"]["engine"] == "not in RLCTL_GPU_CHECK_ONLY"
+    assert json.loads(proc.stdout)["build_s"] == written["build_s"]

@@ -4,9 +4,16 @@ and the others still run, the JSON so far is on disk after every piece, and a ti
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
 
 from bench.gpu_check import Pieces
+from bench.gpu_pieces import as_text, run_capped
 
 
 def test_a_failing_piece_is_recorded_and_the_rest_run(tmp_path: Path) -> None:
@@ -77,3 +84,208 @@ def test_the_check_names_the_device_by_its_catalog_entry() -> None:
     assert catalog_gpu("NVIDIA H100 80GB HBM3") == "H100"
     assert catalog_gpu("NVIDIA A100-SXM4-80GB") == "A100"
     assert catalog_gpu("NVIDIA GeForce RTX 4090") == "H100"  # not in the catalog: priced as the reference part
+
+
+# ---- limits: a lent machine gives one command of at most 600 s ---------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_subprocess_piece_gets_what_is_left_of_the_budget() -> None:
+    """A piece's subprocess was given its own timeout (a build 600 s, `pytest tests/gpu` 300 s) whatever was left
+    of `RLCTL_GPU_CHECK_BUDGET_S`: a piece started at 440 s of 450 could run to 1040 s."""
+    clock = Clock()
+    piece = Pieces({}, path=None, budget_s=450.0, clock=clock)
+    assert piece.timeout_s(600) == 450 and piece.timeout_s(300) == 300
+    clock.now += 440
+    assert piece.timeout_s(600) == 10 and piece.timeout_s(5) == 5
+    clock.now += 100  # past the budget, in a piece that started inside it: its subprocess still gets a second
+    assert piece.timeout_s(600) == 1.0
+    assert Pieces({}, path=None, budget_s=None, clock=clock).timeout_s(600) == 600
+
+
+def test_the_json_names_the_piece_a_killed_run_was_in(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-check.json"
+    piece = Pieces({}, path=str(path), budget_s=None)
+    seen = []
+    piece("engine_mixed", lambda: seen.append(json.loads(path.read_text())["running"]))
+    assert seen == ["engine_mixed"] and "running" not in json.loads(path.read_text())
+
+
+def test_a_sticky_cuda_error_skips_the_later_in_process_cuda_pieces() -> None:
+    """After a device-side assert or an illegal memory access every CUDA call of the process fails: the later
+    in-process pieces would each record the same error (or hang), so they are skipped with the reason; the pieces
+    in processes of their own and on the CPU still run."""
+    out: dict[str, Any] = {}
+    piece = Pieces(out, path=None, budget_s=None)
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    assert piece("engine_mixed", lambda: {"tok_s": 1.0}) == {"tok_s": 1.0}
+    assert piece("engine_syncs", broken) is None
+    assert out["cuda_poisoned"]["by"] == "engine_syncs" and "illegal memory" in out["cuda_poisoned"]["error"]
+    assert piece("actmem", lambda: {"cuts": {}}) is None
+    assert piece("megatron", lambda: {"min_update_cosine": 1.0}, cuda=False) == {"min_update_cosine": 1.0}
+    assert piece("sampler_share", lambda: {"share": 0.1}, cuda=False) == {"share": 0.1}
+    assert out["skipped"] == ["actmem"] and "engine_syncs" in out["skipped_why"]["actmem"]
+    assert "actmem" not in out and out["megatron"] == {"min_update_cosine": 1.0}
+
+
+def test_other_errors_leave_the_cuda_pieces_running() -> None:
+    out: dict[str, Any] = {}
+    piece = Pieces(out, path=None, budget_s=None)
+
+    def oom() -> None:  # not sticky: the allocator frees and the next piece runs
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    assert piece("actmem", oom) is None and piece("train", lambda: 1.0 / 0) is None
+    assert piece("delta", lambda: {"x": 1}) == {"x": 1} and "cuda_poisoned" not in out and "skipped" not in out
+
+
+def test_a_capped_subprocess_ends_with_its_group_and_keeps_what_it_printed() -> None:
+    """`run_capped` past its timeout: what the command printed comes back as text, and what it started (a test's
+    own subprocess, a launched job's processes) is ended with it, not left on the GPU."""
+    piece = Pieces({}, path=None, budget_s=450.0, clock=Clock())
+    piece.clock.now += 449  # type: ignore[attr-defined]
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        run_capped(["sh", "-c", "sleep 60 & echo $!; echo started; wait"], timeout_s=piece.timeout_s(600))
+    child, said = as_text(e.value.stdout).split()
+    assert said == "started" and e.value.timeout == 1.0
+    assert _gone(int(child))
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (gone, or a zombie its new parent has not reaped yet)."""
+    for _ in range(100):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_gpu_tests_past_its_timeout_counts_the_tests_that_ended(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`pytest tests/gpu` cut off at its timeout lost everything (no counts, no gpu-tests.txt): now each test's
+    `-v` line so far is counted and the test it was in is named."""
+    import bench.gpu_check as gc
+
+    printed = (
+        "tests/gpu/test_gpu_engine.py::test_a PASSED [ 10%]\n"
+        "tests/gpu/test_gpu_engine.py::test_b FAILED [ 20%]\n"
+        "tests/gpu/test_gpu_trainer.py::test_c PASSED [ 30%]\n"
+        "tests/gpu/test_gpu_megatron.py::test_d "
+    )
+    calls = []
+
+    def capped(argv: list[str], *, timeout_s: float) -> Any:
+        calls.append((argv, timeout_s))
+        raise subprocess.TimeoutExpired(argv, timeout_s, output=printed.encode(), stderr=b"")
+
+    monkeypatch.setattr(gc, "run_capped", capped)
+    r = gc._gpu_tests(tmp_path, timeout_s=42)
+    assert (r["passed"], r["failed"], r["skipped"], r["error"], r["rc"]) == (2, 1, 0, 0, None)
+    assert r["timed_out"] == "after 42 s, in tests/gpu/test_gpu_megatron.py::test_d"
+    assert r["failing"] == ["tests/gpu/test_gpu_engine.py::test_b FAILED [ 20%]"]
+    assert (tmp_path / "gpu-tests.txt").read_text() == printed
+    argv, timeout_s = calls[0]
+    assert timeout_s == 42 and "-v" in argv and f"--timeout={gc.TEST_TIMEOUT_S}" in argv  # pytest-timeout is here
+
+
+def test_gpu_tests_that_ended_are_counted_from_pytest_summary(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import bench.gpu_check as gc
+
+    printed = "tests/gpu/a.py::t SKIPPED (no CUDA device) [100%]\n=== 1 passed, 9 skipped in 3.1s ===\n"
+    monkeypatch.setattr(gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, printed, ""))
+    r = gc._gpu_tests(None)
+    assert (r["passed"], r["failed"], r["skipped"], r["rc"]) == (1, 0, 9, 0) and "timed_out" not in r
+
+
+MEGATRON_JSON = '{"min_update_cosine": 0.99, "tensors": 36, "train_tok_s": {"torch": 10.0, "megatron": 6.0}}'
+
+
+@pytest.mark.parametrize("ended", ["aborted at teardown", "hung at teardown"], ids=["aborted", "hung"])
+def test_a_megatron_result_printed_before_a_failing_teardown_is_kept(monkeypatch, ended: str) -> None:  # type: ignore[no-untyped-def]
+    """bench.gpu_megatron prints its result, then destroys its process group: an abort or a hang there threw the
+    measured result away ("exited -6")."""
+    import bench.gpu_check as gc
+
+    stdout = f"loading\n{MEGATRON_JSON}\n"
+
+    def capped(argv: list[str], *, timeout_s: float) -> Any:
+        if ended == "hung at teardown":
+            raise subprocess.TimeoutExpired(argv, timeout_s, output=stdout.encode(), stderr=b"NCCL watchdog")
+        return subprocess.CompletedProcess(argv, -6, stdout, "terminate called ... Aborted")
+
+    monkeypatch.setattr(gc, "run_capped", capped)
+    r = gc._megatron(Path("model"), "cuda", timeout_s=30)
+    assert r["min_update_cosine"] == 0.99 and r["tensors"] == 36
+    if ended == "hung at teardown":
+        assert r["rc"] is None and r["after_result"] == "did not end within 30 s" and "NCCL" in r["stderr_tail"]
+    else:
+        assert r["rc"] == -6 and r["after_result"] == "exited -6" and "Aborted" in r["stderr_tail"]
+
+
+def test_a_megatron_run_with_no_result_is_an_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import bench.gpu_check as gc
+
+    monkeypatch.setattr(
+        gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "ImportError: megatron")
+    )
+    with pytest.raises(RuntimeError, match=r"bench\.gpu_megatron exited 1: ImportError: megatron"):
+        gc._megatron(Path("model"), "cuda")
+    monkeypatch.setattr(gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, MEGATRON_JSON, ""))
+    assert "rc" not in gc._megatron(Path("model"), "cuda")
+
+
+# piece → its function in bench.gpu_check: those with no GPU figures yet (docs/gpu.md), and those with some
+NEVER_ON_A_GPU = {
+    **{"engine_syncs": "engine_syncs", "engine_mixed": "engine_mixed", "actmem": "actmem_check"},
+    **{"archs_vs_cpu": "_archs_vs_cpu", "megatron": "_megatron", "gpu_tests": "_gpu_tests"},
+}
+MEASURED_ON_ONE = {
+    **{"engine": "engine_tok_s", "engine_vs_cpu": "engine_vs_cpu", "hf_generate_tok_s": "hf_generate_tok_s"},
+    **{"engine_step_ops": "step_ops", "train": "_train", "delta": "_delta", "publisher": "_publisher_host_bytes"},
+    **{"launch": "_launch", "grpo_step_vs_cpu": "_grpo_vs_cpu", "sampler_share": "_sampler_share"},
+    "transport": "_transport",
+}
+
+
+def test_the_check_runs_what_no_gpu_has_measured_first_within_its_budget(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`run`'s order and limits, each piece's function a stand-in recording its call: the pieces with no GPU figures
+    yet come before those that have some (a spent budget skips the latter), and every subprocess piece's timeout is
+    within the budget (`RLCTL_GPU_CHECK_BUDGET_S`), where each had its own 300 or 600 s."""
+    import types
+
+    import bench.gpu_check as gc
+
+    calls: list[tuple[str, float | None]] = []
+
+    def fake(name: str) -> Any:
+        def call(*args: Any, timeout_s: float | None = None, limit: Any = None, **kw: Any) -> Any:
+            calls.append((name, timeout_s if limit is None else limit(600)))
+            return {"4": {"tok_s": 1.0, "step_ms": 1.0}} if name == "engine_tok_s" else {}
+
+        return call
+
+    for name in ("_build", "engine_compiled", *NEVER_ON_A_GPU.values(), *MEASURED_ON_ONE.values()):
+        monkeypatch.setattr(gc, name, fake(name))
+    arch = types.SimpleNamespace(params=1, weight_bytes=2)
+    monkeypatch.setattr(gc, "check_hf_dir", lambda d: types.SimpleNamespace(arch=arch))
+    monkeypatch.setenv(gc.ENV_BUDGET, "100")
+    monkeypatch.delenv(gc.ENV_OUT, raising=False)
+    monkeypatch.delenv(gc.ENV_ONLY, raising=False)
+
+    r = gc.run(quick=True)
+    assert "errors" not in r and "skipped" not in r, r
+    order = [name for name, _ in calls]
+    assert max(map(order.index, NEVER_ON_A_GPU.values())) < min(map(order.index, MEASURED_ON_ONE.values())), order
+    timeouts = dict(calls)
+    for name in ("_build", "_archs_vs_cpu", "_megatron", "_gpu_tests", "_launch"):
+        assert timeouts[name] is not None and 0 < timeouts[name] <= 100, (name, timeouts[name])
