@@ -216,8 +216,7 @@ def rebuilt_optimizer(
     one parameter at a time: plain tensors, as `local_state` saves them (`redistribute_optimizer` makes the
     sharded ones DTensors after the load). ValueError where the old optimizer holds other parameters (another
     model, other groups) or a parameter's state in some old shards and not the others. A parameter no shard holds
-    state of never stepped (no gradient reached it: PPO's critic's unused lm_head where the embeddings are untied)
-    and has none here either."""
+    state of never stepped (no gradient reached it: an expert no token chose) and has none here either."""
     real = next(j for j, sd in enumerate(states) if sd["param_groups"] is not None)  # (not a `stand_in`)
     old_groups = states[real]["param_groups"]
     now_groups = current["param_groups"]

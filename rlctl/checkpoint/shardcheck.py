@@ -172,8 +172,9 @@ def check_stepped(
     part where FSDP2 shards it, every rank holding rows of every parameter) holds state of each parameter any of them
     holds state of: a rank steps every parameter it holds rows of at once (their gradients reduced over every rank),
     versus a parameter's state rebuilt from the shards but one (`refsdp.rebuilt_optimizer`'s line naming no file). A
-    parameter none holds state of never stepped (no gradient reached it: PPO's critic's unused lm_head where the
-    embeddings are untied, an expert no token was routed to before the first checkpoint)."""
+    parameter none holds state of never stepped (no gradient reached it: an expert no token was routed to before the
+    first checkpoint; PPO's critic's unused lm_head in a checkpoint of before 2026-12-07, `rlctl.checkpoint.oldcritic`,
+    dropped before this check)."""
     for k in optimizers:
         stepped = {rel: set(s[f"optimizer.{k}"]["state"]) for rel, s in shards.items()}
         every = set().union(*stepped.values())

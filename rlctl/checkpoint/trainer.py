@@ -30,7 +30,8 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
     its part of the AdamW state and of its modules (a sharded policy's fp32 weights, LoRA adapters) cut per
     tensor from the old shards its rows overlap, which alone it verifies and reads (the whole tensor never made).
     Refused in one line: FSDP's sharded state at another tp × pp, other modules' state (a PPO critic's) at another
-    tp × pp, a shard that does not hold this model's parameters.
+    tp × pp, a shard that does not hold this model's parameters. A torch PPO critic's shard of before 2026-12-07, which
+    held the policy's lm_head, is hashed as written, then read without it (`rlctl.checkpoint.oldcritic`).
 
 RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
 trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
@@ -59,7 +60,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.checkpoint import refsdp, resplit, shardcheck
+from rlctl.checkpoint import oldcritic, refsdp, resplit, shardcheck
 from rlctl.checkpoint.choose import split_problem, verified_manifest, written_at
 from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
 from rlctl.errors import CheckpointError, ConfigError
@@ -559,8 +560,11 @@ def load_trainer(
         shard_of = resplit.writer(*resplit.position(shard_of, split), was)
     (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
     assert was.dp != split.dp or rank in entry.get("restored_by", replicas), (ckpt, entry, rank)
-    rel = entry["file"]
+    rel, written = entry["file"], entry["optimizer_sha256"]
     shard = shardcheck.read_shard(ckpt, rel)
+    shard, hashed = oldcritic.read_as_now(  # (a critic's with the lm_head it held until 2026-12-07: hashed as written)
+        ckpt, rel, shard, rank=shard_of, optimizers=optimizers, modules=modules or {}, recorded=written
+    )
     try:  # what any shard must hold, then the modules: before the policy (a refusal copies nothing)
         shardcheck.check_held(shard, rank=shard_of, optimizers=optimizers)
     except ValueError as e:
@@ -580,7 +584,7 @@ def load_trainer(
     # its values, hashed once: as restored (a shard's changed values and a restore that changed them alike), versus
     # the shard's state hashed before the load too (at model scale the seconds of a second pass over AdamW's state)
     restored = optimizer_digest(optimizers)
-    if restored != entry["optimizer_sha256"]:
+    if restored != written and not hashed:
         raise shardcheck.damaged(
             ckpt, rel, "its optimizer state is not the one its rank wrote (its SHA-256 is not the manifest's)"
         )
@@ -712,7 +716,13 @@ def _load_refsdp(
     refused = f"{ckpt}: {written_at(manifest, split)}"
     rank, _ = _rank_world()
     files = {int(s["rank"]): s["file"] for s in manifest["ranks"]}
-    verified = {r: shardcheck.read_shard(ckpt, files[r], mmap=True) for r in files if r in reads}
+    recorded = {int(s["rank"]): s["optimizer_sha256"] for s in manifest["ranks"]}
+    verified, hashed = {}, set()
+    for r in (r for r in files if r in reads):  # (an old critic's: hashed as written, then upgraded)
+        shard = shardcheck.read_shard(ckpt, files[r], mmap=True)
+        kw = {"rank": r, "optimizers": optimizers, "modules": modules, "recorded": recorded[r]}
+        verified[r], upgraded = oldcritic.read_as_now(ckpt, files[r], shard, **kw)
+        hashed |= {r} if upgraded else set()
     first = verified[reads[0]]
     held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
     into = dict(modules)
@@ -730,7 +740,6 @@ def _load_refsdp(
             raise shardcheck.damaged(ckpt, files[reads[0]], f"it holds no module.{k}")
         into.pop(k)
     whole = refsdp.whole_shapes(optimizers, into)
-    recorded = {int(s["rank"]): s["optimizer_sha256"] for s in manifest["ranks"]}
     for r, shard in verified.items():  # (FSDP2 cut the old shards by `refsdp.rows`: the stand-ins are made by it)
         try:  # (an unsharded source: its one shard holds the whole of each)
             shardcheck.check_held(shard, rank=r, optimizers=optimizers)
@@ -741,6 +750,8 @@ def _load_refsdp(
             raise shardcheck.damaged(ckpt, files[r], str(e)) from e
     shardcheck.check_stepped(ckpt, {files[r]: s for r, s in verified.items()}, optimizers=optimizers)
     for r, shard in verified.items():  # (its values: after what says more of a damaged shard)
+        if r in hashed:
+            continue
         try:
             shardcheck.check_digest(shard, optimizers=optimizers, recorded=recorded[r])
         except ValueError as e:

@@ -13,17 +13,17 @@
 V_t is the critic's value of the state *before* output token t, i.e. the hidden state at the
 position whose logits predict token t (the same grid as the log-probs).
 
-The critic's trunk is the trainer backend's (`TrainerBackend.critic_trunk`: TinyGPT for `torch`, a second
-megatron GPTModel of the same shard for `megatron`); the value head is whole on every rank, but where the torch
-backend shards the policy with FSDP2: there the critic, head included, is sharded as the policy on the same mesh
-(`TrainerBackend.shard_critic`), FSDP2 sums both models' gradients (once a step where the policy's are,
+The critic's trunk is the trainer backend's (`TrainerBackend.critic_trunk`: TinyGPT without its lm_head for `torch`,
+`rlctl.trainers.critic`; a second megatron GPTModel of the same shard without its output layer for `megatron`): the
+critic holds no vocab × hidden head, as it computes no logits. The value head is whole on every rank, but where
+the torch backend shards the policy with FSDP2: there the critic, value head included, is sharded as the policy on
+the same mesh (`TrainerBackend.shard_critic`), FSDP2 sums both models' gradients (once a step where the policy's are,
 `DataParallel.reduce_per_step`), and a rank without a row in a cut runs one of another rank's with weight 0 (its
-passes are collectives). Parallel as the
-streaming GRPO learner (`rlctl.rl.learner`): every rank gets the whole batch; the ranks of one tp × pp group
-share a data-parallel rank and compute the same share (each micro-batch's rows [dp_rank::dp_size]), GAE's
-inputs (reference log-probs, values) included; the shares' advantages are gathered over the data-parallel
-group before they are whitened, gradients are summed over it, and each model is clipped by the backend's
-norm over every shard.
+passes are collectives). Parallel as the streaming GRPO learner (`rlctl.rl.learner`): every rank gets the whole
+batch; the ranks of one tp × pp group share a data-parallel rank and compute the same share (each micro-batch's rows
+[dp_rank::dp_size]), GAE's inputs (reference log-probs, values) included; the shares' advantages are gathered over
+the data-parallel group before they are whitened, gradients are summed over it, and each model is clipped by the
+backend's norm over every shard.
 
     every rank: ref log-probs, values, GAE of its share ─▶ all-gather (dp) ─▶ whiten over the whole batch
                 ─▶ policy + critic forward/backward on its share ─▶ all-reduce grads (dp) ─▶ clip ─▶ AdamW × 2
@@ -31,7 +31,6 @@ norm over every shard.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from rlctl.rl.grpo import (
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches, release_gathered
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
+from rlctl.trainers.critic import headless_copy
 from rlctl.trainers.wire import all_gather_values
 
 _SUMMED = (
@@ -76,7 +76,8 @@ _SUMMED = (
 
 class ValueModel(nn.Module):
     """A trunk with a scalar head (zero at the start, so every value starts at 0). The trunk is used as given:
-    pass a copy of the policy's (`TrainerBackend.critic_trunk`; common practice is to start from the policy)."""
+    pass a copy of the policy's without its output layer (`TrainerBackend.critic_trunk`; common practice is to start
+    from the policy): `forward` reads its `hidden` states alone, never logits."""
 
     def __init__(self, trunk: Trunk) -> None:
         super().__init__()
@@ -125,7 +126,7 @@ class PpoLearner:
         model: nn.Module,  # a trainer backend's policy: tokens → logits (rlctl.trainers)
         cfg: PpoAlgorithm,
         *,
-        critic: ValueModel | None = None,  # default: on a copy of `model` (a TinyGPT)
+        critic: ValueModel | None = None,  # default: on a copy of `model` (a TinyGPT) without its lm_head
         ref_model: nn.Module | None = None,
         micro_batch_samples: int = 32,
         micro_batch_tokens: int | None = None,
@@ -140,7 +141,7 @@ class PpoLearner:
         needs_max_output_tokens(cfg.loss_aggregation, max_output_tokens)
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.max_output_tokens = max_output_tokens
-        self.critic = critic if critic is not None else ValueModel(copy.deepcopy(model))  # type: ignore[arg-type]
+        self.critic = critic if critic is not None else ValueModel(headless_copy(model))  # type: ignore[arg-type]
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.pad = pad
         self.dp = data_parallel or whole_replicas()

@@ -15,9 +15,9 @@ ranks (CI) and over NCCL on GPUs:
     load_pretrained(...) then given its shards' memory (`TinyGPT.materialise`) and filled from the HF checkpoint one
                          full tensor at a time, each rank copying its rows: a rank never holds more than its shards
                          and one full tensor, versus the whole fp32 model before sharding (a 72B: 288 GB, on no GPU)
-    shard_critic(...)    PPO's critic (a trunk of the policy's config on the meta device and a value head) alike, on
-                         the same mesh, its trunk's shards copied from the policy's, its head zeroed: its AdamW state
-                         and checkpoint are sharded as the policy's (the learner's `modules()`,
+    shard_critic(...)    PPO's critic (a trunk of the policy's config on the meta device, without its lm_head, and a
+                         value head) alike, on the same mesh, its trunk's shards copied from the policy's, its head
+                         zeroed: its AdamW state and checkpoint are sharded as the policy's (the learner's `modules()`,
                          `rlctl.checkpoint.trainer` and `refsdp` alike)
     wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
                          never a whole model on one device (the reason for sharding)
@@ -65,11 +65,12 @@ def load_pretrained(model: TinyGPT, tensors: Mapping[str, torch.Tensor]) -> None
 
 
 def shard_critic(critic: nn.Module, policy: TinyGPT, *, cuda: bool) -> None:
-    """Shard PPO's critic (`rlctl.rl.ppo.ValueModel`, on a trunk of the policy's config: `TinyGPT.on_meta`, holding
-    nothing yet) in place as `shard` shards the policy: its trunk's decoder layers, then the root (embeddings, final
-    norm, the unused lm_head and the value head); give it its shards' memory on the policy's device, then copy the
-    policy's shards into the trunk's, rank by rank (the same mesh and shapes: the same rows of each tensor; no
-    communication), and zero the value head (as `ValueModel` makes it). No rank holds a whole critic."""
+    """Shard PPO's critic (`rlctl.rl.ppo.ValueModel`, on a trunk of the policy's config without its lm_head:
+    `TinyGPT.on_meta`, `rlctl.trainers.critic.headless`, holding nothing yet) in place as `shard` shards the policy:
+    its trunk's decoder layers, then the root (embeddings, final norm and the value head: no lm_head to gather); give it
+    its shards' memory on the policy's device, then copy the policy's shards into the trunk's, rank by rank (the same
+    mesh and shapes: the same rows of each tensor; no communication), and zero the value head (as `ValueModel` makes
+    it). No rank holds a whole critic."""
     trunk = critic.get_submodule("body")
     assert isinstance(trunk, TinyGPT), type(trunk)
     _shard(critic, trunk.blocks(), cuda=cuda)
@@ -79,12 +80,12 @@ def shard_critic(critic: nn.Module, policy: TinyGPT, *, cuda: bool) -> None:
     for child in critic.children():
         if child is not trunk:
             child.to_empty(device=device)
-    own = critic.state_dict()
+    theirs = policy.state_dict()
     with torch.no_grad():
-        for name, t in policy.state_dict().items():
-            local_tensor(own[f"body.{name}"]).copy_(local_tensor(t))
-        for name, t in own.items():
-            if not name.startswith("body."):
+        for name, t in critic.state_dict().items():
+            if name.startswith("body."):
+                local_tensor(t).copy_(local_tensor(theirs[name.removeprefix("body.")]))
+            else:
                 local_tensor(t).zero_()
 
 

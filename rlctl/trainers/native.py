@@ -9,7 +9,6 @@ process group: NCCL for CUDA tensors, gloo on CPUs (`rlctl.agents.trainer.init_g
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from rlctl.models import hfdir, lora
 from rlctl.models.tensors import DoesNotFit, check_fit, shapes_of
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.models.tinyload import pretrained_tensors
-from rlctl.trainers import fsdp
+from rlctl.trainers import critic, fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
 
 
@@ -83,14 +82,15 @@ class TorchBackend(TrainerBackend):
         return DataParallel(every.rank, every.size, sharded=True, reduce_per_step=self.reduce_per_step)
 
     def critic_trunk(self) -> TinyGPT:
-        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used). Sharded: a model of the
-        policy's config on the meta device (`TinyGPT.on_meta`: no memory), for `shard_critic` to shard, give its
-        shards' memory and fill with the policy's shards: no rank holds a whole critic."""
+        """A copy of the policy without its lm_head (`critic.headless_copy`: its `hidden` is the trunk; the head is
+        never copied). Sharded: a model of the policy's config on the meta device (`TinyGPT.on_meta`: no memory), its
+        lm_head dropped alike (`critic.headless`), for `shard_critic` to shard, give its shards' memory and fill with
+        the policy's shards: no rank holds a whole critic."""
         assert not self.lora, "PPO with trainer.lora is refused by rlctl check"
         if not self.sharded:
-            return copy.deepcopy(self.model)
+            return critic.headless_copy(self.model)
         m = self.model
-        trunk = TinyGPT.on_meta(m.config, context=m.context)
+        trunk = critic.headless(TinyGPT.on_meta(m.config, context=m.context))
         trunk.activation_checkpointing = m.activation_checkpointing
         return trunk
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.unit.fake_group import fake_rank  # noqa: F401  (a fixture: the fake 2-rank group)
 from tests.unit.trainers.megatron_required import require_megatron
 
 

@@ -275,8 +275,7 @@ def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(
 ) -> None:
     """Saved at dp 2 (the critic and its AdamW state sharded as the policy's), resumed at dp 1 or 3
     (`rlctl.checkpoint.refsdp`): the same whole state, and the next step the saved run's (within 1e-5). 'untied': the
-    critic's lm_head, apart from the embedding and unused by its values, never steps: no shard holds AdamW state of
-    it (versus refused as a shard lacking a parameter's state: every untied model's PPO resume at another dp)."""
+    critic holds no lm_head (`rlctl.trainers.critic`), the policy one apart from its embedding."""
     model, samples = request.getfixturevalue(model_of)
     job, ppo = tmp_path / "job", {"RLCTL_TEST_PPO": "1"}
     ran = run(tmp_path, world=2, phase="run", job=job, model=model, samples=samples, extra=ppo)

@@ -1,32 +1,18 @@
 """`fsdp.load_full` moves a rank's rows of each full tensor to the device, not the full tensor: checked in this
-process on rank 0 and rank 1 of a 2-rank fake process group (torch's `fake` backend: FSDP2 lays the model out as
-over 2 ranks, and `load_full` runs no collective), each move (`Tensor.to`) of the load recorded."""
+process on rank 0 and rank 1 of a 2-rank fake process group (`tests.unit.fake_group`: `load_full` runs no
+collective), each move (`Tensor.to`) of the load recorded."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlctl.devices import as_dtensor
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from tests.unit.trainers.test_fsdp import CFG
-
-
-@pytest.fixture(params=[0, 1])
-def fake_rank(request: pytest.FixtureRequest) -> Iterator[int]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=request.param, world_size=2)
-    try:
-        yield request.param
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("tied", [True, False])

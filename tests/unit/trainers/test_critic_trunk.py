@@ -1,0 +1,70 @@
+"""PPO's critic on the `torch` trainer holds no lm_head (`rlctl.trainers.critic`): whole (`critic_trunk`'s copy,
+`PpoLearner`'s default) and sharded (`shard_critic` on a trunk made on the meta device, checked on both ranks of a fake
+2-rank group: `tests.unit.fake_group`), tied (the embedding kept, the trunk's input) and untied; its values are the
+trunk's hidden states through the value head, and nothing it runs calls an lm_head."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlctl.config.algorithm import PpoAlgorithm
+from rlctl.devices import as_dtensor
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.ppo import PpoLearner, ValueModel
+from rlctl.trainers import fsdp
+from rlctl.trainers.native import TorchBackend
+from tests.unit.trainers.test_fsdp import CFG
+
+
+def policy(tied: bool) -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(dataclasses.replace(CFG, tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_critic_holds_the_policys_trunk_and_no_lm_head(tied: bool) -> None:
+    model = policy(tied)
+    want = {k: v.detach() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for critic in (ValueModel(TorchBackend(model).critic_trunk()), PpoLearner(model, PpoAlgorithm(kind="ppo")).critic):
+        sd = critic.state_dict()
+        assert sorted(sd) == sorted([*(f"body.{k}" for k in want), "head.weight", "head.bias"])
+        assert all(torch.equal(sd[f"body.{k}"], v) for k, v in want.items())
+        held = sum(p.numel() for p in critic.parameters())
+        v, h = CFG.vocab_size, CFG.hidden_size
+        # tied: the policy's parameters (its one embedding) and the head's; untied: V·h fewer
+        assert held == sum(p.numel() for p in model.parameters()) - (0 if tied else v * h) + h + 1
+        assert critic.body.model.embed_tokens.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+
+        tokens = torch.randint(0, v, (3, 7))
+        with torch.no_grad():
+            critic.head.weight.normal_()
+            values = critic(tokens)
+            assert torch.equal(values, critic.head(model.hidden(tokens)[:, :-1])[..., 0])
+        with pytest.raises(AssertionError, match="holds no lm_head"):
+            critic.body(tokens)  # (the logits' path: nothing of the critic's takes it)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_sharded_critic_holds_the_policys_shards_and_no_lm_head(fake_rank: int, tied: bool) -> None:
+    whole = policy(tied)
+    model = TinyGPT.on_meta(whole.config)
+    fsdp.shard(model, cuda=False)
+    model.materialise(torch.device("cpu"))
+    fsdp.load_pretrained(model, {k: v.detach() for k, v in whole.state_dict().items()})
+    backend = TorchBackend(model, sharded=True)
+
+    critic = ValueModel(backend.critic_trunk())
+    backend.shard_critic(critic)
+
+    sd, theirs = critic.state_dict(), model.state_dict()
+    names = [k for k in theirs if k != "lm_head.weight"]
+    assert sorted(sd) == sorted([*(f"body.{k}" for k in names), "head.weight", "head.bias"])
+    for k in names:  # this rank's rows of each, the policy's
+        assert torch.equal(fsdp.local_tensor(sd[f"body.{k}"]), fsdp.local_tensor(theirs[k])), k
+    assert all(as_dtensor(p) is not None for p in critic.parameters())  # every one sharded, the value head's too
+    assert fsdp.local_tensor(sd["head.weight"]).count_nonzero() == 0
+    rope = {k: b for k, b in model.named_buffers() if k.startswith("rope")}
+    assert all(torch.equal(b, rope[k]) for k, b in critic.body.named_buffers() if k in rope)  # made on its device
