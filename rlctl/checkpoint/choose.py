@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.config.job import JobFile
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
-from rlctl.profiler.traincost import trained_models
+from rlctl.profiler.traincost import trained_params
 
 if TYPE_CHECKING:
     from rlctl.launch.sitefs import HostFiles
@@ -88,7 +88,7 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 
 def checkpoint_bytes(job: JobFile) -> float:
     """About what one checkpoint of `job` takes on the trainer's site (RNG states and manifests aside)."""
-    return CHECKPOINT_BYTES_PER_PARAM * job.model.arch.params * trained_models(job.algorithm.kind)
+    return CHECKPOINT_BYTES_PER_PARAM * trained_params(job.model.arch, job.algorithm.kind)
 
 
 def checkpoints_held(job: JobFile) -> int:

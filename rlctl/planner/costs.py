@@ -201,7 +201,9 @@ def fsdp_gathered_bytes(arch: ModelArch, *, adapter_params: float) -> float:
     decoder layer and the root): the root's parameters (embeddings and lm_head, taken untied: an upper bound),
     gathered for the whole step, and the layer being computed, each in bf16 with its fp32 gradients before the
     reduce-scatter: 6 bytes a parameter. With LoRA (`adapter_params`, `traincost.lora_params`; 0 without) the
-    policy's weights are frozen, gathered without gradients (2 bytes), and only the layer's adapters have them."""
+    policy's weights are frozen, gathered without gradients (2 bytes), and only the layer's adapters have them. PPO's
+    critic gathers its root (embedding, final norm, value head: no lm_head, `rlctl.trainers.critic`) between the
+    policy's backward and its next forward, the policy's resharded: the policy's, the larger, bounds the peak."""
     root = 2 * arch.vocab * arch.hidden
     layer = max(arch.params - root, 0.0) / max(arch.layers, 1)
     if adapter_params:

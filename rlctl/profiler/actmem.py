@@ -70,9 +70,8 @@ backward; checkpointed, one layer's recomputed set (`critic_activation_bytes`). 
 on a cut after the policy's backward has freed the policy's activations (`PpoLearner.step`), so a PPO rank peaks at
 the larger of the two (`Activations.rank_bytes`): the policy's, but for a vocabulary far narrower than the hidden
 width (16 entries at h 256; tiny-demo's 66 at h 96 is the policy's). Its weights, gradients and AdamW state are the
-second trained model's (`traincost.TRAINED_MODELS`, `analytical.training_entry`; the torch critic's unused lm_head,
-fp32 weights without gradients or AdamW state, priced as trained: an upper bound), unsharded (`rlctl check` refuses
-FSDP2 with PPO).
+second trained model's (`traincost.critic_params`, `analytical.training_entry`: the policy's trunk without its
+lm_head, which the critic does not hold, `rlctl.trainers.critic`), sharded by FSDP2 as the policy's where it shards.
 
 Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), a share that
 the micro-batch budgets bound at any dp (`rank_tokens`; until 2026-12-07 they bounded the whole cut, and a rank held

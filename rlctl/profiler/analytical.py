@@ -19,7 +19,7 @@ from rlctl.hardware import GpuSpec
 from rlctl.models.catalog import ModelArch
 from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_adapters, trained_models
+from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_adapters, trained_params
 
 # a trainer rank's memory besides its model state and its cut's activations (`rlctl.profiler.actmem`, priced apart
 # since they grow with the cut's tokens): the CUDA context (≈ 0.5 GB with torch's kernels), NCCL's buffers (≈ 0.3–0.6
@@ -123,7 +123,6 @@ def training_entry(
     it runs)."""
     passes = passes or TrainingPasses()
     flops = flops_per_token(algorithm, passes, model.active)  # (a MoE's active parameters; its memory: all)
-    trained = trained_models(algorithm)
     # TP all-reduces scale with the FLOPs of full updates (a MoE's active parameters): a LoRA backward all-reduces
     # the activations' gradients as a full one does (it skips the weight gradients, which need none)
     full = passes.model_copy(update={"adapter_params": 0.0})
@@ -134,11 +133,12 @@ def training_entry(
         ring = 2 * (tp - 1) / tp * model.hidden * 2
         comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
     shard = model.params / (tp * pp)
+    trained_shard = trained_params(model, algorithm) / (tp * pp)  # (PPO's critic: no lm_head, `critic_params`)
     # bf16 weights + grads of the trained models and the reference's weights stay whole per rank (the reference in
     # fp32, as rlctl's trainers load it: `rlctl.agents.trainer` makes it as it makes the policy);
     # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
-    fixed = shard * (4 * trained + REFERENCE_BYTES_PER_PARAM * passes.reference) + RANK_WORKING_BYTES
-    sharded = shard * 12 * trained
+    fixed = 4 * trained_shard + shard * REFERENCE_BYTES_PER_PARAM * passes.reference + RANK_WORKING_BYTES
+    sharded = 12 * trained_shard
     if passes.adapter_params:  # LoRA (GRPO: one trained model): the policy's frozen weights in fp32 (as rlctl's
         # trainer holds them, 4 B), and only the adapters' weights, gradients and AdamW state (16 B each)
         adapters = passes.adapter_params / (tp * pp)

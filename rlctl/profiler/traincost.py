@@ -139,12 +139,27 @@ def trained_models(algorithm: str) -> int:
     return TRAINED_MODELS[algorithm]
 
 
+def critic_params(arch: ModelArch) -> float:
+    """PPO's critic's parameters (`rlctl.rl.ppo.ValueModel`): the policy's trunk without its lm_head (the torch
+    trainer's `rlctl.trainers.critic`, megatron's `MegatronTrunk`) and a value head of hidden + 1. Tied, the lm_head
+    is the embedding, which the trunk keeps (`params` counts it once): the policy's count. Until 2026-12-07 priced as
+    the policy's whatever the tie: an untied model's V·h more (Qwen2.5-7B: 545 M, 16 B each as trained)."""
+    head = 0.0 if arch.tied else arch.vocab * arch.hidden
+    return max(arch.params - head, 0.0) + arch.hidden + 1
+
+
+def trained_params(arch: ModelArch, algorithm: str) -> float:
+    """The parameters with gradients and AdamW state (a full fine-tune's): the policy's, and PPO's critic's
+    (`critic_params`)."""
+    return arch.params + (trained_models(algorithm) - 1) * critic_params(arch)
+
+
 def grad_bytes(arch: ModelArch, algorithm: str, *, adapter_params: float) -> float:
-    """A trainer's gradients, fp32 as every backend holds and reduces them: the trained models', or with LoRA
-    (`adapter_params` > 0) the adapters' alone (the frozen policy's have none). What the plan prices the DP reduction
-    on (`plan.train_workload`), decides FSDP2's once-a-step reduction by (`split.trainer_sharding`) and `rlctl check`
-    holds in memory (`preflight.memory`)."""
-    return 4 * (adapter_params or arch.params * trained_models(algorithm))
+    """A trainer's gradients, fp32 as every backend holds and reduces them: the trained models' (`trained_params`), or
+    with LoRA (`adapter_params` > 0) the adapters' alone (the frozen policy's have none). What the plan prices the DP
+    reduction on (`plan.train_workload`), decides FSDP2's once-a-step reduction by (`split.trainer_sharding`) and
+    `rlctl check` holds in memory (`preflight.memory`)."""
+    return 4 * (adapter_params or trained_params(arch, algorithm))
 
 
 def update_units(passes: TrainingPasses, *, params: float) -> float:

@@ -1,11 +1,11 @@
 """The `torch` trainer's PPO critic trunk: TinyGPT without its lm_head.
 
 PPO's value model (`rlctl.rl.ppo.ValueModel`) reads the trunk's final normed hidden states (`TinyGPT.hidden`) and
-applies a value head of its own: the policy's lm_head (vocab × hidden) is never used. A copy of the policy carries it
-all the same — at Qwen2.5-7B 151,936 × 3,584 ≈ 545 M parameters, 2.2 GB of fp32 a replica, gathered by FSDP2 with the
-critic's root — so the trunk holds `NoHead` in its place: no parameter, no state dict entry, no gradient or AdamW
-state, nothing to shard, gather or checkpoint. With tied embeddings the lm_head's weight is the embedding's: the
-embedding stays (it is the trunk's input), the head alone goes.
+applies a value head of its own: the policy's lm_head (vocab × hidden) is never used. A whole copy of the policy would
+carry it all the same (until 2026-12-07 it did: at Qwen2.5-7B 152,064 × 3,584 ≈ 545 M parameters, 2.2 GB of fp32 a
+replica, gathered by FSDP2 with the critic's root), so the trunk holds `NoHead` in its place: no parameter, no state
+dict entry, no gradient or AdamW state, nothing to shard, gather or checkpoint. With tied embeddings the lm_head's
+weight is the embedding's: the embedding stays (it is the trunk's input), the head alone goes.
 
     headless_copy(policy)   a copy of a whole policy, its lm_head never copied (`TorchBackend.critic_trunk`,
                             `PpoLearner`'s default critic)

@@ -433,8 +433,11 @@ def test_the_checkpoints_a_job_holds_at_once_and_their_size() -> None:
     assert checkpoints_set_aside(spec(9, 3)) == 0  # keep 0 bounds nothing: not counted (check's line says so)
     grpo = spec()
     ppo = grpo.model_copy(update={"algorithm": PpoAlgorithm(kind="ppo")})
-    params = grpo.model.arch.params
-    assert checkpoint_bytes(grpo) == 12 * params and checkpoint_bytes(ppo) == 24 * params  # + the critic's
+    arch = grpo.model.arch
+    assert checkpoint_bytes(grpo) == 12 * arch.params
+    # + the critic's: the policy's trunk without its (untied) lm_head, and a value head (versus 24 × params before)
+    critic = arch.params - arch.vocab * arch.hidden + arch.hidden + 1
+    assert not arch.tied and checkpoint_bytes(ppo) == 12 * (arch.params + critic)
 
 
 def test_a_roll_back_takes_the_checkpoint_named_or_says_why_not(tmp_path: Path) -> None:

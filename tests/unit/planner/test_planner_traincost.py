@@ -92,9 +92,12 @@ def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> No
     assert ppo[1, 1].gpu_s_per_token == pytest.approx(16 * P7 / (ETA_TRAIN * g.flops))
     assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(16 / 6)  # TP comm scales too
     # bf16 weights + grads of policy and critic (4 B each) + the reference as the trainer holds it (fp32, 4 B) + 2 GB;
-    # Adam 12 B per trained model
-    assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * (4 * 2 + 4) + 2e9)
-    assert ppo[1, 1].sharded_bytes_per_gpu == pytest.approx(P7 * 12 * 2)
+    # Adam 12 B per trained model. The critic: the policy's trunk without its lm_head (untied: 152,064 × 3,584 fewer,
+    # versus priced as the policy until 2026-12-07) and a value head of hidden + 1
+    critic = P7 - 152064 * 3584 + 3584 + 1
+    assert not m.tied and (m.vocab, m.hidden) == (152064, 3584)
+    assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx((P7 + critic) * 4 + P7 * 4 + 2e9)
+    assert ppo[1, 1].sharded_bytes_per_gpu == pytest.approx((P7 + critic) * 12)
     assert grpo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * 4 + 2e9)  # no KL: no reference weights
 
 

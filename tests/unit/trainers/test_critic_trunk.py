@@ -68,3 +68,19 @@ def test_a_sharded_critic_holds_the_policys_shards_and_no_lm_head(fake_rank: int
     assert fsdp.local_tensor(sd["head.weight"]).count_nonzero() == 0
     rope = {k: b for k, b in model.named_buffers() if k.startswith("rope")}
     assert all(torch.equal(b, rope[k]) for k, b in critic.body.named_buffers() if k in rope)  # made on its device
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_planner_prices_the_critic_the_trainer_holds(tied: bool) -> None:
+    """`traincost.critic_params` (what the plan, `rlctl check` and checkpoint sizes price a PPO critic's weights,
+    gradients and AdamW state by) is the critic's parameter count: untied, V·h fewer than the policy (versus the
+    policy's count until 2026-12-07), tied the policy's, and the value head's hidden + 1."""
+    from rlctl.profiler.traincost import critic_params, grad_bytes, trained_params
+
+    model = policy(tied)
+    arch = model.config.arch("tiny")
+    held = sum(p.numel() for p in ValueModel(TorchBackend(model).critic_trunk()).parameters())
+    assert arch.params == sum(p.numel() for p in model.parameters())
+    assert critic_params(arch) == held
+    assert trained_params(arch, "ppo") == arch.params + held and trained_params(arch, "grpo") == arch.params
+    assert grad_bytes(arch, "ppo", adapter_params=0.0) == 4 * (arch.params + held)
