@@ -5,7 +5,8 @@
 With RLCTL_TEST_LORA=RANK,ALPHA in the environment the policy trains LoRA adapters on every projection
 (`trainer.lora`): what is published and checkpointed is the merged model; with RLCTL_TEST_MICRO=N its micro-batches
 hold N samples (3 otherwise); with RLCTL_TEST_PPO=1 the learner is PPO's, its critic sharded beside the policy
-(checkpointed as the learner's module 'critic'), with RLCTL_TEST_ONCE=1 reducing the gradients once a step
+(checkpointed as the learner's module 'critic'; RLCTL_TEST_OLD_CRITIC=1: a whole trunk, lm_head included, as
+until 2026-12-07), with RLCTL_TEST_ONCE=1 reducing the gradients once a step
 (`reduce_per_step`), with RLCTL_TEST_ROWS=N training the first N samples of each iteration alone; with
 RLCTL_TEST_CKPT_RANK=DIR rank RANK resumes from DIR (a copy of JOB/iter-2 as that rank sees it, a file broken) in
 place of JOB/iter-2.
@@ -30,6 +31,7 @@ critic's whole state after each iteration (None: GRPO)]}.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -66,6 +68,12 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", dp=dp.size, fsdp=world > 1 or None)
     micro = int(os.environ.get("RLCTL_TEST_MICRO", "3"))
+    if os.environ.get("RLCTL_TEST_OLD_CRITIC"):  # PPO's critic as it was until 2026-12-07: lm_head included
+        from rlctl.models.tinygpt import TinyGPT
+
+        m = backend.model
+        old = (lambda: TinyGPT.on_meta(m.config, context=m.context)) if world > 1 else (lambda: copy.deepcopy(m))
+        backend.critic_trunk = old  # type: ignore[method-assign]
     learner = make_learner(
         backend,
         PpoAlgorithm(kind="ppo", lr=1e-3) if os.environ.get("RLCTL_TEST_PPO") else GrpoAlgorithm(kind="grpo", lr=1e-3),

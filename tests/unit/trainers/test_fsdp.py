@@ -288,6 +288,43 @@ def test_a_sharded_ppo_checkpoint_resumes_at_another_dp(
         torch.testing.assert_close(resumed["critics"][0][name], v, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("world", "model_of"), [(2, "untied"), (3, "untied"), (3, "dense")])
+def test_a_sharded_ppo_checkpoint_of_a_critic_with_an_lm_head_resumes_without_it(
+    tmp_path: Path, request: pytest.FixtureRequest, world: int, model_of: str
+) -> None:
+    """Saved at dp 2 by a critic holding the policy's lm_head (as until 2026-12-07: its rows in each shard, its
+    optimizer index among the critic's), resumed by one without (`rlctl.checkpoint.oldcritic`) at dp 2 or 3: the
+    critic's state and AdamW state are the saved ones without the head (none of which it held: it never stepped), and
+    the next step is the saved run's (within 1e-5), versus refused as another model's critic."""
+    model, samples = request.getfixturevalue(model_of)
+    job, ppo = tmp_path / "job", {"RLCTL_TEST_PPO": "1"}
+    ran = run(
+        tmp_path,
+        world=2,
+        phase="run",
+        job=job,
+        model=model,
+        samples=samples,
+        extra=ppo | {"RLCTL_TEST_OLD_CRITIC": "1"},
+    )
+    resumed = run(tmp_path, world=world, phase="resume", job=job, model=model, samples=samples, extra=ppo)
+    head = "body.lm_head.weight"
+    assert head in ran["state"]["module.critic"]
+    want = {k: v for k, v in ran["state"]["module.critic"].items() if k != head}
+    assert_equal(resumed["state"]["module.critic"], want, "module.critic")
+
+    def by_order(states: dict[int, object]) -> dict[int, object]:  # (the head had no state: the others in order)
+        return dict(enumerate(st for _, st in sorted(states.items())))
+
+    moments = by_order(ran["state"]["optimizer.critic"])
+    assert_equal(by_order(resumed["state"]["optimizer.critic"]), moments, "optimizer.critic")
+    for part in ("policy", "optimizer.policy"):
+        assert_equal(resumed["state"][part], ran["state"][part], part)
+    for name, v in resumed["critics"][0].items():
+        torch.testing.assert_close(v, ran["critics"][2][name], atol=1e-5, rtol=1e-5)
+    assert head not in resumed["critics"][0]
+
+
 def test_a_sharded_reference_and_critic_keep_nothing_gathered_after_their_no_grad_forwards(tmp_path: Path) -> None:
     """PPO's advantages run the reference (its scores) and the critic (GAE's values) forward without a backward: their
     FSDP2 roots (embeddings, norms, lm_head) are resharded after (`rlctl.rl.samples.release_gathered`), versus
