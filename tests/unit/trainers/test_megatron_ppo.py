@@ -69,7 +69,8 @@ def critic_state(backend: TrainerBackend, learner: PpoBatchLearner) -> dict[str,
     if isinstance(trunk, MegatronTrunk):
         return {**{k: v.clone() for k, v in trunk.megatron_state().items()}, **head}
     assert isinstance(backend, TorchBackend) and isinstance(trunk, TinyGPT)
-    mine = names.to_megatron(trunk.state_dict(), trunk.config)
+    # (the trunk holds no lm_head: the table's output layer, the policy's here, is left out below)
+    mine = names.to_megatron({**trunk.state_dict(), "lm_head.weight": backend.model.lm_head.weight}, trunk.config)
     return {**{k: v.clone() for k, v in mine.items() if not k.startswith("output_layer")}, **head}
 
 
