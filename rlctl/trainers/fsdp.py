@@ -21,8 +21,9 @@ ranks (CI) and over NCCL on GPUs:
                          `rlctl.checkpoint.trainer` and `refsdp` alike)
     wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
                          never a whole model on one device (the reason for sharding)
-    local_state(...)     this rank's shards as plain tensors (what its checkpoint shard holds: parameters and
-    load_local(...)      optimizer state, bit for bit) and back into the DTensors, at the same number of ranks
+    local_state(...)     this rank's shards as plain tensors, uncopied (what its checkpoint shard holds, copied to
+    load_local(...)      the host one tensor at a time: parameters and optimizer state, bit for bit) and back into
+                         the DTensors, at the same number of ranks
 
 Every rank must run every forward and backward (they are collectives): the learner gives a rank without a row
 in a micro-batch a zero-weight row (`rlctl.rl.learner`), and weights are gathered on every rank, in order.
@@ -188,9 +189,12 @@ def _own_rows(src: torch.Tensor, d: Any) -> torch.Tensor:
 
 
 def local_state(state: Any) -> Any:
-    """`state` (a state dict, an optimizer's state dict, nested) with every DTensor replaced by its local shard."""
+    """`state` (a state dict, an optimizer's state dict, nested) with every DTensor replaced by its local shard: the
+    live shard itself, not a copy — on the device, a copy of a rank's AdamW moments is 8 bytes per local parameter
+    that nothing prices. A snapshot copies it where it is kept (`rlctl.checkpoint.trainer.host_copy`: to the
+    host, tensor by tensor); a digest reads it as it is."""
     if (d := as_dtensor(state)) is not None:
-        return d.to_local().detach().clone()
+        return d.to_local().detach()
     if isinstance(state, Mapping):
         return {k: local_state(v) for k, v in state.items()}
     if isinstance(state, list | tuple):
