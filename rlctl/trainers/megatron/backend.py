@@ -181,7 +181,9 @@ class MegatronBackend(TrainerBackend):
                     if p.grad is not None and name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
                         dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         sharded = {id(p) for m in staged for p in m.parameters()}
-        grads, square, whole = [], torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.float32)
+        # on the stage's device: the gradients' squares add into them, and NCCL all-reduces no host tensor
+        square = torch.zeros((), dtype=torch.float32, device=self.model.device)
+        grads, whole = [], torch.zeros((), dtype=torch.float32, device=self.model.device)
         for p in model.parameters():
             if p.grad is None:
                 continue
@@ -215,7 +217,10 @@ class MegatronBackend(TrainerBackend):
         out = {}
         for name, shape in expected_shapes(self.config).items():
             owner = names.stage_of(name, self.config, self.stage.count)
-            t = mine[name] if owner == self.stage.index else torch.empty(shape, dtype=torch.float32)
+            if owner == self.stage.index:
+                t = mine[name]
+            else:  # on the stage's device: NCCL broadcasts no host tensor
+                t = torch.empty(shape, dtype=torch.float32, device=self.model.device)
             dist.broadcast(t, ranks[owner], group=group)
             out[name] = t
         return out

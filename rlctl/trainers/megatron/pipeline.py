@@ -66,10 +66,11 @@ def forward(
     assert 1 <= m <= b, (m, b)
     rows = [len(r) for r in torch.arange(b).tensor_split(m)]  # the same split on every stage
     grad = torch.is_grad_enabled()
+    device = next(gpt.parameters()).device  # the stage's: every buffer a message lands in (NCCL sends no host tensor)
     inputs: list[torch.Tensor] = []
     if not stage.first:  # every chunk's receive posted at once: the data lands while this stage computes
         prev = ps.get_pipeline_model_parallel_prev_rank()
-        inputs = [torch.empty(t, r, hidden, dtype=torch.float32) for r in rows]  # megatron is sequence-first
+        inputs = [torch.empty(t, r, hidden, dtype=torch.float32, device=device) for r in rows]  # sequence-first
         received = [_irecv(x, prev, tag=j) for j, x in enumerate(inputs)]
         to_prev = _GradSends(prev, m)
     following = None if stage.last else ps.get_pipeline_model_parallel_next_rank()
@@ -98,10 +99,10 @@ def forward(
         return logits
     shape = (b, t, width)
     if not grad:
-        logits = torch.empty(shape, dtype=torch.float32)
+        logits = torch.empty(shape, dtype=torch.float32, device=device)
         dist.broadcast(logits, last, group=group)
         return logits
-    anchor = torch.empty(0, requires_grad=True)  # puts the Function in the loss's graph; gets no gradient
+    anchor = torch.empty(0, device=device, requires_grad=True)  # puts the Function in the loss's graph; no gradient
     result: torch.Tensor = _FromLastStage.apply(anchor, outs, shape, last, group, following)
     return result
 
@@ -148,9 +149,8 @@ class _FromLastStage(torch.autograd.Function):
         group: Any,
         next_rank: int,
     ) -> torch.Tensor:
-        del anchor
         ctx.outs, ctx.next_rank = outs, next_rank
-        logits = torch.empty(shape, dtype=torch.float32)
+        logits = torch.empty(shape, dtype=torch.float32, device=anchor.device)  # the stage's
         dist.broadcast(logits, last, group=group)
         return logits
 
@@ -158,7 +158,7 @@ class _FromLastStage(torch.autograd.Function):
     def backward(ctx: Any, grad_logits: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         del grad_logits
         outs, ctx.outs = ctx.outs, None  # their graphs are freed as each chunk's backward runs
-        grads = [torch.empty(o.shape, dtype=o.dtype) for o in outs]
+        grads = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
         received = [_irecv(g, ctx.next_rank, tag=j) for j, g in enumerate(grads)]
         for j in reversed(range(len(outs))):
             received[j].wait()

@@ -7,6 +7,9 @@ Forms a gloo group of WORLD = TP × PP ranks and megatron's parallel state, load
 whole checkpoint) to OUT.json, one entry per checkpoint, and the logits it returned to OUT.pt
 ({checkpoint: {"BxT": logits}}, for each batch shape of SHAPES). The gradients are taken on the last shape; the
 tags of the point-to-point sends its forward and backward made (the pipeline's chunk indices, in order) are recorded.
+The model's own calls (`weights()`, forwards, backward) run with the meta device as torch's default (`elsewhere`):
+a buffer the stages exchange or a sum they reduce made without the stage's device fails there, as a host tensor
+would among a GPU stage's (NCCL).
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ from tests.unit.rank_end import end_rank
 SHAPES = [(2, 24), (1, 24), (5, 24)]
 PAD = 8  # a token of the last shape's input (twice): a checkpoint whose pad_token_id it is has that row's gradient
 # checked as well (none from those positions, as TinyGPT's and transformers' padding_idx)
+
+
+def elsewhere() -> torch.device:
+    """The meta device as torch's default within: a tensor made without a device is made where the model is not
+    (on a GPU rank: the host, where the default device is), and cannot be sent, received or added to the model's."""
+    return torch.device("meta")
 
 
 @contextlib.contextmanager
@@ -65,18 +74,19 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, t
     from rlctl.trainers.megatron.model import import_megatron
 
     mg = MegatronBackend.load(checkpoint, tp=tp, pp=pp)
-    weights = mg.weights()  # all-gathered over the tp and pp groups, before any step
+    with elsewhere():
+        weights = mg.weights()  # all-gathered over the tp and pp groups, before any step
     ref = TinyGPT.from_pretrained(checkpoint)
     mine, logits_diff = logits.setdefault(str(checkpoint), {}), 0.0
     for shape in SHAPES:
         x = torch.randint(0, ref.config.vocab_size, shape, generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
+        with torch.no_grad(), elsewhere():
             mine["x".join(map(str, shape))] = mg.model(x)
             logits_diff = max(logits_diff, float((mine["x".join(map(str, shape))] - ref(x)).abs().max()))
     sent: dict[str, list[int]] = {"forward": [], "backward": []}
-    with sends_tagged(sent["forward"]):
+    with sends_tagged(sent["forward"]), elsewhere():
         logp = token_logprobs(mg.model, x)
-    with sends_tagged(sent["backward"]):
+    with sends_tagged(sent["backward"]), elsewhere():
         logp.sum().backward()
     token_logprobs(ref, x).sum().backward()
     # gradients in HF layout: each rank's shard of its stage through the table, gathered like the weights; the

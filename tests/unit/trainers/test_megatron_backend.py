@@ -264,3 +264,24 @@ def test_a_cpu_model_on_a_machine_with_cuda_stays_off_cuda(tmp_path: Path, monke
     got.sum().backward()
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert all(p.grad is not None and p.grad.device.type == "cpu" for p in mg.model.parameters())
+
+
+def test_the_clip_at_a_split_sums_on_the_models_device(tmp_path: Path) -> None:
+    """`clip_grad_norm_`'s path for tp or pp > 1, taken at this one rank (tp set to 2 on a tp 1 backend: megatron's
+    groups hold this rank alone), sums the gradients' squares into tensors made on the model's device: with the meta
+    device as torch's default (where a GPU rank's default, the host, is not its model's: megatron_tp_rank.elsewhere)
+    the norm is the gradients' and they are clipped by it. Versus sums made on the default device: Tensor.item() of
+    a meta tensor here; on a GPU, CUDA squares added into a host tensor that NCCL does not all-reduce."""
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    mg = load_backend("megatron", tmp_path)
+    token_logprobs(mg.model, tokens(2, 12)).sum().backward()
+    grads = [p.grad.clone() for p in mg.model.parameters() if p.grad is not None]
+    norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+    mg.tp = 2
+    with torch.device("meta"):
+        got = mg.clip_grad_norm_(norm / 2)
+    assert got == pytest.approx(norm, rel=1e-6)
+    clipped = [p.grad for p in mg.model.parameters() if p.grad is not None]
+    assert all(
+        c.device.type == "cpu" and torch.allclose(c, g / 2, rtol=1e-5) for c, g in zip(clipped, grads, strict=True)
+    )

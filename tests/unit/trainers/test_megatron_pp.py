@@ -3,7 +3,8 @@ stage of the GPTModel (4 layers: 2 per stage, megatron's local numbers 0-1 on st
 2-3), the stages are chained inside `model(tokens)` (rlctl.trainers.megatron.pipeline), and every rank
 returns the logits of the single-process megatron model; the gradients, gathered over tp and stages (a tied
 embedding's two copies summed), are the `torch` backend's; `weights()` gathers the checkpoint back bit for
-bit; one GRPO step through the learner moves the weights as in one process."""
+bit; one GRPO step through the learner moves the weights as in one process. The ranks make their calls with the
+meta device as torch's default (megatron_tp_rank.elsewhere): every buffer the stages exchange is the stage's own."""
 
 from __future__ import annotations
 
