@@ -206,28 +206,34 @@ def test_pending_job_is_cancelled(services: dict[str, str], tmp_path: Path) -> N
     wait_for("no process with the marker", lambda: not marker_pids(marker), 15)
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("submitter", ["submitit", "sbatch-ssh"])
-def test_time_limit_signal_stops_agents_gracefully(services: dict[str, str], tmp_path: Path, submitter: str) -> None:
+@pytest.mark.timeout(240)
+def test_time_limit_signal_stops_agents_gracefully(services: dict[str, str], tmp_path: Path) -> None:
     """--time=2 with grace 55 s: SLURM's TERM comes 5–65 s into the run (it may come up to 60 s early, by SLURM's
     own resolution); every rank must get it and exit cleanly before the limit. (At --time=1 it could come as the
-    job started, before the agent had its handler: exit 143, once in CI.)"""
-    marker = f"rlctl-it-{uuid.uuid4().hex}"
-    out = tmp_path / "out"
-    b = make_backend(services, tmp_path, submitter, SlurmResources(nodes=2), grace_s=55)
-    b.sched = b.sched.model_copy(update={"time_limit_min": 2})
-    h = b.start(spec(out, "run", marker))
+    job started, before the agent had its handler: exit 143, once in CI.) One job per submitter, both at once (each
+    takes one core of each node): the wait is SLURM's clock, so the second costs nothing."""
+    jobs: dict[str, tuple[SlurmBackend, AgentHandle, Path, str]] = {}
     try:
-        wait_for("the job to end by itself", lambda: b.poll(h) is not None, 150)
-        st = b.status(h)
-        limit = b.at_time_limit(h)
+        for submitter in ("submitit", "sbatch-ssh"):
+            marker = f"rlctl-it-{uuid.uuid4().hex}"
+            out = tmp_path / submitter / "out"
+            b = make_backend(services, tmp_path / submitter, submitter, SlurmResources(nodes=2), grace_s=55)
+            b.sched = b.sched.model_copy(update={"time_limit_min": 2})
+            jobs[submitter] = (b, b.start(spec(out, "run", marker)), out, marker)
+        ended = lambda: all(b.poll(h) is not None for b, h, _, _ in jobs.values())  # noqa: E731
+        wait_for("both jobs to end by themselves", ended, 150)
+        ends = {s: (b.status(h), b.at_time_limit(h)) for s, (b, h, _, _) in jobs.items()}
     except BaseException:
-        cleanup(b, [h])
+        for b, h, _, _ in jobs.values():
+            cleanup(b, [h])
         raise
-    b.close()
-    assert (st.state, st.slurm_state) == (RemoteState.FINISHED, "COMPLETED"), st
-    # a clean exit, yet a planned end: what `Runs` resumes without spending checkpoint.auto_resume
-    said = rf"SLURM job {h.ident['job_id']} ran 0:0\d:\d\d of its 0:02:00 limit"
-    assert limit is not None and re.fullmatch(said, limit), limit
-    assert (out / "graceful.0").exists() and (out / "graceful.1").exists()
-    wait_for("no process with the marker", lambda: not marker_pids(marker), 15)
+    for b, _, _, _ in jobs.values():
+        b.close()
+    for submitter, (_, h, out, _) in jobs.items():
+        st, limit = ends[submitter]
+        assert (st.state, st.slurm_state) == (RemoteState.FINISHED, "COMPLETED"), (submitter, st)
+        # a clean exit, yet a planned end: what `Runs` resumes without spending checkpoint.auto_resume
+        said = rf"SLURM job {h.ident['job_id']} ran 0:0\d:\d\d of its 0:02:00 limit"
+        assert limit is not None and re.fullmatch(said, limit), (submitter, limit)
+        assert (out / "graceful.0").exists() and (out / "graceful.1").exists(), submitter
+    wait_for("no process with either marker", lambda: not any(marker_pids(m) for _, _, _, m in jobs.values()), 15)
