@@ -77,14 +77,21 @@ def test_a_stop_while_an_auto_resume_stages_the_job_ends_it(tmp_path):
     proc = subprocess.Popen(
         [*cmd, "--job-dir", str(job_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
+    stopper: subprocess.Popen[bytes] | None = None
     try:
         wait_for("a checkpoint", lambda: any(e["event"] == "checkpoint" for e in events(job_dir)), 120, alive=proc)
         os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)  # the run fails; its launcher resumes it
         wait_for("the auto-resume's staging", staging.exists, 120, alive=proc)
-        stop = rlctl("stop", str(job_dir))
-        assert stop.returncode == 0, stop.stderr
+        # the stop asks, stops what runs and writes its end, then waits (at most LAUNCHER_END_S) for the launcher,
+        # still held in its staging: the gate opens only then, so the launcher goes on past a stop that is done
+        stop_err = tmp_path / "stop.err"
+        with stop_err.open("w") as err_file:
+            stopper = subprocess.Popen([*RLCTL, "stop", str(job_dir)], stdout=subprocess.DEVNULL, stderr=err_file)
+        said = lambda: stopper.poll() is not None or "waiting for the job's launcher" in stop_err.read_text()  # noqa: E731
+        wait_for("the stop to wait for the launcher", said, 120)
         stop_t = max(float(e["t"]) for e in events(job_dir) if e["event"] == "stop_requested")
         gate.unlink()
+        assert stopper.wait(timeout=60) == 0, stop_err.read_text()
 
         def after_stop() -> list[float]:
             return [t for t in started(job_dir, "controller-0") if t > stop_t]
@@ -99,6 +106,9 @@ def test_a_stop_while_an_auto_resume_stages_the_job_ends_it(tmp_path):
         assert processes_mentioning(str(job_dir)) == []
     finally:
         gate.unlink(missing_ok=True)
+        if stopper is not None and stopper.poll() is None:
+            stopper.kill()
+            stopper.wait()
         if proc.poll() is None:
             proc.terminate()  # its `finally` stops the agents
             proc.communicate(timeout=60)
