@@ -3,9 +3,12 @@ into the test's directory (nothing can be downloaded on these machines)."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +17,30 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 
+# (shape, rows) → the builder's output, made once by this test process (the builder is seeded: each build the same
+# bytes) and copied into each test's directory, versus a build (a Python process importing torch) per test
+_BUILT: dict[tuple[str, int], Path] = {}
+
+
 def build_hf_demo(out: Path, *, rows: int = 64, shape: str = "tiny") -> None:
     """`out`/model (a Qwen2-architecture checkpoint, or the builder's other `shape`) and `out`/data.jsonl (`rows`
     rows)."""
-    builder = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(out), f"--shape={shape}"]
-    build = subprocess.run(
-        [*builder, "--sft-steps=0", f"--rows={rows}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert build.returncode == 0, build.stderr
+    built = _BUILT.get((shape, rows))
+    if built is None:
+        built = Path(tempfile.mkdtemp(prefix="rlctl-test-hfdemo-"))
+        atexit.register(shutil.rmtree, built, ignore_errors=True)
+        builder = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(built), f"--shape={shape}"]
+        build = subprocess.run(
+            [*builder, "--sft-steps=0", f"--rows={rows}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert build.returncode == 0, build.stderr
+        _BUILT[(shape, rows)] = built
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built / "model", out / "model", dirs_exist_ok=True)
+    shutil.copy2(built / "data.jsonl", out / "data.jsonl")
 
 
 def hf_demo_job(out: Path, *, reward: str | None = None, shape: str = "tiny", **fields: Any) -> Path:
