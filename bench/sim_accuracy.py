@@ -179,11 +179,14 @@ class Probed:
     prof_before: MeasuredProfile
 
 
-def _launch(spec: dict[str, Any], *, workdir: Path, name: str, plan: Plan) -> Probed:
-    """Profile the job (`plan.run_probes` probes), run it, and (`plan.bracket`) profile it again: this shared
-    machine's speed moves by 10–20 % over minutes, so a run is priced by a profile of its own minutes."""
+def _launch(
+    spec: dict[str, Any], *, workdir: Path, name: str, plan: Plan, before: list[dict[str, Any]] | None = None
+) -> Probed:
+    """Profile the job (`plan.run_probes` probes; `before`: such probes made right before this call), run it, and
+    (`plan.bracket`) profile it again: this shared machine's speed moves by 10–20 % over minutes, so a run is priced
+    by a profile of its own minutes."""
     job = JobFile.model_validate(spec)
-    before = _probes(job, repeats=plan.run_probes)
+    before = before if before is not None else _probes(job, repeats=plan.run_probes)
     run = launch(spec, workdir=workdir, name=name)
     after = _probes(job, repeats=plan.run_probes) if plan.bracket else []
     return Probed(run, profile_of(before + after), profile_of(before))
@@ -278,13 +281,19 @@ class Calibration:
 NO_OVERHEADS = Calibration(Overheads(), Overheads(), Overheads(), {})
 
 
-def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) -> Calibration:
+def _calibrate(
+    kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path, first_probes: list[dict[str, Any]]
+) -> Calibration:
+    """The calibration runs; the first is priced by `first_probes` (the job kind's first profile's, made right before
+    it: the probe measures the model, engine, algorithm and batch, which the calibration jobs share with the probe
+    job) when they are as many as a run's, versus probing the same thing again at once."""
     runs: dict[str, Probed] = {}
-    for mode, units in plan.calibration:
+    for i, (mode, units) in enumerate(plan.calibration):
         spec = job_dict(
             kind, mode=mode, units=units, iterations=plan.iterations, sft_steps=plan.sft_steps, calibration=True
         )
-        runs[mode] = _launch(spec, workdir=workdir, name=f"{kind}-calibration-{mode}", plan=plan)
+        before = first_probes if i == 0 and len(first_probes) == plan.run_probes else None
+        runs[mode] = _launch(spec, workdir=workdir, name=f"{kind}-calibration-{mode}", plan=plan, before=before)
     sync, cpu = runs["sync"], runs.get("async", runs["sync"])
     o = calibrate(sync.run, cpu.run, sync.prof, cpu_prof=cpu.prof, warmup=plan.warmup)
     o_before = calibrate(sync.run, cpu.run, sync.prof_before, cpu_prof=cpu.prof_before, warmup=plan.warmup)
@@ -315,8 +324,9 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
     calibration: dict[str, Calibration] = {}
     for kind in plan.kinds:
         probe_job = JobFile.model_validate(job_dict(kind, mode="sync", units=1, iterations=plan.iterations))
-        first[kind] = profile_of(_probes(probe_job, repeats=plan.probes))
-        calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir)
+        probes = _probes(probe_job, repeats=plan.probes)
+        first[kind] = profile_of(probes)
+        calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir, first_probes=probes)
     cases = []
     for kind, mode, n in plan.cases:
         spec = job_dict(kind, mode=mode, units=n, iterations=plan.iterations, sft_steps=plan.sft_steps)

@@ -325,3 +325,43 @@ def test_modes_and_units_keep_only_those_cases_and_the_jobs_they_need():
     assert plan_for(quick=False, hf_built=True, units=[2]).kinds == ["demo"]  # the HF job runs 1 and 3 units
     with pytest.raises(ValueError, match="no case"):
         plan_for(quick=True, hf_built=False, units=[3])
+
+
+def test_the_first_calibration_run_is_priced_by_the_first_profiles_probes_not_by_the_same_probes_again(monkeypatch):
+    """The job kind's first profile is probed right before the first calibration run, of what that run's own probes
+    measure (model, engine, algorithm, batch): those probes price it, versus probing again at once (5 probes in a full
+    run, one of 5 in --quick's ~1 min)."""
+    from types import SimpleNamespace
+
+    import bench.sim_accuracy as sa
+
+    events: list[tuple[str, Any]] = []
+
+    def probes(job: JobFile, *, repeats: int) -> list[dict[str, Any]]:
+        events.append(("probe", repeats))
+        return [{"probe": i} for i in range(repeats)]
+
+    def launch(spec: dict[str, Any], *, workdir: Path, name: str) -> Any:
+        events.append(("launch", name))
+        return SimpleNamespace(name=name)
+
+    monkeypatch.setattr(sa, "_probes", probes)
+    monkeypatch.setattr(sa, "launch", launch)
+    monkeypatch.setattr(sa, "profile_of", lambda ps: len(ps))
+    monkeypatch.setattr(sa, "calibrate", lambda *a, **k: Overheads(trainer_s_overlapped=0.0))
+    monkeypatch.setattr(sa, "_predict", lambda *a, **k: {})
+    full = plan_for(quick=False, hf_built=False)
+    first = [{"first": i} for i in range(full.run_probes)]
+    cal = sa._calibrate("demo", full, _profile(), workdir=Path("/nonexistent"), first_probes=first)
+    assert events == [
+        ("launch", "demo-calibration-sync"),
+        ("probe", 5),  # after it (bracket)
+        ("probe", 5),  # before the async one
+        ("launch", "demo-calibration-async"),
+        ("probe", 5),
+    ]
+    assert cal.report["runs"] == ["sync, 2 unit(s), other prompts", "async, 1 unit(s), other prompts"]
+    events.clear()  # a first profile of another count of probes than a run's: the run is probed as ever
+    quick = plan_for(quick=True, hf_built=False)
+    sa._calibrate("demo", quick, _profile(), workdir=Path("/nonexistent"), first_probes=first)
+    assert events == [("probe", 1), ("launch", "demo-calibration-sync")]
