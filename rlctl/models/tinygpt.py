@@ -416,7 +416,7 @@ class TinyGPT(nn.Module):
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
         self.register_buffer("rope_cos_long", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin_signed_long", torch.empty(0), persistent=False)
-        if self.lm_head.weight.device.type == "meta":  # `empty`: nothing to compute (see `tinyload._uninitialised`)
+        if self._weight.device.type == "meta":  # `empty`: nothing to compute (see `tinyload._uninitialised`)
             return
         self._rope_tables()
         self.apply(self._init)
@@ -434,7 +434,7 @@ class TinyGPT(nn.Module):
         if (why := hf.window_refusal(c, self.context)) is not None:
             raise ValueError(f"sliding_window {why}")
         angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
-        device = self.lm_head.weight.device
+        device = self._weight.device
         half = torch.arange(0, c.rotary_dim, 2, dtype=angle_dtype, device=device) / c.rotary_dim
         s, positions = c.rope_scaling, torch.arange(self.context, dtype=angle_dtype, device=device)
         # × yarn's and longrope's attention factor (1 otherwise), as transformers' rotary embedding scales cos and sin
@@ -456,6 +456,12 @@ class TinyGPT(nn.Module):
         self.rope_cos, self.rope_sin_signed = tables(1.0 / (short * c.rope_theta**half))
         if self.context > c.longrope_context:
             self.rope_cos_long, self.rope_sin_signed_long = tables(1.0 / (long * c.rope_theta**half))
+
+    @property
+    def _weight(self) -> torch.Tensor:
+        """A weight whose device and dtype are the model's: the embedding's, which every model holds (its input), versus
+        the lm_head's, which PPO's critic trunk holds none of (`rlctl.trainers.critic`)."""
+        return self.model.embed_tokens.weight
 
     def _tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and the signed sin for a pass over positions 0 … t − 1: longrope's long_factor tables where t passes its
@@ -571,7 +577,7 @@ class TinyGPT(nn.Module):
     def new_cache(self, rows: int, capacity: int) -> KVCache:
         """Empty K/V storage for `rows` rows of `capacity` positions, on the model's device and in its dtype."""
         c = self.config
-        p = self.lm_head.weight
+        p = self._weight
         shape = (rows, c.num_key_value_heads, capacity, c.head_dim)
         k = [p.new_zeros(shape) for _ in range(c.num_hidden_layers)]
         v = [p.new_zeros(shape) for _ in range(c.num_hidden_layers)]
@@ -585,7 +591,7 @@ class TinyGPT(nn.Module):
         cache.lengths[rows] = lengths
         if p == 0:
             return
-        dtype = self.lm_head.weight.dtype
+        dtype = self._weight.dtype
         cos, sin = (table.to(dtype) for table in self._tables(p))  # once, not in every layer
         x = self.model.embed_tokens(tokens)
         for li, layer in enumerate(self.blocks()):
@@ -613,7 +619,7 @@ class TinyGPT(nn.Module):
         pos = cache.lengths[:b]
         t = int(pos.max()) + 1 if width is None else width
         hd = self.config.head_dim
-        dtype = self.lm_head.weight.dtype
+        dtype = self._weight.dtype
         # additive, made once (SDPA would turn a boolean mask into one in every layer): 0 where a row may attend, the
         # dtype's lowest after (as transformers masks: finite for every attention backend; a row always sees itself)
         visible = (torch.arange(t, device=pos.device) <= pos[:, None])[:, None, None, :]

@@ -3,9 +3,9 @@
 PPO's value model (`rlctl.rl.ppo.ValueModel`) reads the trunk's final normed hidden states (`TinyGPT.hidden`) and
 applies a value head of its own: the policy's lm_head (vocab × hidden) is never used. A whole copy of the policy would
 carry it all the same (until 2026-12-07 it did: at Qwen2.5-7B 152,064 × 3,584 ≈ 545 M parameters, 2.2 GB of fp32 a
-replica, gathered by FSDP2 with the critic's root), so the trunk holds `NoHead` in its place: no parameter, no state
-dict entry, no gradient or AdamW state, nothing to shard, gather or checkpoint. With tied embeddings the lm_head's
-weight is the embedding's: the embedding stays (it is the trunk's input), the head alone goes.
+replica, gathered by FSDP2 with the critic's root), so the trunk holds `NoHead` in its place: no tensor (no parameter,
+no buffer), no state dict entry, no gradient or AdamW state, nothing to shard, gather or checkpoint. With tied
+embeddings the lm_head's weight is the embedding's: the embedding stays (it is the trunk's input), the head alone goes.
 
     headless_copy(policy)   a copy of a whole policy, its lm_head never copied (`TorchBackend.critic_trunk`,
                             `PpoLearner`'s default critic)
@@ -29,13 +29,8 @@ HEAD = "lm_head.weight"  # the policy's output layer: what a critic's trunk hold
 
 
 class NoHead(nn.Module):
-    """A critic trunk's lm_head: no parameter, and a 0-element buffer `weight` (not saved) that moves with the trunk,
-    where TinyGPT reads its device off `lm_head.weight` (its RoPE tables, made there by `TinyGPT.materialise`).
+    """A critic trunk's lm_head: no parameter, no buffer (TinyGPT reads its device and dtype off the embedding).
     Called, an AssertionError: the critic computes no logits."""
-
-    def __init__(self, like: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("weight", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         raise AssertionError("a PPO critic's trunk holds no lm_head: its value model reads `hidden`, not logits")
@@ -43,7 +38,7 @@ class NoHead(nn.Module):
 
 def headless(trunk: TinyGPT) -> TinyGPT:
     """`trunk` with `NoHead` in place of its lm_head (a tied one's embedding kept: the embedding module holds it)."""
-    trunk.lm_head = NoHead(trunk.lm_head.weight)  # type: ignore[assignment]
+    trunk.lm_head = NoHead()  # type: ignore[assignment]
     return trunk
 
 
@@ -51,5 +46,5 @@ def headless_copy(policy: TinyGPT) -> TinyGPT:
     """A copy of `policy` with `NoHead` in place of its lm_head, which is never copied (deepcopy's memo holds the
     stand-in for it): the copy costs the trunk's memory alone, versus the whole policy's with the head then dropped."""
     assert isinstance(policy, TinyGPT), type(policy)
-    memo = {id(policy.lm_head): NoHead(policy.lm_head.weight)}
+    memo = {id(policy.lm_head): NoHead()}
     return copy.deepcopy(policy, memo)

@@ -86,7 +86,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str, str | None, tuple[i
               r"\(43, 96\) to old rank 1 of 2", "dp=3", (1, 2)),
     "missing": (lambda shard: shard.pop("module.policy"), r"it holds no module\.policy", "dp=3", (1, 2)),
     # (rank 1 reads old shards 0 and 1: shard 1 lacks what 0 holds; rank 2 reads shard 1 alone, where a parameter
-    # without state may be one no shard stepped, PPO's untied critic's lm_head: its digest refuses it)
+    # without state may be one no shard stepped, an expert no token was routed to: its digest refuses it)
     "unstepped": (lambda shard: shard["optimizer.policy"]["state"].pop(0),
                   r"(?:its optimizer\.policy holds no state of parameter 0, but state of the others|its optimizer "
                   r"state is not the one its rank wrote \(its SHA-256 is not the manifest's\))", "dp=3", (1, 2)),

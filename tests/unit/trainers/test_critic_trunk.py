@@ -84,3 +84,28 @@ def test_the_planner_prices_the_critic_the_trainer_holds(tied: bool) -> None:
     assert critic_params(arch) == held
     assert trained_params(arch, "ppo") == arch.params + held and trained_params(arch, "grpo") == arch.params
     assert grad_bytes(arch, "ppo", adapter_params=0.0) == 4 * (arch.params + held)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_critic_trunk_holds_no_lm_head_tensor_made_moved_or_copied(tied: bool) -> None:
+    """The trunk's lm_head holds no tensor at all (until 2026-12-07 a 0-element buffer `lm_head.weight`, kept because
+    TinyGPT read its device off it): made on the meta device and given memory (`materialise`: its RoPE tables on the
+    embedding's device), cast, deepcopied and pickled, its values those of the policy's trunk."""
+    import copy
+    import pickle
+
+    from rlctl.trainers.critic import headless, headless_copy
+
+    model = policy(tied)
+    meta = headless(TinyGPT.on_meta(model.config))
+    meta.materialise(torch.device("cpu"))
+    meta.load_state_dict({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
+    tokens = torch.randint(0, CFG.vocab_size, (2, 5))
+    want = model.hidden(tokens)
+    for trunk in (headless_copy(model), meta):
+        for made in (trunk, copy.deepcopy(trunk), pickle.loads(pickle.dumps(trunk)), copy.deepcopy(trunk).double()):
+            held = [k for k, _ in [*made.named_parameters(remove_duplicate=False), *made.named_buffers()]]
+            assert not [k for k in held if k.startswith("lm_head")], held
+            assert not [k for k in made.state_dict() if k.startswith("lm_head")]
+            assert made.rope_cos.dtype == made.model.embed_tokens.weight.dtype  # (cast with it: `.double()`)
+            torch.testing.assert_close(made.hidden(tokens).float(), want, rtol=1e-5, atol=1e-5)
