@@ -18,6 +18,7 @@ from rlctl.profiler.analytical import TP_DEGREES, analytical_profile, training_e
 from rlctl.profiler.profile import ProfileFile, SiteProfile, priced_passes
 from rlctl.profiler.traincost import (
     TrainingPasses,
+    critic_flop_params,
     flops_per_token,
     forward_units,
     lora_passes,
@@ -220,8 +221,9 @@ def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str
     """The job's training passes against the profile's: scale of the profile's seconds per token, and
     the share that streams (the rest waits for the whole batch)."""
     kind, params = job.spec.algorithm.kind, prof.model.arch.active  # (FLOPs: a MoE's active parameters)
+    critic = critic_flop_params(prof.model.arch)  # (PPO's: the policy's trunk, no lm_head matmul)
     passes = job_passes(job, trainer)
-    units = forward_units(kind, passes, params=params)
+    units = forward_units(kind, passes, params=params, critic=critic)
     # a profile's passes hold adapters where its entries are of them (its `lora`: `rlctl profile --job` of a LoRA job,
     # or the roofline built for one, `profile_for`): scaled by 1; a full fine-tune's: a LoRA job's by ≈ 2/3
     profile_passes = priced_passes(prof)
@@ -230,10 +232,10 @@ def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str
         "passes": passes.model_dump(),
         "lora_adapter_params": passes.adapter_params,
         "forward_units": units,
-        "flops_per_token": flops_per_token(kind, passes, params),
+        "flops_per_token": flops_per_token(kind, passes, params, critic=critic),
         "profile_passes": profile_passes.model_dump(),
         "profile_lora_adapter_params": profile_passes.adapter_params,
-        "scale_of_profile": units / forward_units(prof.algorithm, profile_passes, params=params),
+        "scale_of_profile": units / forward_units(prof.algorithm, profile_passes, params=params, critic=critic),
         "streamed_fraction": streamed_units(kind, passes, params=params) / units,
         "optimizer_steps": passes.optimizer_steps,
         "mini_batches": passes.mini_batches,

@@ -113,7 +113,7 @@ def plan_table(p: dict[str, Any]) -> str:
     epochs, minis = tr["passes"]["epochs"], tr["mini_batches"]
     steps = f", {epochs} epoch{'s' * (epochs > 1)} × {minis} mini-batch{'es' * (minis > 1)}"
     out.append(
-        f"Training cost: {tr['algorithm']} = {tr['forward_units']:g} forward passes of the policy per token "
+        f"Training cost: {tr['algorithm']} = {tr['forward_units']:.3g} forward passes of the policy per token "
         f"({tr['flops_per_token']:.3g} FLOPs{', with ' + ', '.join(extras) if extras else ''}{steps}); "
         f"{tr['streamed_fraction']:.0%} trains as samples stream in"
     )

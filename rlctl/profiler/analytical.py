@@ -7,7 +7,7 @@ and its share of the KV cache; the step is bound by HBM bandwidth or by FLOPs, w
         + TP all-reduces (2 per layer) + t_fixed(layers)
 
 Training: FLOPs per token = 2·P·u, u the forward units of the algorithm's passes (`traincost`: e.g.
-3 for rlctl's GRPO without KL, 8 for its PPO with KL), at MFU η_train, plus Megatron-style TP
+3 for rlctl's GRPO without KL, 4 + 4·C/P for its PPO with KL, C its critic's), at MFU η_train, plus Megatron-style TP
 all-reduces (4 per layer per update-token, scaled by u/3). Attention FLOPs in training are left
 out (≈5 % at 8K for 7B).
 """
@@ -19,7 +19,13 @@ from rlctl.hardware import GpuSpec
 from rlctl.models.catalog import ModelArch
 from rlctl.planner.split import rollout_tp_refusal, trainer_tp_refusal
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
-from rlctl.profiler.traincost import TrainingPasses, flops_per_token, lora_adapters, trained_params
+from rlctl.profiler.traincost import (
+    TrainingPasses,
+    critic_flop_params,
+    flops_per_token,
+    lora_adapters,
+    trained_params,
+)
 
 # a trainer rank's memory besides its model state and its cut's activations (`rlctl.profiler.actmem`, priced apart
 # since they grow with the cut's tokens): the CUDA context (≈ 0.5 GB with torch's kernels), NCCL's buffers (≈ 0.3–0.6
@@ -122,11 +128,14 @@ def training_entry(
     tensor degree `tp` and pipeline degree `pp`, and the memory of the trained models (+ reference weights if
     it runs)."""
     passes = passes or TrainingPasses()
-    flops = flops_per_token(algorithm, passes, model.active)  # (a MoE's active parameters; its memory: all)
+    critic = critic_flop_params(model)  # (PPO's: the policy's trunk, no lm_head matmul)
+    flops = flops_per_token(algorithm, passes, model.active, critic=critic)  # (a MoE's active parameters; memory: all)
     # TP all-reduces scale with the FLOPs of full updates (a MoE's active parameters): a LoRA backward all-reduces
-    # the activations' gradients as a full one does (it skips the weight gradients, which need none)
+    # the activations' gradients as a full one does (it skips the weight gradients, which need none). PPO's critic's
+    # passes count by their FLOPs too (C/P each, though its layers all-reduce as the policy's): the entries stay linear
+    # in FLOPs, as the planner scales a profile of other passes to the job's (`train_cost`'s scale_of_profile)
     full = passes.model_copy(update={"adapter_params": 0.0})
-    update_equivalents = flops_per_token(algorithm, full, model.active) / (6 * model.active)
+    update_equivalents = flops_per_token(algorithm, full, model.active, critic=critic) / (6 * model.active)
     compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
     comm = 0.0
     if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)

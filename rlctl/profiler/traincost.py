@@ -7,13 +7,16 @@ runs again before the backward). Counted in *forward units* (one forward of the 
     GRPO  policy update                      (3 + recompute) · epochs
           + reference forward                 1   when the job has a KL term (kl_coef > 0)
           + old log-prob forward              1   if the trainer re-scores samples (rlctl: no)
-    PPO   policy and critic updates           2 · (3 + recompute) · epochs
-          + critic values forward (for GAE)   1
+    PPO   policy update                       (3 + recompute) · epochs
+          + critic update                     (3 + recompute) · epochs · C/P
+          + critic values forward (for GAE)   C/P
           + reference / old log-prob forwards as for GRPO
 
-The critic is the policy's size (StreamRL §7; rlctl's critic is a copy of the policy's trunk).
-E.g. rlctl's GRPO: 3 units (6·P), with KL 4 (8·P); rlctl's PPO with KL: 8 (16·P); verl-style PPO
-with KL, old log-probs and recomputation: 2 + 1 + 2·4 = 11 (22·P).
+C: the parameters the critic computes a token with (`critic_flop_params`): the policy's without its lm_head's matmul
+(V·h; rlctl's critic is the policy's trunk and a value head, `rlctl.trainers.critic`), where until 2026-12-07 C = P
+(StreamRL §7's critic of the policy's size). E.g. rlctl's GRPO: 3 units (6·P), with KL 4 (8·P); rlctl's PPO with KL:
+4 + 4·C/P (Qwen2.5-7B: 7.71, 15.4·P, versus 8); verl-style PPO with KL, old log-probs and recomputation:
+2 + 4 + 5·C/P.
 
 With LoRA (`trainer.lora`: A adapter parameters, the policy's weights frozen) the backward computes no weight
 gradient of the policy's: an update is the forward (2·P + 2·A), the activations' gradients (2·P + 2·A) and the
@@ -148,6 +151,14 @@ def critic_params(arch: ModelArch) -> float:
     return max(arch.params - head, 0.0) + arch.hidden + 1
 
 
+def critic_flop_params(arch: ModelArch) -> float:
+    """The parameters PPO's critic computes a token with (a forward's FLOPs: 2 each): the policy's (`active`) less its
+    lm_head's matmul, V·h, and the value head's hidden + 1. Tied too: `params` counts a tied V·h once, for the head's
+    matmul (the embedding's lookup is none), and the critic runs no head (versus `critic_params`, its memory, which
+    keeps a tied model's embedding)."""
+    return max(arch.active - arch.vocab * arch.hidden, 0.0) + arch.hidden + 1
+
+
 def trained_params(arch: ModelArch, algorithm: str) -> float:
     """The parameters with gradients and AdamW state (a full fine-tune's): the policy's, and PPO's critic's
     (`critic_params`)."""
@@ -171,15 +182,22 @@ def update_units(passes: TrainingPasses, *, params: float) -> float:
     return (LORA_UPDATE_UNITS + passes.recompute) * (1 + a) + a
 
 
-def forward_units(algorithm: str, passes: TrainingPasses, *, params: float) -> float:
-    """Forward passes of the policy's size per trained token in one iteration (FLOPs = 2·P·units)."""
-    update = update_units(passes, params=params) * passes.epochs * trained_models(algorithm)
-    forwards = passes.reference + passes.old_logprobs + (algorithm == "ppo")  # critic values for GAE
+def forward_units(algorithm: str, passes: TrainingPasses, *, params: float, critic: float | None = None) -> float:
+    """Forward passes of the policy's size per trained token in one iteration (FLOPs = 2·P·units): PPO's critic's
+    passes scaled by `critic` / `params` (`critic` its `critic_flop_params`; given for PPO), a critic trained whole
+    (no adapters) whatever the policy's."""
+    update = update_units(passes, params=params) * passes.epochs
+    forwards = float(passes.reference + passes.old_logprobs)
+    if algorithm == "ppo":
+        assert critic is not None, "PPO's FLOPs need its critic's parameters (critic_flop_params)"
+        # its update and its values forward for GAE
+        update += (UPDATE_UNITS + passes.recompute) * passes.epochs * critic / params
+        forwards += critic / params
     return float(update + forwards)
 
 
-def flops_per_token(algorithm: str, passes: TrainingPasses, params: float) -> float:
-    return 2.0 * params * forward_units(algorithm, passes, params=params)
+def flops_per_token(algorithm: str, passes: TrainingPasses, params: float, *, critic: float | None = None) -> float:
+    return 2.0 * params * forward_units(algorithm, passes, params=params, critic=critic)
 
 
 def streamed_units(algorithm: str, passes: TrainingPasses, *, params: float) -> float:

@@ -37,6 +37,7 @@ from rlctl.planner.simjob import IterationWork, simulate_job
 from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
 from rlctl.profiler.traincost import (
     TrainingPasses,
+    critic_flop_params,
     flops_per_token,
     forward_units,
     passes_for,
@@ -45,6 +46,9 @@ from rlctl.profiler.traincost import (
 from rlctl.rl.cuts import pipeline_chunks
 
 P7 = 7.62e9  # qwen2.5-7b parameters
+# its PPO critic's per token (`critic_flop_params`): the trunk without the lm_head's matmul (152,064 × 3,584), and a
+# value head of hidden + 1
+C7 = P7 - 152064 * 3584 + 3584 + 1
 RUNTIME = TrainingPasses()  # rlctl's trainer: 1 epoch, 1 optimizer step, no recompute, engine log-probs
 
 
@@ -53,17 +57,20 @@ RUNTIME = TrainingPasses()  # rlctl's trainer: 1 epoch, 1 optimizer step, no rec
     [
         ("grpo", RUNTIME, 6 * P7),  # policy fwd 2P + bwd 4P
         ("grpo", TrainingPasses(reference=True), 8 * P7),  # + reference fwd 2P
-        ("ppo", RUNTIME, 14 * P7),  # policy 6P + critic 6P + critic values 2P
-        ("ppo", TrainingPasses(reference=True), 16 * P7),  # + reference 2P
-        # verl-style PPO: + old log-probs 2P, recomputation re-runs each update's forward (+2P × 2 models)
-        ("ppo", TrainingPasses(reference=True, old_logprobs=True, recompute=True), 22 * P7),
-        # two epochs: both updates twice (2 × 12P), the forwards once (ref 2P + values 2P)
-        ("ppo", TrainingPasses(reference=True, epochs=2), 28 * P7),
+        ("ppo", RUNTIME, 6 * P7 + 8 * C7),  # policy 6P + critic 6C + critic values 2C
+        ("ppo", TrainingPasses(reference=True), 8 * P7 + 8 * C7),  # + reference 2P
+        # verl-style PPO: + old log-probs 2P, recomputation re-runs each update's forward (+2P, +2C)
+        ("ppo", TrainingPasses(reference=True, old_logprobs=True, recompute=True), 12 * P7 + 10 * C7),
+        # two epochs: both updates twice (2 × 6P, 2 × 6C), the forwards once (ref 2P + values 2C)
+        ("ppo", TrainingPasses(reference=True, epochs=2), 14 * P7 + 14 * C7),
         ("grpo", TrainingPasses(epochs=4, mini_batches=8), 24 * P7),  # mini-batches do not add FLOPs
     ],
 )
 def test_flops_per_token_by_hand(algorithm: str, passes: TrainingPasses, flops: float) -> None:
-    assert flops_per_token(algorithm, passes, P7) == pytest.approx(flops)
+    """PPO's critic priced by the parameters it computes with (versus 6·P an update and 2·P its values forward, the
+    policy's lm_head matmul included, until 2026-12-07: Qwen2.5-7B's PPO with KL 16·P, now 15.43·P)."""
+    assert critic_flop_params(BUILTIN_MODELS["qwen2.5-7b"]) == pytest.approx(C7)
+    assert flops_per_token(algorithm, passes, P7, critic=C7) == pytest.approx(flops)
 
 
 def test_the_job_sets_the_reference_forward_and_the_trainer_the_rest() -> None:
@@ -89,12 +96,13 @@ def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> No
         for e in training_entries(m, g, gpus_per_node=8, algorithm="ppo", passes=TrainingPasses(reference=True))
     }
     assert grpo[1, 1].gpu_s_per_token == pytest.approx(6 * P7 / (ETA_TRAIN * g.flops))
-    assert ppo[1, 1].gpu_s_per_token == pytest.approx(16 * P7 / (ETA_TRAIN * g.flops))
-    assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(16 / 6)  # TP comm scales too
+    assert ppo[1, 1].gpu_s_per_token == pytest.approx((8 * P7 + 8 * C7) / (ETA_TRAIN * g.flops))
+    units = (8 * P7 + 8 * C7) / (6 * P7)  # (≈ 15.43 / 6, versus 16 / 6 until 2026-12-07)
+    assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(units)  # TP comm scales too
     # bf16 weights + grads of policy and critic (4 B each) + the reference as the trainer holds it (fp32, 4 B) + 2 GB;
     # Adam 12 B per trained model. The critic: the policy's trunk without its lm_head (untied: 152,064 × 3,584 fewer,
     # versus priced as the policy until 2026-12-07) and a value head of hidden + 1
-    critic = P7 - 152064 * 3584 + 3584 + 1
+    critic = C7  # (its memory as its FLOPs: untied, the embedding is held and counted in both)
     assert not m.tied and (m.vocab, m.hidden) == (152064, 3584)
     assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx((P7 + critic) * 4 + P7 * 4 + 2e9)
     assert ppo[1, 1].sharded_bytes_per_gpu == pytest.approx((P7 + critic) * 12)
@@ -246,7 +254,8 @@ def _job(algorithm: dict[str, object]) -> Job:
 
 
 def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
-    """A PPO profile without reference, planned for a PPO job with KL: ×16/14, the same trainer time
+    """A PPO profile without reference, planned for a PPO job with KL: ×(8P + 8C)/(6P + 8C) (16/14 with a critic of
+    the policy's FLOPs, C = P, until 2026-12-07), the same trainer time
     as the profile built for the job's own passes (the analytical entries are linear in FLOPs). Rows of 4,512
     tokens: at 20,512 the policy, critic and reference (36 B a parameter) beside a stage's activations and the full
     logits fit no split of megatron's grid on H800s."""
@@ -259,13 +268,15 @@ def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
         {s: (site.spec, site.gpus_per_node, site.gpu_cost_per_hour) for s, site in job.inventory.sites.items()},
         algorithm="ppo",
     )
-    assert train_cost(job, plain, TrainingPasses())["scale_of_profile"] == pytest.approx(16 / 14)
+    assert train_cost(job, plain, TrainingPasses())["scale_of_profile"] == pytest.approx(
+        (8 * P7 + 8 * C7) / (6 * P7 + 8 * C7)
+    )
     scaled = make_plan(job, plain, opts)
     own = make_plan(job, None, opts)
     assert scaled["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
-    assert own["training"]["flops_per_token"] == pytest.approx(16 * P7)
+    assert own["training"]["flops_per_token"] == pytest.approx(8 * P7 + 8 * C7)
     grpo = make_plan(_job({"kind": "grpo"}), None, opts)
-    assert grpo["training"]["forward_units"] == 3 and own["training"]["forward_units"] == 8
+    assert grpo["training"]["forward_units"] == 3 and own["training"]["forward_units"] == pytest.approx(4 + 4 * C7 / P7)
 
 
 def test_a_profile_of_another_algorithm_is_refused() -> None:

@@ -109,3 +109,28 @@ def test_a_critic_trunk_holds_no_lm_head_tensor_made_moved_or_copied(tied: bool)
             assert not [k for k in made.state_dict() if k.startswith("lm_head")]
             assert made.rope_cos.dtype == made.model.embed_tokens.weight.dtype  # (cast with it: `.double()`)
             torch.testing.assert_close(made.hidden(tokens).float(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_planner_prices_the_critics_flops_the_trainer_runs(tied: bool) -> None:
+    """`traincost.critic_flop_params` (what the plan prices PPO's critic's forward, backward and values forward by) is
+    the policy's less the lm_head's matmul, tied or not (a tied embedding's lookup is no matmul): counted by torch's
+    FlopCounterMode, a critic's forward computes 2·V·h FLOPs a token fewer than the policy's, and its value head 2·h
+    (on every position but the last) more; until 2026-12-07 priced as the policy's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from rlctl.profiler.traincost import critic_flop_params
+
+    model = policy(tied)
+    arch = model.config.arch("tiny")
+    critic = ValueModel(TorchBackend(model).critic_trunk())
+    b, t = 2, 9
+    tokens = torch.randint(0, CFG.vocab_size, (b, t))
+    counted = []
+    for run in (model, critic):
+        with torch.no_grad(), FlopCounterMode(display=False) as flops:
+            run(tokens)
+        counted.append(flops.get_total_flops())
+    v, h = CFG.vocab_size, CFG.hidden_size
+    assert counted[0] - counted[1] == b * t * 2 * v * h - b * (t - 1) * 2 * h
+    assert critic_flop_params(arch) == arch.active - v * h + h + 1  # (+ 1: the value head's bias, an add)
