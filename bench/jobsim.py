@@ -26,7 +26,15 @@ import numpy as np
 
 from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
-from rlctl.planner.costs import Sharding, ShardRule, TrainWorkload, decode_cost, grad_sync_s, train_compute_s
+from rlctl.planner.costs import (
+    Sharding,
+    ShardRule,
+    TrainWorkload,
+    decode_cost,
+    grad_sync_s,
+    host_link_bytes_per_s,
+    train_compute_s,
+)
 from rlctl.planner.curves import live_context
 from rlctl.planner.engine import EngineSpec
 from rlctl.planner.sim import run_with
@@ -113,7 +121,8 @@ def train_step_s(
     """A replayed step's training (its rows' `row_tokens`, prompt + output) as `rlctl plan` prices the trainer
     at `dp` ranks and `layout` (`rlctl.planner.costs.train_time_s`): its cuts' passes, each cut's tokens over the
     ranks that take its rows (`train_compute_s`, at the profile's seconds per token: one rank's), and the gradient
-    reduction at the layout on one host (`grad_sync_s`; `rule`: the job's `split.shard_rule`, its gradients' bytes).
+    reduction at the layout on one CPU host (`grad_sync_s` over gloo; `rule`: the job's `split.shard_rule`, its
+    gradients' bytes).
     Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a GPU's): on this machine the trainer's CPU beyond this
     price is calibrated (`Overheads.trainer_s`)."""
     rows = tuple(float(x) for x in row_tokens)
@@ -129,7 +138,10 @@ def train_step_s(
     entry = TrainingEntry(
         tp=1, pp=1, gpu_s_per_token=prof.train_s_per_token, fixed_bytes_per_gpu=0.0, sharded_bytes_per_gpu=0.0
     )
-    sync = grad_sync_s(entry, dp, w, layout=layout, node_bytes_per_s=None)
+    # this machine's ranks: processes of one CPU host reducing over gloo (the profile is of this machine)
+    sync = grad_sync_s(
+        entry, dp, w, layout=layout, node_bytes_per_s=None, host_bytes_per_s=host_link_bytes_per_s("CPU")
+    )
     return train_compute_s(entry, dp, w) + w.optimizer_steps * sync
 
 

@@ -30,6 +30,16 @@ TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
 # what a ring hop between two GPUs of one node carries a second (NVLink through NVSwitch: each GPU's own link)
 INTRA_NODE_BYTES_PER_S = 300e9
+# … between two ranks of one CPU host (gpu: CPU, a rank a core-slot): processes reducing over gloo through TCP
+# loopback (`rlctl.agents.trainer.init_group`), no NVLink. Measured on the 2-core bench machine (2026-12-07, loaded):
+# an all-reduce between 2 processes ran at 0.68 GB/s of 1.4 MB (the demo model's gradients), 0.71 of 16 MB and 0.99
+# of 100 MB (at 2 ranks a hop carries the whole buffer: busbw = algbw)
+CPU_HOST_BYTES_PER_S = 0.8e9
+
+
+def host_link_bytes_per_s(gpu: str) -> float:
+    """What a ring hop between two ranks of one host of `gpu` carries a second (`ring_time_s`)."""
+    return CPU_HOST_BYTES_PER_S if gpu == "CPU" else INTRA_NODE_BYTES_PER_S
 
 
 @dataclass(frozen=True)
@@ -367,11 +377,13 @@ def ring_time_s(
     node_bytes_per_s: float | None,
     rings_per_node: int = 1,
     all_reduce: bool = True,
+    host_bytes_per_s: float = INTRA_NODE_BYTES_PER_S,
 ) -> float:
     """Seconds of a ring all-reduce of `nbytes` on each of `ranks` ranks (`all_reduce` False: a reduce-scatter or an
     all-gather, half its traffic), the ring ordered by host as NCCL orders it. Each hop carries 2 (n − 1)/n of the
     bytes, (n − 1)/n for the halves (nccl-tests' doc/PERFORMANCE.md: busbw = algbw · 2 (n − 1)/n, the bytes every
-    link moves), and the slowest hop sets the time. Within a node a hop runs at `INTRA_NODE_BYTES_PER_S`; where the
+    link moves), and the slowest hop sets the time. Within a node a hop runs at `host_bytes_per_s`
+    (`host_link_bytes_per_s`: NVLink's `INTRA_NODE_BYTES_PER_S`, gloo's loopback on a CPU site); where the
     ranks span hosts (`node_bytes_per_s` not None: the inventory's `network.bandwidth_gbps`, a node's NICs) one hop a
     host boundary and direction goes over the network, NCCL's channels spreading it over all the node's NICs, which
     the `rings_per_node` rings crossing at once share (a tp group's ranks each ring their own dp group). A GPU's
@@ -380,7 +392,7 @@ def ring_time_s(
     if ranks < 2:
         return 0.0
     hop_bytes = (2 if all_reduce else 1) * (ranks - 1) / ranks * nbytes
-    bytes_per_s = INTRA_NODE_BYTES_PER_S
+    bytes_per_s = host_bytes_per_s
     if node_bytes_per_s is not None:
         bytes_per_s = min(bytes_per_s, node_bytes_per_s / rings_per_node)
     return hop_bytes / bytes_per_s
@@ -404,18 +416,30 @@ def train_compute_s(entry: TrainingEntry, dp: int, w: TrainWorkload) -> float:
 
 
 def grad_sync_s(
-    entry: TrainingEntry, dp: int, w: TrainWorkload, *, layout: Sharding, node_bytes_per_s: float | None
+    entry: TrainingEntry,
+    dp: int,
+    w: TrainWorkload,
+    *,
+    layout: Sharding,
+    node_bytes_per_s: float | None,
+    host_bytes_per_s: float = INTRA_NODE_BYTES_PER_S,
 ) -> float:
     """One optimizer step's gradient reduction over `dp` ranks at `layout` (`trainer_layout`: FSDP2 reduce-scatters,
     once a cut or, held, once a step; unsharded ranks all-reduce once a step: `dp_reduced_bytes`), `node_bytes_per_s`
-    the NICs of a node where the ranks span hosts (None: one host). Every tp rank of a host's tp groups rings its own
-    dp group through the host's NICs (tp groups sit on one host)."""
+    the NICs of a node where the ranks span hosts (None: one host), `host_bytes_per_s` a hop within a host
+    (`host_link_bytes_per_s` of the site's GPU). Every tp rank of a host's tp groups rings its own dp group through
+    the host's NICs (tp groups sit on one host)."""
     if dp < 2:
         return 0.0
     fsdp, held = layout
     reduced = dp_reduced_bytes(w, tp=entry.tp, pp=entry.pp, dp=dp, fsdp=fsdp, per_step=held)
     return ring_time_s(
-        reduced, ranks=dp, node_bytes_per_s=node_bytes_per_s, rings_per_node=entry.tp, all_reduce=not fsdp
+        reduced,
+        ranks=dp,
+        node_bytes_per_s=node_bytes_per_s,
+        rings_per_node=entry.tp,
+        all_reduce=not fsdp,
+        host_bytes_per_s=host_bytes_per_s,
     )
 
 
@@ -429,8 +453,9 @@ def train_time_s(
     hosts: int | None = None,
 ) -> float:
     """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut (`train_compute_s`),
-    plus a DP gradient reduction (`grad_sync_s` at the layout `trainer_layout` decides) and the optimizer's
-    bookkeeping per optimizer step.
+    plus a DP gradient reduction (`grad_sync_s` at the layout `trainer_layout` decides; within a host at the site's
+    link, `host_link_bytes_per_s`: a CPU site's ranks over gloo, priced as NVLink's until 2026-12-07) and the
+    optimizer's bookkeeping per optimizer step.
 
     The bubble is the schedule the megatron backend runs (rlctl.trainers.megatron.pipeline): GPipe within
     each cut, whose rows on a data-parallel rank go through the pp stages in m = `pipeline_chunks` chunks,
@@ -453,7 +478,14 @@ def train_time_s(
     if dp > 1:
         layout = trainer_layout(w, entry, dp=dp, hbm_bytes=site.hbm_bytes)
         across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
-        sync = grad_sync_s(entry, dp, w, layout=layout, node_bytes_per_s=node_bytes_per_s if across else None)
+        sync = grad_sync_s(
+            entry,
+            dp,
+            w,
+            layout=layout,
+            node_bytes_per_s=node_bytes_per_s if across else None,
+            host_bytes_per_s=host_link_bytes_per_s(site.gpu),
+        )
     return train_compute_s(entry, dp, w) + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
 

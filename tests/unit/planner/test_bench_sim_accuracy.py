@@ -193,7 +193,8 @@ def test_replay_prices_a_step_as_the_planner_prices_its_split(tmp_path):
     rule = shard_rule(job, job.model.arch)
     # a replica that fits one GPU only sharded (80 GB of 80), so the planner decides the plan's FSDP2, held once a step
     entry = TrainingEntry(tp=1, pp=1, gpu_s_per_token=5e-5, fixed_bytes_per_gpu=0.0, sharded_bytes_per_gpu=80e9)
-    site = SiteProfile(gpu="H100", gpus_per_node=8, hbm_bytes=80e9, cost_per_gpu_hour=1.0, training=[entry])
+    # this machine's site (a CPU host: its ranks reduce over gloo, `costs.host_link_bytes_per_s`)
+    site = SiteProfile(gpu="CPU", gpus_per_node=8, hbm_bytes=80e9, cost_per_gpu_hour=1.0, training=[entry])
     for w in works:
         rows = tuple(w.sample_tokens.tolist())
         tw = TrainWorkload(

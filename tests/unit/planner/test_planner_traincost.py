@@ -17,6 +17,7 @@ from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import (
+    CPU_HOST_BYTES_PER_S,
     INTRA_NODE_BYTES_PER_S,
     TRAIN_MEM_FRACTION,
     TRAIN_STEP_OVERHEAD_S,
@@ -206,6 +207,31 @@ def test_a_ring_is_as_slow_as_its_slowest_hop() -> None:
     assert t[(2, 50e9)] - t[(1, 50e9)] == pytest.approx(2 * 7 / 8 * 2 * P7 * (1 / 25e9 - 1 / 300e9))
     assert t[(2, 400e9)] - t[(1, 50e9)] == pytest.approx(2 * 7 / 8 * 2 * P7 * (1 / 200e9 - 1 / 300e9))
     assert t[(2, 800e9)] == pytest.approx(t[(1, 50e9)])  # 400 GB/s a ring: NVLink's hops are the slower
+
+
+def test_a_cpu_sites_ranks_reduce_over_gloo_not_nvlink() -> None:
+    """A CPU site's trainer ranks are processes of one host reducing over gloo through TCP loopback (0.7–1.0 GB/s
+    measured on the bench machine), not GPUs on NVLink: at dp 2 the demo model's 1.4 MB of fp32 gradients take 1.7 ms
+    a step, priced 4.6 µs (NVLink's 300 GB/s) until 2026-12-07. Across hosts the slower of loopback and the network."""
+    grads = 4 * BUILTIN_MODELS["tiny-demo"].params
+    site = analytical_profile(BUILTIN_MODELS["tiny-demo"], {"c": (CATALOG["CPU"], 4, 0.05)}).sites["c"]
+    e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
+    w = TrainWorkload(2_600, 64, 32, grads, shards_state=False)  # a replica a rank: all-reduced once a step
+    gpu_site = site.model_copy(update={"gpu": "H100"})
+    t = {
+        (s.gpu, dp, hosts, bw): train_time_s(e, dp, w, site=s, node_bytes_per_s=bw, hosts=hosts)
+        for s in (site, gpu_site)
+        for dp, hosts, bw in ((1, 1, 1.25e9), (2, 1, 1.25e9), (2, 2, 1.25e9), (2, 2, 0.4e9))
+    }
+    assert CPU_HOST_BYTES_PER_S < 1e9  # at 2 ranks a hop carries every byte once each way: 2 (n − 1)/n = 1
+    assert t[("CPU", 2, 1, 1.25e9)] - t[("H100", 2, 1, 1.25e9)] == pytest.approx(
+        grads / CPU_HOST_BYTES_PER_S - grads / INTRA_NODE_BYTES_PER_S
+    )
+    assert t[("CPU", 2, 2, 1.25e9)] == pytest.approx(t[("CPU", 2, 1, 1.25e9)])  # loopback the slower hop
+    assert t[("CPU", 2, 2, 0.4e9)] - t[("CPU", 2, 1, 1.25e9)] == pytest.approx(
+        grads / 0.4e9 - grads / CPU_HOST_BYTES_PER_S
+    )
+    assert t[("CPU", 1, 1, 1.25e9)] == t[("H100", 1, 1, 1.25e9)]  # one rank reduces nothing
 
 
 def test_data_parallel_ranks_beyond_a_cuts_rows_shorten_nothing() -> None:
