@@ -2,6 +2,7 @@
 
     python -m bench <name> [--json] [--quick]     # one; --json prints exactly one JSON object on stdout
     python -m bench sim-accuracy --modes async --units 2,3   # a subset of its cases (default: all)
+    python -m bench sim-accuracy --dp 2                      # … those whose trainer runs at dp 2
     python -m bench all [--quick]                 # every benchmark, human summaries
 
 Each benchmark module exposes `run(*, quick: bool) -> dict` (the JSON object, including the
@@ -50,16 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     ap.add_argument("--modes", help="sim-accuracy: only these pipeline modes, e.g. async or sync,stream")
     ap.add_argument("--units", help="sim-accuracy: only cases with these rollout units, e.g. 2,3")
+    ap.add_argument("--dp", help="sim-accuracy: only cases whose trainer has these data-parallel ranks, e.g. 2")
     args = ap.parse_args(argv)
     names = list(BENCHES) if args.name == "all" else [args.name]
     filters: dict[str, Any] = {}  # the subset options, for the one benchmark that has them
-    if args.modes or args.units:
+    if args.modes or args.units or args.dp:
         if names != ["sim-accuracy"]:
-            ap.error("--modes and --units select sim-accuracy's cases; run `python -m bench sim-accuracy`")
+            ap.error("--modes, --units and --dp select sim-accuracy's cases; run `python -m bench sim-accuracy`")
         if args.modes:
             filters["modes"] = _choices(ap, "--modes", args.modes.split(","), MODES)
         if args.units:
             filters["units"] = [int(u) for u in _choices(ap, "--units", args.units.split(","), ("1", "2", "3"))]
+        if args.dp:
+            filters["dps"] = [int(d) for d in _choices(ap, "--dp", args.dp.split(","), ("1", "2"))]
     results = {}
     for name in names:
         t0 = time.monotonic()

@@ -5,6 +5,7 @@
     each job: measured profile (the probe of `rlctl profile --source measured`, median of 5), then
     `rlctl launch JOB.yaml -o json` ─▶ ledger + metrics ─▶ simulator (with that profile) ─▶ predicted s/iter
       demo job (tiny-demo, digits) × {sync, stream, async} × {1, 2, 3} rollout units   (--quick: 1 unit)
+      demo job × modes × 1 unit with the trainer at dp 2 (two torch ranks over gloo)   (full run only)
       HF job (jobs/hf-demo: Qwen2-layout checkpoint, dataset, reward workers) × modes × {1, 3} units
                                                                                      ▼
     mape[mode] = mean over that mode's jobs of |predicted − measured| / measured
@@ -36,10 +37,15 @@ as a user runs `rlctl profile` and then `rlctl launch`. `machine_drift` is
 how much slower each run's profile measured than the job kind's first one (median decode step, training
 per token); `mape_one_profile` prices every run with that first profile instead.
 
+Per phase: `error_generation` (below) and `error_training`, each step as priced (`bench.jobsim.train_step_s`
+at the run's dp, with the calibrated trainer overhead) against the busiest trainer rank's main-thread CPU
+(`trainer_cpu_s`); `mape_by_dp` puts the dp-2 cases beside the dp-1 ones. The dp-2 cases are not in --quick: one
+adds a probe and a launch of two trainer ranks, about 20 s on this machine. The calibration runs stay at dp 1.
+
 The HF job runs when jobs/hf-demo is built (`python jobs/hf-demo/build.py`, as `make demo` does).
 `engine_batches` (full run only) is the earlier check of one generation stage (bench/sim_batches.py).
 Set RLCTL_BENCH_KEEP=1 to keep the jobs' directories (their path is in `workdir`). `--modes async
---units 2,3` runs only those cases (after the same profile and calibration runs), to iterate on one.
+--units 2,3` (`--dp 2`) runs only those cases (after the same profile and calibration runs), to iterate on one.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,11 +80,18 @@ SFT_STEPS = 200  # enough for the format (long-tailed answers); jobs/demo.yaml's
 PROMPTS, GROUP = 8, 8  # 64 samples per iteration: one unit admits them all (max_batch_size 64)
 
 
+class Case(NamedTuple):
+    job: str  # the job kind: demo or hf
+    mode: Mode
+    units: int  # rollout units
+    dp: int = 1  # the torch trainer's data-parallel ranks (gloo on this CPU: a core-slot each)
+
+
 @dataclass(frozen=True)
 class Plan:
     iterations: int
     warmup: int  # iterations left out of the mean (start-up, the pipeline filling)
-    cases: list[tuple[str, Mode, int]]  # (job kind, mode, rollout units)
+    cases: list[Case]
     kinds: list[str]
     sft_steps: int  # the demo job's SFT warm-up (cached on disk; 0: start from the random model)
     probes: int  # probes of the job kind's first profile, median taken
@@ -87,14 +100,22 @@ class Plan:
     calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async (the trainer's CPU)
 
 
-def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, units: list[int] | None = None) -> Plan:
-    """The runs; `modes` / `units` keep only those evaluated cases (and the jobs they need profiled)."""
+def plan_for(
+    *,
+    quick: bool,
+    hf_built: bool,
+    modes: list[Mode] | None = None,
+    units: list[int] | None = None,
+    dps: list[int] | None = None,
+) -> Plan:
+    """The runs; `modes` / `units` / `dps` (the trainer's data-parallel ranks) keep only those evaluated cases (and
+    the jobs they need profiled)."""
     kinds = ["demo"] + (["hf"] if hf_built and not quick else [])
     if quick:
         plan = Plan(
             4,
             1,
-            [("demo", m, 1) for m in MODES],
+            [Case("demo", m, 1) for m in MODES],
             kinds,
             sft_steps=0,
             probes=1,
@@ -103,9 +124,10 @@ def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, un
             calibration=[("sync", 2)],
         )
     else:
-        cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
+        cases = [Case("demo", m, u) for m in MODES for u in (1, 2, 3)]
+        cases += [Case("demo", m, 1, dp=2) for m in MODES]  # the trainer at dp 2: its cuts' shares, the reduction
         if hf_built:
-            cases += [("hf", m, u) for m in MODES for u in (1, 3)]
+            cases += [Case("hf", m, u) for m in MODES for u in (1, 3)]
         plan = Plan(
             40,
             2,
@@ -117,17 +139,31 @@ def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, un
             bracket=True,
             calibration=[("sync", 2), ("async", 1)],
         )
-    chosen = [c for c in plan.cases if c[1] in (modes or MODES) and (units is None or c[2] in units)]
+    chosen = [
+        c
+        for c in plan.cases
+        if c.mode in (modes or MODES) and (units is None or c.units in units) and (dps is None or c.dp in dps)
+    ]
     if not chosen:
-        have = ", ".join(f"{m} × {u}" for _, m, u in plan.cases)
-        raise ValueError(f"no case with modes {modes} and units {units}; this run has {have} (mode × units)")
-    return replace(plan, cases=chosen, kinds=[k for k in kinds if any(c[0] == k for c in chosen)])
+        have = ", ".join(f"{c.mode} × {c.units} × dp {c.dp}" for c in plan.cases)
+        raise ValueError(
+            f"no case with modes {modes}, units {units} and dp {dps}; this run has {have} (mode × units × trainer dp)"
+        )
+    return replace(plan, cases=chosen, kinds=[k for k in kinds if any(c.job == k for c in chosen)])
 
 
 def job_dict(
-    kind: str, *, mode: Mode, units: int, iterations: int, sft_steps: int = 0, calibration: bool = False
+    kind: str,
+    *,
+    mode: Mode,
+    units: int,
+    iterations: int,
+    sft_steps: int = 0,
+    calibration: bool = False,
+    dp: int = 1,
 ) -> dict[str, Any]:
-    """The demo or HF job at bench size; `calibration` draws other prompts (a separate workload)."""
+    """The demo or HF job at bench size, its trainer on `dp` slots (the torch trainer: data parallel, one
+    replica a rank); `calibration` draws other prompts (a separate workload)."""
     common: dict[str, Any] = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",
@@ -136,7 +172,7 @@ def job_dict(
         "iterations": iterations,
         "batch": {"prompts_per_iteration": PROMPTS, "samples_per_prompt": GROUP, "train_micro_batch_tokens": 1024},
         "pipeline": {"mode": mode},
-        "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": units}]},
+        "placement": {"trainer": {"site": "local", "gpus": dp}, "rollout": [{"site": "local", "gpus": units}]},
         "rollout": {"engine": "embedded", "max_batch_size": 64, "dispatch": "skew_aware"},
         "checkpoint": {"every_iterations": 0},
     }
@@ -224,6 +260,7 @@ def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile
     # each iteration's slowest unit share as simulated (from its release, in the unit's engine) and as run
     gen_pred = [max(u.values(), default=0.0) for u in tl.unit_gen_s]
     gen_meas = run.generation_s()
+    train_pred, train_meas = [w.train_s for w in works], trainer_cpu_s(run)
     return {
         "predicted_s": round(predicted, 4),
         "measured_s": round(measured, 4),
@@ -238,6 +275,7 @@ def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile
         # the generation model alone: each iteration's slowest unit share, predicted (priced by the profile,
         # with the calibrated per-unit overhead) against the ledger's dispatch → last finish
         "error_generation": round(float(np.mean(gen_pred[warmup:]) / np.mean(gen_meas[warmup:]) - 1), 4),
+        "error_training": round(float(np.mean(train_pred[warmup + 1 :]) / np.mean(train_meas[warmup:]) - 1), 4),
         "micro_batch_samples": [w.micro_batch_samples for w in works],
         "periods_s": {
             "predicted": [round(x, 3) for x in periods],
@@ -249,7 +287,8 @@ def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile
             "measured_wall": [round(x, 3) for x in run.generation_s(dedicated=False)],
         },
         "t_train_s": {
-            "predicted": [round(w.train_s, 3) for w in works],
+            "predicted": [round(x, 3) for x in train_pred],
+            "measured_cpu": [round(x, 3) for x in train_meas],  # from iteration 1 (interval 0)
             "measured_wall": [r["t_train_s"] for r in run.rows],
         },
         "agent_cpu_s": {a: [round(x, 3) for x in v] for a, v in run.agent_cpu_s.items()},
@@ -260,6 +299,15 @@ def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile
         ],
         "profile": _profile_json(p.prof),
     }
+
+
+def trainer_cpu_s(run: JobRun) -> list[float]:
+    """The training phase as run: per CPU interval (interval k ends with iteration k + 1's training), the busiest
+    trainer rank's main-thread CPU (the loop that trains; at dp > 1 each rank trains its share of every cut, and
+    gloo reduces the gradients in threads of its own). `_predict` sets each step's price (at the run's dp, with the
+    calibrated trainer overhead) against it."""
+    ranks = [v for a, v in run.agent_main_cpu_s.items() if a.startswith("trainer-")]
+    return [max(x) for x in zip(*ranks, strict=True)]
 
 
 def _profile_json(prof: MeasuredProfile) -> dict[str, Any]:
@@ -315,10 +363,12 @@ def _calibrate(
     )
 
 
-def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None = None) -> dict[str, Any]:
-    """`modes` / `units`: only those evaluated cases (the profile and calibration runs are always made)."""
+def run(
+    *, quick: bool, modes: list[Mode] | None = None, units: list[int] | None = None, dps: list[int] | None = None
+) -> dict[str, Any]:
+    """`modes` / `units` / `dps`: only those evaluated cases (the profile and calibration runs are always made)."""
     hf_built = (HF_DIR / "model" / "config.json").exists() and (HF_DIR / "data.jsonl").exists()
-    plan = plan_for(quick=quick, hf_built=hf_built, modes=modes, units=units)
+    plan = plan_for(quick=quick, hf_built=hf_built, modes=modes, units=units, dps=dps)
     workdir = Path(tempfile.mkdtemp(prefix="rlctl-sim-accuracy-"))
     first: dict[str, MeasuredProfile] = {}
     calibration: dict[str, Calibration] = {}
@@ -328,14 +378,16 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
         first[kind] = profile_of(probes)
         calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir, first_probes=probes)
     cases = []
-    for kind, mode, n in plan.cases:
-        spec = job_dict(kind, mode=mode, units=n, iterations=plan.iterations, sft_steps=plan.sft_steps)
-        p = _launch(spec, workdir=workdir, name=f"{kind}-{mode}-{n}", plan=plan)
+    for kind, mode, n, dp in plan.cases:
+        spec = job_dict(kind, mode=mode, units=n, iterations=plan.iterations, sft_steps=plan.sft_steps, dp=dp)
+        name = f"{kind}-{mode}-{n}" + (f"-dp{dp}" if dp > 1 else "")
+        p = _launch(spec, workdir=workdir, name=name, plan=plan)
         cases.append(
             {
                 "job": kind,
                 "mode": mode,
                 "units": n,
+                "dp": dp,
                 **_predict(p, calibration[kind], warmup=plan.warmup, first=first[kind]),
             }
         )
@@ -346,6 +398,12 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
         "mape_one_profile": _mape(cases, "error_one_profile"),
         "mape_wall": _mape(cases, "error_wall"),
         "mape_generation": _mape(cases, "error_generation"),
+        "mape_training": _mape(cases, "error_training"),
+        # the cases of each trainer dp apart (every mode): the cost model's split of a step over the ranks
+        "mape_by_dp": {
+            str(dp): round(float(np.mean([abs(c["error"]) for c in cases if c["dp"] == dp])), 4)
+            for dp in sorted({c["dp"] for c in cases})
+        },
         "goal": 0.05,
         "iterations": plan.iterations,
         "warmup_iterations": plan.warmup,
@@ -373,14 +431,15 @@ def _mape(cases: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 def summary(r: dict[str, Any]) -> str:
     lines = [
-        f"{'job':<5} {'mode':<6} {'units':>5} {'predicted s':>11} {'measured s':>10} {'error':>7} "
-        f"{'gen':>7} {'uncal.':>7} {'1 prof.':>7} {'drift':>10} {'wall s':>7} {'cpu share':>9}"
+        f"{'job':<5} {'mode':<6} {'units':>5} {'dp':>2} {'predicted s':>11} {'measured s':>10} {'error':>7} "
+        f"{'gen':>7} {'train':>7} {'uncal.':>7} {'1 prof.':>7} {'drift':>10} {'wall s':>7} {'cpu share':>9}"
     ]
     for c in r["cases"]:
         drift = c["machine_drift"]
         lines.append(
-            f"{c['job']:<5} {c['mode']:<6} {c['units']:>5} {c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} "
-            f"{c['error']:>+7.1%} {c['error_generation']:>+7.1%} {c['error_uncalibrated']:>+7.1%} "
+            f"{c['job']:<5} {c['mode']:<6} {c['units']:>5} {c['dp']:>2} {c['predicted_s']:>11.3f} "
+            f"{c['measured_s']:>10.3f} {c['error']:>+7.1%} {c['error_generation']:>+7.1%} "
+            f"{c['error_training']:>+7.1%} {c['error_uncalibrated']:>+7.1%} "
             f"{c['error_one_profile']:>+7.1%} {drift['generation']:>5.2f}/{drift['training']:<4.2f} "
             f"{c['measured_wall_s']:>7.3f} {c['cpu_share']:>9.2f}"
         )
@@ -399,6 +458,10 @@ def summary(r: dict[str, Any]) -> str:
         f"  each run with the job's first profile (one profile, minutes earlier): {fmt(r['mape_one_profile'])}"
     )
     lines.append(f"  the generation model alone (gen: each iteration's slowest unit): {fmt(r['mape_generation'])}")
+    lines.append(
+        f"  the training model alone (train: each step, its busiest rank's main-thread CPU): {fmt(r['mape_training'])}"
+    )
+    lines.append(f"  per trainer dp (every mode): {', '.join(f'dp {d} {v:.1%}' for d, v in r['mape_by_dp'].items())}")
     lines.append(
         "measured = mean time between training ends after the first iterations, on the dedicated-core clock "
         "(time the job's threads waited for a core removed; cpu share = ran / runnable); drift = the run's profile / "

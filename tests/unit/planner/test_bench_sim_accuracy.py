@@ -14,7 +14,7 @@ import pytest
 from bench.cpuclock import DedicatedClock
 from bench.jobrun import JobRun
 from bench.jobsim import MeasuredProfile, Overheads, Replay, calibrate, predict_iteration_s, profile_of, replay
-from bench.sim_accuracy import job_dict, plan_for
+from bench.sim_accuracy import Case, job_dict, plan_for, trainer_cpu_s
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, decode_cost, train_time_s, trainer_layout
@@ -307,25 +307,50 @@ def test_a_runs_profile_is_the_median_of_every_probe_before_and_after_it():
     assert profile_of(before).train_s_per_token == pytest.approx(3e-4)  # before only: the slow minute's
 
 
-def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_and_the_hf_job():
+def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_the_trainer_at_dp_2_and_the_hf_job():
     quick = plan_for(quick=True, hf_built=True)
-    assert quick.cases == [("demo", m, 1) for m in MODES] and quick.kinds == ["demo"]
+    assert quick.cases == [Case("demo", m, 1) for m in MODES] and quick.kinds == ["demo"]
     assert quick.calibration == [("sync", 2)]
     assert plan_for(quick=False, hf_built=True).calibration == [("sync", 2), ("async", 1)]
     full = plan_for(quick=False, hf_built=True)
     assert not quick.bracket and full.bracket and full.run_probes == 5  # probes after each run too
-    assert {(k, m) for k, m, _ in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
-    assert {u for _, _, u in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
-    assert all(k == "demo" for k, _, _ in plan_for(quick=False, hf_built=False).cases)
+    assert {(c.job, c.mode) for c in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
+    assert {c.units for c in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
+    # the demo job's trainer at dp 2 (one unit), in every mode; the calibration runs stay at dp 1
+    assert [c for c in full.cases if c.dp > 1] == [Case("demo", m, 1, dp=2) for m in MODES]
+    assert all(c.job == "demo" for c in plan_for(quick=False, hf_built=False).cases)
 
 
-def test_modes_and_units_keep_only_those_cases_and_the_jobs_they_need():
+def test_modes_units_and_dp_keep_only_those_cases_and_the_jobs_they_need():
     some = plan_for(quick=False, hf_built=True, modes=["async"], units=[2, 3])
-    assert some.cases == [("demo", "async", 2), ("demo", "async", 3), ("hf", "async", 3)]
+    assert some.cases == [Case("demo", "async", 2), Case("demo", "async", 3), Case("hf", "async", 3)]
     assert some.kinds == ["demo", "hf"] and some.calibration == [("sync", 2), ("async", 1)]
     assert plan_for(quick=False, hf_built=True, units=[2]).kinds == ["demo"]  # the HF job runs 1 and 3 units
+    assert plan_for(quick=False, hf_built=True, modes=["sync"], dps=[2]).cases == [Case("demo", "sync", 1, dp=2)]
     with pytest.raises(ValueError, match="no case"):
         plan_for(quick=True, hf_built=False, units=[3])
+    with pytest.raises(ValueError, match=r"no case .* dp \[2\]"):
+        plan_for(quick=False, hf_built=False, units=[3], dps=[2])
+
+
+def test_a_dp_2_case_places_the_trainer_on_two_slots_the_planner_splits_as_dp_2():
+    """The job file's trainer placement is the data-parallel ranks the launch's plan gives it (torch: a replica
+    a rank), so the run replays at dp 2 (`bench.jobsim.replay` reads plan.json's trainer.parallel)."""
+    spec = JobFile.model_validate(job_dict("demo", mode="sync", units=1, iterations=4, dp=2))
+    assert spec.placement.trainer.gpus == 2 and spec.trainer.backend == "torch"
+
+
+def test_the_training_phase_as_run_is_its_busiest_ranks_main_thread(tmp_path):
+    """At dp 2 each rank trains its share of every cut and waits for the other in the reduction: the phase is the
+    busier rank's loop, interval by interval, not rank 0's alone (nor the ranks' sum); at dp 1 it is trainer-0's."""
+    prof = _profile()
+    split = {"tp": 1, "pp": 1, "dp": 2}
+    run = _fake_run(tmp_path, iterations=4, truth=Overheads(), prof=prof, parallel=split)
+    run.agent_main_cpu_s["trainer-0"] = [0.30, 0.10, 0.20]
+    run.agent_main_cpu_s["trainer-1"] = [0.25, 0.15, 0.20]
+    assert trainer_cpu_s(run) == [0.30, 0.15, 0.20]
+    del run.agent_main_cpu_s["trainer-1"]
+    assert trainer_cpu_s(run) == [0.30, 0.10, 0.20]
 
 
 def test_the_first_calibration_run_is_priced_by_the_first_profiles_probes_not_by_the_same_probes_again(monkeypatch):
