@@ -522,7 +522,8 @@ def load_trainer(
     `_load_resplit`), or its counters name another version than `version` (the N of the iter-N a resume loads); a
     shard read that is not what its rank wrote, `<checkpoint>: <shard>: <what>` (`rlctl.checkpoint.shardcheck`), its
     optimizers' entries, shapes and dtypes refused before any is loaded (their values after, hashed once as restored),
-    its modules before the policy is (another model's policy is refused first, by `_load_policy`, in its own words)."""
+    its modules before the policy is (another model's policy is refused first, by `_load_policy`, in its own words;
+    at another tp × pp, by `_check_policy`, before the old shards are read)."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
     shard_of = replicas[0]
@@ -607,14 +608,30 @@ def _load_policy(directory: Path, model: TinyGPT | TrainerBackend) -> None:
     ≈ 560 GB on every rank). ConfigError naming `directory`, nothing copied, where they do not fit the job's model
     (`rlctl.models.tensors.check_fit`: another model's checkpoint), versus a ValueError's traceback (or, sharded, a
     missing tensor alone refused; megatron, a KeyError's)."""
-    file, config = CheckpointTensors(directory), hf.read_config(directory)
-    only = hfnames.match_weights(file.shapes(), config, where=str(directory))
-    tensors = ModelTensors(file, config, only=only)  # (a Phi3 file's fused tensors under the model's names)
+    tensors = _policy_tensors(directory)
     try:
         if isinstance(model, TinyGPT):
             model.load_weights(tensors)  # (copy_into: a tied lm_head optional, as the model ties it)
         else:
             model.load_state_dict(tensors)
+    except DoesNotFit as e:
+        raise ConfigError(str(directory), None, str(e)) from e
+
+
+def _policy_tensors(directory: Path) -> ModelTensors:
+    """The checkpoint's policy tensors (`directory`: its HF model) under the model's names, each read as it is asked
+    for (a Phi3 file's fused tensors too); ConfigError naming `directory` where they are not its config.json's."""
+    file, config = CheckpointTensors(directory), hf.read_config(directory)
+    only = hfnames.match_weights(file.shapes(), config, where=str(directory))
+    return ModelTensors(file, config, only=only)
+
+
+def _check_policy(directory: Path, policy: Any) -> None:
+    """`_load_policy`'s refusal of another model's checkpoint (ConfigError naming `directory`), with nothing read but
+    the files' headers (and a tied lm_head): megatron's `policy` (`MegatronPolicy.check_hf`), before a resume at
+    another tp × pp reads the old shards, whose AdamW state another model's would misfit in a line naming a shard."""
+    try:
+        policy.check_hf(_policy_tensors(directory))
     except DoesNotFit as e:
         raise ConfigError(str(directory), None, str(e)) from e
 
@@ -634,7 +651,9 @@ def _load_resplit(
     first. Megatron's policy optimizer alone: CheckpointError for other modules' state (a PPO critic's) or another
     backend; a shard that does not hold its rank's part of the policy's state (a moment of another shape or dtype, a
     step count the other shards' parameters do not share) refused in one line naming its file and the parameter
-    (`shardcheck.damaged`) before the policy is loaded, versus a line naming no file after it."""
+    (`shardcheck.damaged`) before the policy is loaded, versus a line naming no file after it. Another model's
+    checkpoint is refused before any shard is read (`_check_policy`: ConfigError naming its model), versus a line
+    blaming a shard file for the other model's moments."""
     was = written_split(manifest)
     refused = f"{ckpt}: {written_at(manifest, split)}"
     policy: Any = getattr(model, "model", None)
@@ -645,6 +664,7 @@ def _load_resplit(
             f"{refused}: rebuilding {', '.join(sorted(set(modules) | set(optimizers) - {'policy'}))}'s state at "
             f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
         )
+    _check_policy(ckpt / MODEL, policy)  # another model's checkpoint: refused in its words, before any shard is read
     rank, _ = _rank_world()
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
     shards = {resplit.position(r, was): shardcheck.read_shard(ckpt, files[r], mmap=True) for r in reads}

@@ -292,11 +292,7 @@ class MegatronPolicy(StagedGPT):
         with nothing written, versus a KeyError (a missing tensor) or the copy's RuntimeError (another shape) with
         the parameters before it written, and an unexpected tensor ignored."""
         c, params = self.config, self._to_write()
-        shapes = expected_shapes(c)
-        tied = {"lm_head.weight": shapes["model.embed_tokens.weight"]} if c.tie_word_embeddings else {}
-        check_fit(shapes | tied, shapes_of(hf), optional=tied)
-        if tied:
-            check_tied(hf)
+        shapes = self.check_hf(hf)
         meta = {k: torch.empty(shape, device="meta") for k, shape in shapes.items()}
         table = names.to_megatron(meta, c, tp=self.tp, rank=rank, stage=self.stage)
         cut, own = {k: tuple(t.shape) for k, t in table.items()}, {k: tuple(p.shape) for k, p in params.items()}
@@ -306,6 +302,18 @@ class MegatronPolicy(StagedGPT):
             )
         for k, p in params.items():
             p.copy_(names.to_megatron(hf, c, tp=self.tp, rank=rank, stage=self.stage, only={k})[k])
+
+    def check_hf(self, hf: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+        """DoesNotFit unless full HF tensors `hf` are a checkpoint of this config (`check_fit`: every stage's HF
+        names and full shapes, from the files' headers; a tied lm_head, if there, must be the embedding:
+        `check_tied`), nothing written; what `load_hf` checks first, and a resume at another tp × pp before it
+        reads the old optimizer shards (`rlctl.checkpoint.trainer._load_resplit`). Returns the full shapes."""
+        shapes = expected_shapes(self.config)
+        tied = {"lm_head.weight": shapes["model.embed_tokens.weight"]} if self.config.tie_word_embeddings else {}
+        check_fit(shapes | tied, shapes_of(hf), optional=tied)
+        if tied:
+            check_tied(hf)
+        return shapes
 
     def export_hf(self) -> dict[str, torch.Tensor]:
         """This rank's HF-layout shard of its stage's tensors (the full checkpoint when tp = pp = 1), HF names,

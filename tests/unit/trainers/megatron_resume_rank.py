@@ -18,8 +18,9 @@ the weights after each step. SAMPLES.pt holds three iterations of samples.
                    position); iteration 3.
   PHASE "resplit": fresh ranks at another split than the run's restore JOB/iter-2 (their AdamW state rebuilt
                    from the old shards); iteration 3.
-  PHASE "resplit-refused": fresh ranks at another split try JOB/iter-2 (a shard damaged by the test; each error
-                   is kept) and keep the weights they then hold; no iteration.
+  PHASE "resplit-refused": fresh ranks at another split try JOB/iter-2 (a shard damaged by the test, or MODEL
+                   another model's; each error, a CheckpointError or ConfigError, is kept) and keep the weights
+                   they then hold; no iteration.
 
 OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it (each
 optimizer's: "policy", PPO's "critic"), "modules": the state of the learner's other modules after it (PPO's
@@ -58,6 +59,7 @@ def main(
     from rlctl.checkpoint.trainer import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
     from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
     from rlctl.config.pipeline import Batch
+    from rlctl.errors import ConfigError
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
@@ -101,7 +103,7 @@ def main(
             load_trainer(
                 ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
             )
-        except CheckpointError as e:
+        except (CheckpointError, ConfigError) as e:  # (ConfigError: another model's checkpoint)
             result["errors"].append(str(e))
         result["weights"] = {k: v.clone() for k, v in backend.weights().items()}
         torch.save(result, out)

@@ -145,3 +145,29 @@ def test_a_shard_not_holding_its_ranks_part_is_refused_at_another_split_naming_i
     assert all(torch.equal(refused["weights"][k], v) for k, v in start.items())  # the checkpoint's not loaded
     saved = TinyGPT.from_pretrained(ckpt / "model").state_dict()
     assert not all(torch.equal(saved[k], v) for k, v in start.items())  # (the premise: two steps moved them)
+
+
+@pytest.mark.timeout(400)
+def test_another_models_checkpoint_at_another_split_is_refused_naming_its_model_before_the_shards(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint written at tp 2 resumed at tp 1 by a job whose model is another one (its MLP twice as wide):
+    the ConfigError naming the checkpoint's model and that its weights do not fit, the rank's weights its own model's;
+    versus a line blaming ranks/rank-0.pt for an exp_avg of the other model's shape (the old shards read first)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    require_megatron()
+    model_and_samples(tmp_path)
+    run_phase(tmp_path, "run", backend="megatron", algorithm="grpo", tp=2, pp=1, dp=1)
+    ckpt = tmp_path / "job" / "iter-2"
+    config = AutoConfig.from_pretrained(tmp_path / "model")
+    config.intermediate_size *= 2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")  # the job's model: another one
+
+    (refused,) = run_phase(tmp_path, "resplit-refused", backend="megatron", algorithm="grpo", tp=1, pp=1, dp=1)
+    (error,) = refused["errors"]
+    assert error.startswith(f"{ckpt / 'model'}: weights do not fit this model: "), error
+    assert "of another shape" in error and "mlp" in error, error
+    start = TinyGPT.from_pretrained(tmp_path / "model").state_dict()
+    assert all(torch.equal(refused["weights"][k], v) for k, v in start.items())  # nothing of the checkpoint's loaded
