@@ -9,10 +9,12 @@ iterations since the last checkpoint, not the night:
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
+                     ├─ … or in one a trainer rank is priced on, which no longer fits (`judge_memory`) ─▶ that failure
                      ├─ another run's controller answers on the job's sites (`controller_elsewhere`) ─▶ that failure
                      ├─ what is left of the run cannot be stopped (a site that does not answer) ─▶ that failure
-                     └─ else: say the resume and what changed since the launch (`launch_changes`, as `launch
-                        --resume` does), `start(resume=True)` ─▶ wait …
+                     └─ else: say the resume, what changed since the launch (`launch_changes`) and a rank priced
+                        past its GPU (`judge_memory`: recorded for the run), as `launch --resume` does,
+                        `start(resume=True)` ─▶ wait …
 
 A run that ended at its site's time limit (a SLURM job's `--time`: the site's `scheduler.time_limit_min`; SLURM's
 TERM, then the controller's `failed: controller got SIGTERM` or a trainer lost) is a planned end, not a crash: it is
@@ -43,12 +45,13 @@ from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.launch.layout import plan_sites
 from rlctl.launch.recordfiles import open_record
 from rlctl.ops.detach import this_launcher
-from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits, take_edits
+from rlctl.ops.jobchanges import edited_fields, launch_changes, refuse_fixed_edits, take_edits
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobprep import StopCheck
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
 from rlctl.ops.refusals import controller_elsewhere
+from rlctl.ops.resumememory import judge_memory
 from rlctl.ops.run import JobRun
 from rlctl.ops.runstate import UNSTARTED, WARNING, resumes, stop_requested
 
@@ -88,9 +91,9 @@ class Runs:
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
-        # the warnings said as its first run started that hold for each run it starts (`launch --resume` of a job whose
-        # trainer rank this rlctl prices past its GPU: `rlctl.commands.launching.resume._judge_memory`), recorded as
-        # a `warning` event of each (`rlctl status` shows the latest run's: `runstate.run_warnings`)
+        # the warnings of the run it starts next, recorded as `warning` events of it (`rlctl status` shows the latest
+        # run's: `runstate.run_warnings`): the first's as `launch --resume` said them (`start`), an automatic resume's
+        # judged again before it (`_refusal`: a trainer rank this rlctl prices past its GPU, `judge_memory`)
         self.warnings: list[str] = []
 
     def _wrong_site_options(self) -> list[Problem]:
@@ -128,7 +131,7 @@ class Runs:
         self, *, resume: bool = False, checkpoint: int | None = None, warnings: list[str] | None = None
     ) -> JobRun:
         """Start a run (`resume`: from the job's latest complete checkpoint, or `checkpoint`, and say which);
-        `warnings`: lines said before it that hold for it and each automatic resume of it (`self.warnings`)."""
+        `warnings`: lines said before it, recorded for it (None: `self.warnings`, an automatic resume's)."""
         self._since = time.time() - 0.001  # events' times are rounded to the millisecond
         if warnings is not None:
             self.warnings = list(warnings)
@@ -262,8 +265,8 @@ class Runs:
                 f"job {name} {failure}; resuming it from checkpoint v{newest} "
                 f"(checkpoint.auto_resume: {self.left} more left)"
             )
-        for line in changes:  # as `launch --resume` says them: the edits the resumed run takes up, or does not
-            self.say(f"job {name}: {line}")
+        for line in changes + self.warnings:  # as `launch --resume` says them: the edits the resumed run takes up, or
+            self.say(f"job {name}: {line}")  # does not, and a rank this rlctl prices past its GPU
         self.jobdir.event("auto_resume", after=why, version=newest, left=self.left, time_limit=limit)
         self.start(resume=True)
         return True
@@ -277,6 +280,15 @@ class Runs:
         # end, said with an `auto_resume_refused` event and the failure the job's, not an error out of `wait`
         try:
             refuse_fixed_edits(self.jobdir, resumed=newest)
+        except UsageError as e:
+            return f"{e} ({e.hint})", str(e)
+        # as `launch --resume` judges it: a trainer rank at the run's split priced with the job as job.json has it
+        # now; edited in a field a rank's memory is priced on and no longer fitting, refused as `launch --resume`
+        # refuses it; else the warning it says, if any, this resume's (`self.warnings`). Versus the first run's
+        # warning replayed unjudged (a cut lowered since: a stale "need 188 GB") and an edit that no longer fits
+        # resumed with no word
+        try:
+            self.warnings = self._judged()
         except UsageError as e:
             return f"{e} ({e.hint})", str(e)
         # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
@@ -296,6 +308,20 @@ class Runs:
                 reason,
             )
         return None
+
+    def _judged(self) -> list[str]:
+        """The warning a resume of the job as job.json has it now says (`judge_memory`: a trainer rank at the plan's
+        split this rlctl prices past its GPU, job.json unedited there); UsageError where an edit no longer fits. None
+        for a job.json or sites.json that does not read (the run's start says it)."""
+        if not self.plan:
+            return []
+        try:
+            unfit = judge_memory(self.jobdir, self.plan, edited=edited_fields(self.jobdir))
+        except UsageError:
+            raise
+        except (OSError, RlctlError):
+            return []
+        return [unfit] if unfit is not None else []
 
     def _changes(self) -> list[str]:
         """What `launch --resume` says as it resumes the job (`launch_changes`): job.json edited since the

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.commands.launching.detached import run_detached
@@ -14,7 +13,6 @@ from rlctl.errors import RlctlError, UsageError
 from rlctl.render import OutputFormat, emit
 
 if TYPE_CHECKING:
-    from rlctl.config.job import JobFile
     from rlctl.launch.jobdir import JobDir
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.run import JobRun
@@ -55,6 +53,7 @@ def resume_job(
     from rlctl.ops.preflight import refuse
     from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
+    from rlctl.ops.resumememory import judge_memory
     from rlctl.ops.trainersplit import parse_split, predicted_iteration, predicted_said, said
 
     asked = parse_split(trainer_split) if trainer_split is not None else None  # a bad value: one line, first
@@ -132,7 +131,7 @@ def resume_job(
         resplit = _resplit(jd, plan, asked) if asked is not None else None
         unfit = None  # the plan's split, checked at the launch with the job as it was then: judged again here
         if resplit is None:
-            unfit = _judge_memory(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
+            unfit = judge_memory(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
     except RlctlError:
         lock.close()
         db.close()
@@ -212,64 +211,10 @@ def _resplit(jd: JobDir, plan: dict[str, Any], asked: dict[str, int]) -> dict[st
     by the job as launched (job.json), its sites (sites.json) and its model's architecture; None: the plan's split."""
     from rlctl.launch.backends import read_sites
     from rlctl.ops.jobchanges import launched_inventory
+    from rlctl.ops.resumememory import resumed_job
     from rlctl.ops.trainersplit import resplit_plan
 
-    job = _resumed_job(jd)
+    job = resumed_job(jd)
     arch = job.model.arch
     sites, inventory = read_sites(jd.path, required=True), launched_inventory(jd, plan)
     return resplit_plan(plan, asked, spec=job, sites=sites, arch=arch, inventory=inventory)
-
-
-# job.json's fields a trainer rank's memory is priced on (`trainer_memory_refusal`): the model's figures, its task's
-# rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's reference policy, critic and
-# mini-batches
-MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
-
-
-def _judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str | None:
-    """A trainer rank at the plan's split judged against its site's GPUs with the job as job.json has it now
-    (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split). Where job.json was edited since
-    the launch in a field a rank's memory is priced on (`MEMORY_FIELDS` among `edited`: a larger
-    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off) and a rank no
-    longer fits: UsageError, one line naming those fields alone. Unedited there, the job as launched, which ran at this
-    split, is not refused where this rlctl prices it otherwise than the one that launched it (Qwen3's q/k norms, a
-    tied head, activations: priced since); the warning line the resume says before its run starts is returned, with
-    the figures and what to change should a rank run out of memory; versus resumed with no word. None: it fits."""
-    from rlctl.launch.backends import read_sites
-    from rlctl.launch.layout import trainer_parallel
-    from rlctl.ops.preflight.memory import trainer_memory_refusal
-
-    name = str(plan["trainer"]["site"])
-    if (site := read_sites(jd.path, required=True).get(name)) is None:
-        return None  # refused as the run lays its agents out
-    job, split = _resumed_job(jd), trainer_parallel(plan)
-    if (why := trainer_memory_refusal(job, name, site, split, arch=job.model.arch)) is None:
-        return None
-    if edited := [field for field in edited if field in MEMORY_FIELDS]:
-        raise UsageError(
-            f"{jd.job_json} was edited since the launch ({', '.join(edited)}), and with the job as edited {why}",
-            hint="undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D",
-        )
-    return (
-        f"warning: as this rlctl prices the job, on site {name!r} {why}; resumed at the split it was launched at (not "
-        "refused: the rlctl that launched it may have priced it otherwise), a rank may run out of GPU memory: if one "
-        "does, lower "
-        f"batch.train_micro_batch_tokens in {jd.job_json}, or resume on more ranks (--trainer-split tp=T,pp=P,dp=D, "
-        "checked by --dry-run)"
-    )
-
-
-def _resumed_job(jd: JobDir) -> JobFile:
-    """The job a resume runs (job.json), an HF model's path the job dir's copy."""
-    from rlctl.config.model import HfModel
-
-    job = jd.read_job()
-    if isinstance(job.model, HfModel):
-        # the job dir's copy, the model the run trains, for the split's checks and the planner's figures alike,
-        # under the name the launch's plan gave it (the folder's, which a named profile is matched by); versus the
-        # planner reading the folder the job was launched from, gone since (its figures dropped) or holding another
-        # model (priced for that one)
-        name = job.model.name or Path(job.model.path).resolve().name
-        copy = job.model.model_copy(update={"path": str(jd.init_model), "name": name})
-        job = job.model_copy(update={"model": copy})
-    return job

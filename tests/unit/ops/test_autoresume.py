@@ -59,6 +59,9 @@ class ScriptedRun:
             raise outcome
         return {"state": outcome}
 
+    def attach(self) -> None:  # (a run started by a launcher that is gone)
+        self.run_id = "run-0"
+
     def stop(self) -> None:
         ScriptedRun.stopped += 1
 
@@ -95,15 +98,96 @@ def test_a_failed_run_past_a_new_checkpoint_is_resumed_from_it(runs):
     assert [(e["version"], e["left"], e["after"]) for e in auto] == [(20, 1, FAILED)]
 
 
-def test_a_warning_said_as_the_first_run_started_is_recorded_for_it_and_each_run_resumed_automatically(runs):
-    """`launch --resume`'s warning of a trainer rank this rlctl prices past its GPU holds for each run its launcher
-    starts at that split: a `warning` event naming each run's id (`rlctl status` shows the latest run's), versus the
-    resumed run's status without it (the first run's alone)."""
-    line = "warning: as this rlctl prices the job, on site 't' the trainer's 2 rank(s) …"
-    r, _ = runs([(FAILED, [10]), ("done", [])], auto_resume=1, warnings=[line])
+def priced_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list[tuple[Any, list[int]]], *, cut_tokens: int
+) -> tuple[autoresume.Runs, list[str], str | None]:
+    """The launcher's `Runs` (one automatic resume) of a megatron 7B job launched at tp 2 on H100s with a rank's cut
+    of `cut_tokens` (job.json unedited: its launch's), `script` its runs; what it says; and the warning `launch
+    --resume` says of it as it is (`judge_memory`: 32,768 tokens, 188 GB a rank; 512: None), its first run's."""
+    from rlctl.ops.resumememory import judge_memory
+    from tests.unit.ops.test_resume_edit_memory import launched_as_is
+    from tests.unit.ops.test_resume_point import split_job
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
+    ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits, ScriptedRun.script = [], 0, [], script
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100")
+    launched_as_is(jd, train_micro_batch_tokens=cut_tokens, train_micro_batch_samples=max(cut_tokens // 512, 1))
+    spec = jd.read_job()
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": 1})})
+    said: list[str] = []
+    r = autoresume.Runs(jd, spec, jd.read_plan(), db=None, say=said.append)
+    return r, said, judge_memory(jd, jd.read_plan(), edited=[])
+
+
+def warned(r: autoresume.Runs) -> list[tuple[str, str]]:
+    return [(e["run"], e["line"]) for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == WARNING]
+
+
+def test_a_warning_said_as_the_first_run_started_is_judged_again_and_recorded_for_each_run_resumed_automatically(
+    tmp_path, monkeypatch
+):
+    """`launch --resume`'s warning of a trainer rank this rlctl prices past its GPU, judged again before the
+    automatic resume with the job as it is then (unchanged: the same line), said and recorded for that run too: a
+    `warning` event naming each run's id (`rlctl status` shows the latest run's), versus the resumed run's status
+    without it (the first run's alone)."""
+    r, said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=32768)
+    assert line is not None and " need " in line
+    r.start(warnings=[line])
     assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
-    warned = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == WARNING]
-    assert [(e["run"], e["line"]) for e in warned] == [("run-1", line), ("run-2", line)]
+    assert warned(r) == [("run-1", line), ("run-2", line)]
+    assert f"job resume: {line}" in said
+
+
+def test_an_automatic_resume_after_the_cut_was_lowered_records_no_stale_warning(tmp_path, monkeypatch):
+    """batch.train_micro_batch_tokens lowered in job.json during a run resumed with the warning (not a field its
+    checkpoints depend on: the resumed run takes it up): the automatic resume judges the job as it is then, which
+    fits, and records and says no warning; versus the first resume's "need 188 GB" line replayed for it."""
+    from tests.unit.ops.test_resume_edit_memory import edit_batch
+
+    r, said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=32768)
+    assert line is not None
+    r.start(warnings=[line])
+    edit_batch(r.jobdir, train_micro_batch_tokens=1024, train_micro_batch_samples=2)
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
+    assert warned(r) == [("run-1", line)]
+    assert not [s for s in said if "warning" in s], said
+
+
+def test_an_automatic_resume_after_an_edit_that_no_longer_fits_is_refused_as_launch_resume_refuses_it(
+    tmp_path, monkeypatch
+):
+    """job.json's cut raised during the run past what a rank's GPU holds (32,768 tokens a rank of a 7B at tp 2:
+    188 GB): not resumed automatically, in one line naming job.json, the edited field and the figures (as `launch
+    --resume` refuses it, exit 2), with an `auto_resume_refused` event; the failure is the job's. Versus resumed on
+    the edit with no word (the first run's warnings, none, replayed)."""
+    from tests.unit.ops.test_resume_edit_memory import edit_batch
+
+    r, said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=512)
+    assert line is None
+    r.start()
+    edit_batch(r.jobdir, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    assert r.wait()["state"] == FAILED and ScriptedRun.started == [False] and r.resumes == 0
+    assert said[-1].startswith(
+        f"job resume {FAILED}; not resumed automatically: {r.jobdir.job_json} was edited since the launch (batch), "
+        "and with the job as edited the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need "
+    ), said[-1]
+    assert "\n" not in said[-1] and "--trainer-split" in said[-1]
+    refused = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume_refused"]
+    assert [e["after"] for e in refused] == [FAILED] and warned(r) == []
+
+
+def test_an_automatic_resume_of_an_attached_run_records_its_warning(tmp_path, monkeypatch):
+    """`rlctl attach` to a run started with the warning, then that run failing past a new checkpoint: the automatic
+    resume is judged as `launch --resume` judges it and its warning recorded for the new run, versus none (an
+    attach's launcher held no warnings: the first run's were its launcher's)."""
+    r, _said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=32768)
+    assert line is not None
+    r.jobdir.event("agent_started", agent="controller-0", site="c", backend="local", run="run-0")
+    r.jobdir.event(WARNING, run="run-0", line=line)  # the run attached to, warned of by its own launcher
+    r.attach()
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [True]
+    assert warned(r) == [("run-0", line), ("run-1", line)]
 
 
 def test_a_run_that_completed_no_newer_checkpoint_is_not_resumed_again(runs):
