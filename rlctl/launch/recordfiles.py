@@ -96,9 +96,14 @@ def open_record(path: Path) -> TextIO:
     try:
         return path.open(encoding="utf-8", errors="replace")
     except IsADirectoryError as e:
-        raise LaunchError(
-            f"{path}: a directory, where the job's record has a file", hint="move it aside, or put the file back"
-        ) from e
+        raise not_a_file(path) from e
+
+
+def not_a_file(path: Path) -> LaunchError:
+    """What a directory in the place of `path`, a file of the job's record, is said as (`open_record`)."""
+    return LaunchError(
+        f"{path}: a directory, where the job's record has a file", hint="move it aside, or put the file back"
+    )
 
 
 def record_text(path: Path) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.launch.record import summary_lock
+from rlctl.launch.recordfiles import not_a_file
 from rlctl.launch.summary import read_summary, replace_damaged, write_summary
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ def run_warnings(jobdir: JobDir) -> list[str]:
 
 def _names(path: Path, text: bytes) -> bool:
     """Whether the file `path` holds the bytes `text` (searched mapped, never read whole into memory); False where
-    there is no such file, or it is empty."""
+    there is no such file, or it is empty. A directory in its place is a LaunchError naming it, as `open_record`
+    says one (an IsADirectoryError's traceback from `rlctl status`, before); any other OSError passes."""
     try:
         with path.open("rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -87,6 +89,8 @@ def _names(path: Path, text: bytes) -> bool:
                 return m.find(text) != -1
     except FileNotFoundError:
         return False
+    except IsADirectoryError as e:
+        raise not_a_file(path) from e
 
 
 def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.autoresume import first_event_time
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.runstate import current_run, run_summary, stop_requested
+from rlctl.ops.runstate import current_run, run_summary, run_warnings, stop_requested
 from rlctl.report import build_report
 from tests.unit.job_rows import indexed_row
 from tests.unit.report.fake_jobdir import make_job_dir
@@ -69,16 +69,21 @@ def test_report_names_the_metrics_line_of_bytes_that_are_no_text(tmp_path: Path)
         build_report(d)
 
 
-@pytest.mark.parametrize("name", ["events.jsonl", "metrics.jsonl", "summary.json", "agents.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["events.jsonl", "events.jsonl:warnings", "metrics.jsonl", "summary.json", "agents.jsonl"]
+)
 def test_a_directory_in_a_record_files_place_is_named(tmp_path: Path, name: str) -> None:
+    """Each reader of a record file with a directory in its place: one LaunchError naming it (the warnings of the
+    latest run, which the live `rlctl status` reads: an IsADirectoryError's traceback, before)."""
     d = make_job_dir(tmp_path)
     jd = JobDir(d)
-    path = d / name
+    path = d / name.partition(":")[0]
     path.unlink(missing_ok=True)
     path.mkdir()
     said = f"{path}: a directory, where the job's record has a file"
     read = {
         "events.jsonl": jd.read_events,
+        "events.jsonl:warnings": lambda: run_warnings(jd),
         "metrics.jsonl": lambda: build_report(d),
         "summary.json": lambda: run_summary(jd, None),
         "agents.jsonl": lambda: recorded_agents(d),
