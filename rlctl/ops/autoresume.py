@@ -138,9 +138,14 @@ class Runs:
         run = self.run = JobRun(
             self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show, stop_since=self._stops_since()
         )
-        run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
-        for line in self.warnings:  # (its id given as it started: a run that never started has no status to show)
-            self.jobdir.event(WARNING, run=run.run_id, line=line)
+        try:
+            run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
+        finally:  # once it has an id, started or not: a start that failed after its controller started (a trainer
+            # that died starting) is the run `rlctl status` shows, with its warnings (a run whose controller never
+            # started is not the latest: its warnings are nobody's), versus none recorded for it
+            if run.run_id is not None:
+                for line in self.warnings:
+                    self.jobdir.event(WARNING, run=run.run_id, line=line)
         point = run.resumed
         self._from = point.version if point is not None else 0
         if point is not None and point.version == 0:  # started over: the job as job.json has it now is the launch its

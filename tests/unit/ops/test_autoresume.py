@@ -36,6 +36,7 @@ class ScriptedRun:
         self.address: str | None = "tcp://127.0.0.1:1"  # its controller's (none of them listens)
         self.resumed: ResumePoint | None = None
         self.limit: str | None = None
+        self.run_id: str | None = None
 
     def time_limit(self) -> str | None:
         return self.limit
@@ -188,6 +189,23 @@ def test_an_automatic_resume_of_an_attached_run_records_its_warning(tmp_path, mo
     r.attach()
     assert r.wait()["state"] == "done" and ScriptedRun.started == [True]
     assert warned(r) == [("run-0", line), ("run-1", line)]
+
+
+def test_a_start_that_fails_after_its_controller_started_records_its_warning(runs, tmp_path, monkeypatch):
+    """A run whose start fails once its id was given (its controller started, a trainer died starting: `rlctl
+    status` shows that run, failed) has its warning recorded all the same, versus none (written after a start that
+    returned)."""
+    line = "warning: as this rlctl prices the job, on site 't' the trainer's 2 rank(s) …"
+
+    def start(self: ScriptedRun, *, resume: bool = False, checkpoint: int | None = None) -> None:
+        self.run_id = "run-1"
+        raise LaunchError("trainer-0 exited as it started")
+
+    monkeypatch.setattr(ScriptedRun, "start", start)
+    with pytest.raises(LaunchError, match="exited as it started"):
+        runs([], auto_resume=0, warnings=[line])
+    jd = JobDir(tmp_path / "job")
+    assert [(e["run"], e["line"]) for e in jd.read_lines(jd.events) if e["event"] == WARNING] == [("run-1", line)]
 
 
 def test_a_run_that_completed_no_newer_checkpoint_is_not_resumed_again(runs):
