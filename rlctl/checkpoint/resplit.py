@@ -24,6 +24,7 @@ as `rlctl.rl.schedule.policy_optimizer` groups them, name the indices.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -133,7 +134,7 @@ def shard_moments(
     stepped ones, a count another shard's parameters do not share)."""
     out: dict[tuple[int, int], dict[str, dict[str, torch.Tensor]]] = {}
     steps: list[torch.Tensor] = []
-    first: tuple[float, str, tuple[int, int]] | None = None  # the first step count read: its parameter and shard
+    counts: dict[tuple[int, int], tuple[float, str]] = {}  # each shard's step count, by its first parameter's
     unstepped: list[tuple[str, tuple[int, int]]] = []
     for (t0, s0), sd in sorted(states.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         stage = Stage(s0, old.pp)
@@ -163,15 +164,22 @@ def shard_moments(
                     )
                 by_moment[m][name] = st[m]
             step = torch.as_tensor(st["step"])
-            if first is None:
-                first = (float(step), name, (t0, s0))
-            elif float(step) != first[0]:
-                raise ShardMisfit((t0, s0), _other_step(name, float(step), first, at=(t0, s0), old=old))
+            if (t0, s0) not in counts:
+                counts[(t0, s0)] = (float(step), name)
+            elif float(step) != (mine := counts[(t0, s0)])[0]:
+                raise ShardMisfit((t0, s0), _other_step(name, float(step), (*mine, (t0, s0)), at=(t0, s0), old=old))
             steps.append(step)
         out[(t0, s0)] = by_moment
-    if first is not None and unstepped:
+    # a shard whose count is not the others': the one apart from the count most shards share (a tie: the first
+    # read's), versus every shard read after the first measured by it (rank 0's the odd one: rank 1's file named)
+    most = Counter(count for count, _ in counts.values()).most_common(1)
+    if odd := [at for at, (count, _) in counts.items() if count != most[0][0]]:
+        base = next(at for at, (count, _) in counts.items() if count == most[0][0])
+        count, name = counts[odd[0]]
+        raise ShardMisfit(odd[0], _other_step(name, count, (*counts[base], base), at=odd[0], old=old))
+    if most and unstepped:
         name, at = unstepped[0]
-        raise ShardMisfit(at, f"{name} has no optimizer state, and the other parameters took {first[0]:g} steps")
+        raise ShardMisfit(at, f"{name} has no optimizer state, and the other parameters took {most[0][0]:g} steps")
     return out, steps[0] if steps else None
 
 
@@ -183,8 +191,9 @@ def _dtype(moment: Any) -> torch.dtype | str:
 def _other_step(
     name: str, step: float, first: tuple[float, str, tuple[int, int]], *, at: tuple[int, int], old: ParallelConfig
 ) -> str:
-    """What a shard's step count of `name` is said as beside the first one read (`first`: the count, its parameter
-    and the position of its shard): within one shard, by that parameter; else by the rank that wrote that shard."""
+    """What a shard's step count of `name` is said as beside another (`first`: the count, its parameter and the
+    position of its shard: its shard's first, or the count most shards share): within one shard, by that parameter;
+    else by the rank that wrote that shard."""
     count, other, where = first
     if where == at:
         return (

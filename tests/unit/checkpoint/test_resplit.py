@@ -200,6 +200,13 @@ DAMAGES = {
         r"^its parameters took 3 steps, rank 0's shard's 2 \(every parameter steps together\)$",
         (1, 1),
     ),
+    # the first shard read the odd one: it is named, beside a shard of the count the others share (versus every
+    # other shard measured by it: rank 1's, the second read, named)
+    "first-shard's-steps": (
+        lambda sd: _steps(sd, 3.0),
+        r"^its parameters took 3 steps, rank 1's shard's 2 \(every parameter steps together\)$",
+        (0, 0),
+    ),
     "a-parameter's-steps": (
         lambda sd: _steps(sd, 5.0, only=2),
         rf"^its optimizer state of \S+ took 5 steps, of {EMBEDDING} 2 \(every parameter steps together\)$",
