@@ -177,5 +177,5 @@ gpu-check:
 	  exit 2; fi; \
 	optional=$$(lacking $(GPU_PIECE_DEPS)); \
 	[ -z "$$optional" ] || echo "gpu-check: going on without $${optional% } (the pieces that need them fail)" >&2; \
-	RLCTL_GPU_CHECK_OUT=$(GPU_CHECK_OUT) RLCTL_GPU_CHECK_BUDGET_S=$(GPU_CHECK_BUDGET_S) \
+	RLCTL_GPU_CHECK_OUT=$(GPU_CHECK_OUT) RLCTL_GPU_CHECK_BUDGET_S=$(GPU_CHECK_BUDGET_S) PYTHONUNBUFFERED=1 \
 	  PYTHONPATH=$(abspath $(GPU_SITE)):$(CURDIR) $(GPU_PY) -m bench gpu-check --json  # exit 1: a check failed (`failed`)

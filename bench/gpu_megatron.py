@@ -75,7 +75,9 @@ def main(argv: list[str]) -> None:
             "nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
         )
         try:
-            print(json.dumps(compare(model_dir, device)))
+            # flushed: a pipe holds it in Python's buffer, and a teardown ended by a signal (NCCL's hang, run_capped's
+            # SIGTERM) would lose it unwritten
+            print(json.dumps(compare(model_dir, device)), flush=True)
         finally:
             dist.destroy_process_group()
 

@@ -4,7 +4,9 @@ and the others still run, the JSON so far is on disk after every piece, and a ti
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from bench.gpu_check import Pieces
-from bench.gpu_pieces import as_text, run_capped
+from bench.gpu_pieces import as_text, last_json, run_capped
 
 
 def test_a_failing_piece_is_recorded_and_the_rest_run(tmp_path: Path) -> None:
@@ -289,3 +291,25 @@ def test_the_check_runs_what_no_gpu_has_measured_first_within_its_budget(monkeyp
     timeouts = dict(calls)
     for name in ("_build", "_archs_vs_cpu", "_megatron", "_gpu_tests", "_launch"):
         assert timeouts[name] is not None and 0 < timeouts[name] <= 100, (name, timeouts[name])
+
+
+def test_a_megatron_result_survives_a_teardown_ended_by_sigterm(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """bench.gpu_megatron printed its result into a pipe without flushing, then hung in destroy_process_group:
+    run_capped's SIGTERM ended it with the line still in Python's buffer, and the result was lost (the machine's
+    shell sets no PYTHONUNBUFFERED). The hang is a SIGTERM the teardown sends itself here, as run_capped's would
+    land (no sleep to time)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the child inherits this environment
+    child = (
+        "import os, signal, sys\n"
+        "import bench.gpu_megatron as m\n"
+        "m.compare = lambda model_dir, device: {'min_update_cosine': 0.99, 'tensors': 36}\n"
+        "m.dist.init_process_group = lambda *a, **kw: None\n"
+        "def hang():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    signal.pause()\n"
+        "m.dist.destroy_process_group = hang\n"
+        "m.main(['model', 'cpu'])\n"
+    )
+    proc = run_capped([sys.executable, "-c", child], timeout_s=120, grace_s=1)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert last_json(proc.stdout) == {"min_update_cosine": 0.99, "tensors": 36}, proc.stdout

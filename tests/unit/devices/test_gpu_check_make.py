@@ -29,3 +29,22 @@ def test_gpu_check_stops_in_one_line_when_the_wheels_are_not_there(tmp_path: Pat
     assert f"lacks rlctl-absent-dist and {folder}/ " in line and "make gpu-wheels" in line, line
     assert ("is not here" if wheels == "absent" else "did not install them") in line, line
     assert not (tmp_path / "gpu-check.json").exists() and "pyyaml" not in line
+
+
+def test_gpu_check_runs_the_check_unbuffered(tmp_path: Path) -> None:
+    """The check's pieces print their results into pipes (bench.gpu_megatron's JSON, pytest's `-v` lines): without
+    PYTHONUNBUFFERED, which the GPU machine's shell does not set, what a piece ended by a signal at its deadline
+    printed could be lost in Python's buffer. GPU_PY here records the check's environment instead of running it."""
+    seen = tmp_path / "env"
+    py = tmp_path / "py"
+    check = '[ "$1 $2 $3" = "-m bench gpu-check" ]'
+    py.write_text(f'#!/bin/sh\n{check} && exec env > {seen}\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    argv = ["make", "-s", "--no-print-directory", "gpu-check", f"GPU_PY={py}", f"GPU_WHEELS={tmp_path / 'wheels'}"]
+    argv += [f"GPU_SITE={tmp_path / 'site'}", "GPU_DEPS=yaml:pyyaml", "GPU_PIECE_DEPS="]
+    argv += [f"GPU_CHECK_OUT={tmp_path / 'gpu-check.json'}"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (this machine's shell sets it)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert got.get("PYTHONUNBUFFERED") == "1" and got["RLCTL_GPU_CHECK_OUT"] == str(tmp_path / "gpu-check.json")
