@@ -166,7 +166,7 @@ gpu-wheels: $(STAMP)
 	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) megatron-core==0.16.1
 
 gpu-check:
-	@lacking() { for d in "$$@"; do PYTHONPATH=$(abspath $(GPU_SITE)) $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo -n "$${d##*:} "; done; }; \
+	@t0=$$(date +%s); lacking() { for d in "$$@"; do PYTHONPATH=$(abspath $(GPU_SITE)) $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo -n "$${d##*:} "; done; }; \
 	install() { echo "installing from $(GPU_WHEELS): $$*"; \
 	  $(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) "$$@"; }; \
 	missing=$$(lacking $(GPU_DEPS)); optional=$$(lacking $(GPU_PIECE_DEPS)); \
@@ -177,5 +177,5 @@ gpu-check:
 	  exit 2; fi; \
 	optional=$$(lacking $(GPU_PIECE_DEPS)); \
 	[ -z "$$optional" ] || echo "gpu-check: going on without $${optional% } (the pieces that need them fail)" >&2; \
-	RLCTL_GPU_CHECK_OUT=$(GPU_CHECK_OUT) RLCTL_GPU_CHECK_BUDGET_S=$(GPU_CHECK_BUDGET_S) PYTHONUNBUFFERED=1 \
-	  PYTHONPATH=$(abspath $(GPU_SITE)):$(CURDIR) $(GPU_PY) -m bench gpu-check --json  # exit 1: a check failed (`failed`)
+	RLCTL_GPU_CHECK_OUT=$(GPU_CHECK_OUT) RLCTL_GPU_CHECK_BUDGET_S=$(GPU_CHECK_BUDGET_S) RLCTL_GPU_CHECK_T0=$$t0 \
+	  PYTHONUNBUFFERED=1 PYTHONPATH=$(abspath $(GPU_SITE)):$(CURDIR) $(GPU_PY) -m bench gpu-check --json  # exit 1: a check failed (`failed`)

@@ -102,9 +102,8 @@ def run(*, quick: bool) -> dict[str, Any]:
         "shape": size["shape"],
     }
     only = {k for k in os.environ.get(ENV_ONLY, "").split(",") if k}
-    piece = Pieces(
-        out, path=os.environ.get(ENV_OUT), budget_s=float(os.environ.get(ENV_BUDGET, "0")) or None, only=only
-    )
+    budget_s = float(os.environ.get(ENV_BUDGET, "0")) or None
+    piece = Pieces(out, path=os.environ.get(ENV_OUT), budget_s=budget_s, only=only, spent_s=_spent_s())
     capped = piece.timeout_s  # a subprocess's own timeout, or what is left of the budget when that is less
     with tempfile.TemporaryDirectory(prefix="rlctl-gpu-check-") as tmp:
         root = Path(tmp)
@@ -172,6 +171,19 @@ ENV_OUT = "RLCTL_GPU_CHECK_OUT"  # a path: the JSON so far is written there afte
 ENV_BUDGET = "RLCTL_GPU_CHECK_BUDGET_S"  # seconds: pieces not started by then are skipped (unset: no limit)
 TEST_TIMEOUT_S = 150  # each test of `pytest tests/gpu` (the compiled step's and megatron's take the longest)
 ENV_ONLY = "RLCTL_GPU_CHECK_ONLY"  # comma-separated piece keys: only these run (and the checkpoint's build)
+ENV_T0 = "RLCTL_GPU_CHECK_T0"  # Unix seconds the budget counts from (`make gpu-check`'s start; unset: the pieces')
+
+
+def _spent_s() -> float:
+    """The seconds since `RLCTL_GPU_CHECK_T0`: the device command's installs and the check's imports, within its
+    limit as the pieces are."""
+    t0 = os.environ.get(ENV_T0)
+    if not t0:
+        return 0.0
+    try:
+        return max(0.0, time.time() - float(t0))
+    except ValueError:
+        raise ValueError(f"{ENV_T0}={t0!r}: not a Unix time in seconds (`date +%s`)") from None
 
 
 def summary(r: dict[str, Any]) -> str:

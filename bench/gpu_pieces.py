@@ -53,12 +53,14 @@ class Pieces:
         budget_s: float | None,
         only: set[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spent_s: float = 0.0,
     ) -> None:
+        """`spent_s`: seconds of the budget spent before (the device command's installs and the check's imports)."""
         self.out, self.path, self.budget_s = out, Path(path) if path else None, budget_s
         self.only = only or set()
         self.artifacts = self.path.parent if self.path else None
         self.clock = clock
-        self.t0 = clock()
+        self.t0 = clock() - spent_s
         if budget_s is not None:
             out["budget_s"] = budget_s
 
@@ -155,9 +157,19 @@ def run_capped(argv: list[str], *, timeout_s: float, grace_s: float = 20.0) -> s
     """`argv` from the repository, in a process group of its own. Past `timeout_s` the group gets SIGTERM (`rlctl
     launch` stops its job's agents on it), SIGKILL `grace_s` later, and `subprocess.TimeoutExpired` is raised with
     all it printed as text (`subprocess.run` kills the child alone, leaving what it started on the GPU, and hands
-    back bytes)."""
+    back bytes).
+
+    A group, not a session: the device tool ends what a command leaves running when it returns, but not processes
+    of a new session, which would keep the GPU into the next run. Its stdin is /dev/null: a group in the background
+    of a terminal that read it would be stopped (SIGTTIN) until its deadline."""
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        process_group=0,
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)

@@ -4,6 +4,7 @@ and the others still run, the JSON so far is on disk after every piece, and a ti
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -108,6 +109,25 @@ def test_a_subprocess_piece_gets_what_is_left_of_the_budget() -> None:
     clock.now += 100  # past the budget, in a piece that started inside it: its subprocess still gets a second
     assert piece.timeout_s(600) == 1.0
     assert Pieces({}, path=None, budget_s=None, clock=clock).timeout_s(600) == 600
+
+
+def test_the_budget_counts_from_the_commands_start(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The budget counted from the pieces' start, after the recipe's installs and the check's imports, all within the
+    device command's limit: `RLCTL_GPU_CHECK_T0` (the recipe's `date +%s`) is where it counts from now."""
+    import bench.gpu_check as gc
+
+    clock = Clock()
+    assert Pieces({}, path=None, budget_s=450.0, clock=clock, spent_s=440.0).timeout_s(600) == 10
+    monkeypatch.setenv(gc.ENV_BUDGET, "100")
+    monkeypatch.setenv(gc.ENV_T0, str(int(time.time()) - 101))
+    monkeypatch.delenv(gc.ENV_OUT, raising=False)
+    monkeypatch.delenv(gc.ENV_ONLY, raising=False)
+    monkeypatch.setattr(gc, "_build", lambda *a, **kw: pytest.fail("built past the budget"))
+    r = gc.run(quick=True)
+    assert r["skipped"] == ["build_s", "gpu_tests"] and "budget of 100 s" in r["skipped_why"]["build_s"]
+    monkeypatch.setenv(gc.ENV_T0, "soon")
+    with pytest.raises(ValueError, match=r"RLCTL_GPU_CHECK_T0='soon': .*Unix time"):
+        gc.run(quick=True)
 
 
 def test_the_json_names_the_piece_a_killed_run_was_in(tmp_path: Path) -> None:
@@ -313,3 +333,12 @@ def test_a_megatron_result_survives_a_teardown_ended_by_sigterm(monkeypatch) -> 
     proc = run_capped([sys.executable, "-c", child], timeout_s=120, grace_s=1)
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
     assert last_json(proc.stdout) == {"min_update_cosine": 0.99, "tensors": 36}, proc.stdout
+
+
+def test_a_capped_subprocess_stays_in_the_commands_session_in_a_group_of_its_own() -> None:
+    """run_capped started its command in a new session: the device tool ends what a command leaves running when it
+    returns, except processes of a new session, so a piece cut off by the command's limit kept the GPU into the
+    next run. Now a process group of its own (what run_capped ends at the deadline) in the check's session."""
+    child = "import os; print(os.getsid(0), os.getpgid(0), os.getpid())"
+    sid, pgid, pid = map(int, run_capped([sys.executable, "-c", child], timeout_s=60).stdout.split())
+    assert sid == os.getsid(0) and pgid == pid != os.getpgid(0)

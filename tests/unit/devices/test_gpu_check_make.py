@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,12 @@ def test_gpu_check_stops_in_one_line_when_the_wheels_are_not_there(tmp_path: Pat
     assert not (tmp_path / "gpu-check.json").exists() and "pyyaml" not in line
 
 
-def test_gpu_check_runs_the_check_unbuffered(tmp_path: Path) -> None:
+def test_gpu_check_runs_the_check_unbuffered_and_timed_from_its_start(tmp_path: Path) -> None:
     """The check's pieces print their results into pipes (bench.gpu_megatron's JSON, pytest's `-v` lines): without
     PYTHONUNBUFFERED, which the GPU machine's shell does not set, what a piece ended by a signal at its deadline
-    printed could be lost in Python's buffer. GPU_PY here records the check's environment instead of running it."""
+    printed could be lost in Python's buffer. Its budget counts from the recipe's start (RLCTL_GPU_CHECK_T0), its
+    installs within it. GPU_PY here records the check's environment instead of running it."""
+    started = time.time()
     seen = tmp_path / "env"
     py = tmp_path / "py"
     check = '[ "$1 $2 $3" = "-m bench gpu-check" ]'
@@ -48,3 +51,4 @@ def test_gpu_check_runs_the_check_unbuffered(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
     assert got.get("PYTHONUNBUFFERED") == "1" and got["RLCTL_GPU_CHECK_OUT"] == str(tmp_path / "gpu-check.json")
+    assert int(started) <= int(got["RLCTL_GPU_CHECK_T0"]) <= time.time()
