@@ -129,8 +129,12 @@ class Pieces:
         return None
 
     def _write(self) -> None:
+        """The JSON so far, whole or not at all: written beside `path`, then renamed over it (a kill during the write
+        leaves the last one); a value JSON cannot hold is written as its text rather than ending the check."""
         if self.path is not None:
-            self.path.write_text(json.dumps(self.out, indent=2) + "\n")
+            part = self.path.with_name(self.path.name + ".part")
+            part.write_text(json.dumps(self.out, indent=2, default=str) + "\n")
+            os.replace(part, self.path)
 
 
 def cuda_context_lost(exc: BaseException) -> bool:

@@ -36,6 +36,33 @@ def test_a_failing_piece_is_recorded_and_the_rest_run(tmp_path: Path) -> None:
     assert piece.artifacts == tmp_path
 
 
+def test_a_write_cut_off_halfway_leaves_the_last_json(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The JSON was rewritten in place (truncated, then written): a run killed during a write left an empty or cut
+    file, losing every piece measured. Now a file beside it replaces it once written."""
+    path = tmp_path / "gpu-check.json"
+    piece = Pieces({}, path=str(path), budget_s=None, clock=Clock())
+    piece("a", lambda: {"x": 1})
+
+    def cut(self: Path, text: str, *args: Any, **kw: Any) -> int:
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise KeyboardInterrupt  # the kill, halfway
+
+    monkeypatch.setattr(Path, "write_text", cut)
+    with pytest.raises(KeyboardInterrupt):
+        piece("b", lambda: {"y": 2})
+    assert json.loads(path.read_text()) == {"a": {"x": 1}, "piece_s": {"a": 0.0}}
+
+
+def test_a_value_json_cannot_hold_is_written_as_text(tmp_path: Path) -> None:
+    """A piece's value json.dumps cannot write (a dtype, a path) raised TypeError out of the write: the check ended
+    there, its later pieces not run."""
+    path = tmp_path / "gpu-check.json"
+    piece = Pieces({}, path=str(path), budget_s=None)
+    assert piece("a", lambda: {"dtype": torch.bfloat16, "at": tmp_path}) is not None
+    assert json.loads(path.read_text())["a"] == {"dtype": "torch.bfloat16", "at": str(tmp_path)}
+
+
 def test_pieces_past_the_budget_are_skipped() -> None:
     out: dict[str, object] = {}
     piece = Pieces(out, path=None, budget_s=-1.0)
