@@ -15,6 +15,7 @@ when that is less, so a long build, launch or test run ends inside the budget wi
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -35,6 +36,9 @@ STICKY_CUDA = re.compile(
     r"|misaligned address|launch timed out|CUBLAS_STATUS_EXECUTION_FAILED|uncorrectable ECC|hardware stack error",
     re.IGNORECASE,
 )
+
+# not sticky: the caching allocator frees the failed piece's blocks, and the next piece allocates again
+OUT_OF_MEMORY = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 
 
 class Pieces:
@@ -97,9 +101,9 @@ class Pieces:
             where = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
             line = f"{type(exc).__name__}: {exc}"[:600]
             self.out.setdefault("errors", {})[key] = {"error": line, "at": where}
-            if cuda and cuda_context_lost(exc):
-                self.out["cuda_poisoned"] = {"by": key, "error": line[:300]}
             traceback.print_exc()
+            if cuda and cuda_context_lost(exc):  # (after the print: it frees the traceback's frames)
+                self.out["cuda_poisoned"] = {"by": key, "error": line[:300]}
             self.out.pop("running")
             self.out.setdefault("piece_s", {})[key] = round(self.clock() - t, 1)
             self._write()
@@ -139,16 +143,22 @@ class Pieces:
 
 def cuda_context_lost(exc: BaseException) -> bool:
     """Whether `exc` left this process's CUDA context unusable (a device-side assert, an illegal memory access):
-    by its message, or, for another CUDA error on a CUDA machine, by a small operation that fails after it."""
+    by its message, or, for another CUDA error on a CUDA machine but running out of memory (which the next piece
+    recovers from), by a small operation that fails after it. Before that operation the failed piece's tensors,
+    locals of the traceback's frames, are freed and the allocator's cache emptied: it could fail for want of memory.
+    """
     text = str(exc)
     if STICKY_CUDA.search(text):
         return True
-    if "CUDA" not in text:
+    if "CUDA" not in text or OUT_OF_MEMORY.search(text):
         return False
     import torch
 
-    if not torch.cuda.is_available():
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or not torch.cuda.is_available():
         return False
+    traceback.clear_frames(exc.__traceback__)
+    gc.collect()
+    torch.cuda.empty_cache()
     try:
         torch.ones(1, device="cuda").add_(1).item()
         torch.cuda.synchronize()

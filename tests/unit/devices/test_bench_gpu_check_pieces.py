@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,67 @@ def test_other_errors_leave_the_cuda_pieces_running() -> None:
 
     assert piece("actmem", oom) is None and piece("train", lambda: 1.0 / 0) is None
     assert piece("delta", lambda: {"x": 1}) == {"x": 1} and "cuda_poisoned" not in out and "skipped" not in out
+
+
+class Held:
+    """A failed piece's tensor (a local of its frames, which the error's traceback holds)."""
+
+
+def fake_cuda(monkeypatch, events: list[str], held: list[Any]) -> None:  # type: ignore[no-untyped-def]
+    """A CUDA machine for cuda_context_lost's probe: the probe fails for want of memory while the failed piece's
+    tensor is alive, as an H100 full of that piece's activations would."""
+    ones = torch.ones
+
+    def probe(*args: Any, **kw: Any) -> torch.Tensor:
+        if any(ref() is not None for ref in held):
+            events.append("probe, the piece's tensors held")
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        events.append("probe")
+        return ones(1)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("synchronize"))
+    monkeypatch.setattr(torch, "ones", probe)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: out of memory"),
+    ],
+)
+def test_an_out_of_memory_error_is_not_a_lost_context(monkeypatch, error: Exception) -> None:  # type: ignore[no-untyped-def]
+    """An OOM frees with the failed piece: it was probed with a small allocation while the piece's tensors were
+    still held, which could run out of memory too and mark the run poisoned, skipping every later CUDA piece."""
+    events: list[str] = []
+    held: list[Any] = []
+    fake_cuda(monkeypatch, events, held)
+
+    def oom() -> None:
+        tensor = Held()
+        held.append(weakref.ref(tensor))
+        raise error
+
+    out: dict[str, Any] = {}
+    assert Pieces(out, path=None, budget_s=None)("actmem", oom) is None
+    assert "cuda_poisoned" not in out and events == []
+
+
+def test_another_cuda_error_is_probed_once_the_pieces_tensors_are_freed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    events: list[str] = []
+    held: list[Any] = []
+    fake_cuda(monkeypatch, events, held)
+
+    def fails() -> None:
+        tensor = Held()
+        held.append(weakref.ref(tensor))
+        raise RuntimeError("CUDA error: operation not supported on this device")
+
+    out: dict[str, Any] = {}
+    assert Pieces(out, path=None, budget_s=None)("engine_compiled", fails) is None
+    assert "cuda_poisoned" not in out and events == ["empty_cache", "probe", "synchronize"]
 
 
 def test_a_capped_subprocess_ends_with_its_group_and_keeps_what_it_printed() -> None:
