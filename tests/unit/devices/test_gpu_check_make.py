@@ -52,3 +52,13 @@ def test_gpu_check_runs_the_check_unbuffered_and_timed_from_its_start(tmp_path: 
     got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
     assert got.get("PYTHONUNBUFFERED") == "1" and got["RLCTL_GPU_CHECK_OUT"] == str(tmp_path / "gpu-check.json")
     assert int(started) <= int(got["RLCTL_GPU_CHECK_T0"]) <= time.time()
+
+
+def test_what_the_check_writes_beside_its_json_is_git_ignored() -> None:
+    """Without OUT `make gpu-check` writes into the repository's root: gpu-check.json was ignored, but not the
+    logs beside it (bench/gpu_check.py's launch-logs.txt and gpu-tests.txt) nor the JSON's part-written file."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = ["gpu-check.json", "gpu-check.json.part", "gpu-tests.txt", "launch-logs.txt"]
+    proc = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True, check=False)
+    assert proc.stdout.split() == names, proc.stdout + proc.stderr
