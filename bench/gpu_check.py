@@ -76,7 +76,7 @@ from bench.gpu_engine import (
     step_ops,
     sync,
 )
-from bench.gpu_pieces import Pieces, as_text, last_json, run_capped
+from bench.gpu_pieces import Pieces, last_json, ran, run_capped
 from rlctl.devices import compute_for, torch_build
 from rlctl.hardware import CATALOG
 from rlctl.models.hfdir import check_hf_dir
@@ -493,12 +493,7 @@ def _launch(
         "-o",
         "json",
     ]
-    rc: int | None
-    try:
-        proc = run_capped(argv, timeout_s=timeout_s)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
+    rc, stdout, stderr = ran(argv, timeout_s=timeout_s)
     logs = _logs(root / "run" / "logs")
     if artifacts is not None:
         (artifacts / "launch-logs.txt").write_text(logs)
@@ -539,12 +534,7 @@ def _gpu_tests(
     argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--tb=short", "-rfE", str(tests)]
     if importlib.util.find_spec("pytest_timeout") is not None:
         argv.insert(4, f"--timeout={TEST_TIMEOUT_S}")
-    rc: int | None
-    try:
-        proc = run_capped(argv, timeout_s=timeout_s)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
+    rc, stdout, stderr = ran(argv, timeout_s=timeout_s)
     if artifacts is not None:
         (artifacts / "gpu-tests.txt").write_text(stdout + stderr)
     lines = stdout.strip().splitlines()
@@ -572,12 +562,7 @@ def _megatron(model_dir: Path, device: str, *, timeout_s: float = 600) -> dict[s
     its own: it forms a torch.distributed group). A result it printed is kept when the process then failed or
     hung (at its teardown: NCCL's), with its `rc` (None: ended past `timeout_s`) and stderr's end."""
     argv = [sys.executable, "-m", "bench.gpu_megatron", str(model_dir), device]
-    rc: int | None
-    try:
-        proc = run_capped(argv, timeout_s=timeout_s)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = None, as_text(e.stdout), as_text(e.stderr)
+    rc, stdout, stderr = ran(argv, timeout_s=timeout_s)
     result = last_json(stdout)
     how = f"exited {rc}" if rc is not None else f"did not end within {timeout_s:g} s"
     if result is None:

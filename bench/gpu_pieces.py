@@ -193,6 +193,16 @@ def run_capped(argv: list[str], *, timeout_s: float, grace_s: float = 20.0) -> s
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def ran(argv: list[str], *, timeout_s: float) -> tuple[int | None, str, str]:
+    """`run_capped`'s (exit status, stdout, stderr), the status None where it was ended past `timeout_s` (what it
+    printed by then kept)."""
+    try:
+        proc = run_capped(argv, timeout_s=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        return None, as_text(e.stdout), as_text(e.stderr)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def _end(proc: subprocess.Popen[str], *, grace_s: float) -> tuple[str, str]:
     out: Any = ""
     err: Any = ""

@@ -19,6 +19,8 @@ import torch
 from bench.gpu_check import Pieces
 from bench.gpu_pieces import as_text, last_json, run_capped
 
+CAPPED = "bench.gpu_pieces.run_capped"  # what the pieces run their subprocesses with (`gpu_pieces.ran`)
+
 
 def test_a_failing_piece_is_recorded_and_the_rest_run(tmp_path: Path) -> None:
     out: dict[str, object] = {"device": "cpu"}
@@ -299,7 +301,7 @@ def test_gpu_tests_past_its_timeout_counts_the_tests_that_ended(tmp_path: Path, 
         calls.append((argv, timeout_s))
         raise subprocess.TimeoutExpired(argv, timeout_s, output=printed.encode(), stderr=b"")
 
-    monkeypatch.setattr(gc, "run_capped", capped)
+    monkeypatch.setattr(CAPPED, capped)
     r = gc._gpu_tests(tmp_path, timeout_s=42)
     assert (r["passed"], r["failed"], r["skipped"], r["error"], r["rc"]) == (2, 1, 0, 0, None)
     assert r["timed_out"] == "after 42 s, in tests/gpu/test_gpu_megatron.py::test_d"
@@ -313,7 +315,7 @@ def test_gpu_tests_that_ended_are_counted_from_pytest_summary(monkeypatch) -> No
     import bench.gpu_check as gc
 
     printed = "tests/gpu/a.py::t SKIPPED (no CUDA device) [100%]\n=== 1 passed, 9 skipped in 3.1s ===\n"
-    monkeypatch.setattr(gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, printed, ""))
+    monkeypatch.setattr(CAPPED, lambda argv, **kw: subprocess.CompletedProcess(argv, 0, printed, ""))
     r = gc._gpu_tests(None)
     assert (r["passed"], r["failed"], r["skipped"], r["rc"]) == (1, 0, 9, 0) and "timed_out" not in r
 
@@ -334,7 +336,7 @@ def test_a_megatron_result_printed_before_a_failing_teardown_is_kept(monkeypatch
             raise subprocess.TimeoutExpired(argv, timeout_s, output=stdout.encode(), stderr=b"NCCL watchdog")
         return subprocess.CompletedProcess(argv, -6, stdout, "terminate called ... Aborted")
 
-    monkeypatch.setattr(gc, "run_capped", capped)
+    monkeypatch.setattr(CAPPED, capped)
     r = gc._megatron(Path("model"), "cuda", timeout_s=30)
     assert r["min_update_cosine"] == 0.99 and r["tensors"] == 36
     if ended == "hung at teardown":
@@ -346,12 +348,10 @@ def test_a_megatron_result_printed_before_a_failing_teardown_is_kept(monkeypatch
 def test_a_megatron_run_with_no_result_is_an_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import bench.gpu_check as gc
 
-    monkeypatch.setattr(
-        gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "ImportError: megatron")
-    )
+    monkeypatch.setattr(CAPPED, lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "ImportError: megatron"))
     with pytest.raises(RuntimeError, match=r"bench\.gpu_megatron exited 1: ImportError: megatron"):
         gc._megatron(Path("model"), "cuda")
-    monkeypatch.setattr(gc, "run_capped", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, MEGATRON_JSON, ""))
+    monkeypatch.setattr(CAPPED, lambda argv, **kw: subprocess.CompletedProcess(argv, 0, MEGATRON_JSON, ""))
     assert "rc" not in gc._megatron(Path("model"), "cuda")
 
 
