@@ -345,7 +345,7 @@ def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_byte
 
 def step_cuts(w: TrainWorkload, *, dp: int = 1) -> tuple[int, int]:
     """An optimizer step's cuts (one forward and backward each) and the rows of its largest (over its `dp`
-    data-parallel ranks, each taking every dp-th row), as the learner cuts a step's rows at `dp`
+    data-parallel ranks, each taking a run of its length order), as the learner cuts a step's rows at `dp`
     (`rlctl.rl.cuts.cut_lengths`): in length order, each rank's share `micro_batch_samples` rows at most, a cut fewer
     when a mini-batch holds fewer, and with `micro_batch_tokens` no more padded tokens (its rows × its longest row)
     than it. The budget was not priced until 2026-12-07: 1,024 rows of about 3,000 tokens in cuts of 32 rows and
@@ -403,9 +403,10 @@ def train_compute_s(entry: TrainingEntry, dp: int, w: TrainWorkload) -> float:
     them: `train_time_s` without its reduction and optimizer steps (what `bench.jobsim` replays a run's step with).
 
     A cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
-    budget pads fewer long rows; each data-parallel rank takes every dp-th row of it (rlctl.rl.learner.backward_share),
-    the first ones the most, so ranks beyond its rows take none (FSDP2's run a row of weight 0) and shorten nothing: a
-    cut of r rows computes its tokens on min(dp, r) ranks (a step's last cut, or one of rows past the budget each)."""
+    budget pads fewer long rows; each data-parallel rank takes a run of its length order (rl.cuts.share_rows), a row
+    at least where the cut has as many as the ranks, so ranks beyond its rows take none (FSDP2's run a row of
+    weight 0) and shorten nothing: a cut of r rows computes its tokens on min(dp, r) ranks (a step's last cut, or one
+    of rows past the budget each)."""
     compute = 0.0
     for cut_rows, share in w.cuts_at(dp).sizes:
         chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)

@@ -73,7 +73,7 @@ width (16 entries at h 256; tiny-demo's 66 at h 96 is the policy's). Its weights
 second trained model's (`traincost.critic_params`, `analytical.training_entry`: the policy's trunk without its
 lm_head, which the critic does not hold, `rlctl.trainers.critic`), sharded by FSDP2 as the policy's where it shards.
 
-Per rank: a data-parallel rank trains every dp-th row of a cut (`rlctl.rl.learner.backward_share`), a share that
+Per rank: a data-parallel rank trains a run of a cut's length order (`rlctl.rl.cuts.share_rows`), a share that
 the micro-batch budgets bound at any dp (`rank_tokens`; until 2026-12-07 they bounded the whole cut, and a rank held
 ceil(rows / dp) of its rows). The megatron trainer is priced by the same per-token figures, not measured on
 it: tp divides the per-head and MLP terms (its column- and row-parallel layers; no sequence parallelism, so the

@@ -20,7 +20,8 @@ summed over the data-parallel group only, and the backend clips by the norm over
 then takes the same AdamW step from the same summed gradient, so the ranks at one (tp, pp) position hold the
 same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.checkpoint.trainer`).
 
-    rank 0 ─broadcast Chunk(samples)─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
+    rank 0 ─broadcast Chunk(samples)─▶ every rank: its share (a run of the cut's length order: rl.cuts.share_rows)
+                                       ─▶ forward/backward (tp collectives)
     rank 0 ─broadcast Step(tokens, normaliser)─▶ every rank: all-reduce over dp ─▶ ÷ normaliser ─▶ clip ─▶ AdamW
     rank 0 ─broadcast CheckpointDue(v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
                                           of checkpoint v, `rlctl.checkpoint.trainer`)
@@ -48,7 +49,7 @@ from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.pipeline import Batch
 from rlctl.devices import sync
 from rlctl.models.moeloss import balanced
-from rlctl.rl.cuts import trainable_cuts
+from rlctl.rl.cuts import share_slice, trainable_cuts
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import Counts, group_advantages, loss_normaliser, needs_max_output_tokens, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
@@ -221,7 +222,11 @@ class StreamingLearner:
         gradient sync off: the backward accumulates this rank's unsharded gradients, reduced by the step's last
         cut's."""
         t0 = time.monotonic()
-        mine, weight = chunk[self.dp.rank :: self.dp.size], 1.0
+        tokens = [row_tokens(s) for s, _ in chunk]
+        mine = chunk[
+            share_slice(tokens, self.micro, max_tokens=self.micro_tokens, ranks=self.dp.size, rank=self.dp.rank)
+        ]
+        weight = 1.0
         if not mine and self.dp.sharded and chunk:
             mine, weight = chunk[:1], 0.0
         if mine:

@@ -20,10 +20,10 @@ the torch backend shards the policy with FSDP2: there the critic, value head inc
 the same mesh (`TrainerBackend.shard_critic`), FSDP2 sums both models' gradients (once a step where the policy's are,
 `DataParallel.reduce_per_step`), and a rank without a row in a cut runs one of another rank's with weight 0 (its
 passes are collectives). Parallel as the streaming GRPO learner (`rlctl.rl.learner`): every rank gets the whole
-batch; the ranks of one tp × pp group share a data-parallel rank and compute the same share (each micro-batch's rows
-[dp_rank::dp_size]), GAE's inputs (reference log-probs, values) included; the shares' advantages are gathered over
-the data-parallel group before they are whitened, gradients are summed over it, and each model is clipped by the
-backend's norm over every shard.
+batch; the ranks of one tp × pp group share a data-parallel rank and compute the same share (a run of each
+micro-batch's length order, `rlctl.rl.cuts.share_rows`), GAE's inputs (reference log-probs, values) included; the
+shares' advantages are gathered over the data-parallel group before they are whitened, gradients are summed over
+it, and each model is clipped by the backend's norm over every shard.
 
     every rank: ref log-probs, values, GAE of its share ─▶ all-gather (dp) ─▶ whiten over the whole batch
                 ─▶ policy + critic forward/backward on its share ─▶ all-reduce grads (dp) ─▶ clip ─▶ AdamW × 2
@@ -42,6 +42,7 @@ from torch import nn
 from rlctl.config.algorithm import PpoAlgorithm
 from rlctl.devices import sync
 from rlctl.models.moeloss import balanced
+from rlctl.rl.cuts import share_slice
 from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import (
     Counts,
@@ -51,7 +52,15 @@ from rlctl.rl.grpo import (
     token_weights,
     weighted_means,
 )
-from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches, release_gathered
+from rlctl.rl.samples import (
+    Sample,
+    device_of,
+    fill_ref_logprobs,
+    make_batch,
+    micro_batches,
+    release_gathered,
+    row_tokens,
+)
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.critic import headless_copy
@@ -158,7 +167,9 @@ class PpoLearner:
         cuts = micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens, ranks=self.dp.size)
         out = []
         for idx in cuts:
-            if mine := idx[self.dp.rank :: self.dp.size]:
+            tokens = [row_tokens(samples[i]) for i in idx]
+            size, budget = self.micro_batch_samples, self.micro_batch_tokens
+            if mine := idx[share_slice(tokens, size, max_tokens=budget, ranks=self.dp.size, rank=self.dp.rank)]:
                 out.append((mine, 1.0))
             elif self.dp.sharded and idx:
                 out.append((idx[:1], 0.0))

@@ -195,9 +195,10 @@ def fill_ref_logprobs(ref_model: nn.Module | None, samples: list[Sample], *, tem
 def micro_batches(
     samples: list[Sample], size: int, *, max_tokens: int | None = None, ranks: int = 1
 ) -> list[list[int]]:
-    """Indices of `samples` in length order, cut into micro-batches over `ranks` data-parallel ranks (each takes
-    every `ranks`-th row) whose every share holds at most `size` rows and, with `max_tokens`, at most that many
-    padded tokens (its rows × its longest row; a longer sample alone): `rlctl.rl.cuts.cut_lengths`.
+    """Indices of `samples` in length order, cut into micro-batches over `ranks` data-parallel ranks (each takes a
+    contiguous run of the order, `rlctl.rl.cuts.share_rows`) whose every share holds at most `size` rows and, with
+    `max_tokens`, at most that many padded tokens (its rows × its longest row; a longer sample alone):
+    `rlctl.rl.cuts.cut_lengths`.
 
     Rows of similar length pad little, and a token budget keeps the long tail's rows from padding a
     whole micro-batch to its length: on one CPU thread a 1024-token budget trained a long-tailed batch

@@ -10,7 +10,7 @@ import torch
 import rlctl.rl.learner as learner_mod
 from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.cuts import cut_lengths, share_slice
 from rlctl.rl.ppo import PpoLearner
 from rlctl.rl.samples import Sample, TokenBatch, make_batch, row_tokens
 from rlctl.trainers.base import DataParallel
@@ -87,7 +87,11 @@ def test_a_ppo_ranks_cuts_are_its_shares_of_cuts_over_the_ranks() -> None:
         for r in range(2)
     ]
     cuts = cut_lengths(rows, ROWS, max_tokens=BUDGET, ranks=2)
-    assert mine == [[(c[r::2], 1.0) for c in cuts if c[r::2]] for r in range(2)]  # (whole replicas: no weight-0 rows)
+    shares = [
+        [c[share_slice([rows[i] for i in c], ROWS, max_tokens=BUDGET, ranks=2, rank=r)] for c in cuts] for r in (0, 1)
+    ]
+    assert mine == [[(s, 1.0) for s in rank if s] for rank in shares]  # (whole replicas: no weight-0 rows)
+    assert [i for c in zip(*shares, strict=True) for s in c for i in s] == [i for c in cuts for i in c]  # runs in order
     for share, _ in mine[0] + mine[1]:
         assert len(share) <= ROWS and (len(share) * max(rows[i] for i in share) <= BUDGET or len(share) == 1)
     assert len(mine[1]) >= len(cuts) - 1

@@ -166,11 +166,12 @@ def test_replay_cuts_as_the_plan_s_trainer_split_trains(tmp_path):
     run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof, mode="async", parallel=split)
     works = replay(run, prof).works
     assert {(w.dp, w.reduce_per_step) for w in works} == {(4, True)}
-    # an iteration's 64 rows of 5–70 tokens, in budgets of 32 rows and 1,024 padded tokens a rank: 2 cuts at dp 4
-    # (62 rows and 2), 4 at dp 1; the async learner then trains (and holds) other cuts, its training ends elsewhere
+    # an iteration's 64 rows of 5–70 tokens, in budgets of 32 rows and 1,024 padded tokens a rank: 1 cut at dp 4
+    # (4 shares, each a run of the length order), 4 at dp 1; the async learner then trains (and holds) other cuts, its
+    # training ends elsewhere
     rows = works[1].sample_tokens.tolist()
-    assert [len(cut_lengths(rows, 32, max_tokens=1024, ranks=r)) for r in (4, 1)] == [2, 4]
-    # at the same price a token (each work's train_s), dp 4's first cut (62 rows: 32 a rank's budget) fills later than
+    assert [len(cut_lengths(rows, 32, max_tokens=1024, ranks=r)) for r in (4, 1)] == [1, 4]
+    # at the same price a token (each work's train_s), dp 4's cut (64 rows: 4 shares to the budgets) fills later than
     # dp 1's first of 4, trained as they fill: every iteration's training ends later (0.182 s, versus 0.170 s the first)
     one = simulate_job([replace(x, dp=1, reduce_per_step=False) for x in works], mode="async", weight_sync_s=0.0)
     four = simulate_job(works, mode="async", weight_sync_s=0.0)

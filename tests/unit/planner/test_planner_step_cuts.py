@@ -31,14 +31,14 @@ def learner_cuts(rows: list[float], size: int, max_tokens: int | None, *, ranks:
 def test_a_steps_cuts_are_the_learners_of_its_rows() -> None:
     """64 rows of 200 to 6,086 tokens in cuts of 32 rows and 8,192 padded tokens: the learner cuts them 1 to 10
     rows a cut, 36 cuts (2 by rows alone); the planner counts the same, from the rows or, without them, from their mean
-    (3,000 tokens: 2 rows a cut, 32 cuts); at dp 4, each rank's share so: 10 cuts of 4 to 16 rows."""
+    (3,000 tokens: 2 rows a cut, 32 cuts); at dp 4, each rank's share so: 9 cuts of up to 22 rows."""
     rows = [200.0 + (i * 2909) % 6300 for i in range(64)]
     w = TrainWorkload(sum(rows), 64, 32, 4 * P7, micro_batch_tokens=8192, row_tokens=tuple(rows))
     assert step_cuts(w) == learner_cuts(rows, 32, 8192) == (36, 10)
     assert step_cuts(dataclasses.replace(w, micro_batch_tokens=None)) == learner_cuts(rows, 32, None) == (2, 32)
     mean = TrainWorkload(64 * 3000.0, 64, 32, 4 * P7, micro_batch_tokens=8192)
     assert step_cuts(mean) == learner_cuts([3000.0] * 64, 32, 8192) == (32, 2)
-    assert step_cuts(w, dp=4) == learner_cuts(rows, 32, 8192, ranks=4) == (10, 16)
+    assert step_cuts(w, dp=4) == learner_cuts(rows, 32, 8192, ranks=4) == (9, 22)
     assert step_cuts(mean, dp=4) == learner_cuts([3000.0] * 64, 32, 8192, ranks=4) == (8, 8)
     # the token shares of each cut size add up to the step's
     assert sum(share for _, share in w.cuts_at(1).sizes) == pytest.approx(1.0)
@@ -48,7 +48,7 @@ def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: P
     """A 7B job of 1,024 rows at 3,262 tokens at the median (512 prompt + 2,750 output), cuts of 32 rows and the
     default 8,192 padded tokens: at dp 1 the learner makes 604 cuts of 1 to 9 rows of the plan's length quantiles,
     which the planner priced as 32 cuts of 32 rows (the budget unpriced); the budgets being a rank's, at dp 16 it makes
-    39 cuts of up to 95 rows (604 of 1 to 9 before 2026-12-07)."""
+    38 cuts of up to 105 rows (604 of 1 to 9 before 2026-12-07; 39 of up to 95 while a rank took every 16th row)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend="torch")
     batch = job.spec.batch
     assert (batch.samples_per_iteration, batch.train_micro_batch_samples, batch.train_micro_batch_tokens) == (
@@ -60,7 +60,7 @@ def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: P
     rows = (lm.quantiles(1024) + lm.prompt_tokens).tolist()
     w = train_workload(job, job.spec.model.arch, train_cost(job, profile_for(job, None), TrainingPasses()), tokens=1e6)
     assert step_cuts(w) == learner_cuts(rows, 32, 8192) == (604, 9)
-    assert step_cuts(w, dp=16) == learner_cuts(rows, 32, 8192, ranks=16) == (39, 95)
+    assert step_cuts(w, dp=16) == learner_cuts(rows, 32, 8192, ranks=16) == (38, 105)
 
 
 def test_the_budgets_are_each_ranks_so_every_rank_computes_and_fsdp2_reduces_once_a_cut() -> None:

@@ -235,7 +235,7 @@ def test_a_cpu_sites_ranks_reduce_over_gloo_not_nvlink() -> None:
 
 
 def test_data_parallel_ranks_beyond_a_cuts_rows_shorten_nothing() -> None:
-    """Each data-parallel rank trains every dp-th row of a learner cut (`backward_share`): at dp 64 and a step of 32
+    """Each data-parallel rank trains its share of a learner cut (`backward_share`): at dp 64 and a step of 32
     rows half the ranks have none, so the step is no shorter than at dp 32. The planner priced 1/dp at any dp: on
     10,000 H800s it gave a 7B trainer 8,976 ranks for 1,024 samples."""
     prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})

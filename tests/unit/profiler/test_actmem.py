@@ -28,7 +28,7 @@ from rlctl.profiler.actmem import (
 )
 from rlctl.profiler.analytical import analytical_profile, training_entry
 from rlctl.profiler.saved import count_saved
-from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.cuts import cut_lengths, share_slice
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.ppo import ValueModel, value_loss
 from rlctl.rl.samples import TokenBatch
@@ -292,15 +292,21 @@ def test_rank_tokens_is_the_largest_share_of_a_cut_the_learner_gives_a_rank(
     rows: int, max_tokens: int | None, seq: int, dp: int
 ) -> None:
     """`Activations.rank_tokens` against the learner's own cuts (`rlctl.rl.cuts.cut_lengths` over dp ranks): a
-    rank's share of a cut is every dp-th row padded to its longest, at most `rows` rows and `max_tokens` padded
-    tokens (a longer row alone) at any dp; of every length up to `seq` the largest share is it, and of random
-    lengths none is larger. (Until 2026-12-07 the budgets bounded the whole cut: ceil(rows / dp) rows a rank.)"""
+    rank's share of a cut is a run of its length order (`share_slice`) padded to its longest, at most `rows` rows and
+    `max_tokens` padded tokens (a longer row alone) at any dp; of every length up to `seq` the largest share is it,
+    and of random lengths none is larger. (Until 2026-12-07 the budgets bounded the whole cut: ceil(rows / dp) rows a
+    rank.)"""
     arch = TinyGPTConfig().arch("tiny")
     a = Activations(arch, rows=rows, seq_tokens=seq, max_tokens=max_tokens)
 
     def largest_share(lengths: list[int]) -> int:
-        cuts = cut_lengths(lengths, rows, max_tokens=max_tokens, ranks=dp)
-        return max(len(c[r::dp]) * max((lengths[i] for i in c[r::dp]), default=0) for c in cuts for r in range(dp))
+        largest = 0
+        for c in cut_lengths(lengths, rows, max_tokens=max_tokens, ranks=dp):
+            tokens = [lengths[i] for i in c]
+            for r in range(dp):
+                share = tokens[share_slice(tokens, rows, max_tokens=max_tokens, ranks=dp, rank=r)]
+                largest = max(largest, len(share) * max(share, default=0))
+        return largest
 
     assert max(largest_share([n] * 4 * rows * dp) for n in range(1, seq + 1)) == a.rank_tokens
     draw = random.Random(0)
