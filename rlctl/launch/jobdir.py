@@ -233,6 +233,9 @@ class JobDir:
         job = spec.model_dump(mode="json", by_alias=True)
         data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job), VERSION: __version__}
         data[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}  # a resume refuses an edit of one
+        # the launch's record, not for editing (the `job` section is the one edited): what a resume prices the job
+        # as launched by, to tell an edit that raised a trainer rank's need (`rlctl.ops.resumememory.judge_memory`)
+        data[JOB_LAUNCHED] = {name: job[name] for name in MEMORY_FIELDS if name in job}
         path = Path(source)
         if path.is_file() and mapping is not None:
             data["source_file"] = {"path": str(path.absolute()), "job": mapping}
@@ -636,6 +639,11 @@ FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", 
 # figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
 NAME_FIXES_WEIGHTS = ("builtin", "arch")
 LAUNCHED = "launched"
+# job.json's fields a trainer rank's memory is priced on (`rlctl.ops.preflight.memory.trainer_memory_refusal`): the
+# model's figures, its task's rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's
+# reference policy, critic and mini-batches; their launch values are kept in job.json's `JOB_LAUNCHED`
+MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
+JOB_LAUNCHED = "job_launched"
 # job.json's top-level field naming the rlctl that launched the job (`rlctl.__version__`): none in a job an rlctl
 # before it launched, whose loss this rlctl may compute otherwise (`rlctl.ops.jobchanges.older_rlctl_changes`)
 VERSION = "rlctl_version"

@@ -9,7 +9,7 @@ iterations since the last checkpoint, not the night:
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
-                     ├─ … or in one a trainer rank is priced on, which no longer fits (`judge_memory`) ─▶ that failure
+                     ├─ … or in one a rank is priced on, its need raised past its GPU (`judge_memory`) ─▶ that failure
                      ├─ another run's controller answers on the job's sites (`controller_elsewhere`) ─▶ that failure
                      ├─ what is left of the run cannot be stopped (a site that does not answer) ─▶ that failure
                      └─ else: say the resume, what changed since the launch (`launch_changes`) and a rank priced
@@ -140,10 +140,11 @@ class Runs:
         )
         try:
             run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
-        finally:  # once it has an id, started or not: a start that failed after its controller started (a trainer
-            # that died starting) is the run `rlctl status` shows, with its warnings (a run whose controller never
-            # started is not the latest: its warnings are nobody's), versus none recorded for it
-            if run.run_id is not None:
+        finally:  # started or not (`JobRun.start` gives the run its id first): a start that failed after its
+            # controller started (a trainer that died starting) is the run `rlctl status` shows, with its warnings,
+            # versus none recorded for it. Those of a run whose controller never started are recorded too, read by
+            # nothing: `rlctl status` shows the warnings of the run the latest controller's `agent_started` names
+            if run.run_id is not None:  # (typed optional: an id is given as the start begins)
                 for line in self.warnings:
                     self.jobdir.event(WARNING, run=run.run_id, line=line)
         point = run.resumed
@@ -316,8 +317,8 @@ class Runs:
 
     def _judged(self) -> list[str]:
         """The warning a resume of the job as job.json has it now says (`judge_memory`: a trainer rank at the plan's
-        split this rlctl prices past its GPU, job.json unedited there); UsageError where an edit no longer fits. None
-        for a job.json or sites.json that does not read (the run's start says it)."""
+        split this rlctl prices past its GPU, no edit since the launch raising its need); UsageError where one did.
+        None for a job.json or sites.json that does not read (the run's start says it)."""
         if not self.plan:
             return []
         try:

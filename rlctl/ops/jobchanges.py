@@ -42,7 +42,9 @@ from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.jobdir import (
     FIXED_FIELDS,
+    JOB_LAUNCHED,
     LAUNCHED,
+    MEMORY_FIELDS,
     NAME_FIXES_WEIGHTS,
     VERSION,
     JobDir,
@@ -114,11 +116,12 @@ def older_rlctl_changes(jobdir: JobDir) -> list[str]:
 
 
 def take_edits(jobdir: JobDir) -> None:
-    """job.json's launch values (`launched`) and field digests made those of the job as it is now, once a resume
-    started it over (no checkpoint to continue from): the checkpoints its run writes are of the job as edited, which
-    the resumes after it compare with. Before, a seed edit taken so was refused by the next resume once the run had
-    checkpointed, hinting to put back the launch's seed, which no checkpoint was written with (and said as edited at
-    every resume). Nothing for a job.json that does not read, or that keeps neither (an rlctl before them)."""
+    """job.json's launch values (`launched`, `job_launched`) and field digests made those of the job as it is now,
+    once a resume started it over (no checkpoint to continue from): the checkpoints its run writes are of the job as
+    edited, which the resumes after it compare with. Before, a seed edit taken so was refused by the next resume once
+    the run had checkpointed, hinting to put back the launch's seed, which no checkpoint was written with (and said
+    as edited at every resume). Nothing for a job.json that does not read, or that keeps neither (an rlctl before
+    them)."""
     try:
         data = jobdir.read_json(jobdir.job_json)
     except (OSError, RlctlError):
@@ -129,6 +132,8 @@ def take_edits(jobdir: JobDir) -> None:
     taken = dict(data)
     if isinstance(data.get(LAUNCHED), dict):
         taken[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}
+    if isinstance(data.get(JOB_LAUNCHED), dict):
+        taken[JOB_LAUNCHED] = {name: job[name] for name in MEMORY_FIELDS if name in job}
     if isinstance(data.get("job_sha256"), dict):
         taken["job_sha256"] = job_digests(job)
     if taken != data:

@@ -7,56 +7,102 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.errors import UsageError
+from rlctl.errors import RlctlError, UsageError
+from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS
 
 if TYPE_CHECKING:
+    from rlctl.config.inventory import Site
     from rlctl.config.job import JobFile
+    from rlctl.launch.agentenv import ParallelConfig
     from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.preflight.memory import _TrainerMemory
 
-# job.json's fields a trainer rank's memory is priced on (`trainer_memory_refusal`): the model's figures, its task's
-# rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's reference policy, critic and
-# mini-batches
-MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
+__all__ = ["MEMORY_FIELDS", "judge_memory", "resumed_job"]
 
 
 def judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str | None:
     """A trainer rank at the plan's split judged against its site's GPUs with the job as job.json has it now
-    (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split). Where job.json was edited since
-    the launch in a field a rank's memory is priced on (`MEMORY_FIELDS` among `edited`: a larger
-    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off) and a rank no
-    longer fits: UsageError, one line naming those fields alone. Unedited there, the job as launched, which ran at this
+    (`trainer_memory_refusal`, as `rlctl check` and `--trainer-split` judge a split). None: it fits.
+
+    Where a rank does not fit and job.json was edited since the launch in a field a rank's memory is priced on
+    (`MEMORY_FIELDS` among `edited`), the job as launched (those fields as job.json's `job_launched` keeps them) is
+    priced too, by this rlctl, at the same split: where the edit raised a rank's need (a larger
+    batch.train_micro_batch_tokens or _samples, longer task rows, trainer.activation_checkpointing off), UsageError,
+    one line naming those fields, the need before and after and what a GPU holds. Otherwise — unedited there, an edit
+    that did not raise the need (a cut lowered, though not far enough; algorithm.lr), or a job.json of an rlctl that
+    kept no `job_launched` (nothing to tell an edit's effect by: never refused on memory) — the job, which ran at this
     split, is not refused where this rlctl prices it otherwise than the one that launched it (Qwen3's q/k norms, a
     tied head, activations: priced since); the warning line the resume says before its run starts is returned, with
-    the figures and what to change should a rank run out of memory; versus resumed with no word. None: it fits."""
+    the figures and what to change should a rank run out of memory. Before, any edit of those fields was refused
+    where a rank did not fit, though it lowered the need or changed none (the warning's advice, taken, refused)."""
     from rlctl.launch.backends import read_sites
     from rlctl.launch.layout import trainer_parallel
-    from rlctl.ops.preflight.memory import trainer_memory_refusal
 
     name = str(plan["trainer"]["site"])
     if (site := read_sites(jd.path, required=True).get(name)) is None:
         return None  # refused as the run lays its agents out
-    job, split = resumed_job(jd), trainer_parallel(plan)
-    if (why := trainer_memory_refusal(job, name, site, split, arch=job.model.arch)) is None:
+    split = trainer_parallel(plan)
+    now = _priced(resumed_job(jd), name, site, split)
+    if now is None or now.fits:
         return None
     if edited := [field for field in edited if field in MEMORY_FIELDS]:
-        raise UsageError(
-            f"{jd.job_json} was edited since the launch ({', '.join(edited)}), and with the job as edited {why}",
-            hint="undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D",
-        )
+        launched = _launched_job(jd)
+        before = None if launched is None else _priced(launched, name, site, split)
+        if before is None:
+            unsure = f"{jd.job_json} keeps no launch record of the fields edited since ({', '.join(edited)})"
+        elif now.need_gb > before.need_gb:
+            raise UsageError(
+                f"{jd.job_json} was edited since the launch ({', '.join(edited)}), which raised a rank's need from "
+                f"{before.need_gb:.1f} to {now.need_gb:.1f} GB, past {now.usable_gb:.1f} GB usable: with the job as "
+                f"edited {now.why}",
+                hint="undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D",
+            )
+        else:
+            unsure = (
+                f"its edit since the launch ({', '.join(edited)}) did not raise a rank's need ({before.need_gb:.1f} "
+                "GB as launched)"
+            )
+    else:
+        unsure = "the rlctl that launched it may have priced it otherwise"
     return (
-        f"warning: as this rlctl prices the job, on site {name!r} {why}; resumed at the split it was launched at (not "
-        "refused: the rlctl that launched it may have priced it otherwise), a rank may run out of GPU memory: if one "
-        "does, lower "
+        f"warning: as this rlctl prices the job, on site {name!r} {now.why}; resumed at the split it was launched at "
+        f"(not refused: {unsure}), a rank may run out of GPU memory: if one does, lower "
         f"batch.train_micro_batch_tokens in {jd.job_json}, or resume on more ranks (--trainer-split tp=T,pp=P,dp=D, "
         "checked by --dry-run)"
     )
 
 
+def _priced(job: JobFile, name: str, site: Site, split: ParallelConfig) -> _TrainerMemory | None:
+    """A trainer rank's memory at `split` on site `name` (`trainer_memory_refusal`'s figures); None: not known."""
+    from rlctl.ops.preflight.memory import _trainer_memory
+
+    return _trainer_memory(job, name, site, split, arch=job.model.arch)
+
+
+def _launched_job(jd: JobDir) -> JobFile | None:
+    """The job as launched in what a rank's memory is priced on: job.json's job with `MEMORY_FIELDS` as its
+    `job_launched` keeps them (an HF model's path the job dir's copy, as `resumed_job`'s). None for a job.json
+    without it (an rlctl before it), or one that this rlctl's job model does not read."""
+    data = jd.read_json(jd.job_json)
+    record = data.get(JOB_LAUNCHED) if isinstance(data, dict) else None
+    if not isinstance(record, dict) or not isinstance(data.get("job"), dict):
+        return None
+    launched = {**data["job"], **{k: v for k, v in record.items() if k in MEMORY_FIELDS}}
+    try:
+        return _job_dir_model(jd, jd.job_of({**data, "job": launched}))
+    except RlctlError:
+        return None
+
+
 def resumed_job(jd: JobDir) -> JobFile:
     """The job a resume runs (job.json), an HF model's path the job dir's copy."""
+    return _job_dir_model(jd, jd.read_job())
+
+
+def _job_dir_model(jd: JobDir, job: JobFile) -> JobFile:
+    """`job` with an HF model's path the job dir's copy (`resumed_job`)."""
     from rlctl.config.model import HfModel
 
-    job = jd.read_job()
     if isinstance(job.model, HfModel):
         # the job dir's copy, the model the run trains, for the split's checks and the planner's figures alike,
         # under the name the launch's plan gave it (the folder's, which a named profile is matched by); versus the

@@ -159,9 +159,10 @@ def test_an_automatic_resume_after_an_edit_that_no_longer_fits_is_refused_as_lau
     tmp_path, monkeypatch
 ):
     """job.json's cut raised during the run past what a rank's GPU holds (32,768 tokens a rank of a 7B at tp 2:
-    188 GB): not resumed automatically, in one line naming job.json, the edited field and the figures (as `launch
-    --resume` refuses it, exit 2), with an `auto_resume_refused` event; the failure is the job's. Versus resumed on
-    the edit with no word (the first run's warnings, none, replayed)."""
+    188 GB; 64.9 GB as launched): not resumed automatically, in one line naming job.json, the edited field and the
+    figures, before and after the edit (as `launch --resume` refuses it, exit 2), with an `auto_resume_refused`
+    event; the failure is the job's. Versus resumed on the edit with no word (the first run's warnings, none,
+    replayed)."""
     from tests.unit.ops.test_resume_edit_memory import edit_batch
 
     r, said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=512)
@@ -171,11 +172,64 @@ def test_an_automatic_resume_after_an_edit_that_no_longer_fits_is_refused_as_lau
     assert r.wait()["state"] == FAILED and ScriptedRun.started == [False] and r.resumes == 0
     assert said[-1].startswith(
         f"job resume {FAILED}; not resumed automatically: {r.jobdir.job_json} was edited since the launch (batch), "
-        "and with the job as edited the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need "
+        "which raised a rank's need from 64.9 to 188.3 GB, past 72.0 GB usable: with the job as edited the trainer's "
+        "2 rank(s) at tp 2 pp 1 dp 1 need 188.3 GB each"
     ), said[-1]
     assert "\n" not in said[-1] and "--trainer-split" in said[-1]
     refused = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume_refused"]
     assert [e["after"] for e in refused] == [FAILED] and warned(r) == []
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(("batch", {"train_micro_batch_tokens": 16384}), id="cut-lowered-not-far-enough"),
+        pytest.param(("algorithm", {"lr": 1e-6}), id="lr"),
+    ],
+)
+def test_an_automatic_resume_after_an_edit_that_does_not_raise_the_need_is_resumed_with_the_warning(
+    tmp_path, monkeypatch, edit
+):
+    """A job priced past its GPU (32,768 tokens a rank of a 7B at tp 2: 188.3 GB), resumed with the warning, whose
+    job.json is edited during the run without raising a rank's need — the cut lowered as the warning advises, not far
+    enough (16,384: 174.7 GB), or algorithm.lr, which a resume takes up — is resumed automatically, its warning (the
+    need as edited, the edit said not to raise it) recorded for the new run; versus not resumed, the edit blamed."""
+    from tests.unit.ops.test_resume_edit_memory import edit_job
+
+    r, said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=32768)
+    assert line is not None
+    r.start(warnings=[line])
+    field, values = edit
+    edit_job(r.jobdir, field, **values)
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True] and r.resumes == 1
+    (first, (run, again)) = warned(r)
+    assert first == ("run-1", line) and run == "run-2"
+    assert f"(not refused: its edit since the launch ({field}) did not raise a rank's need (188.3 GB as launched))" in (
+        again
+    ), again
+    assert f" need {188.3 if field == 'algorithm' else 174.7} GB each " in again, again
+    assert f"job resume: {again}" in said
+
+
+def test_an_automatic_resume_of_a_job_json_without_the_launch_record_warns_and_is_not_refused(tmp_path, monkeypatch):
+    """A job.json an rlctl before `job_launched` wrote, its cut raised past a rank's GPU during the run: resumed
+    automatically with the warning (no launch record to tell the edit's effect by), versus not resumed."""
+    from rlctl.launch.jobdir import JOB_LAUNCHED
+    from tests.unit.ops.test_resume_edit_memory import edit_batch
+
+    r, _said, line = priced_runs(tmp_path, monkeypatch, [(FAILED, [10]), ("done", [])], cut_tokens=512)
+    assert line is None
+    data = json.loads(r.jobdir.job_json.read_text())
+    del data[JOB_LAUNCHED]
+    r.jobdir.job_json.write_text(json.dumps(data))
+    r.start()
+    edit_batch(r.jobdir, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
+    ((run, again),) = warned(r)
+    assert (
+        run == "run-2"
+        and f"(not refused: {r.jobdir.job_json} keeps no launch record of the fields edited since " in (again)
+    ), again
 
 
 def test_an_automatic_resume_of_an_attached_run_records_its_warning(tmp_path, monkeypatch):

@@ -6,12 +6,14 @@ refused in one line where a rank no longer fits; before, it ran unchecked on the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from tests.conftest import run_cli
 from tests.unit.ops.test_resume_point import split_job
@@ -56,9 +58,13 @@ def test_a_resume_whose_edited_cut_no_longer_fits_the_plans_split_is_refused_in_
     assert r.exit_code == 2, r.stderr
     (line,) = r.stderr.splitlines()
     assert line.startswith(
-        f"rlctl: error: {jd.job_json} was edited since the launch (batch), and with the job as edited the trainer's "
-        "2 rank(s) at tp 2 pp 1 dp 1 need "
+        f"rlctl: error: {jd.job_json} was edited since the launch (batch), which raised a rank's need from "
     ), line
+    figures = re.search(r"need from ([\d.]+) to ([\d.]+) GB, past ([\d.]+) GB usable: ", line)
+    assert figures is not None, line
+    before_gb, after_gb, usable_gb = map(float, figures.groups())
+    assert before_gb <= 72.0 < after_gb and usable_gb == 72.0, line  # 90% of an H100's 80 GB
+    assert f"with the job as edited the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need {after_gb:.1f} GB each" in line
     assert "activations of a cut's " in line and "and a H100 holds 80 GB (90% usable)" in line, line
     assert line.endswith("(hint: undo the edit, or resume at a split that fits it: --trainer-split tp=T,pp=P,dp=D)")
     assert started == []
@@ -72,34 +78,34 @@ def test_an_edit_of_fields_a_ranks_memory_is_not_priced_on_is_not_judged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]]
 ) -> None:
     """A job whose ranks do not fit at its plan's split as this rlctl prices them (launched so: job.json's digests of
-    its batch are the launch's), edited since in `tracking` and `name` alone, resumes: the refusal is of an edit that
-    moved a rank's memory, versus "was edited since the launch (name, tracking), and with the job as edited …", an
-    edit blamed that changed nothing priced. An edit of its batch besides is refused, naming that field alone."""
-    from rlctl.launch.jobdir import job_digests
-
+    its batch and its launch record are the launch's), edited since in `tracking` and `name` alone, resumes: the
+    refusal is of an edit that moved a rank's memory, versus "was edited since the launch (name, tracking), and with
+    the job as edited …", an edit blamed that changed nothing priced. An edit of its batch besides that raises a
+    rank's need is refused, naming that field alone."""
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
-    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    launched_as_is(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)  # the cut no rank fits
     data = json.loads(jd.job_json.read_text())
-    data["job_sha256"] = job_digests(data["job"])  # as launched with the cut no rank fits
     data["job"]["tracking"], data["job"]["name"] = {"backends": ["tensorboard"]}, f"{data['job']['name']}-renamed"
     jd.job_json.write_text(json.dumps(data))
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 0, r.stderr
     assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
-    edit_batch(jd, train_micro_batch_samples=32)
+    edit_batch(jd, train_micro_batch_tokens=65536, train_micro_batch_samples=128)
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
-    assert f"{jd.job_json} was edited since the launch (batch), and with the job as edited" in r.stderr, r.stderr
+    assert f"{jd.job_json} was edited since the launch (batch), which raised a rank's need from " in r.stderr
 
 
 def launched_as_is(jd: JobDir, **batch: Any) -> None:
-    """job.json's batch set to `batch` as the launch's: its digests made those of the job as it is (no edit)."""
-    from rlctl.launch.jobdir import job_digests
+    """job.json's batch set to `batch` as the launch's: its digests and its launch record (`job_launched`) made those
+    of the job as it is (no edit)."""
+    from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS, job_digests
 
     edit_batch(jd, **batch)
     data = json.loads(jd.job_json.read_text())
     data["job_sha256"] = job_digests(data["job"])
+    data[JOB_LAUNCHED] = {name: data["job"][name] for name in MEMORY_FIELDS if name in data["job"]}
     jd.job_json.write_text(json.dumps(data))
 
 
@@ -178,3 +184,116 @@ def test_the_status_of_a_run_resumed_with_that_warning_shows_it_and_of_a_run_tha
     assert r.exit_code == 0, r.stderr
     assert "warning" not in r.stdout, r.stdout
     assert "warnings" not in json.loads(run_cli("status", str(jd.path), "--output", "json").stdout)
+
+
+def edit_job(jd: JobDir, field: str, **values: Any) -> None:
+    data = json.loads(jd.job_json.read_text())
+    data["job"][field] = {**data["job"].get(field, {}), **values}
+    jd.job_json.write_text(json.dumps(data))
+
+
+def warning_of(said: list[str]) -> str:
+    (line,) = [line for line in said if "warning" in line]
+    assert line.startswith("job resume: warning: as this rlctl prices the job, on site 't' the trainer's 2 rank(s) ")
+    assert line.endswith("(--trainer-split tp=T,pp=P,dp=D, checked by --dry-run)"), line
+    return line
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(("batch", {"train_micro_batch_tokens": 16384}), id="cut-lowered-not-far-enough"),
+        pytest.param(("algorithm", {"lr": 1e-6}), id="lr"),
+    ],
+)
+def test_an_edit_that_does_not_raise_a_ranks_need_resumes_a_job_priced_past_its_gpu_with_the_warning(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    started: list[dict[str, Any]],
+    said: list[str],
+    edit: tuple[str, dict[str, Any]],
+) -> None:
+    """A job launched with a cut this rlctl prices past a rank's GPU (32,768 tokens of the 7B at tp 2: 188.3 GB a
+    rank), its job.json edited since in a field a rank is priced on without raising the need — the cut lowered as the
+    warning advises, not far enough (16,384: 174.7 GB), or algorithm.lr (no memory at all) — resumes at the plan's
+    split with the warning, saying the edit did not raise the need; versus refused, blaming the edit ("was edited
+    since the launch (batch), and with the job as edited …"), where unedited it resumed."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    launched_as_is(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    field, values = edit
+    edit_job(jd, field, **values)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert [p["trainer"]["parallel"] for p in started] == [{"tp": 2, "pp": 1, "dp": 1}]
+    line = warning_of(said)
+    assert f"(not refused: its edit since the launch ({field}) did not raise a rank's need (188.3 GB as launched))" in (
+        line
+    ), line
+    need_gb = float(line.split(" need ")[1].split(" GB each")[0])
+    assert need_gb == (188.3 if field == "algorithm" else 174.7), line
+
+
+def test_an_edit_that_raises_a_fitting_jobs_need_past_its_gpu_is_refused_with_the_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]]
+) -> None:
+    """A job launched with a cut that fits (1,024 tokens: 66.9 GB a rank), its cut raised in job.json to 32,768
+    (188.3 GB): refused in one line with the need before and after the edit and what a rank can use (72 GB of an
+    H100's 80); nothing starts."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    launched_as_is(jd, train_micro_batch_tokens=1024, train_micro_batch_samples=2)
+    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert f"{jd.job_json} was edited since the launch (batch), which raised a rank's need from 66.9 to 188.3 GB, " in (
+        line
+    ), line
+    assert "past 72.0 GB usable: with the job as edited the trainer's 2 rank(s) at tp 2 pp 1 dp 1 need 188.3 GB" in line
+    assert started == []
+
+
+def test_a_job_json_without_the_launch_record_is_never_refused_on_memory_and_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[dict[str, Any]], said: list[str]
+) -> None:
+    """A job.json an rlctl before `job_launched` wrote (nothing to price the job as launched by), its cut raised
+    past a rank's GPU since the launch: resumed with the warning, saying it keeps no launch record; versus refused
+    (an edit whose effect cannot be told is not blamed)."""
+    from rlctl.launch.jobdir import JOB_LAUNCHED
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    data = json.loads(jd.job_json.read_text())
+    assert data[JOB_LAUNCHED]["batch"]["train_micro_batch_tokens"] == 512  # the launch keeps it
+    del data[JOB_LAUNCHED]
+    jd.job_json.write_text(json.dumps(data))
+    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+    line = warning_of(said)
+    assert f"(not refused: {jd.job_json} keeps no launch record of the fields edited since (batch))" in line, line
+
+
+def test_a_resume_that_starts_the_job_over_makes_its_edit_the_launch_record_the_next_resume_prices_against(
+    tmp_path: Path,
+) -> None:
+    """A job launched with a cut of 512 tokens (66.5 GB a rank), its cut edited to 16,384 (125.6 GB) and started over
+    by a resume (`take_edits`: its checkpoints are of the job as edited): job.json's `job_launched` is the edited
+    job's, so a later edit to 32,768 is refused as raising the need from 125.6 GB, not from the first launch's 66.5;
+    and the edit taken is not judged an edit (a warning, not refused)."""
+    from rlctl.launch.jobdir import JOB_LAUNCHED
+    from rlctl.ops.jobchanges import edited_fields, take_edits
+    from rlctl.ops.resumememory import judge_memory
+
+    jd = split_job(tmp_path, gpus=4, model={"kind": "builtin", "name": "qwen2.5-7b"}, gpu="H100", cut_tokens=512)
+    edit_batch(jd, train_micro_batch_tokens=16384, train_micro_batch_samples=32)
+    take_edits(jd)
+    data = json.loads(jd.job_json.read_text())
+    assert data[JOB_LAUNCHED]["batch"] == data["job"]["batch"]
+    line = judge_memory(jd, jd.read_plan(), edited=edited_fields(jd))
+    assert line is not None and "(not refused: the rlctl that launched it may have priced it otherwise)" in line
+    edit_batch(jd, train_micro_batch_tokens=32768, train_micro_batch_samples=64)
+    with pytest.raises(UsageError, match=r"raised a rank's need from 125\.6 to 188\.3 GB, past 72\.0 GB usable"):
+        judge_memory(jd, jd.read_plan(), edited=edited_fields(jd))
