@@ -737,12 +737,14 @@ def _load_refsdp(
     rank, _ = _rank_world()
     files = {int(s["rank"]): s["file"] for s in manifest["ranks"]}
     recorded = {int(s["rank"]): s["optimizer_sha256"] for s in manifest["ranks"]}
-    verified, hashed = {}, set()
-    for r in (r for r in files if r in reads):  # (an old critic's: hashed as written, then upgraded)
+    verified, hashed = {}, set()  # (`hashed`: an old critic's, checked against its digest as written, then upgraded)
+    for r in (r for r in files if r in reads):
         shard = shardcheck.read_shard(ckpt, files[r], mmap=True)
-        kw = {"rank": r, "optimizers": optimizers, "modules": modules, "recorded": recorded[r]}
-        verified[r], upgraded = oldcritic.read_as_now(ckpt, files[r], shard, **kw)
-        hashed |= {r} if upgraded else set()
+        verified[r], upgraded = oldcritic.read_as_now(
+            ckpt, files[r], shard, rank=r, optimizers=optimizers, modules=modules, recorded=recorded[r]
+        )
+        if upgraded:
+            hashed.add(r)
     first = verified[reads[0]]
     held = {k.removeprefix("module.") for k in first if k.startswith("module.")}
     into = dict(modules)

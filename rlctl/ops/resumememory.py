@@ -11,11 +11,8 @@ from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS
 
 if TYPE_CHECKING:
-    from rlctl.config.inventory import Site
     from rlctl.config.job import JobFile
-    from rlctl.launch.agentenv import ParallelConfig
     from rlctl.launch.jobdir import JobDir
-    from rlctl.ops.preflight.memory import _TrainerMemory
 
 __all__ = ["MEMORY_FIELDS", "judge_memory", "resumed_job"]
 
@@ -37,17 +34,19 @@ def judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str 
     where a rank did not fit, though it lowered the need or changed none (the warning's advice, taken, refused)."""
     from rlctl.launch.backends import read_sites
     from rlctl.launch.layout import trainer_parallel
+    from rlctl.ops.preflight.memory import trainer_memory
 
     name = str(plan["trainer"]["site"])
     if (site := read_sites(jd.path, required=True).get(name)) is None:
         return None  # refused as the run lays its agents out
     split = trainer_parallel(plan)
-    now = _priced(resumed_job(jd), name, site, split)
+    job = resumed_job(jd)
+    now = trainer_memory(job, name, site, split, arch=job.model.arch)
     if now is None or now.fits:
         return None
     if edited := [field for field in edited if field in MEMORY_FIELDS]:
         launched = _launched_job(jd)
-        before = None if launched is None else _priced(launched, name, site, split)
+        before = None if launched is None else trainer_memory(launched, name, site, split, arch=launched.model.arch)
         if before is None:
             unsure = f"{jd.job_json} keeps no launch record of the fields edited since ({', '.join(edited)})"
         elif now.need_gb > before.need_gb:
@@ -70,13 +69,6 @@ def judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str 
         f"batch.train_micro_batch_tokens in {jd.job_json}, or resume on more ranks (--trainer-split tp=T,pp=P,dp=D, "
         "checked by --dry-run)"
     )
-
-
-def _priced(job: JobFile, name: str, site: Site, split: ParallelConfig) -> _TrainerMemory | None:
-    """A trainer rank's memory at `split` on site `name` (`trainer_memory_refusal`'s figures); None: not known."""
-    from rlctl.ops.preflight.memory import _trainer_memory
-
-    return _trainer_memory(job, name, site, split, arch=job.model.arch)
 
 
 def _launched_job(jd: JobDir) -> JobFile | None:

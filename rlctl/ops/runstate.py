@@ -51,11 +51,15 @@ def aside_name(job_dir: Path) -> str:
     return f"summary.{max(taken, default=0) + 1}.json"
 
 
+def _controller_started(event: dict[str, Any]) -> bool:
+    """Whether an `agent_started` event is a controller's: a run's start (its `run`, the run's id)."""
+    return str(event.get("agent", "")).startswith("controller-")
+
+
 def current_run(jobdir: JobDir) -> str | None:
     """The id of the job's latest run (its controller's `agent_started` event); None before one, or for a run
     started by an rlctl that gave none."""
-    started = jobdir.read_events("agent_started")
-    runs = [e.get("run") for e in started if str(e.get("agent", "")).startswith("controller-")]
+    runs = [e.get("run") for e in jobdir.read_events("agent_started") if _controller_started(e)]
     return str(runs[-1]) if runs and runs[-1] is not None else None
 
 
@@ -70,7 +74,7 @@ def run_warnings(jobdir: JobDir) -> list[str]:
     run: str | None = None
     lines: list[tuple[str, str]] = []
     for e in jobdir.iter_events("agent_started", WARNING):
-        if e.get("event") == "agent_started" and str(e.get("agent", "")).startswith("controller-"):
+        if e.get("event") == "agent_started" and _controller_started(e):
             run = None if e.get("run") is None else str(e["run"])
         elif e.get("event") == WARNING and isinstance(e.get("line"), str):
             lines.append((str(e.get("run")), e["line"]))

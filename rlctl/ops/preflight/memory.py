@@ -32,7 +32,7 @@ def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     job fields that change it: where the model's state alone fits and its cut's activations do not, the cut's
     fields (`_activation_hint`)."""
     spec, name = job.spec, str(plan["trainer"]["site"])
-    m = _trainer_memory(spec, name, job.inventory.sites[name], trainer_parallel(plan))
+    m = trainer_memory(spec, name, job.inventory.sites[name], trainer_parallel(plan))
     if m is None or m.fits:
         return []
     if m.need_gb - m.activations_gb <= m.usable_gb:
@@ -57,13 +57,13 @@ def trainer_memory_refusal(
     `rlctl check` judges the plan's split by it, `launch --resume --trainer-split` the split it asks
     (`rlctl.ops.trainersplit`); `arch`: the model's figures where they are not read from the job file (a resume's from
     the job dir's copy of an HF model)."""
-    m = _trainer_memory(spec, site_name, site, split, arch=arch)
+    m = trainer_memory(spec, site_name, site, split, arch=arch)
     return None if m is None or m.fits else m.why
 
 
 @dataclass(frozen=True)
-class _TrainerMemory:
-    """A trainer rank's memory at a split against what it gets (`_trainer_memory`)."""
+class TrainerMemory:
+    """A trainer rank's memory at a split against what it gets (`trainer_memory`)."""
 
     need_gb: float  # the rank's, activations included
     activations_gb: float
@@ -77,10 +77,12 @@ class _TrainerMemory:
         return self.need_gb <= self.usable_gb
 
 
-def _trainer_memory(
+def trainer_memory(
     spec: JobFile, site_name: str, site: Site, split: ParallelConfig, *, arch: ModelArch | None = None
-) -> _TrainerMemory | None:
-    """`trainer_memory_refusal`'s figures; None where what a rank gets is not known."""
+) -> TrainerMemory | None:
+    """A trainer rank's memory at `split` against what it gets, with the line `trainer_memory_refusal` says (and a
+    resume's `rlctl.ops.resumememory.judge_memory`, which compares two of them); None where what a rank gets is not
+    known."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
@@ -136,10 +138,10 @@ def _trainer_memory(
         f"the trainer's {tp * pp * dp} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
         f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)"
     )
-    return _TrainerMemory(need_gb, acts / 1e9, TRAIN_MEM_FRACTION * have_gb, cuts, split, why)
+    return TrainerMemory(need_gb, acts / 1e9, TRAIN_MEM_FRACTION * have_gb, cuts, split, why)
 
 
-def _fit_tokens(m: _TrainerMemory, cuts: Activations) -> int:
+def _fit_tokens(m: TrainerMemory, cuts: Activations) -> int:
     """The largest batch.train_micro_batch_tokens at which a rank's share of a cut (`Activations.rank_tokens`: that
     budget at any dp) fits beside its state at its split; 0 where one longest row alone does not."""
     room_bytes = (m.usable_gb - (m.need_gb - m.activations_gb)) * 1e9
@@ -157,7 +159,7 @@ def _fit_tokens(m: _TrainerMemory, cuts: Activations) -> int:
     return lo
 
 
-def _activation_hint(spec: JobFile, m: _TrainerMemory) -> str:
+def _activation_hint(spec: JobFile, m: TrainerMemory) -> str:
     """The fixes of a rank whose state fits and whose cut's activations do not: fewer tokens a rank's share of a cut
     (the budget lowered, or set where the job has none, to the most that fit: it is a rank's at any dp),
     checkpointing (torch), more tp or pp (megatron). More data-parallel ranks do not help: a rank's share is its
