@@ -12,13 +12,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from rlctl.errors import ConfigError
 from rlctl.textutil import did_you_mean, one_of, undecodable_at
@@ -235,9 +236,10 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def first_error(exc: ValidationError) -> tuple[str, str]:
-    """The first error as (field path, message) — one line is what the operator reads."""
-    errors = exc.errors(include_url=False)
+def first_error(exc: ValidationError, *, only: Callable[[ErrorDetails], bool] | None = None) -> tuple[str, str]:
+    """The first error as (field path, message) — one line is what the operator reads. `only`: the first of the
+    errors it keeps (at least one)."""
+    errors = [e for e in exc.errors(include_url=False) if only is None or only(e)]
     err = errors[0]
     loc = tuple(err["loc"])
     # `auto | seconds`, `count | auto`: the union's number member, which read the value and refused it, says why, and

@@ -10,6 +10,7 @@ iterations since the last checkpoint, not the night:
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
                      ├─ … or in one a rank is priced on, its need raised past its GPU (`judge_memory`) ─▶ that failure
+                     ├─ … or into what `rlctl check` refuses of a job file (`edit_problems`) ─▶ that failure
                      ├─ another run's controller answers on the job's sites (`controller_elsewhere`) ─▶ that failure
                      ├─ what is left of the run cannot be stopped (a site that does not answer) ─▶ that failure
                      └─ else: say the resume, what changed since the launch (`launch_changes`) and a rank priced
@@ -51,6 +52,7 @@ from rlctl.ops.jobprep import StopCheck
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
 from rlctl.ops.refusals import controller_elsewhere
+from rlctl.ops.resumecheck import edit_problems
 from rlctl.ops.resumememory import judge_memory
 from rlctl.ops.run import JobRun
 from rlctl.ops.runstate import UNSTARTED, WARNING, resumes, stop_requested
@@ -297,6 +299,11 @@ class Runs:
             self.warnings = self._judged()
         except UsageError as e:
             return f"{e} ({e.hint})", str(e)
+        # as `launch --resume` refuses it: job.json edited during the run into what `rlctl check` refuses of a job
+        # file (`edit_problems`), versus the resumed run taking it up unchecked (read as launched: `RECORDED`)
+        if found := self._edit_problems():
+            reason = "; ".join(f"{p.field}: {p.message}" for p in found)
+            return f"{self.jobdir.job_json}: {reason} (hint: {found[0].hint})", reason
         # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
         # reservation ended during the run), versus a resume spent on a run whose every sbatch is refused after staging
         if wrong := self._wrong_site_options():
@@ -314,6 +321,16 @@ class Runs:
                 reason,
             )
         return None
+
+    def _edit_problems(self) -> list[Problem]:
+        """What `rlctl check` refuses of job.json as edited since the launch, in the fields edited (`edit_problems`).
+        None for a job.json or sites.json that does not read (the run's start says it)."""
+        if not self.plan:
+            return []
+        try:
+            return edit_problems(self.jobdir, self.plan, edited=edited_fields(self.jobdir))
+        except (OSError, RlctlError):
+            return []
 
     def _judged(self) -> list[str]:
         """The warning a resume of the job as job.json has it now says (`judge_memory`: a trainer rank at the plan's

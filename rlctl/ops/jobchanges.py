@@ -23,7 +23,8 @@ trainer.lora; not an HF model's name, only a label) is refused by a resume that 
 (`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits it; a
 resume of a job that completed none starts from the beginning, which nothing of the launch holds back: it runs the
 edit, said as any other, and the job as edited is then the one its checkpoints are of (`take_edits`: the resumes
-after it compare with that).
+after it compare with that). An edit `rlctl check` refuses in a job file (job.json is read with a job's record's
+leniency, `RECORDED`) is refused by every resume too (`rlctl.ops.resumecheck`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rlctl.config.job import JobFile
     from rlctl.launch.jobdir import JobDir
 
-__all__ = ["MEMORY_FIELDS", "judge_memory", "resumed_job"]
+__all__ = ["MEMORY_FIELDS", "job_dir_model", "judge_memory", "resumed_job"]
 
 
 def judge_memory(jd: JobDir, plan: dict[str, Any], *, edited: list[str]) -> str | None:
@@ -81,17 +81,17 @@ def _launched_job(jd: JobDir) -> JobFile | None:
         return None
     launched = {**data["job"], **{k: v for k, v in record.items() if k in MEMORY_FIELDS}}
     try:
-        return _job_dir_model(jd, jd.job_of({**data, "job": launched}))
+        return job_dir_model(jd, jd.job_of({**data, "job": launched}))
     except RlctlError:
         return None
 
 
 def resumed_job(jd: JobDir) -> JobFile:
     """The job a resume runs (job.json), an HF model's path the job dir's copy."""
-    return _job_dir_model(jd, jd.read_job())
+    return job_dir_model(jd, jd.read_job())
 
 
-def _job_dir_model(jd: JobDir, job: JobFile) -> JobFile:
+def job_dir_model(jd: JobDir, job: JobFile) -> JobFile:
     """`job` with an HF model's path the job dir's copy (`resumed_job`)."""
     from rlctl.config.model import HfModel
 

@@ -53,6 +53,7 @@ def resume_job(
     from rlctl.ops.preflight import refuse
     from rlctl.ops.preflight.slurmoptions import ASK_S, launched_option_problems
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
+    from rlctl.ops.resumecheck import edit_problems
     from rlctl.ops.resumememory import judge_memory
     from rlctl.ops.trainersplit import parse_split, predicted_iteration, predicted_said, said
 
@@ -129,9 +130,14 @@ def resume_job(
         # the trainer's new split, checked as a launch checks one (the model, the site's room): refused here, before a
         # detach and before anything is written; plan.json is rewritten as the run starts (`begin`)
         resplit = _resplit(jd, plan, asked) if asked is not None else None
+        edited = edited_fields(jd, count_given=counted is not None)
+        # job.json as edited since the launch, checked as `rlctl check` checks a job file (read as launched else,
+        # `RECORDED`: an edit a job file is refused for ran), its problems in the fields edited refused here, before a
+        # detach and before anything is written (`rlctl.ops.resumecheck`)
+        refuse(str(jd.job_json), edit_problems(jd, resplit or plan, edited=edited, iterations=iterations))
         unfit = None  # the plan's split, checked at the launch with the job as it was then: judged again here
         if resplit is None:
-            unfit = judge_memory(jd, plan, edited=edited_fields(jd, count_given=counted is not None))
+            unfit = judge_memory(jd, plan, edited=edited)
     except RlctlError:
         lock.close()
         db.close()

@@ -1,0 +1,178 @@
+"""A resume of a job whose job.json was edited since the launch checks the job as edited the way `rlctl check` checks
+a job file (`rlctl.ops.resumecheck.edit_problems`): a value a job file is refused for, in a field edited since, is
+refused in one line naming job.json and the field, exit 2, before anything starts or is written, and an automatic
+resume ends the run with that line. Before, job.json was read with a job's record's leniency (`RECORDED`) and the edit
+ran: `decoupled` at is_cap 0.8 as `tis`, a clip_eps of 1.5, 4 transport streams. A field not edited since resumes
+as launched, whatever this rlctl's check says of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlctl.launch.jobdir import JobDir, job_digests
+from tests.conftest import run_cli
+from tests.unit.ops.test_resume_point import split_job
+
+EDITS = [
+    pytest.param(
+        "algorithm",
+        {"off_policy": "decoupled", "is_cap": 0.8},
+        "job.algorithm: is_cap 0.8: off_policy 'decoupled' leaves out each token whose π_prox/μ exceeds is_cap",
+        id="decoupled-cap-under-1",
+    ),
+    pytest.param(
+        "algorithm",
+        {"clip_eps": 1.5},
+        "job.algorithm.clip_eps: 1.5: the ratio's lower clip 1 − clip_eps would be -0.5",
+        id="clip-eps",
+    ),
+    pytest.param("transport", {"streams": 4}, "job.transport.streams: 4: a job's connections are one", id="streams"),
+    pytest.param(
+        "rollout",
+        {"on_new_weights": "recompute"},
+        "job.rollout.on_new_weights: 'recompute': the embedded engine keeps its running rows' K/V",
+        id="recompute-embedded",
+    ),
+    pytest.param(
+        "evaluation",
+        {"every_iterations": 5},
+        "job.evaluation.every_iterations: read only when evaluation.heldout_prompts > 0",
+        id="evaluation-without-heldout",
+    ),
+]
+
+
+def edit(jd: JobDir, field: str, value: dict[str, Any], *, as_launched: bool = False) -> None:
+    """job.json's `field` updated with `value`; `as_launched`: its digests made those of the job as it is (launched
+    so, by an rlctl whose check took it)."""
+    data = json.loads(jd.job_json.read_text())
+    data["job"][field] = {**data["job"].get(field, {}), **value}
+    if as_launched:
+        data["job_sha256"] = job_digests(data["job"])
+    jd.job_json.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
+    """The plans the resume's run started with (its launcher stood in for, as test_resume_edit_memory's do)."""
+    from rlctl.commands.launching import resume as resume_mod
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    runs: list[dict[str, Any]] = []
+
+    def be_launcher(jd_: JobDir, spec_: Any, plan: dict[str, Any], db: Any, begin: Any, *a: Any, **k: Any) -> None:
+        begin(SimpleNamespace(start=lambda **kw: runs.append(plan) or "run", run=None), lambda _: None)
+
+    monkeypatch.setattr(resume_mod, "be_launcher", be_launcher)
+    return runs
+
+
+@pytest.mark.parametrize(("field", "value", "said"), EDITS)
+def test_a_resume_of_an_edit_a_job_file_is_refused_for_is_refused_in_one_line_before_anything_starts(
+    tmp_path: Path, started: list[dict[str, Any]], field: str, value: dict[str, Any], said: str
+) -> None:
+    jd = split_job(tmp_path)
+    edit(jd, field, value)
+    before = {p: p.read_bytes() for p in (jd.job_json, jd.plan_json)}
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12")
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: {said}"), line
+    assert "(edited since the launch; `rlctl check` refuses it in a job file)" in line, line
+    assert line.endswith("or undo the edit (job.json's `job` section))"), line
+    assert started == []
+    assert {p: p.read_bytes() for p in before} == before  # nothing written: not the --iterations count either
+
+
+@pytest.mark.parametrize("other_edit", [False, True], ids=["nothing-edited", "another-field-edited"])
+def test_a_field_this_rlctl_refuses_that_was_not_edited_since_the_launch_still_resumes(
+    tmp_path: Path, started: list[dict[str, Any]], other_edit: bool
+) -> None:
+    """clip_eps 1.5 and 4 transport streams as launched (job.json's digests those of the job as it is: an rlctl whose
+    check took them): the resume runs them as launched, with job.json untouched or edited in another field (a lower
+    checkpoint.keep): a check added since is no reason to stop a job's resume."""
+    jd = split_job(tmp_path)
+    edit(jd, "algorithm", {"clip_eps": 1.5}, as_launched=True)
+    edit(jd, "transport", {"streams": 4}, as_launched=True)
+    if other_edit:
+        edit(jd, "checkpoint", {"keep": 1})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+
+
+def test_an_edit_beside_a_field_this_rlctl_refuses_as_launched_is_still_checked(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """clip_eps 1.5 as launched (not judged) and transport.streams edited to 4: the edit is refused, versus let
+    through because the job as a whole does not validate as a job file."""
+    jd = split_job(tmp_path)
+    edit(jd, "algorithm", {"clip_eps": 1.5}, as_launched=True)
+    edit(jd, "transport", {"streams": 4})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.transport.streams: 4: "), line
+    assert started == []
+
+
+def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """algorithm.clip_eps edited to 1.5 during the run: not resumed automatically, the run's failure the job's, said
+    in one line naming job.json and the field, with an `auto_resume_refused` event; versus resumed on it."""
+    from rlctl.ops import autoresume
+    from tests.unit.ops.test_autoresume import FAILED, ScriptedRun
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
+    ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits = [], 0, []
+    ScriptedRun.script = [(FAILED, [10]), ("done", [])]
+    jd = split_job(tmp_path)
+    spec = jd.read_job()
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": 1})})
+    said: list[str] = []
+    r = autoresume.Runs(jd, spec, jd.read_plan(), db=None, say=said.append)
+    r.start()
+    edit(jd, "algorithm", {"clip_eps": 1.5})
+    assert r.wait()["state"] == FAILED and ScriptedRun.started == [False] and r.resumes == 0
+    assert said[-1].startswith(
+        f"job resume {FAILED}; not resumed automatically: {jd.job_json}: job.algorithm.clip_eps: 1.5: the ratio's "
+        "lower clip"
+    ), said[-1]
+    assert "\n" not in said[-1]
+    refused = [e for e in jd.read_lines(jd.events) if e["event"] == "auto_resume_refused"]
+    assert [e["after"] for e in refused] == [FAILED]
+
+
+def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_path: Path) -> None:
+    """The hf-demo job on the windowed Mistral (a window of 96 tokens, the job's context exactly), launched (its
+    inputs prepared: the reward copied into the job dir, which job.json names it in): task.max_output_tokens edited to
+    65 in job.json is refused as `rlctl check` refuses it in a job file (past the window); edited to 60, the task's data
+    file (relative to the job file), its reward (the job dir's copy) and the model (the job dir's) read as the launch
+    read them: nothing refused."""
+    from bench.gpu_check import hf_demo_builder
+    from rlctl.config import load_job
+    from rlctl.ops.counts import plan_counts
+    from rlctl.ops.jobchanges import edited_fields
+    from rlctl.ops.jobprep import prepare
+    from rlctl.ops.resumecheck import edit_problems
+    from tests.unit.ops.test_preflight_hf_demo import hf_demo_job
+
+    hf_demo_builder().build(tmp_path, rows=8, sft_steps=0, shape="tiny-mistral-window")
+    job = load_job(hf_demo_job(tmp_path))
+    plan = plan_counts(job, job.spec)
+    jd = JobDir.create("hf-demo", explicit=tmp_path / "run")
+    prepare(jd, job.spec, plan, source=str(job.path), job=job)
+    assert json.loads(jd.job_json.read_text())["job"]["task"]["reward"] == "reward/reward.py:compute_score"
+    edit(jd, "task", {"max_output_tokens": 65})
+    (p,) = edit_problems(jd, jd.read_plan(), edited=edited_fields(jd))
+    assert p.field == "job.task.max_output_tokens" and "sliding_window 96 binds" in p.message, p
+    edit(jd, "task", {"max_output_tokens": 60})
+    assert edited_fields(jd) == ["task"]
+    assert edit_problems(jd, jd.read_plan(), edited=["task"]) == []
