@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
+from rlctl.config.pipeline import rounds_ahead
 from rlctl.planner.costs import (
     Sharding,
     ShardRule,
@@ -248,7 +249,8 @@ def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warm
 def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
     overheads = overheads.for_mode(job.pipeline.mode)
     works = rep.with_overheads(overheads)
-    return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
+    eta = rounds_ahead(job.pipeline.eta, job.batch.samples_per_iteration)  # as the controller ran it
+    return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=eta)
 
 
 def _rollout_extra_s(run: JobRun, rep: Replay, *, warmup: int) -> tuple[float, float]:

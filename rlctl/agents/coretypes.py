@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from rlctl.config.pipeline import MAX_SAMPLES_AHEAD, rounds_ahead
+
 Mode = Literal["sync", "stream", "async"]
 DispatchPolicy = Literal["random", "skew_aware", "oracle"]
 # An iteration's share is kept this long for a unit that is still applying the weights it needs (the first
@@ -29,10 +31,6 @@ STALL_P90_FACTOR = 2.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
 MIN_GROUP = 2  # samples a filtered group keeps at least (a group advantage compares two or more)
-# Rounds are created up to η ahead of the trainer, and no more than this many samples' worth ahead: a bound of
-# thousands (a job that means "as stale as it likes") made every round at once, each sample ≈ 1.5 kB of the
-# controller's memory and a request queued in a unit's engine. At 2,048 samples a round that is 128 rounds ahead.
-MAX_SAMPLES_AHEAD = 262_144
 RATE_REPORTS = 64  # a unit's last reports whose per-sample token rates bound what its loss cost
 FINISHED_LENGTHS = 256  # output lengths of the last finished samples: the remaining-steps estimate of migration
 MIGRATE_EVERY_S = 0.2  # how often the units' loads are compared (`migrate`): each look reads the samples in flight
@@ -83,7 +81,7 @@ class CoreConfig:
         """How many rounds past the trainer's version may be created: η, or fewer where η rounds would hold more than
         `max_samples_ahead` samples (at least 1: the next round)."""
         per_round = self.prompts_per_iteration * self.samples_per_prompt
-        return min(self.eta, max(1, self.max_samples_ahead // max(per_round, 1)))
+        return rounds_ahead(self.eta, per_round, max_samples_ahead=self.max_samples_ahead)
 
 
 @dataclass

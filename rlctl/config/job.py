@@ -31,7 +31,7 @@ from rlctl.config.base import KINDS, NAME_RE, Strict, check_header, read_yaml, v
 from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.config.lifecycle import DEMO_SFT_STEPS, Checkpoint, Evaluation, Warmup
 from rlctl.config.model import HfModel, Model
-from rlctl.config.pipeline import Batch, Pipeline, Placement, Planning, Rebalance
+from rlctl.config.pipeline import MAX_SAMPLES_AHEAD, Batch, Pipeline, Placement, Planning, Rebalance, rounds_ahead
 from rlctl.config.runtime import Metrics, Rollout, Trainer, Transport, WeightSync
 from rlctl.config.task import DatasetTask, DigitsTask, Task
 from rlctl.config.tracking import Tracking
@@ -249,6 +249,17 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             "pipeline.staleness",
             f"{eta} is more than the job's {spec.iterations} iterations; use at most {spec.iterations} (a bound of "
             f"{max(spec.iterations - 1, 0)} already lets every iteration be generated from the first weights)",
+        )
+    per_round = spec.batch.samples_per_iteration
+    # (the controller ran it at `most` rounds ahead, said at INFO only)
+    if eta is not None and (most := rounds_ahead(eta, per_round)) < eta:
+        raise ConfigError(
+            str(path),
+            "pipeline.staleness",
+            f"{eta}: the controller creates rounds at most {MAX_SAMPLES_AHEAD:,} samples ahead of the trainer "
+            f"(MAX_SAMPLES_AHEAD), {most} iterations of {per_round:,} (batch.prompts_per_iteration "
+            f"{spec.batch.prompts_per_iteration} × samples_per_prompt {spec.batch.samples_per_prompt}); use at most "
+            f"{most}, or fewer samples an iteration",
         )
     sites = [r.site for r in spec.placement.rollout]
     if len(set(sites)) != len(sites):

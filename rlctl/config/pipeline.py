@@ -13,6 +13,19 @@ MAX_SAMPLES_PER_PROMPT = 1024
 # samples of one iteration: `rlctl plan` simulates each (≈ 30 s at this bound on one core); published runs
 # take up to a few tens of thousands
 MAX_SAMPLES_PER_ITERATION = 2**17
+# Rounds are created up to η ahead of the trainer, and no more than this many samples' worth ahead: a bound of
+# thousands (a job that means "as stale as it likes") made every round at once, each sample ≈ 1.5 kB of the
+# controller's memory and a request queued in a unit's engine. At 2,048 samples a round that is 128 rounds ahead.
+# A job file's staleness past it is refused (`load_job`); a record of an older launch runs at `rounds_ahead`.
+MAX_SAMPLES_AHEAD = 262_144
+
+
+def rounds_ahead(eta: int, samples_per_round: int, *, max_samples_ahead: int | None = None) -> int:
+    """How many rounds past the trainer's version the controller creates (and the planner prices): η, or fewer where
+    η rounds would hold more than `max_samples_ahead` samples (default MAX_SAMPLES_AHEAD; at least 1: the next
+    round)."""
+    most = MAX_SAMPLES_AHEAD if max_samples_ahead is None else max_samples_ahead
+    return min(eta, max(1, most // max(samples_per_round, 1)))
 
 
 class Batch(Strict):
@@ -50,7 +63,8 @@ class Pipeline(Strict):
     staleness: NonNegativeInt | None = Field(
         None,
         description="η; default 1 for async, 0 otherwise; at most the job's iterations (iterations − 1 already lets "
-        "every iteration be generated from the first weights)",
+        f"every iteration be generated from the first weights), and at most {MAX_SAMPLES_AHEAD:,} samples' worth of "
+        "iterations (the rounds the controller creates ahead of the trainer)",
     )
 
     @property

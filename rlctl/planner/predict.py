@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlctl.config.job import Job
+from rlctl.config.pipeline import rounds_ahead
 from rlctl.planner.costs import TrainWorkload
 from rlctl.planner.dispatchreport import dispatch_report
 from rlctl.planner.engine import Barrier
@@ -106,8 +107,9 @@ def simulate_modes(
     # From η = steady on, no simulated iteration waits for weights (its shares reach the engines at the start) and
     # a larger η only adds works queued behind `steady` whole iterations in each engine (older first): the same
     # iteration time, at a cost quadratic in η (`simulate_job` runs each engine over i + η shares; η 10^4: minutes)
+    # (η as the controller runs it: no more rounds ahead than MAX_SAMPLES_AHEAD holds, `rounds_ahead`)
     steady = max(len(works), MIN_SIM_ITERATIONS)
-    eta = drain = min(spec.pipeline.eta, steady)
+    eta = drain = min(rounds_ahead(spec.pipeline.eta, spec.batch.samples_per_iteration), steady)
     works = [works[i % len(works)] for i in range(steady + drain)]
     iteration: dict[Mode, float] = {}
     for m in modes:

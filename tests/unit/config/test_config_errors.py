@@ -668,6 +668,16 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # rounds past MAX_SAMPLES_AHEAD are not created: η 8 ran as 2, said at INFO only
+        "job: staleness past the samples created ahead",
+        JOB + "iterations: 20\nbatch: {prompts_per_iteration: 1024, samples_per_prompt: 128}\n"
+        "pipeline: {mode: async, staleness: 8}\n",
+        "pipeline.staleness: 8: the controller creates rounds at most 262,144 samples ahead of the trainer "
+        "(MAX_SAMPLES_AHEAD), 2 iterations of 131,072 (batch.prompts_per_iteration 1024 × samples_per_prompt 128); "
+        "use at most 2, or fewer samples an iteration",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: infinite number or 'auto'",  # the error names the field, not pydantic's label of the union member
         JOB.replace("kind: lengths", "kind: dataset, path: d.jsonl, reward_stall_s: .inf"),

@@ -14,7 +14,10 @@ import pytest
 import yaml
 
 from rlctl.config import load_job
+from rlctl.config import pipeline as pipeline_config
 from rlctl.config.hostfill import trainer_slots
+from rlctl.config.job import Job
+from rlctl.config.pipeline import Pipeline
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.gpus import GpuPool
 from rlctl.planner import inputs as plan_inputs
@@ -851,8 +854,9 @@ def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From η = the simulated iterations on, no simulated iteration waits for weights: a larger η (a job of 10^6
-    iterations at staleness 10^6) changes no figure and is simulated as that many, where it made `plan` and `check`
-    run for minutes (simulate_job runs each engine over i + η shares: η 1000 took 18 s, 10000 over 120 s)."""
+    iterations at staleness 1024, the most its 256 samples an iteration take: MAX_SAMPLES_AHEAD) changes no figure
+    and is simulated as that many, where it made `plan` and `check` run for minutes (simulate_job runs each engine
+    over i + η shares: η 1000 took 18 s, 10000 over 120 s)."""
     seen: list[tuple[int, dict[str, Any]]] = []
 
     def spy(works: Any, **kw: Any) -> Any:
@@ -865,12 +869,34 @@ def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
     opts = PlanOptions(sim_iterations=1, curves_in_output=False)
     ref = make_plan(load_job(_edit(path, lambda j: j.update(pipeline={"mode": "async", "staleness": 6}))), options=opts)
     seen.clear()
-    huge = load_job(_edit(path, lambda j: j.update(iterations=10**6, pipeline={"mode": "async", "staleness": 10**6})))
+    huge = load_job(_edit(path, lambda j: j.update(iterations=10**6, pipeline={"mode": "async", "staleness": 1024})))
     plan = make_plan(huge, options=opts)
     n, kw = next((n, kw) for n, kw in seen if kw["mode"] == "async")
     steady = plan_predict.MIN_SIM_ITERATIONS
     assert (n, kw["eta"], kw["drain"]) == (2 * steady, steady, steady)
     assert plan["predicted"] == ref["predicted"]
+
+
+def test_a_recorded_staleness_past_the_samples_created_ahead_is_simulated_as_the_controller_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller creates rounds at most MAX_SAMPLES_AHEAD samples ahead of the trainer (`rounds_ahead`): a job
+    whose η is past that (one an older rlctl launched: `load_job` refuses it since) is priced at the rounds it runs
+    ahead, versus at its η (1024 × 128 samples at η 8: priced 6 iterations ahead, the simulated ones, run 2 ahead).
+    The bound is scaled down to this job's 256 samples an iteration: 512 samples, 2 rounds."""
+    seen: list[dict[str, Any]] = []
+
+    def spy(works: Any, **kw: Any) -> Any:
+        seen.append(kw)
+        return simulate_job(works, **kw)
+
+    monkeypatch.setattr(plan_predict, "simulate_job", spy)
+    monkeypatch.setattr(pipeline_config, "MAX_SAMPLES_AHEAD", 512)
+    job = load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS))
+    recorded = job.spec.model_copy(update={"pipeline": Pipeline(mode="async", staleness=6)})
+    make_plan(Job(recorded, job.inventory, job.path), options=PlanOptions(sim_iterations=1, curves_in_output=False))
+    asynchronous = next(kw for kw in seen if kw["mode"] == "async")
+    assert (asynchronous["eta"], asynchronous["drain"]) == (2, 2)
 
 
 def _relabel(tmp: Path, datacenters: dict[str, str], *, extra: dict[str, str] | None = None) -> None:
