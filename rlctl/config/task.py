@@ -131,12 +131,15 @@ class DatasetTask(OverlongShaping):
         "extra_info", description="null: none read (every row's extra_info None, as a row without the field's)"
     )
     template_strings: bool = Field(
-        False, description="render string prompts through the chat template, as one user message"
+        False,
+        description="render string prompts through the chat template, as one user message (refused where every "
+        "prompt is chat messages, which it renders anyway)",
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="variables the chat template reads beyond the messages (verl's apply_chat_template_kwargs, "
-        "transformers' apply_chat_template(**kwargs)), e.g. {enable_thinking: false} for Qwen3",
+        "transformers' apply_chat_template(**kwargs)), e.g. {enable_thinking: false} for Qwen3; one the template "
+        "never reads is refused, and all where no prompt goes through the template",
     )
     max_prompt_tokens: Tokens = 1024
     max_output_tokens: Tokens = 1024

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -94,9 +95,11 @@ def tokenized_rows(
     check: Callable[[], None] | None = None,
     each: bool = True,
     heldout: bool = False,
+    forms: Counter[str] | None = None,
 ) -> tuple[list[list[int]], list[dict[str, Any]], list[BadRow]]:
     """Every row of `data_path` read and tokenized (`_scan`): the good ones' tokens and rows, and the bad ones.
-    `check` is called at each good row; `each`: each bad row logged (else one line for all)."""
+    `check` is called at each good row; `each`: each bad row logged (else one line for all); `forms`: counts the
+    good rows' prompts by form (`_prompt_form`)."""
     tokens: list[list[int]] = []
     rows: list[dict[str, Any]] = []
 
@@ -106,7 +109,7 @@ def tokenized_rows(
         tokens.append(parsed[0])
         rows.append({"source_row": label, **parsed[1]})
 
-    _, bad = _scan(cfg, data_path, tokenizer, keep, each=each, heldout=heldout)
+    _, bad = _scan(cfg, data_path, tokenizer, keep, each=each, heldout=heldout, forms=forms)
     return tokens, rows, bad
 
 
@@ -168,6 +171,7 @@ def _scan(
     *,
     each: bool | None = None,
     heldout: bool = False,
+    forms: Counter[str] | None = None,
 ) -> tuple[int, list[BadRow]]:
     """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the number of good
     rows and the bad rows, after `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row
@@ -192,6 +196,8 @@ def _scan(
             continue
         good += 1
         unsupported.see(raw, cfg)
+        if forms is not None:
+            forms[_prompt_form(lookup(raw, cfg.prompt_key))] += 1
         if keep is not None:
             keep(label, parsed)
     each = keep is not None if each is None else each
@@ -223,14 +229,26 @@ def _optional_keys_set(cfg: DatasetTask) -> dict[str, str]:
     }
 
 
+def _prompt_form(prompt: Any) -> str:
+    """A good row's prompt: "string" (rendered through the chat template with task.template_strings alone) or "chat"
+    (messages: always rendered through it, with task.chat_template_kwargs)."""
+    return "string" if isinstance(prompt, str) else "chat"
+
+
 @dataclass(frozen=True)
 class RowsChecked:
     """What `check_rows` read of a file: its usable rows (what the launch will prepare), and their data_sources (a
-    dataset a built-in reward scores is warned of: `rlctl.rl.reward.builtin_scorer_hints`)."""
+    dataset a built-in reward scores is warned of: `rlctl.rl.reward.builtin_scorer_hints`), and how many of them
+    have a string prompt (the rest: chat messages; what reads task.template_strings and chat_template_kwargs)."""
 
     good: int
     data_sources: frozenset[str]
     path: Path
+    string_prompts: int
+
+    @property
+    def chat_prompts(self) -> int:
+        return self.good - self.string_prompts
 
 
 def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, heldout: bool = False) -> RowsChecked:
@@ -238,18 +256,19 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, h
     kept or written, unless `keeping_rows`), refused as the launch would; the usable rows and their data_sources.
     `heldout`: the file is evaluation.path (what a skip of its bad rows leaves is evaluated)."""
     sources: set[str] = set()
+    forms: Counter[str] = Counter()
 
     def source(_: str, row: tuple[list[int], dict[str, Any]]) -> None:
         sources.add(row[1]["data_source"])
 
     if not _keeping.get() or not data_path.is_file():
-        good, _ = _scan(cfg, data_path, tokenizer, source, each=False, heldout=heldout)
+        good, _ = _scan(cfg, data_path, tokenizer, source, each=False, heldout=heldout, forms=forms)
     else:
         identity = identity_of(cfg, data_path, tokenizer)  # (the file's digest before its rows are read)
-        kept = tokenized_rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
+        kept = tokenized_rows(cfg, data_path, tokenizer, each=False, heldout=heldout, forms=forms)
         _kept[str(data_path)] = (identity, kept)
         good, sources = len(kept[1]), {row["data_source"] for row in kept[1]}
-    return RowsChecked(good, frozenset(sources), data_path)
+    return RowsChecked(good, frozenset(sources), data_path, forms["string"])
 
 
 def report_bad_rows(

@@ -164,10 +164,9 @@ def _generation_extension() -> type:
     return Generation
 
 
-@functools.lru_cache(maxsize=8)
-def _compiled(template: str) -> Any:
-    """`template` compiled once (its environment as transformers makes it): compiling it again for each row made a
-    dataset of chat-message prompts ~1 ms a row slower to tokenize (200k rows: minutes)."""
+@functools.cache
+def _environment() -> Any:
+    """The jinja2 environment chat templates are rendered in, as transformers makes it."""
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -177,7 +176,34 @@ def _compiled(template: str) -> Any:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> Any:
+    """`template` compiled once: compiling it again for each row made a dataset of chat-message prompts ~1 ms a row
+    slower to tokenize (200k rows: minutes)."""
+    return _environment().from_string(template)
+
+
+def template_variables(template: str) -> frozenset[str]:
+    """The variables `template` reads from its caller (jinja2's find_undeclared_variables, which vLLM's
+    resolve_chat_template_kwargs keeps a request's chat_template_kwargs to): the messages, the special tokens, a
+    variable such as Qwen3's enable_thinking; not the environment's functions (raise_exception). A variable the
+    template sets before it reads it is not one: a value passed for it is never read. ValueError: it does not parse."""
+    import jinja2.meta
+
+    env = _environment()
+    try:
+        parsed = env.parse(template)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ValueError(f"chat template: {e}") from e
+    return frozenset(jinja2.meta.find_undeclared_variables(parsed) - set(env.globals))
+
+
+def chat_template_of(model_dir: Path) -> str | None:
+    """The chat template `HFTokenizer(model_dir)` renders (`_chat_template`), read without its tokenizer.json."""
+    return _chat_template(model_dir, _read_json(model_dir / "tokenizer_config.json"))
 
 
 def render_chat_template(template: str, messages: Sequence[dict[str, Any]], /, **variables: Any) -> str:

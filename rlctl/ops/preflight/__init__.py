@@ -15,8 +15,9 @@ per concept beside it: `base` (`Problem`), `sites` (the sites' hosts and network
 `data` (the model, the task's prompts and data, the held-out evaluation), `fields` (fields the job's other choices
 leave unread, or only `rlctl plan` reads), `backends` (devices, the megatron backend, the trainer's model split and
 sharding), `placement` (the plan launch runs, laid out on the sites: SLURM cores, the controller's room),
-`memory` (the trainer's and the rollout units' memory), `slurmoptions` (a SLURM site's constraint and reservation
-against its cluster: `check --reach`).
+`memory` (the trainer's and the rollout units' memory), `template` (a dataset task's template_strings and
+chat_template_kwargs against its prompts and the model's chat template), `slurmoptions` (a SLURM site's constraint
+and reservation against its cluster: `check --reach`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from rlctl.ops.preflight.sites import (
     site_problems,
     unbindable_problems,
 )
+from rlctl.ops.preflight.template import template_problems
 from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
 from rlctl.rl.dataset_scan import RowsChecked
@@ -211,6 +213,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             task_rows = check_task(task, job_file=job.path, model_dir=model_dir)
         except ConfigError as e:
             out.append(_problem("task", e))
+        read = [task_rows, heldout_rows] if spec.evaluation.heldout_prompts else [task_rows]
+        out += template_problems(job, task, read)
     if spec.warmup.sft_steps and (isinstance(task, DatasetTask) or spec.model.kind == "hf"):
         out.append(
             Problem(

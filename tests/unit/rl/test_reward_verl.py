@@ -155,7 +155,7 @@ def test_check_warns_where_every_row_is_a_dataset_a_builtin_scores_and_the_rewar
     for kept in (False, True):  # `rlctl check`'s, and a launch's preflight's
         with keeping_rows() if kept else contextlib.nullcontext():
             read = check_rows(cfg, data_path=path, tokenizer=tok)
-        assert read == RowsChecked(2, frozenset({"openai/gsm8k"}), path)
+        assert read == RowsChecked(2, frozenset({"openai/gsm8k"}), path, string_prompts=2)
         assert builtin_scorer_hints(cfg.reward, train=read, heldout=None) == [
             "task.reward: exact_match compares the whole output with the ground truth, and every row's data_source "
             "is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl scores them with its GSM8K "
@@ -185,10 +185,10 @@ def test_check_warns_where_every_held_out_row_is_a_dataset_a_builtin_scores_and_
     held = write_jsonl(tmp_path / "held.jsonl", [gsm] * 2)
     cfg = DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl"})
     trained = check_rows(cfg, data_path=train, tokenizer=tok)
-    assert trained == RowsChecked(2, frozenset({"openai/gsm8k", "mine"}), train)
+    assert trained == RowsChecked(2, frozenset({"openai/gsm8k", "mine"}), train, string_prompts=2)
     assert builtin_scorer_hints(cfg.reward, train=trained, heldout=None) == []
     heldout = check_rows(heldout_task(cfg, "held.jsonl"), data_path=held, tokenizer=tok, heldout=True)
-    assert heldout == RowsChecked(2, frozenset({"openai/gsm8k"}), held)
+    assert heldout == RowsChecked(2, frozenset({"openai/gsm8k"}), held, string_prompts=2)
     assert builtin_scorer_hints(cfg.reward, train=trained, heldout=heldout) == [
         "task.reward: exact_match compares the whole output with the ground truth, and the data_source of every "
         "held-out row (evaluation.path) is openai/gsm8k, whose outputs end in a worked answer ('… #### 72'; verl "
