@@ -113,7 +113,13 @@ faults: $(STAMP)
 	bash tests/services/all.sh up && bash tests/faults/tools.sh && \
 	RLCTL_REQUIRE_SERVICES=1 RLCTL_FAULTS=full $(BIN)/pytest -q tests/faults
 
-test: lint unit integration
+# The vLLM virtualenv (pip: mostly fetching and unpacking wheels, ≈ 2.5 min) is made in the background while lint
+# and the unit tests run (its lines are shown after them); the integration stage, whose last part uses it, follows.
+test: $(STAMP)
+	$(MAKE) --no-print-directory vllm-venv >$(VLLM_VENV).log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory lint unit; ok=$$?; \
+	wait $$vllm; cat $(VLLM_VENV).log; exit $$ok
+	$(MAKE) --no-print-directory integration
 
 services-up:
 	bash tests/services/all.sh up
