@@ -626,12 +626,14 @@ def _policy_tensors(directory: Path) -> ModelTensors:
     return ModelTensors(file, config, only=only)
 
 
-def _check_policy(directory: Path, policy: Any) -> None:
+def _check_policy(directory: Path, policy: Any) -> tuple[ModelTensors, dict[str, tuple[int, ...]]]:
     """`_load_policy`'s refusal of another model's checkpoint (ConfigError naming `directory`), with nothing read but
     the files' headers (and a tied lm_head): megatron's `policy` (`MegatronPolicy.check_hf`), before a resume at
-    another tp × pp reads the old shards, whose AdamW state another model's would misfit in a line naming a shard."""
+    another tp × pp reads the old shards, whose AdamW state another model's would misfit in a line naming a shard.
+    The tensors checked and their full shapes, which that resume's load takes as checked (`load_hf`'s `checked`)."""
+    tensors = _policy_tensors(directory)
     try:
-        policy.check_hf(_policy_tensors(directory))
+        return tensors, policy.check_hf(tensors)
     except DoesNotFit as e:
         raise ConfigError(str(directory), None, str(e)) from e
 
@@ -664,7 +666,10 @@ def _load_resplit(
             f"{refused}: rebuilding {', '.join(sorted(set(modules) | set(optimizers) - {'policy'}))}'s state at "
             f"another tp × pp is not built; resume at tp {was.tp} pp {was.pp}"
         )
-    _check_policy(ckpt / MODEL, policy)  # another model's checkpoint: refused in its words, before any shard is read
+    # another model's checkpoint: refused in its words, before any shard is read; checked once (the load below
+    # takes it as checked), versus again by the load (each file's header parsed twice, a tied lm_head and the
+    # embedding read and compared twice)
+    tensors, shapes = _check_policy(ckpt / MODEL, policy)
     rank, _ = _rank_world()
     files = {s["rank"]: s["file"] for s in manifest["ranks"]}
     shards = {resplit.position(r, was): shardcheck.read_shard(ckpt, files[r], mmap=True) for r in reads}
@@ -695,7 +700,7 @@ def _load_resplit(
         raise shardcheck.damaged(ckpt, files[resplit.writer(*e.at, was)], str(e)) from e
     except ValueError as e:
         raise CheckpointError(f"{refused}: {e}") from e
-    _load_policy(ckpt / MODEL, model)  # (once every shard read passed: nothing written to the model before)
+    policy.load_hf(tensors, rank=t, checked=shapes)  # (once every shard read passed: nothing written to it before)
     opt.load_state_dict(state)
     first = min(shards, key=lambda k: (k[1], k[0] != t % was.tp))
     set_rng_state(shards[first]["rng"])  # nothing on the trainer draws from it (the module's docstring)

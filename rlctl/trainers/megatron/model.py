@@ -283,16 +283,20 @@ class MegatronPolicy(StagedGPT):
         return self._run(tokens, width=self.config.vocab_size)
 
     @torch.no_grad()
-    def load_hf(self, hf: Mapping[str, torch.Tensor], *, rank: int = 0) -> None:
+    def load_hf(
+        self, hf: Mapping[str, torch.Tensor], *, rank: int = 0, checked: dict[str, tuple[int, ...]] | None = None
+    ) -> None:
         """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage, one
         parameter at a time: what it holds beyond them is the whole HF tensors of one parameter (q, k and v of a
         fused qkv) and its part, where `hf` reads each as it is asked for (`rlctl.models.tensors`). Checked against
         this config first, nothing read (`check_fit`: every stage's HF names and full shapes, which the name table
         cuts into this rank's, and a tied lm_head may be there if it is the embedding: `check_tied`): DoesNotFit
         with nothing written, versus a KeyError (a missing tensor) or the copy's RuntimeError (another shape) with
-        the parameters before it written, and an unexpected tensor ignored."""
+        the parameters before it written, and an unexpected tensor ignored. `checked`: what `check_hf` returned
+        for these `hf`, which are not checked again (a resume at another tp × pp checks them before it reads the old
+        shards: `rlctl.checkpoint.trainer._load_resplit`)."""
         c, params = self.config, self._to_write()
-        shapes = self.check_hf(hf)
+        shapes = self.check_hf(hf) if checked is None else checked
         meta = {k: torch.empty(shape, device="meta") for k, shape in shapes.items()}
         table = names.to_megatron(meta, c, tp=self.tp, rank=rank, stage=self.stage)
         cut, own = {k: tuple(t.shape) for k, t in table.items()}, {k: tuple(p.shape) for k, p in params.items()}

@@ -27,7 +27,9 @@ optimizer's: "policy", PPO's "critic"), "modules": the state of the learner's ot
 critic: this rank's shard of its trunk, and its head), "errors": the CheckpointErrors of the resume phase,
 "counters": the counters restored, "rng": this rank's RNG states right after the restore (resume phase),
 "at_checkpoint" (run) / "restored" (resplit): this rank's policy AdamW state by parameter name when the
-checkpoint was written / right after the restore, "restored_weights" (resplit): the full HF weights then}.
+checkpoint was written / right after the restore, "restored_weights" (resplit): the full HF weights then,
+"policy_checks" (resplit): how many times the restore checked the checkpoint's policy against the model (megatron's
+`check_hf`; 0 for the torch backend)}.
 """
 
 from __future__ import annotations
@@ -110,9 +112,11 @@ def main(
         dist.destroy_process_group()
         return
     if phase == "resplit":
+        checks = policy_checks(backend)
         result["counters"], _ = load_trainer(
             ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp, version=2
         )
+        result["policy_checks"] = len(checks)
         result["restored"] = named_state(backend.model, opts["policy"])
         result["restored_weights"] = {k: v.clone() for k, v in backend.weights().items()}
 
@@ -158,6 +162,22 @@ def main(
     }
     torch.save(result, out)
     dist.destroy_process_group()
+
+
+def policy_checks(backend: Any) -> list[str]:
+    """Each name of the checkpoint's tensors `check_hf` is asked about by `backend`'s megatron policy (its names'
+    count at each call; none for another backend), as it is called from now on."""
+    calls: list[str] = []
+    policy = getattr(backend, "model", None)
+    check_hf = getattr(policy, "check_hf", None)
+    if check_hf is not None and hasattr(policy, "stage"):
+
+        def counted(hf: Any) -> Any:
+            calls.append(f"{len(hf)} tensors")
+            return check_hf(hf)
+
+        policy.check_hf = counted  # (the instance's: what `load_hf` and `_check_policy` call)
+    return calls
 
 
 def named_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:

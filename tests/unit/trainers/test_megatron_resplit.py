@@ -82,6 +82,8 @@ def test_a_checkpoint_resumes_at_another_split_with_its_whole_state(
         assert b["counters"] == {"version": 2}
         assert all(torch.equal(b["restored_weights"][k], v) for k, v in saved.items()), rank
         assert {float(st["step"]) for st in b["restored"].values()} == {2.0}, rank  # two steps, carried
+        # its policy checked against the model once, before the old shards are read (not again as it is loaded)
+        assert b["policy_checks"] == (1 if backend == "megatron" else 0), rank
     checkpointed = whole_moments(ran, "at_checkpoint", backend=backend, tp=tp, pp=pp, dp=dp, model=ckpt / "model")
     restored = whole_moments(resumed, "restored", backend=backend, tp=ntp, pp=npp, dp=ndp, model=ckpt / "model")
     for m in MOMENTS:
