@@ -8,8 +8,8 @@ and its share of the KV cache; the step is bound by HBM bandwidth or by FLOPs, w
 
 Training: FLOPs per token = 2·P·u, u the forward units of the algorithm's passes (`traincost`: e.g.
 3 for rlctl's GRPO without KL, 4 + 4·C/P for its PPO with KL, C its critic's), at MFU η_train, plus Megatron-style TP
-all-reduces (4 per layer per update-token, scaled by u/3). Attention FLOPs in training are left
-out (≈5 % at 8K for 7B).
+all-reduces of each pass's activations (a layer's: 4 in an update, 2 in a forward; PPO's critic's as the policy's,
+`traincost.tp_allreduces`). Attention FLOPs in training are left out (≈5 % at 8K for 7B).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rlctl.profiler.traincost import (
     critic_flop_params,
     flops_per_token,
     lora_adapters,
+    tp_allreduces,
     trained_params,
 )
 
@@ -130,17 +131,14 @@ def training_entry(
     passes = passes or TrainingPasses()
     critic = critic_flop_params(model)  # (PPO's: the policy's trunk, no lm_head matmul)
     flops = flops_per_token(algorithm, passes, model.active, critic=critic)  # (a MoE's active parameters; memory: all)
-    # TP all-reduces scale with the FLOPs of full updates (a MoE's active parameters): a LoRA backward all-reduces
-    # the activations' gradients as a full one does (it skips the weight gradients, which need none). PPO's critic's
-    # passes count by their FLOPs too (C/P each, though its layers all-reduce as the policy's): the entries stay linear
-    # in FLOPs, as the planner scales a profile of other passes to the job's (`train_cost`'s scale_of_profile)
-    full = passes.model_copy(update={"adapter_params": 0.0})
-    update_equivalents = flops_per_token(algorithm, full, model.active, critic=critic) / (6 * model.active)
     compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
     comm = 0.0
-    if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)
+    if tp > 1:  # each pass's all-reduces of the activations, bf16, a layer's by the pass (`tp_allreduces`): PPO's
+        # critic's as the policy's layers', versus scaled by its FLOPs (C/P, its lm_head's matmul, which all-reduces
+        # nothing), and a forward 2 of an update's 4, versus 1/3 of them as its FLOPs (a reference forward, the
+        # critic's values forward). A profile of other passes is still scaled by FLOPs (`train_cost`)
         ring = 2 * (tp - 1) / tp * model.hidden * 2
-        comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
+        comm = tp_allreduces(algorithm, passes) * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
     shard = model.params / (tp * pp)
     trained_shard = trained_params(model, algorithm) / (tp * pp)  # (PPO's critic: no lm_head, `critic_params`)
     # bf16 weights + grads of the trained models and the reference's weights stay whole per rank (the reference in

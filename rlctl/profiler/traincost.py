@@ -196,6 +196,27 @@ def forward_units(algorithm: str, passes: TrainingPasses, *, params: float, crit
     return float(update + forwards)
 
 
+# a decoder layer's all-reduces of a token's activations under Megatron-style tensor parallelism (no sequence
+# parallel): a forward's 2 (the attention's and the MLP's row-parallel outputs), a backward's 2 more (their
+# column-parallel inputs' gradients)
+TP_ALLREDUCES_FORWARD = 2
+TP_ALLREDUCES_UPDATE = 4
+
+
+def tp_allreduces(algorithm: str, passes: TrainingPasses) -> float:
+    """A layer's tensor-parallel all-reduces per trained token in one iteration (each of the token's activations,
+    hidden wide): an update's 4 (+ 2 for a recomputed forward), a forward's 2. PPO's critic's update and values
+    forward as the policy's: its layers are the policy's, of the same width and number, and what it lacks, the
+    lm_head, is a matmul, not an all-reduce (versus its FLOPs' C/P, `critic_flop_params`). With LoRA an update
+    all-reduces the activations' gradients as a full one does (the weights' gradients need none)."""
+    update = (TP_ALLREDUCES_UPDATE + TP_ALLREDUCES_FORWARD * passes.recompute) * passes.epochs
+    forwards = TP_ALLREDUCES_FORWARD * (passes.reference + passes.old_logprobs)
+    if algorithm == "ppo":  # its critic's update and its values forward for GAE
+        update *= 2
+        forwards += TP_ALLREDUCES_FORWARD
+    return float(update + forwards)
+
+
 def flops_per_token(algorithm: str, passes: TrainingPasses, params: float, *, critic: float | None = None) -> float:
     return 2.0 * params * forward_units(algorithm, passes, params=params, critic=critic)
 

@@ -35,7 +35,7 @@ from rlctl.planner.costs import (
 from rlctl.planner.inputs import PlanOptions, profile_for, train_cost
 from rlctl.planner.plan import make_plan
 from rlctl.planner.simjob import IterationWork, simulate_job
-from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
+from rlctl.profiler.analytical import ETA_LINK, ETA_TRAIN, analytical_profile, training_entries, training_entry
 from rlctl.profiler.traincost import (
     TrainingPasses,
     critic_flop_params,
@@ -43,6 +43,7 @@ from rlctl.profiler.traincost import (
     forward_units,
     passes_for,
     streamed_units,
+    tp_allreduces,
 )
 from rlctl.rl.cuts import pipeline_chunks
 
@@ -74,6 +75,33 @@ def test_flops_per_token_by_hand(algorithm: str, passes: TrainingPasses, flops: 
     assert flops_per_token(algorithm, passes, P7, critic=C7) == pytest.approx(flops)
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "passes", "allreduces", "before"),
+    [
+        ("grpo", RUNTIME, 4, 4),  # the policy's update: its forward's 2 and its backward's 2
+        ("grpo", TrainingPasses(reference=True), 6, 4 * 8 / 6),  # + the reference forward's 2
+        ("ppo", RUNTIME, 10, 4 * (6 * P7 + 8 * C7) / (6 * P7)),  # + the critic's update 4 and values forward 2
+        ("ppo", TrainingPasses(reference=True), 12, 4 * (8 * P7 + 8 * C7) / (6 * P7)),
+        # recomputation re-runs each update's forward (+2 each), two epochs run both updates twice
+        ("ppo", TrainingPasses(recompute=True, epochs=2), 26, 4 * (16 * P7 + 18 * C7) / (6 * P7)),
+    ],
+)
+def test_tensor_parallel_all_reduces_are_each_passs_layers_the_critics_as_the_policys(
+    algorithm: str, passes: TrainingPasses, allreduces: float, before: float
+) -> None:
+    """At tp 2 each pass adds a layer's all-reduces of a token's activations (hidden wide, bf16): an update 4, a
+    forward 2. PPO's critic's are the policy's: its layers are the policy's, and what it lacks, the lm_head, is a
+    matmul, not an all-reduce; versus every pass's priced as a share of the policy's update by its FLOPs (`before`:
+    4 × units / 3, the critic's scaled by C/P ≈ 0.93 for Qwen2.5-7B, a forward 1/3 of an update)."""
+    m, g = BUILTIN_MODELS["qwen2.5-7b"], CATALOG["H800"]
+    assert tp_allreduces(algorithm, passes) == allreduces
+    one = training_entry(m, g, tp=1, pp=1, algorithm=algorithm, passes=passes).gpu_s_per_token
+    two = training_entry(m, g, tp=2, pp=1, algorithm=algorithm, passes=passes).gpu_s_per_token
+    hop = m.layers * (2 * 1 / 2 * m.hidden * 2) / (ETA_LINK * g.nvlink_gb_per_s * 1e9)  # one all-reduce of each layer
+    assert (two - one) / 2 == pytest.approx(allreduces * hop)  # tp × (compute / tp + comm): comm a GPU's
+    assert before <= allreduces  # (the old price never more)
+
+
 def test_the_job_sets_the_reference_forward_and_the_trainer_the_rest() -> None:
     assert passes_for(GrpoAlgorithm(kind="grpo")) == TrainingPasses(reference=False)
     assert passes_for(PpoAlgorithm(kind="ppo", kl_coef=0.001)) == TrainingPasses(reference=True)
@@ -98,8 +126,11 @@ def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> No
     }
     assert grpo[1, 1].gpu_s_per_token == pytest.approx(6 * P7 / (ETA_TRAIN * g.flops))
     assert ppo[1, 1].gpu_s_per_token == pytest.approx((8 * P7 + 8 * C7) / (ETA_TRAIN * g.flops))
-    units = (8 * P7 + 8 * C7) / (6 * P7)  # (≈ 15.43 / 6, versus 16 / 6 until 2026-12-07)
-    assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(units)  # TP comm scales too
+    # at tp 2 the compute halves on each of two GPUs, and each all-reduce of a layer is added (`tp_allreduces`): PPO's
+    # with KL 12 a layer, GRPO's 4 (see the test below)
+    hop = m.layers * (2 * 1 / 2 * m.hidden * 2) / (ETA_LINK * g.nvlink_gb_per_s * 1e9)
+    assert ppo[2, 1].gpu_s_per_token == pytest.approx(ppo[1, 1].gpu_s_per_token + 2 * 12 * hop)
+    assert grpo[2, 1].gpu_s_per_token == pytest.approx(grpo[1, 1].gpu_s_per_token + 2 * 4 * hop)
     # bf16 weights + grads of policy and critic (4 B each) + the reference as the trainer holds it (fp32, 4 B) + 2 GB;
     # Adam 12 B per trained model. The critic: the policy's trunk without its lm_head (untied: 152,064 × 3,584 fewer,
     # versus priced as the policy until 2026-12-07) and a value head of hidden + 1
@@ -281,8 +312,9 @@ def _job(algorithm: dict[str, object]) -> Job:
 
 def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
     """A PPO profile without reference, planned for a PPO job with KL: ×(8P + 8C)/(6P + 8C) (16/14 with a critic of
-    the policy's FLOPs, C = P, until 2026-12-07), the same trainer time
-    as the profile built for the job's own passes (the analytical entries are linear in FLOPs). Rows of 4,512
+    the policy's FLOPs, C = P, until 2026-12-07), the trainer time of the profile built for the job's own passes but
+    for the tensor-parallel all-reduces, which are not linear in FLOPs (`tp_allreduces`: the profile's 10 a layer
+    scaled by the FLOPs, the job's passes' 12; each entry's seconds that much apart, none at tp 1). Rows of 4,512
     tokens: at 20,512 the policy, critic and reference (36 B a parameter) beside a stage's activations and the full
     logits fit no split of megatron's grid on H800s."""
     job = _job({"kind": "ppo", "kl_coef": 0.01})
@@ -297,9 +329,18 @@ def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
     assert train_cost(job, plain, TrainingPasses())["scale_of_profile"] == pytest.approx(
         (8 * P7 + 8 * C7) / (6 * P7 + 8 * C7)
     )
+    scale = (8 * P7 + 8 * C7) / (6 * P7 + 8 * C7)
+    arch, kl = job.spec.model.arch, TrainingPasses(reference=True)
+    for name, site in plain.sites.items():
+        gpu = job.inventory.sites[name].spec
+        for e in site.training:
+            ring = 2 * (e.tp - 1) / e.tp * arch.hidden * 2
+            hop = arch.layers / e.pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)  # one all-reduce of each layer
+            want = training_entry(arch, gpu, tp=e.tp, pp=e.pp, algorithm="ppo", passes=kl).gpu_s_per_token
+            assert want == pytest.approx(scale * e.gpu_s_per_token + e.tp * (12 - 10 * scale) * hop), (e.tp, e.pp)
     scaled = make_plan(job, plain, opts)
     own = make_plan(job, None, opts)
-    assert scaled["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
+    assert scaled["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"], rel=5e-3)
     assert own["training"]["flops_per_token"] == pytest.approx(8 * P7 + 8 * C7)
     grpo = make_plan(_job({"kind": "grpo"}), None, opts)
     assert grpo["training"]["forward_units"] == 3 and own["training"]["forward_units"] == pytest.approx(4 + 4 * C7 / P7)
