@@ -117,13 +117,17 @@ class MegatronBackend(TrainerBackend):
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Full HF tensors. With tp or pp > 1 a collective over the tp and pp groups (every rank calls it once
-        per new set of parameters); asked again before the parameters change, it answers from the last gather."""
+        per new set of parameters); asked again before the parameters change, it answers from the last gather.
+        What a rank holds for it (`rlctl.planner.costs.export_bytes`): the full tensors in fp32, kept until the next
+        gather, which lets the last ones go first and joins one tensor's tp parts at a time (versus the last
+        gather's tensors and every tensor's tp parts held beside the new ones: three times the model's fp32 bytes)."""
         if self.tp == 1 and self.stage.count == 1:
             out = self.shard()
         else:
             versions = tuple(p._version for p in self.model.parameters())
             if self._gathered is None or self._gathered[0] != versions:
-                stage = self.shard() if self.tp == 1 else names.gather_hf(self._all_gather(self.shard()))
+                self._gathered = None  # (a caller's reference to the last ones' dict keeps them, not this)
+                stage = self.shard() if self.tp == 1 else self._tp_gathered(self.shard())
                 self._gathered = versions, self._from_stages(stage) if self.stage.count > 1 else stage
             out = dict(self._gathered[1])
         if self.config.tie_word_embeddings:
@@ -225,18 +229,21 @@ class MegatronBackend(TrainerBackend):
             out[name] = t
         return out
 
-    def _all_gather(self, shard: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    def _tp_gathered(self, shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The stage's full HF tensors from every tp rank's `shard` (`names.gather_hf`'s), all-gathered over the tp
+        group one tensor at a time: each tensor's parts are joined, and let go, before the next is gathered."""
         group = import_megatron().parallel_state.get_tensor_model_parallel_group()
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
-        for name, t in shard.items():
-            if names.shard_dim(name) is None:
-                shards[0][name] = t
+        out = {}
+        for name in list(shard):
+            t = shard.pop(name)  # (this rank's part: a copy of q, k, v, free once joined)
+            if (dim := names.shard_dim(name)) is None:
+                out[name] = t
                 continue
             parts = [torch.empty_like(t) for _ in range(self.tp)]
             dist.all_gather(parts, t, group=group)
-            for rank, part in enumerate(parts):
-                shards[rank][name] = part
-        return shards
+            out[name] = torch.cat(parts, dim=dim)
+            del parts
+        return out
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp or pp > 1 it reuses the weights the last
