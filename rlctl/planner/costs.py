@@ -154,6 +154,8 @@ class TrainWorkload:
     shards_always: bool = False
     # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
     gathered_bytes: float = 0.0
+    # what a rank of a model split holds to publish (`export_bytes`: megatron's full fp32 weights); 0 for torch
+    export_bytes: float = 0.0
     lora: bool = False  # the trained parameters are LoRA adapters (`grad_bytes` theirs): FSDP2 reduces once a step
     # the learner's padded-token budget a cut (batch.train_micro_batch_tokens; None: rows only), and the tokens
     # (prompt + output) of one optimizer step's rows it cuts by (the plan's length quantiles; empty: every row the
@@ -221,19 +223,46 @@ def fsdp_gathered_bytes(arch: ModelArch, *, adapter_params: float) -> float:
     return 6 * (min(root, arch.params) + layer)
 
 
+def export_bytes(arch: ModelArch, *, backend: str, cpu: bool) -> float:
+    """What a trainer rank of a tp × pp split holds beyond its state to publish its policy (`held_export_bytes`): a
+    `megatron` rank (`MegatronBackend.weights`) the model's full HF tensors in fp32, all-gathered over its tp and pp
+    groups after each step and kept until the next gather (rank 0 checkpoints the version it published from them),
+    and during a tp gather one tensor's tp parts (at most the largest's: the embedding's or lm_head's V·h, an MLP
+    projection's i·h, the query projection's; at pp alone, which receives each tensor whole, an upper bound). 0 for
+    `torch`: a whole replica publishes from its own parameters, an FSDP2 rank gathers one tensor at a time into host
+    memory (`rlctl.trainers.fsdp.wire_weights`). Priced where megatron splits run, a `gpu: CPU` site (`cpu`); on a
+    GPU a rank of a split stops at start (`rlctl.trainers.base.MEGATRON_GPU_SPLIT`): before it may run there, its
+    gather must copy each full tensor to the host as it is made (as FSDP2's does), or be priced here too."""
+    if backend != "megatron" or not cpu:
+        return 0.0
+    return 4.0 * (arch.params + max(arch.vocab, arch.intermediate, arch.heads * arch.head_dim) * arch.hidden)
+
+
+def held_export_bytes(export: float, *, tp: int, pp: int) -> float:
+    """`export_bytes` where a rank holds it: at a model split (tp × pp > 1); a whole replica's full tensors are its
+    parameters."""
+    return export if tp * pp > 1 else 0.0
+
+
 def rank_bytes(
-    entry: TrainingEntry, *, shards: int, gathered_bytes: float = 0.0, activation_bytes: float = 0.0
+    entry: TrainingEntry,
+    *,
+    shards: int,
+    gathered_bytes: float = 0.0,
+    activation_bytes: float = 0.0,
+    export_bytes: float = 0.0,
 ) -> float:
     """Memory of one trainer rank at this entry's (tp, pp): the one figure the planner prices a layout by and
     `rlctl check` (`rlctl.ops.preflight`) judges a placement by. Unsharded (`shards` 1): the weights and gradients
     of its shard and its whole optimizer state. Sharded over `shards` dp ranks (FSDP2, `shards_state`): all of
     that state divided, plus the rank's fixed working memory (`RANK_WORKING_BYTES`) and `gathered_bytes`
     (`fsdp_gathered_bytes`). Either way plus `activation_bytes`, what its cut's forward keeps for the backward
-    (`rlctl.profiler.actmem`: it grows with the cut's tokens; `workload_activation_bytes`)."""
+    (`rlctl.profiler.actmem`: it grows with the cut's tokens; `workload_activation_bytes`), and `export_bytes`, the
+    full weights it gathers to publish (`held_export_bytes`)."""
     whole = entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu
     if shards <= 1:
-        return whole + activation_bytes
-    return RANK_WORKING_BYTES + (whole - RANK_WORKING_BYTES) / shards + gathered_bytes + activation_bytes
+        return whole + activation_bytes + export_bytes
+    return RANK_WORKING_BYTES + (whole - RANK_WORKING_BYTES) / shards + gathered_bytes + activation_bytes + export_bytes
 
 
 def rank_fits(
@@ -243,9 +272,16 @@ def rank_fits(
     hbm_bytes: float,
     gathered_bytes: float = 0.0,
     activation_bytes: float = 0.0,
+    export_bytes: float = 0.0,
 ) -> bool:
     """One trainer rank (`rank_bytes`) fits the usable share of a GPU's `hbm_bytes`."""
-    need = rank_bytes(entry, shards=shards, gathered_bytes=gathered_bytes, activation_bytes=activation_bytes)
+    need = rank_bytes(
+        entry,
+        shards=shards,
+        gathered_bytes=gathered_bytes,
+        activation_bytes=activation_bytes,
+        export_bytes=export_bytes,
+    )
     return need <= TRAIN_MEM_FRACTION * hbm_bytes
 
 
@@ -306,6 +342,7 @@ class ShardRule:
     grad_bytes: float
     lora: bool
     activations: Activations | None = None  # a rank's cut's (`rlctl.profiler.actmem`); None: not priced
+    export_bytes: float = 0.0  # (`export_bytes`: megatron's full weights, held at a model split)
 
 
 def trainer_layout(rule: ShardInputs, entry: TrainingEntry, *, dp: int, hbm_bytes: float) -> Sharding:
@@ -472,7 +509,12 @@ def train_time_s(
     tp, pp = entry.tp, entry.pp
     acts = workload_activation_bytes(w, tp=tp, pp=pp, fsdp=shards > 1)
     if not rank_fits(
-        entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes, activation_bytes=acts
+        entry,
+        shards=shards,
+        hbm_bytes=site.hbm_bytes,
+        gathered_bytes=w.gathered_bytes,
+        activation_bytes=acts,
+        export_bytes=held_export_bytes(w.export_bytes, tp=tp, pp=pp),
     ):
         return math.inf
     sync = 0.0

@@ -123,9 +123,10 @@ def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1, cpu: bo
     gathers (`costs.fsdp_gathered_bytes`), the trained gradients (`traincost.grad_bytes`: the models', or LoRA's
     adapters'), and a rank's share of the learner's largest cut, whose activations it holds (`profiler.actmem`,
     its cuts no more than an optimizer step of `mini_batches` a pass; `cpu`: the trainer's site is a `gpu: CPU` one,
-    where the torch trainer computes in fp32). The plan's workload holds the same
+    where the torch trainer computes in fp32), and what a rank of a model split holds to publish (`costs.export_bytes`).
+    The plan's workload holds the same
     (`rlctl.planner.plan.train_workload`)."""
-    from rlctl.planner.costs import ShardRule, fsdp_gathered_bytes, shards_state
+    from rlctl.planner.costs import ShardRule, export_bytes, fsdp_gathered_bytes, shards_state
     from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.traincost import grad_bytes, lora_params
 
@@ -138,4 +139,5 @@ def shard_rule(spec: JobFile, arch: ModelArch, *, mini_batches: int = 1, cpu: bo
         grad_bytes=grad_bytes(arch, spec.algorithm.kind, adapter_params=adapters),
         lora=bool(adapters),
         activations=job_activations(spec, arch, mini_batches=mini_batches, cpu=cpu),
+        export_bytes=export_bytes(arch, backend=spec.trainer.backend, cpu=cpu),
     )

@@ -83,7 +83,7 @@ def trainer_memory(
     """A trainer rank's memory at `split` against what it gets, with the line `trainer_memory_refusal` says (and a
     resume's `rlctl.ops.resumememory.judge_memory`, which compares two of them); None where what a rank gets is not
     known."""
-    from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
+    from rlctl.planner.costs import TRAIN_MEM_FRACTION, export_bytes, fsdp_gathered_bytes, held_export_bytes, rank_bytes
     from rlctl.profiler.actmem import job_activations
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
     from rlctl.profiler.traincost import grad_bytes, lora_passes
@@ -111,7 +111,14 @@ def trainer_memory(
     # (None: its state alone judged; on a CPU site the torch trainer computes in fp32)
     cuts = job_activations(spec, arch, mini_batches=passes.mini_batches, cpu=kind_for(gpu.name) != "cuda")
     acts = 0.0 if cuts is None else cuts.rank_bytes(tp=tp, pp=pp, fsdp=shards > 1)
-    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered + held, activation_bytes=acts) / 1e9
+    # a megatron rank of a tp × pp split (a CPU site's) keeps the full fp32 weights it gathers to publish
+    export = held_export_bytes(
+        export_bytes(arch, backend=spec.trainer.backend, cpu=kind_for(gpu.name) != "cuda"), tp=tp, pp=pp
+    )
+    need_gb = rank_bytes(
+        entry, shards=shards, gathered_bytes=gathered + held, activation_bytes=acts, export_bytes=export
+    )
+    need_gb /= 1e9
     if shards > 1:
         state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
         state = "weights, gradients" + (
@@ -125,6 +132,8 @@ def trainer_memory(
             "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
         )
         parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
+    if export:
+        parts += f", the full weights gathered to publish {export / 1e9:.1f} GB (fp32)"
     if spec.algorithm.kind == "ppo":
         parts = f"the policy's and its critic's {parts}"
     if cuts is not None:
