@@ -390,6 +390,3 @@ class GrpoLearner:
             "seconds": time.monotonic() - t0,
             "skipped": float(skipped),
         }
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

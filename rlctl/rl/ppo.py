@@ -295,6 +295,3 @@ class PpoLearner:
             "seconds": time.monotonic() - t0,
             "skipped": float(skipped),
         }
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlctl.checkpoint.trainer import _shard_snapshot, optimizer_digest, states_digest
+from rlctl.checkpoint.trainer import HostPolicy, _shard_snapshot, optimizer_digest, states_digest
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel
 from rlctl.trainers.fsdp import local_tensor, shard
+from rlctl.trainers.native import TorchBackend
 from tests.unit.tiny_models import small_config
 
 COPIES = {"aten.clone.default", "aten._to_copy.default", "aten.copy_.default"}
@@ -94,3 +95,29 @@ def test_a_sharded_ranks_optimizer_digest_copies_nothing_on_its_device(
     with Copies() as copies:
         optimizer_digest({"policy": opt})
     assert [c for c in copies.seen if c[0] == "aten.clone.default" or c[2] == c[3]] == []
+
+
+def test_a_whole_replicas_snapshot_copies_each_tensor_once_from_its_live_state() -> None:
+    """Rank 0 of an unsharded torch trainer (`rlctl.agents.trainer._snapshot`: `HostPolicy` of the backend's
+    `weights()`, the learner's optimizers): each parameter and AdamW tensor copied once, straight to the host, none
+    cloned where it lies; the snapshot is the state when it was taken (the next step changes the live state alone)."""
+    torch.manual_seed(0)
+    model = TinyGPT(small_config())
+    backend = TorchBackend(model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, model.config.vocab_size, (2, 5))).float().logsumexp(-1).sum().backward()
+    opt.step()
+    live = [v for st in opt.state.values() for v in st.values()]
+    live += [
+        t for k, t in model.state_dict().items() if not (model.config.tie_word_embeddings and k == "lm_head.weight")
+    ]
+    with Copies() as copies:
+        policy = HostPolicy(backend.weights(), model.config)
+        body = _shard_snapshot(optimizers={"policy": opt}, modules={}, data_parallel=DataParallel())
+    assert body is not None
+    assert {op for op, *_ in copies.seen} == {"aten._to_copy.default"}  # no clone
+    assert sorted(src for _, src, *_ in copies.seen) == sorted(t.untyped_storage().data_ptr() for t in live)
+    saved = dict(policy.state)
+    model(torch.randint(0, model.config.vocab_size, (2, 5))).float().logsumexp(-1).sum().backward()
+    opt.step()
+    assert all(not torch.equal(saved[k], v) for k, v in model.state_dict().items() if k in saved and v.dim() > 1)
