@@ -95,6 +95,35 @@ def merged_weights(model: nn.Module, state: Mapping[str, torch.Tensor] | None = 
     return {name: t if merged else t.detach() for name, t, merged in merged_items(model, sd)}
 
 
+class MergedWeights(Mapping[str, torch.Tensor]):
+    """`merged_weights` of `model`'s live state, each adapted weight merged as it is read: a reader of one tensor at
+    a time (a wire snapshot, a checkpoint's host copy, the delta encoder) holds one merged weight beside the model,
+    versus every target's merged copy at once (fp32: 4 B a parameter of every adapted linear, most of the model's,
+    on its device at every publish and checkpoint, beside the frozen weights and unpriced). Read twice, merged
+    twice: a new tensor each time."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._state, self._adapted = model.state_dict(), adapters(model)
+        self._names = [n for n in self._state if not is_adapter(n)]
+        self._known = set(self._names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._known:
+            raise KeyError(name)
+        t, owner = self._state[name], name.removesuffix(".weight")
+        lin = self._adapted.get(owner) if name.endswith(".weight") else None
+        if lin is None:
+            return t.detach()
+        with torch.no_grad():
+            return lin.merged(t, self._state[f"{owner}.lora_A"], self._state[f"{owner}.lora_B"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def merged_items(
     model: nn.Module,
     state: Mapping[str, torch.Tensor],

@@ -143,9 +143,10 @@ class TrainerBackend(ABC):
         return {}
 
     @abstractmethod
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self) -> Mapping[str, torch.Tensor]:
         """Full HF-layout tensors under the embedded model's names (detached; may share storage with the
-        parameters, as the publisher encodes them before the next optimizer step)."""
+        parameters, as the publisher encodes them before the next optimizer step; a LoRA policy's merged as each is
+        read, `lora.MergedWeights`)."""
 
     @abstractmethod
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

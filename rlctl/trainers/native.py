@@ -101,10 +101,10 @@ class TorchBackend(TrainerBackend):
             device = fsdp.local_tensor(next(self.model.parameters())).device
             fsdp.shard_critic(critic, self.model, cuda=device.type == "cuda")
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self) -> Mapping[str, torch.Tensor]:
         assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"
-        if self.lora:  # each adapted weight merged: a new tensor, the rest the parameters
-            return lora.merged_weights(self.model)
+        if self.lora:  # each adapted weight merged as it is read (a new tensor), the rest the parameters
+            return lora.MergedWeights(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def wire_weights(
@@ -151,8 +151,7 @@ class TorchBackend(TrainerBackend):
             "a sharded policy is saved from the version it published (agents.weights.PublishedModel)"
         )
         if self.lora:  # the merged model (what transformers and the engines load), in fp32 as TinyGPT saves
-            sd = self.weights()
-            if self.model.config.tie_word_embeddings:
-                sd.pop("lm_head.weight")
+            tied = self.model.config.tie_word_embeddings
+            sd = {k: v for k, v in self.weights().items() if not (tied and k == "lm_head.weight")}
             return hfdir.write_pretrained(directory, sd, self.model.config, tokenizer_from=tokenizer_from)
         return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)
