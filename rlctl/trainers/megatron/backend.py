@@ -48,7 +48,7 @@ a GPU (docs/gpu.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -63,6 +63,32 @@ from rlctl.models.tensors import CheckpointTensors, DoesNotFit, ModelTensors
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel
+
+
+class Exported(Mapping[str, torch.Tensor]):
+    """A whole model's HF tensors (tp = pp = 1), each made from the GPTModel's as it is read (`names.to_hf` of that
+    name alone): the embedding, norms and projections are the parameters themselves, but q, k and v are copies (a
+    fused qkv's rows interleave by query group), so a reader of one tensor at a time (the wire snapshot, a
+    checkpoint's host copy, the delta encoder) holds one layer's, versus every layer's fp32 q, k and v made at once
+    on the rank's device at every publish and checkpoint. A tied lm_head is the embedding."""
+
+    def __init__(self, policy: MegatronPolicy) -> None:
+        self._state, self._config = policy.megatron_state(), policy.config
+        tied = ["lm_head.weight"] if policy.config.tie_word_embeddings else []  # (the embedded model lists both)
+        self._names = [*expected_shapes(policy.config), *tied]
+        self._known = set(self._names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._known:
+            raise KeyError(name)
+        hf_name = "model.embed_tokens.weight" if name == "lm_head.weight" and self._config.tie_word_embeddings else name
+        return names.to_hf(self._state, self._config, only={hf_name})[hf_name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 class MegatronBackend(TrainerBackend):
@@ -115,21 +141,21 @@ class MegatronBackend(TrainerBackend):
         when tp = pp = 1."""
         return self.model.export_hf()
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """Full HF tensors. With tp or pp > 1 a collective over the tp and pp groups (every rank calls it once
-        per new set of parameters); asked again before the parameters change, it answers from the last gather.
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        """Full HF tensors (tp = pp = 1: each made as it is read, `Exported`). With tp or pp > 1 a collective over
+        the tp and pp groups (every rank calls it once per new set of parameters); asked again before the parameters
+        change, it answers from the last gather.
         What a rank holds for it (`rlctl.planner.costs.export_bytes`): the full tensors in fp32, kept until the next
         gather, which lets the last ones go first and joins one tensor's tp parts at a time (versus the last
         gather's tensors and every tensor's tp parts held beside the new ones: three times the model's fp32 bytes)."""
         if self.tp == 1 and self.stage.count == 1:
-            out = self.shard()
-        else:
-            versions = tuple(p._version for p in self.model.parameters())
-            if self._gathered is None or self._gathered[0] != versions:
-                self._gathered = None  # (a caller's reference to the last ones' dict keeps them, not this)
-                stage = self.shard() if self.tp == 1 else self._tp_gathered(self.shard())
-                self._gathered = versions, self._from_stages(stage) if self.stage.count > 1 else stage
-            out = dict(self._gathered[1])
+            return Exported(self.model)
+        versions = tuple(p._version for p in self.model.parameters())
+        if self._gathered is None or self._gathered[0] != versions:
+            self._gathered = None  # (a caller's reference to the last ones' dict keeps them, not this)
+            stage = self.shard() if self.tp == 1 else self._tp_gathered(self.shard())
+            self._gathered = versions, self._from_stages(stage) if self.stage.count > 1 else stage
+        out = dict(self._gathered[1])
         if self.config.tie_word_embeddings:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
         return out

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rlctl.models.hfnames import expected_shapes
+from rlctl.trainers.base import wire_weights
 from rlctl.trainers.megatron import backend as megatron_backend
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.backend import MegatronBackend
@@ -88,3 +89,48 @@ def test_a_tp_ranks_gather_lets_the_last_one_and_each_tensors_parts_go_first(
     second = backend.weights()
     assert seen == [(0, 0)] * len(split)  # versus (every last tensor alive, every earlier part alive) at each call
     assert all(torch.equal(second[k], v + 1) for k, v in want.items())
+
+
+class WholeRank(nn.Module):
+    """A policy as `MegatronBackend.weights` reads it at tp = pp = 1: its GPTModel's state (`megatron_state`, made
+    from HF tensors by the name table) and the export of it all at once (`export_hf`, as `MegatronPolicy`'s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config, self.tp, self.stage = small_config(hidden=32, layers=2, heads=4), 1, Stage()
+        hf = {k: torch.randn(shape) for k, shape in expected_shapes(self.config).items()}
+        self.state = names.to_megatron(hf, self.config)
+        self.hf = hf
+
+    def megatron_state(self) -> dict[str, torch.Tensor]:
+        return dict(self.state)
+
+    def export_hf(self) -> dict[str, torch.Tensor]:
+        return names.to_hf(self.megatron_state(), self.config)
+
+
+def test_a_whole_replicas_export_makes_q_k_v_as_each_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At tp = pp = 1 the export's q, k and v (copies: a fused qkv's rows interleave by query group) are made as each is
+    read: none made by `weights()` itself, at most one layer's alive as a wire snapshot reads them one at a time;
+    versus every layer's q, k and v made at once (fp32, on the rank's device at every publish and checkpoint)."""
+    policy = WholeRank()
+    storages = {t.untyped_storage().data_ptr() for t in policy.state.values()}
+    copies: list[Any] = []  # each exported tensor that is not a view of the GPTModel's state
+    alive_at: list[int] = []
+    to_hf = names.to_hf
+
+    def recorded(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        alive_at.append(sum(r() is not None for r in copies))
+        out = to_hf(*args, **kwargs)
+        copies.extend(weakref.ref(t) for t in out.values() if t.untyped_storage().data_ptr() not in storages)
+        return out
+
+    monkeypatch.setattr(names, "to_hf", recorded)
+    backend = MegatronBackend(policy)  # (what weights() reads of a MegatronPolicy)
+    exported = backend.weights()
+    assert sum(r() is not None for r in copies) == 0  # versus q, k and v of both layers
+    wire = wire_weights(exported, dtype=torch.bfloat16, tied=False)
+    assert max(alive_at) <= 3  # (q, k and v of the layer last read, until the next is)
+    assert list(wire) == list(policy.hf) and all(
+        torch.equal(wire[k], v.to(torch.bfloat16)) for k, v in policy.hf.items()
+    )
