@@ -218,58 +218,60 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
                 hint=f"write it with `rlctl profile --job {shlex.quote(str(path))} -o {shlex.quote(str(where))}`",
             )
         spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})
+    if errors := cross_field_errors(path, spec, inventory):
+        raise errors[0]
+    if spec.job_dir is not None:  # like every path of the job file: the same job dir from wherever it is launched
+        job_dir = os.path.normpath(path.absolute().parent / _home(path, "job_dir", spec.job_dir))
+        spec = spec.model_copy(update={"job_dir": job_dir})
+    return Job(spec, inventory, path, mapping=json.loads(json.dumps(data, default=str)))
+
+
+def cross_field_errors(path: Path, spec: JobFile, inventory: Inventory) -> list[ConfigError]:
+    """What a job file `path` is refused for beyond each field's own validation, its sites once its inventory is read
+    (a placement's site unknown or too small for its GPUs, a rollout site twice, an unknown controller site) and
+    fields bound by others (GRPO's group of 1, a pipeline.staleness past the iterations or the rounds the controller
+    creates), in the order `load_job` raises the first; a resume's check of an edited job.json says those of the
+    fields edited (`rlctl.ops.resumecheck`), against the sites as launched and the resume's iteration count."""
+    out: list[ConfigError] = []
     roles = [("placement.trainer", spec.placement.trainer)] + [
         (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)
     ]
     for field, role in roles:
         if role.site not in inventory.sites:
-            raise ConfigError(
-                str(path),
-                f"{field}.site",
-                f"unknown site {role.site!r}; known: {one_of(inventory.sites)}"
-                + did_you_mean(role.site, inventory.sites),
-            )
-        if role.gpus != "auto" and role.gpus > inventory.sites[role.site].total_gpus:
-            raise ConfigError(
-                str(path),
-                f"{field}.gpus",
-                f"{role.gpus} GPUs asked but site {role.site!r} has {inventory.sites[role.site].total_gpus}",
+            known = f"unknown site {role.site!r}; known: {one_of(inventory.sites)}"
+            out.append(ConfigError(str(path), f"{field}.site", known + did_you_mean(role.site, inventory.sites)))
+        elif role.gpus != "auto" and role.gpus > (has := inventory.sites[role.site].total_gpus):
+            out.append(
+                ConfigError(str(path), f"{field}.gpus", f"{role.gpus} GPUs asked but site {role.site!r} has {has}")
             )
     if isinstance(spec.algorithm, GrpoAlgorithm) and spec.batch.samples_per_prompt < 2:
-        raise ConfigError(
-            str(path),
-            "batch.samples_per_prompt",
+        why = (
             "GRPO's advantage compares a prompt's samples with each other: a group of 1 has advantage 0 and trains "
-            "nothing; use 2 or more (or algorithm.kind 'ppo')",
+            "nothing; use 2 or more (or algorithm.kind 'ppo')"
         )
+        out.append(ConfigError(str(path), "batch.samples_per_prompt", why))
     eta = spec.pipeline.staleness
     if eta is not None and eta > spec.iterations:  # a typo's extra zeros: refused, not planned or buffered
-        raise ConfigError(
-            str(path),
-            "pipeline.staleness",
+        why = (
             f"{eta} is more than the job's {spec.iterations} iterations; use at most {spec.iterations} (a bound of "
-            f"{max(spec.iterations - 1, 0)} already lets every iteration be generated from the first weights)",
+            f"{max(spec.iterations - 1, 0)} already lets every iteration be generated from the first weights)"
         )
+        out.append(ConfigError(str(path), "pipeline.staleness", why))
     per_round = spec.batch.samples_per_iteration
     # (the controller ran it at `most` rounds ahead, said at INFO only)
     if eta is not None and (most := rounds_ahead(eta, per_round)) < eta:
-        raise ConfigError(
-            str(path),
-            "pipeline.staleness",
+        why = (
             f"{eta}: the controller creates rounds at most {MAX_SAMPLES_AHEAD:,} samples ahead of the trainer "
             f"(MAX_SAMPLES_AHEAD), {most} iterations of {per_round:,} (batch.prompts_per_iteration "
             f"{spec.batch.prompts_per_iteration} × samples_per_prompt {spec.batch.samples_per_prompt}); use at most "
-            f"{most}, or fewer samples an iteration",
+            f"{most}, or fewer samples an iteration"
         )
+        out.append(ConfigError(str(path), "pipeline.staleness", why))
     sites = [r.site for r in spec.placement.rollout]
     if len(set(sites)) != len(sites):
-        raise ConfigError(str(path), "placement.rollout", "each rollout site may appear once")
+        out.append(ConfigError(str(path), "placement.rollout", "each rollout site may appear once"))
     cs = spec.placement.controller_site
     if cs is not None and cs not in inventory.sites:
-        raise ConfigError(
-            str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}"
-        )
-    if spec.job_dir is not None:  # like every path of the job file: the same job dir from wherever it is launched
-        job_dir = os.path.normpath(path.absolute().parent / _home(path, "job_dir", spec.job_dir))
-        spec = spec.model_copy(update={"job_dir": job_dir})
-    return Job(spec, inventory, path, mapping=json.loads(json.dumps(data, default=str)))
+        known = f"unknown site {cs!r}; known: {one_of(inventory.sites)}"
+        out.append(ConfigError(str(path), "placement.controller_site", known))
+    return out

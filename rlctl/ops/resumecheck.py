@@ -5,7 +5,9 @@ starts or writes anything, an automatic resume (`rlctl.ops.autoresume.Runs`) end
 
     job.json ──edited_fields──▶ none ─────────────────────────────────────▶ nothing (read as launched: `RECORDED`)
                                └▶ some ──JobFile, as a job file's (no RECORDED)──▶ an error in an edited field ─▶ it
-                                         └▶ valid ──problems(job as edited)──▶ those in an edited field ─▶ them
+                                         └▶ valid ──cross_field_errors (load_job's: the sites as launched)──▶ an
+                                                      edited field's (or one its bound reads: iterations) ─▶ them
+                                                    └▶ none ──problems(job as edited)──▶ an edited field's ─▶ them
 
 Why: job.json is read with a job's record's leniency (`JobDir.job_of`, `inventory.RECORDED`), so that a job an older
 rlctl launched resumes past checks added since; an edit went through it unchecked (`algorithm: {off_policy:
@@ -25,7 +27,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from rlctl.config.base import first_error
-from rlctl.config.job import Job, JobFile
+from rlctl.config.job import Job, JobFile, cross_field_errors
 from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.ops.jobchanges import launched_inventory
@@ -59,7 +61,13 @@ def edit_problems(
     # the fields edited read as a job file's (valid so, `RECORDED` reads them alike), those not edited as launched
     # (a value this rlctl's check refuses since, `JobDir.job_of`): the edited ones' problems are still judged
     spec = jd.job_of({**data, "job": mapping})
-    job = Job(_as_launched(jd, spec, data), launched_inventory(jd, plan), jd.job_json)
+    inventory = launched_inventory(jd, plan)
+    # what `load_job` refuses of a job file once its sites are read, against the sites as launched: an edit of
+    # placement to a site the job has not (else a KeyError traceback below), a staleness past the iterations
+    bound = [Problem(e.field or "", e.detail, e.hint) for e in cross_field_errors(jd.job_json, spec, inventory)]
+    if broken := [p for p in bound if _judged(p.field, edited)]:
+        return [_edited(jd, p) for p in broken]
+    job = Job(_as_launched(jd, spec, data), inventory, jd.job_json)
     try:
         found = problems(job, plan=plan)
     except ConfigError as e:  # (a check that raises: its field's, as `preflight._problem` takes one)
@@ -76,6 +84,15 @@ def _edited(jd: JobDir, p: Problem) -> Problem:
     return Problem(
         f"job.{p.field}", f"{p.message} (edited since the launch; `rlctl check` refuses it in a job file)", hint
     )
+
+
+# the top-level fields besides its own a bound of `cross_field_errors` reads: an edit of either breaks it
+BOUND_BY = {"batch.samples_per_prompt": ("algorithm",), "pipeline.staleness": ("iterations", "batch")}
+
+
+def _judged(field: str, edited: list[str]) -> bool:
+    """`field`'s problem is one of the edit's: its top-level field, or another its bound reads, edited."""
+    return any(top in edited for top in (_top(field), *BOUND_BY.get(field, ())))
 
 
 def _top(field: str) -> str:

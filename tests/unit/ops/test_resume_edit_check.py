@@ -44,6 +44,32 @@ EDITS = [
         "job.evaluation.every_iterations: read only when evaluation.heldout_prompts > 0",
         id="evaluation-without-heldout",
     ),
+    # `load_job`'s own checks (`cross_field_errors`), against the sites as launched (sites.json: c, and t of 2 GPUs);
+    # an unknown site was a KeyError traceback, the others ran
+    pytest.param(
+        "placement",
+        {"trainer": {"site": "tt", "gpus": 2}},
+        "job.placement.trainer.site: unknown site 'tt'; known: c, t",
+        id="unknown-trainer-site",
+    ),
+    pytest.param(
+        "placement",
+        {"trainer": {"site": "t", "gpus": 64}},
+        "job.placement.trainer.gpus: 64 GPUs asked but site 't' has 2",
+        id="more-gpus-than-the-site",
+    ),
+    pytest.param(
+        "placement",
+        {"controller_site": "nosuch"},
+        "job.placement.controller_site: unknown site 'nosuch'; known: c, t",
+        id="unknown-controller-site",
+    ),
+    pytest.param(
+        "placement",
+        {"rollout": [{"site": "c", "gpus": 1}, {"site": "c", "gpus": 1}]},
+        "job.placement.rollout: each rollout site may appear once",
+        id="rollout-site-twice",
+    ),
 ]
 
 
@@ -119,6 +145,34 @@ def test_an_edit_beside_a_field_this_rlctl_refuses_as_launched_is_still_checked(
     (line,) = r.stderr.splitlines()
     assert line.startswith(f"rlctl: error: {jd.job_json}: job.transport.streams: 4: "), line
     assert started == []
+
+
+def test_a_staleness_past_the_iterations_is_refused_against_the_count_the_resume_runs(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """pipeline.staleness edited to 20 (the job's 9 iterations): refused as `load_job` refuses it in a job file; with
+    `--iterations 30` the resume's count bounds it (resumed); the count edited in job.json to 5 under a staleness of
+    6 as launched: refused too (the bound reads both fields). Before, each ran."""
+    jd = split_job(tmp_path)
+    edit(jd, "pipeline", {"staleness": 20})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.pipeline.staleness: 20 is more than the job's 9 "), line
+    assert started == []
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "30")
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+    jd = split_job(tmp_path / "again")
+    edit(jd, "pipeline", {"staleness": 6}, as_launched=True)
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["iterations"] = 5
+    jd.job_json.write_text(json.dumps(data))
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.pipeline.staleness: 6 is more than the job's 5 "), line
+    assert len(started) == 1
 
 
 def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
