@@ -303,7 +303,9 @@ class Runs:
         # file (`edit_problems`), versus the resumed run taking it up unchecked (read as launched: `RECORDED`)
         if found := self._edit_problems():
             reason = "; ".join(f"{p.field}: {p.message}" for p in found)
-            return f"{self.jobdir.job_json}: {reason} (hint: {found[0].hint})", reason
+            # each problem with its own hint, versus the first's alone after them all (the others' fix unsaid)
+            said = "; ".join(f"{p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in found)
+            return f"{self.jobdir.job_json}: {said}", reason
         # as `launch --resume` refuses them: a SLURM site's constraint or reservation its cluster says is wrong (a
         # reservation ended during the run), versus a resume spent on a run whose every sbatch is refused after staging
         if wrong := self._wrong_site_options():

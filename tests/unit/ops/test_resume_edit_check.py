@@ -204,6 +204,41 @@ def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
     assert [e["after"] for e in refused] == [FAILED]
 
 
+def test_an_automatic_resume_refused_for_several_edits_says_each_ones_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout.on_new_weights edited to recompute (the embedded engine) and transport.streams to 4 during the run: the
+    refusal's one line says each problem with its own hint, versus both problems and then the first's hint alone (the
+    streams' fix unsaid)."""
+    from rlctl.ops import autoresume
+    from tests.unit.ops.test_autoresume import FAILED, ScriptedRun
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
+    ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits = [], 0, []
+    ScriptedRun.script = [(FAILED, [10]), ("done", [])]
+    jd = split_job(tmp_path)
+    spec = jd.read_job()
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": 1})})
+    said: list[str] = []
+    r = autoresume.Runs(jd, spec, jd.read_plan(), db=None, say=said.append)
+    r.start()
+    edit(jd, "rollout", {"on_new_weights": "recompute"})
+    edit(jd, "transport", {"streams": 4})
+    assert r.wait()["state"] == FAILED and ScriptedRun.started == [False]
+    line = said[-1]
+    assert "\n" not in line
+    recompute, streams = line.split("; job.transport.streams: ")
+    assert recompute.startswith(
+        f"job resume {FAILED}; not resumed automatically: {jd.job_json}: job.rollout.on_new_weights: 'recompute': "
+    ), recompute
+    assert "(hint: edit job.rollout.on_new_weights in job.json to a valid value" in recompute, recompute
+    assert recompute.endswith("or undo the edit (job.json's `job` section))"), recompute
+    assert streams.startswith("4: a job's connections are one"), streams
+    assert "(hint: edit job.transport.streams in job.json to a valid value" in streams, streams
+    assert streams.endswith("or undo the edit (job.json's `job` section))"), streams
+
+
 def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_path: Path) -> None:
     """The hf-demo job on the windowed Mistral (a window of 96 tokens, the job's context exactly), launched (its
     inputs prepared: the reward copied into the job dir, which job.json names it in): task.max_output_tokens edited to
