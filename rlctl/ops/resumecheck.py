@@ -69,7 +69,7 @@ def edit_problems(
         return [_edited(jd, p) for p in broken]
     job = Job(_as_launched(jd, spec, data), inventory, jd.job_json)
     try:
-        found = problems(job, plan=plan)
+        found = problems(job, plan=plan, edited=edited)  # (no data read, no warning, of a field not edited)
     except ConfigError as e:  # (a check that raises: its field's, as `preflight._problem` takes one)
         found = [Problem(e.field or "", e.detail, e.hint)]
     judged = set(trainer_memory_problems(job, plan)) if "trainer" in plan else set()  # (`judge_memory`'s)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +82,20 @@ def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
 
-def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
+# the top-level fields the data check reads (the task's file and settings, the held-out file, the model's tokenizer)
+DATA_FIELDS = frozenset({"task", "evaluation", "model"})
+
+
+def problems(job: Job, *, plan: dict[str, Any] | None = None, edited: Collection[str] | None = None) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
-    launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way."""
+    launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way. `edited`: a resume's
+    top-level fields edited since its launch (`rlctl.ops.resumecheck`, which keeps their problems): the data files
+    are read (tokenized) only where a field the data check reads was (`DATA_FIELDS`), and no warning is said of a
+    field not edited, versus the data read again and each warning said again on every resume after any edit; None:
+    every check and warning (`rlctl check`, a launch)."""
     spec = job.spec
+    reads_data = edited is None or not DATA_FIELDS.isdisjoint(edited)
+    warns_data = edited is None or "task" in edited or "evaluation" in edited  # (the scorer's, the same file's)
     out: list[Problem] = []
     if spec.model.kind == "arch":
         out.append(
@@ -189,15 +199,15 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             Problem("transport.kind", "'ucx' needs the ucxx package, which is not installed", "pip install rlctl[ucx]")
         )
     heldout_rows: RowsChecked | None = None  # (the held-out file's and the task's rows as read: `builtin_scorer_hints`)
-    if spec.evaluation.heldout_prompts:
-        found, heldout_rows = evaluation_problems(job)
-        out += found
-    else:
+    if not spec.evaluation.heldout_prompts:
         out += [
             Problem(f"evaluation.{name}", "read only when evaluation.heldout_prompts > 0; set it, or leave it out")
             for name, value in (("path", spec.evaluation.path), ("every_iterations", spec.evaluation.every_iterations))
             if value
         ]
+    elif reads_data:  # (else a resume's edit of another field: the held-out file not read again)
+        found, heldout_rows = evaluation_problems(job, warn=warns_data)
+        out += found
     task, task_rows = spec.task, None
     if isinstance(task, DatasetTask):
         if spec.model.kind != "hf":
@@ -209,12 +219,13 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 Problem("rollout.dispatch", "'oracle' needs the true output lengths, which a dataset does not have")
             )
         model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
-        try:
-            task_rows = check_task(task, job_file=job.path, model_dir=model_dir)
-        except ConfigError as e:
-            out.append(_problem("task", e))
-        read = [task_rows, heldout_rows] if spec.evaluation.heldout_prompts else [task_rows]
-        out += template_problems(job, task, read)
+        if reads_data:
+            try:
+                task_rows = check_task(task, job_file=job.path, model_dir=model_dir)
+            except ConfigError as e:
+                out.append(_problem("task", e))
+            read = [task_rows, heldout_rows] if spec.evaluation.heldout_prompts else [task_rows]
+            out += template_problems(job, task, read)
     if spec.warmup.sft_steps and (isinstance(task, DatasetTask) or spec.model.kind == "hf"):
         out.append(
             Problem(
@@ -224,7 +235,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         )
     out += unread_field_problems(job)
-    warn_past_the_end(job)
+    warn_past_the_end(job, edited=edited)
     out += weight_manifest_problems(job)
     out += tied_head_problems(job)
     out += digits_vocab_problems(job)
@@ -239,7 +250,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += placement_problems(job, plan)
     out = _one_no_template(out)
-    if isinstance(task, DatasetTask):  # said after every check (in one line where both files are one built-in's)
+    if isinstance(task, DatasetTask) and warns_data:  # said after every check (one line where both files are one's)
         for hint in builtin_scorer_hints(task.reward, train=task_rows, heldout=heldout_rows):
             log.warning("%s", hint)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above

@@ -175,10 +175,11 @@ def window_problems(job: Job) -> list[Problem]:
     return [Problem("task.max_output_tokens", f"{binds}, and the job's context is {said}; use {valid}, {instead}")]
 
 
-def evaluation_problems(job: Job) -> tuple[list[Problem], RowsChecked | None]:
+def evaluation_problems(job: Job, *, warn: bool = True) -> tuple[list[Problem], RowsChecked | None]:
     """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
     read it: its rows as read, where they were), and reads the final checkpoint where launch runs
-    (rlctl.ops.evaluation)."""
+    (rlctl.ops.evaluation). `warn`: say the held-out file is the training file's (a resume that edited neither
+    field does not)."""
     spec, out, task = job.spec, [], job.spec.task
     read: RowsChecked | None = None
     if isinstance(task, DatasetTask):
@@ -188,7 +189,8 @@ def evaluation_problems(job: Job) -> tuple[list[Problem], RowsChecked | None]:
         elif not (named := job.path.parent / path).is_file():
             out.append(Problem("evaluation.path", f"{not_a_file(named)} {str(named)!r}{job_relative(path)}"))
         else:
-            _same_as_training(job, task, path)
+            if warn:
+                _same_as_training(job, task, path)
             if isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
                 found, read = _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
                 out += found

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from rlctl.config.job import Job
@@ -30,7 +31,7 @@ PLANNING_ONLY = (
 )
 
 
-def warn_past_the_end(job: Job) -> None:
+def warn_past_the_end(job: Job, *, edited: Collection[str] | None = None) -> None:
     """Warnings (not refusals: `launch --iterations N` shortens a job for a smoke test, and `launch --resume
     --iterations` lengthens it) for fields counted in iterations whose effect the job ends before, each read as if
     it were not set (a typo's extra zero passed unsaid):
@@ -43,10 +44,21 @@ def warn_past_the_end(job: Job) -> None:
       no step decays (lr_decay and min_lr_ratio change nothing). Not in a job of one iteration (nothing to decay);
     - `rebalance.auto` where the larger of `window_iterations` and `cooldown_iterations` is at least the job's
       iterations: the rule decides once it has measured that many (`rlctl.agents.rebalance`), after the last
-      iteration at the earliest, so it adds no unit that generates for the job."""
+      iteration at the earliest, so it adds no unit that generates for the job.
+    `edited`: a resume's top-level fields edited since its launch: only a warning of one of them (or of `iterations`)
+    is said, versus each again on every resume after any edit (the job ran with the rest); None: every warning."""
     spec, iterations = job.spec, job.spec.iterations
+
+    def said(field: str) -> bool:
+        return edited is None or field in edited or "iterations" in edited
+
     sync, ckpt, algo, rebalance = spec.weight_sync, spec.checkpoint, spec.algorithm, spec.rebalance
-    if sync.mode == "delta" and sync.anchor_every is not None and sync.anchor_every > iterations:
+    if (
+        sync.mode == "delta"
+        and sync.anchor_every is not None
+        and sync.anchor_every > iterations
+        and said("weight_sync")
+    ):
         log.warning(
             "%s: weight_sync.anchor_every: %d is more than the job's %d iterations: the job ends before its first "
             "anchor, and every version after the first full copy is a delta; use at most %d for periodic anchors, "
@@ -57,7 +69,7 @@ def warn_past_the_end(job: Job) -> None:
             iterations,
         )
     # (every_iterations 0 with auto_resume is refused: `unread_field_problems`)
-    if ckpt.auto_resume and ckpt.every_iterations >= iterations:
+    if ckpt.auto_resume and ckpt.every_iterations >= iterations and said("checkpoint"):
         log.warning(
             "%s: checkpoint.auto_resume: %d resumes a failed run from a checkpoint it completed, and "
             "checkpoint.every_iterations %d is at least the job's %d iterations: its only checkpoint is the last, so "
@@ -70,7 +82,7 @@ def warn_past_the_end(job: Job) -> None:
             iterations,
         )
     last_warm = iterations - 1  # a warm-up of this many steps leaves one, at the full rate, before the job's end
-    if algo.lr_decay != "constant" and iterations > 1 and algo.lr_warmup_iterations >= last_warm:
+    if algo.lr_decay != "constant" and iterations > 1 and algo.lr_warmup_iterations >= last_warm and said("algorithm"):
         log.warning(
             "%s: algorithm.lr_decay: %r starts after the warm-up at the full rate, and algorithm.lr_warmup_iterations "
             "%d leaves no step of the job's %d iterations to decay; use a warm-up below %d, or leave lr_decay out",
@@ -81,7 +93,7 @@ def warn_past_the_end(job: Job) -> None:
             last_warm,
         )
     measured = max(rebalance.window_iterations, rebalance.cooldown_iterations)
-    if rebalance.auto and measured >= iterations:
+    if rebalance.auto and measured >= iterations and said("rebalance"):
         log.warning(
             "%s: rebalance.auto: true decides once it has measured max(window_iterations, cooldown_iterations) = %d "
             "iterations, and the job has %d: it ends before the rule can add a unit; use a window and cooldown below "

@@ -8,6 +8,7 @@ as launched, whatever this rlctl's check says of it."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -175,6 +176,23 @@ def test_a_staleness_past_the_iterations_is_refused_against_the_count_the_resume
     assert len(started) == 1
 
 
+@pytest.mark.parametrize("edited", ["rollout", "checkpoint"])
+def test_a_warning_of_a_field_not_edited_since_the_launch_is_not_said_again(
+    tmp_path: Path, started: list[dict[str, Any]], edited: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """checkpoint.auto_resume 1 with every_iterations 9 (the job's 9 iterations: no checkpoint to resume from, a
+    warning) as launched; rollout.on_new_weights edited: the resume says no warning of checkpoint, versus
+    `warn_past_the_end`'s said again on every resume after any edit; checkpoint.keep edited: it is said."""
+    jd = split_job(tmp_path)
+    edit(jd, "checkpoint", {"auto_resume": 1, "every_iterations": 9}, as_launched=True)
+    edit(jd, *(("rollout", {"on_new_weights": "keep"}) if edited == "rollout" else ("checkpoint", {"keep": 1})))
+    with caplog.at_level(logging.WARNING):
+        r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+    assert ("checkpoint.auto_resume: 1 resumes a failed run" in caplog.text) == (edited == "checkpoint"), caplog.text
+
+
 def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,18 +257,13 @@ def test_an_automatic_resume_refused_for_several_edits_says_each_ones_hint(
     assert streams.endswith("or undo the edit (job.json's `job` section))"), streams
 
 
-def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_path: Path) -> None:
+def hf_demo_launched(tmp_path: Path) -> JobDir:
     """The hf-demo job on the windowed Mistral (a window of 96 tokens, the job's context exactly), launched (its
-    inputs prepared: the reward copied into the job dir, which job.json names it in): task.max_output_tokens edited to
-    65 in job.json is refused as `rlctl check` refuses it in a job file (past the window); edited to 60, the task's data
-    file (relative to the job file), its reward (the job dir's copy) and the model (the job dir's) read as the launch
-    read them: nothing refused."""
+    inputs prepared: the reward copied into the job dir, which job.json names it in, the data tokenized into data/)."""
     from bench.gpu_check import hf_demo_builder
     from rlctl.config import load_job
     from rlctl.ops.counts import plan_counts
-    from rlctl.ops.jobchanges import edited_fields
     from rlctl.ops.jobprep import prepare
-    from rlctl.ops.resumecheck import edit_problems
     from tests.unit.ops.test_preflight_hf_demo import hf_demo_job
 
     hf_demo_builder().build(tmp_path, rows=8, sft_steps=0, shape="tiny-mistral-window")
@@ -258,6 +271,17 @@ def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_
     plan = plan_counts(job, job.spec)
     jd = JobDir.create("hf-demo", explicit=tmp_path / "run")
     prepare(jd, job.spec, plan, source=str(job.path), job=job)
+    return jd
+
+
+def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_path: Path) -> None:
+    """The hf-demo job launched: task.max_output_tokens edited to 65 in job.json is refused as `rlctl check` refuses
+    it in a job file (past the window); edited to 60, the task's data file (relative to the job file), its reward (the
+    job dir's copy) and the model (the job dir's) read as the launch read them: nothing refused."""
+    from rlctl.ops.jobchanges import edited_fields
+    from rlctl.ops.resumecheck import edit_problems
+
+    jd = hf_demo_launched(tmp_path)
     assert json.loads(jd.job_json.read_text())["job"]["task"]["reward"] == "reward/reward.py:compute_score"
     edit(jd, "task", {"max_output_tokens": 65})
     (p,) = edit_problems(jd, jd.read_plan(), edited=edited_fields(jd))
@@ -265,3 +289,25 @@ def test_a_dataset_jobs_edited_task_is_checked_on_the_files_the_launch_read(tmp_
     edit(jd, "task", {"max_output_tokens": 60})
     assert edited_fields(jd) == ["task"]
     assert edit_problems(jd, jd.read_plan(), edited=["task"]) == []
+
+
+def test_a_dataset_jobs_data_is_read_again_only_where_a_field_it_depends_on_was_edited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hf-demo job launched, checkpoint.keep edited: its data file is not read (tokenized) again by the resume's
+    check, versus read on every resume after any edit; task.max_output_tokens edited: it is, once."""
+    from rlctl.ops import preflight
+    from rlctl.ops.jobchanges import edited_fields
+    from rlctl.ops.resumecheck import edit_problems
+
+    jd = hf_demo_launched(tmp_path)
+    read: list[str] = []
+    check_task = preflight.check_task
+    monkeypatch.setattr(preflight, "check_task", lambda task, **kw: read.append(task.path) or check_task(task, **kw))
+    edit(jd, "checkpoint", {"keep": 1})
+    assert edit_problems(jd, jd.read_plan(), edited=edited_fields(jd)) == []
+    assert read == []
+    edit(jd, "task", {"max_output_tokens": 60})
+    assert edited_fields(jd) == ["checkpoint", "task"]
+    assert edit_problems(jd, jd.read_plan(), edited=edited_fields(jd)) == []
+    assert len(read) == 1 and read[0].endswith("data.jsonl"), read
