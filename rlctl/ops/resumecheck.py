@@ -69,7 +69,8 @@ def edit_problems(
         return [_edited(jd, p) for p in broken]
     job = Job(_as_launched(jd, spec, data), inventory, jd.job_json)
     try:
-        found = problems(job, plan=plan, edited=edited)  # (no data read, no warning, of a field not edited)
+        # (no data read, no warning, of a field not edited; a data file gone since: the job dir's copy read)
+        found = problems(job, plan=plan, edited=edited, prepared=jd.path)
     except ConfigError as e:  # (a check that raises: its field's, as `preflight._problem` takes one)
         found = [Problem(e.field or "", e.detail, e.hint)]
     judged = set(trainer_memory_problems(job, plan)) if "trainer" in plan else set()  # (`judge_memory`'s)
@@ -111,7 +112,8 @@ def _top_of_error(err: ErrorDetails) -> str:
 def _as_launched(jd: JobDir, spec: JobFile, data: dict[str, Any]) -> JobFile:
     """`spec` with its files where the run reads them: an HF model the job dir's copy (`job_dir_model`), a dataset
     task's reward the job dir's copy (`inputs.resolve_inputs` names it relative to the job dir), its data and held-out
-    files relative to the job file the launch read (job.json's `source_file`), as `rlctl check` read them."""
+    files relative to the job file the launch read (job.json's `source_file`), as `rlctl check` read them (one
+    gone since: the job dir's tokenized copy, what the run reads, `problems`' `prepared`)."""
     from rlctl.ops.resumememory import job_dir_model
 
     spec = job_dir_model(jd, spec)

@@ -162,6 +162,16 @@ def load_dataset(out_dir: Path, cfg: DatasetTask) -> PromptDataset:
     return PromptDataset(arrays["tokens"], arrays["offsets"], rows, cfg, manifest)
 
 
+def prepared_rows(out_dir: Path, cfg: DatasetTask) -> RowsChecked:
+    """The rows of the dataset prepared in `out_dir` as a resumed run reads them (`load_dataset`: its checksum
+    verified), said as `check_rows` says a file's; what a resume's check reads where the file they were prepared
+    from is gone since the launch. The prompts' forms are not kept (tokens alone): `prepared`, not judged by them."""
+    data = load_dataset(out_dir, cfg)
+    with (out_dir / ROWS_FILE).open(encoding="utf-8") as f:
+        sources = frozenset(str(json.loads(line)["data_source"]) for line in f)
+    return RowsChecked(len(data), sources, out_dir, string_prompts=0, prepared=True)
+
+
 class PromptDataset:
     """Prepared prompts and their deterministic per-epoch order (see the module docstring)."""
 
@@ -302,13 +312,17 @@ def _tokens_fit_the_model(tokenizer: HFTokenizer, model_dir: Path) -> None:
         )
 
 
-def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> RowsChecked | None:
+def check_task(
+    cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None, prepared: Path | None = None
+) -> RowsChecked | None:
     """What `rlctl check` verifies: the data file exists, the reward function loads, and — given the model's
     directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`: what it read, else
-    None)."""
+    None). `prepared`: a resumed run's tokenized copy of the file (its job dir's data/, what the run reads), read in
+    place of a data file gone since the launch (`prepared_rows`), versus refused as no such file."""
     base = job_file.parent
     data = base / cfg.path
-    if not data.is_file():
+    copy = prepared is not None and not data.is_file() and (prepared / MANIFEST_FILE).is_file()
+    if not data.is_file() and not copy:
         raise ConfigError(str(job_file), "task.path", f"{not_a_file(data)} {str(data)!r}{job_relative(cfg.path)}")
     try:  # in a reward worker, within its deadline: never the user's module's import in this process
         _check_reward_loads(cfg, base)
@@ -316,6 +330,12 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
     except ConfigError as e:  # a module of it that cannot be copied into the job (`copy_reward`), named
         raise ConfigError(str(job_file), "task.reward", f"{e.file}: {e.detail}", hint=e.hint) from e
+    if copy:
+        assert prepared is not None
+        try:
+            return prepared_rows(prepared, cfg)
+        except ConfigError as e:  # (changed since it was prepared: the run's load refuses it alike)
+            raise ConfigError(str(job_file), "task.path", str(e), hint=e.hint) from e
     if model_dir is None or not model_dir.is_dir():
         return None
     from rlctl.rl.tokenizer import load_tokenizer

@@ -239,12 +239,14 @@ def _prompt_form(prompt: Any) -> str:
 class RowsChecked:
     """What `check_rows` read of a file: its usable rows (what the launch will prepare), and their data_sources (a
     dataset a built-in reward scores is warned of: `rlctl.rl.reward.builtin_scorer_hints`), and how many of them
-    have a string prompt (the rest: chat messages; what reads task.template_strings and chat_template_kwargs)."""
+    have a string prompt (the rest: chat messages; what reads task.template_strings and chat_template_kwargs).
+    `prepared`: read of a job dir's tokenized copy (`dataset.prepared_rows`), which keeps no prompt's form."""
 
     good: int
     data_sources: frozenset[str]
     path: Path
     string_prompts: int
+    prepared: bool = False
 
     @property
     def chat_prompts(self) -> int:

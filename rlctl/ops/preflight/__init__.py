@@ -73,6 +73,7 @@ from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
 from rlctl.rl.dataset_scan import RowsChecked
 from rlctl.rl.reward import builtin_scorer_hints
+from rlctl.rl.source import DATA_DIR, HELDOUT_DIR
 from rlctl.tracking import check_tracking
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,20 @@ def _missing(module: str) -> bool:
 DATA_FIELDS = frozenset({"task", "evaluation", "model"})
 
 
-def problems(job: Job, *, plan: dict[str, Any] | None = None, edited: Collection[str] | None = None) -> list[Problem]:
+def problems(
+    job: Job,
+    *,
+    plan: dict[str, Any] | None = None,
+    edited: Collection[str] | None = None,
+    prepared: Path | None = None,
+) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
     launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way. `edited`: a resume's
     top-level fields edited since its launch (`rlctl.ops.resumecheck`, which keeps their problems): the data files
     are read (tokenized) only where a field the data check reads was (`DATA_FIELDS`), and no warning is said of a
     field not edited, versus the data read again and each warning said again on every resume after any edit; None:
-    every check and warning (`rlctl check`, a launch)."""
+    every check and warning (`rlctl check`, a launch). `prepared`: a resumed run's job dir, whose tokenized copies of
+    the data files (data/, data-heldout/) the run reads: a file gone since the launch is read there."""
     spec = job.spec
     reads_data = edited is None or not DATA_FIELDS.isdisjoint(edited)
     warns_data = edited is None or "task" in edited or "evaluation" in edited  # (the scorer's, the same file's)
@@ -206,7 +214,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None, edited: Collection
             if value
         ]
     elif reads_data:  # (else a resume's edit of another field: the held-out file not read again)
-        found, heldout_rows = evaluation_problems(job, warn=warns_data)
+        held = prepared / HELDOUT_DIR if prepared is not None else None
+        found, heldout_rows = evaluation_problems(job, warn=warns_data, prepared=held)
         out += found
     task, task_rows = spec.task, None
     if isinstance(task, DatasetTask):
@@ -221,7 +230,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None, edited: Collection
         model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
         if reads_data:
             try:
-                task_rows = check_task(task, job_file=job.path, model_dir=model_dir)
+                copy = prepared / DATA_DIR if prepared is not None else None
+                task_rows = check_task(task, job_file=job.path, model_dir=model_dir, prepared=copy)
             except ConfigError as e:
                 out.append(_problem("task", e))
             read = [task_rows, heldout_rows] if spec.evaluation.heldout_prompts else [task_rows]

@@ -20,6 +20,7 @@ from rlctl.models.hf import CONFIG_FILE, PHI3, TinyGPTConfig, read_config
 from rlctl.models.hfdir import tied_head_refusal
 from rlctl.ops.preflight.base import Problem
 from rlctl.planner.context import context_refusal, dataset_request, model_positions
+from rlctl.rl.dataset import MANIFEST_FILE, prepared_rows
 from rlctl.rl.dataset_scan import RowsChecked
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE, VOCAB_SIZE
@@ -175,18 +176,30 @@ def window_problems(job: Job) -> list[Problem]:
     return [Problem("task.max_output_tokens", f"{binds}, and the job's context is {said}; use {valid}, {instead}")]
 
 
-def evaluation_problems(job: Job, *, warn: bool = True) -> tuple[list[Problem], RowsChecked | None]:
+def evaluation_problems(
+    job: Job, *, warn: bool = True, prepared: Path | None = None
+) -> tuple[list[Problem], RowsChecked | None]:
     """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
     read it: its rows as read, where they were), and reads the final checkpoint where launch runs
     (rlctl.ops.evaluation). `warn`: say the held-out file is the training file's (a resume that edited neither
-    field does not)."""
+    field does not). `prepared`: a resumed run's tokenized copy of the file (its job dir's data-heldout/, what the
+    run reads), read in place of a file gone since the launch (`prepared_rows`)."""
     spec, out, task = job.spec, [], job.spec.task
     read: RowsChecked | None = None
     if isinstance(task, DatasetTask):
         path = spec.evaluation.path
+        copy = prepared is not None and (prepared / MANIFEST_FILE).is_file()
         if path is None:
             out.append(Problem("evaluation.path", "a dataset task's held-out prompts come from a file: name it"))
-        elif not (named := job.path.parent / path).is_file():
+        elif not (named := job.path.parent / path).is_file() and copy:
+            assert prepared is not None
+            try:
+                read = prepared_rows(prepared, heldout_task(task, path))
+            except ConfigError as e:  # (changed since it was prepared: the run's load refuses it alike)
+                out.append(Problem("evaluation.path", str(e), e.hint))
+            else:
+                out += _heldout_count_problems(job, read)
+        elif not named.is_file():
             out.append(Problem("evaluation.path", f"{not_a_file(named)} {str(named)!r}{job_relative(path)}"))
         else:
             if warn:
@@ -271,7 +284,12 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> tuple[list[Pr
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
         return [Problem("evaluation.path", f"{data}: {said}", e.hint)], None  # the data's own: a skip helps only some
-    asked, good = job.spec.evaluation.heldout_prompts, read.good
+    return _heldout_count_problems(job, read), read
+
+
+def _heldout_count_problems(job: Job, read: RowsChecked) -> list[Problem]:
+    """At least as many usable held-out rows as `heldout_prompts` asks for, and 'all' no more than are evaluated."""
+    asked, good, data = job.spec.evaluation.heldout_prompts, read.good, read.path
     if asked == "all" and good > MAX_PROMPTS_PER_ITERATION:
         return [
             Problem(
@@ -279,9 +297,9 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> tuple[list[Pr
                 f"'all' asked, but {data} has {good} usable rows, more than the {MAX_PROMPTS_PER_ITERATION} evaluated "
                 f"at most; give a number ≤ {MAX_PROMPTS_PER_ITERATION}, or a smaller file",
             )
-        ], read
+        ]
     if asked != "all" and good < asked:
         return [
             Problem("evaluation.heldout_prompts", f"{asked} asked, but {data} has {good} usable rows; use ≤ {good}")
-        ], read
-    return [], read
+        ]
+    return []

@@ -33,7 +33,7 @@ def template_problems(job: Job, task: DatasetTask, read: Sequence[RowsChecked | 
     says why; what its prompts are is not known then, and the two fields are not judged by them)."""
     kwargs, out = task.chat_template_kwargs, []
     files = {f.path.resolve(): f for f in read if f is not None}  # (the held-out file may be the task's)
-    if files and None not in read:
+    if files and None not in read and not any(f.prepared for f in files.values()):  # (a copy keeps no form)
         strings = sum(f.string_prompts for f in files.values())
         chats = sum(f.chat_prompts for f in files.values())
         named = " and ".join(str(f.path) for f in files.values())

@@ -257,9 +257,12 @@ def test_an_automatic_resume_refused_for_several_edits_says_each_ones_hint(
     assert streams.endswith("or undo the edit (job.json's `job` section))"), streams
 
 
-def hf_demo_launched(tmp_path: Path) -> JobDir:
+def hf_demo_launched(tmp_path: Path, *, heldout: int = 0) -> JobDir:
     """The hf-demo job on the windowed Mistral (a window of 96 tokens, the job's context exactly), launched (its
-    inputs prepared: the reward copied into the job dir, which job.json names it in, the data tokenized into data/)."""
+    inputs prepared: the reward copied into the job dir, which job.json names it in, the data tokenized into data/);
+    `heldout`: evaluation.heldout_prompts, of held.jsonl (a copy of the data file, tokenized into data-heldout/)."""
+    import yaml
+
     from bench.gpu_check import hf_demo_builder
     from rlctl.config import load_job
     from rlctl.ops.counts import plan_counts
@@ -267,7 +270,13 @@ def hf_demo_launched(tmp_path: Path) -> JobDir:
     from tests.unit.ops.test_preflight_hf_demo import hf_demo_job
 
     hf_demo_builder().build(tmp_path, rows=8, sft_steps=0, shape="tiny-mistral-window")
-    job = load_job(hf_demo_job(tmp_path))
+    path = hf_demo_job(tmp_path)
+    if heldout:
+        (tmp_path / "held.jsonl").write_bytes((tmp_path / "data.jsonl").read_bytes())
+        mapping = yaml.safe_load(path.read_text())
+        mapping["evaluation"] = {"heldout_prompts": heldout, "path": "held.jsonl"}
+        path.write_text(yaml.safe_dump(mapping))
+    job = load_job(path)
     plan = plan_counts(job, job.spec)
     jd = JobDir.create("hf-demo", explicit=tmp_path / "run")
     prepare(jd, job.spec, plan, source=str(job.path), job=job)
@@ -311,3 +320,31 @@ def test_a_dataset_jobs_data_is_read_again_only_where_a_field_it_depends_on_was_
     assert edited_fields(jd) == ["checkpoint", "task"]
     assert edit_problems(jd, jd.read_plan(), edited=edited_fields(jd)) == []
     assert len(read) == 1 and read[0].endswith("data.jsonl"), read
+
+
+def test_a_dataset_jobs_edit_is_checked_on_the_job_dirs_copy_of_a_data_file_moved_since_the_launch(
+    tmp_path: Path,
+) -> None:
+    """The hf-demo job launched with 2 held-out prompts, then its data and held-out files moved away: task.
+    max_output_tokens edited to 60 and evaluation.heldout_prompts to 8 are checked on the job dir's tokenized copies
+    (data/, data-heldout/: what the run reads), nothing refused, versus refused as no such file; 9 held-out prompts
+    are refused as more than the copy's 8 rows, and max_output_tokens 65 as past the window still."""
+    from rlctl.ops.jobchanges import edited_fields
+    from rlctl.ops.resumecheck import edit_problems
+
+    jd = hf_demo_launched(tmp_path, heldout=2)
+    (tmp_path / "moved").mkdir()
+    for name in ("data.jsonl", "held.jsonl"):
+        (tmp_path / name).rename(tmp_path / "moved" / name)
+    edit(jd, "task", {"max_output_tokens": 60})
+    edit(jd, "evaluation", {"heldout_prompts": 8})
+    assert edited_fields(jd) == ["evaluation", "task"]
+    assert edit_problems(jd, jd.read_plan(), edited=edited_fields(jd)) == []
+    edit(jd, "evaluation", {"heldout_prompts": 9})
+    (p,) = edit_problems(jd, jd.read_plan(), edited=edited_fields(jd))
+    assert p.field == "job.evaluation.heldout_prompts", p
+    assert p.message.startswith(f"9 asked, but {jd.path / 'data-heldout'} has 8 usable rows; use ≤ 8"), p
+    edit(jd, "evaluation", {"heldout_prompts": 2})
+    edit(jd, "task", {"max_output_tokens": 65})
+    (p,) = edit_problems(jd, jd.read_plan(), edited=edited_fields(jd))
+    assert p.field == "job.task.max_output_tokens" and "sliding_window 96 binds" in p.message, p
