@@ -176,6 +176,25 @@ def test_a_staleness_past_the_iterations_is_refused_against_the_count_the_resume
     assert len(started) == 1
 
 
+def test_grpo_edited_in_over_a_group_of_one_is_refused_naming_the_bound(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """A PPO job launched with 1 sample a prompt, algorithm.kind edited to grpo: refused as `load_job` refuses GRPO's
+    group of 1 (batch.samples_per_prompt, the bound's field, though algorithm was the edit), versus resumed to train
+    nothing (a group of 1 has advantage 0)."""
+    jd = split_job(tmp_path, algorithm="ppo")
+    edit(jd, "batch", {"samples_per_prompt": 1}, as_launched=True)
+    data = json.loads(jd.job_json.read_text())
+    data["launched"]["batch.samples_per_prompt"] = 1  # (as the launch kept it: a field its checkpoints depend on)
+    data["job"]["algorithm"] = {"kind": "grpo"}  # (PPO's keys out with it)
+    jd.job_json.write_text(json.dumps(data))
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.batch.samples_per_prompt: GRPO's advantage "), line
+    assert started == []
+
+
 @pytest.mark.parametrize("edited", ["rollout", "checkpoint"])
 def test_a_warning_of_a_field_not_edited_since_the_launch_is_not_said_again(
     tmp_path: Path, started: list[dict[str, Any]], edited: str, caplog: pytest.LogCaptureFixture
