@@ -120,10 +120,10 @@ def train_step_s(
     job: JobFile, prof: MeasuredProfile, row_tokens: np.ndarray, *, dp: int, layout: Sharding, rule: ShardRule
 ) -> float:
     """A replayed step's training (its rows' `row_tokens`, prompt + output) as `rlctl plan` prices the trainer
-    at `dp` ranks and `layout` (`rlctl.planner.costs.train_time_s`): its cuts' passes, each cut's tokens over the
-    ranks that take its rows (`train_compute_s`, at the profile's seconds per token: one rank's), and the gradient
-    reduction at the layout on one CPU host (`grad_sync_s` over gloo; `rule`: the job's `split.shard_rule`, its
-    gradients' bytes).
+    at `dp` ranks and `layout` (`rlctl.planner.costs.train_time_s`): its cuts' passes, each cut at its busiest
+    rank's share padded to its longest row (`train_compute_s`, at the profile's seconds per padded token: one
+    rank's), and the gradient reduction at the layout on one CPU host (`grad_sync_s` over gloo; `rule`: the job's
+    `split.shard_rule`, its gradients' bytes).
     Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a GPU's): on this machine the trainer's CPU beyond this
     price is calibrated (`Overheads.trainer_s`)."""
     rows = tuple(float(x) for x in row_tokens)

@@ -24,7 +24,7 @@ from rlctl.models.catalog import ModelArch
 from rlctl.profiler.actmem import Activations
 from rlctl.profiler.analytical import RANK_WORKING_BYTES
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
-from rlctl.rl.cuts import cut_lengths, pipeline_chunks
+from rlctl.rl.cuts import busiest_padded, cut_lengths, pipeline_chunks
 
 TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
@@ -126,13 +126,24 @@ class TrainConfig:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
 
 
+class CutSize(NamedTuple):
+    """A step's cuts of one size (`StepCuts.sizes`): their rows, the share of the step's tokens in them, and what the
+    busiest rank computes of them per token they hold: its share's padded tokens (rows × its longest row,
+    `rlctl.rl.cuts.busiest_padded`), summed over those cuts, over their tokens (1/dp where the ranks split them evenly
+    and nothing pads)."""
+
+    rows: int
+    share: float
+    busiest: float
+
+
 class StepCuts(NamedTuple):
     """An optimizer step's cuts as the learner makes them (`step_cuts`): how many, the rows of the largest, and
-    (rows of a cut, the share of the step's tokens in cuts of that many rows) for each cut size."""
+    each cut size's `CutSize`."""
 
     number: int
     rows: int
-    sizes: tuple[tuple[int, float], ...]
+    sizes: tuple[CutSize, ...]
 
 
 @dataclass(frozen=True)
@@ -158,8 +169,8 @@ class TrainWorkload:
     export_bytes: float = 0.0
     lora: bool = False  # the trained parameters are LoRA adapters (`grad_bytes` theirs): FSDP2 reduces once a step
     # the learner's padded-token budget a cut (batch.train_micro_batch_tokens; None: rows only), and the tokens
-    # (prompt + output) of one optimizer step's rows it cuts by (the plan's length quantiles; empty: every row the
-    # mean, tokens / samples)
+    # (prompt + output) of one optimizer step's rows it cuts and pads by (the plan's length quantiles; empty: every
+    # row the mean, tokens / samples: nothing pads)
     micro_batch_tokens: int | None = None
     row_tokens: tuple[float, ...] = ()
     # a rank's activation memory (`rlctl.profiler.actmem`: the model and the learner's cuts); None: not priced
@@ -182,15 +193,20 @@ class TrainWorkload:
         if self.micro_batch_tokens is not None and not self.row_tokens:
             # every row the mean: as many a rank as the budget pads, one at least
             share = max(1, min(share, int(self.micro_batch_tokens // (self.tokens / self.samples))))
-        if self.micro_batch_tokens is None or not self.row_tokens:
+        if not self.row_tokens:  # rows of one length: a cut's busiest rank holds ⌈rows / dp⌉ of its rows
             rows = min(share * dp, step_samples)
-            return StepCuts(math.ceil(step_samples / rows), rows, ((rows, 1.0),))
-        cuts = cut_lengths(self.row_tokens, self.micro_batch_samples, max_tokens=self.micro_batch_tokens, ranks=dp)
-        total = sum(self.row_tokens)
-        shares: dict[int, float] = {}
+            return StepCuts(math.ceil(step_samples / rows), rows, (CutSize(rows, 1.0, math.ceil(rows / dp) / rows),))
+        size, budget = self.micro_batch_samples, self.micro_batch_tokens
+        real: dict[int, float] = {}
+        busiest: dict[int, float] = {}
+        cuts = cut_lengths(self.row_tokens, size, max_tokens=budget, ranks=dp)
         for c in cuts:
-            shares[len(c)] = shares.get(len(c), 0.0) + sum(self.row_tokens[i] for i in c) / total
-        return StepCuts(len(cuts), max(shares), tuple(sorted(shares.items())))
+            lengths = [self.row_tokens[i] for i in c]  # (in length order)
+            real[len(c)] = real.get(len(c), 0.0) + sum(lengths)
+            busiest[len(c)] = busiest.get(len(c), 0.0) + busiest_padded(lengths, size, max_tokens=budget, ranks=dp)
+        total = sum(real.values())
+        sizes = tuple(CutSize(r, real[r] / total, busiest[r] / real[r]) for r in sorted(real))
+        return StepCuts(len(cuts), max(real), sizes)
 
 
 def workload_activation_bytes(w: ShardInputs, *, tp: int, pp: int, fsdp: bool) -> float:
@@ -440,16 +456,21 @@ def train_compute_s(entry: TrainingEntry, dp: int, w: TrainWorkload) -> float:
     them: `train_time_s` without its reduction and optimizer steps (what `bench.jobsim` replays a run's step with).
 
     A cut's rows (`step_cuts` at dp): micro_batch_samples a rank, fewer when a mini-batch holds fewer or the token
-    budget pads fewer long rows; each data-parallel rank takes a run of its length order (rl.cuts.share_rows), a row
-    at least where the cut has as many as the ranks, so ranks beyond its rows take none (FSDP2's run a row of
-    weight 0) and shorten nothing: a cut of r rows computes its tokens on min(dp, r) ranks (a step's last cut, or one
-    of rows past the budget each)."""
+    budget pads fewer long rows; each data-parallel rank takes a run of its length order (rl.cuts.share_rows) and
+    computes it padded to its longest row (rows × longest), and the cut lasts as long as its busiest rank's share
+    (`CutSize.busiest`, `rl.cuts.busiest_padded`): the step's tokens × that per token × the seconds per token
+    (`gpu_s_per_token`: the probe's per padded token, `rlctl.profiler.measure_train`; the roofline's FLOPs a token,
+    which a padded one costs too) over the tp·pp GPUs of a rank. Ranks beyond a cut's rows take none (FSDP2's run a
+    row of weight 0) and shorten nothing. Until 2026-12-08 a cut's real tokens were priced, split evenly over
+    min(dp, rows) ranks: the demo job's training 13–16 % short at dp 2 (its busiest rank computed 1.46–1.49 × its
+    real tokens with every dp-th row, docs/planning.md), the probe's figure per real token hiding the padding at dp 1
+    alone."""
     compute = 0.0
-    for cut_rows, share in w.cuts_at(dp).sizes:
-        chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
+    for cut in w.cuts_at(dp).sizes:
+        chunks = pipeline_chunks(math.ceil(cut.rows / dp), entry.pp)
         bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
-        busy = entry.tp * entry.pp * min(dp, cut_rows)
-        compute += w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble) * share
+        per_gpu = entry.gpu_s_per_token * w.pass_scale / (entry.tp * entry.pp)
+        compute += w.tokens * cut.share * cut.busiest * per_gpu * (1 + bubble)
     return compute
 
 

@@ -316,7 +316,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
 
 def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: float) -> TrainWorkload:
     """What an iteration's training is priced on (`tokens` trained, `tcost`: `inputs.train_cost`; the cuts of a step
-    as the learner makes them, `costs.step_cuts`, of rows at the job's length quantiles), with the job's
+    as the learner makes and pads them, `costs.step_cuts`, of rows at the job's length quantiles), with the job's
     `split.shard_rule` that decides FSDP2 at a layout as the launch decides it (`costs.trainer_layout`): among it the
     gradients summed over dp (`costs.dp_reduced_bytes`), the trained models', or with LoRA the adapters' alone, in
     fp32 as every backend holds and reduces them, and a rank's cut's activations (`profiler.actmem`)."""
@@ -324,11 +324,12 @@ def train_workload(job: Job, arch: ModelArch, tcost: dict[str, Any], *, tokens: 
     batch = spec.batch
     cpu = kind_for(job.inventory.sites[spec.placement.trainer.site].spec.name) != "cuda"  # (the torch trainer: fp32)
     rule = shard_rule(spec, arch, mini_batches=tcost["mini_batches"], cpu=cpu)
-    rows: tuple[float, ...] = ()
-    if batch.train_micro_batch_tokens is not None:  # the learner cuts by padded tokens too: one step's rows' lengths
-        lm = length_model(job)
-        step = math.ceil(batch.samples_per_iteration / tcost["mini_batches"])
-        rows = tuple((lm.quantiles(step) + lm.prompt_tokens).tolist())
+    # one step's rows' lengths: the learner cuts them by rows and padded tokens and each rank pads its share to its
+    # longest (the busiest share sets a cut's time, `costs.train_compute_s`); until 2026-12-08 they were taken only
+    # with a token budget, for the cuts' count
+    lm = length_model(job)
+    step = math.ceil(batch.samples_per_iteration / tcost["mini_batches"])
+    rows = tuple((lm.quantiles(step) + lm.prompt_tokens).tolist())
     return TrainWorkload(
         tokens,
         batch.samples_per_iteration,

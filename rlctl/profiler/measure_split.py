@@ -7,8 +7,8 @@
       │     gloo group (file rendezvous) ─▶ load_backend(backend, model, tp, pp), a reference too with KL
       │     ─▶ the trainer agent's learner (measure_train.make_learner): rank 0 adds the synthetic batch and
       │        steps, the other ranks follow() its broadcasts (rlctl.agents.trainer)
-      │     per step: barrier ─▶ each rank's perf_counter to the end of its optimizer step, and the tokens
-      │        (prompt + output) of the micro-batches it trained ─▶ rank-R.json
+      │     per step: barrier ─▶ each rank's perf_counter to the end of its optimizer step, and the padded tokens
+      │        of the samples it trained (measure_train.padded_tokens) ─▶ rank-R.json
       ◀── per timed step the slowest rank's seconds; figure = tp·pp × median over steps of (seconds / tokens)
     a rank that exits non-zero: every rank is stopped and its last stderr line is the RlctlError; no result
     within `timeout_s`: the ranks are stopped, RlctlError (the gloo group's timeout is as long: no hang)
@@ -171,7 +171,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch.distributed as dist
 
     from rlctl.models.hf import read_config
-    from rlctl.profiler.measure_train import SampleLengths, synthetic_samples
+    from rlctl.profiler.measure_train import SampleLengths, padded_tokens, synthetic_samples
     from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample
     from rlctl.trainers.base import load_backend
@@ -199,16 +199,14 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     )
     vocab = config.vocab_size
 
-    def rows(samples: list[Sample]) -> int:
-        return sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
-
-    trained = [0]  # tokens of the micro-batches this rank trained since its last step (the learner's own code
-    # path, counted: GRPO's shares as they stream in, PPO's whole batch at the step; dp is 1 here)
+    trained: list[Sample] = []  # the samples of the micro-batches this rank trained since its last step (the
+    # learner's own code path, counted: GRPO's shares as they stream in, PPO's whole batch at the step; dp is 1 here),
+    # whose padded tokens the step is per (`measure_train.padded_tokens`, as the one-rank probe counts them)
     if isinstance(learner, StreamingLearner):
         share = learner.backward_share
 
         def counted(chunk: list[tuple[Sample, float]], *, reduce: bool = True) -> None:
-            trained[0] += rows([s for s, _ in chunk])
+            trained.extend(s for s, _ in chunk)
             share(chunk, reduce=reduce)
 
         learner.backward_share = counted  # type: ignore[method-assign]
@@ -216,7 +214,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
         whole = learner.train_batch
 
         def counted_batch(samples: list[Sample]) -> dict[str, float]:
-            trained[0] += rows(samples)
+            trained.extend(samples)
             return whole(samples)
 
         learner.train_batch = counted_batch  # type: ignore[method-assign]
@@ -231,8 +229,8 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
 
     def stepped() -> None:
         step_s.append(time.perf_counter() - t0)
-        tokens.append(trained[0])
-        trained[0] = 0
+        tokens.append(padded_tokens(trained, spec.batch))
+        trained.clear()
 
     if rank == 0:
         for i in range(spec.warmup_steps + spec.steps):

@@ -8,7 +8,10 @@ rlctl's own learners on a trainer backend (rlctl.trainers: `torch` or `megatron`
          for PPO, its critic on the backend's `critic_trunk`)
     synthetic batch (P prompts × G samples, random tokens, behaviour log-probs, rewards)
       ─▶ learner.add(sample)… ─▶ learner.step()         `warmup_steps` untimed, then `steps` timed
-      ─▶ median step time / tokens (prompt + output: what the planner's workload counts)
+      ─▶ median step time / padded tokens: the step's rows (prompt + output) cut as the learner cuts them at one
+         rank and each cut padded to its longest row (`rl.cuts.step_padded_tokens`), what the planner prices a
+         rank's share by (`planner.costs.train_compute_s`); per real token until 2026-12-08, which priced the
+         probe's padding (about 1.1 × its real tokens) into every token of a job
 
 One process is one trainer rank: the figure is for tp = pp = 1, the data-parallel rank both backends train
 with in a job (a megatron split's figure needs its tp·pp ranks as processes: measure_split.py). megatron-core
@@ -40,8 +43,9 @@ from rlctl.devices import Compute
 from rlctl.errors import UsageError
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.cuts import step_padded_tokens
 from rlctl.rl.learner import make_learner
-from rlctl.rl.samples import Sample
+from rlctl.rl.samples import Sample, row_tokens
 from rlctl.trainers.base import TrainerBackend, load_backend
 
 PROMPT_TOKENS = 8
@@ -83,7 +87,7 @@ class SampleLengths:
 
 @dataclass(frozen=True)
 class TrainMeasurement:
-    gpu_s_per_token: float  # median over the timed steps of step seconds / step tokens (× tp·pp ranks)
+    gpu_s_per_token: float  # median over the timed steps of step seconds / step padded tokens (× tp·pp ranks)
     step_s: list[float]
     step_tokens: list[int]
     backend: str = "torch"  # the trainer backend that trained
@@ -179,7 +183,7 @@ def measure_training(
     compute: Compute | None = None,
     lora: Lora | None = None,
 ) -> TrainMeasurement:
-    """Seconds per trained token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`,
+    """Seconds per trained (padded) token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`,
     trained by the `backend` trainer backend on one rank (tp = pp = 1); with `lora`, its adapters alone (the
     policy frozen, as a LoRA job's trainer trains it).
 
@@ -213,6 +217,14 @@ def measure_training(
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
 
 
+def padded_tokens(samples: list[Sample], batch: Batch) -> int:
+    """The tokens one rank computes training `samples` in a step: their rows cut in length order to `batch`'s
+    budgets and each cut padded to its longest row (`rl.cuts.step_padded_tokens` at one rank)."""
+    rows = [row_tokens(s) for s in samples]
+    budget = batch.train_micro_batch_tokens
+    return int(step_padded_tokens(rows, batch.train_micro_batch_samples, max_tokens=budget))
+
+
 def _time_steps(
     learner: Any,
     batch: Batch,
@@ -233,7 +245,7 @@ def _time_steps(
             seed=i,
             lengths=lengths,
         )
-        tokens = sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
+        tokens = padded_tokens(samples, batch)
         t0 = clock()
         for s in samples:  # as the trainer hands them over; GRPO trains whole groups as they complete
             learner.add(s)

@@ -89,6 +89,29 @@ def share_rows(tokens: Sequence[int | float], size: int, *, max_tokens: int | No
     return out + [0] * (ranks - len(out))
 
 
+def busiest_padded(tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, ranks: int = 1) -> float:
+    """The padded tokens (its rows × its longest row) of the busiest rank's share of one cut whose rows' lengths, in
+    order, are `tokens` (`share_rows`): a rank computes its share padded to its longest row (`rl.samples.make_batch`),
+    and the cut takes as long as its busiest share (every rank waits for it at the step's reduction)."""
+    out, start = 0.0, 0
+    for rows in share_rows(tokens, size, max_tokens=max_tokens, ranks=ranks):
+        if rows:
+            out = max(out, rows * tokens[start + rows - 1])
+            start += rows
+    return out
+
+
+def step_padded_tokens(
+    row_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, ranks: int = 1
+) -> float:
+    """The busiest share's padded tokens (`busiest_padded`) summed over the cuts of a step's rows (`cut_lengths`): what
+    a rank of `ranks` computes in the step, the slowest setting each cut's time."""
+    return sum(
+        busiest_padded([row_tokens[i] for i in cut], size, max_tokens=max_tokens, ranks=ranks)
+        for cut in cut_lengths(row_tokens, size, max_tokens=max_tokens, ranks=ranks)
+    )
+
+
 def share_slice(
     tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, ranks: int = 1, rank: int
 ) -> slice:

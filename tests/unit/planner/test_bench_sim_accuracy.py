@@ -22,7 +22,7 @@ from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import MODES, IterationWork, Mode, simulate_job
 from rlctl.planner.split import shard_rule
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
-from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.cuts import cut_lengths, step_padded_tokens
 from rlctl.rl.source import task_source
 
 S = 1_000_000_000  # ns
@@ -141,7 +141,10 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     prompts = np.array([len(source.prompt_tokens(e["prompt_id"])) for e in entries])
     outputs = np.array([e["output_tokens"] for e in entries])
     assert rep.works[1].sample_tokens.tolist() == (prompts + outputs).tolist()
-    assert rep.works[1].train_s == pytest.approx(5e-5 * (prompts + outputs).sum())
+    # at dp 1 each cut (≤ 32 rows, ≤ 1,024 padded tokens, in length order) padded to its longest row
+    padded = step_padded_tokens((prompts + outputs).tolist(), 32, max_tokens=1024)
+    assert padded > (prompts + outputs).sum()
+    assert rep.works[1].train_s == pytest.approx(5e-5 * padded)
     prompt = round(float(prompts.mean()))
     ctx = prompt + outputs.max() / 2  # padded attention: every row attends over the longest row
     cost = decode_cost(prof.generation, context=ctx, seq_tokens=ctx, engine_max_batch=64)
@@ -183,9 +186,9 @@ def test_replay_cuts_as_the_plan_s_trainer_split_trains(tmp_path):
 
 def test_replay_prices_a_step_as_the_planner_prices_its_split(tmp_path):
     """A run launched at dp 4 (FSDP2, reducing once a step): each step's training is what `rlctl plan` prices that
-    split at for the step's own rows (`costs.train_time_s`: each cut's tokens over the ranks that take its rows, and
-    the gradient reduction), less the planner's optimizer-step constant (calibrated here: `Overheads.trainer_s`),
-    versus one rank's price of all the step's tokens whatever the dp. At dp 1 it is that price still."""
+    split at for the step's own rows (`costs.train_time_s`: each cut at its busiest rank's share padded, and the
+    gradient reduction), less the planner's optimizer-step constant (calibrated here: `Overheads.trainer_s`),
+    versus one rank's price of all the step's tokens whatever the dp. At dp 1: one rank's price of its cuts padded."""
     prof = _profile()
     split = {"tp": 1, "pp": 1, "dp": 4, "fsdp": True, "reduce_per_step": True}
     run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof, mode="async", parallel=split)
@@ -211,7 +214,7 @@ def test_replay_prices_a_step_as_the_planner_prices_its_split(tmp_path):
         assert w.train_s == pytest.approx(planned - TRAIN_STEP_OVERHEAD_S, rel=1e-12)
         assert w.train_s < 0.5 * 5e-5 * sum(rows)  # its cuts' rows over 4 ranks, not one rank's price
     one = _fake_run(tmp_path / "dp1", iterations=3, truth=Overheads(), prof=prof, mode="async")
-    rows_1 = [w.sample_tokens.sum() for w in replay(one, prof).works]
+    rows_1 = [step_padded_tokens(w.sample_tokens.tolist(), 32, max_tokens=1024) for w in replay(one, prof).works]
     assert [w.train_s for w in replay(one, prof).works] == pytest.approx([5e-5 * r for r in rows_1], rel=1e-12)
     run.jobdir.write_json(
         run.jobdir.plan_json,

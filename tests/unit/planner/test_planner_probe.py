@@ -315,6 +315,14 @@ def test_measure_training_times_the_learner_per_token() -> None:
     assert m.step_s == pytest.approx([1.04, 1.04])
     assert m.gpu_s_per_token == pytest.approx(statistics.median([1.04 / n for n in m.step_tokens]))
     assert all(4 * (8 + 16) <= n <= 4 * (8 + 48) for n in m.step_tokens)
+    # per padded token: the step's 4 rows in one cut (32 rows a rank), each padded to the longest (per real token
+    # until 2026-12-08)
+    batches = [measure_train.synthetic_samples(prompts=2, group_size=2, vocab=50, seed=i) for i in (1, 2)]
+    assert m.step_tokens == [4 * max(len(s.prompt_tokens) + len(s.output_tokens) for s in b) for b in batches]
+    assert all(
+        n > sum(len(s.prompt_tokens) + len(s.output_tokens) for s in b)
+        for n, b in zip(m.step_tokens, batches, strict=True)
+    )
 
 
 @pytest.mark.parametrize("algorithm", [GrpoAlgorithm(kind="grpo", kl_coef=0.1), PpoAlgorithm(kind="ppo")])

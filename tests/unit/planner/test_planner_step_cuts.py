@@ -11,12 +11,19 @@ import pytest
 
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, dp_reduced_bytes, step_cuts, train_time_s
+from rlctl.planner.costs import (
+    TRAIN_STEP_OVERHEAD_S,
+    TrainWorkload,
+    dp_reduced_bytes,
+    step_cuts,
+    train_compute_s,
+    train_time_s,
+)
 from rlctl.planner.inputs import length_model, profile_for, train_cost
 from rlctl.planner.plan import train_workload
 from rlctl.profiler.analytical import analytical_profile
 from rlctl.profiler.traincost import TrainingPasses
-from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.cuts import cut_lengths, share_slice
 from tests.unit.ops.test_preflight import gpu_job
 
 P7 = BUILTIN_MODELS["qwen2.5-7b"].params
@@ -41,7 +48,7 @@ def test_a_steps_cuts_are_the_learners_of_its_rows() -> None:
     assert step_cuts(w, dp=4) == learner_cuts(rows, 32, 8192, ranks=4) == (9, 22)
     assert step_cuts(mean, dp=4) == learner_cuts([3000.0] * 64, 32, 8192, ranks=4) == (8, 8)
     # the token shares of each cut size add up to the step's
-    assert sum(share for _, share in w.cuts_at(1).sizes) == pytest.approx(1.0)
+    assert sum(cut.share for cut in w.cuts_at(1).sizes) == pytest.approx(1.0)
 
 
 def test_the_plan_prices_the_cuts_the_learner_makes_of_the_jobs_rows(tmp_path: Path) -> None:
@@ -86,3 +93,39 @@ def test_the_budgets_are_each_ranks_so_every_rank_computes_and_fsdp2_reduces_onc
     assert dp_reduced_bytes(dataclasses.replace(grads, micro_batch_tokens=None), tp=1, pp=1, dp=8, fsdp=True) == (
         4 * P7
     )
+
+
+def test_a_cut_is_priced_at_its_busiest_ranks_padded_tokens() -> None:
+    """7 rows of 10 tokens and 1 of 100, 4 rows a rank: the learner pads each rank's share to its longest row, so at dp
+    2 rank 0 computes 4 × 10 tokens and rank 1 4 × 100, the step waiting for rank 1: 400 tokens' time, where the
+    planner priced the cut's 170 real tokens over 2 ranks (85); at dp 1 the two cuts pad to 40 + 400 (170 priced)."""
+    site = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)}).sites["h"]
+    (e,) = [x for x in site.training if (x.tp, x.pp) == (1, 1)]
+    rows = (10.0,) * 7 + (100.0,)
+    w = TrainWorkload(sum(rows), 8, 4, 0.0, row_tokens=rows)
+    learner = [
+        sum(rows[i] for i in cut[share_slice([rows[i] for i in cut], 4, ranks=2, rank=r)])
+        for r in range(2)
+        for cut in cut_lengths(list(rows), 4, ranks=2)
+    ]  # (each share's real tokens: 40 and 130)
+    assert learner == [40.0, 130.0]
+
+    assert train_compute_s(e, 2, w) == pytest.approx(400 * e.gpu_s_per_token)
+    assert train_compute_s(e, 1, w) == pytest.approx(440 * e.gpu_s_per_token)
+    # every row one length: nothing pads, the ranks split a cut evenly
+    even = dataclasses.replace(w, row_tokens=(17.0,) * 8, tokens=136.0)
+    assert train_compute_s(e, 2, even) == pytest.approx(68 * e.gpu_s_per_token)
+
+
+def test_the_plan_prices_padding_without_a_token_budget(tmp_path: Path) -> None:
+    """The rows' lengths are the plan's length quantiles with or without `train_micro_batch_tokens` (until 2026-12-08
+    only with it: rows only, every row the mean and nothing padded)."""
+    job = gpu_job(tmp_path, trainer_gpus=16, backend="torch")
+    spec = job.spec.model_copy(update={"batch": job.spec.batch.model_copy(update={"train_micro_batch_tokens": None})})
+    job.spec = spec
+    lm = length_model(job)
+    w = train_workload(job, job.spec.model.arch, train_cost(job, profile_for(job, None), TrainingPasses()), tokens=1e6)
+    assert w.row_tokens == tuple((lm.quantiles(1024) + lm.prompt_tokens).tolist())
+    # sorted cuts of 32 rows pad each to its longest row: more than the real tokens, less than all at the longest
+    (cut,) = w.cuts_at(1).sizes
+    assert 1.0 < cut.busiest < max(w.row_tokens) * len(w.row_tokens) / sum(w.row_tokens)

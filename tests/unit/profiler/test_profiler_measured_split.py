@@ -55,10 +55,11 @@ def job_file(
 
 
 def synthetic_tokens(*, seeds: range, vocab: int) -> list[int]:
-    """Prompt + output tokens of each synthetic iteration the probe trains."""
+    """Padded tokens (prompt + output, the step's rows cut as the learner cuts them, each cut padded to its longest:
+    `measure_train.padded_tokens`) of each synthetic iteration the probe trains."""
     b = Batch(**BATCH)
     return [
-        sum(len(s.prompt_tokens) + len(s.output_tokens) for s in batch)
+        measure_train.padded_tokens(batch, b)
         for batch in (
             measure_train.synthetic_samples(
                 prompts=b.prompts_per_iteration, group_size=b.samples_per_prompt, vocab=vocab, seed=i
