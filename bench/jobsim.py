@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.jobrun import JobRun, share_spans
+from rlctl.config.algorithm import GrpoAlgorithm, PpoAlgorithm
 from rlctl.config.job import JobFile
 from rlctl.config.pipeline import rounds_ahead
 from rlctl.planner.costs import (
@@ -43,9 +44,13 @@ from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, simulate
 from rlctl.planner.split import shard_rule
 from rlctl.profiler.probe import ProbeSpec, measure_here
 from rlctl.profiler.profile import GenerationEntry, TrainingEntry
+from rlctl.rl.grpo import group_advantages
 from rlctl.rl.source import task_source
 
 KV_CAPACITY_TOKENS = 10**9  # the embedded engine's cache grows with the batch: no KV bound on a CPU
+# the ledger states of samples the trainer never got: left out of their group, their group dropped (dynamic
+# sampling), their prompt quarantined (`rlctl.agents.ledger`)
+UNDELIVERED = ("filtered", "dropped", "quarantined")
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ def train_step_s(
     Not the planner's optimizer step (`TRAIN_STEP_OVERHEAD_S`, a GPU's): on this machine the trainer's CPU beyond this
     price is calibrated (`Overheads.trainer_s`)."""
     rows = tuple(float(x) for x in row_tokens)
+    if not rows:  # every group without signal: the learner trains nothing (its step reduces zero gradients)
+        return 0.0
     w = TrainWorkload(
         sum(rows),
         len(rows),
@@ -146,9 +153,23 @@ def train_step_s(
     return train_compute_s(entry, dp, w) + w.optimizer_steps * sync
 
 
+def trained_samples(entries: list[dict[str, Any]], algorithm: GrpoAlgorithm | PpoAlgorithm) -> np.ndarray:
+    """Which of an iteration's samples (its ledger rows) the learner trains: those delivered to it and, under GRPO
+    without a KL term, of a group with signal alone: `StreamingLearner.add` skips a group whose advantages are all 0
+    (its rewards all equal, `rl.grpo.group_advantages`: its loss is 0 whatever the weights)."""
+    delivered = np.array([e["state"] not in UNDELIVERED for e in entries], dtype=bool)
+    if algorithm.kind != "grpo" or algorithm.kl_coef > 0:
+        return delivered
+    idx = np.flatnonzero(delivered).tolist()
+    adv = group_advantages([entries[i]["reward"] for i in idx], [entries[i]["prompt_id"] for i in idx])
+    signal = {entries[i]["prompt_id"] for i, a in zip(idx, adv, strict=True) if a}
+    return delivered & np.array([e["prompt_id"] in signal for e in entries], dtype=bool)
+
+
 def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
     """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile;
-    trained as the job's learner trains, as `rlctl plan` simulates it: whole groups (GRPO), in the
+    trained as the job's learner trains, as `rlctl plan` simulates it: whole groups (GRPO; a group without signal
+    generated, not trained: `trained_samples`, versus trained and priced until 2026-12-08), in the
     learner's cuts (`train_micro_batch_samples` rows, `train_micro_batch_tokens` padded tokens a share of each of
     the trainer's dp ranks: `rlctl.rl.cuts`), the last held to the flush where FSDP2 reduces once a step, each step
     priced at that dp (`train_step_s`): the split the run's plan.json says (`trainer.parallel`, as its launch wrote
@@ -177,6 +198,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
         units = np.zeros(len(entries), dtype=int)
         tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
         groups = np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1]
+        trains = trained_samples(entries, job.algorithm)
         busy_s: dict[int, float] = {}
         shares: dict[int, UnitShare] = {}
         for unit in sorted({e["agent"] for e in entries}):
@@ -205,13 +227,14 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
             IterationWork(
                 finish,
                 tokens,
-                train_step_s(job, prof, tokens, dp=dp, layout=layout, rule=rule),
+                train_step_s(job, prof, tokens[trains], dp=dp, layout=layout, rule=rule),
                 job.batch.train_micro_batch_samples,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 group_of=groups if job.algorithm.kind == "grpo" else None,
                 shares=shares,
                 reduce_per_step=layout.reduce_per_step,
                 dp=dp,
+                trained=trains,
             )
         )
         unit_of.append(units)

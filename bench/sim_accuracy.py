@@ -17,9 +17,9 @@ its own core (a local site's "GPU"); the clock removes the time the job's thread
 as the profile's thread CPU time does. Wall-clock figures are reported beside it (`mape_wall`).
 
 The simulator gets each iteration's real lengths, unit assignment and training granularity from the
-job's ledger, and trains them as the learner does and `rlctl plan` simulates it (whole GRPO groups, in
-cuts of rows and padded tokens, each cut priced at its busiest rank's share padded): this checks the time
-model (decode, batching, streaming, pipeline),
+job's ledger, and trains them as the learner does and `rlctl plan` simulates it (whole GRPO groups, a group
+without signal untrained, in cuts of rows and padded tokens, each cut priced at its busiest rank's share
+padded): this checks the time model (decode, batching, streaming, pipeline),
 not the length model. The overheads it does not price (the trainer's CPU beyond training,
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
 other seeds and prompts (a sync run with 2 units: the trainer's CPU for sync jobs, the units' CPU per unit

@@ -74,6 +74,9 @@ class IterationWork:
     unit_delay_s: float = 0.0  # with shares: weights ready → the unit's share reaches its engine (fetch, load)
     reduce_per_step: bool = False  # FSDP2 reduces in the step's last cut: the learner holds its last cut to the flush
     dp: int = 1  # the trainer's data-parallel ranks: the learner's budgets are each one's share of a cut
+    # per sample, whether the learner trains it (a replay's GRPO group without signal is not: `bench.jobsim`); such a
+    # sample still arrives and the step waits for it, but it is in no cut and no price (None: every sample trains)
+    trained: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -202,9 +205,10 @@ def simulate_job(
         order = np.argsort(arrival, kind="stable")
         arrivals = arrival[order]
         tokens = w.sample_tokens[order]
+        trained = None if w.trained is None else w.trained[order]
         g_end = float(arrivals[-1]) if arrivals.size else start
         t = train_end[-1] if train_end else 0.0
-        total = float(tokens.sum()) or 1.0
+        total = float(tokens.sum() if trained is None else tokens[trained].sum()) or 1.0
         streamed_s = w.train_s - w.at_step_s
         t = learner_train(
             arrivals,
@@ -216,6 +220,7 @@ def simulate_job(
             s=streamed_s / total,
             reduce_per_step=w.reduce_per_step,
             ranks=w.dp,
+            trained=trained,
         )
         if w.at_step_s > 0:
             t = max(t, g_end) + w.at_step_s
@@ -237,6 +242,7 @@ def learner_train(
     s: float,
     reduce_per_step: bool = False,
     ranks: int = 1,
+    trained: np.ndarray | None = None,
 ) -> float:
     """When the trainer, free at `free`, has trained one iteration (`s` seconds per token) as its learner cuts
     it (`rlctl.rl.learner.train_ready`): whenever the trainer is free, it takes every sample that has arrived
@@ -244,9 +250,12 @@ def learner_train(
     all cuts but a partial last one, which may still grow; after the last arrival, all of them (the learner's
     own rule, `trainable_cuts`). `whole` (sync): everything once the last sample is in. `reduce_per_step` (FSDP2
     reducing in a step's last cut alone): the last cut waits for the last arrival, full or not, as the learner's.
-    `ranks`: the trainer's data-parallel ranks, whose shares of a cut the budgets bound (`rlctl.rl.cuts`)."""
+    `ranks`: the trainer's data-parallel ranks, whose shares of a cut the budgets bound (`rlctl.rl.cuts`). `trained`
+    (per row; None: all): the rows the learner cuts, the others (a GRPO group without signal) arriving uncut, as
+    `StreamingLearner.add` skips them: the last cut still waits for the last arrival of any row."""
     t, k, n = free, 0, len(arrivals)
     times, rows = arrivals.tolist(), [float(x) for x in tokens]  # plain floats: numpy scalars cost more than a cut
+    keep = None if trained is None else trained.tolist()
     held: list[float] = []  # the rows cut but not trained (a partial last cut), in length order
     while k < n:
         now = max(t, times[-1] if whole else times[k])
@@ -254,7 +263,8 @@ def learner_train(
         # and taking them as two events cut (and timed) the iteration otherwise than one
         j = bisect.bisect_right(times, now + EPS_S, lo=k)
         # only the lengths matter: the trained rows' sum (in length order, as the cuts train them) and what is held
-        ready = sorted(held + rows[k:j])
+        arrived = rows[k:j] if keep is None else [r for r, y in zip(rows[k:j], keep[k:j], strict=True) if y]
+        ready = sorted(held + arrived)
         k = j
         m = trained_count(
             ready, size, max_tokens=max_tokens, ranks=ranks, flush=k == n, reduce_per_step=reduce_per_step

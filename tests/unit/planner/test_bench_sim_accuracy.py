@@ -96,6 +96,8 @@ def _fake_run(
             "iteration": it,
             "agent": f"rollout-{(p * 8 + k) % 2 if it == 0 or shared else it % 2}",
             "output_tokens": int(rng.integers(1, 55)),
+            "state": "trained",
+            "reward": float(k % 2),  # every group has signal: the learner trains it
         }
         for it in range(iterations)
         for p in range(8)
@@ -157,6 +159,36 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     assert w.group_of is not None and np.bincount(w.group_of).tolist() == [8] * 8
     pairs = set(zip((e["prompt_id"] for e in entries), w.group_of.tolist(), strict=True))
     assert len(pairs) == 8  # each prompt one group
+
+
+def test_replay_leaves_out_the_groups_the_learner_skips(tmp_path):
+    """GRPO without a KL term: a group whose rewards are all equal has advantages all 0, which the learner does not
+    train (`StreamingLearner.add`); the replay generates it and neither cuts nor prices it, as if its rows were not
+    in the step (versus trained and priced like the others until 2026-12-08). With a KL term every group trains."""
+    prof = _profile()
+    run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof)
+    flat = {f"p{it * 100 + p}" for it in range(3) for p in (0, 3, 4)}  # 3 of each iteration's 8 groups
+    for e in run.ledger:
+        if e["prompt_id"] in flat:
+            e["reward"] = 1.0
+    rep = replay(run, prof)
+    for it, w in enumerate(rep.works):
+        entries = [e for e in run.ledger if e["iteration"] == it]
+        assert w.trained is not None
+        assert w.trained.tolist() == [e["prompt_id"] not in flat for e in entries]
+    # priced as a step of the other groups' rows alone
+    signal = _fake_run(tmp_path / "signal", iterations=3, truth=Overheads(), prof=prof)
+    signal.ledger = [e for e in run.ledger if e["prompt_id"] not in flat]
+    assert [w.train_s for w in rep.works] == pytest.approx([w.train_s for w in replay(signal, prof).works])
+    every = replay(_fake_run(tmp_path / "all", iterations=3, truth=Overheads(), prof=prof), prof).works
+    assert all(w.train_s < 0.8 * v.train_s for w, v in zip(rep.works, every, strict=True))
+    # the step waits for the skipped groups still: the training ends after the last arrival
+    tl = simulate_job(rep.works, mode="stream", weight_sync_s=0.0)
+    assert all(t >= g for t, g in zip(tl.train_end_s, tl.gen_end_s, strict=True))
+    job = run.jobdir.read_job()
+    kl = job.model_copy(update={"algorithm": job.algorithm.model_copy(update={"kl_coef": 0.1})})
+    run.jobdir.write_job(kl, source="test")
+    assert all(w.trained is not None and w.trained.all() for w in replay(run, prof).works)
 
 
 def test_replay_cuts_as_the_plan_s_trainer_split_trains(tmp_path):

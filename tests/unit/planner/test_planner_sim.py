@@ -209,6 +209,20 @@ def test_the_trainer_cuts_what_has_arrived_whenever_it_is_free_as_its_learner_do
     assert simulate_job([w], mode="sync", weight_sync_s=0).train_end_s == [135.0]
 
 
+def test_rows_the_learner_skips_arrive_uncut_and_the_step_waits_for_them() -> None:
+    """A GRPO group without signal (`trained` False: `StreamingLearner.add` skips it) is in no cut, and the flush that
+    trains the held cut comes at the last arrival of any row. 1 s per token."""
+    arrivals, tokens = np.array([0.0, 1.0, 2.0, 30.0]), np.array([10.0, 10.0, 10.0, 10.0])
+    skipped = np.array([True, False, False, False])
+    # row 0 alone, a partial cut of 2, is held to the flush at 30 (the skipped rows arrive): 30 + 10
+    assert learner_train(arrivals, tokens, 2, None, whole=False, free=0.0, s=1.0, trained=skipped) == 40.0
+    # every row trained: [10, 10] at 1 (→ 21), the other two at the flush at 30 (→ 50)
+    assert learner_train(arrivals, tokens, 2, None, whole=False, free=0.0, s=1.0) == 50.0
+    # the iteration's priced seconds are over the trained rows' tokens: 10 s (the skipped rows priced none)
+    w = IterationWork(arrivals, tokens, train_s=10.0, micro_batch_samples=2, trained=skipped)
+    assert simulate_job([w], mode="stream", weight_sync_s=0).train_end_s == [40.0]
+
+
 def test_a_group_reaches_the_learner_with_its_last_sample_across_units():
     """GRPO's advantages need the whole group. Async: unit 1 starts its share of iteration 1 when done with
     iteration 0 (at 4), unit 0 at once; the trainer is free at 4. 1 s per token."""
