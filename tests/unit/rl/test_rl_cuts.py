@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 from hypothesis import given, settings
@@ -149,3 +150,48 @@ def test_a_cut_the_budgets_do_not_fill_is_split_balanced_by_padded_tokens() -> N
     assert share_rows([10, 20], 8, ranks=4) == [1, 1, 0, 0]
     assert share_rows([], 8, ranks=2) == [0, 0]
     assert share_rows([10] * 4, 2, ranks=2) == [2, 2]  # full: the budgets' fill
+
+
+def _balanced_by_rows(tokens: list[int], size: int, *, max_tokens: int | None, ranks: int) -> list[int]:
+    """`share_rows` as written before its fill was vectorised (2026-12-08): every candidate cap (k rows × a row's
+    length) in a Python set, the fill a loop over the rows."""
+
+    def fits(rows: int, n: float) -> bool:
+        return rows == 0 or (rows < size and (max_tokens is None or (rows + 1) * n <= max_tokens))
+
+    def fill(cap: float) -> list[int]:
+        out = [0]
+        for n in tokens:
+            if not (fits(out[-1], n) and (out[-1] == 0 or (out[-1] + 1) * n <= cap)):
+                out.append(0)
+            out[-1] += 1
+        return out
+
+    filled = fill(math.inf)
+    if len(filled) >= ranks:
+        return filled
+    caps = sorted({k * n for j, n in enumerate(tokens) for k in range(1, min(size, j + 1) + 1)})
+    lo, hi = 0, len(caps) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(fill(caps[mid])) <= ranks else (mid + 1, hi)
+    out = fill(caps[lo])
+    while len(out) < min(ranks, len(tokens)):
+        i = max((i for i, r in enumerate(out) if r > 1), key=lambda i: out[i] * tokens[sum(out[: i + 1]) - 1])
+        out[i : i + 1] = [out[i] - out[i] // 2, out[i] // 2]
+    return out + [0] * (ranks - len(out))
+
+
+def test_the_balanced_split_is_the_row_by_row_rules() -> None:
+    """The flush's remainder split into `ranks` runs (the fill vectorised: 6.5 against 24.6 ms a cut of 1,024 rows at
+    32 a rank into 33-256 runs, which the planner pays at every dp it prices) is the row-by-row rule's, in 400 drawn
+    cuts of 1 to 300 rows, with and without a token budget."""
+    rng = random.Random(7)
+    for _ in range(400):
+        tokens = sorted(rng.randint(1, 400) for _ in range(rng.randint(1, 300)))
+        size, ranks = rng.randint(1, 40), rng.randint(1, 64)
+        budget = rng.choice([None, 400, 2000])
+        want = _balanced_by_rows(tokens, size, max_tokens=budget, ranks=ranks)
+        if len(want) > ranks:  # more shares than ranks: not one cut (`cut_lengths` closes it before)
+            continue
+        assert share_rows(tokens, size, max_tokens=budget, ranks=ranks) == want, (tokens, size, budget, ranks)
