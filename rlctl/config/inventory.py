@@ -249,6 +249,14 @@ class Site(Strict):
         node = next((n for n in self.nodes if host in n.hosts), None)
         return slots if node is None else tuple(node.device(s) for s in slots)
 
+    def cores_of(self, host: str, slots: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The CPU core ids of `host` behind GPU slots `slots`: slot s has its node's cores s·k … s·k + k − 1 (k its
+        `cpus_per_slot`), so agents of disjoint slots get disjoint cores; None where the node gives no `cpus`."""
+        node = next((n for n in self.nodes if host in n.hosts), None)
+        if node is None or (per := node.cpus_per_slot()) is None:
+            return None
+        return tuple(c for s in slots for c in range(s * per, (s + 1) * per))
+
     @property
     def gpus_per_node(self) -> int:
         return max(g for _, g in self.hosts)

@@ -49,7 +49,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +60,7 @@ import torch
 from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
+from rlctl.launch.agentenv import ENV_CPUS
 from rlctl.models import hf, rope
 from rlctl.models.hf import TinyGPTConfig
 
@@ -162,14 +163,38 @@ def cpu_kv_cache_gib(config: TinyGPTConfig, max_batch_size: int, *, context: int
     return max(1, math.ceil(need / 2**30))
 
 
-def cpu_binding(cpus: set[int] | list[int], workers: int) -> str:
-    """vLLM's `VLLM_CPU_OMP_THREADS_BIND` for `workers` CPU workers on `cpus` (this process's): disjoint runs of
-    the CPUs, one per worker ("0,1|2,3"), or "nobind" when there are fewer CPUs than workers."""
-    ids = sorted(cpus)
-    if len(ids) < workers:
-        return "nobind"
+def cpu_binding(cpus: Collection[int] | None, workers: int, *, threads: int) -> str:
+    """vLLM's `VLLM_CPU_OMP_THREADS_BIND` for `workers` CPU workers of a unit of `threads` threads, each worker
+    `threads` ÷ `workers` of them (at least 1: vLLM gives a worker as many as its list has), on `cpus`, the cores that
+    are the unit's own: disjoint runs of them, one per worker ("0,1|2,3"). "nobind" where they are not known (None)
+    or too few to give each worker its threads: binding any other cores would bind another unit's too."""
+    per = max(1, threads // workers)
+    ids = sorted(cpus or ())
     share = len(ids) // workers
-    return "|".join(",".join(map(str, ids[w * share : (w + 1) * share])) for w in range(workers))
+    if share < per:
+        return "nobind"
+    return "|".join(",".join(map(str, ids[w * share : w * share + per])) for w in range(workers))
+
+
+def own_cpus(environ: Mapping[str, str], allowed: set[int], *, threads: int) -> set[int] | None:
+    """The cores this unit may bind its workers to: its launcher's RLCTL_CPUS (its GPU slots' cores on a local or
+    SSH host, `Site.cores_of`) it may run on, else its affinity where that is no wider than its threads (a SLURM
+    task's --cpus-per-task); None where neither says (a local/SSH host's every core: shared with the other units)."""
+    given = environ.get(ENV_CPUS)
+    if given:
+        return {int(c) for c in given.split(",")} & allowed
+    return allowed if len(allowed) <= threads else None
+
+
+def cpu_thread_env(environ: Mapping[str, str], allowed: set[int], *, workers: int, threads: int) -> dict[str, str]:
+    """The variables a unit's `workers` CPU workers start with (tensor parallel > 1): their binding (`cpu_binding`)
+    and, unbound, OMP_NUM_THREADS, which a bound worker takes from its list's length (vLLM's ompmultiprocessing) and
+    an unbound one inherits (the unit's whole figure, in each worker)."""
+    bind = cpu_binding(own_cpus(environ, allowed, threads=threads), workers, threads=threads)
+    out = {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    if bind == "nobind":
+        out["OMP_NUM_THREADS"] = str(max(1, threads // workers))
+    return out
 
 
 def architecture_overrides(written: Mapping[str, Any], config: TinyGPTConfig) -> dict[str, Any]:
@@ -257,10 +282,12 @@ class VllmEngine(GenerationEngine):
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
             kv_gib = cpu_kv_cache_gib(config, max_batch_size, context=context)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
-            if tensor_parallel > 1:  # vLLM's automatic binding wants a NUMA node per worker
-                os.environ.setdefault(
-                    "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
-                )
+            if tensor_parallel > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                # vLLM's automatic binding wants a NUMA node per worker; the unit's threads (its launcher's
+                # OMP_NUM_THREADS, as the agent set torch's) shared among its workers, on its own cores
+                threads = torch.get_num_threads()
+                allowed = os.sched_getaffinity(0)
+                os.environ.update(cpu_thread_env(os.environ, allowed, workers=tensor_parallel, threads=threads))
         kwargs: dict[str, Any] = {
             # the context that check, the trainer and the embedded engine hold requests to (at most vLLM's own
             # derived max_model_len: `TinyGPTConfig.max_positions`)

@@ -10,6 +10,10 @@
     RLCTL_RDMA            its site network.rdma  ─▶   the ucx transport's UCX_TLS (rlctl.transport.ucx)
     OMP/MKL_NUM_THREADS   threads_for(job, role,  ─▶   torch.set_num_threads (the same figure)
                           its site's cores)
+    RLCTL_CPUS            a `gpu: CPU` local/ssh   ─▶  vLLM's CPU workers' thread binding at tp > 1
+                          agent's slots' cores          (rlctl.engines.vllm.cpu_binding): disjoint per unit
+                          (Site.cores_of; where the
+                          inventory gives `cpus`)
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
                           checkpoint it picked           checkpoint (0: none was ever complete: start over),
                           (rlctl.checkpoint.choose)      and set their parts of newer ones aside
@@ -37,6 +41,7 @@ ENV_PARALLEL = "RLCTL_PARALLEL"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
 ENV_RESUME = "RLCTL_RESUME_VERSION"
 ENV_CODE = "RLCTL_CODE"  # the launching rlctl's code_digest (rlctl.buildid)
+ENV_CPUS = "RLCTL_CPUS"  # the host's cores of the agent's slots ("0,1,2,3"), where the launcher knows them
 ENV_RUN = "RLCTL_RUN"  # the controller's run of its job (its launcher's id for it), written into summary.json
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

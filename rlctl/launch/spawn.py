@@ -33,6 +33,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import (
     BASE_ENV,
     ENV_CODE,
+    ENV_CPUS,
     ENV_LISTEN_HOST,
     ENV_PARALLEL,
     ENV_SITE,
@@ -90,6 +91,10 @@ def agent_spec(
         agent_env[ENV_TASK_GPUS] = str(a.resources.gpus_per_task)
     if device == "cpu":  # no GPU at all: on a GPU host it would see (and torch initialise CUDA on) the host's GPUs
         agent_env[ENV_VISIBLE] = ""
+        # its slots' cores: what vLLM's CPU workers bind to at tp > 1 (else every unit of a host bound the same ones)
+        cores = None if a.gpu_slice is None else site.cores_of(a.gpu_slice.host, a.gpu_slice.gpus)
+        if cores is not None and a.role != "controller":
+            agent_env[ENV_CPUS] = ",".join(map(str, cores))
     elif a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
         agent_env[ENV_VISIBLE] = ",".join(map(str, site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus)))
     return AgentSpec(

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlctl.engines.base import GenRequest
+from rlctl.launch.agentenv import ENV_CPUS
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.vllm.reference import EOS, hf_greedy, hf_with
@@ -24,7 +25,9 @@ CHUNK = 16 << 10
 
 
 @pytest.mark.parametrize("variant", ["qwen2-tied-hd32", "qwen3moe-dense1-hd32", "qwen2moe-dense1"])  # (experts split)
-def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path, variant: str) -> None:
+def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(
+    tmp_path: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import vllm.envs
 
     from rlctl.engines import vllm_transfer
@@ -36,6 +39,9 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
     directory = tmp_path / variant
     write_checkpoint(variant, directory)
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # VllmEngine's own
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    monkeypatch.setenv(ENV_CPUS, ",".join(map(str, cores)))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert weight_transfer_usable(2)  # the entry point is installed (`pip install -e .`)
     engine = VllmEngine(
         directory, max_batch_size=2, temperature=0.0, tensor_parallel=2, dtype="float32", block_size=32,
@@ -61,7 +67,8 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
         for i, p in enumerate(PROMPTS):
             assert got[f"r{i}"].output_tokens == hf_greedy(hf, p, MAX_NEW), i
             assert got[f"r{i}"].versions_seen == [1]
-        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(os.sched_getaffinity(0), 2)
+        # the unit's cores (its launcher's RLCTL_CPUS), its threads shared among its workers
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(cores, 2, threads=torch.get_num_threads())
         # a push that fails midway (a tensor of the wrong shape) leaves the model half-loaded: the engine says so
         # and refuses to go on, instead of generating from a broken model
         bad = dict(sd)
@@ -75,14 +82,6 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
         assert not glob.glob("/dev/shm/rlctl-v*")
     finally:
         engine.llm.llm_engine.engine_core.shutdown()
-
-
-def test_cpu_binding_gives_each_worker_its_own_cpus() -> None:
-    from rlctl.engines.vllm import cpu_binding
-
-    assert cpu_binding({0, 1}, 2) == "0|1"
-    assert cpu_binding({3, 2, 5, 4, 7}, 2) == "2,3|4,5"  # an odd one is left out
-    assert cpu_binding({0}, 2) == "nobind"
 
 
 def test_where_the_weight_transfer_api_is_used(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import Job
 from rlctl.config.task import DatasetTask
 from rlctl.errors import ConfigError, LaunchError
-from rlctl.launch.agentenv import ENV_CODE, ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
+from rlctl.launch.agentenv import ENV_CODE, ENV_CPUS, ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.gpus import GpuPool
@@ -261,6 +261,26 @@ def test_only_agents_that_compute_on_gpus_see_any(tmp_path: Path, gpu: str) -> N
     else:
         assert got == {"controller-0": ("cpu", ""), "trainer-0": ("cuda", "0"), "trainer-1": ("cuda", "1"),
                        "rollout-0": ("cuda", "2"), "rollout-1": ("cuda", "3")}  # fmt: skip
+
+
+def test_a_cpu_sites_agents_are_told_their_slots_cores(tmp_path: Path) -> None:
+    """Each agent of a `gpu: CPU` local site is told the cores of its GPU slots (RLCTL_CPUS: what vLLM's workers bind
+    to at tp > 1), disjoint from every other agent's of its host, versus none: each unit bound every core of the
+    host. Nothing where the inventory gives no `cpus`, nor for the controller (its cores are its reward workers')."""
+    sites = {"local": {**local_site(4), "nodes": [{"host": "localhost", "gpus": 4, "cpus": 16}]}}
+    job = write_job(tmp_path, sites, at=(("local", 2), ("local", 2)), rollout={"tensor_parallel": 2})
+    spec = resolve_job(job)
+    envs = {
+        a.name: agent_spec(JobDir(tmp_path / "run"), a, job.inventory.sites[a.site], env=env).env
+        for a, env in planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    }
+    cpus = {name: env.get(ENV_CPUS) for name, env in envs.items()}
+    assert cpus == {"controller-0": None, "trainer-0": "0,1,2,3", "trainer-1": "4,5,6,7",
+                    "rollout-0": "8,9,10,11,12,13,14,15"}  # fmt: skip
+    job = write_job(tmp_path, {"local": local_site(4)}, at=(("local", 2), ("local", 2)))
+    spec = resolve_job(job)
+    planned = planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    assert not [a for a, env in planned if ENV_CPUS in agent_spec(JobDir(tmp_path), a, job.inventory.sites[a.site]).env]
 
 
 def test_the_dry_run_shows_the_controller_on_the_cpu_as_it_shows_a_cpu_agent(tmp_path: Path) -> None:
