@@ -62,7 +62,8 @@ from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
 from rlctl.devices import Compute
 from rlctl.engines import make_engine
 from rlctl.engines.base import GenRequest, GenResult, Prefix
-from rlctl.errors import TransportError
+from rlctl.engines.compiletools import compile_tools, compile_tools_problem
+from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.agentenv import parallel_from_env
 from rlctl.rl.source import stop_ids
 from rlctl.transport import Connection, Listener, Message
@@ -75,6 +76,14 @@ FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after 
 WEIGHTS_REFUSED = "weights_refused"  # the fetch thread's last word to the main loop: every holder refused this unit
 # reported with `weights_applied` (or `weights_skipped`: fetched, never applied)
 TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder", "xxh3")
+
+
+def refuse_uncompilable(compute: Compute | None) -> None:
+    """RlctlError, one line, as the unit starts, where this host lacks what its compiled step needs (`compiletools`),
+    versus inductor's traceback at its first decode step, after it joined and took its share of the samples."""
+    gpu = compute is not None and compute.is_cuda
+    if (why := compile_tools_problem(compile_tools(), gpu=gpu, there="on this host")) is not None:
+        raise RlctlError(f"rollout.compile: true: on {os.uname().nodename}, {why}")
 
 
 class RolloutAgent:
@@ -90,6 +99,8 @@ class RolloutAgent:
         # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
         # on the unit's device, in the checkpoint's dtype on a GPU (rlctl.devices)
         kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier, "compile_step": job.rollout.compile}
+        if job.rollout.engine == "embedded" and job.rollout.compile:
+            refuse_uncompilable(compute)
         if compute is not None:
             kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)

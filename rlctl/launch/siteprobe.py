@@ -28,6 +28,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.config.schedulers import SlurmScheduler
 from rlctl.devices import kind_for
+from rlctl.engines.compiletools import compile_tools_problem
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
 from rlctl.errors import CommandTimeout, LaunchError
 from rlctl.launch.backends import kind_of, python_for
@@ -61,6 +62,10 @@ except Exception as e:
 out["vllm"] = sorted(md.packages_distributions().get("vllm", []))
 out["megatron"] = iu.find_spec("megatron") is not None and iu.find_spec("megatron.core") is not None
 out["ucxx"] = iu.find_spec("ucxx") is not None
+# what torch.compile needs (rollout.compile): as rlctl.engines.compiletools.compile_tools asks it
+out["cxx"] = shutil.which(os.environ.get("CXX") or "g++")
+out["cc"] = next((p for c in (os.environ.get("CC"), "gcc", "clang") if c and (p := shutil.which(c))), None)
+out["triton"] = iu.find_spec("triton") is not None
 ib = "/sys/class/infiniband"
 out["rdma_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
 root = os.path.expanduser(sys.argv[1])
@@ -305,6 +310,9 @@ def host_problems(
                 f"{have} there, its rollout units need {VLLM_DISTRIBUTIONS[kind]}: "
                 f"pip install '{VLLM_EXTRAS[kind]}' there"
             )
+    compiles = job is not None and job.rollout.engine == "embedded" and job.rollout.compile
+    if compiles and roles and "rollout" in roles and (why := compile_tools_problem(f, gpu=gpu)) is not None:
+        lacks(f"rollout.compile: true: {why}")
     if job is not None and roles and "trainer" in roles and job.trainer.backend == "megatron" and not f.get("megatron"):
         lacks("the megatron trainer needs megatron-core there: pip install 'rlctl[megatron]' there")
     if job is not None and job.transport.kind == "ucx" and not f.get("ucxx"):

