@@ -42,7 +42,9 @@ compiled pass and the sampler are what each bucket's graph captures. The sampler
 code for its fp64 cumulative sum over a 151,936-token vocabulary (a split scan at a symbolic batch) failed to
 generate (torch 2.11, `make gpu-check`, 2026-11-28). The first step compiles (tens of seconds), a later one at
 a new kind of shape may compile again. Outputs equal the eager step's (tests/unit/engines); whether it is
-faster is measured by `make gpu-check` (`engine_compiled`).
+faster is measured by `make gpu-check` (`engine_compiled`). Inductor needs a C++ compiler on a CPU and triton
+with a C compiler on a GPU (`rlctl.engines.compiletools`: `rlctl check`, `check --reach` and a unit as it starts
+ask for them); without, the first step fails (InvalidCxxCompiler).
 
 Weights change only between steps (`load_weights`); rows already running keep their K/V (computed
 with the older weights) and continue with the new ones, and the result's `version` is the oldest
