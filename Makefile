@@ -115,10 +115,14 @@ faults: $(STAMP)
 
 # The vLLM virtualenv (pip: mostly fetching and unpacking wheels, ≈ 2.5 min) is made in the background while lint
 # and the unit tests run (its lines are shown after them); the integration stage, whose last part uses it, follows.
-test: $(STAMP)
-	$(MAKE) --no-print-directory vllm-venv >$(VLLM_VENV).log 2>&1 & vllm=$$!; \
+# The main venv's editable installs come first (two `pip install -e .` at once would race on rlctl.egg-info). The
+# background job runs in its own process group (`set -m`: a job started with `&` by a non-interactive shell ignores
+# SIGINT), killed with the recipe's shell should it end early (Ctrl-C).
+test: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP)
+	set -m; $(MAKE) --no-print-directory vllm-venv >$(VLLM_VENV).log 2>&1 & vllm=$$!; set +m; \
+	trap 'kill -TERM -- -$$vllm 2>/dev/null; wait $$vllm' EXIT; \
 	$(MAKE) --no-print-directory lint unit; ok=$$?; \
-	wait $$vllm; cat $(VLLM_VENV).log; exit $$ok
+	wait $$vllm; trap - EXIT; cat $(VLLM_VENV).log; exit $$ok
 	$(MAKE) --no-print-directory integration
 
 services-up:
@@ -131,7 +135,7 @@ bench: $(STAMP) $(UCX_STAMP)
 	$(BIN)/python -m bench all
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log runs .mypy_cache .ruff_cache
 
 # The GPU check (docs/gpu.md). A lent GPU machine has Python 3.12 and a CUDA torch but no network: `make gpu-wheels`
 # here downloads cp312 wheels of rlctl's other runtime packages into .gpu-wheels/ (git-ignored; carried to the
