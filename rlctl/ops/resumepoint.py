@@ -1,6 +1,7 @@
 """The checkpoint a resume continues from (`pick_checkpoint`): the newest whose controller part (on the
 controller's site) and trainer part (on the trainer's) both verify and belong together, or the one
-`--checkpoint V` names; the versions stored on the controller's site (`stored_checkpoints`)."""
+`--checkpoint V` names; the versions stored on the controller's site (`stored_checkpoints`); a job dir on this machine
+whose events record completed checkpoints its checkpoints/ directory lost refused (`refuse_lost_checkpoints`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from rlctl.checkpoint.files import PREFIX
 from rlctl.errors import UsageError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import HostFiles
+from rlctl.launch.sitefs import HostFiles, LocalFiles
+from rlctl.ops.extend import completed_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +90,29 @@ def stored_checkpoints(fs: HostFiles, jobdir: JobDir) -> list[int]:
         if rest == name and top.startswith(PREFIX) and top[len(PREFIX) :].isascii() and top[len(PREFIX) :].isdigit():
             found.add(int(top[len(PREFIX) :]))
     return sorted(found, reverse=True)
+
+
+def refuse_lost_checkpoints(jobdir: JobDir, *, start_over: str = "rlctl launch JOB.yaml") -> None:
+    """UsageError where `jobdir` (this machine's: the controller's site job dir, where the controller parts are) holds
+    no checkpoint's controller part while its events record completed ones (`completed_checkpoints`): its checkpoints/
+    directory missing, a file, or emptied. A resume would take it for a job that completed none and start it over
+    from iteration 0 (its metrics and samples set aside as discarded), versus the one line naming the directory. A
+    controller on another site keeps them there (`pick_checkpoint` reads them on it): not called for one."""
+    if stored_checkpoints(LocalFiles(), jobdir) or not (held := completed_checkpoints(jobdir)):
+        return
+    path = jobdir.checkpoints
+    if not path.exists():
+        state = "is missing"
+    elif not path.is_dir():
+        state = "is not a directory"
+    else:
+        state = "holds no checkpoint's controller part (MANIFEST.controller.json in iter-N)"
+    count = f"{len(held)} completed checkpoint{'s' if len(held) > 1 else ''} (v{held[0]}" + (
+        f"…v{held[-1]})" if len(held) > 1 else ")"
+    )
+    raise UsageError(
+        f"{path} {state}, but {jobdir.events.name} records {count}: not resumed (it would start the job over "
+        "from iteration 0)",
+        hint=f"put the checkpoints back in {path} and resume again, or `{start_over}` starts the job over in a new "
+        "directory",
+    )

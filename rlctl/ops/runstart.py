@@ -36,7 +36,7 @@ from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobchanges import refuse_fixed_edits
 from rlctl.ops.jobdb import JobRow
 from rlctl.ops.jobprep import launch_again
-from rlctl.ops.resumepoint import pick_checkpoint
+from rlctl.ops.resumepoint import pick_checkpoint, refuse_lost_checkpoints
 from rlctl.ops.runbase import RunBase, last_error
 from rlctl.ops.runstate import UNSTARTED, aside_name, current_run, stop_requested
 from rlctl.rl.reward_pool import load_deadline_s
@@ -431,6 +431,8 @@ class RunStart(RunBase):
         why (said by `Runs.start`; logged at debug level only: it was said twice). RlctlError (one line) when
         checkpoints exist but none is complete. `only`: that one (`launch --resume --checkpoint`), UsageError when its
         parts do not verify."""
+        if self._record is None and only is None:  # the controller parts here: lost ones refused, not started over
+            refuse_lost_checkpoints(self.jobdir, start_over=launch_again(launched_from(self.jobdir)))
         site = self.sites[trainer.site]
         t_fs = host_files(site, agent_view(site, trainer.gpu_slice.host if trainer.gpu_slice else None))
         try:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.commands.launching.detached import run_detached
 from rlctl.commands.launching.launcher import be_launcher
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.render import OutputFormat, emit
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def resume_job(
     from rlctl.launch.jobdir import JobDir
     from rlctl.launch.layout import plan_sites, trainer_parallel
     from rlctl.launch.locks import LOCK_FD_ENV
+    from rlctl.launch.record import record_is_here, record_view
     from rlctl.launch.recordfiles import replace_text
     from rlctl.ops.extend import (
         completed_checkpoints,
@@ -48,6 +49,7 @@ def resume_job(
     )
     from rlctl.ops.jobchanges import edited_fields, job_json_edits, refuse_fixed_edits, resume_changes
     from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobprep import launch_again
     from rlctl.ops.jobref import JobRef, require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
     from rlctl.ops.preflight import refuse
@@ -55,6 +57,8 @@ def resume_job(
     from rlctl.ops.refusals import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
     from rlctl.ops.resumecheck import edit_problems
     from rlctl.ops.resumememory import judge_memory
+    from rlctl.ops.resumepoint import refuse_lost_checkpoints
+    from rlctl.ops.runstart import launched_from
     from rlctl.ops.trainersplit import parse_split, predicted_iteration, predicted_said, said
 
     asked = parse_split(trainer_split) if trainer_split is not None else None  # a bad value: one line, first
@@ -99,6 +103,15 @@ def resume_job(
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
+        # checkpoints/ lost where its events record some: one line here, before a detach and before anything is set
+        # aside, versus a start from 0 (a staged.json that does not read: the run's, after staging, `resume_point`;
+        # a --checkpoint not on disk: `rollback_to`'s own line)
+        try:
+            view = record_view(jd.path)
+        except LaunchError:
+            view = None
+        if checkpoint is None and view is not None and record_is_here(view[0], view[2], jd.path):
+            refuse_lost_checkpoints(jd, start_over=launch_again(launched_from(jd)))
         if checkpoint is not None:
             back = rollback_to(jd, checkpoint)
         # a hand edit its checkpoint cannot run on, refused before anything starts; a job that completed none (as

@@ -1144,3 +1144,77 @@ def test_a_resume_at_another_trainer_split_whose_index_row_cannot_be_written_lea
     assert r.exit_code == 1 and "the job index is locked" in r.stderr, r.stderr
     assert jd.plan_json.read_text() == before
     assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
+
+
+def lose_checkpoints(jd: JobDir, how: str) -> None:
+    """The job's checkpoints/ directory gone (`missing`), a file in its place (`file`), or emptied (`empty`)."""
+    import shutil
+
+    shutil.rmtree(jd.checkpoints)
+    if how == "file":
+        jd.checkpoints.write_text("x")
+    elif how == "empty":
+        jd.checkpoints.mkdir()
+
+
+@pytest.mark.parametrize("how", ["missing", "file", "empty"])
+def test_a_resume_of_a_job_whose_checkpoints_directory_is_lost_is_refused_not_started_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # its events record v3 and v6, its checkpoints/ gone: the resume said 'resumed from the start (no checkpoint was
+    # completed)' and trained from iteration 0, its metrics and samples moved to *.discarded.jsonl, summary.json to
+    # summary.1.json
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
+    (jd.path / "staged.json").write_text(json.dumps({s: {"roots": {"localhost": str(jd.path)}} for s in "ct"}))
+    for v in (3, 6):
+        digest = files_part(jd.checkpoint(v), "trainer", "{}", meta=sharded_meta(ONE_RANK))
+        files_part(jd.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
+        jd.event("checkpoint", version=v, keep=0)
+    summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 7}'
+    jd.summary_json.write_text(summary)
+    jd.metrics.write_text('{"iteration": 0}\n')
+    lose_checkpoints(jd, how)
+    before = sorted(p.name for p in jd.path.iterdir())
+
+    def staged(*_: object, **__: object) -> None:  # (no agent of a run the old code started over is ever started)
+        raise LaunchError("staged: the run went on")
+
+    from rlctl.ops import runstart
+
+    monkeypatch.setattr(runstart, "stage_all", staged)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    state = {"missing": "is missing", "file": "is not a directory", "empty": "holds no checkpoint's controller part"}
+    assert f"{jd.checkpoints} {state[how]}" in r.stderr
+    assert "events.jsonl records 2 completed checkpoints (v3…v6)" in r.stderr
+    assert sorted(p.name for p in jd.path.iterdir() if not p.name.startswith(".")) == [
+        n for n in before if not n.startswith(".")
+    ]
+    assert jd.summary_json.read_text() == summary
+
+    # the run refuses it too where the launcher did not (an automatic resume; a staged.json not yet written)
+    run, sites = job_run(tmp_path / "run")
+    sites.checkpoint(3)
+    sites.c.event("checkpoint", version=3, keep=0)
+    lose_checkpoints(sites.c, how)
+    trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
+    with pytest.raises(UsageError, match=r"records 1 completed checkpoint \(v3\): not resumed"):
+        run.resume_point(trainer=trainer)
+
+
+def test_a_controller_on_another_site_resumes_from_its_checkpoints_there_though_this_job_dir_lacks_them(
+    tmp_path: Path,
+) -> None:
+    run, sites = job_run(tmp_path)
+    elsewhere = Sites(tmp_path / "site")  # the controller's site job dir: its parts there, none here
+    elsewhere.t = sites.t
+    elsewhere.checkpoint(3)
+    sites.c.event("checkpoint", version=3, keep=0)
+    assert not sites.c.checkpoints.joinpath("iter-3").exists()
+    run._record = (local_site(), "localhost", str(elsewhere.c.path))
+    trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
+    assert run.resume_point(trainer=trainer).version == 3
