@@ -432,13 +432,38 @@ class JobDir:
         return launcher_holder(self)
 
     def secret(self) -> bytes:
-        """The per-job secret, created (0600) on first use."""
+        """The per-job secret, created (0600) on first use. ConfigError naming the file where it is not one (empty,
+        not hex, not readable): `check_secret`."""
         p = self.path / "secret"
         if not p.exists():
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))
-        return bytes.fromhex(p.read_text().strip())
+        return self._read_secret(p)
+
+    def check_secret(self) -> None:
+        """ConfigError naming the job's secret where it is there and not one (empty, not hex, not readable); none
+        made where it is not. Read by the launcher before a run moves anything or starts any agent (`JobRun.start`),
+        versus a ValueError's traceback in the controller's log after the run's agents started."""
+        p = self.path / "secret"
+        if p.exists() or p.is_symlink():
+            self._read_secret(p)
+
+    @staticmethod
+    def _read_secret(p: Path) -> bytes:
+        hint = "put the job's secret back from a copy of the job dir (or a site's copy of it, in its job dir there)"
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(str(p), None, f"the job's secret cannot be read ({e})", hint=hint) from e
+        try:
+            key = bytes.fromhex(text.strip())
+        except ValueError:
+            key = b""
+        if not key:
+            said = "empty" if not text.strip() else "not hex digits"
+            raise ConfigError(str(p), None, f"{said}: the job's secret is hex digits (rlctl writes 64)", hint=hint)
+        return key
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
         append_row(path, row)

@@ -282,6 +282,7 @@ class RunStart(RunBase):
         # waiting, and no holder of the fetch lock takes it: the two cannot deadlock). Its controller.json with it
         # (`_set_run_before_aside` again once the run staged, where the controller's record is on another site)
         try:
+            self.jobdir.check_secret()  # a damaged one refused before anything moves or any agent starts
             with fetching(self.jobdir.path), summary_lock(self.jobdir.path):
                 controller = self.jobdir.controller_json  # aside, not removed: a refused resume puts it back
                 before_here = self.jobdir.path / run_before(controller.name)

@@ -78,6 +78,7 @@ def resume_job(
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
+        jd.check_secret()  # a damaged one refused before a detach (and by the run: `JobRun.start`)
         if dry_run:  # (`launch` takes --dry-run with --resume only beside --trainer-split)
             assert asked is not None
             shown = _resplit(jd, plan, asked) or plan
