@@ -432,6 +432,8 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
 
     line = unchecked_line(c.get("manifests_checked", []), c.get("manifests_unchecked"))
     note = f"\n{line}" if line else ""
+    if lost := c.get("dirs_lost"):  # no checkpoint of it to go back to or pull: the directory to put back said
+        return f"{table}{note}\n" + "; ".join(lost) + ": no checkpoint's files are there; put the directory back"
     return (
         f"{table}{note}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its "
         "model here"

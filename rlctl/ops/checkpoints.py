@@ -102,6 +102,16 @@ def surveyed(
     return seen, why
 
 
+def lost_dir(jobdir: JobDir, at: PartDir) -> str | None:
+    """ "DIR is missing" (or "is not a directory") where a part's checkpoints/ directory is the job dir's own (a local
+    launch's: this machine is where they are) and is not one: lost (removed, moved), versus a directory elsewhere
+    this machine may not have (a shared filesystem not mounted here: `surveyed` does not look); else None."""
+    root = Path(at.dir)
+    if is_remote(at.site) or root.is_dir() or root.resolve() != jobdir.checkpoints.resolve():
+        return None
+    return f"{root} {'is not a directory' if root.exists() else 'is missing'}"
+
+
 def checkpoint_table(
     jobdir: JobDir,
     *,
@@ -113,10 +123,13 @@ def checkpoint_table(
     policy's held-out figures. `parts`: where each part's checkpoints are (`rlctl.ops.pull.checkpoint_parts`),
     whose manifests are checked there (`surveyed`, `sound`); "latest" is the newest checkpoint that passes, versus
     the newest the events name (a damaged one listed as the latest, which a pull passed over). A part not checked is
-    left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why. `views`: as
-    `surveyed` takes them."""
+    left out of "manifests_checked", and where a site did not answer, "manifests_unchecked" says why; "dirs_lost" says
+    which part's checkpoints/ directory is gone from where it is on this machine (`lost_dir`: each checkpoint
+    damaged). `views`: as `surveyed` takes them."""
     versions = completed_checkpoints(jobdir)
     checked, unchecked = surveyed(parts or {}, versions, views=views, cache=jobdir.manifest_cache)
+    lost = {part: why for part, at in (parts or {}).items() if versions and (why := lost_dir(jobdir, at))}
+    checked |= dict.fromkeys(lost, Survey(found=False, sizes={}, texts={}))  # looked at: none of their files there
     damaged = {v: why for v in versions if (why := sound(checked, v)) is not None}
     latest = max((v for v in versions if v not in damaged), default=None)
     written: dict[int, float | None] = {}
@@ -167,6 +180,7 @@ def checkpoint_table(
         "heldout_start": evaluated.get(0),
         "manifests_checked": sorted(checked),
         "manifests_unchecked": unchecked,
+        "dirs_lost": sorted(set(lost.values())),
     }
 
 

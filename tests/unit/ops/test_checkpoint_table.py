@@ -344,3 +344,29 @@ def test_status_checkpoints_says_which_parts_it_did_not_check(tmp_path: Path, mo
         "the trainer and controller parts' manifests not checked here (their site's files are not on this machine): "
         "a pull or a resume verifies every file"
     ) in r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("how", ["is missing", "is not a directory"])
+def test_status_checkpoints_of_a_local_job_whose_checkpoints_directory_is_lost_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Its checkpoints/ gone from the job dir of a local launch: the table listed 3 complete checkpoints, v30 the
+    latest, said 'their site's files are not on this machine' (they are: none are there) and suggested --resume
+    and pull --checkpoint V."""
+    import shutil
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job(tmp_path)
+    _parts(jd)
+    shutil.rmtree(jd.checkpoints)
+    if how == "is not a directory":
+        jd.checkpoints.write_text("x")
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"Job {jd.path.name}: 3 complete checkpoints (3 of them damaged since)"
+    assert lines[-1] == f"{jd.checkpoints} {how}: no checkpoint's files are there; put the directory back"
+    assert "not on this machine" not in r.stdout and "--checkpoint V" not in r.stdout and " latest" not in r.stdout
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert data["dirs_lost"] == [f"{jd.checkpoints} {how}"]
+    assert [c["latest"] for c in data["checkpoints"]] == [False] * 3
