@@ -115,13 +115,14 @@ def checkpoint_parts(job_dir: Path, *, remote: bool) -> dict[str, PartDir]:
     return out
 
 
-def _latest(job_dir: Path) -> tuple[str, str | None]:
-    """(where the controller's latest.json is, its text: None without one), read on the controller's site."""
+def _latest(job_dir: Path) -> tuple[str, str | None, bool]:
+    """(where the controller's latest.json is, its text: None without one, whether that is on this machine), read on
+    the controller's site."""
     view = record_view(job_dir)
     fs, root = (host_files(view[0], view[1]), view[2]) if view is not None else (LocalFiles(), str(job_dir))
     where = f"{root}/checkpoints/{LATEST_POINTER}"
     try:
-        return where, fs.read_text(where)
+        return where, fs.read_text(where), view is None or not is_remote(view[0])
     finally:
         fs.close()
 
@@ -157,9 +158,10 @@ def pull(
             number = _best(job_dir, named=named, views={(site, view): fs})
         pointer: str | None = None
         pointed: list[int] = []  # the version latest.json names
-        damaged: str | None = None  # why latest.json does not parse
+        damaged: str | None = None  # why latest.json names no version: damaged, missing
+        where = ""  # (where it is)
         if checkpoint == "latest":
-            pointer, pointed, damaged = _pointed(job_dir)
+            where, pointer, pointed, damaged = _pointed(job_dir)
         listed = fs.list_files(f"{root}/checkpoints")
         if number is not None:
             _have(listed, root, number, named=checkpoint)
@@ -168,6 +170,8 @@ def pull(
         # every_iterations changed since too); every one on the site, newest first, where latest.json is damaged
         on_site = sorted({v for v, complete in _checkpoints(listed).items() if complete and v}, reverse=True)
         stored = on_site if number is None else [number]
+        if damaged is not None and on_site:
+            log.warning("%s is %s: pulling the newest checkpoint that verifies", where, damaged)
         # each one judged first as `status --checkpoints` judges it (`sound` of what `surveyed` saw: every part's
         # manifests on its own site, the controller's naming the trainer's; one look a site), then its policy copied
         # and every byte verified: `latest` is the newest that status calls sound (its latest), versus the trainer
@@ -218,8 +222,11 @@ def pull(
             policy_in(pulled[0])
             got = pulled[0]
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
-        if not problems:  # latest.json names v0, or is damaged, and no checkpoint is on the site
-            said = "names none" if damaged is None else f"is damaged ({damaged}), and site {site} holds none"
+        if not problems:  # latest.json names v0, or is damaged or missing, and no checkpoint is on the site
+            ckpts = Path(f"{root}/checkpoints")
+            if not is_remote(site_spec) and ckpts.exists() and not ckpts.is_dir():
+                raise UsageError(f"{ckpts} is not a directory: site {site} holds no checkpoint of the job to pull")
+            said = "names none" if damaged is None else f"is {damaged}, and site {site} holds none"
             raise UsageError(f"{job_dir}: no checkpoint is complete yet ({LATEST_POINTER} {said})")
         job_id = JobDir(job_dir).id
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
@@ -264,18 +271,19 @@ def _best(job_dir: Path, *, named: str | None, views: dict[tuple[str, str], Host
     return number
 
 
-def _pointed(job_dir: Path) -> tuple[str, list[int], str | None]:
-    """`--checkpoint latest`: the controller's latest.json (read on its site), the version it names ([] where it is
-    damaged), and why it is damaged (None: it parses; a damaged pointer bounds nothing, `choose_resume`: said here,
-    once). UsageError where there is none."""
-    where, pointer = _latest(job_dir)
-    if pointer is None:
-        raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
+def _pointed(job_dir: Path) -> tuple[str, str | None, list[int], str | None]:
+    """`--checkpoint latest`: where the controller's latest.json is, its text (read on its site: None where there is
+    none), the version it names ([] where it is damaged or missing), and why it is damaged ("missing", "not a file"
+    where it is none; None: it parses). A damaged or missing pointer bounds nothing (`choose_resume`: the newest
+    checkpoint on the site that verifies), versus a missing one refused 'no checkpoint is complete yet' beside
+    sound checkpoints; said by the pull, once, where the site holds any."""
+    where, pointer, local = _latest(job_dir)
+    if pointer is None:  # (on this machine, a directory in its place is said as one; on a site's host, as missing)
+        return where, None, [], "not a file" if local and Path(where).exists() else "missing"
     try:
-        return pointer, [parse_latest(pointer)], None
+        return where, pointer, [parse_latest(pointer)], None
     except ValueError as e:
-        log.warning("%s is damaged (%s): pulling the newest checkpoint that verifies", where, e)
-        return pointer, [], str(e)
+        return where, pointer, [], f"damaged ({e})"
 
 
 def _judge_named(seen: dict[str, Survey], version: int, on_site: list[int], *, named: str, job: str) -> None:

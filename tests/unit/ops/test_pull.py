@@ -105,9 +105,8 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
         pull(jd.path, checkpoint="5")
     with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest', 'best' or a version, e\.g\. (\d+) or v\1$"):
         pull(jd.path, checkpoint="newest")
-    (jd.checkpoints / "latest.json").unlink()
-    with pytest.raises(UsageError, match=r"no checkpoint is complete yet"):
-        pull(jd.path)
+    (jd.checkpoints / "latest.json").unlink()  # the newest that verifies, as of a damaged one
+    assert pull(jd.path).version == 1
     assert json.loads((jd.path / "plan.json").read_text())["trainer"]["site"] == "local"
 
 
@@ -605,6 +604,31 @@ def test_pull_of_a_job_whose_latest_json_is_damaged_takes_the_newest_checkpoint_
         pull(jd.path, to=tmp_path / "none")
     assert str(e.value).startswith(f"{jd.path}: no checkpoint is complete yet (latest.json is damaged ("), str(e.value)
     assert str(e.value).endswith("), and site local holds none)"), str(e.value)
+
+
+@pytest.mark.parametrize("how", ["missing", "not a file"])
+def test_pull_of_a_job_whose_latest_json_is_missing_takes_the_newest_checkpoint_that_verifies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """latest.json gone (or a directory in its place) beside sound checkpoints: the pull refused 'no checkpoint is
+    complete yet (no latest.json)', while a damaged one fell back to the newest that verifies, as a resume does."""
+    jd, models = job_dir(tmp_path)
+    pointer = jd.checkpoints / "latest.json"
+    pointer.unlink()
+    if how == "not a file":
+        pointer.mkdir()
+    got = pull(jd.path)
+    assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
+    said = [r.getMessage() for r in caplog.records if "latest.json" in r.getMessage()]
+    assert said == [f"{pointer} is {how}: pulling the newest checkpoint that verifies"]
+    for v in (1, 2):  # none on the site: one true line
+        shutil.rmtree(jd.checkpoint(v))
+    with pytest.raises(UsageError, match=rf"no checkpoint is complete yet \(latest.json is {how}, and site local"):
+        pull(jd.path, to=tmp_path / "none")
+    shutil.rmtree(jd.checkpoints)
+    jd.checkpoints.write_text("x")  # checkpoints/ a file
+    with pytest.raises(UsageError, match=rf"^{jd.checkpoints} is not a directory: site local holds no checkpoint"):
+        pull(jd.path, to=tmp_path / "none")
 
 
 def test_a_directory_named_iter_and_other_digits_is_no_checkpoint() -> None:
