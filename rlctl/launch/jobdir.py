@@ -232,7 +232,8 @@ class JobDir:
         (`mapping`, as the launch read it: an edit while it prepared the job is not the launch's; else read now)."""
         job = spec.model_dump(mode="json", by_alias=True)
         data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job), VERSION: __version__}
-        data[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}  # a resume refuses an edit of one
+        # a resume refuses an edit of one of these (one of `PREPARED_FIELDS` only where the run would not take it)
+        data[LAUNCHED] = {name: job_field(job, name) for name in (*FIXED_FIELDS, *PREPARED_FIELDS)}
         # the launch's record, not for editing (the `job` section is the one edited): what a resume prices the job
         # as launched by, to tell an edit that raised a trainer rank's need (`rlctl.ops.resumememory.judge_memory`)
         data[JOB_LAUNCHED] = {name: job[name] for name in MEMORY_FIELDS if name in job}
@@ -663,6 +664,25 @@ FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", 
 # the model kinds whose `model.name` picks the weights' names and shapes (`BUILTIN_MODELS`, an architecture's
 # figures); an HF model's is only the label of the architecture its directory holds (`check_hf_dir`): not fixed
 NAME_FIXES_WEIGHTS = ("builtin", "arch")
+# the fields of a dataset task's job that its prepared data (data/, data-heldout/: tokenized once, at the launch,
+# `rlctl.ops.inputs.prepare_data`; a resume never tokenizes again) is made of, kept in `launched` beside
+# `FIXED_FIELDS`: the run reads the prepared data whatever job.json says of them since, so a resume refuses an edit
+# of one (`rlctl.ops.jobchanges.refuse_prepared_edits`). `evaluation.heldout_prompts` only where the launch prepared
+# no held-out rows (the run reads that many of data-heldout/'s); shuffle, shuffle_seed, max_output_tokens are the
+# run's to read, not the preparation's
+PREPARED_FIELDS = (
+    "task.path",
+    "task.prompt_key",
+    "task.answer_key",
+    "task.data_source_key",
+    "task.extra_info_key",
+    "task.template_strings",
+    "task.chat_template_kwargs",
+    "task.max_prompt_tokens",
+    "task.bad_rows",
+    "evaluation.path",
+    "evaluation.heldout_prompts",
+)
 LAUNCHED = "launched"
 # job.json's fields a trainer rank's memory is priced on (`rlctl.ops.preflight.memory.trainer_memory_refusal`): the
 # model's figures, its task's rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's
