@@ -667,7 +667,7 @@ NAME_FIXES_WEIGHTS = ("builtin", "arch")
 # the fields of a dataset task's job that its prepared data (data/, data-heldout/: tokenized once, at the launch,
 # `rlctl.ops.inputs.prepare_data`; a resume never tokenizes again) is made of, kept in `launched` beside
 # `FIXED_FIELDS`: the run reads the prepared data whatever job.json says of them since, so a resume refuses an edit
-# of one (`rlctl.ops.jobchanges.refuse_prepared_edits`). `evaluation.heldout_prompts` only where the launch prepared
+# of one (`rlctl.ops.preparededits.refuse_prepared_edits`). `evaluation.heldout_prompts` only where the launch prepared
 # no held-out rows (the run reads that many of data-heldout/'s); shuffle, shuffle_seed, max_output_tokens are the
 # run's to read, not the preparation's
 PREPARED_FIELDS = (

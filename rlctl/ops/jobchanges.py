@@ -27,7 +27,7 @@ after it compare with that). An edit `rlctl check` refuses in a job file (job.js
 leniency, `RECORDED`) is refused by every resume too (`rlctl.ops.resumecheck`). An edit of a dataset task's field its
 prepared data is made of (`PREPARED_FIELDS`: task.path, its keys, template_strings, chat_template_kwargs,
 max_prompt_tokens, bad_rows, evaluation.path; held-out prompts asked of a job launched without them) is refused by
-every resume, from a checkpoint or not (`refuse_prepared_edits`): no resume tokenizes again, its run reads the
+every resume, from a checkpoint or not (`rlctl.ops.preparededits`): no resume tokenizes again, its run reads the
 launch's data/ and data-heldout/.
 """
 
@@ -77,7 +77,7 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
     (`FIXED_FIELDS`, as its `launched` keeps them): the field, its value at the launch and now, and why a resume
     cannot take it. `resumed`: the checkpoint the resume continues from; 0 (none: the job starts from the beginning)
     refuses none of those (`launch_changes` says the edit). An edit of what the job's prepared data is made of is
-    refused whatever `resumed` (`refuse_prepared_edits`). Nothing for a job.json without `launched` (an rlctl before
+    refused whatever `resumed` (`rlctl.ops.preparededits`). Nothing for a job.json without `launched` (an rlctl before
     it), or one that does not read."""
     try:
         data = jobdir.read_json(jobdir.job_json)
@@ -87,6 +87,8 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
     job = data.get("job") if isinstance(data, dict) else None
     if not isinstance(job, dict):
         return
+    from rlctl.ops.preparededits import refuse_prepared_edits
+
     refuse_prepared_edits(jobdir, data, job)  # (whatever the checkpoint: no resume prepares the data again)
     if resumed <= 0 or not isinstance(launched, dict):
         return
@@ -100,57 +102,6 @@ def refuse_fixed_edits(jobdir: JobDir, *, resumed: int) -> None:
             f"{jobdir.job_json}: job.{name} was edited since the launch ({_shown(was)} → {_shown(now)}); a resume "
             f"cannot take it: {FIXED_WHY[name]}",
             hint=f"put job.{name} back to {_shown(was)} in job.json, or launch the changed job anew",
-        )
-
-
-PREPARED_WHY = "the resumed run reads the data the launch prepared (its {dir}/, tokenized then), not job.json's"
-
-
-def refuse_prepared_edits(jobdir: JobDir, data: dict[str, Any], job: dict[str, Any]) -> None:
-    """UsageError, one line, when job.json's dataset task was edited since the launch in a field its prepared data is
-    made of (`PREPARED_FIELDS`: the data file, its keys, templates and prompt bound, the held-out file), which a resume
-    never prepares again: the field, its value at the launch and now. Held-out prompts asked of a job launched without
-    them (`evaluation.heldout_prompts` above 0, no data-heldout/) likewise: its run failed at its first evaluation;
-    a count changed over the held-out rows prepared is the run's to read, and taken. The launch's values as
-    `launched` keeps them, else (an rlctl before them) the task's as `job_launched` does; nothing for a field neither
-    keeps. Before, each edit was said as 'the resume runs the job as edited' and the run read the launch's data."""
-    from rlctl.rl.dataset import MANIFEST_FILE
-    from rlctl.rl.source import DATA_DIR, HELDOUT_DIR
-
-    kept, task_kept = data.get(LAUNCHED), data.get(JOB_LAUNCHED)
-    launched: dict[str, Any] = kept if isinstance(kept, dict) else {}
-    record: dict[str, Any] = task_kept if isinstance(task_kept, dict) else {}
-
-    def was(name: str) -> tuple[bool, Any]:
-        if name in launched:
-            return True, launched[name]
-        top = name.split(".")[0]
-        if isinstance(record.get(top), dict):
-            return True, job_field(record, name)
-        return False, None
-
-    kind_known, kind = was("task.kind")
-    if job_field(job, "task.kind") != "dataset" or (kind_known and kind != "dataset"):
-        return
-    heldout_prepared = (jobdir.path / HELDOUT_DIR / MANIFEST_FILE).is_file()
-    asked = job_field(job, "evaluation.heldout_prompts") not in (None, 0)
-    for name in PREPARED_FIELDS:
-        known, before = was(name)
-        now = job_field(job, name)
-        if not known or before == now:
-            continue
-        if name == "evaluation.heldout_prompts" and (heldout_prepared or not asked):
-            continue  # that many of the rows prepared (or none asked): the run reads the count as edited
-        if name == "evaluation.path" and not heldout_prepared and not asked:
-            continue  # no held-out rows read: the path is read by nothing
-        where = HELDOUT_DIR if name.startswith("evaluation.") else DATA_DIR
-        why = PREPARED_WHY.format(dir=where)
-        if name == "evaluation.heldout_prompts":
-            why = f"the launch prepared no held-out rows (no {HELDOUT_DIR}/), and a resume prepares none"
-        raise UsageError(
-            f"{jobdir.job_json}: job.{name} was edited since the launch ({_shown(before)} → {_shown(now)}); a "
-            f"resume cannot take it: {why}",
-            hint=f"put job.{name} back to {_shown(before)} in job.json, or launch the changed job anew",
         )
 
 

@@ -1,7 +1,7 @@
 """A resume of a dataset job reads the data its launch prepared (data/, data-heldout/: tokenized once, at the launch),
 never job.json's fields that data is made of: an edit of one of them since the launch (`PREPARED_FIELDS`) is refused
 in one line naming job.json, the field and its value at the launch and now, exit 2, before anything starts or is
-written (`rlctl.ops.jobchanges.refuse_prepared_edits`), from a checkpoint or not. Before, the resume said 'the resume
+written (`rlctl.ops.preparededits.refuse_prepared_edits`), from a checkpoint or not. Before, the resume said 'the resume
 runs the job as edited' and its run read the launch's prompts (held-out prompts asked of a job launched without
 them: its run failed at its first evaluation). A held-out count changed over the rows prepared is the run's, taken."""
 
@@ -42,7 +42,8 @@ def dataset_job(tmp_path: Path, *, heldout: int) -> tuple[JobDir, Path]:
     job["evaluation"] = {"heldout_prompts": heldout, "path": "held.jsonl"}
     spec = JobFile.model_validate(job)
     jd = JobDir.create("ds", explicit=tmp_path / "job")
-    jd.write_job(spec, source="test")
+    (tmp_path / "ds.yaml").write_text("name: ds\n")  # (the job file it was launched from: paths are relative to it)
+    jd.write_job(spec, source=str(tmp_path / "ds.yaml"))
     model = write_tokenizer(tmp_path / "model")
     tokenizer = load_tokenizer(model)
     task = spec.task
@@ -157,3 +158,19 @@ def test_launch_resume_refuses_an_edited_data_path_before_anything_starts(
     ), line
     assert started == []
     assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize("name", ["task.path", "evaluation.path"])
+def test_a_data_file_moved_since_the_launch_and_its_path_edited_to_it_is_taken(tmp_path: Path, name: str) -> None:
+    """The data file moved to moved/ and its path edited to it: the same bytes as the rows prepared, taken (nothing
+    the run reads differs); the file there changed (another row), refused."""
+    jd, _ = dataset_job(tmp_path, heldout=2)
+    was = "train.jsonl" if name == "task.path" else "held.jsonl"
+    (tmp_path / "moved").mkdir()
+    (tmp_path / was).rename(tmp_path / "moved" / was)
+    edit(jd, name, f"moved/{was}")
+    refuse_fixed_edits(jd, resumed=3)
+    with (tmp_path / "moved" / was).open("a") as f:
+        f.write(json.dumps({"prompt": "q new", "ground_truth": "9"}) + "\n")
+    with pytest.raises(UsageError, match=rf"job\.{name} was edited since the launch \(\"{was}\" → \"moved/{was}\"\)"):
+        refuse_fixed_edits(jd, resumed=3)
