@@ -24,6 +24,7 @@ from rlctl.rl.tokenizer import load_tokenizer
 from tests.conftest import run_cli
 from tests.unit.controller_harness import small_job
 from tests.unit.hf_tokenizer import write_tokenizer
+from tests.unit.ops.test_autoresume import FAILED, runs  # noqa: F401 (runs: a fixture)
 from tests.unit.ops.test_resume_edit_check import started  # noqa: F401 (a fixture)
 from tests.unit.ops.test_resume_point import split_job
 
@@ -174,3 +175,19 @@ def test_a_data_file_moved_since_the_launch_and_its_path_edited_to_it_is_taken(t
         f.write(json.dumps({"prompt": "q new", "ground_truth": "9"}) + "\n")
     with pytest.raises(UsageError, match=rf"job\.{name} was edited since the launch \(\"{was}\" → \"moved/{was}\"\)"):
         refuse_fixed_edits(jd, resumed=3)
+
+
+def test_an_automatic_resume_after_a_data_path_edit_is_refused_as_launch_resume_refuses_it(
+    runs: Any,  # noqa: F811
+) -> None:
+    """task.path edited in job.json during the run: the automatic resume ran the launch's data/ under it, said as
+    an edit it takes; now not resumed automatically, one line naming the field, the failure the job's."""
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    r.jobdir.write_job(r.spec.model_copy(update={"task": DatasetTask.model_validate(TASK)}), source="test")
+    edit(r.jobdir, "task.path", "other.jsonl")
+    assert r.wait()["state"] == FAILED
+    assert r.resumes == 0
+    assert said[-1].startswith(f"job demo {FAILED}; not resumed automatically: {r.jobdir.job_json}: job.task.path "), (
+        said[-1]
+    )
+    assert '("train.jsonl" → "other.jsonl")' in said[-1] and "\n" not in said[-1]
