@@ -234,9 +234,11 @@ class JobDir:
         data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job), VERSION: __version__}
         # a resume refuses an edit of one of these (one of `PREPARED_FIELDS` only where the run would not take it)
         data[LAUNCHED] = {name: job_field(job, name) for name in (*FIXED_FIELDS, *PREPARED_FIELDS)}
-        # the launch's record, not for editing (the `job` section is the one edited): what a resume prices the job
-        # as launched by, to tell an edit that raised a trainer rank's need (`rlctl.ops.resumememory.judge_memory`)
-        data[JOB_LAUNCHED] = {name: job[name] for name in MEMORY_FIELDS if name in job}
+        # the launch's record, not for editing (the `job` section is the one edited), the whole job: what a resume
+        # prices the job as launched by, to tell an edit that raised a trainer rank's need (`rlctl.ops.resumememory.
+        # judge_memory`), and tells the leaves edited since and the problems the launch already had by
+        # (`rlctl.ops.resumecheck.edit_problems`)
+        data[JOB_LAUNCHED] = job
         path = Path(source)
         if path.is_file() and mapping is not None:
             data["source_file"] = {"path": str(path.absolute()), "job": mapping}
@@ -688,6 +690,7 @@ LAUNCHED = "launched"
 # model's figures, its task's rows, the batch's cuts, the trainer's backend, checkpointing and LoRA, the algorithm's
 # reference policy, critic and mini-batches; their launch values are kept in job.json's `JOB_LAUNCHED`
 MEMORY_FIELDS = ("algorithm", "batch", "model", "task", "trainer")
+# the whole job as launched (an rlctl before 2026-12-08 kept `MEMORY_FIELDS` alone: `launched_job` tells them apart)
 JOB_LAUNCHED = "job_launched"
 # job.json's top-level field naming the rlctl that launched the job (`rlctl.__version__`): none in a job an rlctl
 # before it launched, whose loss this rlctl may compute otherwise (`rlctl.ops.jobchanges.older_rlctl_changes`)
@@ -700,6 +703,15 @@ def job_field(job: dict[str, Any], name: str) -> Any:
     for key in name.split("."):
         value = value.get(key) if isinstance(value, dict) else None
     return value
+
+
+def launched_job(data: Any) -> dict[str, Any] | None:
+    """job.json's whole job as launched (its `JOB_LAUNCHED`); None where it keeps `MEMORY_FIELDS` alone (an rlctl
+    before the whole job was kept) or nothing."""
+    record = data.get(JOB_LAUNCHED) if isinstance(data, dict) else None
+    if not isinstance(record, dict) or record.keys() <= set(MEMORY_FIELDS):
+        return None
+    return record
 
 
 def job_digests(job: dict[str, Any]) -> dict[str, str]:

@@ -56,6 +56,7 @@ from rlctl.launch.jobdir import (
     JobDir,
     job_digests,
     job_field,
+    launched_job,
 )
 from rlctl.launch.recordfiles import replace_text
 from rlctl.textutil import home_expanded
@@ -142,7 +143,9 @@ def take_edits(jobdir: JobDir) -> None:
     taken = dict(data)
     if isinstance(data.get(LAUNCHED), dict):
         taken[LAUNCHED] = {name: job_field(job, name) for name in (*FIXED_FIELDS, *PREPARED_FIELDS)}
-    if isinstance(data.get(JOB_LAUNCHED), dict):
+    if launched_job(data) is not None:
+        taken[JOB_LAUNCHED] = job
+    elif isinstance(data.get(JOB_LAUNCHED), dict):  # (an rlctl's that kept `MEMORY_FIELDS` alone)
         taken[JOB_LAUNCHED] = {name: job[name] for name in MEMORY_FIELDS if name in job}
     if isinstance(data.get("job_sha256"), dict):
         taken["job_sha256"] = job_digests(job)

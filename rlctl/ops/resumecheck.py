@@ -1,13 +1,17 @@
 """A resume's check of job.json where it was edited since the launch (`edit_problems`): the job as edited validated
 the way a job file is, and `rlctl check`'s problems of it (`preflight.problems`, those that reach no site), each one
-in a field edited since said in one line naming job.json and the field; `launch --resume` refuses them before it
-starts or writes anything, an automatic resume (`rlctl.ops.autoresume.Runs`) ends the run with them.
+in a field edited since (a leaf that differs from job.json's whole job as launched, `job_launched`; a top-level section
+for a job.json an rlctl before that record wrote) and not one the job as launched had too, said in one line naming
+job.json and the field; `launch --resume` refuses them before it starts or writes anything, an automatic resume
+(`rlctl.ops.autoresume.Runs`) ends the run with them.
 
     job.json ──edited_fields──▶ none ─────────────────────────────────────▶ nothing (read as launched: `RECORDED`)
-                               └▶ some ──JobFile, as a job file's (no RECORDED)──▶ an error in an edited field ─▶ it
+                               └▶ some ──JobFile, as a job file's (no RECORDED)──▶ an error in an edited leaf, not
+                                         │                                        the launch's too ─▶ it
                                          └▶ valid ──cross_field_errors (load_job's: the sites as launched)──▶ an
-                                                      edited field's (or one its bound reads: iterations) ─▶ them
-                                                    └▶ none ──problems(job as edited)──▶ an edited field's ─▶ them
+                                                      edited leaf's (or one its bound reads, `BOUND_BY`), not the
+                                                      launch's too ─▶ them
+                                                    └▶ none ──problems(job as edited)──▶ an edited leaf's ─▶ them
 
 Why: job.json is read with a job's record's leniency (`JobDir.job_of`, `inventory.RECORDED`), so that a job an older
 rlctl launched resumes past checks added since; an edit went through it unchecked (`algorithm: {off_policy:
@@ -29,8 +33,9 @@ from pydantic_core import ErrorDetails
 from rlctl.config.base import first_error
 from rlctl.config.job import Job, JobFile, cross_field_errors
 from rlctl.config.task import DatasetTask
-from rlctl.errors import ConfigError
-from rlctl.ops.jobchanges import launched_inventory
+from rlctl.errors import ConfigError, RlctlError
+from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS, launched_job
+from rlctl.ops.jobchanges import changed_fields, launched_inventory
 from rlctl.ops.preflight import problems
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.memory import trainer_memory_problems
@@ -42,31 +47,45 @@ if TYPE_CHECKING:
 def edit_problems(
     jd: JobDir, plan: dict[str, Any], *, edited: list[str], iterations: int | None = None
 ) -> list[Problem]:
-    """What `rlctl check` refuses of job.json's job as edited, in the top-level fields `edited` since the launch
-    (`jobchanges.edited_fields`), each a Problem of job.json naming `job.<field>`; `plan`: the one the run places
-    its agents by; `iterations`: the count `--iterations` gives, in place of job.json's. Nothing where none was
-    edited. LaunchError (ConfigError) for a job.json or sites.json that does not read."""
+    """What `rlctl check` refuses of job.json's job as edited, in the fields edited since the launch (the leaves that
+    differ from job.json's whole job as launched, `jobdir.launched_job`, under the top-level fields `edited`,
+    `jobchanges.edited_fields`; those top-level fields themselves for a job.json an rlctl before that record wrote)
+    and not refused so of the job as launched too, each a Problem of job.json naming `job.<field>`; `plan`: the one
+    the run places its agents by; `iterations`: the count `--iterations` gives, in place of job.json's. Nothing where
+    none was edited. LaunchError (ConfigError) for a job.json or sites.json that does not read."""
     if not edited:
         return []
     data = jd.read_json(jd.job_json)
     if not isinstance(data, dict) or not isinstance(data.get("job"), dict):
         return []  # (said by what reads the job next: `JobDir.job_of`)
     mapping = data["job"] if iterations is None else {**data["job"], "iterations": iterations}
+    record = launched_job(data)
+    leaves = edited if record is None else [f for f in changed_fields(record, data["job"]) if _top(f) in edited]
+    said = _said_by_section if record is None else _said
+    before = _launched_mapping(data, record, edited)
     try:
         JobFile.model_validate(mapping)  # as a job file is validated: no `RECORDED` leniency
     except ValidationError as e:
-        if ours := [err for err in e.errors(include_url=False) if _top_of_error(err) in edited]:
+        had = {(err["loc"], err["msg"]) for err in _validation_errors(before)}
+        ours = [
+            err
+            for err in e.errors(include_url=False)
+            if (err["loc"], err["msg"]) not in had and _edit_of(_error_field(err, mapping), leaves)
+        ]
+        if ours:
             field, msg = first_error(e, only=lambda err: err in ours)
-            return [_edited(jd, Problem(field, msg))]
+            return [said(jd, Problem(field, msg), _edit_of(_error_field(ours[0], mapping), leaves))]
     # the fields edited read as a job file's (valid so, `RECORDED` reads them alike), those not edited as launched
     # (a value this rlctl's check refuses since, `JobDir.job_of`): the edited ones' problems are still judged
     spec = jd.job_of({**data, "job": mapping})
     inventory = launched_inventory(jd, plan)
     # what `load_job` refuses of a job file once its sites are read, against the sites as launched: an edit of
-    # placement to a site the job has not (else a KeyError traceback below), a staleness past the iterations
+    # placement to a site the job has not (else a KeyError traceback below), a staleness past the iterations; one the
+    # job as launched had too is not the edit's (a staleness past the rounds ahead where only a micro-batch was cut)
     bound = [Problem(e.field or "", e.detail, e.hint) for e in cross_field_errors(jd.job_json, spec, inventory)]
-    if broken := [p for p in bound if _judged(p.field, edited)]:
-        return [_edited(jd, p) for p in broken]
+    had_bound = set(_bound_problems(jd, data, before, inventory))
+    if broken := [(p, by) for p in bound if p not in had_bound and (by := _edit_of(p.field, leaves, bound=True))]:
+        return [said(jd, p, by) for p, by in broken]
     job = Job(_as_launched(jd, spec, data), inventory, jd.job_json)
     try:
         # (no data read, no warning, of a field not edited; a data file gone since: the job dir's copy read)
@@ -75,38 +94,100 @@ def edit_problems(
         found = [Problem(e.field or "", e.detail, e.hint)]
     judged = set(trainer_memory_problems(job, plan)) if "trainer" in plan else set()  # (`judge_memory`'s)
     # (a problem of another file, a site's inventory file: of the sites as launched, not of the edit)
-    return [_edited(jd, p) for p in found if p.file is None and p not in judged and _top(p.field) in edited]
+    return [said(jd, p, by) for p in found if p.file is None and p not in judged and (by := _edit_of(p.field, leaves))]
 
 
-def _edited(jd: JobDir, p: Problem) -> Problem:
+def _said(jd: JobDir, p: Problem, by: str | None) -> Problem:
     """`p` as a problem of job.json's job (`job.<field>`), said as edited since the launch."""
+    return _edited(jd, p, "edited since the launch")
+
+
+def _said_by_section(jd: JobDir, p: Problem, by: str | None) -> Problem:
+    """`p` said as in, or read with, `by`, a top-level section edited since the launch (job.json keeps no whole job
+    as launched to tell its leaves edited by): versus said edited itself, which it may not be."""
+    where = "in" if by == _top(p.field) else "read with"
+    return _edited(jd, p, f"{where} `{by}`, a section edited since the launch")
+
+
+def _edited(jd: JobDir, p: Problem, how: str) -> Problem:
+    """`p` as a problem of job.json's job (`job.<field>`), said `how` it is the edit's."""
     undo = "or undo the edit (job.json's `job` section)"
     hint = f"{p.hint}; {undo}" if p.hint else f"edit job.{p.field} in {jd.job_json.name} to a valid value, {undo}"
-    return Problem(
-        f"job.{p.field}", f"{p.message} (edited since the launch; `rlctl check` refuses it in a job file)", hint
-    )
+    return Problem(f"job.{p.field}", f"{p.message} ({how}; `rlctl check` refuses it in a job file)", hint)
 
 
-# the top-level fields besides its own a bound of `cross_field_errors` reads: an edit of either breaks it
-BOUND_BY = {"batch.samples_per_prompt": ("algorithm",), "pipeline.staleness": ("iterations", "batch")}
+# the fields besides its own a bound of `cross_field_errors` reads: an edit of one may break it (the rounds ahead
+# of a staleness read the prompts and samples of an iteration, its count the iterations)
+BOUND_BY = {
+    "batch.samples_per_prompt": ("algorithm.kind",),
+    "pipeline.staleness": ("iterations", "batch.prompts_per_iteration", "batch.samples_per_prompt"),
+}
 
 
-def _judged(field: str, edited: list[str]) -> bool:
-    """`field`'s problem is one of the edit's: its top-level field, or another its bound reads, edited."""
-    return any(top in edited for top in (_top(field), *BOUND_BY.get(field, ())))
+def _edit_of(field: str, leaves: list[str], *, bound: bool = False) -> str | None:
+    """The edited field (of `leaves`) `field`'s problem is in, holds, or, `bound`, one its bound reads
+    (`BOUND_BY`); None where none is."""
+    reads = (field, *BOUND_BY.get(field, ())) if bound else (field,)
+    return next((leaf for leaf in leaves for f in reads if _within(f, leaf) or _within(leaf, f)), None)
+
+
+def _within(field: str, outer: str) -> bool:
+    """`field` is `outer` or a field under it (`algorithm.clip_eps` in `algorithm`, `placement.rollout[0]` in
+    `placement.rollout`)."""
+    return field == outer or (field.startswith(outer) and field[len(outer)] in ".[")
+
+
+def _launched_mapping(data: dict[str, Any], record: dict[str, Any] | None, edited: list[str]) -> dict[str, Any] | None:
+    """The job as launched: job.json's whole record of it, or, from an rlctl that kept `MEMORY_FIELDS` alone, the job
+    with those as launched where no other top-level field was edited; None where nothing tells it."""
+    if record is not None:
+        return record
+    kept = data.get(JOB_LAUNCHED)
+    if not isinstance(kept, dict) or not set(edited) <= kept.keys():
+        return None
+    return {**data["job"], **{k: v for k, v in kept.items() if k in MEMORY_FIELDS}}
+
+
+def _validation_errors(mapping: dict[str, Any] | None) -> list[ErrorDetails]:
+    """What a job file of `mapping` is refused for (none for None)."""
+    try:
+        JobFile.model_validate(mapping) if mapping is not None else None
+    except ValidationError as e:
+        return e.errors(include_url=False)
+    return []
+
+
+def _bound_problems(jd: JobDir, data: dict[str, Any], launched: dict[str, Any] | None, inventory: Any) -> list[Problem]:
+    """`cross_field_errors`' problems of the job as launched (none where it is not known or does not read)."""
+    if launched is None:
+        return []
+    try:
+        spec = jd.job_of({**data, "job": launched})
+    except RlctlError:
+        return []
+    return [Problem(e.field or "", e.detail, e.hint) for e in cross_field_errors(jd.job_json, spec, inventory)]
+
+
+def _error_field(err: ErrorDetails, mapping: dict[str, Any]) -> str:
+    """The dotted field a validation error is in (`algorithm.clip_eps`, `placement.rollout[1]`): its loc without a
+    union's tags (a step the mapping has not: `algorithm.grpo.clip_eps`), a key refused at it (unknown, a boolean
+    for a number) named by its context."""
+    steps: list[str | int] = []
+    at: Any = mapping
+    for step in err["loc"]:
+        listed = isinstance(at, list) and isinstance(step, int) and step < len(at)
+        if not (listed or (isinstance(at, dict) and step in at)):
+            continue  # (a union's tag)
+        at = at[step]
+        steps.append(step)
+    if key := (err.get("ctx") or {}).get("key"):
+        steps.append(str(key))
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps).lstrip(".")
 
 
 def _top(field: str) -> str:
     """The top-level field of a dotted one (`placement.rollout[0].gpus` → `placement`)."""
     return re.split(r"[.\[]", field, maxsplit=1)[0]
-
-
-def _top_of_error(err: ErrorDetails) -> str:
-    """The top-level field a validation error is in; a key at the top level (unknown, a boolean for a number)
-    is named by its context."""
-    if err["loc"]:
-        return str(err["loc"][0])
-    return str((err.get("ctx") or {}).get("key", ""))
 
 
 def _as_launched(jd: JobDir, spec: JobFile, data: dict[str, Any]) -> JobFile:

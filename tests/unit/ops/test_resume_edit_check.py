@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS, JobDir, job_digests
 from tests.conftest import run_cli
 from tests.unit.ops.test_resume_point import split_job
 
@@ -75,12 +75,13 @@ EDITS = [
 
 
 def edit(jd: JobDir, field: str, value: dict[str, Any], *, as_launched: bool = False) -> None:
-    """job.json's `field` updated with `value`; `as_launched`: its digests made those of the job as it is (launched
-    so, by an rlctl whose check took it)."""
+    """job.json's `field` updated with `value`; `as_launched`: its digests and its record of the job as launched
+    (`job_launched`) made those of the job as it is (launched so, by an rlctl whose check took it)."""
     data = json.loads(jd.job_json.read_text())
     data["job"][field] = {**data["job"].get(field, {}), **value}
     if as_launched:
         data["job_sha256"] = job_digests(data["job"])
+        data[JOB_LAUNCHED] = json.loads(json.dumps(data["job"]))
     jd.job_json.write_text(json.dumps(data))
 
 
@@ -174,6 +175,86 @@ def test_a_staleness_past_the_iterations_is_refused_against_the_count_the_resume
     (line,) = r.stderr.splitlines()
     assert line.startswith(f"rlctl: error: {jd.job_json}: job.pipeline.staleness: 6 is more than the job's 5 "), line
     assert len(started) == 1
+
+
+def launched_by_an_older_rlctl(jd: JobDir) -> None:
+    """job.json's launch record as an rlctl before the whole job was kept wrote it: `MEMORY_FIELDS` alone."""
+    data = json.loads(jd.job_json.read_text())
+    data[JOB_LAUNCHED] = {name: data[JOB_LAUNCHED][name] for name in MEMORY_FIELDS}
+    jd.job_json.write_text(json.dumps(data))
+
+
+def staleness_past_the_rounds_ahead(jd: JobDir, *, prompts_per_iteration: int) -> None:
+    """job.json launched async at staleness 8 with 128 samples a prompt: 8 rounds past 262,144 samples ahead (the
+    rounds-ahead bound) at 512 prompts, within it at 16."""
+    edit(jd, "pipeline", {"mode": "async", "staleness": 8}, as_launched=True)
+    edit(jd, "batch", {"prompts_per_iteration": prompts_per_iteration, "samples_per_prompt": 128}, as_launched=True)
+    data = json.loads(jd.job_json.read_text())
+    data["launched"]["batch.samples_per_prompt"] = 128  # (as the launch kept it: a field its checkpoints depend on)
+    jd.job_json.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["launch-record-whole", "launch-record-of-memory-fields"])
+def test_a_micro_batch_cut_under_a_staleness_past_the_rounds_ahead_as_launched_resumes(
+    tmp_path: Path, started: list[dict[str, Any]], older: bool
+) -> None:
+    """A job launched (by an older rlctl) async at staleness 8 over 512 prompts × 128 samples, past the rounds-ahead
+    bound this rlctl's `load_job` refuses; its only edit `batch.train_micro_batch_samples: 2` (an out-of-memory fix):
+    the resume runs, versus refused with `job.pipeline.staleness: 8: …` (the bound judged whenever any of `batch`
+    was edited, the problem the launch had said as the edit's). An edit that brings the bound's problem in (the
+    prompts raised from 16 to 512) is still refused."""
+    jd = split_job(tmp_path)
+    staleness_past_the_rounds_ahead(jd, prompts_per_iteration=512)
+    if older:
+        launched_by_an_older_rlctl(jd)
+    edit(jd, "batch", {"train_micro_batch_samples": 2})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+    jd = split_job(tmp_path / "raised")
+    staleness_past_the_rounds_ahead(jd, prompts_per_iteration=16)
+    if older:
+        launched_by_an_older_rlctl(jd)
+    edit(jd, "batch", {"prompts_per_iteration": 512})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.pipeline.staleness: 8: the controller creates "), line
+    how = "read with `batch`, a section edited since the launch" if older else "edited since the launch"
+    assert f"({how}; `rlctl check` refuses it in a job file)" in line, line
+    assert len(started) == 1
+
+
+def test_an_edit_of_one_leaf_leaves_its_sections_others_as_launched_unjudged(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """clip_eps 1.5 as launched and `algorithm.lr` edited: the resume runs, versus refused with `job.algorithm.
+    clip_eps: 1.5: … (edited since the launch; …)`, a field not edited (job.json kept the whole job as launched:
+    its leaves edited are known)."""
+    jd = split_job(tmp_path)
+    edit(jd, "algorithm", {"clip_eps": 1.5}, as_launched=True)
+    edit(jd, "algorithm", {"lr": 5e-7})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert len(started) == 1
+
+
+def test_a_job_json_without_the_whole_launch_record_says_the_section_edited_not_the_field(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """A job.json an rlctl before the whole launch record wrote, its transport launched with 4 streams and its
+    timeout edited: the streams' problem is refused (nothing tells the leaf edited, nor the job as launched outside
+    `MEMORY_FIELDS`), said as in a section edited since the launch, versus as the field edited since."""
+    jd = split_job(tmp_path)
+    edit(jd, "transport", {"streams": 4}, as_launched=True)
+    launched_by_an_older_rlctl(jd)
+    edit(jd, "transport", {"timeout_s": 60.0})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.transport.streams: 4: "), line
+    assert "(in `transport`, a section edited since the launch; `rlctl check` refuses it in a job file)" in line, line
+    assert started == []
 
 
 def test_grpo_edited_in_over_a_group_of_one_is_refused_naming_the_bound(
