@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
+from rlctl.ownfiles import png_metadata, refuse_foreign
 from rlctl.reporthtml import NO_DATA, html_page
 from rlctl.reportrecord import JobRecord, load
 from rlctl.reportrows import MERGED
@@ -69,6 +70,8 @@ def _out_paths(out: Path, sibling: str) -> ReportFiles:
     taken = next((p for p in (files.png, files.html) if p.is_dir()), None)  # `--out r.png` beside a directory r.html
     if taken is not None:
         raise UsageError(f"--out {out}: {taken} is a directory, where the report's {taken.suffix} goes", hint=sibling)
+    refuse_foreign(files.png, named_by=f"--out {out}", what="the report's image")
+    refuse_foreign(files.html, named_by=f"--out {out}", what="the report's page")
     return files
 
 
@@ -206,7 +209,7 @@ def _figure(rec: JobRecord) -> bytes:
             ax.set_yticks([])
             _no_data(ax)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, metadata=png_metadata("report"))
     plt.close(fig)
     return buf.getvalue()
 

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from rlctl.launch.jobdir import event_time
+from rlctl.ownfiles import HTML_GENERATOR
 from rlctl.reportrecord import JobRecord
 from rlctl.reportrows import MERGED
 
@@ -163,7 +164,8 @@ def html_page(rec: JobRecord, png: bytes) -> str:
     scales = _scale_rows(rec)
     iterations = _iteration_rows(rec)
     parts = [
-        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>',
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n{HTML_GENERATOR}',
+        f"<title>{title}</title>",
         f"<style>{_CSS}</style>\n</head>\n<body>\n<h1>{title}</h1>",
         f"<p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))}</p>",
         _table(None, _summary_rows(rec), id_="summary"),

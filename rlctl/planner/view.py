@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import UsageError
+from rlctl.ownfiles import png_metadata, refuse_foreign
 from rlctl.render import grid
 
 
@@ -143,22 +144,22 @@ def plan_table(p: dict[str, Any]) -> str:
 def plot_path(path: Path) -> Path:
     """Where `plan_plot` writes for `--plot PATH`: PATH, or PATH.png when it has no suffix (the PNG the option
     promises). UsageError, one line, for a directory, a directory that does not exist or a format matplotlib does
-    not write: checked before the plan is computed."""
+    not write, or a file there that rlctl did not write (`refuse_foreign`): checked before the plan is computed."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     if path.is_dir():
         raise UsageError(f"--plot {path}: is a directory", hint=f"give a file name, e.g. {path / 'plan.png'}")
     if not path.parent.is_dir():
         raise UsageError(f"--plot {path}: no such directory {path.parent}", hint="create it, or write elsewhere")
-    if not path.suffix:
-        return path.with_name(path.name + ".png")
+    out = path.with_name(path.name + ".png") if not path.suffix else path
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
-    if path.suffix[1:].lower() not in formats:
+    if out.suffix[1:].lower() not in formats:
         raise UsageError(
             f"--plot {path}: cannot write a {path.suffix!r} image; valid suffixes: {', '.join(formats)}",
             hint=f"e.g. {path.with_suffix('.png')}",
         )
-    return path
+    refuse_foreign(out, named_by=f"--plot {path}", what="the plan's plot")  # only a PNG carries rlctl's mark
+    return out
 
 
 def plan_plot(p: dict[str, Any], path: Path) -> None:
@@ -219,7 +220,7 @@ def plan_plot(p: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata=png_metadata("plan") if path.suffix.lower() == ".png" else None)
     except OSError as e:  # the operator's path (a folder not theirs, a file system that refuses it): exit 2
         raise UsageError(f"--plot {path}: cannot write: {e.strerror or e}", hint="write elsewhere") from e
     finally:

@@ -235,3 +235,19 @@ def test_plan_prices_a_megatron_split_outside_the_roofline_s_grid(cli: Cli, tmp_
     assert r.exit_code == 0, r.stderr
     (t,) = [a for a in json.loads(r.stdout)["allocation"] if a["role"] == "trainer"]
     assert (t["config"]["tp"], t["config"]["pp"], t["config"]["dp"]) == (1, 3, 1)
+
+
+def test_plan_plot_refuses_a_users_file_and_writes_over_its_own(cli: Cli, tmp_path: Path) -> None:
+    # `--plot p.png` wrote over a user's PNG
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0\0\0\rIHDR" + b"\0" * 17 + b"\0\0\0\0IEND\xaeB`\x82")
+    mine = png.read_bytes()
+    r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--plot", str(png))
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"rlctl: error: --plot {png}: a file rlctl did not write;"), r.stderr
+    assert png.read_bytes() == mine
+    png.unlink()
+    for _ in range(2):  # its own plot, written again
+        r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--plot", str(png))
+        assert r.exit_code == 0, r.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"

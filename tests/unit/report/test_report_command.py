@@ -116,3 +116,30 @@ def test_report_of_a_job_that_ended_without_a_summary_says_how_it_ended_not_runn
     r = CliRunner().invoke(app(), ["report", "demo-2"])
     assert r.exit_code == 0, r.output
     assert "<td>state</td><td>running (no summary.json yet)</td>" in (d / "report.html").read_text()
+
+
+def test_report_out_refuses_a_users_file_and_writes_over_its_own(tmp_path: Path, home: Path) -> None:
+    # `--out x.png` wrote over a user's x.png and its sibling x.html, which the user never named
+    d = make_job_dir(tmp_path)
+    out = tmp_path / "x.png"
+    (tmp_path / "x.html").write_text("<html>my notes</html>")
+    r = CliRunner().invoke(app(), ["report", str(d), "--out", str(out)])
+    assert isinstance(r.exception, UsageError), r.exception
+    assert str(r.exception).startswith(f"--out {out}: {tmp_path / 'x.html'}: a file rlctl did not write")
+    assert (tmp_path / "x.html").read_text() == "<html>my notes</html>" and not out.exists()
+    (tmp_path / "x.html").unlink()
+    for _ in range(2):  # its own outputs, written again
+        r = CliRunner().invoke(app(), ["report", str(d), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.figure()
+    plt.savefig(out)  # a user's own PNG (matplotlib's, without rlctl's mark)
+    plt.close("all")
+    mine = out.read_bytes()
+    r = CliRunner().invoke(app(), ["report", str(d), "--out", str(tmp_path / "x.html")])
+    assert isinstance(r.exception, UsageError) and "x.png: a file rlctl did not write" in str(r.exception)
+    assert out.read_bytes() == mine
