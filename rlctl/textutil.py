@@ -4,7 +4,9 @@ file's path is read."""
 from __future__ import annotations
 
 import difflib
+import errno
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path, PurePath
 
@@ -62,6 +64,30 @@ def not_a_file(path: str | PurePath) -> str:
     """What a file the user named that is no file is: `not a file` where the path is there (a directory: it was said
     to be `no such file`, as if missing), else `no such file`. The one rule of every line that refuses such a path."""
     return "not a file" if Path(path).exists() else "no such file"
+
+
+CONFIG_MAX_BYTES = 64 * 1024 * 1024  # far past any job, inventory, profile or config.json
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_config_bytes(path: Path, *, max_bytes: int = CONFIG_MAX_BYTES) -> bytes:
+    """A config file's bytes, read only where it is a regular file of at most `max_bytes`: ValueError, one clause, for
+    a FIFO, a device or a socket (read_bytes of `mkfifo job.yaml` or /dev/zero waited, or read, for ever) and for a
+    larger file; OSError as reading raises it (IsADirectoryError for a directory, as read_bytes said it)."""
+    st = path.stat()  # (open() of a FIFO waits for a writer: asked first)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((said for test, said in _SPECIAL if test(st.st_mode)), "no regular file")
+        raise ValueError(f"not a file: {kind}; name a regular file")
+    too_large = f"larger than {max_bytes // 2**20} MiB; no config is that large (is this the file you meant?)"
+    if st.st_size > max_bytes:
+        raise ValueError(f"{st.st_size} bytes, {too_large}")
+    with path.open("rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:  # (grown since, or a file system that says no size)
+        raise ValueError(too_large)
+    return raw
 
 
 def undecodable_at(raw: bytes, start: int) -> str:

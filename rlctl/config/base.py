@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from rlctl.errors import ConfigError
-from rlctl.textutil import did_you_mean, one_of, undecodable_at
+from rlctl.textutil import did_you_mean, one_of, read_config_bytes, undecodable_at
 
 API_VERSION = "rlctl/v1"
 M = TypeVar("M", bound=BaseModel)
@@ -335,7 +335,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     ConfigError naming the file."""
     name = str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_config_bytes(path)
+    except ValueError as e:
+        raise ConfigError(name, None, str(e)) from e
     except FileNotFoundError as e:
         raise ConfigError(name, None, "no such file", hint=_tilde_left(name)) from e
     except IsADirectoryError as e:

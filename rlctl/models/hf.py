@@ -44,7 +44,7 @@ from rlctl.models import rope
 from rlctl.models.catalog import ModelArch
 from rlctl.models.moe import QWEN2_MOE_DEFAULTS, MoeConfig, parse_moe
 from rlctl.models.rope import PHI3_ROPE_SUPPORTED, ROPE_SUPPORTED, RopeScaling, read_rope
-from rlctl.textutil import undecodable_at
+from rlctl.textutil import read_config_bytes, undecodable_at
 
 if TYPE_CHECKING:
     import torch
@@ -331,7 +331,9 @@ def read_config_json(directory: str | Path) -> dict[str, Any]:
     one. `TinyGPTConfig.from_hf` reads it as `read_config` does."""
     path = Path(directory) / CONFIG_FILE
     try:
-        raw = path.read_bytes()
+        raw = read_config_bytes(path)
+    except ValueError as e:
+        raise ConfigError(str(path), None, str(e)) from e
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from e
     try:  # (the byte's offset alone was said: as read_yaml, its line and column)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from rlctl.errors import ConfigError
+from rlctl.models import hf
 from rlctl.models.hf import TinyGPTConfig
 from rlctl.models.hfdir import check_hf_dir
 from rlctl.models.hfnames import fused_for_file
@@ -330,10 +331,15 @@ def rope_rows_loaded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def config_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The config.json files read from now on (this test's), once per read (`Path.read_bytes` and `read_text`, which
-    `hf.read_config_json` and the tokenizer read JSON with), in order."""
+    """The config.json files read from now on (this test's), once per read (`read_config_bytes`, `Path.read_bytes`
+    and `read_text`, which `hf.read_config_json` and the tokenizer read JSON with), in order."""
     reads: list[Path] = []
-    read_bytes, read_text = Path.read_bytes, Path.read_text
+    read_bytes, read_text, config_bytes = Path.read_bytes, Path.read_text, hf.read_config_bytes
+
+    def config_read(path: Path, **kw: Any) -> bytes:
+        if path.name == "config.json":
+            reads.append(path)
+        return config_bytes(path, **kw)
 
     def bytes_read(self: Path) -> bytes:
         if self.name == "config.json":
@@ -345,6 +351,7 @@ def config_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
             reads.append(self)
         return read_text(self, *args, **kw)
 
+    monkeypatch.setattr(hf, "read_config_bytes", config_read)
     monkeypatch.setattr(Path, "read_bytes", bytes_read)
     monkeypatch.setattr(Path, "read_text", text_read)
     return reads
