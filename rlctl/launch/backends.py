@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -169,24 +170,54 @@ def agents_from_lines(
     out: dict[str, AgentHandle] = {}
     for n, d in enumerate(json_lines(source, text, skipped=skipped), 1):
         try:
-            gpus = d.get("gpus")
-            gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in gpus)) if gpus is not None else None
-            log = Path(d["log"]) if d.get("log") else None
-            spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
-            ident = dict(d["ident"])
-            for k, kind in PROCESS_IDENT.get(d["backend"], {}).items():
-                if k not in ident:
-                    if (d["backend"], k) not in OLDER_IDENT:
-                        raise ValueError(f"ident has no {k}")
-                elif type(ident[k]) is not kind:  # a bool is no pid either
-                    raise ValueError(f"ident.{k} is {ident[k]!r}, not {'an integer' if kind is int else 'a string'}")
-            out[d["name"]] = AgentHandle(spec, ident, d["backend"])
-        except (KeyError, TypeError, ValueError) as e:
-            bad = f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})"
+            handle = _agent_handle(d)
+        except ValueError as e:
+            bad = f"{source}: record {n} is not an agent record: {e}"
             if skipped is None:
                 raise LaunchError(bad) from e
             skipped.append(f"{bad}: left out")
+            continue
+        out[d["name"]] = handle
     return list(out.values())
+
+
+def _is(value: object, kind: type) -> bool:
+    return type(value) is kind  # a bool is no integer (no replica, no pid) either
+
+
+def _field(value: object, name: str, kind: type) -> str:
+    return f"{name} is {json.dumps(value)}, not {'an integer' if kind is int else 'a string'}"
+
+
+def _agent_handle(d: dict[str, Any]) -> AgentHandle:
+    """One agents.jsonl record as a handle; ValueError naming the field (as the record writes it) that is missing or
+    of another type: every field a poll or stop reads, versus a record read whole and a TypeError or KeyError later
+    (`"site": null` made `rlctl stop` blame sites.json for no site None, and stop nothing)."""
+    wanted: dict[str, type] = {"name": str, "role": str, "replica": int, "site": str, "backend": str}
+    for name, kind in wanted.items():
+        if name not in d:
+            raise ValueError(f"no {name}")
+        if not _is(d[name], kind):
+            raise ValueError(_field(d[name], name, kind))
+    gpus, log, ident = d.get("gpus"), d.get("log"), d.get("ident")
+    if gpus is not None:
+        if not isinstance(gpus, list) or not all(_is(g, int) for g in gpus):
+            raise ValueError(f"gpus is {json.dumps(gpus)}, not a list of integers")
+        if not _is(d.get("host"), str):
+            raise ValueError(_field(d.get("host"), "host", str))
+    if log is not None and not _is(log, str):
+        raise ValueError(_field(log, "log", str))
+    if not isinstance(ident, dict):
+        raise ValueError("no ident" if ident is None else f"ident is {json.dumps(ident)}, not a JSON object")
+    for k, kind in PROCESS_IDENT.get(d["backend"], {}).items():
+        if k not in ident:
+            if (d["backend"], k) not in OLDER_IDENT:
+                raise ValueError(f"ident has no {k}")
+        elif not _is(ident[k], kind):
+            raise ValueError(_field(ident[k], f"ident.{k}", kind))
+    gpu_slice = GpuSlice(d["host"], tuple(gpus)) if gpus is not None else None
+    spec = AgentSpec(d["role"], d["replica"], d["site"], [], log_path=Path(log) if log else None, gpu_slice=gpu_slice)
+    return AgentHandle(spec, dict(ident), d["backend"])
 
 
 def stop_agents(

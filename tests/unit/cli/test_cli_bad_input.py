@@ -177,7 +177,7 @@ def test_a_jsonl_skips_a_last_line_cut_short_and_names_any_other_bad_line(tmp_pa
     jd.metrics.write_text('{"iteration": 0}\n[1, 2]\n{"iteration": 2}\n')
     with pytest.raises(LaunchError, match=rf"^{jd.metrics}: line 2 is list, not a JSON object"):
         jd.read_lines(jd.metrics)
-    with pytest.raises(LaunchError, match=r"agents.jsonl: record 1 is not an agent record \(KeyError"):
+    with pytest.raises(LaunchError, match=r"^agents.jsonl: record 1 is not an agent record: no role$"):
         agents_from_lines('{"name": "rollout-0"}\n')
     assert agents_from_lines('{"name": "rollout-0", "ro') == []
 
@@ -189,14 +189,12 @@ def test_an_agent_record_whose_pid_or_pgid_is_no_integer_is_named_not_a_tracebac
     row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "local", "backend": "local"}
     good = json.dumps({**row, "ident": {"pid": 7, "pgid": 7}})
     bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": {"pid": 8, "pgid": json.loads(value)}})
-    with pytest.raises(
-        LaunchError, match=r"^agents.jsonl: record 2 is not an agent record \(ValueError: ident.pgid is "
-    ):
+    with pytest.raises(LaunchError, match=r"^agents.jsonl: record 2 is not an agent record: ident.pgid is "):
         agents_from_lines(f"{good}\n{bad}\n{good}\n")
     skipped: list[str] = []
     assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n{good}\n", skipped=skipped)] == ["rollout-0"]
-    said = f"ident.pgid is {json.loads(value)!r}, not an integer"
-    assert skipped == [f"agents.jsonl: record 2 is not an agent record (ValueError: {said}): left out"]
+    said = f"ident.pgid is {value}, not an integer"  # as the record writes it
+    assert skipped == [f"agents.jsonl: record 2 is not an agent record: {said}: left out"]
 
 
 SSH_IDENT = {"host": "h1", "pid": 8, "pgid": 8, "start_ticks": 1, "exitfile": "/w/rollout-1.exit"}
@@ -210,7 +208,7 @@ GOOD_IDENT = {"local": {"pid": 7, "pgid": 7}, "ssh": SSH_IDENT, "slurm": SLURM_I
     [
         ("local", {"pid": 8}, "ident has no pgid"),
         ("local", {"pgid": 8}, "ident has no pid"),
-        ("local", {"pid": 8, "pgid": 8, "start_ticks": "5"}, "ident.start_ticks is '5', not an integer"),
+        ("local", {"pid": 8, "pgid": 8, "start_ticks": "5"}, 'ident.start_ticks is "5", not an integer'),
         *(("ssh", {k: v for k, v in SSH_IDENT.items() if k != gone}, f"ident has no {gone}") for gone in SSH_IDENT),
         ("ssh", SSH_IDENT | {"host": 5}, "ident.host is 5, not a string"),
         ("slurm", {k: v for k, v in SLURM_IDENT.items() if k != "job_id"}, "ident has no job_id"),
@@ -229,7 +227,7 @@ def test_an_agent_record_without_a_field_its_poll_or_stop_reads_is_named_not_a_k
     bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": ident})
     skipped: list[str] = []
     assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n", skipped=skipped)] == ["rollout-0"]
-    assert skipped == [f"agents.jsonl: record 2 is not an agent record (ValueError: {says}): left out"]
+    assert skipped == [f"agents.jsonl: record 2 is not an agent record: {says}: left out"]
 
 
 def test_stop_stops_every_agent_past_a_record_without_its_pgid_and_names_that_record(tmp_path: Path) -> None:
@@ -244,8 +242,53 @@ def test_stop_stops_every_agent_past_a_record_without_its_pgid_and_names_that_re
         ]
         (jd.path / "agents.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         line = one_error(run_cli("stop", str(jd.path), "--grace", "5"), code=3)
+        assert line.endswith(f"{jd.path}/agents.jsonl: record 1 is not an agent record: ident has no pgid: left out"), (
+            line
+        )
+        assert agent.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"site": None}, "site is null, not a string"),
+        ({"replica": "1"}, 'replica is "1", not an integer'),
+        ({"ident": [["pid", 8]]}, 'ident is [["pid", 8]], not a JSON object'),
+        ({"gpus": [0, "1"], "host": "h"}, 'gpus is [0, "1"], not a list of integers'),
+        ({"gpus": [0]}, "host is null, not a string"),
+        ({"log": 5}, "log is 5, not a string"),
+    ],
+)
+def test_an_agent_record_of_a_field_of_another_type_is_named_by_its_field(edit: dict[str, object], says: str) -> None:
+    # "site": null was read as a handle (rlctl stop then refused whole, blaming sites.json for "no site None"); an
+    # ident of pairs said "dictionary update sequence element #0 has length 1", naming no field
+    row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "s", "backend": "local"}
+    good = json.dumps({**row, "ident": {"pid": 7, "pgid": 7}})
+    bad = json.dumps({**row, "name": "rollout-1", "replica": 1, "ident": {"pid": 8, "pgid": 8}} | edit)
+    skipped: list[str] = []
+    assert [h.spec.name for h in agents_from_lines(f"{good}\n{bad}\n", skipped=skipped)] == ["rollout-0"]
+    assert skipped == [f"agents.jsonl: record 2 is not an agent record: {says}: left out"]
+
+
+def test_stop_stops_every_agent_past_a_record_without_a_site_and_names_that_record(tmp_path: Path) -> None:
+    # one record's "site": null made `rlctl stop` refuse whole ("sites.json: no site None, where the job's record
+    # places an agent"), stopping none of the job's agents
+    jd = prepared(tmp_path / "run")
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        row = {"role": "rollout", "site": "local", "backend": "local", "host": None, "gpus": None, "log": None}
+        ident = {"pid": agent.pid, "pgid": agent.pid}
+        records = [
+            row | {"name": "rollout-0", "replica": 0, "site": None, "ident": ident},
+            row | {"name": "rollout-1", "replica": 1, "ident": ident},
+        ]
+        (jd.path / "agents.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        line = one_error(run_cli("stop", str(jd.path), "--grace", "5"), code=3)
         assert line.endswith(
-            f"{jd.path}/agents.jsonl: record 1 is not an agent record (ValueError: ident has no pgid): left out"
+            f"{jd.path}/agents.jsonl: record 1 is not an agent record: site is null, not a string: left out"
         ), line
         assert agent.wait(timeout=30) == -signal.SIGTERM
     finally:
