@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlct
     from rlctl.config.inventory import Site
     from rlctl.config.job import Job, JobFile
     from rlctl.launch.siteprobe import HostReport, SiteLine
+    from rlctl.ops.preflight.base import Problem
 
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -103,6 +104,26 @@ def job_dir_place(spec: JobFile) -> Path:
     return path
 
 
+def job_dir_problems(job: Job) -> list[Problem]:
+    """The job file's `job_dir` as a fresh launch refuses it (`fresh_dir`: it holds a job, a launch prepares one
+    there, it holds a run's files no launch wrote), versus a check that passed and a launch refused ("would
+    overwrite it"). Here, not in `preflight.problems`: a launch given --job-dir writes elsewhere, and a launcher
+    --detach started runs in the directory it made."""
+    from rlctl.launch.jobdir import why_not_made
+    from rlctl.ops.launchdir import fresh_dir
+    from rlctl.ops.preflight.base import Problem
+
+    if job.spec.job_dir is None:  # a new timestamped directory: nothing there to take
+        return []
+    if why_not_made(Path(job.spec.job_dir)) is not None:  # a file, or a folder not this user's: `problems` says it
+        return []
+    try:
+        fresh_dir(job, job.spec, None)
+    except UsageError as e:
+        return [Problem("job_dir", str(e).removeprefix(f"{job.path}: job_dir: "), hint=e.hint)]
+    return []
+
+
 def staged_model_bytes(spec: JobFile) -> float:
     """The disk the job's staged model takes: an HF directory's weight files as they are (an rlctl checkpoint
     declares the job's dtype and may hold fp32 tensors, `HfModelInfo.weight_file_bytes`), else the declared dtype's
@@ -140,7 +161,6 @@ def job_problems(job: Job, *, timeout_s: float) -> tuple[list[tuple[str, ConfigE
     )
     from rlctl.ops import counts
     from rlctl.ops.preflight import problem_lines, problems
-    from rlctl.ops.preflight.base import Problem
     from rlctl.ops.preflight.placement import partition_cores_problems
     from rlctl.ops.preflight.slurmoptions import option_problems, probe_refusal
 
@@ -164,7 +184,7 @@ def job_problems(job: Job, *, timeout_s: float) -> tuple[list[tuple[str, ConfigE
         plan: dict[str, Any] | None = counts.plan_counts(job, job.spec)
     except (PlanError, ConfigError):
         plan = None
-    of_file(problems(job, plan=plan))
+    of_file(problems(job, plan=plan) + job_dir_problems(job))
     spec = job.spec
     roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
     for r in spec.placement.rollout:
@@ -345,8 +365,7 @@ def _checked(files: list[Path], data: dict[str, Any], *, reach: bool, timeout_s:
     from rlctl.config import load_inventory, load_job
     from rlctl.config.base import check_header, read_yaml
     from rlctl.launch.reach import ReachResult, probe_site
-    from rlctl.ops.preflight import preflight, refuse
-    from rlctl.ops.preflight.base import Problem
+    from rlctl.ops.preflight import problems, refuse
     from rlctl.ops.preflight.sites import site_problems
     from rlctl.ops.preflight.slurmoptions import option_problems
 
@@ -379,7 +398,8 @@ def _checked(files: list[Path], data: dict[str, Any], *, reach: bool, timeout_s:
                 raise JobProblems(str(files[0]), [line for line, _ in found], each=[e for _, e in found])
             data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
         else:
-            preflight(job)  # check passing means launch can start it: every field is honoured or refused
+            # check passing means launch can start it: every field is honoured or refused
+            refuse(str(job.path), problems(job) + job_dir_problems(job))
     else:
         inv = load_inventory(files)
         data.update(inventory_summary(inv))

@@ -83,6 +83,28 @@ def test_a_launch_into_a_directory_holding_a_job_is_refused_and_writes_nothing(t
     assert snapshot(jd.path) == before
 
 
+@pytest.mark.parametrize("reach", [False, True])
+def test_check_refuses_a_job_file_whose_job_dir_holds_a_job_as_the_launch_does(
+    tmp_path: Path, home: Path, reach: bool
+) -> None:
+    # `rlctl check` passed it, and the launch it promised was refused ("would overwrite it")
+    jd = prepared(tmp_path / "run")
+    job_file = tmp_path / "job.yaml"
+    data = {**yaml.safe_load(DEMO.read_text()), "inventory": [str(ROOT / "clusters/local.yaml")]}
+    job_file.write_text(yaml.safe_dump({**data, "job_dir": str(jd.path)}))
+    launch = one_error(run_cli("launch", str(job_file)))
+    line = one_error(run_cli("check", str(job_file), *(["--reach"] if reach else [])))
+    assert line == launch, (line, launch)
+    assert line.startswith(f"rlctl: error: {job_file}: job_dir: {jd.path} already holds a job (job.json, plan.json)")
+    (tmp_path / "afile").write_text("mine\n")
+    job_file.write_text(yaml.safe_dump({**data, "job_dir": str(tmp_path / "afile")}))
+    line = one_error(run_cli("check", str(job_file)))
+    assert line.startswith(f"rlctl: error: {job_file}: job_dir: {tmp_path / 'afile'} is a file, not a directory"), line
+    job_file.write_text(yaml.safe_dump({**data, "job_dir": str(tmp_path / "new")}))  # not there yet: passes
+    assert run_cli("check", str(job_file)).exit_code == 0
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_launch_into_the_directory_of_a_job_its_launcher_runs_says_to_watch_it_not_to_resume_it(
     tmp_path: Path, home: Path
 ) -> None:
