@@ -132,7 +132,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.launch.layout import plan_sites
             from rlctl.ops.counts import plan_counts, resolve_job
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs, warmup_line
-            from rlctl.ops.jobdb import JobDB
+            from rlctl.ops.jobdb import JobDB, open_or_none
             from rlctl.ops.jobprep import prepare
             from rlctl.ops.launchdir import entries, fresh_dir, index_left, launch_dir, reserved, unmade_left, unmake
             from rlctl.ops.preflight import preflight, problems, refuse
@@ -191,8 +191,11 @@ def register(app: typer.Typer) -> None:
                         raise
                     sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
                 sites = {n: job.inventory.sites[n] for n in plan_sites(plan)}
-                with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
-                    job_id = db.id_for(path)
+                # the id the launch would give it (its sites' job dirs): its directory's name where the index cannot
+                # be read, which a dry run does not write
+                db = open_or_none(without=f"the job's id is taken as its directory's name, {path.name}")
+                with contextlib.nullcontext() if db is None else contextlib.closing(db):
+                    job_id = path.name if db is None else db.id_for(path)
                 dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)
                 try:
                     rows = dry.render(master_port=DRY_RUN_MASTER_PORT)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shlex
 import sqlite3
@@ -24,6 +25,8 @@ from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import HOME_ENV
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 STATES = ("launching", "running", "finished", "failed", "stopped")
@@ -75,6 +78,21 @@ class JobRow:
         return float(self.info.get("launched_s", self.created_s))
 
 
+class IndexUnreadable(RlctlError):
+    """The job index cannot be opened (no database, a directory in its place, a lock): a command that can do
+    without it (`rlctl status DIR`, `launch --dry-run`) goes on with a warning (`open_or_none`)."""
+
+
+def open_or_none(*, without: str) -> JobDB | None:
+    """The job index; None where it cannot be opened, said in one warning line naming the file, what to do, and
+    what the command does `without` it."""
+    try:
+        return JobDB()
+    except IndexUnreadable as e:
+        log.warning("%s; %s%s", e, without, f" (hint: {e.hint})" if e.hint else "")
+        return None
+
+
 class JobDB:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else default_home() / "jobs.db"
@@ -88,20 +106,21 @@ class JobDB:
             ) from e
         except OSError as e:
             raise RlctlError(f"{where}: cannot create the job index's directory: {e.strerror}") from e
+        aside = (
+            f"move it aside (mv {shlex.quote(str(self.path))} {shlex.quote(f'{self.path}.damaged')}): the next command "
+            "starts an empty index, where a job is named by its directory until it is resumed"
+        )
+        if self.path.is_dir():  # (sqlite said "unable to open database file", and nothing to do)
+            raise IndexUnreadable(f"{self.path}: a directory, where the job index (a file) belongs", hint=aside)
         try:
             self._conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.executescript(_SCHEMA)
             self._check_version()
         except sqlite3.DatabaseError as e:
-            hint = None  # OperationalError: a lock, a permission, the disk; else not a database, or a malformed one
-            if not isinstance(e, sqlite3.OperationalError):
-                aside = shlex.quote(f"{self.path}.damaged")
-                hint = (
-                    f"move it aside (mv {shlex.quote(str(self.path))} {aside}): the next command starts an empty "
-                    "index, where a job is named by its directory until it is resumed"
-                )
-            raise RlctlError(f"{self.path}: cannot open the job index: {e}", hint=hint) from e
+            # OperationalError: a lock, a permission, the disk (no hint); else not a database, or a malformed one
+            hint = None if isinstance(e, sqlite3.OperationalError) else aside
+            raise IndexUnreadable(f"{self.path}: cannot open the job index: {e}", hint=hint) from e
 
     def _check_version(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()

@@ -16,6 +16,7 @@ A job directory and an index row that both match but are different jobs: UsageEr
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from dataclasses import dataclass, replace
@@ -24,8 +25,10 @@ from pathlib import Path
 from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.locks import copy_of_running
-from rlctl.ops.jobdb import LIVE, JobDB, JobRow
+from rlctl.ops.jobdb import LIVE, IndexUnreadable, JobDB, JobRow
 from rlctl.textutil import did_you_mean
+
+log = logging.getLogger(__name__)
 
 KNOWN_SHOWN = 12  # the job names an unknown JOB's line lists (`rlctl status --all` lists every job)
 
@@ -61,7 +64,15 @@ def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = N
     into the copy, where the launcher of a job its stop killed without a summary never saw it and resumed the job
     (`checkpoint.auto_resume`), and the stop neither waited for that launcher nor wrote the job's index row."""
     own = db is None
-    db = db if db is not None else JobDB()
+    if db is None:
+        try:
+            db = JobDB()
+        except IndexUnreadable as e:  # a job named by its directory needs no index to be found
+            found = _by_directory(ref) if changes is None else None
+            if found is None:
+                raise
+            log.warning("%s; %s is read without it%s", e, found.jobdir.path, f" (hint: {e.hint})" if e.hint else "")
+            return found
     try:
         if ref is None and changes is not None and (running := _the_running_one(db, changes)) is not None:
             return JobRef(running.name, JobDir(Path(running.job_dir)), running)
@@ -72,6 +83,17 @@ def resolve(ref: str | None, *, db: JobDB | None = None, changes: str | None = N
     finally:
         if own:
             db.close()
+
+
+def _by_directory(ref: str | None) -> JobRef | None:
+    """The job of the job directory `ref` (one holding job.json) without the index: its row unknown (None); None
+    where `ref` names no such directory. A command that only reads the job (status, logs, report) goes on so when
+    the index cannot be opened; one that changes it (stop, scale: its row written) does not."""
+    path = Path(os.path.expanduser(ref)) if ref is not None else None
+    if path is None or not path.is_dir() or not (path / "job.json").is_file():
+        return None
+    here = path.resolve()
+    return JobRef(JobDir(here).id, JobDir(here), None)
 
 
 def _the_running_one(db: JobDB, command: str) -> JobRow | None:
