@@ -9,6 +9,7 @@ is refused too, rather than the last one silently winning, and so is a YAML bool
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import re
@@ -294,9 +295,30 @@ class _DuplicateKey(Exception):
         self.key, self.line, self.first_line = key, line, first_line
 
 
+class _KeyNotText(Exception):
+    def __init__(self, written: str, read_as: str, line: int) -> None:
+        super().__init__(written, read_as, line)
+        self.written, self.read_as, self.line = written, read_as, line
+
+
+def _read_as(key: Any) -> str:
+    """What YAML made of a key that is no string, in words."""
+    if key is None:
+        return "null (nothing)"
+    if isinstance(key, bool):
+        return f"the boolean {str(key).lower()}"
+    if isinstance(key, int | float):
+        return f"the number {key!r}"
+    if isinstance(key, datetime.date):
+        return f"the date {key.isoformat()}"
+    return f"a {type(key).__name__}"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key written twice in one mapping (YAML says keys are unique; PyYAML
-    keeps the last). Keys merged in with `<<: *anchor` may be overridden, as YAML allows."""
+    keeps the last), and a key that is no string (every key of rlctl's files is a name: an unquoted `yes:`, `1:`,
+    `2024-01-01:` or `~:` became `sites[1]`, `sites.1`, `sites.datetime.date(2024, 1, 1)`, `sites.None` in the line
+    that refused it). Keys merged in with `<<: *anchor` may be overridden, as YAML allows."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first_line: dict[Any, int] = {}
@@ -304,6 +326,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            if not isinstance(key, str):
+                written = key_node.value if isinstance(key_node, yaml.ScalarNode) else ""
+                raise _KeyNotText(written, _read_as(key), line)
             try:
                 again = key in first_line
             except TypeError:
@@ -351,6 +376,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(name, None, f"cannot read: not UTF-8 text ({where}); save it as UTF-8") from e
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
+    except _KeyNotText as e:
+        if e.written:
+            said = f"key {e.written!r} at line {e.line} is read by YAML as {e.read_as}, not a name; quote it"
+        else:  # (a list or mapping as a key, or none written)
+            said = f"the key at line {e.line} is {e.read_as}, not a name; every key is a name"
+        raise ConfigError(name, None, said) from e
     except _DuplicateKey as e:
         raise ConfigError(
             name, None, f"duplicate key {e.key!r} at line {e.line} (first at line {e.first_line}); write each key once"
