@@ -57,8 +57,8 @@ def refuse_prepared_edits(jobdir: JobDir, data: dict[str, Any], job: dict[str, A
             continue
         if name == "evaluation.heldout_prompts" and (heldout_prepared or not asked):
             continue  # that many of the rows prepared (or none asked): the run reads the count as edited
-        if name == "evaluation.path" and not heldout_prepared and not asked:
-            continue  # no held-out rows read: the path is read by nothing
+        if name == "evaluation.path" and not asked:
+            continue  # no held-out rows read (the evaluation turned off, or never on): the path is read by nothing
         where = HELDOUT_DIR if name.startswith("evaluation.") else DATA_DIR
         if name in ("task.path", "evaluation.path") and _same_data(data, now, jobdir.path / where / MANIFEST_FILE):
             continue  # the file moved, its new place written: the rows prepared are its own

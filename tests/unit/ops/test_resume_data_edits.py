@@ -127,6 +127,20 @@ def test_held_out_prompts_asked_of_a_job_launched_without_them_are_refused(tmp_p
     refuse_fixed_edits(jd, resumed=0)
 
 
+def test_evaluation_turned_off_on_a_resume_is_taken_whatever_its_path(tmp_path: Path) -> None:
+    """Launched with held-out prompts (data-heldout/ prepared), evaluation.heldout_prompts edited to 0 and its path to
+    null or another file: nothing reads the path then, taken; versus refused naming evaluation.path. Asked again of
+    another file: refused."""
+    jd, _ = dataset_job(tmp_path, heldout=2)
+    edit(jd, "evaluation.heldout_prompts", 0)
+    for path in (None, "other-held.jsonl"):
+        edit(jd, "evaluation.path", path)
+        refuse_fixed_edits(jd, resumed=3)
+    edit(jd, "evaluation.heldout_prompts", 2)
+    with pytest.raises(UsageError, match=r"job\.evaluation\.path was edited since the launch"):
+        refuse_fixed_edits(jd, resumed=3)
+
+
 def test_a_job_json_of_an_rlctl_that_kept_the_task_alone_is_compared_with_it(tmp_path: Path) -> None:
     """`launched` without the prepared fields (an rlctl before them): task.path compared with `job_launched`'s task."""
     jd, _ = dataset_job(tmp_path, heldout=2)
