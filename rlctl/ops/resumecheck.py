@@ -60,9 +60,23 @@ def edit_problems(
         return []  # (said by what reads the job next: `JobDir.job_of`)
     mapping = data["job"] if iterations is None else {**data["job"], "iterations": iterations}
     record = launched_job(data)
-    leaves = edited if record is None else [f for f in changed_fields(record, data["job"]) if _top(f) in edited]
-    said = _said_by_section if record is None else _said
-    before = _launched_mapping(data, record, edited)
+    # a problem is judged where it is in (or read with) a top-level field edited since the launch, and is not one the
+    # job as launched had too (`had`, `had_bound`); the leaves edited word it (a check of one field may say its problem
+    # in another of the section: trainer.backend edited to torch, said of trainer.tensor_parallel; versus judged by
+    # the leaves alone, which let that edit run, and any edit made in job_launched too)
+    leaves = [] if record is None else [f for f in changed_fields(record, data["job"]) if _top(f) in edited]
+    if record is not None and any(all(_top(f) != top for f in leaves) for top in edited):
+        # a section edited (its digest not the launch's) with no leaf other than the record's: the record edited too
+        # (the same value written in both), not the launch's: nothing tells what the launch had (versus every
+        # problem of the edit taken for the launch's own, and run)
+        record, leaves = None, []
+
+    def said(p: Problem, *, bound: bool = False) -> Problem:
+        if leaf := _edit_of(p.field, leaves, bound=bound):
+            return _said(jd, p, leaf)
+        return _said_by_section(jd, p, _edit_of(p.field, edited, bound=bound))
+
+    before = _launched_mapping(data, record, edited) if record is not None or launched_job(data) is None else None
     try:
         JobFile.model_validate(mapping)  # as a job file is validated: no `RECORDED` leniency
     except ValidationError as e:
@@ -70,11 +84,11 @@ def edit_problems(
         ours = [
             err
             for err in e.errors(include_url=False)
-            if (err["loc"], err["msg"]) not in had and _edit_of(_error_field(err, mapping), leaves)
+            if (err["loc"], err["msg"]) not in had and _edit_of(_error_field(err, mapping), edited)
         ]
         if ours:
             field, msg = first_error(e, only=lambda err: err in ours)
-            return [said(jd, Problem(field, msg), _edit_of(_error_field(ours[0], mapping), leaves))]
+            return [said(Problem(field, msg))]
     # the fields edited read as a job file's (valid so, `RECORDED` reads them alike), those not edited as launched
     # (a value this rlctl's check refuses since, `JobDir.job_of`): the edited ones' problems are still judged
     spec = jd.job_of({**data, "job": mapping})
@@ -84,8 +98,8 @@ def edit_problems(
     # job as launched had too is not the edit's (a staleness past the rounds ahead where only a micro-batch was cut)
     bound = [Problem(e.field or "", e.detail, e.hint) for e in cross_field_errors(jd.job_json, spec, inventory)]
     had_bound = set(_bound_problems(jd, data, before, inventory))
-    if broken := [(p, by) for p in bound if p not in had_bound and (by := _edit_of(p.field, leaves, bound=True))]:
-        return [said(jd, p, by) for p, by in broken]
+    if broken := [p for p in bound if p not in had_bound and _edit_of(p.field, edited, bound=True)]:
+        return [said(p, bound=True) for p in broken]
     job = Job(_as_launched(jd, spec, data), inventory, jd.job_json)
     try:
         # (no data read, no warning, of a field not edited; a data file gone since: the job dir's copy read)
@@ -94,17 +108,20 @@ def edit_problems(
         found = [Problem(e.field or "", e.detail, e.hint)]
     judged = set(trainer_memory_problems(job, plan)) if "trainer" in plan else set()  # (`judge_memory`'s)
     # (a problem of another file, a site's inventory file: of the sites as launched, not of the edit)
-    return [said(jd, p, by) for p in found if p.file is None and p not in judged and (by := _edit_of(p.field, leaves))]
+    return [said(p) for p in found if p.file is None and p not in judged and _edit_of(p.field, edited)]
 
 
-def _said(jd: JobDir, p: Problem, by: str | None) -> Problem:
-    """`p` as a problem of job.json's job (`job.<field>`), said as edited since the launch."""
-    return _edited(jd, p, "edited since the launch")
+def _said(jd: JobDir, p: Problem, leaf: str) -> Problem:
+    """`p` as a problem of job.json's job (`job.<field>`), said as edited since the launch (its field, one under it or
+    one it is under the `leaf` edited), or read with `leaf`, edited since."""
+    mine = _within(p.field, leaf) or _within(leaf, p.field)
+    return _edited(jd, p, "edited since the launch" if mine else f"read with `{leaf}`, edited since the launch")
 
 
 def _said_by_section(jd: JobDir, p: Problem, by: str | None) -> Problem:
-    """`p` said as in, or read with, `by`, a top-level section edited since the launch (job.json keeps no whole job
-    as launched to tell its leaves edited by): versus said edited itself, which it may not be."""
+    """`p` said as in, or read with, `by`, a top-level section edited since the launch, where no leaf edited tells more
+    (job.json keeps no whole job as launched to tell its leaves edited by, or the problem is said in a field of the
+    section other than the one edited): versus said edited itself, which it may not be."""
     where = "in" if by == _top(p.field) else "read with"
     return _edited(jd, p, f"{where} `{by}`, a section edited since the launch")
 

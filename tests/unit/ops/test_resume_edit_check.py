@@ -220,7 +220,11 @@ def test_a_micro_batch_cut_under_a_staleness_past_the_rounds_ahead_as_launched_r
     assert r.exit_code == 2, r.stderr
     (line,) = r.stderr.splitlines()
     assert line.startswith(f"rlctl: error: {jd.job_json}: job.pipeline.staleness: 8: the controller creates "), line
-    how = "read with `batch`, a section edited since the launch" if older else "edited since the launch"
+    how = (
+        "read with `batch`, a section edited since the launch"
+        if older
+        else "read with `batch.prompts_per_iteration`, edited since the launch"
+    )
     assert f"({how}; `rlctl check` refuses it in a job file)" in line, line
     assert len(started) == 1
 
@@ -448,3 +452,35 @@ def test_a_dataset_jobs_edit_is_checked_on_the_job_dirs_copy_of_a_data_file_move
     edit(jd, "task", {"max_output_tokens": 65})
     (p,) = edit_problems(jd, jd.read_plan(), edited=edited_fields(jd))
     assert p.field == "job.task.max_output_tokens" and "sliding_window 96 binds" in p.message, p
+
+
+def test_an_edit_whose_problem_is_said_of_another_field_of_its_section_is_refused(
+    tmp_path: Path, started: list[dict[str, Any]]
+) -> None:
+    """trainer.backend edited from megatron to torch under the launch's tensor_parallel 2: the check of the backend
+    says its problem of trainer.tensor_parallel, not edited: refused, said as in `trainer`, a section edited since the
+    launch, versus run (the problem judged by the leaves edited alone)."""
+    jd = split_job(tmp_path)
+    edit(jd, "trainer", {"backend": "torch"})
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.trainer.tensor_parallel: 2: "), line
+    assert "(in `trainer`, a section edited since the launch; `rlctl check` refuses it in a job file)" in line, line
+    assert started == []
+
+
+def test_an_edit_made_in_the_launch_record_too_is_still_checked(tmp_path: Path, started: list[dict[str, Any]]) -> None:
+    """clip_eps 1.5 written in job.json's job and in its record of the job as launched (`job_launched`) alike, its
+    digests as launched: no leaf differs, but the section's digest says it was edited: refused, versus run."""
+    jd = split_job(tmp_path)
+    data = json.loads(jd.job_json.read_text())
+    for job in (data["job"], data[JOB_LAUNCHED]):
+        job["algorithm"]["clip_eps"] = 1.5
+    jd.job_json.write_text(json.dumps(data))
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rlctl: error: {jd.job_json}: job.algorithm.clip_eps: 1.5: "), line
+    assert "(in `algorithm`, a section edited since the launch;" in line, line
+    assert started == []
