@@ -14,21 +14,7 @@ import pytest
 from rlctl.engines.vllm import VllmEngine
 from rlctl.models.hf import QWEN3, TinyGPTConfig
 from tests.unit.fake_vllm import fake_vllm
-
-
-def reads_of(name: str, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every path named `name` that is read (`Path.read_bytes` or `Path.read_text`) from now on, in order."""
-    reads: list[Path] = []
-    for method in ("read_bytes", "read_text"):
-        original = getattr(Path, method)
-
-        def recorded(self: Path, *args: Any, _original: Any = original, **kw: Any) -> Any:
-            if self.name == name:
-                reads.append(self)
-            return _original(self, *args, **kw)
-
-        monkeypatch.setattr(Path, method, recorded)
-    return reads
+from tests.unit.hf_checkpoints import config_reads
 
 
 def test_an_engine_reads_config_json_once_as_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +24,7 @@ def test_an_engine_reads_config_json_once_as_it_starts(tmp_path: Path, monkeypat
     written = TinyGPTConfig(architecture=QWEN3, max_position_embeddings=1 << 20, eos_token_id=[2, 5]).to_hf()
     del written["architectures"], written["head_dim"]  # read by its model_type; Qwen3Config's head_dim 128
     (tmp_path / "config.json").write_text(json.dumps(written))
-    reads = reads_of("config.json", monkeypatch)
+    reads = config_reads(monkeypatch)  # (every way config.json is read: `read_config_bytes`, Path.read_*)
     engine = VllmEngine(tmp_path, max_batch_size=64, context=65536, weights_via_file=False, weight_transfer=False)
     assert reads == [tmp_path / "config.json"]  # was 6: eos ids, K/V space (and its max_model_len), … architecture
     llm: Any = engine.llm
