@@ -297,11 +297,9 @@ def test_a_warning_of_a_field_not_edited_since_the_launch_is_not_said_again(
     assert ("checkpoint.auto_resume: 1 resumes a failed run" in caplog.text) == (edited == "checkpoint"), caplog.text
 
 
-def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """algorithm.clip_eps edited to 1.5 during the run: not resumed automatically, the run's failure the job's, said
-    in one line naming job.json and the field, with an `auto_resume_refused` event; versus resumed on it."""
+def auto_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[JobDir, Any, list[str]]:
+    """A job of one automatic resume started, its first run to fail and the second to end done (`ScriptedRun`): its
+    job dir, its runs (`autoresume.Runs`, started) and the lines they say."""
     from rlctl.ops import autoresume
     from tests.unit.ops.test_autoresume import FAILED, ScriptedRun
 
@@ -315,6 +313,17 @@ def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
     said: list[str] = []
     r = autoresume.Runs(jd, spec, jd.read_plan(), db=None, say=said.append)
     r.start()
+    return jd, r, said
+
+
+def test_an_automatic_resume_after_such_an_edit_ends_the_run_with_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """algorithm.clip_eps edited to 1.5 during the run: not resumed automatically, the run's failure the job's, said
+    in one line naming job.json and the field, with an `auto_resume_refused` event; versus resumed on it."""
+    from tests.unit.ops.test_autoresume import FAILED, ScriptedRun
+
+    jd, r, said = auto_resumed(tmp_path, monkeypatch)
     edit(jd, "algorithm", {"clip_eps": 1.5})
     assert r.wait()["state"] == FAILED and ScriptedRun.started == [False] and r.resumes == 0
     assert said[-1].startswith(
@@ -332,19 +341,9 @@ def test_an_automatic_resume_refused_for_several_edits_says_each_ones_hint(
     """rollout.on_new_weights edited to recompute (the embedded engine) and transport.streams to 4 during the run: the
     refusal's one line says each problem with its own hint, versus both problems and then the first's hint alone (the
     streams' fix unsaid)."""
-    from rlctl.ops import autoresume
     from tests.unit.ops.test_autoresume import FAILED, ScriptedRun
 
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
-    ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits = [], 0, []
-    ScriptedRun.script = [(FAILED, [10]), ("done", [])]
-    jd = split_job(tmp_path)
-    spec = jd.read_job()
-    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": 1})})
-    said: list[str] = []
-    r = autoresume.Runs(jd, spec, jd.read_plan(), db=None, say=said.append)
-    r.start()
+    jd, r, said = auto_resumed(tmp_path, monkeypatch)
     edit(jd, "rollout", {"on_new_weights": "recompute"})
     edit(jd, "transport", {"streams": 4})
     assert r.wait()["state"] == FAILED and ScriptedRun.started == [False]
