@@ -464,13 +464,15 @@ def train_compute_s(entry: TrainingEntry, dp: int, w: TrainWorkload) -> float:
     row of weight 0) and shorten nothing. Until 2026-12-08 a cut's real tokens were priced, split evenly over
     min(dp, rows) ranks: the demo job's training 13–16 % short at dp 2 (its busiest rank computed 1.46–1.49 × its
     real tokens with every dp-th row, docs/planning.md), the probe's figure per real token hiding the padding at dp 1
-    alone."""
+    alone. A measured entry of then (`TrainingEntry.per` real_token: its figure holds its probe's padding) is priced
+    so still, its cut's real tokens over min(dp, rows) ranks, versus its padding priced twice (about 1.1 × long)."""
     compute = 0.0
     for cut in w.cuts_at(dp).sizes:
         chunks = pipeline_chunks(math.ceil(cut.rows / dp), entry.pp)
         bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
         per_gpu = entry.gpu_s_per_token * w.pass_scale / (entry.tp * entry.pp)
-        compute += w.tokens * cut.share * cut.busiest * per_gpu * (1 + bubble)
+        busiest = cut.busiest if entry.per == "padded_token" else 1 / min(dp, cut.rows)
+        compute += w.tokens * cut.share * busiest * per_gpu * (1 + bubble)
     return compute
 
 

@@ -223,7 +223,7 @@ def _measured_training(
 
     def entry(tp: int, pp: int, gpu_s_per_token: float) -> TrainingEntry:
         memory = training_entry(req.arch, site.spec, tp=tp, pp=pp, algorithm=req.algorithm.kind, passes=passes)
-        measured = {"gpu_s_per_token": gpu_s_per_token, "backend": req.trainer_backend}
+        measured = {"gpu_s_per_token": gpu_s_per_token, "backend": req.trainer_backend, "per": "padded_token"}
         return memory.model_copy(update={**measured, "pipeline_wait_included": (tp, pp) != (1, 1)})
 
     out = [entry(1, 1, float(result["training"]["gpu_s_per_token"]))]

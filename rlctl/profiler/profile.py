@@ -23,7 +23,8 @@
             kv_capacity_tokens: 1200000     # tokens of KV cache that fit beside the weights
         training:                 # one entry per (tp, pp)
           - {tp: 1, pp: 1, gpu_s_per_token: 3.1e-5, fixed_bytes_per_gpu: ..., sharded_bytes_per_gpu: ...,
-             backend: megatron}       # the trainer backend measured; absent = any (analytical)
+             backend: megatron,       # the trainer backend measured; absent = any (analytical)
+             per: padded_token}       # what gpu_s_per_token is per (a measured file without it: real_token)
 
 Documented field by field in docs/profile-format.md.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,6 +47,8 @@ from rlctl.config.runtime import Lora
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
 from rlctl.profiler.traincost import TrainingPasses, lora_adapters
+
+log = logging.getLogger(__name__)
 
 
 class ModelSpec(ArchFigures):
@@ -120,6 +124,12 @@ class TrainingEntry(Strict):
         description="timed over this split's tp·pp ranks by wall clock: a stage's waiting for the others is in "
         "gpu_s_per_token, so plan adds no pipeline bubble (a roofline entry or one rank's figure: False)",
     )
+    per: Literal["padded_token", "real_token"] = Field(
+        "padded_token",
+        description="what gpu_s_per_token is per: a token computed, padding included (the roofline's FLOPs a token; "
+        "the probe's step over its padded tokens, since 2026-12-08), or a real token (a measured entry of an earlier "
+        "rlctl, its probe's padding in the figure: read so where a file's measured entry has no `per`)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -169,9 +179,44 @@ def priced_passes(profile: ProfileFile) -> TrainingPasses:
 
 
 def load_profile(path: Path) -> ProfileFile:
+    """The profile file at `path`, validated. A measured training entry (one with a `backend`) written before the
+    entries said what their figure is per (`TrainingEntry.per`) is read as per real token, which the planner prices
+    as it did then (`planner.costs.train_compute_s`), and a warning line names the file: its figure holds its
+    probe's padding, which a figure per padded token does not (priced twice since 2026-12-08, about 1.1 × too long
+    on the demo)."""
     data = read_yaml(path)
     check_header(path, data, "Profile")
-    return validate(path, data, ProfileFile)
+    older = _older_measured_entries(data)
+    profile = validate(path, data, ProfileFile)
+    if older and str(path) not in _SAID_PER_REAL_TOKEN:
+        _SAID_PER_REAL_TOKEN.add(str(path))  # (`rlctl check` reads the job's profile more than once: said once)
+        log.warning(
+            "%s: %s: gpu_s_per_token is per real token, its probe's padding in the figure (a profile of an rlctl "
+            "before 2026-12-08, no `per` key): priced per real token as then; re-run rlctl profile --job JOB "
+            "--source measured for a figure per padded token",
+            path,
+            ", ".join(older),
+        )
+    return profile
+
+
+_SAID_PER_REAL_TOKEN: set[str] = set()  # the files whose older measured entries were said, once a process
+
+
+def _older_measured_entries(data: Any) -> list[str]:
+    """The fields (`sites.S.training`) that hold measured training entries (a `backend` given) with no `per`:
+    written before it was recorded, when the probe's figure was per real token. Each is given `per: real_token`
+    (in place); what is no mapping is left to validation to refuse."""
+    out: list[str] = []
+    sites = data.get("sites") if isinstance(data, dict) else None
+    for name, site in sites.items() if isinstance(sites, dict) else ():
+        training = site.get("training") if isinstance(site, dict) else None
+        for entry in training if isinstance(training, list) else ():
+            if isinstance(entry, dict) and entry.get("backend") is not None and "per" not in entry:
+                entry["per"] = "real_token"
+                if f"sites.{name}.training" not in out:
+                    out.append(f"sites.{name}.training")
+    return out
 
 
 def refuse_empty_generation(profile: ProfileFile, sites: Iterable[str], *, path: str) -> None:

@@ -239,6 +239,8 @@ def test_measured_profile_names_its_engines_and_holds_the_measured_training(
     assert prof.algorithm == "ppo" and prof.training_passes.reference is True
     save_profile(prof, tmp_path / "p.yaml")
     assert load_profile(tmp_path / "p.yaml") == prof
+    # the probe's figure is per padded token, and the file says so (one without `per` is an older rlctl's)
+    assert yaml.safe_load((tmp_path / "p.yaml").read_text())["sites"]["local"]["training"][0]["per"] == "padded_token"
 
 
 def test_plan_takes_the_curve_of_the_jobs_engine(tmp_path: Path) -> None:
