@@ -38,7 +38,7 @@ from rlctl.checkpoint.choose import named_version
 from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.jobdir import JobDir, job_digests, job_field, launched_job
 from rlctl.launch.recordfiles import replace_text
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.runstate import run_summary
@@ -175,11 +175,30 @@ def with_iterations(
         )
     eta = spec.pipeline.staleness
     if eta is not None and eta > iterations:  # as `load_job` bounds it
+        _refuse_staleness_edit(jobdir, eta, iterations)
         raise UsageError(
             f"--iterations {iterations}: fewer than the job's pipeline.staleness {eta}; use at least {eta}"
         )
     spec = spec.model_copy(update={"iterations": iterations})  # (the CLI bounds it ≥ 1, as the job file's)
     return spec, f"iterations {before} → {iterations} (--iterations), from {start_text}" + _lr_note(spec, before)
+
+
+def _refuse_staleness_edit(jobdir: JobDir, staleness: int, iterations: int) -> None:
+    """UsageError, one line naming job.json's pipeline.staleness, where `staleness` (past `iterations`) is an edit of
+    it since the launch and the launch's (job.json's whole record of the job as launched) fits the count: the edit is
+    what the count is refused for, versus the line blaming `--iterations` alone. Nothing where no record tells."""
+    was = job_field(launched_job(jobdir.read_json(jobdir.job_json)) or {}, "pipeline")
+    if not isinstance(was, dict) or was.get("staleness") == staleness:
+        return
+    before = was.get("staleness")
+    if before is not None and before > iterations:
+        return  # (the launch's is past the count too: the count's own line)
+    raise UsageError(
+        f"{jobdir.job_json}: job.pipeline.staleness was edited since the launch ({json.dumps(before)} → {staleness}), "
+        f"past --iterations {iterations}: a staleness is at most the job's iterations",
+        hint=f"put job.pipeline.staleness back to {json.dumps(before)} in job.json, or use --iterations {staleness} or "
+        "more",
+    )
 
 
 def resume_start(jobdir: JobDir, *, trained: int) -> int:
