@@ -190,12 +190,36 @@ def edited_fields(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
 def job_json_edits(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
     """One line when job.json was edited since the launch: its top-level fields that differ (not `iterations`
     where the resume's `--iterations` sets another count, `count_given`: its own line says the count it replaces);
-    the resume runs the job as edited there, unless it refuses the edit (`refuse_fixed_edits`)."""
+    the resume runs the job as edited there, unless it refuses the edit (`refuse_fixed_edits`), but for an HF
+    model.path, which it says no resume reads (`_model_path_unread`)."""
     if not (edited := edited_fields(jobdir, count_given=count_given)):
         return []
-    return [
-        f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as edited there"
-    ]
+    line = f"{jobdir.job_json} was edited since the launch ({', '.join(edited)})"
+    line += ": the resume runs the job as edited there"
+    return [line + _model_path_unread(jobdir) if "model" in edited else line]
+
+
+def _model_path_unread(jobdir: JobDir) -> str:
+    """What `job_json_edits`' line adds where job.json's HF model.path was edited since the launch (as its record of
+    the job as launched, `job_launched`, has it): no resume reads it. Every run of the job, resumed or not, trains the
+    model the launch copied into the job dir (`JobDir.init_model`: the trainer, the rollout engines and the prompts'
+    tokenizer read it; the checkpoints carry its weights), so a path edited to another model is not taken, and one
+    edited to where the model moved since is needed by nothing; versus 'the resume runs the job as edited there', said
+    of an edit the run never read. Nothing for another model, or a job.json without that record."""
+    data = jobdir.read_json(jobdir.job_json)
+    record = data.get(JOB_LAUNCHED)
+    job = data.get("job")
+    if not isinstance(record, dict) or not isinstance(job, dict) or job_field(job, "model.kind") != "hf":
+        return ""
+    was, now = job_field(record, "model.path"), job_field(job, "model.path")
+    if was is None or was == now:
+        return ""
+    return (
+        f", but for job.model.path ({_shown(was)} → {_shown(now)}), which no resume reads: its run trains the model "
+        f"the launch copied into {jobdir.init_model} (the checkpoints carry its weights; the prompts were tokenized "
+        "with its tokenizer), whatever directory model.path names; to train another model, launch the changed job "
+        "anew"
+    )
 
 
 def source_changes(jobdir: JobDir) -> list[str]:
