@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS
+from rlctl.launch.jobdir import JOB_LAUNCHED, MEMORY_FIELDS, job_field
 
 if TYPE_CHECKING:
     from rlctl.config.job import JobFile
@@ -100,7 +100,13 @@ def job_dir_model(jd: JobDir, job: JobFile) -> JobFile:
         # under the name the launch's plan gave it (the folder's, which a named profile is matched by); versus the
         # planner reading the folder the job was launched from, gone since (its figures dropped) or holding another
         # model (priced for that one)
-        name = job.model.name or Path(job.model.path).resolve().name
+        # (the folder the launch copied it from: model.path edited since to where it moved, under another name, is
+        # read by no resume, `jobchanges._model_path_unread`, versus the planner's name taken from the edit)
+        data = jd.read_json(jd.job_json)
+        record = data.get(JOB_LAUNCHED) if isinstance(data, dict) else None
+        launched = job_field(record, "model.path") if isinstance(record, dict) else None
+        path = launched if isinstance(launched, str) else job.model.path
+        name = job.model.name or Path(path).resolve().name
         copy = job.model.model_copy(update={"path": str(jd.init_model), "name": name})
         job = job.model_copy(update={"model": copy})
     return job

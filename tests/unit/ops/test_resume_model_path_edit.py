@@ -64,3 +64,19 @@ def test_another_edit_of_the_model_says_nothing_of_its_path(tmp_path: Path) -> N
     assert launch_changes(jd) == [
         f"{jd.job_json} was edited since the launch (model): the resume runs the job as edited there"
     ]
+
+
+def test_the_model_a_resume_plans_for_keeps_the_launchs_name_under_a_path_edited_to_another_folder(
+    tmp_path: Path,
+) -> None:
+    """model.path edited to where the model moved, a folder of another name (no model.name): the job a resume plans
+    and prices (`resumed_job`: the job dir's copy) keeps the name of the folder the launch copied it from, the one
+    its plan and a named profile know it by, versus the edited folder's name."""
+    from rlctl.ops.resumememory import resumed_job
+
+    jd = hf_demo_launched(tmp_path / "launch")
+    launched = Path(json.loads(jd.job_json.read_text())["job"]["model"]["path"])
+    before = resumed_job(jd).model
+    _edit_model_path(jd, shutil.copytree(launched, tmp_path / "moved-elsewhere"))
+    after = resumed_job(jd).model
+    assert (after.name, after.path) == (before.name, before.path) == (launched.resolve().name, str(jd.init_model))
