@@ -65,18 +65,21 @@ def edit_problems(
     # in another of the section: trainer.backend edited to torch, said of trainer.tensor_parallel; versus judged by
     # the leaves alone, which let that edit run, and any edit made in job_launched too)
     leaves = [] if record is None else [f for f in changed_fields(record, data["job"]) if _top(f) in edited]
-    if record is not None and any(all(_top(f) != top for f in leaves) for top in edited):
+    # the job as launched, whose own problems are not the edit's
+    before: dict[str, Any] | None = record
+    if record is None:
+        before = _older_launched(data, edited)
+    elif any(all(_top(f) != top for f in leaves) for top in edited):
         # a section edited (its digest not the launch's) with no leaf other than the record's: the record edited too
         # (the same value written in both), not the launch's: nothing tells what the launch had (versus every
         # problem of the edit taken for the launch's own, and run)
-        record, leaves = None, []
+        before, leaves = None, []
 
     def said(p: Problem, *, bound: bool = False) -> Problem:
         if leaf := _edit_of(p.field, leaves, bound=bound):
             return _said(jd, p, leaf)
         return _said_by_section(jd, p, _edit_of(p.field, edited, bound=bound))
 
-    before = _launched_mapping(data, record, edited) if record is not None or launched_job(data) is None else None
     try:
         JobFile.model_validate(mapping)  # as a job file is validated: no `RECORDED` leniency
     except ValidationError as e:
@@ -154,11 +157,9 @@ def _within(field: str, outer: str) -> bool:
     return field == outer or (field.startswith(outer) and field[len(outer)] in ".[")
 
 
-def _launched_mapping(data: dict[str, Any], record: dict[str, Any] | None, edited: list[str]) -> dict[str, Any] | None:
-    """The job as launched: job.json's whole record of it, or, from an rlctl that kept `MEMORY_FIELDS` alone, the job
-    with those as launched where no other top-level field was edited; None where nothing tells it."""
-    if record is not None:
-        return record
+def _older_launched(data: dict[str, Any], edited: list[str]) -> dict[str, Any] | None:
+    """The job as launched from a job.json of an rlctl that kept `MEMORY_FIELDS` alone in `job_launched`: the job with
+    those as launched, where no other top-level field was edited; None where nothing tells it."""
     kept = data.get(JOB_LAUNCHED)
     if not isinstance(kept, dict) or not set(edited) <= kept.keys():
         return None
