@@ -21,11 +21,10 @@ from rlctl.ops.jobchanges import refuse_fixed_edits
 from rlctl.rl.dataset import load_dataset, prepare_dataset
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, DatasetSource, heldout_task
 from rlctl.rl.tokenizer import load_tokenizer
-from tests.conftest import run_cli
 from tests.unit.controller_harness import small_job
 from tests.unit.hf_tokenizer import write_tokenizer
 from tests.unit.ops.test_autoresume import FAILED, runs  # noqa: F401 (runs: a fixture)
-from tests.unit.ops.test_resume_edit_check import started  # noqa: F401 (a fixture)
+from tests.unit.ops.test_resume_edit_check import refused_resume, started  # noqa: F401 (started: a fixture)
 from tests.unit.ops.test_resume_point import split_job
 
 TASK = {"kind": "dataset", "path": "train.jsonl", "reward": "exact_match", "max_prompt_tokens": 64}
@@ -163,16 +162,11 @@ def test_launch_resume_refuses_an_edited_data_path_before_anything_starts(
     job["task"] = dict(TASK)
     jd.write_job(JobFile.model_validate(job), source="test")
     edit(jd, "task.path", "other.jsonl")
-    before = {p: p.read_bytes() for p in (jd.job_json, jd.plan_json)}
-    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12")
-    assert r.exit_code == 2, r.stderr
-    (line,) = r.stderr.splitlines()
+    line = refused_resume(jd, started, "--iterations", "12")
     assert line.startswith(
         f"rlctl: error: {jd.job_json}: job.task.path was edited since the launch "
         '("train.jsonl" → "other.jsonl"); a resume cannot take it'
     ), line
-    assert started == []
-    assert {p: p.read_bytes() for p in before} == before
 
 
 @pytest.mark.parametrize("name", ["task.path", "evaluation.path"])

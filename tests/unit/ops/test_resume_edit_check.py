@@ -100,21 +100,28 @@ def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, A
     return runs
 
 
+def refused_resume(jd: JobDir, started: list[dict[str, Any]], *argv: str) -> str:
+    """`rlctl launch --resume JD ARGV…` refused: exit 2, its one line on stderr (returned), no run started, job.json
+    and plan.json as they were (nothing written: not an --iterations count either)."""
+    before = {p: p.read_bytes() for p in (jd.job_json, jd.plan_json)}
+    r = run_cli("launch", "--resume", str(jd.path), *argv)
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert started == []
+    assert {p: p.read_bytes() for p in before} == before
+    return line
+
+
 @pytest.mark.parametrize(("field", "value", "said"), EDITS)
 def test_a_resume_of_an_edit_a_job_file_is_refused_for_is_refused_in_one_line_before_anything_starts(
     tmp_path: Path, started: list[dict[str, Any]], field: str, value: dict[str, Any], said: str
 ) -> None:
     jd = split_job(tmp_path)
     edit(jd, field, value)
-    before = {p: p.read_bytes() for p in (jd.job_json, jd.plan_json)}
-    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12")
-    assert r.exit_code == 2, r.stderr
-    (line,) = r.stderr.splitlines()
+    line = refused_resume(jd, started, "--iterations", "12")
     assert line.startswith(f"rlctl: error: {jd.job_json}: {said}"), line
     assert "(edited since the launch; `rlctl check` refuses it in a job file)" in line, line
     assert line.endswith("or undo the edit (job.json's `job` section))"), line
-    assert started == []
-    assert {p: p.read_bytes() for p in before} == before  # nothing written: not the --iterations count either
 
 
 @pytest.mark.parametrize("other_edit", [False, True], ids=["nothing-edited", "another-field-edited"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import run_cli
-from tests.unit.ops.test_resume_edit_check import edit, started  # noqa: F401 (started: a fixture)
+from tests.unit.ops.test_resume_edit_check import edit, refused_resume, started  # noqa: F401 (started: a fixture)
 from tests.unit.ops.test_resume_point import split_job
 
 
@@ -19,17 +19,12 @@ def test_a_staleness_edited_past_the_resumes_count_is_said_as_the_edit(
 ) -> None:
     jd = split_job(tmp_path)
     edit(jd, "pipeline", {"staleness": 20})
-    before = {p: p.read_bytes() for p in (jd.job_json, jd.plan_json)}
-    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "12")
-    assert r.exit_code == 2, r.stderr
-    (line,) = r.stderr.splitlines()
+    line = refused_resume(jd, started, "--iterations", "12")
     assert line.startswith(
         f"rlctl: error: {jd.job_json}: job.pipeline.staleness was edited since the launch (null → 20), past "
         "--iterations 12"
     ), line
     assert line.endswith("(hint: put job.pipeline.staleness back to null in job.json, or use --iterations 20 or more)")
-    assert started == []
-    assert {p: p.read_bytes() for p in before} == before
 
 
 def test_a_staleness_the_job_was_launched_with_still_bounds_the_count_as_the_jobs(
